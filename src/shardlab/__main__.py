@@ -1,0 +1,3 @@
+from shardlab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""The ``shardlab`` command. Each command group lives in its own module with a ``register(subparsers)``
+function; modules keep heavy imports inside their handlers so that every call starts fast.
+
+Handlers return ``(document, text)``: the JSON document printed with ``--json`` and the human text.
+Bad input raises ShardlabError: one line on stderr, exit code 2 (the guard uses 3 for a refusal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+# Command modules in help order; a module that does not exist (yet) is skipped.
+COMMAND_MODULES = (
+    "shardlab.cli.plan_cmds",      # plan, estimate
+    "shardlab.cli.memory_cmd",     # memory
+    "shardlab.cli.comm_cmds",      # comm, shard, pipeline
+    "shardlab.cli.cost_cmds",      # cost, guard, ledger
+    "shardlab.cli.runtime_cmds",   # run (train, infer)
+    "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
+    "shardlab.cli.catalog_cmds",   # models, gpus, links
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: 'error: ... (see shardlab CMD --help)', exit code 2."""
+
+    def error(self, message: str):  # noqa: D401
+        sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shardlab import __version__
+
+    parser = _Parser(prog="shardlab", description=(
+        "Will this model fit, how should it be split across the GPUs, how fast will it train or serve, "
+        "what will it cost - and proof by running the same layouts with torch.distributed."),
+        epilog="Every command accepts --json. Start with: shardlab plan")
+    parser.add_argument("--version", action="version", version=f"shardlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def emit(args, doc: dict, text: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(doc, indent=2, default=_json_default))
+    else:
+        print(text)
+
+
+def _json_default(o):
+    import dataclasses
+
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from shardlab.errors import ShardlabError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        result = args.func(args)
+        if isinstance(result, int):
+            return result
+        doc, text = result
+        emit(args, doc, text)
+        return 0
+    except ShardlabError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return e.exit_code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130

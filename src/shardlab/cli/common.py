@@ -1,0 +1,149 @@
+"""Flags shared by several commands, and turning them into specs (model, layout, cluster)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shardlab.errors import ShardlabError
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(float(text)) if "e" in text.lower() else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return v
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole numbers") from None
+    if any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"all counts must be positive, got {text}")
+    return vals
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--catalog", action="append", default=[], metavar="FILE",
+                   help="extra catalog YAML (sections models/accelerators/links/prices); repeatable")
+
+
+def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: str | None = None) -> None:
+    p.set_defaults(model_default=default)
+    p.add_argument("model", nargs=None if required else "?", default=None, metavar="MODEL",
+                   help="catalog id (see `shardlab models`), a Hugging Face config.json, or a YAML model file"
+                        + (f" (default: {default})" if default else ""))
+    p.add_argument("--params", type=str, default=None, metavar="N",
+                   help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates")
+
+
+def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None) -> None:
+    g = p.add_argument_group("layout")
+    g.add_argument("--gpus", type=positive_int, default=gpus_default, help="world size (default: the product of the degrees)")
+    g.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: gpus / (tp·pp·cp))")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=positive_int, default=1, help="expert-parallel degree (divides dp)")
+    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
+    g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch per DP rank")
+    g.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: min(model max, 4096))")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
+    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b", help="pipeline schedule")
+    g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (pipeline)")
+    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank (interleaved)")
+    g.add_argument("--stage-layers", type=int_list, default=None, metavar="N,N,...", help="layers per pipeline stage")
+    g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16"), default="bf16-mixed",
+                   help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16")
+    g.add_argument("--optimizer", choices=("adamw", "sgd", "adam-8bit"), default="adamw", help="optimizer (sgd = with momentum)")
+
+
+def add_cluster_args(p: argparse.ArgumentParser, gpu_default: str = "h100-sxm") -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--gpu", default=gpu_default, help=f"accelerator id (see `shardlab gpus`; default {gpu_default})")
+    g.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: the GPU's usual server)")
+    g.add_argument("--intra-link", default=None, help="link inside a node (default: the GPU's usual server)")
+    g.add_argument("--inter-link", default=None, help="link between nodes (default: the GPU's usual server)")
+
+
+def resolve_model(args, catalog):
+    """(ModelSpec or None, params or None) from MODEL / --params."""
+    from shardlab.units import parse_count
+
+    if args.params is not None:
+        if args.model:
+            raise ShardlabError("give MODEL or --params, not both")
+        return None, parse_count(args.params, "--params")
+    if not args.model:
+        args.model = getattr(args, "model_default", None)
+    if not args.model:
+        raise ShardlabError("no model given: name one (see `shardlab models`) or pass --params N")
+    return catalog.model(args.model), None
+
+
+def layout_from_args(args, num_gpus: int | None = None):
+    """Layout from the layout flags; dp defaults to gpus / (tp·pp·cp)."""
+    from shardlab.layout import Layout
+
+    gpus = num_gpus if num_gpus is not None else args.gpus
+    mp = args.tp * args.pp * args.cp
+    dp = args.dp
+    if dp is None:
+        if gpus is None:
+            dp = 1
+        elif gpus % mp:
+            raise ShardlabError(f"--gpus {gpus} is not divisible by tp×pp×cp = {args.tp}×{args.pp}×{args.cp} = {mp}; "
+                                f"choose degrees whose product divides the GPU count")
+        else:
+            dp = gpus // mp
+    return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
+                  micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                  schedule=args.schedule, stage_layers=args.stage_layers)
+
+
+def cluster_from_args(args, catalog, num_gpus: int):
+    """Cluster from --gpu/--gpus-per-node/--intra-link/--inter-link with the GPU's usual server as default."""
+    from shardlab.specs.hardware import Cluster
+
+    acc = catalog.accelerator(args.gpu)
+    gpn = args.gpus_per_node or acc.system["gpus_per_node"]
+    intra = catalog.link(args.intra_link or acc.system["intra_link"])
+    inter = catalog.link(args.inter_link or acc.system["inter_link"])
+    return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
+                   intra_link=intra, inter_link=inter)

@@ -1,0 +1,123 @@
+"""shardlab memory: per-GPU training memory for a model and layout, worst rank named."""
+
+from __future__ import annotations
+
+from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
+
+EXAMPLES = """examples:
+  shardlab memory llama-3.1-8b --gpus 8 --zero 3
+  shardlab memory llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --sequence-parallel --recompute selective
+  shardlab memory --params 7.5e9 --dp 64 --zero 2          # the ZeRO paper's worked example
+  shardlab memory path/to/config.json --gpus 4 --tp 4 --json
+"""
+
+
+def register(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("memory", help="per-GPU training memory (weights, grads, optimizer, activations, overheads)",
+                       description="Peak memory per GPU for training: model states, activations and the overheads "
+                                   "estimators usually forget, for the worst rank, and whether it fits.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, default="llama-3.1-8b")
+    add_layout_args(p)
+    add_cluster_args(p)
+    g = p.add_argument_group("assumptions")
+    g.add_argument("--no-flash-attention", action="store_true", help="store the s×s attention scores (no flash attention)")
+    g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto",
+                   help="dropout masks in activations (auto: on for GPT-2/GPT-3 family, off otherwise)")
+    g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
+    g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
+    add_output_args(p)
+    p.set_defaults(func=cmd_memory)
+
+
+def cmd_memory(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.common import layout_from_args, resolve_model
+    from shardlab.memory import load_overheads, training_memory
+
+    cat = get_catalog(args.catalog)
+    spec, params = resolve_model(args, cat)
+    layout = layout_from_args(args)
+    acc = cat.accelerator(args.gpu)
+    rep = training_memory(
+        layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
+        optimizer=args.optimizer, microbatches=args.microbatches,
+        overheads=load_overheads(args.overheads, args.no_overheads), flash_attention=not args.no_flash_attention,
+        dropout=None if args.dropout == "auto" else args.dropout == "on", num_gpus=args.gpus)
+    doc = rep.to_dict()
+    hints = _hints(rep, args, cat) if rep.fits is False and spec is not None else []
+    doc["hints"] = hints
+    return doc, render(rep, hints)
+
+
+def _hints(rep, args, cat) -> list[str]:
+    """When the layout does not fit, try the usual remedies and say what each would give."""
+    from shardlab.memory import load_overheads, training_memory
+
+    out = []
+    lay = rep.layout
+    tries = []
+    if lay.zero < 3 and lay.dp_shard > 1:
+        tries.append(("--zero 3", lay.with_(zero=3)))
+    if lay.recompute != "full":
+        tries.append(("--recompute full", lay.with_(recompute="full")))
+    if lay.zero < 3 and lay.dp_shard > 1 and lay.recompute != "full":
+        tries.append(("--zero 3 --recompute full", lay.with_(zero=3, recompute="full")))
+    for label, alt in tries:
+        r = training_memory(alt, model=cat.model(args.model), accelerator=rep.accelerator, seq_len=rep.seq_len,
+                            precision=rep.precision, optimizer=rep.optimizer, microbatches=rep.microbatches,
+                            overheads=load_overheads(args.overheads, args.no_overheads),
+                            flash_attention=not args.no_flash_attention,
+                            dropout=None if args.dropout == "auto" else args.dropout == "on")
+        gib = r.worst.total / 2**30
+        out.append(f"{label}: {gib:.1f} GiB per GPU ({'fits' if r.fits else 'still too large'})")
+    out.append("`shardlab plan` searches every layout for the fastest one that fits")
+    return out
+
+
+def render(rep, hints: list[str] = ()) -> str:
+    from shardlab.report.table import table
+    from shardlab.units import fmt_bytes, fmt_count
+
+    lay, w = rep.layout, rep.worst
+    gib = lambda b: f"{b / 2**30:,.2f}"
+    gpu = f" on {lay.world_size} × {rep.accelerator.id} ({rep.accelerator.memory_gib:g} GiB)" if rep.accelerator else ""
+    head = [f"shardlab memory: {rep.model_name} ({fmt_count(rep.params)} params"
+            + (f", {fmt_count(rep.active_params)} active" if rep.active_params != rep.params else "") + f"){gpu}",
+            f"layout: dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f", ep {lay.ep}" if lay.ep > 1 else "")
+            + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}" + (f", seq {rep.seq_len}" if rep.seq_len else "")
+            + (f", {lay.schedule} m={rep.microbatches}" + (f" vpp={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
+            + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else "")
+            + f", {rep.precision}, {rep.optimizer}",
+            f"worst rank: rank {w.rank}: {rep.worst_reason()}", ""]
+    rows = [["weights", gib(w.weights), rep.explain.get("weights", "")],
+            ["gradients", gib(w.gradients), rep.explain.get("gradients", "")],
+            ["optimizer", gib(w.optimizer), rep.explain.get("optimizer", "")],
+            ["  fp32 master weights", gib(w.master_weights), ""],
+            ["  moments", gib(w.moments), ""],
+            ["model states", gib(w.model_states), ""],
+            ["activations", gib(w.activations), rep.explain.get("activations", "not estimated (parameter count only)")]]
+    for k, v in w.other.items():
+        rows.append([f"  {k}", gib(v), ""])
+    rows.insert(7, ["other (overheads)", gib(w.other_total), "defaults documented in docs/memory.md (estimates)"])
+    rows.append(["total", gib(w.total), ""])
+    lines = head + [table(["category", "GiB", "where it comes from"], rows, align="lrl")]
+    if rep.accelerator:
+        cap = rep.capacity_bytes
+        room = cap - w.total
+        verdict = (f"FITS on {rep.accelerator.id}: {gib(room)} GiB headroom ({100 * room / cap:.0f}% of {gib(cap)} GiB)"
+                   if room >= 0 else
+                   f"DOES NOT FIT on {rep.accelerator.id}: needs {gib(w.total)} GiB of {gib(cap)} GiB ({gib(-room)} GiB over)")
+        lines += ["", verdict]
+    if len(rep.stages) > 1:
+        srows = [[s.stage, s.rank, s.layers, fmt_count(s.params), gib(s.model_states), f"{s.in_flight:g}", gib(s.activations),
+                  gib(s.other_total), gib(s.total)] for s in rep.stages]
+        lines += ["", table(["stage", "rank", "layers", "params", "states GiB", "in flight", "act GiB", "other GiB", "total GiB"],
+                            srows, title="per pipeline stage (every TP/CP/DP rank of a stage holds the same)")]
+    if hints:
+        lines += ["", "to make it fit:"] + [f"  {h}" for h in hints]
+    if rep.notes:
+        lines += ["", "notes:"] + [f"  {n}" for n in rep.notes]
+    return "\n".join(lines)

@@ -1,0 +1,250 @@
+"""Layout: how a job is split across GPUs, its validation, and the rank grid.
+
+Rank grid (one pure function, ``rank_coords``): axes ordered ``tp`` fastest, then ``cp``, ``dp``,
+``pp`` slowest (Megatron-LM's default order tp-cp-(ep)-dp-pp). A TP group is therefore consecutive
+ranks and sits inside a node whenever tp <= GPUs per node; pipeline stages are the most distant.
+Expert parallelism borrows from data parallelism (DeepSpeed-MoE, Megatron-core): an EP group is ``ep``
+consecutive DP coordinates; experts are split across it and replicated across the dp/ep EP groups.
+
+Worked example, 16 GPUs, tp=2, cp=1, dp=4, pp=2 (nodes of 8):
+    rank  = tp_i + 2·dp_i + 8·pp_i
+    TP groups  [0,1] [2,3] ... [14,15]            (inside a node)
+    DP groups  [0,2,4,6] [1,3,5,7] [8,10,12,14] ... (inside a node)
+    PP groups  [0,8] [1,9] ... [7,15]              (across the two nodes)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from shardlab.errors import ShardlabError
+
+AXES = ("tp", "cp", "dp", "pp")
+"""Rank-grid axis order, fastest first."""
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel degrees and per-step choices of a training job."""
+
+    dp: int = 1
+    """Data-parallel degree (model replicas; ZeRO/FSDP shard over dp·cp)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row splits)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages)."""
+    cp: int = 1
+    """Context-parallel degree (sequence split for attention; ring attention)."""
+    ep: int = 1
+    """Expert-parallel degree (divides dp; MoE models only)."""
+    zero: int = 0
+    """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (= FSDP full shard)."""
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank, for the interleaved schedule."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core; Korthikanti 2022 §4.2) or full (keep block inputs)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms/dropout activations split across TP ranks (Korthikanti 2022 §4.2.2)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1."""
+    stage_layers: tuple[int, ...] | None = None
+    """Layers per pipeline stage; None splits evenly (remainder to the middle stages)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def dp_shard(self) -> int:
+        """Size of the group ZeRO/FSDP shards non-expert model states over (dp × cp: CP ranks hold identical weights)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard (dp·cp / ep): the group ZeRO shards expert states over."""
+        return self.dp * self.cp // self.ep
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stage_layers"] = list(self.stage_layers) if self.stage_layers else None
+        return d
+
+    def with_(self, **kw) -> Layout:
+        return replace(self, **kw)
+
+
+def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Split ``num_layers`` across ``stages``; the remainder goes to middle stages first.
+
+    The first stage also holds the embedding and the most micro-batches in flight, the last the output
+    head and the loss, so they receive the fewest layers (the Llama 3 paper, arXiv 2407.21783 §3.3.2,
+    removes one layer from the first and last stages for the same reason).
+    """
+    base, rem = divmod(num_layers, stages)
+    sizes = [base] * stages
+    middle = list(range(1, stages - 1)) or list(range(stages))
+    order = middle + [s for s in range(stages) if s not in middle]
+    for s in order[:rem]:
+        sizes[s] += 1
+    return tuple(sizes)
+
+
+def stage_layer_counts(layout: Layout, num_layers: int) -> tuple[int, ...]:
+    """Layers held by each pipeline rank (all its virtual chunks together)."""
+    if layout.stage_layers:
+        return tuple(layout.stage_layers)
+    if layout.vpp > 1:
+        chunks = split_layers(num_layers, layout.pp * layout.vpp)
+        return tuple(sum(chunks[r + c * layout.pp] for c in range(layout.vpp)) for r in range(layout.pp))
+    return split_layers(num_layers, layout.pp)
+
+
+def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: int | None = None) -> Layout:
+    """Check degrees against each other, the GPU count and the model; raise ShardlabError with the fix."""
+    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch"):
+        v = getattr(layout, axis)
+        if not isinstance(v, int) or v < 1:
+            raise ShardlabError(f"--{axis.replace('_', '-')} must be a positive integer, got {v}")
+    if layout.zero not in (0, 1, 2, 3):
+        raise ShardlabError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
+    if layout.recompute not in RECOMPUTE:
+        raise ShardlabError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got '{layout.recompute}'")
+    if layout.schedule not in SCHEDULES:
+        raise ShardlabError(f"--schedule must be one of {', '.join(SCHEDULES)}, got '{layout.schedule}'")
+    if num_gpus is not None and layout.world_size != num_gpus:
+        raise ShardlabError(
+            f"dp×tp×pp×cp = {layout.dp}×{layout.tp}×{layout.pp}×{layout.cp} = {layout.world_size} but --gpus is {num_gpus}; "
+            f"choose degrees whose product is {num_gpus} (leave --dp out to derive it)")
+    if layout.dp % layout.ep:
+        raise ShardlabError(f"--ep {layout.ep} must divide --dp {layout.dp} (expert parallelism borrows data-parallel ranks)")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise ShardlabError("--vpp > 1 needs --pp > 1 (virtual stages interleave pipeline ranks)")
+    if layout.schedule == "interleaved" and layout.pp > 1 and layout.vpp < 2:
+        raise ShardlabError("--schedule interleaved needs --vpp 2 or more")
+    if layout.stage_layers is not None:
+        if len(layout.stage_layers) != layout.pp or any(n < 1 for n in layout.stage_layers):
+            raise ShardlabError(f"--stage-layers needs {layout.pp} positive counts, one per pipeline stage")
+    if spec is not None:
+        _validate_against_model(layout, spec)
+    if seq_len is not None and seq_len % layout.cp:
+        raise ShardlabError(f"--seq-len {seq_len} is not divisible by --cp {layout.cp}; pick a sequence length that is a multiple of cp")
+    return layout
+
+
+def _validate_against_model(layout: Layout, spec) -> None:
+    t = layout.tp
+    if spec.num_heads % t:
+        raise ShardlabError(f"--tp {t} does not divide {spec.name}'s {spec.num_heads} attention heads; "
+                            f"use a divisor of {spec.num_heads} such as {_divisors_hint(spec.num_heads, t)}")
+    if spec.mla is None and spec.num_kv_heads % t and t % spec.num_kv_heads:
+        raise ShardlabError(f"--tp {t} and {spec.name}'s {spec.num_kv_heads} KV heads: one must divide the other "
+                            f"(KV heads are split, or replicated when tp > KV heads); try {_divisors_hint(spec.num_kv_heads, t)}")
+    ffns = [("FFN width", spec.ffn_hidden_size)] if (spec.moe is None or spec.moe.first_dense_layers) else []
+    if spec.moe is not None:
+        ffns.append(("expert FFN width", spec.moe.expert_ffn_hidden_size))
+    for what, f in ffns:
+        if f % t:
+            raise ShardlabError(f"--tp {t} does not divide {spec.name}'s {what} {f}; use a divisor such as {_divisors_hint(f, t)}")
+    layers = sum(layout.stage_layers) if layout.stage_layers else None
+    if layers is not None and layers != spec.num_layers:
+        raise ShardlabError(f"--stage-layers add up to {layers} but {spec.name} has {spec.num_layers} layers")
+    if layout.pp * layout.vpp > spec.num_layers:
+        raise ShardlabError(f"--pp {layout.pp} × --vpp {layout.vpp} exceeds {spec.name}'s {spec.num_layers} layers; "
+                            f"each pipeline chunk needs at least one layer")
+    if layout.ep > 1:
+        if spec.moe is None:
+            raise ShardlabError(f"--ep {layout.ep} needs a mixture-of-experts model; {spec.name} is dense (use --ep 1)")
+        if spec.moe.num_experts % layout.ep:
+            raise ShardlabError(f"--ep {layout.ep} does not divide {spec.name}'s {spec.moe.num_experts} experts")
+
+
+def _divisors_hint(n: int, near: int) -> str:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    best = sorted(divs, key=lambda d: (abs(d - near), d))[:3]
+    return ", ".join(str(d) for d in sorted(best))
+
+
+# ---- rank grid ------------------------------------------------------------------------------------
+def axis_sizes(layout: Layout) -> dict[str, int]:
+    return {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
+
+
+def axis_stride(layout: Layout, axis: str) -> int:
+    """Rank distance between neighbours along ``axis`` (ep uses the dp stride)."""
+    sizes = axis_sizes(layout)
+    axis = "dp" if axis == "ep" else axis
+    stride = 1
+    for a in AXES:
+        if a == axis:
+            return stride
+        stride *= sizes[a]
+    raise ShardlabError(f"unknown axis '{axis}'; axes are {', '.join(AXES)} and ep")
+
+
+def rank_coords(rank: int, layout: Layout) -> dict[str, int]:
+    """Coordinates of ``rank`` on each axis (tp fastest); includes ep (position inside the EP group)."""
+    if not 0 <= rank < layout.world_size:
+        raise ShardlabError(f"rank {rank} is outside the world of {layout.world_size} ranks")
+    out, r = {}, rank
+    for a in AXES:
+        n = axis_sizes(layout)[a]
+        out[a] = r % n
+        r //= n
+    out["ep"] = out["dp"] % layout.ep
+    return out
+
+
+def coords_rank(coords: dict[str, int], layout: Layout) -> int:
+    """Inverse of rank_coords (ep is ignored: it is derived from dp)."""
+    return sum(coords[a] * axis_stride(layout, a) for a in AXES)
+
+
+def group_ranks(layout: Layout, axis: str, rank: int = 0) -> list[int]:
+    """The ranks of ``rank``'s group along ``axis`` (tp, cp, dp, pp, ep, or dp_shard = dp × cp)."""
+    c = rank_coords(rank, layout)
+    if axis == "ep":
+        start = c["dp"] - c["ep"]
+        return [coords_rank({**c, "dp": start + i}, layout) for i in range(layout.ep)]
+    if axis == "dp_shard":
+        return sorted(coords_rank({**c, "dp": d, "cp": k}, layout) for d in range(layout.dp) for k in range(layout.cp))
+    n = axis_sizes(layout)[axis] if axis in AXES else None
+    if n is None:
+        raise ShardlabError(f"unknown axis '{axis}'; axes are {', '.join(AXES)}, ep and dp_shard")
+    return [coords_rank({**c, axis: i}, layout) for i in range(n)]
+
+
+def all_groups(layout: Layout, axis: str) -> list[list[int]]:
+    """Every group along ``axis`` (each rank appears in exactly one)."""
+    seen, groups = set(), []
+    for r in range(layout.world_size):
+        if r not in seen:
+            g = group_ranks(layout, axis, r)
+            seen.update(g)
+            groups.append(g)
+    return groups
+
+
+def group_nodes(layout: Layout, axis: str, gpus_per_node: int, rank: int = 0) -> int:
+    """How many nodes the group of ``rank`` along ``axis`` spans (1 = stays inside one node)."""
+    return len({r // gpus_per_node for r in group_ranks(layout, axis, rank)})
+
+
+def group_span_nodes(layout: Layout, axis: str, gpus_per_node: int) -> int:
+    """Nodes spanned by an ``axis`` group, computed from strides without listing ranks (any world size).
+
+    Groups are regular: members are ``stride`` apart. When stride·size fits in a node (and nodes hold
+    a multiple of it) the group stays inside one node; otherwise it spans
+    ceil(size / members-per-node) nodes.
+    """
+    size = {"ep": layout.ep, "dp_shard": layout.dp * layout.cp}.get(axis) or axis_sizes(layout)[axis]
+    stride = layout.tp if axis == "dp_shard" else axis_stride(layout, axis)
+    if size == 1:
+        return 1
+    if stride >= gpus_per_node:
+        return size
+    per_node = max(1, gpus_per_node // stride)
+    return -(-size // per_node)

@@ -1,0 +1,125 @@
+"""Activation memory of transformer blocks, per micro-batch, and how many micro-batches are in flight.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198, §4 and Table 2. For a GPT block (LayerNorm, GELU MLP of 4h, dropout, fp16/bf16) the
+bytes per layer are s·b·h·(34 + 5as/h); with tensor parallelism s·b·h·(10 + 24/t + 5as/(ht)); with
+sequence parallelism everything divides by t; selective recomputation drops the 5as/h attention-score
+terms; full recomputation keeps only the block input, 2·s·b·h.
+
+We count each saved tensor by name so the same derivation covers other blocks:
+- element size e (2 for bf16/fp16, 4 for fp32) and dropout masks of 1 byte;
+- Llama-style blocks (RMSNorm, SwiGLU, no dropout): attention stores norm input, norm output (QKV input),
+  Q, K and V (GQA: K and V are kv_heads·head_dim wide), the attention output (out-proj input); SwiGLU stores
+  its input, the gate and up outputs, SiLU(gate), and the product (down input) - four f-wide tensors;
+- flash attention (Dao et al. 2022) stores no s×s matrix, only the fp32 log-sum-exp (4·a·s·b bytes);
+- MoE layers store the router logits and probabilities (fp32, s·b·E each), the k dispatched copies of each
+  token and the expert outputs (e·k·s·b·h each), and the experts' intermediates for k·s·b tokens;
+- context parallelism splits the sequence: s becomes s/cp for every term (attention keys stay s long).
+Norm statistics (mean/rstd, 4-8 bytes per token) are left out, as in Korthikanti's table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.layout import Layout
+from shardlab.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class ActivationContext:
+    """Workload settings that activation memory depends on."""
+
+    seq_len: int
+    """Full sequence length s (before context-parallel splitting)."""
+    micro_batch: int
+    """b: sequences per micro-batch."""
+    elem_bytes: int
+    """Bytes per saved activation element (2 for bf16/fp16, 4 for fp32)."""
+    flash_attention: bool = True
+    """Attention kernel keeps no s×s score matrix (FlashAttention; PyTorch SDPA)."""
+    dropout: bool = False
+    """Dropout after attention, MLP and embedding (1-byte masks; GPT-3-era training used it)."""
+
+
+def _local_kv_width(spec: ModelSpec, t: int) -> int:
+    heads = spec.num_kv_heads // t if t <= spec.num_kv_heads else 1
+    return heads * spec.head_dim_
+
+
+def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> tuple[float, float]:
+    """Bytes one layer saves for backward for one micro-batch, no recomputation.
+
+    Returns (total, scores): ``scores`` is the part selective recomputation removes (attention scores /
+    softmax / dropout of the s×s matrices, or flash attention's log-sum-exp).
+    """
+    e, t = ctx.elem_bytes, layout.tp
+    s_l = ctx.seq_len / layout.cp
+    sb = s_l * ctx.micro_batch
+    tsh = t if layout.sequence_parallel else 1  # divisor of tensors replicated across TP without SP
+    mask = 1 if ctx.dropout else 0
+    h = spec.hidden_size
+    a_loc = spec.num_heads / t
+
+    # --- attention ---------------------------------------------------------------------------
+    total = 2 * e * sb * h / tsh                  # norm input + norm output (= QKV input)
+    total += mask * sb * h / tsh                  # dropout mask after the output projection
+    if spec.mla is None:
+        total += e * sb * spec.q_size / t         # Q
+        total += 2 * e * sb * _local_kv_width(spec, t)  # K, V
+        total += e * sb * spec.q_size / t         # attention output = out-proj input
+    else:
+        m = spec.mla
+        if m.q_lora_rank:
+            total += 2 * e * sb * m.q_lora_rank   # q_a output, q_norm output (replicated, low rank)
+        total += e * sb * (m.kv_lora_rank + m.qk_rope_head_dim) + e * sb * m.kv_lora_rank  # kv_a out, kv_norm out
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        total += e * sb * a_loc * (2 * qk + 2 * m.v_head_dim)  # Q, K, V, attention output
+    if ctx.flash_attention:
+        scores = 4 * a_loc * sb                    # fp32 log-sum-exp per query row
+    else:
+        # softmax output e, plus with dropout its mask (1) and output (e); keys span the full sequence
+        scores = (e + mask * (1 + e)) * a_loc * sb * ctx.seq_len
+    total += scores
+
+    # --- feed-forward ----------------------------------------------------------------------------
+    total += 2 * e * sb * h / tsh                 # norm input + norm output (= MLP input)
+    total += mask * sb * h / tsh                  # dropout mask after the MLP
+    n_inter = 4 if spec.mlp == "swiglu" else 2    # f-wide tensors saved per token
+    if spec.is_moe_layer(layer):
+        moe = spec.moe
+        k, fe = moe.top_k, moe.expert_ffn_hidden_size
+        total += 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
+        total += 2 * e * k * sb * h                # dispatched token copies, expert outputs
+        total += n_inter * e * k * sb * fe / t     # expert intermediates for k·s·b tokens
+        if moe.num_shared_experts:
+            total += n_inter * e * sb * fe * moe.num_shared_experts / t
+    else:
+        total += n_inter * e * sb * spec.ffn_hidden_size / t
+    return total, scores
+
+
+def layer_input_bytes(spec: ModelSpec, layout: Layout, ctx: ActivationContext) -> float:
+    """The block input kept per layer under full recomputation: e·s·b·h (÷ t with sequence parallelism)."""
+    tsh = layout.tp if layout.sequence_parallel else 1
+    return ctx.elem_bytes * ctx.seq_len / layout.cp * ctx.micro_batch * spec.hidden_size / tsh
+
+
+def in_flight(layout: Layout, stage: int, microbatches: int) -> float:
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak (whole-stage equivalents).
+
+    - no pipeline: 1 (gradient accumulation runs micro-batches one after another);
+    - GPipe: all m forward passes precede the backward passes (Huang et al. 2019);
+    - 1F1B and ZB-H1: stage i holds min(p − i, m) (Narayanan et al. 2021 §2.2; Qi et al. 2023 keep 1F1B's memory);
+    - interleaved with v chunks: rank i holds min(2(p − i − 1) + (v − 1)p + 1, m·v) chunk activations of 1/v of its
+      layers each (Megatron-LM's warm-up count), i.e. p(1 + (p − 1)/(p·v)) on the first rank (Korthikanti §4.3).
+    """
+    p, m = layout.pp, microbatches
+    if p == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    if layout.schedule == "interleaved" and layout.vpp > 1:
+        v = layout.vpp
+        return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+    return float(min(p - stage, m))

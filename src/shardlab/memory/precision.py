@@ -1,0 +1,57 @@
+"""Bytes per parameter for weights, gradients and optimizer state under each precision and optimizer.
+
+Mixed precision with Adam (ZeRO paper, Rajbhandari et al. 2019, arXiv 1910.02054 §3.1): 2 bytes of
+fp16/bf16 weights + 2 of gradients + K = 12 bytes of optimizer state (fp32 master weights 4, momentum 4,
+variance 4) = 16 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.errors import ShardlabError
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "adam-8bit")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model-state category."""
+
+    weights: int
+    """Weights in the compute dtype (fp32: 4, bf16/fp16: 2)."""
+    gradients: int
+    """Gradients as accumulated (same dtype as the weights)."""
+    master: int
+    """fp32 master copy of the weights kept by the optimizer under mixed precision (4), else 0."""
+    moments: float
+    """Optimizer moments: AdamW 2 × 4 bytes (fp32) or 2 × 2 (pure bf16); SGD momentum 1 × 4 (or 2); 8-bit Adam 2 × 1
+    (bitsandbytes; its per-block absmax adds about 0.2%, not counted)."""
+    compute_dtype: str
+    """dtype whose peak FLOP/s applies (fp32, bf16, fp16)."""
+
+    @property
+    def optimizer(self) -> float:
+        """Everything the optimizer holds: master weights + moments (the ZeRO paper's K)."""
+        return self.master + self.moments
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_bytes(precision: str, optimizer: str) -> StateBytes:
+    """Bytes per parameter for ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16) and ``optimizer`` (adamw, sgd, adam-8bit)."""
+    if precision not in PRECISIONS:
+        raise ShardlabError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+    if optimizer not in OPTIMIZERS:
+        raise ShardlabError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
+    if precision == "fp32":
+        w, master, state, dtype = 4, 0, 4, "fp32"
+    elif precision == "bf16":  # pure bf16: no master copy, optimizer states in bf16
+        w, master, state, dtype = 2, 0, 2, "bf16"
+    else:
+        w, master, state, dtype = 2, 4, 4, precision.split("-")[0]
+    moments = {"adamw": 2 * state, "sgd": state, "adam-8bit": 2}[optimizer]
+    return StateBytes(weights=w, gradients=w, master=master, moments=moments, compute_dtype=dtype)

@@ -1,0 +1,301 @@
+"""Per-GPU training memory: model states + activations + named overheads, for every pipeline stage.
+
+Ranks of one pipeline stage are identical (TP, CP, DP and EP shards are symmetric), so the model is
+evaluated once per stage and the worst stage decides whether the job fits. The report names that rank
+and says why it is the worst.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from shardlab.errors import ShardlabError
+from shardlab.layout import Layout, validate
+from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes, layer_input_bytes
+from shardlab.memory.overheads import Overheads
+from shardlab.memory.precision import StateBytes, state_bytes
+from shardlab.memory.states import StageTensors, StateReport, stage_tensors, state_report, state_report_from_count
+from shardlab.specs.hardware import Accelerator
+from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import param_counts
+from shardlab.units import fmt_bytes, fmt_count
+
+
+@dataclass
+class StageMemory:
+    """Peak memory of one rank of a pipeline stage, bytes."""
+
+    stage: int
+    """Pipeline rank."""
+    rank: int
+    """Global rank of the stage's first GPU (tp = cp = dp = 0)."""
+    layers: int
+    """Transformer blocks held."""
+    params: int
+    """Parameters after TP/EP splitting (before ZeRO)."""
+    weights: int
+    """Weight bytes (compute dtype)."""
+    gradients: int
+    """Gradient bytes."""
+    optimizer: int
+    """Optimizer bytes: fp32 master weights + moments."""
+    master_weights: int
+    """fp32 master weights (part of optimizer)."""
+    moments: int
+    """Adam m and v, or SGD momentum (part of optimizer)."""
+    activations: int
+    """Saved activations of the micro-batches in flight (plus the recompute working set under full recomputation)."""
+    in_flight: float
+    """Micro-batches in flight at this stage's peak."""
+    other: dict[str, int] = field(default_factory=dict)
+    """Named overheads: cuda_context, library_workspace, nccl_buffers, ddp_buckets, zero_buckets, fsdp_buffers,
+    logits_and_loss, pp_p2p, tp_sp_gather, cp_kv_blocks, ep_all_to_all, fragmentation."""
+    holds_embedding: bool = False
+    holds_head: bool = False
+
+    @property
+    def model_states(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def other_total(self) -> int:
+        return sum(self.other.values())
+
+    @property
+    def total(self) -> int:
+        return self.model_states + self.activations + self.other_total
+
+
+@dataclass
+class MemoryReport:
+    """The answer of ``shardlab memory``."""
+
+    model_name: str
+    params: int
+    active_params: int
+    layout: Layout
+    microbatches: int
+    precision: str
+    optimizer: str
+    seq_len: int | None
+    accelerator: Accelerator | None
+    stages: list[StageMemory]
+    explain: dict[str, str]
+    notes: list[str]
+    by_component: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worst(self) -> StageMemory:
+        return max(self.stages, key=lambda s: (s.total, -s.stage))
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return self.accelerator.memory_bytes if self.accelerator else None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.accelerator is None else self.worst.total <= self.capacity_bytes
+
+    def worst_reason(self) -> str:
+        w, lay = self.worst, self.layout
+        if lay.pp == 1:
+            return "every rank holds the same shard (no pipeline parallelism); rank 0 stands for all"
+        why = [f"pipeline stage {w.stage} of {lay.pp}"]
+        if w.holds_embedding:
+            why.append("holds the token embedding")
+        if w.holds_head:
+            why.append("holds the output head and the loss (logits)")
+        why.append(f"{w.layers} layers")
+        why.append(f"{w.in_flight:g} micro-batches in flight under {lay.schedule}")
+        return ", ".join(why)
+
+    def to_dict(self) -> dict:
+        w = self.worst
+        per_gpu = {"weights": w.weights, "gradients": w.gradients, "optimizer": w.optimizer,
+                   "model_states": w.model_states, "activations": w.activations, "other": w.other_total,
+                   "total": w.total, "master_weights": w.master_weights, "optimizer_moments": w.moments,
+                   "other_breakdown": dict(w.other)}
+        out = {
+            "model": {"name": self.model_name, "params": self.params, "active_params": self.active_params,
+                      "by_component": self.by_component},
+            "layout": {**self.layout.to_dict(), "microbatches": self.microbatches},
+            "precision": self.precision, "optimizer": self.optimizer, "seq_len": self.seq_len,
+            "gpu": self.accelerator.id if self.accelerator else None,
+            "per_gpu": per_gpu,
+            "worst_rank": {"rank": w.rank, "stage": w.stage, "reason": self.worst_reason()},
+            "stages": [{**{k: v for k, v in asdict(s).items() if k != "other"}, "model_states": s.model_states,
+                        "other": s.other_total, "total": s.total} for s in self.stages],
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "headroom_bytes": None if self.accelerator is None else self.capacity_bytes - w.total,
+            "explain": self.explain,
+            "notes": self.notes,
+            "units": "bytes (integers); GiB = 2**30 in human output",
+        }
+        return out
+
+
+def training_memory(
+    layout: Layout,
+    *,
+    model: ModelSpec | None = None,
+    params: int | None = None,
+    accelerator: Accelerator | None = None,
+    seq_len: int | None = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    microbatches: int | None = None,
+    overheads: Overheads = Overheads(),
+    flash_attention: bool = True,
+    dropout: bool | None = None,
+    num_gpus: int | None = None,
+) -> MemoryReport:
+    """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``."""
+    if (model is None) == (params is None):
+        raise ShardlabError("give a model or --params, not both")
+    validate(layout, model, num_gpus, seq_len if model is not None else None)
+    sb = state_bytes(precision, optimizer)
+    m = microbatches or max(layout.pp, 1)
+    if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
+        raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
+    notes: list[str] = []
+    if microbatches is None and layout.pp > 1:
+        notes.append(f"--microbatches not given: assumed m = pp = {m} (1F1B holds at most p micro-batches; GPipe holds all m)")
+    if model is None:
+        return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes)
+
+    s = seq_len or min(model.max_seq_len, 4096)
+    if seq_len is None:
+        notes.append(f"--seq-len not given: assumed {s}")
+    ctx = ActivationContext(seq_len=s, micro_batch=layout.micro_batch, elem_bytes=sb.weights,
+                            flash_attention=flash_attention,
+                            dropout=model.family in ("gpt2",) if dropout is None else dropout)
+    pc = param_counts(model)
+    stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads) for st in stage_tensors(model, layout)]
+    rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
+                       dict(pc.by_component))
+    rep.explain = _explain(rep, model, sb, ctx)
+    if layout.sequence_parallel and layout.tp == 1:
+        notes.append("--sequence-parallel has no effect with --tp 1")
+    return rep
+
+
+def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, notes) -> MemoryReport:
+    st = state_report_from_count(params, layout, sb)
+    other = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
+    stage = StageMemory(0, 0, 0, st.params_local, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other)
+    notes.append("parameter count only: model states are exact, activations are not estimated (give a model for them)")
+    rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes)
+    rep.explain = _explain_states(rep, sb, st.params_local)
+    return rep
+
+
+def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes, ctx: ActivationContext,
+                  m: int, ov: Overheads) -> StageMemory:
+    states: StateReport = state_report(st.tensors, spec, layout, sb)
+    e, t = ctx.elem_bytes, layout.tp
+    tsh = t if layout.sequence_parallel else 1
+    s_l = ctx.seq_len / layout.cp
+    sbh = s_l * ctx.micro_batch * spec.hidden_size
+    n = in_flight(layout, st.stage, m)
+
+    per_layer = [layer_activation_bytes(spec, i, layout, ctx) for i in st.layers]
+    if layout.recompute == "full":
+        acts = len(st.layers) * layer_input_bytes(spec, layout, ctx) * n
+        acts += max((tot for tot, _ in per_layer), default=0)  # one block re-materialised during its backward
+    elif layout.recompute == "selective":
+        acts = sum(tot - sc for tot, sc in per_layer) * n
+    else:
+        acts = sum(tot for tot, _ in per_layer) * n
+    if st.holds_embedding and ctx.dropout:
+        acts += sbh / tsh * n                      # embedding dropout mask (1 byte)
+    if st.holds_head:
+        acts += 2 * e * sbh / tsh * n              # final-norm input and head input
+
+    other: dict[str, int] = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
+    dynamic = 0.0
+    if st.holds_head:
+        vocab_local = -(-spec.vocab_size // t)
+        n_last = n if layout.pp > 1 else 1.0
+        logits = s_l * ctx.micro_batch * vocab_local * (4 * n_last + e + 4)
+        other["logits_and_loss"] = int(logits)    # fp32 log-softmax kept per micro-batch + logits and fp32 gradient
+        dynamic += logits
+    groups = [("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp_shard), ("pp", layout.pp), ("ep", layout.ep)]
+    n_groups = sum(1 for _, size in groups if size > 1)
+    if n_groups:
+        other["nccl_buffers"] = n_groups * ov.nccl_bytes_per_group
+    unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
+    if layout.zero == 0 and layout.dp_shard > 1 and ov.ddp_bucket_copy:
+        other["ddp_buckets"] = states.gradients
+        dynamic += states.gradients
+    if layout.zero in (1, 2) and layout.dp_shard > 1:
+        other["zero_buckets"] = int(ov.zero_bucket_layers * unit_g)
+        dynamic += other["zero_buckets"]
+    if layout.zero == 3 and layout.dp_shard > 1:
+        other["fsdp_buffers"] = int(ov.fsdp_prefetch_units * unit_w + ov.fsdp_reduce_scatter_units * unit_g)
+        dynamic += other["fsdp_buffers"]
+    if layout.pp > 1:
+        other["pp_p2p"] = int(2 * e * sbh / tsh)
+        dynamic += other["pp_p2p"]
+    if layout.tp > 1 and layout.sequence_parallel:
+        other["tp_sp_gather"] = int(e * sbh)
+        dynamic += other["tp_sp_gather"]
+    if layout.cp > 1:
+        kv_w = (spec.num_kv_heads // t if t <= spec.num_kv_heads else 1) * spec.head_dim_
+        other["cp_kv_blocks"] = int(2 * 2 * e * s_l * ctx.micro_batch * kv_w)
+        dynamic += other["cp_kv_blocks"]
+    if layout.ep > 1 and any(spec.is_moe_layer(i) for i in st.layers):
+        other["ep_all_to_all"] = int(2 * e * spec.moe.top_k * sbh)
+        dynamic += other["ep_all_to_all"]
+    if ov.fragmentation:
+        other["fragmentation"] = int(ov.fragmentation * (acts + dynamic))
+    other = {k: v for k, v in other.items() if v > 0}
+    return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
+                       params=states.params_local, weights=states.weights, gradients=states.gradients,
+                       optimizer=states.optimizer, master_weights=states.master, moments=states.moments,
+                       activations=int(acts), in_flight=n, other=other,
+                       holds_embedding=st.holds_embedding, holds_head=st.holds_head)
+
+
+def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:
+    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit (a block, or the embedding/head)."""
+    units: dict[int, int] = {}
+    for t in st.tensors:
+        units[t.layer] = units.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
+    biggest = max(units.values(), default=0)
+    return biggest * sb.weights, biggest * sb.gradients
+
+
+def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int) -> dict[str, str]:
+    lay = rep.layout
+    D = lay.dp_shard
+    div = lambda z: f" / {D} (ZeRO-{lay.zero} over dp·cp)" if lay.zero >= z and D > 1 else ""
+    mp = f" after TP {lay.tp} × PP {lay.pp}" if lay.tp * lay.pp > 1 else ""
+    w = rep.worst
+    return {
+        "weights": f"{fmt_count(params_local)} params{mp} × {sb.weights} B{div(3)} = {fmt_bytes(w.weights)}",
+        "gradients": f"{fmt_count(params_local)} × {sb.gradients} B{div(2)} = {fmt_bytes(w.gradients)}",
+        "optimizer": (f"{fmt_count(params_local)} × ({sb.master} B fp32 master + {sb.moments:g} B moments){div(1)} = "
+                      f"{fmt_bytes(w.optimizer)}  [ZeRO paper §3.1: K = {sb.optimizer:g}]"),
+    }
+
+
+def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext) -> dict[str, str]:
+    w, lay = rep.worst, rep.layout
+    out = _explain_states(rep, sb, w.params)
+    per_layer = [layer_activation_bytes(spec, i, lay, ctx) for i in range(spec.num_layers)]
+    tot, sc = per_layer[0]
+    kind = "GPT block (Korthikanti 2022 Table 2)" if spec.mlp == "gelu" and spec.norm == "layernorm" else \
+        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA blocks"
+    if lay.recompute == "full":
+        one = layer_input_bytes(spec, lay, ctx)
+        out["activations"] = (f"full recomputation: block input {fmt_bytes(one)} × {w.layers} layers × {w.in_flight:g} in flight "
+                              f"+ one block re-materialised ({fmt_bytes(max(t for t, _ in per_layer))}) = {fmt_bytes(w.activations)}")
+    else:
+        per = tot - (sc if lay.recompute == "selective" else 0)
+        out["activations"] = (f"{fmt_bytes(per)} per layer per micro-batch [{kind}; s={ctx.seq_len}, b={ctx.micro_batch}, "
+                              f"tp={lay.tp}{', SP' if lay.sequence_parallel else ''}"
+                              f"{', flash attention' if ctx.flash_attention else ''}{', selective recompute' if lay.recompute == 'selective' else ''}]"
+                              f" × {w.layers} layers × {w.in_flight:g} micro-batches in flight = {fmt_bytes(w.activations)}")
+    out["other"] = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.other.items())
+    return out

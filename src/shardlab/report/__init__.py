@@ -1,0 +1,1 @@
+"""Rendering helpers: text tables, plots, diagrams."""

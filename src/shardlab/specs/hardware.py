@@ -1,0 +1,126 @@
+"""Accelerators, links and clusters: the hardware side of every estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardlab.errors import ShardlabError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class MatmulEfficiency:
+    """Achieved share of peak matmul FLOP/s as a function of matrix size (the estimate's compute model).
+
+    eff(n) = max_fraction · n / (n + half_size): a saturating curve in the GEMM's inner size, so small
+    matrices (narrow TP shards, small hidden sizes) run further from peak than large ones.
+    """
+
+    max_fraction: float
+    """Share of the dense peak reached by very large GEMMs."""
+    half_size: float
+    """The GEMM dimension (elements) at which half of max_fraction is reached."""
+    source: str = ""
+    """Where the two numbers come from (fit to published runs, or a user calibration)."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One GPU (or accelerator) model."""
+
+    id: str
+    """Catalog id, lowercase and hyphenated (h100-sxm)."""
+    name: str
+    """Marketing name."""
+    vendor: str
+    """nvidia, amd, ..."""
+    peak_tflops: dict[str, float | None]
+    """Dense peak TFLOP/s by dtype (fp32, tf32, bf16, fp16, fp8); None where unsupported."""
+    memory_gib: float
+    """Memory the framework can use, GiB (2**30 bytes)."""
+    memory_bandwidth_gbps: float
+    """Memory bandwidth, GB/s (1e9 bytes)."""
+    scale_up_link: str
+    """Link id joining GPUs inside a server (nvlink4, pcie4, ...)."""
+    host_link: str
+    """Link id to the host (pcie4, pcie5)."""
+    tdp_w: float
+    """Board power, watts."""
+    system: dict
+    """Usual server: gpus_per_node, intra_link, inter_link."""
+    source: str
+    """Where the numbers come from."""
+    notes: str = ""
+    """Conflicts and caveats."""
+    efficiency: MatmulEfficiency | None = None
+    """Achieved-matmul model for the estimate (None: the estimate's shared default)."""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gbps * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; raises ShardlabError naming a usable dtype when absent."""
+        v = self.peak_tflops.get(dtype)
+        if v is None:
+            have = [k for k, x in self.peak_tflops.items() if x]
+            raise ShardlabError(f"{self.id} has no {dtype} peak in the catalog; use a precision with one of: {', '.join(have)}")
+        return float(v) * 1e12
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect, per GPU and per direction."""
+
+    id: str
+    """Catalog id (nvlink4, ib-ndr, ethernet-10g)."""
+    name: str
+    """Readable name."""
+    bandwidth_gbps: float
+    """Line rate per GPU per direction, GB/s (1e9 bytes)."""
+    latency_us: float
+    """alpha: time of one algorithm step on a tiny message, microseconds."""
+    efficiency: float
+    """Share of the line rate a collective's bus bandwidth reaches on large messages."""
+    scope: str
+    """'intra' (inside a node) or 'inter' (between nodes)."""
+    source: str
+    """Where the numbers come from."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achievable bandwidth (line rate × efficiency), bytes/s: the β of the α–β model."""
+        return self.bandwidth_gbps * 1e9 * self.efficiency
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A homogeneous cluster: N GPUs, grouped into nodes joined by an inter-node link."""
+
+    accelerator: Accelerator
+    """The GPU model every rank runs on."""
+    num_gpus: int
+    """World size."""
+    gpus_per_node: int
+    """GPUs sharing the intra-node link (an NVLink domain)."""
+    intra_link: Link
+    """Link between GPUs of one node."""
+    inter_link: Link
+    """Link between nodes, per GPU (rail-optimized: one NIC per GPU)."""
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.gpus_per_node)
+
+    def link_for_group(self, group_span_gpus: int) -> Link:
+        """The slowest link a group crosses when its members are ``group_span_gpus`` consecutive ranks apart."""
+        return self.intra_link if group_span_gpus <= self.gpus_per_node else self.inter_link

@@ -1,0 +1,190 @@
+"""ModelSpec: the architecture of a decoder-only transformer, enough to count every parameter exactly.
+
+Covers GPT-2/GPT-3 style blocks (LayerNorm, GELU MLP of width f, learned positions, biases, tied
+embeddings), GPT-NeoX (parallel residual, untied), Llama-style blocks (RMSNorm, SwiGLU, RoPE, GQA),
+Qwen2 (QKV biases), Mixture-of-Experts (Mixtral; DeepSeek-V3 with shared experts and leading dense
+layers) and Multi-head Latent Attention (DeepSeek-V2/V3). The tensor inventory built from it lives in
+``shardlab.specs.tensors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+from shardlab.errors import ShardlabError
+
+MlpKind = Literal["gelu", "swiglu"]
+NormKind = Literal["layernorm", "rmsnorm"]
+PositionKind = Literal["learned", "rope", "alibi"]
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-Experts feed-forward (Mixtral: Jiang et al. 2024; DeepSeek-V3: arXiv 2412.19437 §2.1.2)."""
+
+    num_experts: int
+    """Routed experts per MoE layer (8 for Mixtral, 256 for DeepSeek-V3)."""
+    top_k: int
+    """Routed experts each token is sent to (2 for Mixtral, 8 for DeepSeek-V3)."""
+    expert_ffn_hidden_size: int
+    """Intermediate width of one routed expert (SwiGLU: gate, up and down matrices)."""
+    num_shared_experts: int = 0
+    """Always-active shared experts (DeepSeek-V3: 1), each of width ``expert_ffn_hidden_size``."""
+    first_dense_layers: int = 0
+    """Leading layers that keep a dense MLP of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
+    router_bias: bool = False
+    """Router has a per-expert bias parameter (DeepSeek-V3's ``e_score_correction_bias``)."""
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head Latent Attention (DeepSeek-V2, arXiv 2405.04434 §2.1): low-rank query and joint KV compression."""
+
+    q_lora_rank: int
+    """Rank of the query down-projection (1536 for DeepSeek-V3); 0 means a plain q projection."""
+    kv_lora_rank: int
+    """Rank of the compressed KV latent c_KV (512 for DeepSeek-V3); this is what the KV cache stores."""
+    qk_nope_head_dim: int
+    """Per-head query/key dimension without rotary embedding (128)."""
+    qk_rope_head_dim: int
+    """Per-head decoupled rotary dimension, shared by all heads for the key (64)."""
+    v_head_dim: int
+    """Per-head value dimension (128)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer. Dimensions follow Hugging Face config.json names where one exists."""
+
+    name: str
+    """Catalog id or a label for a user file."""
+    family: str
+    """Architecture family: gpt2, gpt_neox, llama, mistral, mixtral, qwen2, deepseek_v3, bloom."""
+    hidden_size: int
+    """h: model width."""
+    num_layers: int
+    """L: transformer blocks."""
+    num_heads: int
+    """a: query heads."""
+    num_kv_heads: int
+    """Key/value heads (= num_heads for MHA; fewer for GQA; 1 for MQA)."""
+    ffn_hidden_size: int
+    """f: MLP intermediate width of a dense layer (4h for GPT; 11008 for Llama-2-7B)."""
+    vocab_size: int
+    """V: vocabulary (embedding rows), unpadded."""
+    max_seq_len: int
+    """Longest sequence the model was built for (learned position table size when position='learned')."""
+    mlp: MlpKind = "swiglu"
+    """'gelu': up/down with activation; 'swiglu': gate, up and down (Shazeer 2020)."""
+    norm: NormKind = "rmsnorm"
+    """'layernorm' has weight and bias; 'rmsnorm' weight only."""
+    position: PositionKind = "rope"
+    """'learned' adds a (max_seq_len, h) table; RoPE and ALiBi have no parameters."""
+    tied_embeddings: bool = False
+    """Output head shares the input embedding matrix."""
+    head_dim: int = 0
+    """Per-head dimension; 0 means hidden_size // num_heads."""
+    qkv_bias: bool = False
+    """Q, K and V projections have biases (GPT-2, NeoX, Qwen2)."""
+    out_bias: bool = False
+    """Attention output projection has a bias (GPT-2, NeoX)."""
+    mlp_bias: bool = False
+    """MLP projections have biases (GPT-2, NeoX)."""
+    embedding_norm: bool = False
+    """A norm right after the token embedding (BLOOM's word_embeddings_layernorm)."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same input (GPT-NeoX, GPT-J); does not change parameter counts."""
+    sliding_window: int = 0
+    """Sliding-window attention span (Mistral 7B v0.1: 4096); caps the KV cache; 0 = full attention."""
+    moe: MoESpec | None = None
+    """Mixture-of-Experts settings, or None for a dense model."""
+    mla: MLASpec | None = None
+    """Multi-head Latent Attention settings, or None for standard (GQA/MHA) attention."""
+    params_reference: int = 0
+    """Published exact parameter count (all tensors as the checkpoint loads), 0 if none is published."""
+    source: str = ""
+    """Where the dimensions come from."""
+
+    # ---- derived ------------------------------------------------------------------------------
+    @property
+    def head_dim_(self) -> int:
+        """Per-head dimension actually used."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output (a · head_dim)."""
+        return self.num_heads * self.head_dim_
+
+    @property
+    def kv_size(self) -> int:
+        """Width of one of the K or V projection outputs (kv_heads · head_dim)."""
+        return self.num_kv_heads * self.head_dim_
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True when block ``layer`` (0-based) has a MoE feed-forward."""
+        return self.moe is not None and layer >= self.moe.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+
+    def with_(self, **changes) -> ModelSpec:
+        return replace(self, **changes)
+
+    def validate(self) -> ModelSpec:
+        """Check dimensions; raise ShardlabError naming the bad field."""
+        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "max_seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ShardlabError(f"model '{self.name}': {f} must be a positive integer, got {v!r}")
+        if self.mla is None and not self.head_dim and self.hidden_size % self.num_heads:
+            raise ShardlabError(
+                f"model '{self.name}': hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; set head_dim")
+        if self.num_heads % self.num_kv_heads:
+            raise ShardlabError(
+                f"model '{self.name}': num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ShardlabError(f"model '{self.name}': mlp must be 'gelu' or 'swiglu', got '{self.mlp}'")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ShardlabError(f"model '{self.name}': norm must be 'layernorm' or 'rmsnorm', got '{self.norm}'")
+        if self.position not in ("learned", "rope", "alibi"):
+            raise ShardlabError(f"model '{self.name}': position must be learned, rope or alibi, got '{self.position}'")
+        if self.moe is not None:
+            m = self.moe
+            if not (0 < m.top_k <= m.num_experts):
+                raise ShardlabError(f"model '{self.name}': moe top_k {m.top_k} must be in 1..num_experts ({m.num_experts})")
+            if not (0 <= m.first_dense_layers < self.num_layers):
+                raise ShardlabError(f"model '{self.name}': moe first_dense_layers must be below num_layers")
+        return self
+
+
+# Keys accepted in a catalog or YAML model entry, mapped to the dataclass (strict checking).
+MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"name"}
+MOE_KEYS = {f.name for f in fields(MoESpec)}
+MLA_KEYS = {f.name for f in fields(MLASpec)}
+
+
+def model_from_dict(name: str, d: dict, where: str) -> ModelSpec:
+    """Build a ModelSpec from a catalog/YAML mapping with strict key checking."""
+    if not isinstance(d, dict):
+        raise ShardlabError(f"{where}: model '{name}' must be a mapping of fields, got {type(d).__name__}")
+    unknown = set(d) - MODEL_KEYS
+    if unknown:
+        raise ShardlabError(f"{where}: model '{name}' has unknown field(s) {sorted(unknown)}; allowed: {sorted(MODEL_KEYS)}")
+    kw = dict(d)
+    for key, cls, allowed in (("moe", MoESpec, MOE_KEYS), ("mla", MLASpec, MLA_KEYS)):
+        if kw.get(key) is not None:
+            sub = kw[key]
+            if not isinstance(sub, dict) or set(sub) - allowed:
+                raise ShardlabError(f"{where}: model '{name}' field '{key}' must be a mapping with keys from {sorted(allowed)}")
+            try:
+                kw[key] = cls(**sub)
+            except TypeError as e:
+                raise ShardlabError(f"{where}: model '{name}' field '{key}': {e}") from None
+    try:
+        spec = ModelSpec(name=name, **kw)
+    except TypeError as e:
+        raise ShardlabError(f"{where}: model '{name}': {e}") from None
+    return spec.validate()

@@ -1,0 +1,202 @@
+"""The parameter inventory of a ModelSpec: every tensor with its shape and how TP/EP split it.
+
+Shapes use PyTorch's ``nn.Linear`` convention (out_features, in_features), and names follow the
+runtime's GPT (``shardlab.runtime.gpt``), so a real model's ``named_parameters()`` can be held
+against this list tensor by tensor. Q, K and V are separate projections (a fused QKV matrix has the
+same count). Routed experts are stacked into one tensor per matrix, shape (E, ...), split on dim 0 by
+expert parallelism.
+
+Tensor-parallel rules (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053 §3):
+- column-parallel (output features split): Q, K, V, MLP gate/up, MLA up-projections;
+- row-parallel (input features split): attention output, MLP down; their biases are replicated;
+- vocabulary-parallel: token embedding and output head split by vocabulary rows;
+- replicated: norms, learned positions, routers, MLA down-projections (low rank, small).
+K/V heads split across TP ranks when tp <= kv_heads, and are replicated (one head per rank) when
+tp > kv_heads (Megatron GQA; vLLM does the same).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from shardlab.specs.model import ModelSpec
+
+PRE = -1
+"""Layer index used for tensors before the first block (embeddings)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One parameter tensor of the model."""
+
+    name: str
+    """Dotted name as in the runtime model, e.g. 'layers.3.attention.wq.weight'."""
+    shape: tuple[int, ...]
+    """Full (unsharded) shape, nn.Linear convention (out, in)."""
+    layer: int
+    """Block index; PRE (-1) for embeddings, num_layers for the final norm and output head."""
+    component: str
+    """embedding, position, attention, norm, mlp, router, experts, shared_experts or head."""
+    tp_dim: int | None = None
+    """Dimension split across tensor-parallel ranks, or None when replicated."""
+    kv: bool = False
+    """A K/V projection (weight or bias): split by KV heads, replicated when tp > kv_heads."""
+    ep_dim: int | None = None
+    """Dimension split across expert-parallel ranks (0 for stacked routed experts), or None."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def local_shape(self, spec: ModelSpec, tp: int = 1, ep: int = 1) -> tuple[int, ...]:
+        """Shape held by one rank after TP and EP splitting (before any ZeRO/FSDP sharding).
+
+        Uneven splits (a vocabulary not divisible by tp) take ceil, as a padded vocabulary would.
+        """
+        shape = list(self.shape)
+        if self.tp_dim is not None and tp > 1:
+            if self.kv:
+                local_heads = spec.num_kv_heads // tp if tp <= spec.num_kv_heads else 1
+                shape[self.tp_dim] = local_heads * spec.head_dim_
+            else:
+                shape[self.tp_dim] = -(-shape[self.tp_dim] // tp)
+        if self.ep_dim is not None and ep > 1:
+            shape[self.ep_dim] = -(-shape[self.ep_dim] // ep)
+        return tuple(shape)
+
+    def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1) -> int:
+        return math.prod(self.local_shape(spec, tp, ep))
+
+
+def _linear(out: list, name: str, out_f: int, in_f: int, layer: int, comp: str, tp: str | None,
+            bias: bool, kv: bool = False) -> None:
+    """Append weight (out_f, in_f) and optional bias (out_f,) of a linear layer.
+
+    tp: 'column' splits the output features (weight dim 0, bias too), 'row' the input features
+    (weight dim 1; bias replicated), None replicates.
+    """
+    wdim = {"column": 0, "row": 1, None: None}[tp]
+    out.append(TensorSpec(f"{name}.weight", (out_f, in_f), layer, comp, wdim, kv))
+    if bias:
+        out.append(TensorSpec(f"{name}.bias", (out_f,), layer, comp, 0 if tp == "column" else None, kv))
+
+
+def _norm(out: list, spec: ModelSpec, name: str, size: int, layer: int) -> None:
+    out.append(TensorSpec(f"{name}.weight", (size,), layer, "norm"))
+    if spec.norm == "layernorm":
+        out.append(TensorSpec(f"{name}.bias", (size,), layer, "norm"))
+
+
+def _dense_mlp(out: list, spec: ModelSpec, prefix: str, f: int, layer: int, comp: str) -> None:
+    h = spec.hidden_size
+    if spec.mlp == "swiglu":
+        # SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)); gate = w1, up = w3, down = w2 (Llama naming)
+        _linear(out, f"{prefix}.w1", f, h, layer, comp, "column", spec.mlp_bias)
+        _linear(out, f"{prefix}.w3", f, h, layer, comp, "column", spec.mlp_bias)
+    else:
+        _linear(out, f"{prefix}.w1", f, h, layer, comp, "column", spec.mlp_bias)
+    _linear(out, f"{prefix}.w2", h, f, layer, comp, "row", spec.mlp_bias)
+
+
+def _attention(out: list, spec: ModelSpec, i: int) -> None:
+    h, p = spec.hidden_size, f"layers.{i}.attention"
+    if spec.mla is None:
+        _linear(out, f"{p}.wq", spec.q_size, h, i, "attention", "column", spec.qkv_bias)
+        _linear(out, f"{p}.wk", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
+        _linear(out, f"{p}.wv", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
+        _linear(out, f"{p}.wo", h, spec.q_size, i, "attention", "row", spec.out_bias)
+        return
+    # Multi-head Latent Attention (DeepSeek-V2 §2.1.2): q = W_qb · norm(W_qa · x);
+    # [c_kv, k_rope] = W_kva · x; [k_nope, v] = W_kvb · norm(c_kv); out = W_o · attn.
+    m, a = spec.mla, spec.num_heads
+    qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        _linear(out, f"{p}.wq_a", m.q_lora_rank, h, i, "attention", None, False)
+        out.append(TensorSpec(f"{p}.q_norm.weight", (m.q_lora_rank,), i, "attention"))
+        _linear(out, f"{p}.wq_b", a * qk_head, m.q_lora_rank, i, "attention", "column", False)
+    else:
+        _linear(out, f"{p}.wq", a * qk_head, h, i, "attention", "column", False)
+    _linear(out, f"{p}.wkv_a", m.kv_lora_rank + m.qk_rope_head_dim, h, i, "attention", None, False)
+    out.append(TensorSpec(f"{p}.kv_norm.weight", (m.kv_lora_rank,), i, "attention"))
+    _linear(out, f"{p}.wkv_b", a * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, i, "attention", "column", False)
+    _linear(out, f"{p}.wo", h, a * m.v_head_dim, i, "attention", "row", spec.out_bias)
+
+
+def _moe(out: list, spec: ModelSpec, i: int) -> None:
+    m, h, p = spec.moe, spec.hidden_size, f"layers.{i}.moe"
+    E, fe = m.num_experts, m.expert_ffn_hidden_size
+    out.append(TensorSpec(f"{p}.router.weight", (E, h), i, "router"))
+    if m.router_bias:
+        out.append(TensorSpec(f"{p}.router.bias", (E,), i, "router"))
+    # stacked routed experts: (E, out, in); EP splits dim 0, TP splits the expert's intermediate width
+    out.append(TensorSpec(f"{p}.experts.w1", (E, fe, h), i, "experts", tp_dim=1, ep_dim=0))
+    if spec.mlp == "swiglu":
+        out.append(TensorSpec(f"{p}.experts.w3", (E, fe, h), i, "experts", tp_dim=1, ep_dim=0))
+    out.append(TensorSpec(f"{p}.experts.w2", (E, h, fe), i, "experts", tp_dim=2, ep_dim=0))
+    if m.num_shared_experts:
+        _dense_mlp(out, spec, f"{p}.shared", fe * m.num_shared_experts, i, "shared_experts")
+
+
+def model_tensors(spec: ModelSpec) -> list[TensorSpec]:
+    """Every parameter tensor of ``spec`` (the output head is omitted when embeddings are tied)."""
+    h, L = spec.hidden_size, spec.num_layers
+    out: list[TensorSpec] = [TensorSpec("tok_embeddings.weight", (spec.vocab_size, h), PRE, "embedding", tp_dim=0)]
+    if spec.position == "learned":
+        out.append(TensorSpec("pos_embeddings.weight", (spec.max_seq_len, h), PRE, "position"))
+    if spec.embedding_norm:
+        _norm(out, spec, "emb_norm", h, PRE)
+    for i in range(L):
+        _norm(out, spec, f"layers.{i}.attention_norm", h, i)
+        _attention(out, spec, i)
+        _norm(out, spec, f"layers.{i}.ffn_norm", h, i)
+        if spec.is_moe_layer(i):
+            _moe(out, spec, i)
+        else:
+            _dense_mlp(out, spec, f"layers.{i}.mlp", spec.ffn_hidden_size, i, "mlp")
+    _norm(out, spec, "norm", h, L)
+    if not spec.tied_embeddings:
+        out.append(TensorSpec("output.weight", (spec.vocab_size, h), L, "head", tp_dim=0))
+    return out
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Exact parameter counts of a model."""
+
+    total: int
+    """All parameters (tied embeddings counted once)."""
+    active: int
+    """Parameters used per token: routed experts counted top_k / num_experts (= total for dense)."""
+    by_component: dict[str, int]
+    """embedding, position, attention, norm, mlp, router, experts, shared_experts, head."""
+    per_layer: list[int]
+    """Parameters of each block (index = layer)."""
+    embedding: int
+    """Token (+ position, + embedding norm) parameters before the first block."""
+    head: int
+    """Final norm and untied output head."""
+
+
+def param_counts(spec: ModelSpec) -> ParamCounts:
+    """Count parameters per component, per layer and in total; MoE also active per token."""
+    by_comp: dict[str, int] = defaultdict(int)
+    per_layer = [0] * spec.num_layers
+    emb = head = routed = 0
+    for t in model_tensors(spec):
+        n = t.numel
+        by_comp[t.component] += n
+        if t.layer == PRE:
+            emb += n
+        elif t.layer == spec.num_layers:
+            head += n
+        else:
+            per_layer[t.layer] += n
+        if t.component == "experts":
+            routed += n
+    total = sum(by_comp.values())
+    active = total
+    if spec.moe is not None:
+        active = total - routed + routed * spec.moe.top_k // spec.moe.num_experts
+    return ParamCounts(total, active, dict(by_comp), per_layer, emb, head)

@@ -1,0 +1,126 @@
+"""CLI: tables by default, one JSON document with --json, one-line errors with exit code 2."""
+
+import json
+
+import pytest
+
+from conftest import cli_main, run_cli
+
+
+def test_json_documents_parse():
+    for args in (["models"], ["gpus"], ["links"], ["models", "mixtral-8x7b"],
+                 ["memory", "llama-2-7b", "--gpus", "8", "--zero", "3"]):
+        code, out, err = cli_main(*args, "--json")
+        assert code == 0, err
+        json.loads(out)
+
+
+def test_models_list_ids_are_lowercase_hyphenated():
+    code, out, _ = cli_main("models", "--json")
+    ids = [m["id"] for m in json.loads(out)["models"]]
+    for want in ("llama-2-7b", "llama-3.1-405b", "mixtral-8x7b", "gpt2", "gpt2-xl", "deepseek-v3"):
+        assert want in ids
+    assert all(i == i.lower() and " " not in i and "_" not in i for i in ids)
+
+
+def test_gpus_and_links_catalog_ids_and_sources():
+    _, out, _ = cli_main("gpus", "--json")
+    gpus = {g["id"]: g for g in json.loads(out)["gpus"]}
+    for want in ("v100", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l4", "l40s", "rtx-4090", "mi300x"):
+        assert want in gpus and gpus[want]["source"]
+    assert gpus["h100-sxm"]["peak_tflops"]["bf16"] == 989.4
+    _, out, _ = cli_main("links", "--json")
+    links = {l["id"]: l for l in json.loads(out)["links"]}
+    for want in ("nvlink3", "nvlink4", "nvlink5", "pcie4", "pcie5", "ib-hdr", "ib-ndr", "ethernet-10g", "ethernet-100g",
+                 "ethernet-400g"):
+        assert want in links and links[want]["source"]
+
+
+def test_memory_human_output_shows_work():
+    code, out, _ = cli_main("memory", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1",
+                            "--microbatches", "8")
+    assert code == 0
+    assert "worst rank: rank 0" in out and "embedding" in out
+    assert "ZeRO paper" in out and "Korthikanti" in out and "FITS" in out
+
+
+def test_memory_params_mode():
+    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
+    assert json.loads(out)["per_gpu"]["model_states"] == 1_875_000_000
+
+
+BAD = [
+    (["memory", "llama-2-8b", "--gpus", "8"], "did you mean"),
+    (["memory", "llama-2-7b", "--gpus", "8", "--tp", "3"], "not divisible"),
+    (["memory", "llama-2-7b", "--gpus", "12", "--tp", "12"], "does not divide"),   # 32 heads
+    (["memory", "qwen2.5-7b", "--gpus", "7", "--tp", "7"], "KV heads"),
+    (["memory", "llama-2-7b", "--gpus", "8", "--dp", "3"], "product is 8"),
+    (["memory", "llama-2-7b", "--gpus", "8", "--gpu", "h100"], "did you mean"),
+    (["memory", "llama-2-7b", "--gpus", "0"], "positive"),
+    (["memory", "llama-2-7b", "--micro-batch", "-2"], "positive"),
+    (["memory", "llama-2-7b", "--seq-len", "0"], "positive"),
+    (["memory", "--params", "-5"], "positive"),
+    (["memory", "--params", "abc"], "cannot parse"),
+    (["memory", "llama-2-7b", "--params", "7e9"], "not both"),
+    (["memory", "llama-2-7b", "--ep", "2", "--gpus", "2"], "dense"),
+]
+
+
+@pytest.mark.parametrize("args,msg", BAD)
+def test_bad_input_one_line_exit_2(args, msg):
+    code, out, err = cli_main(*args)
+    assert code == 2
+    assert msg in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_malformed_and_incomplete_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": 4096,')
+    code, _, err = cli_main("memory", str(bad))
+    assert code == 2 and "not valid" in err and len(err.strip().splitlines()) == 1
+    missing = tmp_path / "m.json"
+    missing.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2,
+                                   "num_attention_heads": 32, "vocab_size": 100}))
+    code, _, err = cli_main("memory", str(missing))
+    assert code == 2 and "intermediate_size" in err
+    neg = tmp_path / "n.json"
+    neg.write_text(json.dumps({"model_type": "gpt2", "n_embd": -768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+                               "n_positions": 1024}))
+    code, _, err = cli_main("memory", str(neg))
+    assert code == 2 and "n_embd" in err
+    unknown = tmp_path / "u.json"
+    unknown.write_text(json.dumps({"model_type": "t5"}))
+    code, _, err = cli_main("models", str(unknown))
+    assert code == 2 and "not supported" in err
+
+
+def test_user_catalog_adds_gpu(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("""accelerators:
+  my-gpu:
+    name: My GPU
+    vendor: acme
+    peak_tflops: {fp32: 10, tf32: null, bf16: 100, fp16: 100, fp8: null}
+    memory_gib: 48
+    memory_bandwidth_gbps: 1000
+    scale_up_link: pcie4
+    host_link: pcie4
+    tdp_w: 300
+    system: {gpus_per_node: 4, intra_link: pcie4, inter_link: ethernet-100g}
+    source: my own measurements
+""")
+    code, out, err = cli_main("gpus", "--catalog", str(f), "--json")
+    assert code == 0 and any(g["id"] == "my-gpu" for g in json.loads(out)["gpus"])
+    code, out, err = cli_main("memory", "llama-2-7b", "--gpu", "my-gpu", "--catalog", str(f), "--json")
+    assert code == 0 and json.loads(out)["capacity_bytes"] == 48 * 2**30
+    f.write_text("accelerators:\n  x:\n    name: X\n    colour: red\n")
+    code, _, err = cli_main("gpus", "--catalog", str(f))
+    assert code == 2 and "missing" in err
+
+
+def test_entry_point_subprocess():
+    r = run_cli("memory", "--params", "1e9", "--dp", "2", "--zero", "1")
+    assert r.returncode == 0 and "ZeRO-1" in r.stdout
+    r = run_cli("memory", "nope-model")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
