@@ -147,3 +147,17 @@ def cluster_from_args(args, catalog, num_gpus: int):
     inter = catalog.link(args.inter_link or acc.system["inter_link"])
     return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
                    intra_link=intra, inter_link=inter)
+
+
+def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
+    """Flags of `shardlab estimate` (training), shared by `shardlab cost` for a plan-based cost."""
+    add_model_args(p, default=model_default)
+    add_layout_args(p)
+    add_cluster_args(p)
+    g = p.add_argument_group("workload")
+    g.add_argument("--global-batch", type=positive_int, default=None,
+                   help="sequences per optimizer step (default: micro-batch × dp × microbatches)")
+    g.add_argument("--tokens", type=str, default=None, metavar="D",
+                   help="training tokens (e.g. 300e9 or 15T) for time-to-train and GPU-hours")
+    g.add_argument("--profile", metavar="FILE", default=None,
+                   help="hardware profile from `shardlab calibrate` (measured efficiencies and links)")

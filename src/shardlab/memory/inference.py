@@ -1,0 +1,44 @@
+"""Inference memory per rank: weights and KV cache (exact, from the tensor inventory).
+
+Weights: each rank holds its TP shard of its pipeline stage's tensors (``shardlab.memory.states``).
+KV cache per token (formulas.md, "Inference memory"): 2 (K and V) × layers on the stage × KV heads per
+rank × head_dim × bytes. KV heads are split across TP ranks, one head per rank when tp > kv_heads
+(replicated; vLLM does the same). Multi-head Latent Attention caches the compressed latent c_KV and the
+shared rotary key, (kv_lora_rank + qk_rope_head_dim) × bytes per layer, replicated across TP ranks
+(DeepSeek-V2 §2.1.2). A sliding window caps the cached tokens at the window (Mistral 7B v0.1).
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardlab.layout import Layout
+from shardlab.memory.states import stage_tensors
+from shardlab.specs.model import ModelSpec
+
+
+def weight_bytes_per_rank(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> list[int]:
+    """Weight bytes held by one rank of each pipeline stage (index = stage)."""
+    lay = Layout(tp=tp, pp=pp)
+    return [sum(math.prod(t.local_shape(spec, tp)) for t in st.tensors) * elem_bytes for st in stage_tensors(spec, lay)]
+
+
+def kv_cache_bytes_per_token(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> list[int]:
+    """KV-cache bytes per cached token held by one rank of each pipeline stage."""
+    lay = Layout(tp=tp, pp=pp)
+    if spec.mla is not None:
+        per_layer = (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * elem_bytes
+    else:
+        heads = spec.num_kv_heads // tp if tp <= spec.num_kv_heads else 1
+        per_layer = 2 * heads * spec.head_dim_ * elem_bytes
+    return [len(st.layers) * per_layer for st in stage_tensors(spec, lay)]
+
+
+def cached_tokens(spec: ModelSpec, seq_len: int) -> int:
+    """Tokens a sequence keeps in its cache: all of them, or the sliding window."""
+    return min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
+
+
+def kv_cache_bytes(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> int:
+    """KV-cache bytes on the worst rank for ``batch`` sequences of ``seq_len`` tokens."""
+    return max(kv_cache_bytes_per_token(spec, tp, pp, elem_bytes)) * batch * cached_tokens(spec, seq_len)
