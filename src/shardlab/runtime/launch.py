@@ -1,0 +1,240 @@
+"""Start a rank program with ``torchrun`` (PyTorch's elastic launcher), enforce a timeout, summarise failures.
+
+One node: ``python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS``. Several
+nodes: pass torchrun's rendezvous flags in ``torchrun_args`` (``--nnodes 2 --node-rank 0
+--rdzv-backend c10d --rdzv-endpoint host:29500 --rdzv-id job1``) and run the same command on every node.
+
+Every rank writes into a per-run directory named by ``SHARDLAB_RUN_DIR``: ``rank{r}.json`` (its
+results), ``rank{r}.error.json`` (the exception it died of) and ``rank{r}.heartbeat.json`` (the last
+phase it reached; see ``shardlab.runtime.worker``). A failed rank makes torchrun stop the others; a hung
+rank makes its peers' collectives time out (the process-group timeout) or, at the latest, this
+launcher's ``timeout_s`` kills the whole process group. Either way the result carries a one-line
+summary naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+from shardlab.runtime.dist import DEFAULT_PG_TIMEOUT_S
+
+_TIMEOUT_WORDS = ("timed out", "timeout", "connection closed by peer", "connection reset", "broken pipe")
+
+
+@dataclass
+class LaunchResult:
+    """What a torchrun launch produced."""
+
+    returncode: int
+    """torchrun's exit status (0 = every rank succeeded; -9 when this launcher killed it on timeout)."""
+    stdout: str
+    """Captured standard output of torchrun and all ranks."""
+    stderr: str
+    """Captured standard error of torchrun and all ranks."""
+    duration_s: float
+    """Wall time of the launch, start-up included."""
+    run_dir: Path
+    """Per-run directory the ranks wrote their JSON into (``SHARDLAB_RUN_DIR``)."""
+    timed_out: bool = False
+    """True when the launcher's timeout killed the job."""
+    failed_rank: int | None = None
+    """The rank blamed for the failure (root cause), or None."""
+    summary: str = ""
+    """One line: 'ok' or what failed, on which rank, and why."""
+    command: list[str] = field(default_factory=list)
+    """The command that was run."""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def rank_results(self) -> list[dict]:
+        """The ``rank{r}.json`` documents in rank order."""
+        return read_rank_files(self.run_dir, "json")
+
+    def raise_for_failure(self) -> LaunchResult:
+        """Raise a ShardlabError (one line, exit 2) carrying the summary unless every rank succeeded."""
+        if not self.ok:
+            raise ShardlabError(self.summary)
+        return self
+
+
+def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: list[str] | None = None) -> list[str]:
+    """The torchrun command line: standalone on one node, or with the caller's rendezvous flags."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    extra = list(torchrun_args or [])
+    if not any(a.startswith(("--rdzv", "--rdzv_", "--master")) for a in extra):
+        cmd.append("--standalone")
+    cmd += ["--nproc-per-node", str(nproc), *extra, "-m", module, *args]
+    return cmd
+
+
+def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: dict | None = None,
+           torchrun_args: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> LaunchResult:
+    """Run ``module`` on ``nproc`` ranks with torchrun; never hangs longer than ``timeout_s``.
+
+    ``env`` entries are added to the environment (OMP_NUM_THREADS defaults to 1 for every rank: ranks share
+    the cores). The process group of torchrun and its ranks is killed on timeout.
+    """
+    if nproc < 1:
+        raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
+    rd = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="shardlab-run-"))
+    rd.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.update(env or {})
+    full_env["SHARDLAB_RUN_DIR"] = str(rd)
+    # collectives time out well before the launcher does, so a hung rank's peers fail and name it
+    full_env.setdefault("SHARDLAB_PG_TIMEOUT_S", f"{max(5.0, min(DEFAULT_PG_TIMEOUT_S, 0.5 * timeout_s)):g}")
+    full_env.setdefault("TORCHELASTIC_ERROR_FILE", str(rd / "torchelastic_error.json"))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = torchrun_command(module, nproc, args, torchrun_args)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, err = proc.communicate()
+    res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
+    res.failed_rank, res.summary = summarise(res, timeout_s)
+    return res
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM torchrun's process group (it forwards to ranks), then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # ranks may outlive torchrun for a moment; make sure the whole group is gone
+            os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_rank_files(run_dir: Path, kind: str) -> list[dict]:
+    """``rank{r}.{kind}`` documents (kind: json, error.json, heartbeat.json), sorted by rank."""
+    docs = []
+    for p in Path(run_dir).glob(f"rank*.{kind}"):
+        m = re.fullmatch(rf"rank(\d+)\.{re.escape(kind)}", p.name)
+        if not m:
+            continue
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        d.setdefault("rank", int(m.group(1)))
+        docs.append(d)
+    return sorted(docs, key=lambda d: d["rank"])
+
+
+def _root_cause(stderr: str) -> tuple[int | None, str]:
+    """(rank, exit description) of torchrun's 'Root Cause (first observed failure)' block."""
+    block = stderr.split("Root Cause", 1)[1] if "Root Cause" in stderr else ""
+    m = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", block)
+    if not m:
+        return None, ""
+    ec = re.search(r"exitcode\s*:\s*(-?\d+)[^\n]*", block)
+    host = re.search(r"host\s*:\s*(\S+)", block)
+    how = ""
+    if ec:
+        code = int(ec.group(1))
+        how = f"exit code {code}" if code >= 0 else f"killed by {_signame(-code)}"
+    if host:
+        how += f" on host {host.group(1)}"
+    return int(m.group(1)), how
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _last_exception_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines()]
+    cands = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b.*", ln)
+             and "ChildFailedError" not in ln]
+    return cands[-1][:300] if cands else ""
+
+
+def _is_timeout(msg: str) -> bool:
+    low = msg.lower()
+    return any(w in low for w in _TIMEOUT_WORDS)
+
+
+def _progress(hb: dict) -> tuple[int, float]:
+    return hb.get("seq", 0), hb.get("time", 0.0)
+
+
+def _clean(msg: str) -> str:
+    """Drop gloo's source-path prefixes and keep the first sentence-sized part."""
+    msg = re.sub(r"\[/[^\]]*\]\s*", "", msg)
+    return msg.split(". This is typically")[0][:240]
+
+
+def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
+    """(blamed rank, one-line summary).
+
+    A rank's own exception wins over peers that only timed out or lost the connection while waiting for
+    it. When there are only such waiting errors, the blamed rank is one that left no error and no result
+    (it died, or hung and was stopped): the rank the others waited for.
+    """
+    if res.returncode == 0 and not res.timed_out:
+        return None, f"ok: {len(res.rank_results())} ranks finished in {res.duration_s:.1f} s"
+    errors = sorted(read_rank_files(res.run_dir, "error.json"), key=lambda e: e.get("time", 0.0))
+    beats = {hb["rank"]: hb for hb in read_rank_files(res.run_dir, "heartbeat.json")}
+    done = {d["rank"] for d in res.rank_results()}
+    real = [e for e in errors if not _is_timeout(e.get("error", ""))]
+    if real:
+        e = real[0]
+        return e["rank"], f"rank {e['rank']} failed: {_clean(e.get('error', '?'))}{_where(beats.get(e['rank']))}"
+    root, how = _root_cause(res.stderr)
+    silent = sorted((beats[r] for r in beats if r not in done and r not in {e["rank"] for e in errors}), key=_progress)
+    ambiguous = len(silent) > 1 and silent[0].get("seq") == silent[1].get("seq")
+    if silent and not (res.timed_out and ambiguous):
+        s = silent[0]
+        what = f"died at '{s.get('phase', '?')}' ({how})" if root == s["rank"] and how else \
+            f"stopped responding at '{s.get('phase', '?')}'"
+        waited = f"; rank {errors[0]['rank']} gave up waiting: {_clean(errors[0].get('error', ''))}" if errors else ""
+        late = f"; the job was stopped after {timeout_s:g} s" if res.timed_out else ""
+        return s["rank"], f"rank {s['rank']} {what}{waited}{late}"
+    if res.timed_out:
+        return None, (f"timed out after {timeout_s:g} s and was stopped; no rank reported an error "
+                      f"(last phases: {_phases(beats)}); raise --timeout or look for a hung rank")
+    if errors:
+        e = errors[0]
+        return e["rank"], f"rank {e['rank']} failed: {_clean(e.get('error', '?'))}{_where(beats.get(e['rank']))}"
+    exc = _last_exception_line(res.stderr)
+    if root is not None:
+        return root, f"rank {root} failed ({how}){': ' + exc if exc else ''}{_where(beats.get(root))}"
+    return None, f"torchrun exited with code {res.returncode}{': ' + exc if exc else ''}"
+
+
+def _where(hb: dict | None) -> str:
+    return f" (at '{hb['phase']}')" if hb and hb.get("phase") else ""
+
+
+def _phases(beats: dict) -> str:
+    return ", ".join(f"rank {r}: {b.get('phase', '?')}" for r, b in sorted(beats.items())) or "none"
