@@ -123,7 +123,7 @@ def test_more_gpus_with_zero3_never_increase_states():
 GPT = CAT.models["gpt3-175b"]
 S, B = 2048, 1
 h, a = GPT.hidden_size, GPT.num_heads
-CTX = ActivationContext(seq_len=S, micro_batch=B, elem_bytes=2, flash_attention=False, dropout=True)
+CTX = ActivationContext(seq_len=S, elem_bytes=2, flash_attention=False, dropout=True)
 sbh = S * B * h
 
 
@@ -149,13 +149,13 @@ def test_korthikanti_full_recompute():
 def test_llama_block_derivation():
     """Llama block, bf16, flash attention: 12sbh + 4sb·h_kv + 8sbf + fp32 LSE 4·a·s·b (derived in activations.py)."""
     spec = CAT.models["llama-3.1-8b"]
-    ctx = ActivationContext(seq_len=4096, micro_batch=2, elem_bytes=2, flash_attention=True)
+    ctx = ActivationContext(seq_len=4096, elem_bytes=2, flash_attention=True)
     s, b, hh, f = 4096, 2, 4096, 14336
     hkv = 8 * 128
-    tot, scores = layer_activation_bytes(spec, 0, Layout(), ctx)
+    tot, scores = layer_activation_bytes(spec, 0, Layout(micro_batch=2), ctx)
     assert tot == 12 * s * b * hh + 4 * s * b * hkv + 8 * s * b * f + 4 * 32 * s * b
     assert scores == 4 * 32 * s * b
-    tot8, _ = layer_activation_bytes(spec, 0, Layout(tp=8), ctx)
+    tot8, _ = layer_activation_bytes(spec, 0, Layout(tp=8, micro_batch=2), ctx)
     assert tot8 == 8 * s * b * hh + (4 * s * b * hh + 4 * s * b * hkv + 8 * s * b * f + 4 * 32 * s * b) / 8
 
 

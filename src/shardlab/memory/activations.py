@@ -22,8 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardlab.layout import Layout
 from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import kv_heads_local
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,7 @@ class ActivationContext:
     """Workload settings that activation memory depends on."""
 
     seq_len: int
-    """Full sequence length s (before context-parallel splitting)."""
-    micro_batch: int
-    """b: sequences per micro-batch."""
+    """Full sequence length s (before context-parallel splitting); the micro-batch b is the layout's."""
     elem_bytes: int
     """Bytes per saved activation element (2 for bf16/fp16, 4 for fp32)."""
     flash_attention: bool = True
@@ -42,21 +43,29 @@ class ActivationContext:
     """Dropout after attention, MLP and embedding (1-byte masks; GPT-3-era training used it)."""
 
 
-def _local_kv_width(spec: ModelSpec, t: int) -> int:
-    heads = spec.num_kv_heads // t if t <= spec.num_kv_heads else 1
-    return heads * spec.head_dim_
+def _local_kv_width(spec: ModelSpec, t) -> int:
+    return kv_heads_local(spec.num_kv_heads, t) * spec.head_dim_
+
+
+def _tsh(layout):
+    """Divisor of tensors replicated across TP ranks: tp with sequence parallelism, else 1 (array-safe)."""
+    sp = layout.sequence_parallel
+    if isinstance(sp, np.ndarray) or isinstance(layout.tp, np.ndarray):
+        return np.where(np.asarray(sp, dtype=bool), layout.tp, 1)
+    return layout.tp if sp else 1
 
 
 def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> tuple[float, float]:
     """Bytes one layer saves for backward for one micro-batch, no recomputation.
 
     Returns (total, scores): ``scores`` is the part selective recomputation removes (attention scores /
-    softmax / dropout of the s×s matrices, or flash attention's log-sum-exp).
+    softmax / dropout of the s×s matrices, or flash attention's log-sum-exp). ``layout`` may carry numpy
+    arrays (tp, cp, micro_batch, sequence_parallel) for many layouts at once.
     """
     e, t = ctx.elem_bytes, layout.tp
     s_l = ctx.seq_len / layout.cp
-    sb = s_l * ctx.micro_batch
-    tsh = t if layout.sequence_parallel else 1  # divisor of tensors replicated across TP without SP
+    sb = s_l * layout.micro_batch
+    tsh = _tsh(layout)  # divisor of tensors replicated across TP without SP
     mask = 1 if ctx.dropout else 0
     h = spec.hidden_size
     a_loc = spec.num_heads / t
@@ -101,8 +110,7 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
 
 def layer_input_bytes(spec: ModelSpec, layout: Layout, ctx: ActivationContext) -> float:
     """The block input kept per layer under full recomputation: e·s·b·h (÷ t with sequence parallelism)."""
-    tsh = layout.tp if layout.sequence_parallel else 1
-    return ctx.elem_bytes * ctx.seq_len / layout.cp * ctx.micro_batch * spec.hidden_size / tsh
+    return ctx.elem_bytes * ctx.seq_len / layout.cp * layout.micro_batch * spec.hidden_size / _tsh(layout)
 
 
 def in_flight(layout: Layout, stage: int, microbatches: int) -> float:
@@ -113,13 +121,14 @@ def in_flight(layout: Layout, stage: int, microbatches: int) -> float:
     - 1F1B and ZB-H1: stage i holds min(p − i, m) (Narayanan et al. 2021 §2.2; Qi et al. 2023 keep 1F1B's memory);
     - interleaved with v chunks: rank i holds min(2(p − i − 1) + (v − 1)p + 1, m·v) chunk activations of 1/v of its
       layers each (Megatron-LM's warm-up count), i.e. p(1 + (p − 1)/(p·v)) on the first rank (Korthikanti §4.3).
+    ``microbatches`` may be a numpy array (the layout's pp, vpp and schedule are scalars).
     """
     p, m = layout.pp, microbatches
     if p == 1:
-        return 1.0
+        return 1.0 if not isinstance(m, np.ndarray) else np.ones_like(m, dtype=float)
     if layout.schedule == "gpipe":
-        return float(m)
+        return m * 1.0
     if layout.schedule == "interleaved" and layout.vpp > 1:
         v = layout.vpp
-        return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
-    return float(min(p - stage, m))
+        return np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+    return np.minimum(p - stage, m) * 1.0

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from shardlab.errors import ShardlabError
 from shardlab.layout import Layout, validate
-from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes, layer_input_bytes
+from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
+                                         layer_input_bytes)
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import StateBytes, state_bytes
 from shardlab.memory.states import StageTensors, StateReport, stage_tensors, state_report, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import param_counts
+from shardlab.specs.tensors import kv_heads_local, param_counts
 from shardlab.units import fmt_bytes, fmt_count
 
 
@@ -167,7 +170,7 @@ def training_memory(
     s = seq_len or min(model.max_seq_len, 4096)
     if seq_len is None:
         notes.append(f"--seq-len not given: assumed {s}")
-    ctx = ActivationContext(seq_len=s, micro_batch=layout.micro_batch, elem_bytes=sb.weights,
+    ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights,
                             flash_attention=flash_attention,
                             dropout=model.family in ("gpt2",) if dropout is None else dropout)
     pc = param_counts(model)
@@ -190,70 +193,107 @@ def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, no
     return rep
 
 
+def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationContext, n_in_flight, *,
+                           holds_embedding: bool, holds_head: bool):
+    """Activation bytes a rank of a stage holds at its peak. Array-safe in the layout's degrees.
+
+    ``layers``: the block indices on the stage (blocks of the same kind save the same bytes, so the
+    planner passes one representative index per kind via ``layer_kinds``).
+    """
+    e = ctx.elem_bytes
+    tsh = _tsh(layout)
+    sbh = ctx.seq_len / layout.cp * layout.micro_batch * spec.hidden_size
+    code = recompute_code(layout.recompute)
+    full_in = layer_input_bytes(spec, layout, ctx)
+    saved = 0.0
+    working = 0.0
+    for layer, count in layer_kinds(spec, layers).items():
+        tot, sc = layer_activation_bytes(spec, layer, layout, ctx)
+        kept = np.where(code == 2, full_in, np.where(code == 1, tot - sc, tot))
+        saved = saved + count * kept
+        working = np.maximum(working, np.where(code == 2, tot, 0.0))  # one block re-materialised (full)
+    acts = saved * n_in_flight + working
+    if holds_embedding and ctx.dropout:
+        acts = acts + sbh / tsh * n_in_flight           # embedding dropout mask (1 byte)
+    if holds_head:
+        acts = acts + 2 * e * sbh / tsh * n_in_flight   # final-norm input and head input
+    return acts
+
+
+def layer_kinds(spec: ModelSpec, layers) -> dict[int, int]:
+    """Group block indices by kind: {representative index: count} (dense blocks, MoE blocks)."""
+    out: dict[int, int] = {}
+    rep = {}
+    for i in layers:
+        kind = spec.is_moe_layer(i)
+        if kind not in rep:
+            rep[kind] = i
+        out[rep[kind]] = out.get(rep[kind], 0) + 1
+    return out
+
+
+def recompute_code(recompute):
+    """'none' 0, 'selective' 1, 'full' 2 (arrays pass through)."""
+    if isinstance(recompute, str):
+        return {"none": 0, "selective": 1, "full": 2}[recompute]
+    return np.asarray(recompute)
+
+
+def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
+                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool) -> dict:
+    """Named overheads of a stage's rank (see Overheads for each default and its source). Array-safe.
+
+    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers).
+    """
+    e, t = ctx.elem_bytes, layout.tp
+    tsh = _tsh(layout)
+    s_l = ctx.seq_len / layout.cp
+    sbh = s_l * layout.micro_batch * spec.hidden_size
+    D = layout.dp * layout.cp
+    z = layout.zero
+    other: dict = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
+    if holds_head:
+        vocab_local = -(-spec.vocab_size // t)
+        n_last = n_in_flight if not _scalar_eq(layout.pp, 1) else 1.0
+        # fp32 log-softmax kept per micro-batch in flight, plus the logits and their fp32 gradient
+        other["logits_and_loss"] = s_l * layout.micro_batch * vocab_local * (4 * n_last + e + 4)
+    groups = [t, layout.cp, D, layout.pp, layout.ep]
+    other["nccl_buffers"] = sum((np.asarray(g) > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
+    other["ddp_buckets"] = np.where((np.asarray(z) == 0) & (np.asarray(D) > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
+    other["zero_buckets"] = np.where(((np.asarray(z) == 1) | (np.asarray(z) == 2)) & (np.asarray(D) > 1),
+                                     ov.zero_bucket_layers * unit_grad_bytes, 0)
+    other["fsdp_buffers"] = np.where((np.asarray(z) == 3) & (np.asarray(D) > 1),
+                                     ov.fsdp_prefetch_units * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
+    other["pp_p2p"] = np.where(np.asarray(layout.pp) > 1, 2 * e * sbh / tsh, 0)
+    other["tp_sp_gather"] = np.where((np.asarray(t) > 1) & np.asarray(layout.sequence_parallel, dtype=bool), e * sbh, 0)
+    kv_w = kv_heads_local(spec.num_kv_heads, t) * spec.head_dim_
+    other["cp_kv_blocks"] = np.where(np.asarray(layout.cp) > 1, 2 * 2 * e * s_l * layout.micro_batch * kv_w, 0)
+    if has_moe:
+        other["ep_all_to_all"] = np.where(np.asarray(layout.ep) > 1, 2 * e * spec.moe.top_k * sbh, 0)
+    dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
+    other["fragmentation"] = ov.fragmentation * (acts + dynamic)
+    return other
+
+
+def _scalar_eq(x, v) -> bool:
+    return not isinstance(x, np.ndarray) and x == v
+
+
 def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes, ctx: ActivationContext,
                   m: int, ov: Overheads) -> StageMemory:
     states: StateReport = state_report(st.tensors, spec, layout, sb)
-    e, t = ctx.elem_bytes, layout.tp
-    tsh = t if layout.sequence_parallel else 1
-    s_l = ctx.seq_len / layout.cp
-    sbh = s_l * ctx.micro_batch * spec.hidden_size
     n = in_flight(layout, st.stage, m)
-
-    per_layer = [layer_activation_bytes(spec, i, layout, ctx) for i in st.layers]
-    if layout.recompute == "full":
-        acts = len(st.layers) * layer_input_bytes(spec, layout, ctx) * n
-        acts += max((tot for tot, _ in per_layer), default=0)  # one block re-materialised during its backward
-    elif layout.recompute == "selective":
-        acts = sum(tot - sc for tot, sc in per_layer) * n
-    else:
-        acts = sum(tot for tot, _ in per_layer) * n
-    if st.holds_embedding and ctx.dropout:
-        acts += sbh / tsh * n                      # embedding dropout mask (1 byte)
-    if st.holds_head:
-        acts += 2 * e * sbh / tsh * n              # final-norm input and head input
-
-    other: dict[str, int] = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
-    dynamic = 0.0
-    if st.holds_head:
-        vocab_local = -(-spec.vocab_size // t)
-        n_last = n if layout.pp > 1 else 1.0
-        logits = s_l * ctx.micro_batch * vocab_local * (4 * n_last + e + 4)
-        other["logits_and_loss"] = int(logits)    # fp32 log-softmax kept per micro-batch + logits and fp32 gradient
-        dynamic += logits
-    groups = [("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp_shard), ("pp", layout.pp), ("ep", layout.ep)]
-    n_groups = sum(1 for _, size in groups if size > 1)
-    if n_groups:
-        other["nccl_buffers"] = n_groups * ov.nccl_bytes_per_group
+    acts = stage_activation_bytes(spec, st.layers, layout, ctx, n, holds_embedding=st.holds_embedding,
+                                  holds_head=st.holds_head)
     unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
-    if layout.zero == 0 and layout.dp_shard > 1 and ov.ddp_bucket_copy:
-        other["ddp_buckets"] = states.gradients
-        dynamic += states.gradients
-    if layout.zero in (1, 2) and layout.dp_shard > 1:
-        other["zero_buckets"] = int(ov.zero_bucket_layers * unit_g)
-        dynamic += other["zero_buckets"]
-    if layout.zero == 3 and layout.dp_shard > 1:
-        other["fsdp_buffers"] = int(ov.fsdp_prefetch_units * unit_w + ov.fsdp_reduce_scatter_units * unit_g)
-        dynamic += other["fsdp_buffers"]
-    if layout.pp > 1:
-        other["pp_p2p"] = int(2 * e * sbh / tsh)
-        dynamic += other["pp_p2p"]
-    if layout.tp > 1 and layout.sequence_parallel:
-        other["tp_sp_gather"] = int(e * sbh)
-        dynamic += other["tp_sp_gather"]
-    if layout.cp > 1:
-        kv_w = (spec.num_kv_heads // t if t <= spec.num_kv_heads else 1) * spec.head_dim_
-        other["cp_kv_blocks"] = int(2 * 2 * e * s_l * ctx.micro_batch * kv_w)
-        dynamic += other["cp_kv_blocks"]
-    if layout.ep > 1 and any(spec.is_moe_layer(i) for i in st.layers):
-        other["ep_all_to_all"] = int(2 * e * spec.moe.top_k * sbh)
-        dynamic += other["ep_all_to_all"]
-    if ov.fragmentation:
-        other["fragmentation"] = int(ov.fragmentation * (acts + dynamic))
-    other = {k: v for k, v in other.items() if v > 0}
+    other = stage_overheads(spec, layout, ctx, ov, n_in_flight=n, acts=acts, gradient_bytes=states.gradients,
+                            unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=st.holds_head,
+                            has_moe=any(spec.is_moe_layer(i) for i in st.layers))
+    other = {k: int(v) for k, v in other.items() if v > 0}
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
                        params=states.params_local, weights=states.weights, gradients=states.gradients,
                        optimizer=states.optimizer, master_weights=states.master, moments=states.moments,
-                       activations=int(acts), in_flight=n, other=other,
+                       activations=int(acts), in_flight=float(n), other=other,
                        holds_embedding=st.holds_embedding, holds_head=st.holds_head)
 
 
@@ -293,7 +333,7 @@ def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: Activation
                               f"+ one block re-materialised ({fmt_bytes(max(t for t, _ in per_layer))}) = {fmt_bytes(w.activations)}")
     else:
         per = tot - (sc if lay.recompute == "selective" else 0)
-        out["activations"] = (f"{fmt_bytes(per)} per layer per micro-batch [{kind}; s={ctx.seq_len}, b={ctx.micro_batch}, "
+        out["activations"] = (f"{fmt_bytes(per)} per layer per micro-batch [{kind}; s={ctx.seq_len}, b={lay.micro_batch}, "
                               f"tp={lay.tp}{', SP' if lay.sequence_parallel else ''}"
                               f"{', flash attention' if ctx.flash_attention else ''}{', selective recompute' if lay.recompute == 'selective' else ''}]"
                               f" × {w.layers} layers × {w.in_flight:g} micro-batches in flight = {fmt_bytes(w.activations)}")

@@ -21,6 +21,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardlab.specs.model import ModelSpec
 
 PRE = -1
@@ -54,20 +56,28 @@ class TensorSpec:
         """Shape held by one rank after TP and EP splitting (before any ZeRO/FSDP sharding).
 
         Uneven splits (a vocabulary not divisible by tp) take ceil, as a padded vocabulary would.
+        ``tp``/``ep`` may be numpy arrays (the planner evaluates many layouts at once); then the split
+        dimensions are arrays too.
         """
         shape = list(self.shape)
-        if self.tp_dim is not None and tp > 1:
+        if self.tp_dim is not None:
             if self.kv:
-                local_heads = spec.num_kv_heads // tp if tp <= spec.num_kv_heads else 1
-                shape[self.tp_dim] = local_heads * spec.head_dim_
+                shape[self.tp_dim] = kv_heads_local(spec.num_kv_heads, tp) * spec.head_dim_
             else:
                 shape[self.tp_dim] = -(-shape[self.tp_dim] // tp)
-        if self.ep_dim is not None and ep > 1:
+        if self.ep_dim is not None:
             shape[self.ep_dim] = -(-shape[self.ep_dim] // ep)
         return tuple(shape)
 
     def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1) -> int:
         return math.prod(self.local_shape(spec, tp, ep))
+
+
+def kv_heads_local(num_kv_heads: int, tp):
+    """K/V heads per TP rank: split when tp <= kv heads, else one (replicated). Array-safe in tp."""
+    if isinstance(tp, np.ndarray):
+        return np.where(tp <= num_kv_heads, num_kv_heads // np.maximum(tp, 1), 1)
+    return num_kv_heads // tp if tp <= num_kv_heads else 1
 
 
 def _linear(out: list, name: str, out_f: int, in_f: int, layer: int, comp: str, tp: str | None,
