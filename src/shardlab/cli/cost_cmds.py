@@ -1,0 +1,231 @@
+"""shardlab cost | guard | ledger: dollars before launch, a hard budget ceiling, and a ledger of every run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardlab.cli.common import (add_estimate_args, add_output_args, nonneg_float, positive_float, positive_int)
+from shardlab.errors import ShardlabError
+
+
+def _price_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--price", type=positive_float, default=None, metavar="USD",
+                   help="USD per GPU-hour (replaces the price catalog)")
+    p.add_argument("--provider", default=None, help="catalog provider, e.g. aws, gcp, runpod-secure (default: 'default')")
+    p.add_argument("--spot", action="store_true", help="the provider's spot price")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cost", help="what a run will cost, from a plan or from GPUs × hours × price",
+                       description="Cost from a plan (MODEL and layout flags as for `shardlab estimate`, with --tokens): "
+                                   "time to train × GPUs × price + set-up; or directly from --gpus N --hours H.")
+    add_estimate_args(p)
+    p.set_defaults(gpu=None, func=cmd_cost)       # --gpu is a label in direct mode; h100-sxm for a plan
+    g = p.add_argument_group("cost")
+    g.add_argument("--hours", type=positive_float, default=None, help="hours of work (direct mode, with --gpus)")
+    _price_args(g)
+    g.add_argument("--setup-hours", type=nonneg_float, default=0.0, metavar="S",
+                   help="paid hours before the work starts (provisioning, data staging, warm-up; default 0)")
+    g.add_argument("--budget", type=nonneg_float, default=None, metavar="USD", help="compare with a budget")
+    add_output_args(p)
+
+    p = sub.add_parser("guard", help="run a command under a budget ceiling and a time limit, recorded in the ledger",
+                       description="Refuse (exit 3) when the estimate would take the budget past its ceiling; otherwise "
+                                   "record and run COMMAND, stop it when its paid time (--hours) runs out (SIGTERM, then "
+                                   "SIGKILL after --grace-s) and record its actual cost. Exit code: the command's; "
+                                   "124 at the time limit; 128+N when interrupted by signal N.")
+    p.add_argument("--budget-name", required=True, metavar="NAME", help="the budget to charge")
+    p.add_argument("--ceiling", type=nonneg_float, default=None, metavar="USD",
+                   help="the budget's hard ceiling (required on first use; a different value updates it)")
+    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs paid for")
+    p.add_argument("--gpu", default=None, help="accelerator id for the catalog price (see `shardlab gpus`)")
+    _price_args(p)
+    p.add_argument("--hours", type=positive_float, required=True, help="paid hours: the time limit of the command")
+    p.add_argument("--grace-s", type=nonneg_float, default=10.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--ledger", default=None, metavar="PATH", help="ledger file (default: $SHARDLAB_LEDGER or the user's data dir)")
+    p.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh (default: no shell)")
+    add_output_args(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to run")
+    p.set_defaults(func=cmd_guard)
+
+    p = sub.add_parser("ledger", help="spent, reserved and remaining per budget; every run, estimate vs actual",
+                       description="Show the budget ledger; --markdown FILE writes a report to commit beside an experiment.")
+    p.add_argument("--ledger", default=None, metavar="PATH", help="ledger file (default: $SHARDLAB_LEDGER or the user's data dir)")
+    p.add_argument("--budget-name", default=None, metavar="NAME", help="only this budget")
+    p.add_argument("--markdown", default=None, metavar="FILE", help="write a markdown report to FILE")
+    add_output_args(p)
+    p.set_defaults(func=cmd_ledger)
+
+
+def _gpu_label(acc, fallback: str | None) -> str:
+    if acc is None:
+        return fallback or "GPU"
+    name = acc.name
+    for prefix in ("NVIDIA ", "AMD ", "GeForce "):
+        name = name[len(prefix):] if name.startswith(prefix) else name
+    return name
+
+
+def _lookup_gpu(cat, gpu: str | None, given_price: float | None):
+    """The catalog accelerator for ``gpu``; with --price an unknown name is only a label (None)."""
+    if gpu is None or (given_price is not None and gpu.lower() not in cat.accelerators):
+        return None
+    return cat.accelerator(gpu)
+
+
+def _plan_hours(args, cat):
+    try:
+        from shardlab.cli.plan_cmds import training_estimate_from_args
+    except ImportError:
+        raise ShardlabError("plan-based cost needs `shardlab estimate`, which this build lacks; "
+                            "give --gpus N --hours H instead") from None
+    if args.hours is not None:
+        raise ShardlabError("give MODEL (the plan's time to train) or --hours, not both")
+    args.gpu = args.gpu or "h100-sxm"
+    est = training_estimate_from_args(args, cat)
+    if not getattr(est, "train_time_s", None):
+        raise ShardlabError("plan-based cost needs the amount of training: add --tokens D (e.g. 300e9 or 15T)")
+    return est, est.train_time_s / 3600, est.gpus, est.accelerator
+
+
+def cmd_cost(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.cost.estimate import cost_estimate, sentence
+    from shardlab.cost.prices import resolve_price
+
+    cat = get_catalog(args.catalog)
+    plan = None
+    if args.model is not None or args.params is not None:
+        plan, hours, gpus, acc = _plan_hours(args, cat)
+    else:
+        if args.gpus is None or args.hours is None:
+            raise ShardlabError("nothing to cost: give MODEL with --tokens (plan-based), or --gpus N --hours H "
+                                "with --gpu GPU or --price USD")
+        if args.tokens is not None:
+            raise ShardlabError("--tokens needs MODEL (a plan); for a direct cost give --gpus N --hours H")
+        hours, gpus, acc = args.hours, args.gpus, _lookup_gpu(cat, args.gpu, args.price)
+    price = resolve_price(cat, acc.id if acc else None, provider=args.provider, spot=args.spot,
+                          given_usd_per_gpu_hour=args.price)
+    est = cost_estimate(gpus, hours, price.usd_per_gpu_hour, args.setup_hours, args.budget)
+    label = _gpu_label(acc, args.gpu)
+    line = sentence(est, label, price_is_estimate=price.estimate, hours_from_plan=plan is not None)
+    alternatives = _alternatives(cat, acc, est) if acc is not None else []
+    doc = {**est.to_dict(), "price_source": price.source, "gpu": acc.id if acc else args.gpu, "price": price.to_dict(),
+           "hours_from": "plan" if plan else "given", "sentence": line, "alternatives": alternatives}
+    if plan is not None:
+        doc["plan"] = plan.to_dict()
+    return doc, _cost_text(line, est, price, plan, acc, alternatives)
+
+
+def _alternatives(cat, acc, est) -> list[dict]:
+    """The same GPUs and hours at every catalog price for this accelerator."""
+    from shardlab.cost.prices import entries_for, price_table
+
+    out = []
+    for e in entries_for(price_table(cat), acc.id):
+        for kind, p in (("on-demand", e.on_demand_usd_per_gpu_hour), ("spot", e.spot_usd_per_gpu_hour)):
+            if p is not None:
+                out.append({"provider": e.provider, "kind": kind, "price_per_gpu_hour": p, "usd": est.gpus * p * est.hours,
+                            "date": e.date, "estimate": e.estimate, "source": e.source})
+    return out
+
+
+def _cost_text(line, est, price, plan, acc, alternatives) -> str:
+    from shardlab.cost.estimate import fmt_hours, fmt_rate, fmt_usd
+    from shardlab.report.table import kv_lines, table
+
+    pairs = [("price", f"{fmt_rate(price.usd_per_gpu_hour)}/GPU-h {price.kind}"
+                       + (" (an ESTIMATE: inferred, not quoted)" if price.estimate else "")),
+             ("price source", price.source)]
+    if plan is not None:
+        pairs.append(("hours", f"{fmt_hours(est.run_hours)} to train: the estimate's time to train (an estimate)"))
+    if est.setup_hours:
+        pairs.append(("set-up", f"{fmt_hours(est.setup_hours)} paid before the work starts"))
+    lines = [line, "", kv_lines(pairs)]
+    if alternatives:
+        rows = [[a["provider"] + (" (est.)" if a["estimate"] else ""), a["kind"], fmt_rate(a["price_per_gpu_hour"]),
+                 fmt_usd(a["usd"]), a["date"]] for a in alternatives]
+        lines += ["", table(["provider", "kind", "$/GPU-h", "total", "date"], rows,
+                            title=f"the same {est.gpus} GPU(s) × {fmt_hours(est.hours)} elsewhere ({acc.id}; "
+                                  f"choose with --provider/--spot; sources: --json)")]
+    return "\n".join(lines)
+
+
+def cmd_guard(args) -> int:
+    import json
+    import shlex
+
+    from shardlab.catalog import get_catalog
+    from shardlab.cost.estimate import fmt_usd
+    from shardlab.cost.prices import resolve_price
+    from shardlab.guard import run_guarded
+    from shardlab.ledger import Refusal, RunRequest, default_ledger_path
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command or not any(c.strip() for c in command):
+        raise ShardlabError("no command to run: put it after `--`, e.g. shardlab guard ... -- python train.py")
+    if not args.budget_name.strip():
+        raise ShardlabError("--budget-name must not be empty")
+    if args.gpu is None and args.price is None:
+        raise ShardlabError("no price: give --gpu GPU (its catalog price) or --price USD_PER_GPU_HOUR")
+    cat = get_catalog(args.catalog)
+    acc = _lookup_gpu(cat, args.gpu, args.price)
+    price = resolve_price(cat, acc.id if acc else None, provider=args.provider, spot=args.spot,
+                          given_usd_per_gpu_hour=args.price)
+    req = RunRequest(budget=args.budget_name, ceiling_usd=args.ceiling,
+                     command=" ".join(command) if args.shell else shlex.join(command), shell=args.shell,
+                     gpus=args.gpus, gpu=acc.id if acc else (args.gpu or "gpu"), price_per_gpu_hour=price.usd_per_gpu_hour,
+                     price_source=price.source, hours=args.hours, grace_s=args.grace_s)
+    path = args.ledger or default_ledger_path()
+    log = lambda s: print(f"guard: {s}", file=sys.stderr, flush=True)   # noqa: E731
+    try:
+        out = run_guarded(req, command, path, stdout=2 if args.json else None, log=log)
+    except Refusal as r:
+        if args.json:
+            print(json.dumps({"ledger": str(path), **r.to_dict()}, indent=2))
+        raise
+    run, b = out.run, out.budget
+    wall = "-" if run.wall_s is None else f"{run.wall_s:.1f} s"
+    log(f"run #{run.id} {run.status} (exit {run.exit_code}) after {wall}: actual {fmt_usd(run.actual_usd or 0)} "
+        f"(estimate {fmt_usd(run.estimate_usd)}). Budget '{b.name}': spent {fmt_usd(b.spent_usd)}, reserved "
+        f"{fmt_usd(b.reserved_usd)}, remaining {fmt_usd(b.remaining_usd)} of {fmt_usd(b.ceiling_usd)}.")
+    if args.json:
+        print(json.dumps({"ledger": str(path), "run": run.to_dict(), "budget": b.to_dict(), "exit_code": out.exit_code,
+                          "ceiling_changed_from": out.ceiling_change[0] if out.ceiling_change else None}, indent=2))
+    return out.exit_code
+
+
+def cmd_ledger(args):
+    from pathlib import Path
+
+    from shardlab.errors import did_you_mean
+    from shardlab.ledger import Ledger, default_ledger_path
+    from shardlab.ledger.report import markdown_report, text_report
+    from shardlab.ledger.store import now_iso
+
+    if args.json and args.markdown:
+        raise ShardlabError("choose one of --json and --markdown FILE")
+    path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    if not path.exists() and not args.ledger:
+        return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
+                f"no ledger at {path} yet: `shardlab guard` creates it on its first run")
+    with Ledger(path, create=False) as led:
+        recovered = led.recover_unfinished()
+        budgets, runs = led.budgets(args.budget_name), led.runs(args.budget_name)
+        if args.budget_name and not budgets:
+            names = [x.name for x in led.budgets()]
+            raise ShardlabError(f"no budget '{args.budget_name}' in {path}{did_you_mean(args.budget_name, names)}; "
+                                f"budgets: {', '.join(names) or 'none yet'}")
+    doc = {"ledger": str(path), "exists": True, "budgets": [x.to_dict() for x in budgets],
+           "runs": [r.to_dict() for r in runs], "recovered_unfinished": recovered}
+    text = text_report(str(path), budgets, runs, recovered)
+    if args.markdown:
+        try:
+            Path(args.markdown).write_text(markdown_report(str(path), budgets, runs, now_iso()))
+        except OSError as e:
+            raise ShardlabError(f"cannot write {args.markdown}: {e.strerror}; choose another --markdown FILE") from None
+        text += f"\nwrote {args.markdown}"
+    return doc, text

@@ -1,0 +1,23 @@
+"""The budget ledger: an SQLite file recording every guarded run (``store``), its records (``model``)
+and its reports (``report``). Default path: ``$SHARDLAB_LEDGER``, else
+``$XDG_DATA_HOME/shardlab/ledger.sqlite``, else ``~/.local/share/shardlab/ledger.sqlite``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shardlab.ledger.model import STATUSES, BudgetSummary, LedgerError, Refusal, RunRecord, RunRequest
+from shardlab.ledger.store import Ledger
+
+
+def default_ledger_path() -> Path:
+    """$SHARDLAB_LEDGER, else $XDG_DATA_HOME/shardlab/ledger.sqlite, else ~/.local/share/shardlab/ledger.sqlite."""
+    if os.environ.get("SHARDLAB_LEDGER"):
+        return Path(os.environ["SHARDLAB_LEDGER"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser() / "shardlab" / "ledger.sqlite"
+
+
+__all__ = ["STATUSES", "BudgetSummary", "Ledger", "LedgerError", "Refusal", "RunRecord", "RunRequest",
+           "default_ledger_path"]
