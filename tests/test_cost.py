@@ -130,7 +130,8 @@ def test_cost_cli_json_contract_and_sentence():
     assert d["usd"] == pytest.approx(2.10) and d["usd_per_hour"] == pytest.approx(0.70)
     assert d["hours"] == pytest.approx(3.0) and d["gpus"] == 2 and d["price_per_gpu_hour"] == 0.35
     assert d["price_source"] == "given with --price" and d["spare_usd"] == pytest.approx(0.90)
-    assert d["sentence"].startswith("2 × GeForce RTX 4090") or d["sentence"].startswith("2 × RTX 4090")
+    assert d["sentence"] == ("2 × RTX 4090 at $0.35/h each = $0.70/h; about 3.0 h including set-up = $2.10. "
+                             "Budget $3.00: $0.90 to spare.")
     assert {a["provider"] for a in d["alternatives"]} >= {"default", "openrelay"}
 
 
@@ -169,3 +170,38 @@ def test_cost_cli_given_price_with_unlisted_gpu_is_a_label():
 def test_cost_cli_plan_without_estimate_module_says_so():
     code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--tokens", "1e9")
     assert code == 2 and "plan-based cost needs `shardlab estimate`" in err
+
+
+def test_cost_cli_plan_path_uses_the_estimate_contract(monkeypatch):
+    """The plan-based path against a stand-in for `training_estimate_from_args` (the real one is tested
+    end to end with `shardlab estimate`): hours = train_time_s / 3600; GPUs and accelerator from the plan."""
+    import types
+
+    from shardlab.catalog import get_catalog as real_catalog
+
+    seen = {}
+
+    class Est:
+        def __init__(self, args, cat):
+            seen.update(gpu=args.gpu, model=args.model, tokens=args.tokens)
+            self.train_time_s = None if args.tokens is None else 7200.0
+            self.gpus, self.accelerator = 8, cat.accelerator(args.gpu)
+
+        def to_dict(self):
+            return {"train_time_s": self.train_time_s, "gpus": self.gpus}
+
+    stub = types.ModuleType("shardlab.cli.plan_cmds")
+    stub.register = lambda sub: None
+    stub.training_estimate_from_args = Est
+    monkeypatch.setitem(__import__("sys").modules, "shardlab.cli.plan_cmds", stub)
+    code, out, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--tokens", "1e9", "--setup-hours", "0.5", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert seen == {"gpu": "h100-sxm", "model": "llama-2-7b", "tokens": "1e9"}
+    assert d["hours_from"] == "plan" and d["run_hours"] == pytest.approx(2.0) and d["hours"] == pytest.approx(2.5)
+    assert d["usd"] == pytest.approx(8 * 3.50 * 2.5) and d["plan"] == {"train_time_s": 7200.0, "gpus": 8}
+    assert "including set-up" in d["sentence"] and real_catalog().accelerator(d["gpu"]).id == "h100-sxm"
+    code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8")
+    assert code == 2 and "add --tokens" in err
+    code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--tokens", "1e9", "--hours", "3")
+    assert code == 2 and "not both" in err
