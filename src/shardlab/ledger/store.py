@@ -174,7 +174,8 @@ class Ledger:
             yield c
             c.execute("COMMIT")
         except BaseException as e:
-            c.execute("ROLLBACK")
+            if c.in_transaction:
+                c.execute("ROLLBACK")
             if isinstance(e, sqlite3.Error):
                 raise LedgerError(f"ledger {self.path}: {e}; nothing was written") from None
             raise
