@@ -1,0 +1,143 @@
+"""Estimate one training layout: step time from its parts, throughput, MFU/HFU, memory, time to train."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardlab.errors import ShardlabError
+from shardlab.estimate.hardware import matmul_curve
+from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate
+from shardlab.flops import six_psi_d, training_flops_per_token
+from shardlab.layout import Layout, validate
+from shardlab.memory import MemoryReport, Overheads, training_memory
+from shardlab.memory.training import recompute_code
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import param_counts
+
+BREAKDOWN_KEYS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s", "zero3_comm_s",
+                  "pp_bubble_s", "dp_comm_s", "optimizer_s")
+
+
+@dataclass
+class TrainingEstimate:
+    """The answer of ``shardlab estimate`` for one layout."""
+
+    model: ModelSpec
+    layout: Layout
+    cluster: Cluster
+    workload: Workload
+    microbatches: int
+    step_time_s: float
+    breakdown: dict[str, float]
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    memory: MemoryReport
+    slowest_stage: int
+    dp_comm_total_s: float
+    tokens: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def accelerator(self):
+        return self.cluster.accelerator
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.memory.fits)
+
+    @property
+    def steps(self) -> float | None:
+        return None if self.tokens is None else self.tokens / (self.workload.global_batch * self.workload.seq_len)
+
+    @property
+    def train_time_s(self) -> float | None:
+        return None if self.tokens is None else self.steps * self.step_time_s
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return None if self.tokens is None else self.train_time_s / 3600 * self.gpus
+
+    def six_psi_d_time_s(self) -> float | None:
+        """Time to train by C ≈ 6ΨD (active parameters) at this estimate's achieved model FLOP/s."""
+        if self.tokens is None:
+            return None
+        return six_psi_d(param_counts(self.model).active, self.tokens) / (self.model_tflops_per_gpu * 1e12 * self.gpus)
+
+    def to_dict(self) -> dict:
+        lay = self.layout
+        d = {
+            "model": self.model.name, "gpus": self.gpus, "gpu": self.accelerator.id,
+            "layout": {**lay.to_dict(), "microbatches": self.microbatches},
+            "cluster": {"gpus_per_node": self.cluster.gpus_per_node, "intra_link": self.cluster.intra_link.id,
+                        "inter_link": self.cluster.inter_link.id, "nodes": self.cluster.num_nodes},
+            "workload": {"seq_len": self.workload.seq_len, "global_batch": self.workload.global_batch,
+                         "precision": self.workload.precision, "optimizer": self.workload.optimizer,
+                         "tokens_per_step": self.workload.seq_len * self.workload.global_batch},
+            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu, "hfu": self.hfu,
+            "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware FLOPs add "
+                               "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",
+            "breakdown": dict(self.breakdown), "slowest_stage": self.slowest_stage,
+            "dp_comm_total_s": self.dp_comm_total_s,
+            "memory": self.memory.to_dict(), "fits": self.fits, "notes": self.notes,
+        }
+        if self.tokens is not None:
+            d.update(tokens=self.tokens, steps=self.steps, train_time_s=self.train_time_s,
+                     train_days=self.train_time_s / 86400, gpu_hours=self.gpu_hours,
+                     six_psi_d_days=self.six_psi_d_time_s() / 86400)
+        return d
+
+
+def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, global_batch: int | None = None,
+                      microbatches: int | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
+                      tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
+                      dp_overlap: bool = True, grad_reduce_bytes: int = 0,
+                      overheads: Overheads = Overheads()) -> TrainingEstimate:
+    """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch."""
+    validate(layout, spec, cluster.num_gpus, seq_len)
+    notes: list[str] = []
+    per_mb = layout.micro_batch * layout.dp
+    if global_batch is None:
+        m = microbatches or (4 * layout.pp if layout.pp > 1 else 1)
+        global_batch = m * per_mb
+        if microbatches is None:
+            notes.append(f"--global-batch not given: assumed {global_batch} sequences ({m} micro-batches per step)")
+    if global_batch % per_mb:
+        raise ShardlabError(f"--global-batch {global_batch} is not divisible by micro-batch × dp = "
+                            f"{layout.micro_batch}×{layout.dp} = {per_mb}; choose a multiple of {per_mb}")
+    m = global_batch // per_mb
+    if microbatches is not None and microbatches != m:
+        raise ShardlabError(f"--microbatches {microbatches} disagrees with --global-batch {global_batch} / "
+                            f"(micro-batch × dp = {per_mb}) = {m}; give one of them")
+    if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
+        raise ShardlabError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of --pp {layout.pp}")
+    wl = Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
+                  flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap, grad_reduce_bytes=grad_reduce_bytes)
+    cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
+             "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
+             "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
+             "sched": [SCHEDULE_CODES[layout.schedule if layout.pp > 1 else "1f1b"]]}
+    r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads)
+    mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,
+                          optimizer=optimizer, microbatches=m, overheads=overheads, flash_attention=flash_attention,
+                          dropout=dropout)
+    if matmul_curve(cluster.accelerator)[1]:
+        notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")
+    val = lambda k: float(r[k][0])
+    return TrainingEstimate(
+        model=spec, layout=layout, cluster=cluster, workload=wl, microbatches=m, step_time_s=val("step_time_s"),
+        breakdown={k: val(k) for k in BREAKDOWN_KEYS}, tokens_per_s=val("tokens_per_s"),
+        model_tflops_per_gpu=val("model_tflops_per_gpu"), hardware_tflops_per_gpu=val("hardware_tflops_per_gpu"),
+        mfu=val("mfu"), hfu=val("hfu"), memory=mem, slowest_stage=int(r["slowest_stage"][0]),
+        dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes)
