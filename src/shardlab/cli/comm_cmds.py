@@ -1,0 +1,311 @@
+"""shardlab comm (collectives, plan, inference), shardlab shard, shardlab pipeline."""
+
+from __future__ import annotations
+
+import argparse
+
+from shardlab.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_output_args, nonneg_float,
+                                 positive_float, positive_int)
+
+OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "send-recv")
+COMPARE_LINKS = "nvlink4,pcie5,ethernet-10g"
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+COMM_EXAMPLES = """examples:
+  shardlab comm all-reduce --size 256MiB --ranks 8 --link nvlink4
+  shardlab comm all-reduce --size 1GiB --ranks 64 --nodes 8 --link ib-ndr     # hierarchical
+  shardlab comm all-gather --sweep --ranks 8 --link nvlink4,ib-ndr,ethernet-100g --plot sweep.png
+  shardlab comm plan llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1
+  shardlab comm inference llama-2-7b --tp 2 --link ethernet-10g --batch 1 --prompt-len 2048
+"""
+
+
+def register(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    comm = sub.add_parser("comm", help="cost of collectives; a layout's communication; TP inference communication",
+                          description="α–β cost of one collective on a link (nccl-tests algbw/busbw), the collectives a "
+                                      "training layout issues per step, and tensor-parallel decode vs prefill.",
+                          epilog=COMM_EXAMPLES, formatter_class=fmt)
+    comm.set_defaults(func=lambda a: comm.print_help() or 0)
+    csub = comm.add_subparsers(dest="comm_op", metavar="OP")
+    for op in OPS:
+        p = csub.add_parser(op, help=f"time, algbw and busbw of one {op}", formatter_class=fmt, epilog=COMM_EXAMPLES)
+        p.add_argument("--size", default=None, help="message size S, nccl-tests convention (8KB, 256MiB, 1e9; 4K = 4 KiB)")
+        p.add_argument("--ranks", type=positive_int, required=True, help="ranks in the group (n ≥ 2)")
+        p.add_argument("--link", default="nvlink4", help="link id (see `shardlab links`); with --sweep a comma list")
+        p.add_argument("--algorithm", choices=("ring", "tree", "auto"), default="auto",
+                       help="ring, tree, or auto (the faster, where NCCL has both)")
+        p.add_argument("--nodes", type=positive_int, default=1,
+                       help="nodes the group spans: hierarchical (intra-node then inter-node) when > 1")
+        p.add_argument("--intra-link", default="nvlink4", help="link inside a node when --nodes > 1 (default nvlink4)")
+        p.add_argument("--sweep", action="store_true", help="a table over sizes 1 B to 1 GiB (powers of two)")
+        p.add_argument("--plot", metavar="FILE", help="with --sweep: save time and busbw against size (.png or .svg)")
+        add_output_args(p)
+        p.set_defaults(func=cmd_collective, op=op)
+    p = csub.add_parser("plan", help="every collective of one training step of a layout", formatter_class=fmt,
+                        epilog=COMM_EXAMPLES)
+    add_model_args(p, default="llama-3.1-8b")
+    add_layout_args(p)
+    add_cluster_args(p)
+    add_output_args(p)
+    p.set_defaults(func=cmd_plan)
+    p = csub.add_parser("inference", help="TP decode vs prefill: communication against compute and memory",
+                        formatter_class=fmt, epilog=COMM_EXAMPLES)
+    add_model_args(p, default="llama-2-7b")
+    p.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree")
+    p.add_argument("--ep", type=positive_int, default=1, help="expert-parallel degree (MoE: all-to-alls on the same link)")
+    p.add_argument("--link", default="nvlink4", help="link the TP group communicates over")
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (b)")
+    p.add_argument("--prompt-len", type=positive_int, default=2048, help="prompt tokens (s) for the prefill")
+    p.add_argument("--context-len", type=positive_int, default=None, help="cached tokens at the decode step (default: prompt length)")
+    p.add_argument("--gpu", default="h100-sxm", help="accelerator id (default h100-sxm)")
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="weights, activations and KV cache dtype")
+    p.add_argument("--compare", default=COMPARE_LINKS, help=f"links to price the same steps on (default {COMPARE_LINKS})")
+    p.add_argument("--compute-efficiency", type=positive_float, default=None, help="achieved share of peak FLOP/s")
+    p.add_argument("--memory-efficiency", type=positive_float, default=None, help="achieved share of HBM bandwidth")
+    add_output_args(p)
+    p.set_defaults(func=cmd_inference)
+    register_shard(sub)
+    register_pipeline(sub)
+
+
+def _links(cat, text: str):
+    return [cat.link(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def cmd_collective(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.comm.collectives import collective_time
+    from shardlab.comm.report import render_cost, render_sweep
+    from shardlab.errors import ShardlabError
+    from shardlab.units import parse_size
+
+    cat = get_catalog(args.catalog)
+    links = _links(cat, args.link)
+    if args.ranks < 2:
+        raise ShardlabError(f"--ranks must be 2 or more for a collective (one rank sends nothing), got {args.ranks}")
+    if len(links) > 1 and not args.sweep:
+        raise ShardlabError("several links need --sweep; price one link at a time otherwise")
+    if args.plot and not args.sweep:
+        raise ShardlabError("--plot draws the --sweep; add --sweep")
+    intra = None
+    if args.nodes > 1:
+        intra = cat.link(args.intra_link)
+        for ln in links:
+            if ln.scope != "inter":
+                raise ShardlabError(f"--link {ln.id} joins GPUs inside a node but --nodes is {args.nodes}; "
+                                    f"give the link between nodes (e.g. ib-ndr) and --intra-link for inside")
+    kw = dict(nodes=args.nodes, intra_link=intra)
+    if not args.sweep:
+        if args.size is None:
+            raise ShardlabError("--size is required (e.g. --size 256MiB), or use --sweep for 1 B to 1 GiB")
+        cost = collective_time(args.op, parse_size(args.size, "--size"), args.ranks, links[0], args.algorithm, **kw)
+        doc = {k: v for k, v in cost.__dict__.items() if k != "phases"}
+        from shardlab.comm.collectives import bus_factor
+        doc.update(link=links[0].id, intra_link=intra.id if intra else None, bus_factor=bus_factor(args.op, args.ranks),
+                   phases=[p.__dict__ for p in cost.phases])
+        return doc, render_cost(cost, links[0], intra)
+    sizes = [2**k for k in range(31)]
+    series = []
+    for ln in links:
+        costs = [collective_time(args.op, s, args.ranks, ln, args.algorithm, **kw) for s in sizes]
+        series.append({"label": ln.id, "link": ln.id, "sizes_bytes": sizes, "time_s": [c.time_s for c in costs],
+                       "algbw_gbps": [c.algbw_gbps for c in costs], "busbw_gbps": [c.busbw_gbps for c in costs],
+                       "regime": [c.regime for c in costs], "algorithm": [c.algorithm for c in costs],
+                       "crossover_bytes": costs[-1].crossover_bytes, "beta_gbps": ln.bytes_per_s / 1e9})
+    plot = None
+    if args.plot:
+        from shardlab.report.plots import comm_sweep
+
+        sub = "hierarchical over " + f"{args.nodes} nodes" if args.nodes > 1 else f"algorithm {args.algorithm}"
+        plot = str(comm_sweep(series, args.plot, args.op, args.ranks, subtitle=f"{sub}; shardlab comm --sweep"))
+    doc = {"op": args.op, "ranks": args.ranks, "nodes": args.nodes, "algorithm": args.algorithm, "sweep": series, "plot": plot}
+    return doc, render_sweep(args.op, args.ranks, series, plot)
+
+
+def cmd_plan(args):
+    from dataclasses import asdict
+
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.common import cluster_from_args, layout_from_args, resolve_model
+    from shardlab.comm.inventory import layout_collectives, summarize
+    from shardlab.comm.report import render_plan
+    from shardlab.errors import ShardlabError
+
+    cat = get_catalog(args.catalog)
+    spec, params = resolve_model(args, cat)
+    if spec is None:
+        raise ShardlabError("comm plan needs a model's shapes (give MODEL, not --params)")
+    layout = layout_from_args(args)
+    cluster = cluster_from_args(args, cat, layout.world_size)
+    seq = args.seq_len or min(spec.max_seq_len, 4096)
+    m = args.microbatches or layout.pp
+    if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
+        raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
+    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision)
+    doc = {"model": spec.name, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
+           "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
+                       "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},
+           "items": [asdict(i) for i in items], "summary": summarize(items)}
+    return doc, render_plan(doc)
+
+
+def cmd_inference(args):
+    from dataclasses import asdict
+
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.common import resolve_model
+    from shardlab.comm.inference import DEFAULT_MEMORY_EFFICIENCY, decode_step, prefill_step
+    from shardlab.comm.report import render_inference
+    from shardlab.errors import ShardlabError
+    from shardlab.layout import Layout, validate
+
+    cat = get_catalog(args.catalog)
+    spec, params = resolve_model(args, cat)
+    if spec is None:
+        raise ShardlabError("comm inference needs a model's shapes (give MODEL, not --params)")
+    validate(Layout(tp=args.tp, dp=args.ep, ep=args.ep), spec)
+    acc = cat.accelerator(args.gpu)
+    link = cat.link(args.link)
+    ctx = args.context_len or args.prompt_len
+    kw = dict(tp=args.tp, batch=args.batch, accelerator=acc, elem_bytes=DTYPE_BYTES[args.dtype], ep=args.ep,
+              compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency or DEFAULT_MEMORY_EFFICIENCY,
+              dtype=args.dtype)
+
+    def both(ln):
+        return (decode_step(spec, context_len=ctx, link=ln, **kw), prefill_step(spec, prompt_len=args.prompt_len, link=ln, **kw))
+    d, p = both(link)
+    others = []
+    for ln in [link] + [x for x in _links(cat, args.compare) if x.id != link.id]:
+        dd, pp = both(ln)
+        others.append({"link": ln.id, "decode": asdict(dd), "prefill": asdict(pp)})
+    verdict = [f"decode: {d.comm_calls} all-reduces of {d.comm_bytes_per_call:,} B (b·h·{DTYPE_BYTES[args.dtype]}) are "
+               f"{d.comm_regime}-bound; prefill's {p.comm_bytes_per_call:,} B (b·s·h·{DTYPE_BYTES[args.dtype]}) are {p.comm_regime}-bound."]
+    for x in others:
+        if x["decode"]["comm_fraction"] > 0.4:
+            verdict.append(f"on {x['link']}, {100 * x['decode']['comm_fraction']:.0f}% of each decode step is communication "
+                           f"(α = {cat.link(x['link']).latency_us:g} µs per step × {d.comm_calls} all-reduces): keep TP inside a node.")
+    doc = {"model": spec.name, "tp": args.tp, "ep": args.ep, "batch": args.batch, "prompt_len": args.prompt_len,
+           "context_len": ctx, "gpu": acc.id, "link": link.id, "dtype": args.dtype,
+           "decode": asdict(d), "prefill": asdict(p), "links": others, "verdict": verdict}
+    return doc, render_inference(doc)
+
+
+# ---- shard ----------------------------------------------------------------------------------------
+def register_shard(sub) -> None:
+    p = sub.add_parser("shard", help="tensor-parallel sharding of a block: per-rank shapes, collectives, limits on T",
+                       description="Per-rank shape and bytes of every weight of a block under Megatron tensor "
+                                   "parallelism, the collectives per block, and the divisibility rules that cap T.",
+                       epilog="examples:\n  shardlab shard llama-3.1-8b --tp 4\n  shardlab shard mixtral-8x7b --tp 8 "
+                              "--sequence-parallel --mermaid block.mmd", formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, default="llama-3.1-8b")
+    p.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree T")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="sequence length for collective sizes (default min(max, 4096))")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (b)")
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="element type of weights and activations")
+    p.add_argument("--mermaid", nargs="?", const="-", metavar="FILE",
+                   help="write a Mermaid diagram of the sharded block to FILE (.mmd/.md), or print it when no FILE")
+    add_output_args(p)
+    p.set_defaults(func=cmd_shard)
+
+
+def cmd_shard(args):
+    from pathlib import Path
+
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.common import resolve_model
+    from shardlab.errors import ShardlabError
+    from shardlab.shard import block_mermaid, render_shard, shard_report
+
+    cat = get_catalog(args.catalog)
+    spec, _ = resolve_model(args, cat)
+    if spec is None:
+        raise ShardlabError("shard needs a model's shapes (give MODEL, not --params)")
+    kw = dict(seq_len=args.seq_len or min(spec.max_seq_len, 4096), micro_batch=args.micro_batch,
+              sequence_parallel=args.sequence_parallel, elem_bytes=DTYPE_BYTES[args.dtype])
+    doc = shard_report(spec, args.tp, **kw)
+    text = render_shard(doc)
+    if args.mermaid:
+        diagram = block_mermaid(spec, args.tp, **kw)
+        doc["mermaid"] = diagram
+        if args.mermaid == "-":
+            if not args.json:
+                text = diagram.rstrip("\n")
+        else:
+            out = Path(args.mermaid)
+            if not out.parent.exists():
+                raise ShardlabError(f"folder {out.parent} does not exist; create it or write the diagram elsewhere")
+            body = f"```mermaid\n{diagram}```\n" if out.suffix.lower() == ".md" else diagram
+            out.write_text(body)
+            doc["mermaid_file"] = str(out)
+            text += f"\n\nMermaid diagram of the sharded block written to {out}"
+    return doc, text
+
+
+# ---- pipeline -------------------------------------------------------------------------------------
+def register_pipeline(sub) -> None:
+    p = sub.add_parser("pipeline", help="simulate a pipeline schedule: timeline, bubble, micro-batches in flight",
+                       description="Event simulation of GPipe, 1F1B, interleaved 1F1B or ZB-H1: the timeline, the bubble "
+                                   "(checked against its closed form), the peak micro-batches in flight per stage, a "
+                                   "straggler's cost, and the fewest micro-batches under a bubble bound.",
+                       epilog="examples:\n  shardlab pipeline --schedule 1f1b --stages 8 --microbatches 32 --plot 1f1b.png\n"
+                              "  shardlab pipeline --schedule 1f1b --stages 8 --max-bubble 0.10\n"
+                              "  shardlab pipeline --schedule interleaved --stages 4 --microbatches 8 --vpp 2\n"
+                              "  shardlab pipeline --schedule 1f1b --stages 4 --microbatches 16 --slow-stage 2 --slowdown 1.5",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b")
+    p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks p")
+    p.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step m (default 2p)")
+    p.add_argument("--vpp", type=positive_int, default=None, help="model chunks per rank (interleaved; default 2)")
+    p.add_argument("--forward-s", type=positive_float, default=1.0, help="forward of one micro-batch through one stage")
+    p.add_argument("--backward-s", type=positive_float, default=2.0,
+                   help="whole backward, or the input-gradient part when --weight-grad-s is given")
+    p.add_argument("--weight-grad-s", type=nonneg_float, default=None, help="weight-gradient pass W (split off for zb-h1)")
+    p.add_argument("--p2p-s", type=nonneg_float, default=0.0, help="time of one activation transfer between stages")
+    p.add_argument("--slow-stage", type=int, default=None, metavar="I", help="a straggler: stage I runs --slowdown× slower")
+    p.add_argument("--slowdown", type=positive_float, default=2.0, metavar="X", help="straggler factor (default 2)")
+    p.add_argument("--max-bubble", type=positive_float, default=None, metavar="X",
+                   help="answer the inverse question: fewest micro-batches with bubble ≤ X (e.g. 0.10)")
+    p.add_argument("--plot", metavar="FILE", help="save the timeline as a picture (.png or .svg)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=cmd_pipeline)
+
+
+def cmd_pipeline(args):
+    from shardlab.errors import ShardlabError
+    from shardlab.pipeline import min_microbatches, simulate
+    from shardlab.pipeline.render import pipeline_doc, render_pipeline
+
+    p = args.stages
+    v = args.vpp if args.vpp is not None else (2 if args.schedule == "interleaved" else 1)
+    times = dict(forward_s=args.forward_s, backward_s=args.backward_s, weight_grad_s=args.weight_grad_s)
+    if args.max_bubble is not None:
+        if args.microbatches is not None:
+            raise ShardlabError("give --microbatches or --max-bubble (which computes it), not both")
+        m = min_microbatches(args.schedule, p, args.max_bubble, v, **times)
+    else:
+        m = args.microbatches or 2 * p
+    slow = None
+    if args.slow_stage is not None:
+        if not 0 <= args.slow_stage < p:
+            raise ShardlabError(f"--slow-stage {args.slow_stage} is outside the pipeline (stages 0..{p - 1})")
+        slow = {args.slow_stage: args.slowdown}
+    res = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, stage_slowdown=slow, **times)
+    base = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, **times) if slow else None
+    plot = None
+    if args.plot:
+        from shardlab.report.plots import pipeline_timeline
+
+        sub = (f"F = {args.forward_s:g} s, B = {args.backward_s:g} s" + (f", W = {args.weight_grad_s:g} s" if args.weight_grad_s is not None else "")
+               + (f", p2p = {args.p2p_s:g} s" if args.p2p_s else "")
+               + (f"; stage {args.slow_stage} {args.slowdown:g}× slower" if slow else "") + "  (shardlab pipeline)")
+        from shardlab.pipeline import bubble_fraction_closed_form
+
+        cf = bubble_fraction_closed_form(args.schedule, p, m, v, **times)
+        title = (f"{args.schedule}: {p} stages, {m} micro-batches" + (f", v = {v}" if v > 1 else "")
+                 + f" — bubble {100 * res.bubble_fraction:.1f}% of the step (closed form, uniform stages: {100 * cf:.1f}%)")
+        notes = {args.slow_stage: f"{args.slowdown:g}× slower"} if slow else None
+        plot = str(pipeline_timeline(res, args.plot, title=title, subtitle=sub, stage_notes=notes))
+    doc = pipeline_doc(res, times, base=base, max_bubble=args.max_bubble, plot=plot)
+    return doc, render_pipeline(res, doc)

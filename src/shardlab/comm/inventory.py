@@ -1,0 +1,230 @@
+"""The communication inventory of a training layout: every collective one step issues, per rank.
+
+Sources (``formulas.md`` "Communication"):
+- TP, Megatron (Shoeybi et al. 2019, arXiv 1909.08053 §3): per layer one all-reduce after the attention
+  output projection and one after the MLP down projection in forward ("g"), two in backward ("f"), each
+  of b·s·h elements; vocabulary-parallel embedding (one all-reduce forward), output head (one backward) and
+  cross-entropy (three all-reduces of b·s fp32 values: max, target logit, sum of exponentials).
+- SP (Korthikanti et al. 2022, arXiv 2205.05198 §4.2.2): each all-reduce becomes an all-gather +
+  reduce-scatter pair of the same total volume.
+- PP (Narayanan et al. 2021, arXiv 2104.04473 §2.2): one send/recv of b·s·h elements per micro-batch per
+  stage boundary each way (÷ t with sequence parallelism, Megatron sends the scattered tensor), v times
+  per rank with v virtual chunks.
+- DP (PyTorch DDP, Li et al. 2020, arXiv 2006.15704): one all-reduce of all gradients per step, in 25 MiB
+  buckets overlapped with backward.
+- ZeRO-1/2 (Rajbhandari et al. 2019 §7): reduce-scatter of gradients + all-gather of updated parameters
+  (2Ψ); ZeRO-3 / FSDP: all-gather of each unit's parameters in forward and again in backward,
+  reduce-scatter of gradients (3Ψ). Expert tensors reduce over the expert-data-parallel group dp·cp/ep.
+- EP (Lepikhin et al. 2020, GShard; DeepSpeed-MoE): two all-to-alls (dispatch, combine) per MoE layer
+  forward, two backward, each rank sending its b·s·k token copies.
+- CP, ring attention (Liu et al. 2023, arXiv 2310.01889; Megatron-core context parallel): per layer cp−1
+  send/recv steps of the local K/V block forward, K/V plus dK/dV backward, overlapped with attention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardlab.comm.collectives import collective_time
+from shardlab.layout import Layout, axis_stride, group_span_nodes, validate
+from shardlab.memory.precision import state_bytes
+from shardlab.memory.states import stage_tensors
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.model import ModelSpec
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25`` (MiB)."""
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """One kind of collective a training step issues (as seen by the busiest rank)."""
+
+    axis: str
+    """Parallel axis: TP, SP, CP, PP, DP, ZeRO (FSDP for stage 3) or EP."""
+    op: str
+    """Collective: all-reduce, reduce-scatter, all-gather, all-to-all, send-recv."""
+    phase: str
+    """When it runs: forward, backward or step (after backward, before/with the optimizer)."""
+    bytes_per_call: int
+    """S of one call (nccl-tests convention: full buffer; all-to-all: what one rank sends)."""
+    calls_per_step: int
+    """Calls per optimizer step on one rank."""
+    group_size: int
+    """Ranks in the group."""
+    link_id: str
+    """The slowest link the group crosses (inter-node link when it spans nodes)."""
+    nodes_spanned: int
+    """Nodes the group spans (hierarchical collective when > 1)."""
+    time_per_call_s: float
+    """α–β time of one call (``collective_time``)."""
+    time_per_step_s: float
+    """time_per_call_s × calls_per_step."""
+    overlap: str
+    """'critical' (compute waits for it) or 'overlappable' (can hide behind compute)."""
+    note: str = ""
+    """What it is and where it comes from."""
+    regime: str = ""
+    """latency or bandwidth (of one call)."""
+    risk: str = ""
+    """What could go wrong (crosses nodes on the critical path, latency-bound, ...); empty when none."""
+
+
+def _price(op: str, size: float, n: int, span: int, cluster: Cluster):
+    """collective_time on the link a group of ``n`` ranks spanning ``span`` nodes crosses."""
+    link = cluster.inter_link if span > 1 else cluster.intra_link
+    hier = span > 1 and n % span == 0 and n // span > 1
+    return collective_time(op, int(size), n, link, nodes=span if hier else 1,
+                           intra_link=cluster.intra_link if hier else None), link
+
+
+def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note) -> CommItem:
+    cost, link = _price(op, size, n, span, cluster)
+    risk = []
+    if overlap == "critical" and span > 1 and axis in ("TP", "SP"):
+        risk.append(f"{axis} group crosses nodes on {link.id}: keep tp ≤ GPUs per node")
+    elif overlap == "critical" and span > 1:
+        risk.append(f"on the critical path over {link.id}")
+    if cost.regime == "latency" and calls >= 100:
+        risk.append("latency-bound: many small messages")
+    return CommItem(axis, op, phase, int(size), int(calls), n, link.id, span, cost.time_s, cost.time_s * calls,
+                    overlap, note, cost.regime, "; ".join(risk))
+
+
+def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
+                       precision: str = "bf16-mixed") -> list[CommItem]:
+    """Every collective of one training step for ``layout`` on ``cluster`` (see the module doc for sources).
+
+    Counts are per rank for the busiest pipeline stage (most layers / most parameters). Activation
+    messages carry b·(s/cp)·h elements of the compute dtype; gradients and parameters use the precision's
+    bytes (``memory.precision.state_bytes``). Links come from the rank grid: a group whose members span
+    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically.
+    """
+    validate(layout, spec, seq_len=seq_len)
+    sb = state_bytes(precision, "adamw")
+    e = sb.weights                                 # activation element bytes (compute dtype)
+    b, h, t, m = layout.micro_batch, spec.hidden_size, layout.tp, microbatches
+    s = seq_len / layout.cp                        # local sequence length
+    gpn = cluster.gpus_per_node
+    span = {ax: group_span_nodes(layout, ax, gpn) for ax in ("tp", "cp", "dp_shard", "ep")}
+    stages = stage_tensors(spec, layout)
+    L = max(len(st.layers) for st in stages)       # layers on the busiest pipeline rank
+    moe_L = max(sum(spec.is_moe_layer(i) for i in st.layers) for st in stages)
+    sp = layout.sequence_parallel and t > 1
+    act = b * s * h * e                            # (b, s/cp, h) activation tensor, bytes
+    recompute_fwd = layout.recompute == "full"
+    out: list[CommItem] = []
+
+    # ---- tensor parallel (and sequence parallel) ---------------------------------------------------
+    if t > 1:
+        fwd, bwd = 2 * L * m, (4 if recompute_fwd else 2) * L * m
+        rnote = " (+2 per layer re-run by full recomputation)" if recompute_fwd else ""
+        if sp:
+            for phase, calls in (("forward", fwd), ("backward", bwd)):
+                out.append(_item("SP", "all-gather", phase, act, calls, t, span["tp"], cluster, "critical",
+                                 "all-gather of (b, s, h) before QKV and before the MLP" + (rnote if phase == "backward" else "")))
+                out.append(_item("SP", "reduce-scatter", phase, act, calls, t, span["tp"], cluster, "critical",
+                                 "reduce-scatter of (b, s, h) after attention out-proj and MLP down-proj"))
+        else:
+            out.append(_item("TP", "all-reduce", "forward", act, fwd, t, span["tp"], cluster, "critical",
+                             "Megatron g: all-reduce of (b, s, h) after attention out-proj and after MLP down-proj"))
+            out.append(_item("TP", "all-reduce", "backward", act, bwd, t, span["tp"], cluster, "critical",
+                             "Megatron f: all-reduce of the input gradient before QKV and before the MLP" + rnote))
+        if sp:
+            out.append(_item("SP", "reduce-scatter", "forward", act, m, t, span["tp"], cluster, "critical",
+                             "vocabulary-parallel embedding output, scattered along the sequence (first stage)"))
+            out.append(_item("SP", "all-gather", "forward", act, m, t, span["tp"], cluster, "critical",
+                             "gather the sequence before the column-parallel output head (last stage)"))
+            out.append(_item("SP", "reduce-scatter", "backward", act, m, t, span["tp"], cluster, "critical",
+                             "input gradient of the output head, scattered back (last stage)"))
+        else:
+            out.append(_item("TP", "all-reduce", "forward", act, m, t, span["tp"], cluster, "critical",
+                             "vocabulary-parallel embedding output (first stage)"))
+            out.append(_item("TP", "all-reduce", "backward", act, m, t, span["tp"], cluster, "critical",
+                             "input gradient of the column-parallel output head (last stage)"))
+        out.append(_item("TP", "all-reduce", "forward", 3 * 4 * b * s, m, t, span["tp"], cluster, "critical",
+                         "vocabulary-parallel cross-entropy: max, target logit, Σexp (3 × b·s fp32, counted as one call)"))
+
+    # ---- context parallel: ring attention ------------------------------------------------------------
+    if layout.cp > 1:
+        if spec.mla is None:
+            heads = spec.num_kv_heads // t if t <= spec.num_kv_heads else 1
+            kv_width = 2 * heads * spec.head_dim_          # K and V of the local KV heads
+        else:                                              # MLA: up-projected K (nope+rope) and V per local head
+            ml = spec.mla
+            kv_width = spec.num_heads // t * (ml.qk_nope_head_dim + ml.qk_rope_head_dim + ml.v_head_dim)
+        kv_bytes = b * s * kv_width * e                    # (b, s/cp, kv_width) block
+        steps = layout.cp - 1
+        out.append(_item("CP", "send-recv", "forward", kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
+                         "overlappable", f"ring attention: pass the local K/V block around the ring ({steps} steps per layer)"))
+        out.append(_item("CP", "send-recv", "backward", 2 * kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
+                         "overlappable", "ring attention backward: K/V and their gradients dK/dV travel the ring"))
+
+    # ---- pipeline parallel ------------------------------------------------------------------------
+    if layout.pp > 1:
+        pp_span = 2 if axis_stride(layout, "pp") >= gpn or group_span_nodes(layout, "pp", gpn) > 1 else 1
+        msg = act / (t if sp else 1)
+        ov = "overlappable" if layout.schedule == "interleaved" else "critical"
+        pnote = ("Megatron overlaps interleaved p2p with compute (overlap_p2p_comm)" if ov == "overlappable"
+                 else "on the critical path while the pipeline fills and drains")
+        calls = m * layout.vpp
+        out.append(_item("PP", "send-recv", "forward", msg, calls, 2, pp_span, cluster, ov,
+                         f"activations (b, s, h{'/t' if sp else ''}) to the next stage, per micro-batch per chunk; {pnote}"))
+        out.append(_item("PP", "send-recv", "backward", msg, calls, 2, pp_span, cluster, ov,
+                         "activation gradients to the previous stage, per micro-batch per chunk"))
+        if spec.tied_embeddings:
+            wb = spec.vocab_size * h // t * sb.gradients
+            out.append(_item("PP", "all-reduce", "step", wb, 1, 2, pp_span, cluster, "critical",
+                             "tied embedding: first and last stage all-reduce the shared matrix's gradient (Megatron)"))
+
+    # ---- data parallel / ZeRO / FSDP ----------------------------------------------------------------
+    dense_n = expert_n = 0
+    for st in stages:
+        d = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component != "experts")
+        ex = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component == "experts")
+        if d + ex > dense_n + expert_n:
+            dense_n, expert_n = d, ex
+    units = L + 1                                   # FSDP wraps each block, plus the embedding/head unit
+    for label, numel, n in (("", dense_n, layout.dp_shard), (" (experts)", expert_n, layout.expert_dp)):
+        if numel == 0 or n == 1:
+            continue
+        dspan = min(span["dp_shard"], n)
+        gbytes, wbytes = numel * sb.gradients, numel * sb.weights
+        buckets = max(1, math.ceil(gbytes / DDP_BUCKET_BYTES))
+        if layout.zero == 0:
+            out.append(_item("DP", "all-reduce", "backward", gbytes / buckets, buckets, n, dspan, cluster, "overlappable",
+                             f"gradients{label} in {DDP_BUCKET_BYTES // 2**20} MiB buckets during backward (DDP); the last bucket is exposed"))
+        elif layout.zero in (1, 2):
+            out.append(_item("ZeRO", "reduce-scatter", "backward", gbytes / buckets, buckets, n, dspan, cluster,
+                             "overlappable", f"ZeRO-{layout.zero}: reduce-scatter gradients{label} in buckets during backward"))
+            out.append(_item("ZeRO", "all-gather", "step", wbytes / buckets, buckets, n, dspan, cluster, "critical",
+                             f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
+                             "(Megatron's --overlap-param-gather hides it behind the next forward)"))
+        else:
+            out.append(_item("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, "overlappable",
+                             f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward (prefetched)"))
+            out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, "overlappable",
+                             f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
+            out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units, n, dspan, cluster, "overlappable",
+                             f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} (on the last micro-batch)"))
+
+    # ---- expert parallel -------------------------------------------------------------------------
+    if layout.ep > 1 and moe_L:
+        k = spec.moe.top_k
+        a2a = b * s * k * h * e                     # this rank's b·s tokens, k copies each, h wide
+        for phase in ("forward", "backward"):
+            out.append(_item("EP", "all-to-all", phase, a2a, 2 * moe_L * m, layout.ep, span["ep"], cluster, "critical",
+                             f"MoE dispatch and combine: {k} copies of each token to its experts and back"))
+    return out
+
+
+def summarize(items: list[CommItem]) -> dict:
+    """Totals per step: all, critical (compute waits) and overlappable seconds, and by axis."""
+    by_axis: dict[str, float] = {}
+    for it in items:
+        by_axis[it.axis] = by_axis.get(it.axis, 0.0) + it.time_per_step_s
+    return {"total_s": sum(i.time_per_step_s for i in items),
+            "critical_s": sum(i.time_per_step_s for i in items if i.overlap == "critical"),
+            "overlappable_s": sum(i.time_per_step_s for i in items if i.overlap == "overlappable"),
+            "by_axis_s": by_axis}

@@ -1,0 +1,132 @@
+"""Pictures (PNG or SVG by file suffix). matplotlib is imported inside each function, with the Agg
+backend, so importing this module costs nothing and no display is needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+
+PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+"""Forward blue, backward orange, weight-gradient green (colour-blind safe 'deep' palette)."""
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def check_picture_path(path: str) -> Path:
+    """The path to save to; a ShardlabError when the suffix is not .png or .svg or the folder is missing."""
+    p = Path(path)
+    if p.suffix.lower() not in (".png", ".svg"):
+        raise ShardlabError(f"cannot save a picture as '{path}': use a .png or .svg file name")
+    if not p.parent.exists():
+        raise ShardlabError(f"folder {p.parent} does not exist; create it or save elsewhere")
+    return p
+
+
+def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = "",
+                      stage_notes: dict[int, str] | None = None) -> Path:
+    """Gantt chart of a simulated pipeline step: one row per rank (rank 0 on top), one box per pass,
+    labelled with its micro-batch when there is room; odd model chunks are hatched."""
+    import numpy as np
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+
+    p_out = check_picture_path(path)
+    plt = _plt()
+    t = res.timeline
+    width = min(18.0, max(10.0, 0.25 * res.microbatches * res.vpp + 6))
+    fig, ax = plt.subplots(figsize=(width, 1.4 + 0.42 * res.stages + 1.2))
+    kinds = np.asarray(t["kind"])
+    for k, name in enumerate("FBW"):
+        sel = kinds == k
+        if not sel.any():
+            continue
+        x0, x1, y = t["start_s"][sel], t["end_s"][sel], t["stage"][sel].astype(float)
+        verts = np.stack([np.stack([x0, y - 0.4], 1), np.stack([x1, y - 0.4], 1),
+                          np.stack([x1, y + 0.4], 1), np.stack([x0, y + 0.4], 1)], 1)
+        odd = (t["chunk"][sel] % 2 == 1)
+        for mask, hatch in ((~odd, None), (odd, "//")):
+            if mask.any():
+                ax.add_collection(PolyCollection(verts[mask], facecolors=PASS_COLORS[name], edgecolors="white",
+                                                 linewidths=0.5, hatch=hatch))
+    n_boxes = len(kinds)
+    if n_boxes <= 1200:
+        fs = 7 if res.microbatches * res.vpp <= 32 else 5
+        for s, kd, j, a, b in zip(t["stage"], kinds, t["microbatch"], t["start_s"], t["end_s"]):
+            if (b - a) / res.step_time_s * width * 72 > fs * 1.4 * len(str(j)):
+                ax.text((a + b) / 2, s, str(j), ha="center", va="center", fontsize=fs, color="white")
+    ax.set_xlim(0, res.step_time_s)
+    ax.set_ylim(res.stages - 0.5, -0.5)
+    ax.set_yticks(range(res.stages))
+    notes = stage_notes or {}
+    ax.set_yticklabels([f"stage {r}" + (f"\n{notes[r]}" if r in notes else "") for r in range(res.stages)] if res.stages <= 32 else
+                       [f"{r}" if r % max(1, res.stages // 16) == 0 else "" for r in range(res.stages)])
+    ax.set_xlabel("time (s)")
+    handles = [Patch(color=PASS_COLORS["F"], label="forward"),
+               Patch(color=PASS_COLORS["B"], label="backward" + (" (input gradient)" if res.schedule == "zb-h1" else "")),
+               Patch(facecolor="white", edgecolor="#999999", label="idle (bubble)")]
+    if res.schedule == "zb-h1":
+        handles.insert(2, Patch(color=PASS_COLORS["W"], label="weight gradient"))
+    if res.vpp > 1:
+        handles.append(Patch(facecolor="#cccccc", hatch="//", edgecolor="white", label="odd model chunk"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if res.stages > 3 else -0.3),
+              ncol=len(handles), frameon=False, fontsize=9)
+    ax.set_title((title or f"{res.schedule}: {res.stages} stages, {res.microbatches} micro-batches"
+                  + (f", v = {res.vpp}" if res.vpp > 1 else "") + f" — bubble {100 * res.bubble_fraction:.1f}% of the step")
+                 + (f"\n{subtitle}" if subtitle else ""), fontsize=10, loc="left")
+    ax.grid(axis="x", color="#eeeeee", zorder=0)
+    ax.set_axisbelow(True)
+    fig.tight_layout()
+    fig.savefig(p_out, dpi=130)
+    plt.close(fig)
+    return p_out
+
+
+def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str = "") -> Path:
+    """Time and busbw against message size, one line per link.
+
+    ``series``: [{"label", "sizes_bytes", "time_s", "busbw_gbps", "crossover_bytes", "beta_gbps"}]; the
+    crossover (latency = bandwidth term) is marked on each line and the link's achievable bandwidth β drawn
+    dashed on the busbw panel.
+    """
+    import numpy as np
+
+    p_out = check_picture_path(path)
+    plt = _plt()
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, s in enumerate(series):
+        c = colors[i % len(colors)]
+        x = np.asarray(s["sizes_bytes"], dtype=float)
+        ax_t.loglog(x, s["time_s"], "-o", ms=3, color=c, label=s["label"])
+        ax_b.semilogx(x, s["busbw_gbps"], "-o", ms=3, color=c, label=s["label"])
+        xc = s["crossover_bytes"]
+        if x[0] <= xc <= x[-1]:
+            tc = float(np.interp(np.log(xc), np.log(x), s["time_s"]))
+            bc = float(np.interp(np.log(xc), np.log(x), s["busbw_gbps"]))
+            ax_t.plot([xc], [tc], "D", color=c, ms=8, mec="black")
+            ax_b.plot([xc], [bc], "D", color=c, ms=8, mec="black")
+        if s.get("beta_gbps"):
+            ax_b.axhline(s["beta_gbps"], color=c, ls="--", lw=1, alpha=0.6)
+    ax_t.set_xlabel("message size S (bytes)")
+    ax_t.set_ylabel("time of one call (s)")
+    ax_t.set_title(f"{op} time, n = {ranks}", loc="left")
+    ax_b.set_xlabel("message size S (bytes)")
+    ax_b.set_ylabel("bus bandwidth (GB/s, nccl-tests busbw)")
+    ax_b.set_title(f"{op} busbw; dashed: link β (line rate × efficiency)", loc="left")
+    ax_b.set_ylim(bottom=0)
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="major", color="#dddddd")
+    ax_t.legend(title="link (◆ = latency/bandwidth crossover)", fontsize=9, title_fontsize=9)
+    fig.suptitle(f"α–β model of {op} on {ranks} ranks" + (f" — {subtitle}" if subtitle else ""), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(p_out, dpi=130)
+    plt.close(fig)
+    return p_out
