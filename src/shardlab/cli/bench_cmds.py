@@ -1,0 +1,298 @@
+"""shardlab bench collectives | bench matmul | calibrate | shard-check: measure this machine, write a
+hardware profile the estimate can use, and check the memory model's shards against PyTorch's at scale."""
+
+from __future__ import annotations
+
+import argparse
+
+from shardlab.cli.common import add_output_args, positive_float, positive_int
+from shardlab.errors import ShardlabError
+
+EXAMPLES_BENCH = """examples:
+  shardlab bench collectives --nproc 2 --sizes 1KB:64MB --plot busbw.png
+  shardlab bench collectives --nproc 8 --ops all-reduce,all-gather --json     # NCCL on a GPU server
+  shardlab bench matmul --plot matmul.png                 # fp32 on CPU, bf16 on CUDA
+"""
+EXAMPLES_CALIBRATE = """examples:
+  shardlab calibrate --out profile.yaml                   # matmul + collectives on 2 ranks
+  shardlab estimate llama-3.1-8b --gpus 8 --profile profile.yaml
+  shardlab calibrate --out p.yaml --from-matmul m.json --from-collectives c.json   # reuse `bench ... --json` output
+"""
+EXAMPLES_SHARD = """examples:
+  shardlab shard-check llama-3.1-70b --world-size 64 --fsdp 64
+  shardlab shard-check llama-3.1-70b --world-size 64 --dp 8 --tp 8
+  shardlab shard-check llama-2-7b --fsdp 60 --ranks all --json
+"""
+
+
+def _hidden_list(text: str) -> tuple[int, ...]:
+    from shardlab.cli.common import int_list
+
+    return int_list(text)
+
+
+def _common_device(p) -> None:
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cuda (NCCL) when a GPU is visible, else cpu (gloo); default auto")
+
+
+def _coll_args(p, nproc_default: int | None = 2) -> None:
+    p.add_argument("--nproc", type=int, default=nproc_default, help="ranks to launch (at least 2; default 2)")
+    p.add_argument("--ops", default="all", help="comma list of all-reduce, all-gather, reduce-scatter, all-to-all, "
+                                                "send-recv, broadcast (default: all but broadcast)")
+    p.add_argument("--sizes", default=None, help="START:END[:FACTOR] (doubling by default) or a comma list; "
+                                                 "default 1KB:64MB on CPU, 1KB:256MB on CUDA")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed iterations per size at most (default 20)")
+    p.add_argument("--warmup", type=positive_int, default=2, help="warm-up iterations per size (default 2)")
+    p.add_argument("--min-time", type=positive_float, default=0.05, help="time each size for at least this many "
+                                                                         "seconds when --iters allows (default 0.05)")
+    p.add_argument("--timeout", type=positive_float, default=900, help="stop the benchmark after this many seconds")
+
+
+def _mm_args(p) -> None:
+    p.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16"), default=None,
+                   help="default bf16 on CUDA, fp32 on CPU (bf16 matmul is emulated on CPUs)")
+    p.add_argument("--hidden", type=_hidden_list, default=None, metavar="H,H,...",
+                   help="hidden sizes (default 32..1024 on CPU, 512..8192 on CUDA)")
+    p.add_argument("--tokens", type=_hidden_list, default=None, metavar="T,T,...",
+                   help="token counts M (default 128,512 on CPU; 512,4096,16384 on CUDA)")
+    p.add_argument("--matmul-time", type=positive_float, default=0.1, help="seconds to time each GEMM (default 0.1)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="CPU threads for the matmuls (default 1: each CPU rank runs on one core)")
+    p.add_argument("--gpu", default=None, help="base accelerator id (default: cpu-core on CPU, matched from the "
+                                               "CUDA device name on GPUs)")
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="measure collectives (nccl-tests style) and matmuls on this machine",
+                           description="Measure this machine: collectives (time, algbw, busbw, α–β fit) and "
+                                       "matmul FLOP/s (with the fitted efficiency curve).",
+                           epilog=EXAMPLES_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from shardlab.cli import _Parser
+
+    bsub = bench.add_subparsers(dest="bench_command", metavar="WHAT", parser_class=_Parser)
+    c = bsub.add_parser("collectives", help="time collectives with torch.distributed (gloo on CPU, NCCL on CUDA)",
+                        epilog=EXAMPLES_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _coll_args(c)
+    _common_device(c)
+    c.add_argument("--plot", metavar="FILE", help="save busbw vs size with the fitted curves (PNG/SVG/PDF)")
+    add_output_args(c)
+    c.set_defaults(func=cmd_collectives)
+
+    m = bsub.add_parser("matmul", help="achieved matmul FLOP/s over a transformer layer's GEMMs, and its fit",
+                        epilog=EXAMPLES_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _mm_args(m)
+    _common_device(m)
+    m.add_argument("--plot", metavar="FILE", help="save achieved FLOP/s vs GEMM size with the fitted curve")
+    add_output_args(m)
+    m.set_defaults(func=cmd_matmul)
+    bench.set_defaults(func=lambda args: _need_sub(bench))
+
+    cal = sub.add_parser("calibrate", help="measure this machine and write a hardware profile for --profile",
+                         description="Run the matmul and collectives benchmarks (or reuse their --json output) and "
+                                     "write a catalog YAML with a calibrated accelerator, link and profile section.",
+                         epilog=EXAMPLES_CALIBRATE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cal.add_argument("--out", required=True, metavar="FILE", help="profile YAML to write")
+    _coll_args(cal)
+    _mm_args(cal)
+    _common_device(cal)
+    cal.add_argument("--link", default=None, help="base link id (default: the accelerator's intra-node link)")
+    cal.add_argument("--link-fit", default="joint", help="which α–β fit becomes the link: joint (one fit over "
+                                                          "every op, default) or one op, e.g. all-reduce")
+    cal.add_argument("--name", default="calibrated", help="suffix of the new ids (default: <base>-calibrated)")
+    cal.add_argument("--from-matmul", metavar="FILE", help="use `shardlab bench matmul --json` output instead of measuring")
+    cal.add_argument("--from-collectives", metavar="FILE",
+                     help="use `shardlab bench collectives --json` output instead of measuring")
+    cal.add_argument("--skip-collectives", action="store_true", help="matmul only (keep the catalog's link)")
+    add_output_args(cal)
+    cal.set_defaults(func=cmd_calibrate)
+
+    sc = sub.add_parser("shard-check", help="PyTorch's real per-rank shards at target scale vs the memory model",
+                        description="Build MODEL on the meta device, apply FSDP2/TP with PyTorch's fake process group "
+                                    "at --world-size ranks, and compare every rank's parameter shards with the memory "
+                                    "model byte for byte (exit 1 on any difference).",
+                        epilog=EXAMPLES_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sc.add_argument("model", metavar="MODEL", help="catalog id, config.json path, or runtime preset (tiny, small)")
+    sc.add_argument("--world-size", type=positive_int, default=None, help="ranks (default: dp x tp)")
+    sc.add_argument("--fsdp", type=positive_int, default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
+    sc.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: world size / tp)")
+    sc.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
+    sc.add_argument("--zero", type=int, choices=(0, 3), default=3,
+                    help="3: FSDP2 shards over dp (default); 0: dp replicas")
+    sc.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16", help="parameter dtype (default bf16)")
+    sc.add_argument("--ranks", default="auto", help="ranks to execute: auto (one per shard class, default), all, "
+                                                   "or a comma list (rank 0 always runs)")
+    sc.add_argument("--timeout", type=positive_float, default=600, help="seconds per rank process (default 600)")
+    add_output_args(sc)
+    sc.set_defaults(func=cmd_shard_check)
+
+
+
+def _need_sub(parser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _device(args) -> str:
+    from shardlab.runtime import require_torch
+
+    torch = require_torch()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ShardlabError("--device cuda asked for but no CUDA GPU is visible; use --device cpu")
+    if args.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return args.device
+
+
+def _check_plot_path(path: str | None) -> None:
+    """Fail before a long measurement, not after it, when the plot cannot be written."""
+    if not path:
+        return
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
+        raise ShardlabError(f"--plot {path}: use a .png, .svg or .pdf file name")
+    if not p.parent.exists():
+        raise ShardlabError(f"--plot {path}: directory {p.parent} does not exist; create it or choose another path")
+
+
+def _collectives(args, device: str) -> dict:
+    """Validate the collectives flags, run the benchmark, add the fits."""
+    from shardlab.runtime import bench_collectives as bc
+
+    if args.nproc is None or args.nproc < 2:
+        raise ShardlabError(f"--nproc must be at least 2 for a collective, got {args.nproc}; e.g. --nproc 2")
+    ops = bc.parse_ops(args.ops)
+    sizes = bc.parse_sizes(args.sizes or ("1KB:256MB" if device == "cuda" else "1KB:64MB"))
+    if device == "cuda":
+        import torch
+
+        if args.nproc > torch.cuda.device_count():
+            raise ShardlabError(f"--nproc {args.nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                                f"use --nproc {torch.cuda.device_count()} or fewer")
+    doc = bc.run_collectives(args.nproc, ops, sizes, iters=args.iters, warmup=args.warmup,
+                             min_time_s=args.min_time, timeout_s=args.timeout, device=device)
+    return bc.analyse(doc)
+
+
+def _validate_coll_flags(args) -> None:
+    """Everything checkable before torch is imported (bad input fails fast)."""
+    from shardlab.runtime import bench_collectives as bc
+
+    if args.nproc is None or args.nproc < 2:
+        raise ShardlabError(f"--nproc must be at least 2 for a collective, got {args.nproc}; e.g. --nproc 2")
+    bc.parse_ops(args.ops)
+    if args.sizes:
+        bc.parse_sizes(args.sizes)
+
+
+def cmd_collectives(args):
+    from shardlab.runtime import bench_collectives as bc
+
+    _validate_coll_flags(args)
+    _check_plot_path(args.plot)
+    doc = _collectives(args, _device(args))
+    if args.plot:
+        doc["plot"] = bc.plot_collectives(doc, args.plot)
+    return doc, bc.render(doc)
+
+
+def _matmul(args, device: str, catalog) -> dict:
+    from shardlab.runtime import bench_matmul as bm
+    from shardlab.runtime.calibrate import match_accelerator
+
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    if device == "cpu" and dtype != "fp32":
+        raise ShardlabError(f"--dtype {dtype} on CPU: PyTorch emulates {dtype} matmuls on most CPUs and the CPU runtime "
+                            f"trains in fp32; use --dtype fp32 (the CPU default)")
+    hidden, tokens = bm.default_grid(device)
+    doc = bm.bench_matmul(dtype, device, args.hidden or hidden, args.tokens or tokens,
+                          min_time_s=args.matmul_time, threads=args.threads)
+    acc = catalog.accelerator(args.gpu or match_accelerator(doc["device_name"], device))
+    doc = bm.analyse(doc, acc)
+    if device == "cpu":
+        doc["note"] = (f"CPU: fp32 on {doc['threads']} thread(s) (each CPU rank runs on one core; bf16 matmul is "
+                       f"emulated on CPUs and the CPU runtime trains in fp32)")
+    return doc
+
+
+def cmd_matmul(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.runtime import bench_matmul as bm
+
+    _check_plot_path(args.plot)
+    cat = get_catalog(args.catalog)
+    if args.gpu:
+        cat.accelerator(args.gpu)
+    doc = _matmul(args, _device(args), cat)
+    if args.plot:
+        doc["plot"] = bm.plot_matmul(doc, args.plot)
+    return doc, bm.render(doc)
+
+
+def cmd_calibrate(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.runtime import bench_collectives as bc
+    from shardlab.runtime import bench_matmul as bm
+    from shardlab.runtime import calibrate as cal
+
+    from pathlib import Path
+
+    if not Path(args.out).resolve().parent.is_dir():
+        raise ShardlabError(f"--out {args.out}: directory {Path(args.out).parent} does not exist; create it first")
+    cat = get_catalog(args.catalog)
+    if args.link_fit != "joint":
+        bc.parse_ops(args.link_fit)
+    want_coll = not args.skip_collectives
+    if want_coll and not args.from_collectives:
+        _validate_coll_flags(args)
+    mm = cal.load_bench(args.from_matmul, "matmul") if args.from_matmul else None
+    coll = cal.load_bench(args.from_collectives, "collectives") if want_coll and args.from_collectives else None
+    device = _device(args) if mm is None or (want_coll and coll is None) else mm["device"]
+    if mm is None:
+        mm = _matmul(args, device, cat)
+    else:
+        mm = bm.analyse(mm, cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"])))
+    if want_coll:
+        coll = _collectives(args, device) if coll is None else bc.analyse(coll)
+    return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name)
+
+
+def cmd_shard_check(args):
+    from shardlab.catalog import get_catalog
+    from shardlab.cli import emit
+    from shardlab.layout import Layout, validate
+    from shardlab.runtime import require_torch
+    from shardlab.runtime.shard_check import render, resolve_spec, shard_check
+
+    dp, tp, zero = args.dp, args.tp, args.zero
+    if args.fsdp is not None:
+        if args.dp is not None and args.dp != args.fsdp:
+            raise ShardlabError(f"--fsdp {args.fsdp} and --dp {args.dp} disagree; give one of them")
+        dp, zero = args.fsdp, 3
+    world = args.world_size or (dp or 1) * tp
+    if dp is None:
+        if world % tp:
+            raise ShardlabError(f"--world-size {world} is not divisible by --tp {tp}; choose a tp that divides it")
+        dp = world // tp
+    if dp * tp != world:
+        raise ShardlabError(f"dp x tp = {dp} x {tp} = {dp * tp} but --world-size is {world}; make them agree")
+    ranks = args.ranks
+    if ranks not in ("auto", "all"):
+        try:
+            ranks = sorted({int(x) for x in ranks.split(",")})
+        except ValueError:
+            raise ShardlabError(f"--ranks '{args.ranks}': use auto, all or a comma list such as 0,63") from None
+        if ranks[0] < 0 or ranks[-1] >= world:
+            raise ShardlabError(f"--ranks {args.ranks}: ranks run from 0 to {world - 1}")
+    cat = get_catalog(args.catalog)
+    require_torch()
+    spec = resolve_spec(args.model, args.catalog)
+    layout = validate(Layout(dp=dp, tp=tp, zero=zero), spec, num_gpus=world)
+    if spec.mla is not None:
+        raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
+                            f"choose a GQA/MHA model")
+    doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
+    emit(args, doc, render(doc))
+    return 0 if doc["exact"] else 1

@@ -1,0 +1,225 @@
+"""Achieved matmul FLOP/s over the GEMMs of a transformer layer, and the efficiency curve fitted to them.
+
+For hidden size h and T tokens (T = micro-batch × sequence length) one block multiplies (T×K)·(K×N):
+    qkv       K = h,  N = 3h   (fused Q, K, V of multi-head attention)
+    attn_out  K = h,  N = h
+    mlp_up    K = h,  N = 4h
+    mlp_down  K = 4h, N = h
+at 2·T·K·N FLOPs each (one multiply and one add per term). The curve ``eff(n)·peak`` is fitted against
+n = min(T, K, N) (``shardlab.calibration.gemm_size``).
+
+CPU: the default dtype is fp32 — PyTorch emulates bf16 matmuls on most CPUs (they run several times
+slower than fp32), and the CPU runtime trains in fp32 — and one thread is used, because every rank of a
+CPU run is pinned to one core (OMP_NUM_THREADS=1). CUDA: bf16 by default, timed with CUDA events.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+GEMMS = (("qkv", 1, 3), ("attn_out", 1, 1), ("mlp_up", 1, 4), ("mlp_down", 4, 1))
+"""(name, K in units of h, N in units of h) of the four GEMMs of a block."""
+CPU_HIDDEN = (32, 64, 128, 256, 512, 1024)
+"""Default hidden sizes on CPU: the tiny GPTs the CPU runtime trains, up to 1024 (~0.1 s per GEMM on one core)."""
+CPU_TOKENS = (128, 512)
+"""Default token counts on CPU (micro-batch × sequence length)."""
+GPU_HIDDEN = (512, 1024, 2048, 4096, 8192)
+"""Default hidden sizes on CUDA (8192: Llama-3-70B)."""
+GPU_TOKENS = (512, 4096, 16384)
+"""Default token counts on CUDA."""
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class MatmulRow:
+    """One measured GEMM."""
+
+    gemm: str
+    """qkv, attn_out, mlp_up or mlp_down."""
+    hidden: int
+    """Hidden size h of the layer."""
+    tokens: int
+    """Rows M = tokens of the activation."""
+    m: int
+    """M (tokens)."""
+    k: int
+    """K (inner dimension)."""
+    n: int
+    """N (output features)."""
+    size: int
+    """min(M, N, K): the x of the efficiency curve."""
+    flops: float
+    """2·M·N·K."""
+    time_s: float
+    """Median time of one GEMM."""
+    tflops: float
+    """Achieved TFLOP/s (1e12)."""
+
+
+def _timer(torch, device: str):
+    """A function (fn, reps) -> seconds per call: perf_counter on CPU, CUDA events on GPU."""
+    if device == "cuda":
+        def run(fn, reps: int) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3 / reps
+        return run
+
+    def run(fn, reps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
+    return run
+
+
+def time_gemm(torch, m: int, k: int, n: int, dtype, device: str, min_time_s: float, max_reps: int = 200) -> float:
+    """Median seconds of one (m×k)·(k×n) product: one warm-up, then up to 5 samples of enough reps to fill
+    ``min_time_s`` / 5 each. Inputs are random normals (never zeros: they can run faster than real data)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+    b = torch.randn(k, n, device=device, dtype=dtype, generator=g)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
+    run = _timer(torch, device)
+    first = run(fn, 1)  # warm-up (kernel choice, caches); also a first estimate
+    reps = max(1, min(max_reps, int(min_time_s / 5 / max(first, 1e-9))))
+    return statistics.median(run(fn, reps) for _ in range(5))
+
+
+def default_grid(device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return (GPU_HIDDEN, GPU_TOKENS) if device == "cuda" else (CPU_HIDDEN, CPU_TOKENS)
+
+
+def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple[int, ...], *,
+                 min_time_s: float = 0.2, threads: int | None = 1, progress=None) -> dict:
+    """Measure every GEMM of ``hidden`` × ``tokens``; returns rows and the run's settings (no fit)."""
+    from shardlab.runtime import require_torch
+
+    torch = require_torch()
+    if threads and device == "cpu":
+        torch.set_num_threads(threads)
+    if device == "cuda" and dtype == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    rows = []
+    for h in hidden:
+        for t in tokens:
+            for name, kk, nn in GEMMS:
+                k, n = kk * h, nn * h
+                s = time_gemm(torch, t, k, n, tdtype, device, min_time_s)
+                fl = 2.0 * t * k * n
+                rows.append(MatmulRow(name, h, t, t, k, n, min(t, k, n), fl, s, fl / s / 1e12))
+                if progress:
+                    progress(rows[-1])
+    return {
+        "device": device,
+        "device_name": device_name(torch, device),
+        "dtype": dtype,
+        "threads": torch.get_num_threads() if device == "cpu" else None,
+        "torch_version": torch.__version__,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def analyse(doc: dict, accelerator) -> dict:
+    """Fit eff(n)·peak to the rows (peak = ``accelerator``'s for the dtype, or the best measured when it has none)."""
+    from shardlab.calibration import fit_efficiency, matmul_efficiency
+    from shardlab.runtime.calibrate import fit_summary
+
+    rows = doc["rows"]
+    peak = accelerator.peak_tflops.get(doc["dtype"]) or max(r["tflops"] for r in rows)
+    fit = fit_efficiency([r["size"] for r in rows], [r["tflops"] * 1e12 for r in rows], peak * 1e12)
+    for r in rows:
+        r["fitted_tflops"] = float(matmul_efficiency(r["size"], fit.max_fraction, fit.half_size)) * peak
+        r["fraction_of_peak"] = r["tflops"] / peak
+    doc["accelerator"] = accelerator.id
+    doc["peak_tflops"] = peak
+    doc["fit"] = fit_summary(fit)
+    doc["size_definition"] = "n = min(M, N, K) of the (M x K)(K x N) product; M = tokens"
+    return doc
+
+
+def render(doc: dict) -> str:
+    """Measured vs fitted FLOP/s per GEMM, then the fit."""
+    from shardlab.report.table import table
+
+    scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
+    rows = [[r["gemm"], r["hidden"], r["tokens"], f"{r['m']}x{r['k']}x{r['n']}", r["size"],
+             f"{r['time_s'] * 1e3:.3f}", f"{r['tflops'] * scale:.4g}", f"{r['fitted_tflops'] * scale:.4g}",
+             f"{r['fraction_of_peak']:.1%}"] for r in doc["rows"]]
+    threads = f", {doc['threads']} thread(s)" if doc.get("threads") else ""
+    f = doc["fit"]
+    out = [table(["gemm", "h", "tokens", "MxKxN", "n=min", "time (ms)", f"measured {unit}", f"fitted {unit}",
+                  "of peak"], rows,
+                 title=f"{doc['dtype']} matmul on {doc['device_name']} ({doc['device']}{threads}, torch "
+                       f"{doc['torch_version']}); peak {doc['peak_tflops'] * scale:.4g} {unit} ({doc['accelerator']})"),
+           "",
+           f"fit: achieved = {f['max_fraction']:.4g} * n/(n + {f['half_size']:.4g}) x peak, n = min(M, N, K); "
+           f"rel. rms {f['rel_rms']:.1%} over {f['points']} GEMMs"]
+    if doc.get("note"):
+        out.append(f"note: {doc['note']}")
+    if doc.get("plot"):
+        out.append(f"plot: {doc['plot']}")
+    return "\n".join(out)
+
+
+def device_name(torch, device: str) -> str:
+    """GPU name from CUDA, or the CPU model from /proc/cpuinfo (platform.processor() as a fallback)."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def plot_matmul(doc: dict, path: str) -> str:
+    """Achieved TFLOP/s vs GEMM size n = min(M, N, K) (log x), one colour per GEMM, and the fitted curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from shardlab.calibration import matmul_efficiency
+
+    scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (name, _, _) in enumerate(GEMMS):
+        rows = [r for r in doc["rows"] if r["gemm"] == name]
+        ax.plot([r["size"] for r in rows], [r["tflops"] * scale for r in rows], "o", color=f"C{i}", alpha=0.8,
+                label=f"{name} measured")
+    fit = doc.get("fit")
+    if fit:
+        sizes = [r["size"] for r in doc["rows"]]
+        x = np.logspace(np.log10(min(sizes)), np.log10(max(sizes)), 200)
+        y = matmul_efficiency(x, fit["max_fraction"], fit["half_size"]) * fit["peak_tflops"] * scale
+        ax.plot(x, y, "k-", label=(f"fit: {fit['max_fraction']:.3g}·n/(n+{fit['half_size']:.3g}) × peak "
+                                   f"{fit['peak_tflops'] * scale:.4g} {unit}"))
+        ax.axhline(fit["peak_tflops"] * scale, color="grey", ls=":", label=f"peak ({doc.get('accelerator', '')})")
+    ax.set_xscale("log")
+    ticks = sorted({r["size"] for r in doc["rows"]})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GEMM size n = min(M, N, K)")
+    ax.set_ylabel(f"achieved {unit}")
+    ax.set_title(f"{doc['dtype']} matmul on {doc.get('device_name', doc['device'])}: measured and fitted")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,210 @@
+"""Hardware profile from the user's own measurements: a catalog YAML that ``--profile``/``--catalog`` load.
+
+The file has three sections (all strictly checked by ``shardlab.catalog``):
+- ``accelerators:`` one entry, ``<base>-calibrated``: a copy of the base accelerator (``cpu-core`` on CPU,
+  the catalog GPU matching ``torch.cuda.get_device_name()`` on CUDA) whose ``efficiency`` is fitted to the
+  matmul benchmark, eff(n) = max_fraction · n / (n + half_size) with n = min(M, N, K) of the GEMM, so that
+  eff(n) · peak_tflops[dtype] reproduces the measured FLOP/s. The peak stays the catalog's unless the
+  measurements exceed it (or the catalog has none for the dtype): then the fitted asymptote becomes the
+  peak and max_fraction is 1.
+- ``links:`` one entry, ``<base link>-calibrated``, fitted to the collectives benchmark:
+  latency_us = α (per algorithm step), bandwidth_gbps × efficiency = β (bus bandwidth, GB/s). The base
+  link's line rate is kept with efficiency = β / line rate when β is below it; otherwise bandwidth_gbps =
+  β and efficiency = 1.
+- ``profile:`` which accelerator and links to use (gpu, intra_link, inter_link, gpus_per_node, source,
+  measured_at). The inter-node link is the base accelerator's usual one: one host cannot measure it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from shardlab.calibration import AlphaBetaFit, EfficiencyFit
+from shardlab.errors import ShardlabError
+from shardlab.specs.hardware import Accelerator, Link
+
+_GPU_RULES = (  # (pattern on the lower-cased CUDA device name, catalog id); first match wins
+    (r"gb200", "gb200"), (r"b200", "b200"), (r"h200", "h200"),
+    (r"h100.*nvl", "h100-nvl"), (r"h100.*pcie", "h100-pcie"), (r"h100", "h100-sxm"),
+    (r"a100.*pcie", "a100-pcie-80gb"), (r"a100.*40gb", "a100-40gb"), (r"a100", "a100-80gb"),
+    (r"v100", "v100"), (r"l40s", "l40s"), (r"\bl4\b", "l4"), (r"4090", "rtx-4090"), (r"3090", "rtx-3090"),
+    (r"mi325", "mi325x"), (r"mi300", "mi300x"), (r"mi250", "mi250x"),
+)
+
+
+def match_accelerator(device_name: str, device: str) -> str:
+    """Catalog id of the base accelerator: ``cpu-core`` on CPU; on CUDA the entry matching the device name.
+
+    torch names such as 'NVIDIA H100 80GB HBM3' (SXM), 'NVIDIA A100-SXM4-40GB', 'NVIDIA H100 PCIe'.
+    """
+    if device != "cuda":
+        return "cpu-core"
+    low = device_name.lower().replace("-", " ")
+    for pat, acc in _GPU_RULES:
+        if re.search(pat, low):
+            return acc
+    raise ShardlabError(f"no catalog GPU matches '{device_name}'; pass --gpu ID (see `shardlab gpus`) "
+                        f"or add your GPU with --catalog FILE")
+
+
+def accelerator_entry(base: Accelerator, fit: EfficiencyFit | None, dtype: str, link_id: str,
+                      gpus_per_node: int, source: str) -> dict:
+    """Catalog mapping of the calibrated accelerator (the base's fields, the fitted efficiency)."""
+    peaks = dict(base.peak_tflops)
+    d = {"name": f"{base.name} (calibrated)", "vendor": base.vendor, "peak_tflops": peaks,
+         "memory_gib": base.memory_gib, "memory_bandwidth_gbps": base.memory_bandwidth_gbps,
+         "scale_up_link": link_id, "host_link": base.host_link, "tdp_w": base.tdp_w,
+         "system": {"gpus_per_node": gpus_per_node, "intra_link": link_id, "inter_link": base.system["inter_link"]},
+         "source": f"{source}; other fields from the catalog entry '{base.id}' ({base.source})"}
+    if base.notes:
+        d["notes"] = base.notes
+    if fit is not None:
+        m, peak_tf = fit.max_fraction, fit.peak_flops / 1e12
+        if m > 1 or not peaks.get(dtype):
+            peak_tf, m = m * peak_tf, 1.0
+            peaks[dtype] = _sig(peak_tf)
+        d["efficiency"] = {"max_fraction": _sig(m), "half_size": _sig(fit.half_size),
+                           "source": (f"fitted to {fit.points} {dtype} GEMMs measured with `shardlab bench matmul`: "
+                                      f"eff(n) = max_fraction*n/(n+half_size), n = min(M,N,K); rel. rms "
+                                      f"{fit.rel_rms:.1%} against peak {_sig(peak_tf)} TFLOP/s; {source}")}
+    return d
+
+
+def link_entry(base: Link, fit: AlphaBetaFit, source: str) -> dict:
+    """Catalog mapping of the calibrated link: latency_us = α, bandwidth_gbps × efficiency = β."""
+    beta = fit.beta_gbps
+    line, eff = (base.bandwidth_gbps, beta / base.bandwidth_gbps) if beta <= base.bandwidth_gbps else (beta, 1.0)
+    return {"name": f"{base.name} (calibrated)", "bandwidth_gbps": _sig(line), "latency_us": _sig(max(fit.latency_us, 1e-3)),
+            "efficiency": _sig(min(eff, 1.0)), "scope": base.scope,
+            "source": (f"fitted with `shardlab bench collectives` ({fit.op} α-β fit over {fit.points} points on "
+                       f"{fit.world_size} ranks, rel. rms {fit.rel_rms:.1%}): alpha {fit.latency_us:.4g} us/step, "
+                       f"beta {beta:.4g} GB/s bus bandwidth; {source}")}
+
+
+def build_profile(base_acc: Accelerator, base_link: Link, eff_fit: EfficiencyFit | None, dtype: str,
+                  link_fit: AlphaBetaFit | None, *, gpus_per_node: int, source: str, suffix: str = "calibrated",
+                  measured_at: str | None = None, per_op: dict[str, AlphaBetaFit] | None = None) -> dict:
+    """The profile document (see the module docstring); either fit may be None (the catalog's value is kept)."""
+    acc_id = f"{base_acc.id}-{suffix}"
+    link_id = f"{base_link.id}-{suffix}" if link_fit is not None else base_link.id
+    doc: dict = {"profile": {"gpu": acc_id, "intra_link": link_id, "inter_link": base_acc.system["inter_link"],
+                             "gpus_per_node": gpus_per_node, "source": source,
+                             "measured_at": measured_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}}
+    doc["accelerators"] = {acc_id: accelerator_entry(base_acc, eff_fit, dtype, link_id, gpus_per_node, source)}
+    if link_fit is not None:
+        entry = link_entry(base_link, link_fit, source)
+        if per_op:
+            entry["source"] += "; per op: " + ", ".join(
+                f"{op} alpha {f.latency_us:.4g} us beta {f.beta_gbps:.4g} GB/s" for op, f in per_op.items())
+        doc["links"] = {link_id: entry}
+    return doc
+
+
+def write_profile(doc: dict, path: str | Path, header: str = "") -> Path:
+    """Write the profile YAML (a commented header, then the sections) and check that the catalog loads it."""
+    import yaml
+
+    from shardlab.catalog import get_catalog
+
+    p = Path(path)
+    lines = ["# shardlab hardware profile (catalog YAML), written by `shardlab calibrate`.",
+             "# Use: shardlab estimate ... --profile THIS_FILE   (or --catalog THIS_FILE and --gpu <accelerator id>)"]
+    lines += [f"# {ln}" for ln in header.splitlines() if ln.strip()]
+    body = yaml.safe_dump(doc, sort_keys=False, width=200, allow_unicode=True)
+    try:
+        p.write_text("\n".join(lines) + "\n" + body)
+    except OSError as e:
+        raise ShardlabError(f"cannot write the profile to {p}: {e.strerror}; choose a writable --out path") from None
+    get_catalog([str(p)])  # strict schema check: a profile that does not load is never left unannounced
+    return p
+
+
+def fit_summary(fit: AlphaBetaFit | EfficiencyFit) -> dict:
+    """JSON-friendly view of a fit, with the derived units."""
+    d = asdict(fit)
+    if isinstance(fit, AlphaBetaFit):
+        d.update(latency_us=fit.latency_us, beta_gbps=fit.beta_gbps)
+    else:
+        d.update(peak_tflops=fit.peak_flops / 1e12)
+    return d
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    """Round to ``digits`` significant digits (readable YAML, no float noise)."""
+    return float(f"{x:.{digits}g}")
+
+
+def load_bench(path: str, kind: str) -> dict:
+    """A saved ``shardlab bench KIND --json`` document (checked for the fields calibration needs)."""
+    import json
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ShardlabError(f"cannot read {path}: {e.strerror}; check the path") from None
+    except ValueError:
+        raise ShardlabError(f"{path} is not JSON; save it with `shardlab bench {kind} --json > {path}`") from None
+    need = {"matmul": ("gemm", "size", "tflops"), "collectives": ("op", "size_bytes", "time_s", "world_size")}[kind]
+    top = {"matmul": ("dtype", "device", "device_name"), "collectives": ("world_size",)}[kind]
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not rows or any(k not in doc for k in top) or any(k not in r for r in rows for k in need):
+        raise ShardlabError(f"{path} is not `shardlab bench {kind} --json` output (needs rows with {', '.join(need)})")
+    return doc
+
+
+def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | None, link_fit: str,
+                 suffix: str) -> tuple[dict, str]:
+    """Fit, build and write the profile; returns the command's (JSON document, text)."""
+    from shardlab.calibration import AlphaBetaFit, EfficiencyFit
+    from shardlab.report.table import kv_lines
+
+    acc = catalog.accelerator(mm["accelerator"])
+    base_link = catalog.link(link or acc.system["intra_link"])
+    eff = EfficiencyFit(**{k: mm["fit"][k] for k in ("max_fraction", "half_size", "peak_flops", "rel_rms", "points")})
+    ab = per_op = None
+    if coll is not None:
+        fits = {k: AlphaBetaFit(**{f: v[f] for f in ("op", "world_size", "alpha_s", "beta_bytes_per_s", "rel_rms",
+                                                       "points")}) for k, v in coll["fits"].items()}
+        if link_fit not in fits:
+            raise ShardlabError(f"--link-fit {link_fit}: no such fit in the collectives results (have "
+                                f"{', '.join(fits)}); measure that op or use --link-fit joint")
+        ab, per_op = fits[link_fit], {k: f for k, f in fits.items() if k != "joint"}
+    where = f"{mm['device_name']} ({mm['device']}, torch {mm.get('torch_version', '?')})"
+    gpn = gpus_per_node(mm["device"]) if coll is None else max(gpus_per_node(mm["device"]), coll["world_size"])
+    doc = build_profile(acc, base_link, eff, mm["dtype"], ab, gpus_per_node=gpn, suffix=suffix,
+                        source=f"measured on {where} by shardlab calibrate", per_op=per_op)
+    header = (f"matmul: {eff.points} {mm['dtype']} GEMMs; collectives: "
+              + (f"{coll.get('backend', '?')} on {coll['world_size']} ranks, link = the '{link_fit}' fit"
+                 if coll else "not measured (catalog link kept)"))
+    path = write_profile(doc, out, header)
+    prof = doc["profile"]
+    a = doc["accelerators"][prof["gpu"]]
+    pairs = [("profile", str(path)), ("accelerator", f"{prof['gpu']} (from {acc.id}): efficiency "
+             f"{a['efficiency']['max_fraction']}·n/(n+{a['efficiency']['half_size']}) × peak "
+             f"{a['peak_tflops'][mm['dtype']]} TFLOP/s {mm['dtype']}, rel. rms {eff.rel_rms:.1%}")]
+    if ab is not None:
+        lk = doc["links"][prof["intra_link"]]
+        pairs.append(("intra link", f"{prof['intra_link']} (from {base_link.id}): alpha {lk['latency_us']} us/step, "
+                      f"beta {ab.beta_gbps:.4g} GB/s = {lk['bandwidth_gbps']} GB/s x {lk['efficiency']} ({link_fit} fit, "
+                      f"rel. rms {ab.rel_rms:.1%})"))
+    else:
+        pairs.append(("intra link", f"{prof['intra_link']} (catalog, not measured)"))
+    pairs += [("inter link", f"{prof['inter_link']} (catalog: one host cannot measure it)"),
+              ("gpus per node", prof["gpus_per_node"]),
+              ("use it", f"shardlab estimate MODEL ... --profile {path}   (or --catalog {path} --gpu {prof['gpu']})")]
+    result = {"profile_path": str(path), "profile": doc, "matmul": mm, "collectives": coll}
+    return result, kv_lines(pairs)
+
+
+def gpus_per_node(device: str) -> int:
+    """Accelerators on this host: CUDA devices, or CPU cores (the CPU runtime puts one rank on a core)."""
+    if device == "cuda":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

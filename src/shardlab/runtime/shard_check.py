@@ -1,0 +1,328 @@
+"""shard-check: PyTorch's real per-rank parameter shards at target scale, held against the memory model byte
+for byte, without the hardware.
+
+Measured side: a rank program (:func:`measure_rank`, one subprocess per rank it plays) joins PyTorch's *fake*
+process group at world size N, builds the runtime GPT on the meta device, applies DTensor TP
+(``runtime.parallel.tensor.apply_tp``) and FSDP2 (``runtime.parallel.fsdp.apply_fsdp``), and records each
+parameter's local shape and its allocation: FSDP2's padded shard (``FSDPParam.padded_sharded_param_size``,
+chunk 0's size on every rank) or the DTensor local tensor. One process per rank, since a 2-D fake mesh cannot
+be re-initialised in the same process.
+
+Which ranks run: rank 0 first; it also applies PyTorch's own DTensor sharding arithmetic
+(``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``) to every rank's mesh
+coordinate and groups the ranks into *shard classes* (identical local shapes, and identical TP-local shapes
+under FSDP padding). Then the first rank of every other class runs for real too (``ranks='all'`` runs every
+rank), and each executed rank's shapes must equal what the arithmetic derived for it.
+
+Predicted side (``shardlab.memory``): per tensor ``TensorSpec.local_shape(spec, tp)`` then, under FSDP,
+``fsdp_shard_numel`` (ceil(d0 / dp) rows); the per-rank total is ``state_report(...).params_stored``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from shardlab.errors import ShardlabError
+
+DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2), "fp16": ("float16", 2)}
+
+
+def resolve_spec(model: str, catalog_files: list[str]):
+    from shardlab.catalog import get_catalog
+
+    from shardlab.runtime.gpt import PRESETS
+
+    return PRESETS[model]() if model in PRESETS else get_catalog(catalog_files).model(model)
+
+
+def coords(rank: int, tp: int) -> dict[str, int]:
+    """Mesh coordinates of a global rank: tp fastest (``shardlab.layout``'s rank grid)."""
+    return {"dp": rank // tp, "tp": rank % tp}
+
+
+# ------------------------------------------------------------------------------------- rank program
+
+
+def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, derive: bool) -> dict:
+    """Play ``rank`` of a dp×tp fake-process-group job; return its parameters' shards (and, with ``derive``, the
+    shard classes of every rank from PyTorch's DTensor sharding arithmetic)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset as local_of
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shardlab.runtime.gpt import build_model
+    from shardlab.runtime.parallel.fsdp import apply_fsdp
+    from shardlab.runtime.parallel.tensor import apply_tp
+
+    t0 = time.perf_counter()
+    world = dp * tp
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    fsdp = zero == 3 and dp > 1
+    if tp > 1 and dp > 1:
+        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    else:
+        one = init_device_mesh("cpu", (world,), mesh_dim_names=("tp" if tp > 1 else "dp",))
+        tp_mesh, dp_mesh = (one, None) if tp > 1 else (None, one)
+    model = build_model(spec, device="meta", dtype=getattr(torch, DTYPES[dtype][0]))
+    t_build = time.perf_counter()
+    if tp > 1:
+        apply_tp(model, tp_mesh)
+    if fsdp:
+        apply_fsdp(model, dp_mesh)
+    padded = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group
+            for fp in (group.fsdp_params if group else []):
+                padded[id(fp.sharded_param)] = tuple(fp.padded_sharded_param_size)
+    t_shard = time.perf_counter()
+    params, dmeta = {}, []
+    for name, p in model.named_parameters():
+        is_dt = isinstance(p, DTensor)
+        local = tuple((p.to_local() if is_dt else p).shape)
+        alloc = padded.get(id(p), local)
+        params[name] = {"global_shape": list(p.shape), "placements": str(tuple(p.placements)) if is_dt else "plain",
+                        "local_shape": list(local), "alloc_shape": list(alloc),
+                        "alloc_bytes": math.prod(alloc) * p.element_size(), "fsdp": id(p) in padded}
+        if is_dt:
+            names = p.device_mesh.mesh_dim_names
+            tp_only = [pl if n == "tp" else Replicate() for n, pl in zip(names, p.placements)]
+            dmeta.append((name, tuple(p.shape), tuple(p.device_mesh.shape), names, tuple(p.placements), tp_only))
+    doc = {"rank": rank, "world_size": world, "params": params,
+           "seconds": {"build": t_build - t0, "shard": t_shard - t_build}}
+    if derive:
+        sig_of, classes, rank_class, memo = {}, [], [], {}
+
+        def local(gshape, mshape, coord, pls):  # the 80 blocks of a 70B share a handful of (shape, placement) kinds
+            key = (gshape, mshape, coord, str(pls))
+            if key not in memo:
+                memo[key] = tuple(local_of(gshape, mshape, list(coord), pls, skip_offset=True)[0])
+            return memo[key]
+
+        for r in range(world):
+            c = coords(r, tp)
+            sig = []
+            for name, gshape, mshape, names, pls, tp_only in dmeta:
+                coord = tuple(c[n] for n in names)
+                sig.append((local(gshape, mshape, coord, pls), local(gshape, mshape, coord, tp_only)))
+            key = tuple(sig)
+            if key not in sig_of:
+                sig_of[key] = len(classes)
+                classes.append({"ranks": [], "local_shapes": {d[0]: list(s[0]) for d, s in zip(dmeta, sig)}})
+            classes[sig_of[key]]["ranks"].append(r)
+            rank_class.append(sig_of[key])
+        doc["classes"], doc["rank_class"] = classes, rank_class
+        doc["seconds"]["derive"] = time.perf_counter() - t_shard
+    dist.destroy_process_group()
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="rank program of `shardlab shard-check` (one rank per process)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--catalog", action="append", default=[])
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--zero", type=int, default=3)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--derive", action="store_true")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    doc = measure_rank(resolve_spec(a.model, a.catalog), a.dp, a.tp, a.zero, a.rank, a.dtype, a.derive)
+    with open(a.out, "w") as f:
+        json.dump(doc, f)
+
+
+# ---------------------------------------------------------------------------------------------- host
+
+
+def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: int, dtype: str, derive: bool,
+             timeout_s: float) -> dict:
+    """Run :func:`main` for one rank in a fresh interpreter; returns its document."""
+    fd, out = tempfile.mkstemp(prefix=f"shard-check-rank{rank}-", suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, "-m", "shardlab.runtime.shard_check", "--model", model, "--dp", str(dp), "--tp", str(tp),
+           "--zero", str(zero), "--rank", str(rank), "--dtype", dtype, "--out", out]
+    cmd += [x for c in catalog for x in ("--catalog", c)] + (["--derive"] if derive else [])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if r.returncode != 0:
+            lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+            raise ShardlabError(f"shard-check rank {rank} failed: {lines[-1] if lines else 'exit ' + str(r.returncode)}")
+        with open(out) as f:
+            return json.load(f)
+    except subprocess.TimeoutExpired:
+        raise ShardlabError(f"shard-check rank {rank} took longer than {timeout_s:g} s; raise --timeout") from None
+    finally:
+        os.unlink(out)
+
+
+def predicted(spec, layout, itemsize: int) -> dict[str, dict]:
+    """The memory model's allocation per tensor on one rank (identical on every rank of the stage)."""
+    from shardlab.memory.states import fsdp_shard_numel, stage_tensors
+
+    out = {}
+    for t in stage_tensors(spec, layout)[0].tensors:
+        local = t.local_shape(spec, layout.tp, layout.ep)
+        if layout.zero >= 3 and layout.dp_shard > 1:
+            numel = fsdp_shard_numel(local, layout.dp_shard)
+            alloc = (-(-local[0] // layout.dp_shard), *local[1:])
+        else:
+            numel, alloc = math.prod(local), local
+        out[t.name] = {"alloc_shape": list(alloc), "alloc_bytes": numel * itemsize}
+    return out
+
+
+def compare(pred: dict, meas: dict) -> list[dict]:
+    """Tensors whose allocation differs (shape or bytes), or that exist on one side only."""
+    bad = []
+    for name in list(pred) + [n for n in meas if n not in pred]:
+        p, m = pred.get(name), meas.get(name)
+        if p is None or m is None or p["alloc_bytes"] != m["alloc_bytes"] or p["alloc_shape"] != m["alloc_shape"]:
+            bad.append({"tensor": name, "predicted_shape": p and p["alloc_shape"], "predicted_bytes": p and p["alloc_bytes"],
+                        "measured_shape": m and m["alloc_shape"], "measured_bytes": m and m["alloc_bytes"],
+                        "measured_local_shape": m and m["local_shape"], "placements": m and m["placements"]})
+    return bad
+
+
+def shard_check(model: str, catalog: list[str], layout, dtype: str = "bf16", ranks: str = "auto",
+                timeout_s: float = 600) -> dict:
+    """Run the check (see the module docstring); returns the JSON document (``exact`` says whether all matched)."""
+    from shardlab.memory.precision import state_bytes
+    from shardlab.memory.states import stage_tensors, state_report
+
+    spec = resolve_spec(model, catalog)
+    dp, tp, world, itemsize = layout.dp, layout.tp, layout.world_size, DTYPES[dtype][1]
+    t0 = time.perf_counter()
+    runs = {0: run_rank(model, catalog, dp, tp, layout.zero, 0, dtype, True, timeout_s)}
+    classes, rank_class = runs[0]["classes"], runs[0]["rank_class"]
+    if ranks == "all":
+        todo = list(range(1, world))
+    elif ranks == "auto":
+        todo = [c["ranks"][0] for c in classes if c["ranks"][0] != 0]
+    else:
+        todo = [r for r in ranks if r != 0]
+    run_many = lambda rs: runs.update(_run_many(rs, model, catalog, dp, tp, layout.zero, dtype, timeout_s))  # noqa: E731
+    run_many(todo)
+    derivation_errors = _derivation_errors(runs, classes, rank_class)
+    escalated = bool(derivation_errors) and ranks == "auto" and len(runs) < world
+    if escalated:  # the arithmetic cannot be trusted to group ranks here: measure every rank instead
+        run_many([r for r in range(world) if r not in runs])
+    # every rank's measurement: its own run, or (not executed) the run of an executed rank of its derived class
+    rep = {rank_class[r]: r for r in sorted(runs, reverse=True)}
+    source = [r if r in runs else rep.get(rank_class[r]) for r in range(world)]
+    unverified = [r for r in range(world) if source[r] is None or (derivation_errors and r not in runs)]
+    pred = predicted(spec, layout, itemsize)
+    model_total = state_report(stage_tensors(spec, layout)[0].tensors, spec, layout,
+                               state_bytes("fp32", "sgd")).params_stored * itemsize
+    groups: dict = {}
+    for r in range(world):
+        if source[r] is not None:
+            sig = tuple((n, tuple(p["alloc_shape"]), tuple(p["local_shape"])) for n, p in runs[source[r]]["params"].items())
+            groups.setdefault(sig, []).append(r)
+    out_classes, mismatches = [], []
+    for i, members in enumerate(groups.values()):
+        executed = [r for r in members if r in runs]
+        run = runs[source[members[0]]]
+        bad = [{"class": i, "rank": source[members[0]], **b} for b in compare(pred, run["params"])]
+        mismatches += bad
+        out_classes.append({"class": i, "ranks": members, "executed_ranks": executed, "tensors": len(run["params"]),
+                            "predicted_bytes": sum(v["alloc_bytes"] for v in pred.values()),
+                            "measured_bytes": sum(v["alloc_bytes"] for v in run["params"].values()),
+                            "mismatches": len(bad)})
+    return {"model": spec.name, "world_size": world, "layout": {"dp": dp, "tp": tp, "zero": layout.zero},
+            "dtype": dtype, "memory_model_bytes_per_rank": model_total,
+            "memory_model_consistent": model_total == sum(v["alloc_bytes"] for v in pred.values()),
+            "classes": out_classes, "mismatches": mismatches, "derivation_errors": derivation_errors,
+            "escalated_to_all_ranks": escalated, "unverified_ranks": unverified,
+            "exact": not mismatches and not unverified,
+            "executed_ranks": sorted(runs), "seconds": time.perf_counter() - t0}
+
+
+def _run_many(ranks: list[int], model, catalog, dp, tp, zero, dtype, timeout_s) -> dict[int, dict]:
+    """Execute ``ranks`` (two processes at a time: each one is single-threaded)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as ex:
+        futs = {r: ex.submit(run_rank, model, catalog, dp, tp, zero, r, dtype, False, timeout_s) for r in ranks}
+        return {r: f.result() for r, f in futs.items()}
+
+
+def _derivation_errors(runs: dict, classes: list, rank_class: list) -> list[dict]:
+    """Executed ranks whose real local shapes differ from what PyTorch's DTensor arithmetic derived for them
+    (seen with FSDP2 over TP on uneven shards: ``_StridedShard`` arithmetic differs from FSDP2's chunks)."""
+    errs = []
+    for r, run in sorted(runs.items()):
+        derived = classes[rank_class[r]]["local_shapes"]
+        for name, p in run["params"].items():
+            if name in derived and derived[name] != p["local_shape"]:
+                errs.append({"rank": r, "tensor": name, "derived": derived[name], "executed": p["local_shape"]})
+    return errs
+
+
+def render(doc: dict) -> str:
+    from shardlab.report.table import table
+
+    lay = doc["layout"]
+    mode = "FSDP2 over dp (zero 3)" if lay["zero"] == 3 and lay["dp"] > 1 else "dp replicas (zero 0)"
+    head = (f"shard-check {doc['model']}: {doc['world_size']} ranks = dp {lay['dp']} x tp {lay['tp']}, {mode}; "
+            f"{doc['dtype']} parameters on the meta device, PyTorch fake process group")
+    rows = [[c["class"], _ranges(c["ranks"]), len(c["ranks"]), c["tensors"], f"{c['predicted_bytes']:,}",
+             f"{c['measured_bytes']:,}", f"{c['measured_bytes'] - c['predicted_bytes']:+,}",
+             ",".join(map(str, c["executed_ranks"])), "exact" if not c["mismatches"] else f"{c['mismatches']} differ"]
+            for c in doc["classes"]]
+    out = [table(["class", "ranks", "n", "tensors", "predicted B (memory model)", "measured B (PyTorch)", "diff",
+                  "executed", "result"], rows, title=head)]
+    out.append(f"memory model per-rank total (state_report params_stored x {DTYPES[doc['dtype']][1]} B): "
+               f"{doc['memory_model_bytes_per_rank']:,} B"
+               f"{'' if doc['memory_model_consistent'] else '  (differs from the per-tensor sum!)'}")
+    for m in doc["mismatches"][:20]:
+        out.append(f"  MISMATCH class {m['class']} (rank {m['rank']}) {m['tensor']}: predicted {m['predicted_shape']} "
+                   f"= {m['predicted_bytes']} B, measured {m['measured_shape']} = {m['measured_bytes']} B "
+                   f"(local {m['measured_local_shape']}, {m['placements']})")
+    if doc["derivation_errors"]:
+        e = doc["derivation_errors"][0]
+        out.append(f"note: PyTorch's DTensor shape arithmetic disagrees with FSDP2's real shards on "
+                   f"{len(doc['derivation_errors'])} tensor(s) (e.g. rank {e['rank']} {e['tensor']}: derived {e['derived']}, "
+                   f"real {e['executed']}); " + ("every rank was executed instead" if doc["escalated_to_all_ranks"] or
+                                                 not doc["unverified_ranks"] else
+                                                 f"ranks {_ranges(doc['unverified_ranks'])} are unverified: use --ranks all"))
+    n = len(doc["mismatches"])
+    verdict = (f"every rank's tensors match byte for byte ({len(doc['classes'])} shard class(es), executed ranks "
+               f"{_ranges(doc['executed_ranks'])}; {doc['seconds']:.1f} s)" if doc["exact"] else
+               f"{n} tensor(s) differ from the memory model" if n else
+               f"ranks {_ranges(doc['unverified_ranks'])} unverified")
+    out.append(f"result: {'EXACT' if doc['exact'] else 'MISMATCH'}: {verdict}")
+    return "\n".join(out)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+if __name__ == "__main__":
+    main()
