@@ -41,16 +41,16 @@ class InferenceStep:
     """decode or prefill."""
     tokens: int
     """Tokens processed by the step: b (decode) or b·s (prefill)."""
-    compute_s: float
+    compute_time_s: float
     """2 · N_active · tokens / t / (peak · compute_efficiency)."""
-    memory_s: float
+    memory_time_s: float
     """(weights read + KV cache read/written) / (HBM bandwidth · memory_efficiency)."""
-    comm_s: float
+    comm_time_s: float
     """All TP all-reduces (and EP all-to-alls) of the step."""
     step_time_s: float
-    """max(compute_s, memory_s) + comm_s."""
+    """max(compute_time_s, memory_time_s) + comm_time_s."""
     comm_fraction: float
-    """comm_s / step_time_s: the share of the step spent communicating."""
+    """comm_time_s / step_time_s: the share of the step spent communicating."""
     bound: str
     """What limits the non-communication part: compute or memory."""
     flops: float
@@ -65,8 +65,8 @@ class InferenceStep:
     """Time of one TP all-reduce."""
     comm_regime: str
     """latency or bandwidth (of one TP all-reduce); none when tp = 1."""
-    ep_comm_s: float
-    """Part of comm_s spent in EP all-to-alls (0 without expert parallelism)."""
+    ep_comm_time_s: float
+    """Part of comm_time_s spent in EP all-to-alls (0 without expert parallelism)."""
     link_id: str
     """Link the collectives run on."""
     formula: str
@@ -108,38 +108,38 @@ def _step(phase: str, spec: ModelSpec, tp: int, batch: int, seq: int, context_le
     eff = compute_efficiency if compute_efficiency is not None else compute_efficiency_for(acc, spec.hidden_size, tp)
     active = param_counts(spec).active
     flops = 2.0 * active * tokens / tp
-    compute_s = flops / (acc.peak_flops(dtype) * eff)
+    compute_time_s = flops / (acc.peak_flops(dtype) * eff)
     kv_tok = kv_cache_bytes_per_token(spec, tp, 1, elem_bytes)[0]
     # decode reads every cached token of every sequence; prefill writes the new tokens' K/V once
     kv_bytes = batch * cached_tokens(spec, context_len) * kv_tok if phase == "decode" else tokens * kv_tok
     w_bytes = _weight_read_bytes(spec, tp, ep, tokens, elem_bytes)
     moved = w_bytes + kv_bytes
-    memory_s = moved / (acc.memory_bandwidth_bytes_per_s * memory_efficiency)
+    memory_time_s = moved / (acc.memory_bandwidth_bytes_per_s * memory_efficiency)
     L, h = spec.num_layers, spec.hidden_size
     msg = tokens * h * elem_bytes                        # (b, s, h) activation, bytes
     ar = collective_time("all-reduce", msg, tp, link, nodes=nodes, intra_link=intra_link)
     calls = 2 * L if tp > 1 else 0
-    comm_s = calls * ar.time_s
-    ep_s = 0.0
+    comm_time_s = calls * ar.time_s
+    ep_time_s = 0.0
     if ep > 1 and spec.moe is not None:
         a2a = collective_time("all-to-all", tokens * spec.moe.top_k * h * elem_bytes, ep, link)
-        ep_s = 2 * spec.num_moe_layers * a2a.time_s
-    comm_s += ep_s
-    base = max(compute_s, memory_s)
-    step = base + comm_s
-    bound = "compute" if compute_s >= memory_s else "memory"
+        ep_time_s = 2 * spec.num_moe_layers * a2a.time_s
+    comm_time_s += ep_time_s
+    base = max(compute_time_s, memory_time_s)
+    step = base + comm_time_s
+    bound = "compute" if compute_time_s >= memory_time_s else "memory"
     formula = "\n".join([
         f"compute = 2 × {active:.4g} active params × {tokens} tokens / tp {tp} / ({acc.peak_flops(dtype) / 1e12:g} TFLOP/s × {eff:.2f})"
-        f" = {fmt_time(compute_s)}",
+        f" = {fmt_time(compute_time_s)}",
         f"memory  = ({fmt_bytes(w_bytes)} weights + {fmt_bytes(kv_bytes)} KV cache) / ({acc.memory_bandwidth_gbps:g} GB/s × {memory_efficiency:.2f})"
-        f" = {fmt_time(memory_s)}",
+        f" = {fmt_time(memory_time_s)}",
         f"comm    = 2 × {L} layers × all-reduce({fmt_bytes(msg)} = {tokens}·{h}·{elem_bytes} B, n={tp}, {link.id}) = {calls} × {fmt_time(ar.time_s)}"
-        + (f" + EP all-to-alls {fmt_time(ep_s)}" if ep_s else "") + f" = {fmt_time(comm_s)}",
-        f"step    = max(compute, memory) + comm = {fmt_time(base)} + {fmt_time(comm_s)} = {fmt_time(step)}; "
-        f"communication is {100 * comm_s / step:.1f}% of the step",
+        + (f" + EP all-to-alls {fmt_time(ep_time_s)}" if ep_time_s else "") + f" = {fmt_time(comm_time_s)}",
+        f"step    = max(compute, memory) + comm = {fmt_time(base)} + {fmt_time(comm_time_s)} = {fmt_time(step)}; "
+        f"communication is {100 * comm_time_s / step:.1f}% of the step",
     ])
-    return InferenceStep(phase, tokens, compute_s, memory_s, comm_s, step, comm_s / step if step > 0 else 0.0, bound,
-                         flops, moved, calls, msg, ar.time_s, ar.regime if tp > 1 else "none", ep_s, link.id, formula)
+    return InferenceStep(phase, tokens, compute_time_s, memory_time_s, comm_time_s, step, comm_time_s / step if step > 0 else 0.0, bound,
+                         flops, moved, calls, msg, ar.time_s, ar.regime if tp > 1 else "none", ep_time_s, link.id, formula)
 
 
 def decode_step(spec: ModelSpec, *, tp: int, batch: int, context_len: int, accelerator: Accelerator, link: Link,

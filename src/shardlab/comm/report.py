@@ -87,8 +87,8 @@ def render_inference(doc: dict) -> str:
             f"batch {doc['batch']}, prompt {doc['prompt_len']} tokens, decode at context {doc['context_len']}")
 
     def col(x):
-        return [fmt_time(x["compute_s"]), fmt_time(x["memory_s"]), f"{x['comm_calls']} × {fmt_bytes(x['comm_bytes_per_call'])}",
-                fmt_time(x["comm_call_s"]), fmt_time(x["comm_s"]), fmt_time(x["step_time_s"]),
+        return [fmt_time(x["compute_time_s"]), fmt_time(x["memory_time_s"]), f"{x['comm_calls']} × {fmt_bytes(x['comm_bytes_per_call'])}",
+                fmt_time(x["comm_call_s"]), fmt_time(x["comm_time_s"]), fmt_time(x["step_time_s"]),
                 f"{100 * x['comm_fraction']:.1f}%", x["comm_regime"], x["bound"]]
     names = ["compute", "memory (HBM)", "all-reduces", "one all-reduce", "communication", "step",
              "communication share", "all-reduce regime", "compute/memory bound"]

@@ -1,0 +1,124 @@
+"""The communication inventory of a layout: counts and sizes derived by hand from formulas.md."""
+
+import pytest
+
+from shardlab.catalog import get_catalog
+from shardlab.comm.collectives import bus_factor, collective_time
+from shardlab.comm.inventory import DDP_BUCKET_BYTES, layout_collectives, summarize
+from shardlab.layout import Layout
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.tensors import param_counts
+
+CAT = get_catalog()
+L7 = CAT.model("llama-2-7b")       # L = 32, h = 4096, untied, 6.74B params
+MIX = CAT.model("mixtral-8x7b")    # 32 MoE layers, top-2 of 8
+
+
+def cluster(n, gpn=8):
+    return Cluster(CAT.accelerator("h100-sxm"), n, gpn, CAT.link("nvlink4"), CAT.link("ib-ndr"))
+
+
+def items(spec, lay, n=None, gpn=8, seq=4096, m=1):
+    return layout_collectives(spec, lay, cluster(n or lay.world_size, gpn), seq_len=seq, microbatches=m)
+
+
+def find(its, axis, op, phase):
+    got = [i for i in its if i.axis == axis and i.op == op and i.phase == phase]
+    assert got, f"no {axis} {op} {phase}"
+    return got[0]
+
+
+def test_megatron_tp_two_all_reduces_per_layer_each_way():
+    its = items(L7, Layout(tp=8), m=4)
+    fwd, bwd = (find(its, "TP", "all-reduce", ph) for ph in ("forward", "backward"))
+    assert fwd.calls_per_step == 2 * 32 * 4 and bwd.calls_per_step == 2 * 32 * 4
+    assert fwd.bytes_per_call == 1 * 4096 * 4096 * 2              # b·s·h elements, bf16
+    assert fwd.link_id == "nvlink4" and fwd.nodes_spanned == 1 and fwd.overlap == "critical"
+    assert fwd.time_per_call_s == pytest.approx(collective_time("all-reduce", 4096 * 4096 * 2, 8, CAT.link("nvlink4")).time_s)
+    assert fwd.time_per_step_s == pytest.approx(fwd.time_per_call_s * fwd.calls_per_step)
+
+
+def test_full_recomputation_repeats_the_forward_all_reduces_in_backward():
+    its = items(L7, Layout(tp=4, recompute="full"), m=2)
+    assert find(its, "TP", "all-reduce", "backward").calls_per_step == 4 * 32 * 2
+
+
+def test_sequence_parallel_pairs_have_the_all_reduce_volume():
+    its = items(L7, Layout(tp=8, sequence_parallel=True))
+    ag, rs = find(its, "SP", "all-gather", "forward"), find(its, "SP", "reduce-scatter", "forward")
+    assert ag.calls_per_step == rs.calls_per_step == 2 * 32
+    assert ag.bytes_per_call == rs.bytes_per_call == 4096 * 4096 * 2
+    # volume per rank: (n-1)/n·S each, together 2(n-1)/n·S = one all-reduce of S
+    assert (bus_factor("all-gather", 8) + bus_factor("reduce-scatter", 8)) == pytest.approx(bus_factor("all-reduce", 8))
+    assert not [i for i in its if i.axis == "TP" and i.op == "all-reduce" and "g:" in i.note]
+
+
+def test_tp_across_nodes_is_flagged():
+    its = items(L7, Layout(tp=16), n=16, gpn=8)
+    fwd = find(its, "TP", "all-reduce", "forward")
+    assert fwd.link_id == "ib-ndr" and fwd.nodes_spanned == 2 and "crosses nodes" in fwd.risk
+
+
+def test_pipeline_send_recv_per_micro_batch_per_boundary():
+    its = items(L7, Layout(pp=2, dp=8), m=8)                   # pp stride 8 = a node: stages on two nodes
+    f, b = find(its, "PP", "send-recv", "forward"), find(its, "PP", "send-recv", "backward")
+    assert f.calls_per_step == b.calls_per_step == 8
+    assert f.bytes_per_call == 4096 * 4096 * 2 and f.link_id == "ib-ndr"
+    its = items(L7, Layout(pp=4, vpp=2, schedule="interleaved", tp=2), m=8)
+    f = find(its, "PP", "send-recv", "forward")
+    assert f.calls_per_step == 8 * 2 and f.link_id == "nvlink4" and f.overlap == "overlappable"
+    sp = find(items(L7, Layout(pp=2, tp=4, sequence_parallel=True), m=4), "PP", "send-recv", "forward")
+    assert sp.bytes_per_call == 4096 * 4096 * 2 // 4          # Megatron sends the sequence-scattered tensor
+
+
+def test_ddp_all_reduces_every_gradient_in_buckets():
+    its = items(L7, Layout(dp=8))
+    dp = find(its, "DP", "all-reduce", "backward")
+    grads = param_counts(L7).total * 2                         # bf16 gradients, 2Ψ bytes
+    assert dp.bytes_per_call * dp.calls_per_step == pytest.approx(grads, rel=1e-7)  # buckets rounded to whole bytes
+    assert dp.bytes_per_call <= DDP_BUCKET_BYTES and dp.overlap == "overlappable" and dp.group_size == 8
+
+
+def _volume(its):
+    """Bytes through each rank's link per step: Σ bus factor × S × calls (nccl-tests busbw convention)."""
+    return sum(bus_factor(i.op, i.group_size) * i.bytes_per_call * i.calls_per_step for i in its
+               if i.axis in ("DP", "ZeRO", "FSDP"))
+
+
+def test_zero_traffic_ratios_match_the_paper():
+    # ZeRO §7: stages 1-2 move 2Ψ like DDP; stage 3 moves 3Ψ (1.5×)
+    ddp = _volume(items(L7, Layout(dp=8)))
+    assert _volume(items(L7, Layout(dp=8, zero=1))) == pytest.approx(ddp, rel=1e-7)
+    assert _volume(items(L7, Layout(dp=8, zero=2))) == pytest.approx(ddp, rel=1e-7)
+    assert _volume(items(L7, Layout(dp=8, zero=3))) == pytest.approx(1.5 * ddp, rel=1e-7)
+    z3 = items(L7, Layout(dp=8, zero=3), m=4)
+    assert find(z3, "FSDP", "all-gather", "forward").calls_per_step == (32 + 1) * 4
+
+
+def test_context_parallel_ring_passes_kv_blocks():
+    its = items(L7, Layout(cp=4, dp=2), m=2)
+    f = find(its, "CP", "send-recv", "forward")
+    assert f.calls_per_step == 32 * 2 * 3                      # layers × m × (cp - 1) ring steps
+    assert f.bytes_per_call == 2 * (4096 // 4) * 32 * 128 * 2  # K and V of s/cp tokens, 32 KV heads × 128
+    assert find(its, "CP", "send-recv", "backward").bytes_per_call == 2 * f.bytes_per_call
+    assert f.overlap == "overlappable"
+    # ZeRO/DDP reduce over dp × cp (CP ranks hold the same weights)
+    assert find(its, "DP", "all-reduce", "backward").group_size == 8
+
+
+def test_expert_parallel_all_to_alls():
+    its = items(MIX, Layout(dp=8, ep=8), m=2)
+    f = find(its, "EP", "all-to-all", "forward")
+    assert f.calls_per_step == 2 * 32 * 2 and f.group_size == 8
+    assert f.bytes_per_call == 4096 * 2 * 4096 * 2              # b·s tokens × top-2 copies × h × bf16
+    dps = [i for i in its if i.axis == "DP"]
+    assert [i.group_size for i in dps] == [8]                  # experts: dp/ep = 1 replica each, nothing to reduce
+    its = items(MIX, Layout(dp=8, ep=4))
+    assert [i.group_size for i in its if i.axis == "DP"] == [8, 2]  # dense over dp, experts over dp/ep
+
+
+def test_summary_adds_up():
+    its = items(L7, Layout(tp=8, pp=2, dp=4), m=8)
+    s = summarize(its)
+    assert s["total_s"] == pytest.approx(s["critical_s"] + s["overlappable_s"])
+    assert s["total_s"] == pytest.approx(sum(s["by_axis_s"].values()))
