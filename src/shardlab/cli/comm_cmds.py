@@ -275,7 +275,7 @@ def register_pipeline(sub) -> None:
 def cmd_pipeline(args):
     from shardlab.errors import ShardlabError
     from shardlab.pipeline import min_microbatches, simulate
-    from shardlab.pipeline.render import pipeline_doc, render_pipeline
+    from shardlab.pipeline.render import pipeline_doc, render_pipeline, save_timeline
 
     p = args.stages
     v = args.vpp if args.vpp is not None else (2 if args.schedule == "interleaved" else 1)
@@ -293,19 +293,6 @@ def cmd_pipeline(args):
         slow = {args.slow_stage: args.slowdown}
     res = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, stage_slowdown=slow, **times)
     base = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, **times) if slow else None
-    plot = None
-    if args.plot:
-        from shardlab.report.plots import pipeline_timeline
-
-        sub = (f"F = {args.forward_s:g} s, B = {args.backward_s:g} s" + (f", W = {args.weight_grad_s:g} s" if args.weight_grad_s is not None else "")
-               + (f", p2p = {args.p2p_s:g} s" if args.p2p_s else "")
-               + (f"; stage {args.slow_stage} {args.slowdown:g}× slower" if slow else "") + "  (shardlab pipeline)")
-        from shardlab.pipeline import bubble_fraction_closed_form
-
-        cf = bubble_fraction_closed_form(args.schedule, p, m, v, **times)
-        title = (f"{args.schedule}: {p} stages, {m} micro-batches" + (f", v = {v}" if v > 1 else "")
-                 + f" — bubble {100 * res.bubble_fraction:.1f}% of the step (closed form, uniform stages: {100 * cf:.1f}%)")
-        notes = {args.slow_stage: f"{args.slowdown:g}× slower"} if slow else None
-        plot = str(pipeline_timeline(res, args.plot, title=title, subtitle=sub, stage_notes=notes))
+    plot = save_timeline(res, args.plot, times, args.p2p_s, args.slow_stage if slow else None, args.slowdown) if args.plot else None
     doc = pipeline_doc(res, times, base=base, max_bubble=args.max_bubble, plot=plot)
     return doc, render_pipeline(res, doc)

@@ -124,3 +124,21 @@ def render_pipeline(res: PipelineResult, doc: dict) -> str:
     for n in doc["notes"]:
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+def save_timeline(res: PipelineResult, path: str, times: dict, p2p_s: float = 0.0, slow_stage: int | None = None,
+                  slowdown: float = 1.0) -> str:
+    """Save the Gantt picture of ``res`` titled with the simulated and the closed-form bubble; returns the path."""
+    from shardlab.pipeline.closed_form import bubble_fraction_closed_form
+    from shardlab.report.plots import pipeline_timeline
+
+    p, m, v = res.stages, res.microbatches, res.vpp
+    w = times.get("weight_grad_s")
+    sub = (f"per stage: F = {times['forward_s']:g} s, B = {times['backward_s']:g} s" + (f", W = {w:g} s" if w is not None else "")
+           + (f", p2p = {p2p_s:g} s" if p2p_s else "") + (f"; stage {slow_stage} {slowdown:g}× slower" if slow_stage is not None else "")
+           + "  (shardlab pipeline)")
+    cf = bubble_fraction_closed_form(res.schedule, p, m, v, **times)
+    title = (f"{res.schedule}: {p} stages, {m} micro-batches" + (f", v = {v}" if v > 1 else "")
+             + f" — bubble {100 * res.bubble_fraction:.1f}% of the step (closed form, uniform stages: {100 * cf:.1f}%)")
+    notes = {slow_stage: f"{slowdown:g}× slower"} if slow_stage is not None else None
+    return str(pipeline_timeline(res, path, title=title, subtitle=sub, stage_notes=notes))
