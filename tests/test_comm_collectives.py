@@ -137,3 +137,14 @@ def test_formula_shows_the_numbers():
     c = collective_time("all-reduce", 8192, 2, ETH, "ring")
     assert "2 × 30.0 µs" in c.formula and "1.125 GB/s" in c.formula
     assert math.isclose(c.time_s, 2 * 30e-6 + 8192 / 1.125e9, rel_tol=1e-12)
+
+
+def test_zero_or_one_rank_arrays_raise_no_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = alpha_beta_time("all-reduce", np.full(3, 1e6), np.array([0, 1, 8]), 1e-6, 1e9)
+        f = bus_factor("reduce-scatter", np.array([0, 1, 4]))
+    assert t[0] == t[1] == 0 and t[2] == pytest.approx(14e-6 + 1.75e-3)
+    assert list(f) == [0.0, 0.0, 0.75]

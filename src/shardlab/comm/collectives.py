@@ -43,7 +43,7 @@ def bus_factor(op: str, n):
     Broadcasts over numpy arrays of ``n``.
     """
     check_op(op)
-    n = np.asarray(n, dtype=float)
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
     if op == "all-reduce":
         f = 2.0 * (n - 1.0) / n
     elif op in ("reduce-scatter", "all-gather", "all-to-all"):
@@ -72,9 +72,10 @@ def ab_terms(op: str, n, algorithm: str = "ring"):
     check_op(op)
     if algorithm not in ALGORITHMS:
         raise ShardlabError(f"unknown algorithm '{algorithm}'; use ring, tree or auto")
-    n = np.asarray(n, dtype=float)
+    raw = np.asarray(n, dtype=float)
+    n = np.maximum(raw, 1.0)                       # n ≤ 1 costs nothing (masked below); avoids 1/0
     one = np.ones_like(n)
-    lg = np.ceil(np.log2(np.maximum(n, 1.0)))
+    lg = np.ceil(np.log2(n))
     if algorithm == "ring":
         steps, coeff = {
             "all-reduce": (2 * (n - 1), 2 * (n - 1) / n),
@@ -93,7 +94,7 @@ def ab_terms(op: str, n, algorithm: str = "ring"):
             "broadcast": (lg, one),
             "send-recv": (one, one),
         }[op]
-    alone = n <= 1
+    alone = raw <= 1
     return np.where(alone, 0.0, steps), np.where(alone, 0.0, coeff)
 
 

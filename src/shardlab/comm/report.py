@@ -17,6 +17,8 @@ def render_cost(cost, link, intra=None) -> str:
                        f"{link.bytes_per_s / 1e9:.4g} GB/s = {link.bandwidth_gbps:g} GB/s × {link.efficiency:g})"),
              ("regime", cost.regime),
              ("crossover", f"{fmt_bytes(cost.crossover_bytes)}  (size where latency and bandwidth terms are equal)")]
+    if cost.nodes > 1 and intra is not None:
+        pairs.append(("note", f"hierarchical: most bytes stay on {intra.id}, so busbw can exceed the inter-node β"))
     if cost.regime == "latency":
         why = (f"latency-bound: {fmt_time(cost.latency_s)} of α terms vs {fmt_time(cost.bandwidth_s)} moving bytes; "
                "a faster link barely helps, fewer and larger messages (bucketing, fusion) or fewer steps (tree) do")
