@@ -96,7 +96,8 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
 
 def add_cluster_args(p: argparse.ArgumentParser, gpu_default: str = "h100-sxm") -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--gpu", default=gpu_default, help=f"accelerator id (see `shardlab gpus`; default {gpu_default})")
+    p.set_defaults(gpu_default=gpu_default)
+    g.add_argument("--gpu", default=None, help=f"accelerator id (see `shardlab gpus`; default {gpu_default}, or a profile's)")
     g.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: the GPU's usual server)")
     g.add_argument("--intra-link", default=None, help="link inside a node (default: the GPU's usual server)")
     g.add_argument("--inter-link", default=None, help="link between nodes (default: the GPU's usual server)")
@@ -137,14 +138,20 @@ def layout_from_args(args, num_gpus: int | None = None):
                   schedule=args.schedule, stage_layers=args.stage_layers)
 
 
+def resolve_gpu(args, catalog) -> str:
+    """--gpu, else the hardware profile's gpu, else the command's default."""
+    return args.gpu or (catalog.profile or {}).get("gpu") or getattr(args, "gpu_default", None) or "h100-sxm"
+
+
 def cluster_from_args(args, catalog, num_gpus: int):
     """Cluster from --gpu/--gpus-per-node/--intra-link/--inter-link with the GPU's usual server as default."""
     from shardlab.specs.hardware import Cluster
 
-    acc = catalog.accelerator(args.gpu)
-    gpn = args.gpus_per_node or acc.system["gpus_per_node"]
-    intra = catalog.link(args.intra_link or acc.system["intra_link"])
-    inter = catalog.link(args.inter_link or acc.system["inter_link"])
+    prof = catalog.profile or {}
+    acc = catalog.accelerator(resolve_gpu(args, catalog))
+    gpn = args.gpus_per_node or prof.get("gpus_per_node") or acc.system["gpus_per_node"]
+    intra = catalog.link(args.intra_link or prof.get("intra_link") or acc.system["intra_link"])
+    inter = catalog.link(args.inter_link or prof.get("inter_link") or acc.system["inter_link"])
     return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
                    intra_link=intra, inter_link=inter)
 

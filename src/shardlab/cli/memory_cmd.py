@@ -40,7 +40,9 @@ def cmd_memory(args):
     cat = get_catalog(args.catalog)
     spec, params = resolve_model(args, cat)
     layout = layout_from_args(args)
-    acc = cat.accelerator(args.gpu)
+    from shardlab.cli.common import resolve_gpu
+
+    acc = cat.accelerator(resolve_gpu(args, cat))
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=args.microbatches,

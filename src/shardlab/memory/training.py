@@ -194,11 +194,11 @@ def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, no
 
 
 def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationContext, n_in_flight, *,
-                           holds_embedding: bool, holds_head: bool):
+                           holds_embedding: bool, holds_head: bool, per_kind: dict | None = None):
     """Activation bytes a rank of a stage holds at its peak. Array-safe in the layout's degrees.
 
-    ``layers``: the block indices on the stage (blocks of the same kind save the same bytes, so the
-    planner passes one representative index per kind via ``layer_kinds``).
+    ``layers``: the block indices on the stage. Blocks of the same kind (dense or MoE) save the same
+    bytes; ``per_kind`` may pass {is_moe: layer_activation_bytes(...)} computed once for many stages.
     """
     e = ctx.elem_bytes
     tsh = _tsh(layout)
@@ -208,7 +208,7 @@ def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationConte
     saved = 0.0
     working = 0.0
     for layer, count in layer_kinds(spec, layers).items():
-        tot, sc = layer_activation_bytes(spec, layer, layout, ctx)
+        tot, sc = per_kind[spec.is_moe_layer(layer)] if per_kind else layer_activation_bytes(spec, layer, layout, ctx)
         kept = np.where(code == 2, full_in, np.where(code == 1, tot - sc, tot))
         saved = saved + count * kept
         working = np.maximum(working, np.where(code == 2, tot, 0.0))  # one block re-materialised (full)

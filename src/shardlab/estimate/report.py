@@ -1,0 +1,85 @@
+"""Human output of an estimate: each component of the step with where its number comes from."""
+
+from __future__ import annotations
+
+from shardlab.estimate.hardware import MEMORY_EFFICIENCY, matmul_curve
+from shardlab.estimate.training import TrainingEstimate
+from shardlab.flops import training_flops_per_token
+from shardlab.memory.precision import state_bytes
+from shardlab.report.table import table
+from shardlab.units import fmt_count, fmt_time
+
+
+def component_rows(est: TrainingEstimate) -> list[list[str]]:
+    """[component, seconds, share, explanation] for every non-zero part of the step."""
+    b, lay, wl, cl = est.breakdown, est.layout, est.workload, est.cluster
+    acc = cl.accelerator
+    sb = state_bytes(wl.precision, wl.optimizer)
+    peak = acc.peak_flops(sb.compute_dtype)
+    curve, default = matmul_curve(acc)
+    tokens = wl.global_batch * wl.seq_len
+    model_tok = training_flops_per_token(est.model, wl.seq_len, "none")[0]
+    stage_flops = model_tok * tokens / (lay.dp * lay.tp * lay.pp * lay.cp)  # average per GPU
+    achieved = stage_flops / (b["compute_s"] * peak) if b["compute_s"] else 0.0
+    m = est.microbatches
+    text = {
+        "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}), {m} micro-batches: "
+                      f"≈{fmt_count(stage_flops)}FLOP per GPU at {100 * achieved:.0f}% of {peak / 1e12:g} TFLOP/s "
+                      f"[GEMMs: {curve.max_fraction:g}·d/(d+{curve.half_size:g}) of peak{' (default curve, estimate)' if default else ''}; "
+                      f"norms/activations at {MEMORY_EFFICIENCY:.0%} of {acc.memory_bandwidth_gbps:g} GB/s]"),
+        "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
+        "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "
+                      f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
+                      f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"),
+        "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",
+        "ep_comm_s": f"dispatch + combine all-to-alls over {lay.ep} ranks per MoE block",
+        "pp_p2p_s": f"blocking send of activations / gradients between stages per micro-batch ({cl.inter_link.id})",
+        "zero3_comm_s": "ZeRO-3 weight gathers and gradient reduce-scatters not hidden by prefetching",
+        "pp_bubble_s": (f"{lay.schedule}: (p−1){'/v' if lay.schedule == 'interleaved' else ''} slowest-stage times, "
+                        f"p={lay.pp}, m={m}{f', v={lay.vpp}' if lay.vpp > 1 else ''}; "
+                        f"{100 * b['pp_bubble_s'] / est.step_time_s:.1f}% of the step"),
+        "dp_comm_s": (f"exposed part of {fmt_time(est.dp_comm_total_s)} of gradient reduction (ZeRO-{lay.zero}) over "
+                      f"dp·cp = {lay.dp * lay.cp} ranks; overlap with the last backward "
+                      f"{'on' if wl.dp_overlap else 'off'}"),
+        "optimizer_s": f"{wl.optimizer} step streams gradients, master weights and moments through HBM",
+    }
+    names = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
+             "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
+             "zero3_comm_s": "ZeRO-3 communication", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
+             "optimizer_s": "optimizer step"}
+    return [[names[k], f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%", text[k]] for k, v in b.items() if v > 1e-9]
+
+
+def render_estimate(est: TrainingEstimate) -> str:
+    lay, wl, cl = est.layout, est.workload, est.cluster
+    mem = est.memory
+    w = mem.worst
+    lines = [
+        f"shardlab estimate: {est.model.name} on {est.gpus} × {cl.accelerator.id} "
+        f"({cl.num_nodes} node{'s' if cl.num_nodes > 1 else ''} × {min(cl.gpus_per_node, est.gpus)}, {cl.intra_link.id} + {cl.inter_link.id})",
+        f"layout: dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
+        + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, {est.microbatches} micro-batches"
+        + (f", {lay.schedule}" + (f" v={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
+        + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
+        f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences ({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
+        f"{wl.precision}, {wl.optimizer}",
+        "",
+        f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
+        table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="rrrl"),
+        "",
+        f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.1f} model TFLOP/s per GPU "
+        f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.1f} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
+        "  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan 2021 Eq. 3)",
+        f"memory: {w.total / 2**30:.2f} GiB on the worst rank (rank {w.rank}: {mem.worst_reason()}) of "
+        f"{mem.capacity_bytes / 2**30:.2f} GiB: {'fits' if est.fits else 'DOES NOT FIT'} "
+        f"(`shardlab memory` with the same flags shows the breakdown)",
+    ]
+    if est.tokens is not None:
+        six = est.six_psi_d_time_s()
+        lines += [f"time to train {fmt_count(est.tokens)} tokens: {est.steps:,.0f} steps × {est.step_time_s:.2f} s = "
+                  f"{est.train_time_s / 86400:.2f} days, {est.gpu_hours:,.0f} GPU-hours",
+                  f"  cross-check C ≈ 6ΨD (Kaplan 2020): {six / 86400:.2f} days at the same achieved model FLOP/s "
+                  f"({100 * (est.train_time_s / six - 1):+.1f}%: attention and logits FLOPs are not in 6Ψ)"]
+    lines += ["", "estimates: step time from a roofline-style model fitted on published runs (docs/validation.md)"]
+    lines += [f"note: {n}" for n in est.notes]
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Search: enumerate, score (vectorized), reject what does not fit, rank by the objective, re-check the
+best plans with the exact per-tensor memory model."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardlab.errors import ShardlabError
+from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate
+from shardlab.layout import Layout
+from shardlab.memory import Overheads, training_memory
+from shardlab.planner.space import enumerate_space
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.model import ModelSpec
+
+OBJECTIVES = ("throughput", "cost", "memory")
+SCHED_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
+RC_NAMES = ("none", "selective", "full")
+NOT_FIT = "does not fit in GPU memory"
+NOT_FIT_EXACT = "does not fit in GPU memory (exact per-tensor check of a top plan)"
+
+
+@dataclass
+class PlanResult:
+    """The answer of ``shardlab plan``."""
+
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    objective: str
+    evaluated: int
+    """Configurations scored."""
+    total: int
+    """Combinations generated (scored + rejected before scoring)."""
+    rejected: Counter
+    """Counts by reason."""
+    search_s: float
+    """Wall time of the search."""
+    plans: list[dict]
+    """Ranked plans (layout + estimate fields)."""
+    scores: dict = field(default_factory=dict, repr=False)
+    """Raw arrays of every scored candidate (for the worksheet's comparisons)."""
+    cands: dict = field(default_factory=dict, repr=False)
+
+
+def layout_of(c: dict, i: int) -> Layout:
+    """The Layout of candidate ``i``."""
+    pp = int(c["pp"][i])
+    return Layout(dp=int(c["dp"][i]), tp=int(c["tp"][i]), pp=pp, cp=int(c["cp"][i]), ep=int(c["ep"][i]),
+                  zero=int(c["zero"][i]), vpp=int(c["vpp"][i]), micro_batch=int(c["mb"][i]),
+                  recompute=RC_NAMES[int(c["rc"][i])], sequence_parallel=bool(c["sp"][i]),
+                  schedule=SCHED_NAMES[int(c["sched"][i])] if pp > 1 else "1f1b")
+
+
+def _concat(parts: list[dict]) -> dict:
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
+                  fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3) -> PlanResult:
+    """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs)."""
+    if objective not in OBJECTIVES:
+        raise ShardlabError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
+    t0 = time.perf_counter()
+    worlds = [cluster.num_gpus]
+    if objective == "cost":  # the cheapest way to train with up to N GPUs: whole nodes, or divisors of one node
+        gpn = cluster.gpus_per_node
+        worlds = [w for w in range(1, cluster.num_gpus + 1) if cluster.num_gpus % w == 0 and (w % gpn == 0 or gpn % w == 0)]
+    cand_parts, score_parts, rejected, total = [], [], Counter(), 0
+    for w in worlds:
+        c, rej, n = enumerate_space(spec, w, cluster.gpus_per_node, wl.seq_len, wl.global_batch, fixed)
+        rejected.update(rej)
+        total += n
+        if len(c["dp"]):
+            cl = Cluster(cluster.accelerator, w, cluster.gpus_per_node, cluster.intra_link, cluster.inter_link)
+            cand_parts.append(c)
+            score_parts.append(evaluate(spec, cl, wl, c, overheads))
+    if not cand_parts:
+        raise ShardlabError(f"no valid layout: every one of {total} combinations was rejected "
+                            f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); change --gpus, --global-batch or --seq-len")
+    c, r = _concat(cand_parts), _concat(score_parts)
+    evaluated = len(c["dp"])
+    fits = r["fits"].copy()
+    if (~fits).any():
+        rejected[NOT_FIT] += int((~fits).sum())
+    world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
+    key = {"throughput": r["step_time_s"], "memory": r["memory_bytes"] + r["step_time_s"] * 1e-6,
+           "cost": world * r["step_time_s"]}[objective]
+    # ties (e.g. dp·mb traded for cp·mb) go to the simpler layout, then to the one needing less memory
+    complexity = ((c["tp"] > 1) * 1 + (c["pp"] > 1) + (c["cp"] > 1) + (c["ep"] > 1) + (c["zero"] > 0) + (c["rc"] > 0)
+                  + (c["vpp"] > 1) + (c["zero"] == 3))
+    key = np.where(fits, key * (1 + 1e-7 * complexity + 1e-12 * r["memory_bytes"] / 2**30), np.inf)
+    order = np.argsort(key, kind="stable")
+    plans: list[dict] = []
+    checked = 0
+    for i in order:
+        if not np.isfinite(key[i]) or len(plans) >= top:
+            break
+        plan = _plan_dict(spec, cluster, wl, c, r, int(i), overheads, exact=checked < exact_check)
+        checked += 1
+        if plan.get("fits") is False:
+            rejected[NOT_FIT_EXACT] += 1
+            fits[i] = False
+            continue
+        plans.append(plan)
+    return PlanResult(spec, cluster, wl, objective, evaluated, total, rejected, time.perf_counter() - t0, plans,
+                      scores={**r, "fits": fits, "key": key}, cands=c)
+
+
+def _plan_dict(spec, cluster, wl, c, r, i, overheads, exact: bool) -> dict:
+    lay = layout_of(c, i)
+    m = wl.global_batch // (lay.micro_batch * lay.dp)
+    d = {"index": i, "gpus": lay.world_size, "layout": {**lay.to_dict(), "microbatches": m},
+         **{k: float(r[k][i]) for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+                                          "mfu", "hfu")},
+         "breakdown": {k: float(r[k][i]) for k in ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
+                                                     "pp_p2p_s", "zero3_comm_s", "pp_bubble_s", "dp_comm_s", "optimizer_s")},
+         "memory_bytes_approx": int(r["memory_bytes"][i])}
+    if exact:
+        mem = training_memory(lay, model=spec, accelerator=cluster.accelerator, seq_len=wl.seq_len, precision=wl.precision,
+                              optimizer=wl.optimizer, microbatches=m, overheads=overheads,
+                              flash_attention=wl.flash_attention, dropout=wl.dropout)
+        d["memory_bytes"] = mem.worst.total
+        d["memory_worst_rank"] = {"rank": mem.worst.rank, "reason": mem.worst_reason()}
+        d["fits"] = bool(mem.fits)
+    else:
+        d["memory_bytes"] = d["memory_bytes_approx"]
+        d["fits"] = True
+    return d
