@@ -78,7 +78,13 @@ def axis_reasons(res: PlanResult) -> list[dict]:
         if alt_fit.any():
             j = int(np.argmin(np.where(alt_fit, r["step_time_s"], np.inf)))
             d = (r["step_time_s"][j] - step_w) / step_w
-            if abs(d) < 5e-4:
+            if d < 0:
+                from shardlab.planner.report import _layout_str
+
+                alt = {**layout_of(c, j).to_dict()}
+                reason = (f"the best with {name} = {_value(c, key, j)} ({_layout_str(alt)}) is {100 * -d:.2f}% faster but "
+                          f"more complex; the ranking asks 0.3% per extra axis (planner.search.SIMPLICITY)")
+            elif abs(d) < 5e-4:
                 reason = (f"{name} = {_value(c, key, j)} ties on step time; kept the simpler layout "
                           f"({(r['memory_bytes'][j] - r['memory_bytes'][w]) / 2**30:+.1f} GiB for the alternative)")
             else:
@@ -103,6 +109,9 @@ def runner_up(res: PlanResult) -> dict | None:
         why = f"needs {(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.2f} GiB per GPU"
     elif res.objective == "cost":
         why = f"costs {100 * (b['gpus'] * b['step_time_s'] / (a['gpus'] * a['step_time_s']) - 1):+.1f}% more GPU-time per token"
+    elif d < 0:
+        why = (f"{100 * -d:.2f}% faster, but it adds parallel axes and the ranking asks 0.3% per extra axis "
+               f"(planner.search.SIMPLICITY)")
     elif abs(d) < 1e-4:
         why = (f"ties on step time; ranked second because it is the more complex layout or needs more memory "
                f"({(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.1f} GiB per GPU)")

@@ -18,6 +18,10 @@ from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 
 OBJECTIVES = ("throughput", "cost", "memory")
+SIMPLICITY = 0.003
+"""Ranking prefers simpler layouts: each extra parallel axis or memory trick (tp, pp, cp, ep > 1, ZeRO > 0, ZeRO-3,
+recomputation, interleaving) must buy 0.3% of step time. Differences that small are far inside the model's
+error (docs/validation.md), while every extra axis is a real engineering cost."""
 SCHED_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
 RC_NAMES = ("none", "selective", "full")
 NOT_FIT = "does not fit in GPU memory"
@@ -90,10 +94,10 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
     key = {"throughput": r["step_time_s"], "memory": r["memory_bytes"] + r["step_time_s"] * 1e-6,
            "cost": world * r["step_time_s"]}[objective]
-    # ties (e.g. dp·mb traded for cp·mb) go to the simpler layout, then to the one needing less memory
+    # near-ties (e.g. dp·mb traded for cp·mb) go to the simpler layout, then to the one needing less memory
     complexity = ((c["tp"] > 1) * 1 + (c["pp"] > 1) + (c["cp"] > 1) + (c["ep"] > 1) + (c["zero"] > 0) + (c["rc"] > 0)
                   + (c["vpp"] > 1) + (c["zero"] == 3))
-    key = np.where(fits, key * (1 + 1e-7 * complexity + 1e-12 * r["memory_bytes"] / 2**30), np.inf)
+    key = np.where(fits, key * (1 + SIMPLICITY * complexity + 1e-12 * r["memory_bytes"] / 2**30), np.inf)
     order = np.argsort(key, kind="stable")
     plans: list[dict] = []
     checked = 0

@@ -1,0 +1,169 @@
+"""Step-time model: each component against hand-computed cases, conventions, invariants, JSON contract."""
+
+import math
+
+import numpy as np
+import pytest
+
+from shardlab.catalog import get_catalog
+from shardlab.comm.collectives import collective_time
+from shardlab.errors import ShardlabError
+from shardlab.estimate import estimate_training
+from shardlab.estimate.compute import layer_times
+from shardlab.estimate.hardware import MEMORY_EFFICIENCY, gemm_efficiency, group_link
+from shardlab.flops import korthikanti_eq7, narayanan_eq3, training_flops_per_token
+from shardlab.layout import Layout
+from shardlab.specs.hardware import Cluster
+
+CAT = get_catalog()
+A100 = CAT.accelerators["a100-80gb"]
+H100 = CAT.accelerators["h100-sxm"]
+
+
+def cluster(acc=H100, n=8, gpn=8, intra="nvlink4", inter="ib-ndr"):
+    return Cluster(acc, n, gpn, CAT.link(intra), CAT.link(inter))
+
+
+def gpt(h=4096, L=8, a=32, V=51200, s=2048):
+    from shardlab.validation import run_spec, PublishedRun
+
+    return run_spec(PublishedRun("t", {"model": {"gpt": [h, L, a]}, "seq_len": s}, 1, "hardware", ""), CAT)
+
+
+@pytest.mark.parametrize("h,L,s,V", [(12288, 96, 2048, 51200), (4096, 32, 4096, 50000), (20480, 105, 2048, 51200)])
+def test_flops_match_narayanan_and_korthikanti(h, L, s, V):
+    spec = gpt(h, L, 64, V, s).with_(vocab_size=V)
+    B = 7
+    model, hw_full = training_flops_per_token(spec, s, "full")
+    assert model * B * s == pytest.approx(korthikanti_eq7(B, s, L, h, V), rel=1e-12)
+    assert hw_full * B * s == pytest.approx(narayanan_eq3(B, s, L, h, V), rel=1e-12)
+
+
+def test_gemm_time_by_hand():
+    """Llama-2-7B block, tp=2, 4096 tokens: every GEMM at eff(min dim); attention core halved by causal flash."""
+    spec = CAT.models["llama-2-7b"]
+    curve = H100.efficiency
+    lt = layer_times(spec, 0, H100, curve, "bf16", seq_len=4096, tp=2, cp=1, ep=1, micro_batch=1,
+                     sequence_parallel=False, elem_bytes=2)
+    peak, T, h, f = 989.4e12, 4096, 4096, 11008
+    eff = lambda d: curve.max_fraction * d / (d + curve.half_size)
+    gemms = [(T, h // 2, h)] * 3 + [(T, h, h // 2)] + [(T, f // 2, h)] * 2 + [(T, h, f // 2)]
+    expect = sum(2 * m * n * k / (peak * eff(min(m, n, k))) for m, n, k in gemms)
+    assert float(lt["gemm_s"]) == pytest.approx(expect, rel=1e-12)
+    heads, d = 16, 128
+    attn = 0.5 * heads * 2 * (2 * T * T * d / (peak * eff(d)))
+    assert float(lt["attn_s"]) == pytest.approx(attn, rel=1e-12)
+    # memory-bound bytes: 2 norms (2e·Th) + 2 residual adds (3e·Th) + RoPE on q and k (2e·T(q+kv)/tp) + SwiGLU 3e·Tf/tp
+    e = 2
+    nbytes = 2 * 2 * e * T * h + 2 * 3 * e * T * h + 2 * e * T * (h / 2 + h / 2) + 3 * e * T * f / 2
+    assert float(lt["elem_s"]) == pytest.approx(nbytes / (3350e9 * MEMORY_EFFICIENCY), rel=1e-12)
+
+
+def test_efficiency_curve():
+    assert gemm_efficiency(100, H100.efficiency) == pytest.approx(H100.efficiency.max_fraction / 2)
+    assert gemm_efficiency(1e9, H100.efficiency) == pytest.approx(H100.efficiency.max_fraction, rel=1e-6)
+
+
+def test_group_link_rails():
+    cl = cluster(n=64)
+    intra = group_link(cl, 8, 1)
+    assert intra.nodes == 1 and intra.beta_bytes_per_s == CAT.link("nvlink4").bytes_per_s
+    dp_rail = group_link(cl, 8, 8)          # one member per node: one NIC
+    assert dp_rail.nodes == 8 and dp_rail.beta_bytes_per_s == CAT.link("ib-ndr").bytes_per_s
+    dp_full = group_link(cl, 64, 1)         # 8 members per node share 8 NICs, capped by the NVLink ring
+    assert dp_full.beta_bytes_per_s == pytest.approx(min(8 * CAT.link("ib-ndr").bytes_per_s, CAT.link("nvlink4").bytes_per_s))
+    pcie = group_link(cluster(n=64, intra="pcie4"), 64, 1)
+    assert pcie.beta_bytes_per_s == pytest.approx(CAT.link("pcie4").bytes_per_s)
+
+
+def test_tp_comm_equals_four_ring_all_reduces():
+    spec = CAT.models["llama-3.1-8b"]
+    est = estimate_training(spec, Layout(dp=1, tp=8), cluster(), seq_len=4096, global_batch=4)
+    ar = collective_time("all-reduce", 4096 * 4096 * 2, 8, CAT.link("nvlink4"), "ring").time_s
+    blocks, m = 32, 4
+    # 4 per block per micro-batch, plus the vocabulary-parallel embedding (forward) and head (backward) all-reduces
+    assert est.breakdown["tp_comm_s"] == pytest.approx((4 * blocks + 2) * m * ar, rel=1e-9)
+
+
+def test_pipeline_formula_and_breakdown_sum():
+    spec = gpt(4096, 16, 32)
+    for sched, v in (("1f1b", 1), ("interleaved", 2), ("gpipe", 1), ("zb-h1", 1)):
+        est = estimate_training(spec, Layout(dp=1, pp=4, vpp=v, schedule=sched), cluster(n=4), seq_len=2048, global_batch=16)
+        b = est.breakdown
+        assert sum(b.values()) == pytest.approx(est.step_time_s, rel=1e-9)
+        assert b["pp_bubble_s"] > 0
+    one = estimate_training(spec, Layout(dp=1, pp=4), cluster(n=4), seq_len=2048, global_batch=16)
+    inter = estimate_training(spec, Layout(dp=1, pp=4, vpp=2, schedule="interleaved"), cluster(n=4), seq_len=2048, global_batch=16)
+    zb = estimate_training(spec, Layout(dp=1, pp=4, schedule="zb-h1"), cluster(n=4), seq_len=2048, global_batch=16)
+    assert inter.breakdown["pp_bubble_s"] < one.breakdown["pp_bubble_s"]
+    assert zb.breakdown["pp_bubble_s"] < inter.breakdown["pp_bubble_s"]
+
+
+def test_bubble_share_matches_closed_form_for_equal_stages():
+    """Equal stages (no head imbalance: tied embeddings, tiny vocabulary): 1F1B bubble = (p−1)/(m+p−1) of the pipeline."""
+    from shardlab.pipeline import bubble_fraction_closed_form
+
+    spec = gpt(4096, 16, 32).with_(vocab_size=8)
+    p, m = 4, 12
+    est = estimate_training(spec, Layout(dp=1, pp=p), cluster(n=4), seq_len=2048, global_batch=m)
+    b = est.breakdown
+    pipe = est.step_time_s - b["dp_comm_s"] - b["optimizer_s"]
+    assert b["pp_bubble_s"] / pipe == pytest.approx(bubble_fraction_closed_form("1f1b", p, m), rel=0.02)
+
+
+def test_slowest_stage_sets_the_pace():
+    """A large vocabulary makes the last stage (head + loss) slowest: it is named and it paces the pipeline."""
+    spec = gpt(2048, 8, 16).with_(vocab_size=400_000, tied_embeddings=False)
+    est = estimate_training(spec, Layout(dp=1, pp=4), cluster(n=4), seq_len=2048, global_batch=8)
+    assert est.slowest_stage == 3
+
+
+def test_dp_overlap_hides_gradient_reduction():
+    spec = CAT.models["llama-3.1-8b"]
+    lay, cl = Layout(dp=64, zero=1), cluster(n=64)
+    on = estimate_training(spec, lay, cl, seq_len=2048, global_batch=64, dp_overlap=True)
+    off = estimate_training(spec, lay, cl, seq_len=2048, global_batch=64, dp_overlap=False)
+    assert on.breakdown["dp_comm_s"] < off.breakdown["dp_comm_s"] == pytest.approx(off.dp_comm_total_s)
+
+
+def test_mfu_hfu_and_time_to_train():
+    spec = gpt(4096, 16, 32)
+    est = estimate_training(spec, Layout(dp=8, recompute="full"), cluster(), seq_len=2048, global_batch=64, tokens=1e9)
+    s, L, h, V = 2048, 16, 4096, 51200
+    ratio = narayanan_eq3(1, s, L, h, V) / korthikanti_eq7(1, s, L, h, V)
+    assert est.hfu / est.mfu == pytest.approx(ratio, rel=1e-9)
+    assert est.mfu == pytest.approx(est.model_tflops_per_gpu * 1e12 / 989.4e12)
+    assert est.train_time_s == pytest.approx(1e9 / (64 * 2048) * est.step_time_s)
+    assert est.gpu_hours == pytest.approx(est.train_time_s / 3600 * 8)
+    # 6ΨD leaves out attention and logits FLOPs: it must come out shorter, but within 15% here
+    six = est.six_psi_d_time_s()
+    assert 0.85 < six / est.train_time_s < 1.0
+
+
+def test_more_gpus_never_lower_aggregate_throughput():
+    spec = CAT.models["llama-3.1-8b"]
+    prev = 0.0
+    for n in (8, 16, 32, 64, 128, 256):
+        est = estimate_training(spec, Layout(dp=n // 8, tp=8), cluster(n=n), seq_len=4096, global_batch=256)
+        assert est.tokens_per_s >= prev
+        prev = est.tokens_per_s
+
+
+def test_json_contract():
+    spec = CAT.models["llama-3.1-70b"]
+    d = estimate_training(spec, Layout(dp=4, tp=8, pp=2, zero=1), cluster(n=64), seq_len=4096, global_batch=256,
+                          tokens=1e12).to_dict()
+    for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu", "breakdown", "memory", "fits",
+              "train_days", "gpu_hours"):
+        assert k in d, k
+    for k in ("compute_s", "tp_comm_s", "pp_bubble_s", "dp_comm_s", "optimizer_s"):
+        assert k in d["breakdown"]
+    assert d["memory"]["per_gpu"]["total"] > 0 and isinstance(d["fits"], bool)
+
+
+def test_bad_batch():
+    spec = CAT.models["llama-3.1-8b"]
+    with pytest.raises(ShardlabError, match="not divisible"):
+        estimate_training(spec, Layout(dp=8), cluster(), seq_len=2048, global_batch=12)
+    with pytest.raises(ShardlabError, match="multiple of --pp"):
+        estimate_training(spec, Layout(dp=1, pp=4, vpp=2, schedule="interleaved"), cluster(n=4), seq_len=2048, global_batch=6)
