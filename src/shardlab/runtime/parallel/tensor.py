@@ -62,6 +62,15 @@ def _duplicate_kv_heads(block: nn.Module, tp: int, kv_heads: int, head_dim: int)
                                              requires_grad=p.requires_grad))
 
 
+def _shard_embedding_grad(p) -> None:
+    """DTensor's embedding backward leaves a Replicate (full-vocabulary) gradient on every rank; keep only this
+    rank's rows (a local slice, no communication), as Megatron's vocabulary-parallel embedding does."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+        p.grad = p.grad.redistribute(placements=p.placements)
+
+
 def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> nn.Module:
     """Tensor-parallelise ``model`` in place over the 1-D ``tp_mesh``; returns it. Works on the meta device."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -88,6 +97,9 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> nn.M
             top["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate())
     if top:
         parallelize_module(model, tp_mesh, top)
+    emb = getattr(model, "tok_embeddings", None)
+    if emb is not None and emb.weight.device.type != "meta":
+        emb.weight.register_post_accumulate_grad_hook(_shard_embedding_grad)
     for block in model.layers.values():
         if tp > spec.num_kv_heads:
             _duplicate_kv_heads(block, tp, spec.num_kv_heads, spec.head_dim_)

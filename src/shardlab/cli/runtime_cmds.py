@@ -1,0 +1,121 @@
+"""shardlab run train | infer: real torch.distributed runs (torchrun), measured beside the predictions.
+
+Imports stay lazy: nothing here imports torch; the handlers check for it and say how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from shardlab.cli.common import positive_float, positive_int
+
+TRAIN_EXAMPLES = """examples:
+  shardlab run train --strategy ddp --nproc 2
+  shardlab run train --strategy fsdp --nproc 2 --check-parity --json
+  shardlab run train --strategy tp-megatron --nproc 2 --model tiny-gpt2
+  shardlab run train --strategy pp --nproc 2 --schedule interleaved
+  shardlab run train --strategy fsdp+tp --nproc 4            # 2-D: dp 2 x tp 2
+  # two nodes (run on each, node-rank 0 and 1):
+  shardlab run train --strategy fsdp --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --rdzv-id job1
+"""
+
+INFER_EXAMPLES = """examples:
+  shardlab run infer --tp 2 --prompt "hello" --max-new-tokens 16
+  shardlab run infer --sweep --plot tp-speedup.png --json
+"""
+
+
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch (torchrun)")
+    g.add_argument("--timeout", type=positive_float, default=300.0, help="stop the whole job after this many seconds")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when a GPU is visible (NCCL), else cpu (gloo)")
+    g.add_argument("--nnodes", default=None, help="torchrun --nnodes (multi-node)")
+    g.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
+    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun --rdzv-endpoint (node 0's address)")
+    g.add_argument("--rdzv-id", default=None, help="torchrun --rdzv-id (same on every node)")
+    g.add_argument("--rdzv-backend", default=None, help="torchrun --rdzv-backend (default c10d when an endpoint is given)")
+    g.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+
+
+def torchrun_args(args) -> tuple[str, ...]:
+    out: list[str] = []
+    if args.nnodes:
+        out += ["--nnodes", str(args.nnodes)]
+    if args.node_rank is not None:
+        out += ["--node-rank", str(args.node_rank)]
+    if args.rdzv_endpoint:
+        out += ["--rdzv-backend", args.rdzv_backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+        out += ["--rdzv-id", args.rdzv_id or "shardlab"]
+    elif args.rdzv_backend or args.rdzv_id:
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
+    return tuple(out)
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="run a layout for real with torch.distributed (train, infer)",
+                         description="Run the same layouts for real (torchrun; gloo on CPU, NCCL on GPUs) and set the "
+                                     "measurements beside the predictions.")
+    rsub = run.add_subparsers(dest="run_command", metavar="{train,infer}")
+    t = rsub.add_parser("train", help="train a small GPT with a parallel strategy; measured vs predicted",
+                        epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--strategy", default="ddp",
+                   help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron")
+    t.add_argument("--nproc", type=positive_int, default=2, help="ranks per node")
+    t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
+    t.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (step 0 measures memory; the rest are timed)")
+    t.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
+    t.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per DP rank")
+    t.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    t.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree (default: all ranks, 2 when combined)")
+    t.add_argument("--pp", type=positive_int, default=None, help="pipeline degree (default: all ranks, 2 when combined)")
+    t.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b", help="pipeline schedule")
+    t.add_argument("--vpp", type=positive_int, default=1, help="model chunks per pipeline rank (interleaved: 2 by default)")
+    t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (sgd = with momentum)")
+    t.add_argument("--seed", type=int, default=0, help="model seed (data seed = 1234 + seed)")
+    t.add_argument("--check-parity", action="store_true", help="compare step 0 with a single-process step")
+    t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
+    _add_launch_args(t)
+    t.set_defaults(func=cmd_train)
+    i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
+                        epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel ranks")
+    i.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, or a catalog id / config.json / YAML")
+    i.add_argument("--prompt", default="The quick brown fox", help="prompt text (byte tokens, modulo the vocabulary)")
+    i.add_argument("--max-new-tokens", type=positive_int, default=16, help="tokens to generate")
+    i.add_argument("--strategy", choices=("tp", "tp-megatron"), default="tp-megatron",
+                   help="DTensor plan or our Megatron-style layers")
+    i.add_argument("--sweep", action="store_true", help="run tp = 1, 2, 4 and plot the speedup")
+    i.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: where to write the speedup plot")
+    i.add_argument("--seed", type=int, default=0, help="model seed")
+    _add_launch_args(i)
+    i.set_defaults(func=cmd_infer)
+    run.set_defaults(func=lambda a: (run.print_help(), 0)[1])
+
+
+def cmd_train(args):
+    from shardlab.runtime.train import TrainRequest, run_train
+
+    req = TrainRequest(strategy=args.strategy, nproc=args.nproc, model=args.model, steps=args.steps,
+                       global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp,
+                       pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
+                       timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
+                       predict_gpu=args.predict_gpu, torchrun_args=torchrun_args(args))
+    from shardlab.runtime.train import render_train
+
+    doc = run_train(req)
+    return doc, render_train(doc)
+
+
+def cmd_infer(args):
+    from shardlab.runtime.infer import InferRequest, render_infer, render_sweep, run_infer, run_sweep
+
+    req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
+                       strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
+                       torchrun_args=torchrun_args(args))
+    if args.sweep:
+        doc = run_sweep(req, plot=args.plot)
+        return doc, render_sweep(doc)
+    doc = run_infer(req)
+    return doc, render_infer(doc)

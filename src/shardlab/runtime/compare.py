@@ -1,0 +1,115 @@
+"""Predicted vs measured: model-state bytes (must be exact), activations and step time (errors reported),
+and parity of a distributed step with a single-process step on the same global batch.
+
+Predictions come from the analytic core (``shardlab.memory.training_memory`` with precision fp32 and the
+optimizer the run used; ``shardlab.estimate.estimate_training`` for the step time, when it is there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.memory import training_memory
+from shardlab.runtime.parallel.strategy import Strategy
+
+STATE_KEYS = ("weights", "gradients", "optimizer")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The workload a run used (what the predictions are evaluated on)."""
+
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch: int
+    """Sequences per step."""
+    micro_batch: int
+    """Sequences per micro-batch per data-parallel rank."""
+    optimizer: str
+    """'adamw' or 'sgd'."""
+
+    def microbatches(self, strategy: Strategy) -> int:
+        return self.global_batch // strategy.dp // self.micro_batch
+
+
+def predicted_memory(spec, strategy: Strategy, shape: RunShape):
+    """The memory model's report for this run (fp32: CPU runs are fp32)."""
+    return training_memory(strategy.layout(shape.micro_batch), model=spec, precision="fp32", optimizer=shape.optimizer,
+                           seq_len=shape.seq_len, microbatches=shape.microbatches(strategy), flash_attention=True,
+                           dropout=False)
+
+
+def memory_rows(report, ranks: list[dict]) -> list[dict]:
+    """Per rank: predicted and measured weights/gradients/optimizer (exact?) and activations (error)."""
+    rows = []
+    for d in ranks:
+        st = report.stages[d["coords"]["pp"]]
+        pred = {"weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer, "activations": st.activations}
+        ms = d.get("model_states_bytes") or {}
+        act = (d.get("peak_bytes") or {}).get("saved_activations")
+        meas = {k: ms.get(k) for k in STATE_KEYS}
+        meas["activations"] = act
+        meas["optimizer_step_counters"] = ms.get("optimizer_step_counters")
+        rows.append({
+            "rank": d["rank"], "stage": d["coords"]["pp"], "predicted": pred, "measured": meas,
+            "states_exact": all(meas[k] == pred[k] for k in STATE_KEYS),
+            "diff": {k: (meas[k] - pred[k]) if meas[k] is not None else None for k in STATE_KEYS},
+            "activations_error": (act - st.activations) / st.activations if act is not None and st.activations else None,
+        })
+    return rows
+
+
+def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: str = "cpu-core",
+                        link: str = "loopback") -> tuple[float | None, str]:
+    """(seconds, where from) from ``shardlab.estimate.estimate_training`` on one host; (None, why) if unavailable."""
+    try:
+        from shardlab.estimate import estimate_training
+    except ImportError:
+        return None, "no step-time prediction yet (shardlab.estimate is not available)"
+    try:
+        from shardlab.catalog import get_catalog
+        from shardlab.specs.hardware import Cluster
+
+        cat = get_catalog()
+        acc = cat.accelerator(accelerator)
+        n = strategy.world_size
+        cluster = Cluster(accelerator=acc, num_gpus=n, gpus_per_node=n, intra_link=cat.link(link),
+                          inter_link=cat.link(link))
+        est = estimate_training(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
+                                global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer)
+        return est.step_time_s, f"shardlab.estimate on {n} × {acc.id} over {link}"
+    except Exception as e:  # the estimator is another module's: report, never crash the run
+        return None, f"no step-time prediction ({type(e).__name__}: {e})"
+
+
+def parity(spec, data, run_dir, ranks: list[dict], seed: int = 0) -> dict:
+    """Loss and gradients of step 0 against a single-process step on the same global batch.
+
+    Tolerance: float32 sums in another order (slices, shards, all-reduces) differ by rounding only;
+    losses agree to ~1e-6 and gradients (entries ~1e-3) to ~1e-7 absolute. We accept 1e-5 (loss) and 1e-6
+    (gradients, max absolute), two orders above the rounding seen, far below any real bug (a missing
+    all-reduce or a wrong shard gives errors of the size of the gradients themselves).
+    """
+    import torch
+
+    from shardlab.runtime.gpt import build_model
+    from shardlab.runtime.parallel.build import loss_fn
+
+    model = build_model(spec, seed=seed)
+    x, y = data.batch(0)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    ref = {n: p.grad for n, p in model.named_parameters()}
+    got: dict = {}
+    for p in sorted(run_dir.glob("rank*.grads.pt")):
+        got.update(torch.load(p))
+    missing = sorted(set(ref) - set(got))
+    errs = {n: (got[n] - ref[n]).abs().max().item() for n in ref if n in got}
+    worst = max(errs, key=errs.get) if errs else None
+    run_loss = next((d["losses"][0] for d in ranks if d.get("losses")), None)
+    loss_err = abs(run_loss - loss.item()) if run_loss is not None else None
+    grad_err = errs[worst] if worst else None
+    ok = not missing and grad_err is not None and grad_err <= 1e-6 and loss_err is not None and loss_err <= 1e-5
+    return {"reference_loss": loss.item(), "run_loss": run_loss, "loss_abs_err": loss_err,
+            "grad_max_abs_err": grad_err, "worst_tensor": worst, "tensors_compared": len(errs),
+            "missing": missing, "tolerance": {"loss": 1e-5, "grad": 1e-6}, "ok": ok}

@@ -1,0 +1,92 @@
+"""Strategy names (``ddp``, ``fsdp+tp``, ``pp``, ...) -> degrees and the Layout the analytic core predicts.
+
+A strategy is '+'-joined parts: one data-parallel kind (``ddp`` or ``fsdp``), one tensor-parallel kind
+(``tp``: DTensor; ``tp-megatron``: our f/g layers), ``sp`` (sequence parallel, with ``tp``) and ``pp``.
+Degrees: a part alone takes all ranks; combined, ``tp`` and ``pp`` default to 2 (``--tp``/``--pp``
+override) and data parallelism takes the rest. Ranks are placed on the analytic core's grid
+(``shardlab.layout``: tp fastest, then dp, pp slowest), as a (pp, dp, tp) device mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.errors import ShardlabError
+from shardlab.layout import Layout
+
+PARTS = ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp")
+EXAMPLES = ("ddp", "fsdp", "tp", "tp+sp", "tp-megatron", "pp", "fsdp+tp", "ddp+pp", "fsdp+pp", "ddp+tp-megatron")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A parsed strategy with its degrees."""
+
+    name: str
+    """Canonical name, e.g. 'fsdp+tp'."""
+    data: str | None
+    """'ddp', 'fsdp' or None (no data parallelism)."""
+    tp_kind: str | None
+    """'dtensor' (parallelize_module), 'megatron' (our f/g layers) or None."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism on the TP group (DTensor plan)."""
+    dp: int
+    """Data-parallel degree."""
+    tp: int
+    """Tensor-parallel degree."""
+    pp: int
+    """Pipeline-parallel degree."""
+    vpp: int = 1
+    """Model chunks per pipeline rank (interleaved schedule)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b or interleaved."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def layout(self, micro_batch: int = 1) -> Layout:
+        """The Layout the memory and step-time models are evaluated on (fsdp = ZeRO-3, ddp = ZeRO-0)."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, zero=3 if self.data == "fsdp" else 0, vpp=self.vpp,
+                      micro_batch=micro_batch, sequence_parallel=self.sequence_parallel,
+                      schedule=self.schedule if self.pp > 1 else "1f1b")
+
+
+def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | None = None, vpp: int = 1,
+                   schedule: str = "1f1b") -> Strategy:
+    """Parse ``text`` for ``nproc`` ranks; raises a one-line ShardlabError with the fix on bad input."""
+    parts = [p.strip().lower() for p in text.split("+") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts or len(set(parts)) != len(parts):
+        raise ShardlabError(f"--strategy '{text}': parts are {', '.join(PARTS)} joined by '+' "
+                            f"(e.g. {', '.join(EXAMPLES)})")
+    data = [p for p in parts if p in ("ddp", "fsdp")]
+    tpk = [p for p in parts if p in ("tp", "tp-megatron")]
+    if len(data) > 1 or len(tpk) > 1:
+        raise ShardlabError(f"--strategy '{text}': choose one of ddp/fsdp and one of tp/tp-megatron")
+    sp, has_pp = "sp" in parts, "pp" in parts
+    if sp and tpk != ["tp"]:
+        raise ShardlabError("sp (sequence parallel) runs with the DTensor plan: use --strategy tp+sp")
+    if data == ["ddp"] and tpk == ["tp"]:
+        raise ShardlabError("DDP cannot wrap DTensor parameters: use fsdp+tp, or ddp+tp-megatron")
+    n_axes = sum(bool(x) for x in (data, tpk, has_pp))
+    t = (tp or (nproc if n_axes == 1 else 2)) if tpk else 1
+    p = (pp or (nproc if n_axes == 1 else 2)) if has_pp else 1
+    if tp and not tpk:
+        raise ShardlabError(f"--tp {tp} given but --strategy '{text}' has no tp part; add +tp")
+    if pp and not has_pp:
+        raise ShardlabError(f"--pp {pp} given but --strategy '{text}' has no pp part; add +pp")
+    if nproc % (t * p):
+        raise ShardlabError(f"--nproc {nproc} is not divisible by tp×pp = {t}×{p}; choose --nproc as a multiple of {t * p}")
+    dp = nproc // (t * p)
+    if dp > 1 and not data:
+        raise ShardlabError(f"--nproc {nproc} leaves {dp} data-parallel replicas (tp×pp = {t * p}) but --strategy "
+                            f"'{text}' has no ddp/fsdp part; add +ddp or +fsdp, or set --nproc {t * p}")
+    sched = schedule if has_pp else "1f1b"
+    if has_pp and schedule == "interleaved" and vpp < 2:
+        vpp = 2
+    if vpp > 1 and not (has_pp and sched == "interleaved"):
+        raise ShardlabError("--vpp > 1 needs pp with --schedule interleaved")
+    canon = "+".join(x for x in ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp") if x in parts)
+    return Strategy(canon, data[0] if data else None, {"tp": "dtensor", "tp-megatron": "megatron"}.get(tpk[0]) if tpk else None,
+                    sp, dp, t, p, vpp, sched)

@@ -1,0 +1,217 @@
+"""``shardlab run train``: launch a strategy with torchrun, gather the ranks' measurements, set them beside
+the predictions, and (``--check-parity``) hold step 0 against a single-process step."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from shardlab.errors import ShardlabError
+
+
+class RunFailed(ShardlabError):
+    """A rank failed or hung; the message is launch's one-line summary."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What ``shardlab run train`` was asked to run."""
+
+    strategy: str
+    """Strategy text, e.g. 'fsdp+tp'."""
+    nproc: int
+    """Ranks per node."""
+    model: str = "tiny"
+    """Preset (tiny, small, tiny-gpt2), catalog id, config.json or YAML."""
+    steps: int = 3
+    """Optimizer steps."""
+    global_batch: int = 8
+    """Sequences per step."""
+    micro_batch: int | None = None
+    """Sequences per micro-batch per DP rank (default: the whole slice; 1 with pp)."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    tp: int | None = None
+    """Tensor-parallel degree (default: all ranks, or 2 when combined)."""
+    pp: int | None = None
+    """Pipeline degree (default: all ranks, or 2 when combined)."""
+    schedule: str = "1f1b"
+    """gpipe, 1f1b or interleaved."""
+    vpp: int = 1
+    """Chunks per pipeline rank (interleaved; 2 by default there)."""
+    optimizer: str = "adamw"
+    """adamw or sgd."""
+    seed: int = 0
+    """Model seed (data seed = 1234 + seed)."""
+    timeout_s: float = 300.0
+    """The whole job is stopped after this long."""
+    check_parity: bool = False
+    """Compare step 0 with a single-process step."""
+    device: str | None = None
+    """cpu or cuda (default: cuda when available)."""
+    predict_gpu: str | None = None
+    """Accelerator id for the step-time prediction (default cpu-core on CPU)."""
+    torchrun_args: tuple[str, ...] = ()
+    """Extra torchrun flags (multi-node rendezvous)."""
+
+
+def prepare(req: TrainRequest):
+    """Validate without torch: (spec, strategy, micro_batch). Raises one-line ShardlabErrors."""
+    from shardlab.runtime.parallel.strategy import parse_strategy
+    from shardlab.runtime.train_worker import resolve_spec
+
+    spec = resolve_spec(req.model)
+    st = parse_strategy(req.strategy, req.nproc * _nnodes(req.torchrun_args), tp=req.tp, pp=req.pp, vpp=req.vpp,
+                        schedule=req.schedule)
+    if req.global_batch % st.dp:
+        raise ShardlabError(f"--global-batch {req.global_batch} is not divisible by the {st.dp} data-parallel ranks")
+    local = req.global_batch // st.dp
+    mb = req.micro_batch or (1 if st.pp > 1 else local)
+    if local % mb:
+        raise ShardlabError(f"each data-parallel rank gets {local} sequences, not divisible by --micro-batch {mb}")
+    if req.seq_len > spec.max_seq_len and spec.position == "learned":
+        raise ShardlabError(f"--seq-len {req.seq_len} exceeds {spec.name}'s {spec.max_seq_len} learned positions")
+    if st.tp > 1 and spec.num_kv_heads % st.tp:
+        raise ShardlabError(f"training with --tp {st.tp} needs it to divide {spec.name}'s {spec.num_kv_heads} KV heads "
+                            f"(duplicated KV heads are for inference only)")
+    if spec.moe is not None and (st.tp > 1 or st.pp > 1):
+        raise ShardlabError("mixture-of-experts models run with ddp or fsdp only in the runtime")
+    if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:
+        raise ShardlabError("tied embeddings with DTensor tp and pp are not supported; use tp-megatron+pp or untie")
+    return spec, st, mb
+
+
+def _nnodes(torchrun_args) -> int:
+    args = list(torchrun_args)
+    for i, a in enumerate(args):
+        if a.startswith("--nnodes"):
+            val = a.split("=", 1)[1] if "=" in a else args[i + 1]
+            return int(val.split(":")[-1])
+    return 1
+
+
+def worker_args(req: TrainRequest, mb: int) -> list[str]:
+    a = ["--model", req.model, "--strategy", req.strategy, "--steps", str(req.steps), "--global-batch",
+         str(req.global_batch), "--micro-batch", str(mb), "--seq-len", str(req.seq_len), "--schedule", req.schedule,
+         "--vpp", str(req.vpp), "--optimizer", req.optimizer, "--seed", str(req.seed)]
+    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--device", req.device)):
+        if v is not None:
+            a += [flag, str(v)]
+    return a + (["--dump-grads"] if req.check_parity else [])
+
+
+def run_train(req: TrainRequest) -> dict:
+    """Run, gather, compare; returns the JSON document."""
+    from shardlab.runtime import require_torch
+    from shardlab.runtime.compare import RunShape, memory_rows, predicted_memory, predicted_step_time
+    from shardlab.runtime.launch import launch
+
+    spec, st, mb = prepare(req)
+    require_torch()
+    res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
+                 torchrun_args=list(req.torchrun_args))
+    if not res.ok:
+        raise RunFailed(res.summary)
+    ranks = res.rank_results()
+    shape = RunShape(req.seq_len, req.global_batch, mb, req.optimizer)
+    report = predicted_memory(spec, st, shape)
+    rows = memory_rows(report, ranks)
+    dev = ranks[0]["device"] if ranks else "cpu"
+    gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
+    pred_s, pred_src = predicted_step_time(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
+    times = {d["rank"]: d["step_time_s"] for d in ranks}
+    slow = max(times, key=times.get)
+    med = statistics.median(times.values())
+    loss_rank = next((d for d in ranks if d.get("losses")), None)
+    doc = {
+        "strategy": st.name, "world_size": st.world_size, "model": spec.name,
+        "layout": st.layout(mb).to_dict(), "microbatches": shape.microbatches(st),
+        "workload": {"seq_len": req.seq_len, "global_batch": req.global_batch, "micro_batch": mb, "steps": req.steps,
+                     "optimizer": req.optimizer, "precision": "fp32"},
+        "losses": loss_rank["losses"] if loss_rank else None,
+        "loss_rank": loss_rank["rank"] if loss_rank else None,
+        "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "step_times_s", "tokens_per_s",
+                                         "peak_bytes", "collectives", "megatron_counter", "model_states_bytes",
+                                         "params_local", "backend", "device")} for d in ranks],
+        "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
+        "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],
+        "memory_comparison": rows,
+        "memory_states_exact": all(r["states_exact"] for r in rows),
+        "step_time": {"measured_median_s": med, "slowest_rank": slow, "slowest_s": times[slow],
+                      "fastest_s": min(times.values()),
+                      "spread": (times[slow] - min(times.values())) / med if med else None,
+                      "predicted_s": pred_s, "predicted_from": pred_src,
+                      "error": (med - pred_s) / pred_s if pred_s else None},
+        "tokens_per_s": req.global_batch * req.seq_len / times[slow],
+        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary},
+    }
+    if req.check_parity:
+        from shardlab.runtime.compare import parity
+        from shardlab.runtime.data import SyntheticData
+
+        data = SyntheticData(spec.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
+        doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed)
+    return doc
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _colls(c: dict) -> str:
+    parts = []
+    for op, phases in sorted((c or {}).items()):
+        f, b = phases.get("forward", {}).get("count", 0), phases.get("backward", {}).get("count", 0)
+        other = sum(v["count"] for ph, v in phases.items() if ph not in ("forward", "backward"))
+        t = sum(v["time_s"] or 0 for v in phases.values())
+        parts.append(f"{op} {f}/{b}{f'+{other}' if other else ''} ({t * 1e3:.1f} ms)")
+    return ", ".join(parts) or "none"
+
+
+def render_train(doc: dict) -> str:
+    """The human report: losses, per-rank measurements, predicted vs measured memory and step time, parity."""
+    from shardlab.report.table import table
+    from shardlab.units import fmt_bytes, fmt_time
+
+    lay, wl = doc["layout"], doc["workload"]
+    out = [f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks (dp {lay['dp']} × tp {lay['tp']} × "
+           f"pp {lay['pp']}{', vpp ' + str(lay['vpp']) if lay['vpp'] > 1 else ''}), model {doc['model']}, "
+           f"{wl['steps']} steps of {wl['global_batch']} × {wl['seq_len']} tokens, fp32 {wl['optimizer']}, "
+           f"{doc['microbatches']} micro-batch(es) of {wl['micro_batch']}"]
+    if doc.get("losses"):
+        out.append(f"loss per step (global batch, seen by rank {doc['loss_rank']}): "
+                   + "  ".join(f"{v:.4f}" for v in doc["losses"]))
+    rows = [[r["rank"], "{pp},{dp},{tp}".format(**r["coords"]), fmt_time(r["step_time_s"]), f"{r['tokens_per_s']:.0f}",
+             fmt_bytes((r.get("peak_bytes") or {}).get("by_category", {}).get("Total", 0)),
+             _colls(r["collectives"])] for r in doc["ranks"]]
+    out += ["", table(["rank", "pp,dp,tp", "step", "tokens/s", "peak", "collectives per step: fwd/bwd count (time)"],
+                      rows, title="measured per rank (step time: median of timed steps; peak: torch MemTracker)")]
+    st = doc["step_time"]
+    out.append(f"slowest rank {st['slowest_rank']}: {fmt_time(st['slowest_s'])}; spread (slowest - fastest) / median "
+               f"= {st['spread'] * 100:.1f}%")
+    mrows = []
+    for r in doc["memory_comparison"]:
+        p, m = r["predicted"], r["measured"]
+        mrows.append([r["rank"], r["stage"]] + [f"{p[k]:,} / {m[k]:,}" for k in ("weights", "gradients", "optimizer")]
+                     + ["yes" if r["states_exact"] else "NO", fmt_bytes(p["activations"]),
+                        fmt_bytes(m["activations"]) if m["activations"] is not None else "-", _pct(r["activations_error"])])
+    out += ["", table(["rank", "stage", "weights B pred / meas", "grads B pred / meas", "optimizer B pred / meas",
+                       "exact", "act pred", "act meas", "act err"], mrows,
+                      title="memory per rank: predicted (shardlab.memory, fp32) vs measured (tensor storages after step 0; "
+                            "activations: MemTracker ACT peak)")]
+    out.append("model states " + ("match the memory model exactly on every rank" if doc["memory_states_exact"] else
+                                  "DIFFER from the memory model (see the NO rows)"))
+    if st["predicted_s"]:
+        out.append(f"step time: measured {fmt_time(st['measured_median_s'])} (median over ranks) vs predicted "
+                   f"{fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
+    else:
+        out.append(f"step time: measured {fmt_time(st['measured_median_s'])}; {st['predicted_from']}")
+    if "parity" in doc:
+        p = doc["parity"]
+        out.append(f"parity with one process (step 0): loss {p['run_loss']:.6f} vs {p['reference_loss']:.6f} "
+                   f"(|err| {p['loss_abs_err']:.1e}), gradients max |err| {p['grad_max_abs_err']:.1e} over "
+                   f"{p['tensors_compared']} tensors (tolerance 1e-5 / 1e-6): {'OK' if p['ok'] else 'FAILED'}")
+    out.append(f"rank JSON: {doc['launch']['run_dir']}")
+    return "\n".join(out)

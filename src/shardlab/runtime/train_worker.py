@@ -1,0 +1,153 @@
+"""The rank program of ``shardlab run train`` (started by torchrun; one process per rank).
+
+Each rank: joins the process group, builds its share of the strategy, runs ``--steps`` steps on its slice
+of the deterministic global batches and writes ``rank{r}.json`` into ``$SHARDLAB_RUN_DIR``:
+step times, collectives (count/bytes by op and phase for one step, time per step), model-state bytes
+measured from storages after the first optimizer step, peak memory by category (torch's MemTracker, on
+step 0 only: the tracker slows a step, so step 0 is not timed unless it is the only one), and losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m shardlab.runtime.train_worker")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--pp", type=int, default=None)
+    p.add_argument("--vpp", type=int, default=1)
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--optimizer", default="adamw")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dump-grads", action="store_true")
+    p.add_argument("--no-mem-tracker", action="store_true")
+    return p.parse_args(argv)
+
+
+def resolve_spec(name: str):
+    """A runtime preset (tiny, small, tiny-gpt2) or anything the catalog reads (id, config.json, YAML)."""
+    from shardlab.runtime.gpt import PRESETS
+
+    if name in PRESETS:
+        return PRESETS[name]()
+    from shardlab.catalog import get_catalog
+
+    return get_catalog().model(name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from shardlab.runtime.worker import RankRun
+
+    args = parse_args(argv)
+    with RankRun(int(os.environ.get("RANK", "0"))) as rr:
+        rr.beat("init process group")
+        rr.result(run(args, rr))
+
+
+def run(args, rr) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from shardlab.runtime.data import SyntheticData
+    from shardlab.runtime.dist import destroy, init_from_env
+    from shardlab.runtime.metrics import CollectiveRecorder, PeakMemory, SavedActivations, model_state_bytes
+    from shardlab.runtime.parallel.build import forward_backward, full_grads, optimizer_step, setup_rank
+    from shardlab.runtime.parallel.strategy import parse_strategy
+
+    ctx = init_from_env(device_type=args.device)
+    spec = resolve_spec(args.model)
+    st = parse_strategy(args.strategy, ctx.world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, schedule=args.schedule)
+    local = args.global_batch // st.dp
+    m = local // args.micro_batch
+    data = SyntheticData(spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)
+    rec = CollectiveRecorder()
+    rec.phase = "setup"
+    rr.beat("build model")
+    with rec:
+        setup = setup_rank(spec, st, microbatches=m, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
+                           device_type=ctx.device_type, recorder=rec)
+    setup_collectives = rec.summary()
+    rec.reset()
+    setup.counter.reset()
+    dp_group = setup.mesh["dp"].get_group()
+    losses, times, states, peak, coll_step0, megatron_step0 = [], [], None, {}, {}, {}
+    for k in range(args.steps):
+        x, y = data.shard(k, setup.coords["dp"], st.dp)
+        dist.barrier()  # steps start together; the barrier is outside the timed region and the recorder
+        rr.beat(f"step {k} forward/backward")
+        # MemTracker's module hooks cannot follow pipelining's autograd.grad: no tracker with pp
+        tracker = PeakMemory(setup.modules, setup.optimizer, fsdp=st.data == "fsdp") \
+            if k == 0 and st.pp == 1 and not args.no_mem_tracker else None
+        saved = SavedActivations(setup.params) if k == 0 else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with rec:
+            if tracker:
+                tracker.__enter__()
+            with saved:
+                loss = forward_backward(setup, x, y, m, recorder=rec)
+            if k == 0 and args.dump_grads:
+                rec.enabled = False
+                grads = full_grads(setup, spec)
+                rec.enabled = True
+            rr.beat(f"step {k} optimizer")
+            optimizer_step(setup, recorder=rec)
+            if tracker:
+                tracker.__exit__(None, None, None)
+        if ctx.device_type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if k == 0:
+            states = model_state_bytes(setup.params, setup.optimizer)
+            peak = {"by_category": tracker.peak_by_category(), "at_peak": tracker.at_peak()} if tracker else {}
+            peak["saved_activations"] = saved.peak_bytes
+            coll_step0, megatron_step0 = rec.summary(), dict(setup.counter.counts)
+            if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 and rr.run_dir:
+                torch.save(grads, rr.run_dir / f"rank{ctx.rank}.grads.pt")
+            rec.reset()
+        setup.optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss) if loss is not None else float("nan"))
+    rr.beat("report")
+    # the global-batch loss: mean of the data-parallel slices' losses (one all-reduce, after all steps)
+    lt = torch.tensor(losses, dtype=torch.float64)
+    if st.dp > 1:
+        dist.all_reduce(lt, group=dp_group)
+        lt /= st.dp
+    timed = times[1:] or times
+    n_timed = len(timed)
+    coll = {op: {ph: {**v, "time_s": v["time_s"] if args.steps == 1 else None} for ph, v in d.items()}
+            for op, d in coll_step0.items()}
+    for op, d in rec.summary().items():  # time per step, averaged over the timed steps
+        for ph, v in d.items():
+            coll.setdefault(op, {}).setdefault(ph, {"count": v["count"] // n_timed, "bytes": v["bytes"] // n_timed})
+            coll[op][ph]["time_s"] = round(v["time_s"] / n_timed, 6)
+    step_s = statistics.median(timed)
+    doc = {
+        "strategy": st.name, "world_size": ctx.world_size, "backend": ctx.backend, "device": ctx.device_type,
+        "coords": setup.coords, "chunks": setup.pipeline.chunk_ids if setup.pipeline else [0],
+        "computes_loss": setup.computes_loss, "losses": lt.tolist() if setup.computes_loss else None,
+        "step_time_s": step_s, "step_times_s": times, "timed_steps": n_timed,
+        "tokens_per_s": args.global_batch * args.seq_len / step_s,
+        "collectives": coll, "setup_collectives": setup_collectives,
+        "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in megatron_step0.items()},
+        "model_states_bytes": states, "peak_bytes": peak,
+        "params_local": sum(p.numel() for p in setup.params),
+    }
+    destroy()
+    return doc
+
+
+if __name__ == "__main__":
+    main()
