@@ -5,18 +5,20 @@ algorithms): an op on ``n`` ranks moving a total of ``S`` bytes takes
 
     t(S) = steps(op, n) · α + factor(op, n) · S / β
 
-where ``factor`` is nccl-tests' bus-bandwidth factor (NVIDIA/nccl-tests doc/PERFORMANCE.md: 2(n−1)/n for
+with the ring terms of ``shardlab.comm.collectives.ab_terms`` (the estimate's own collective model):
+``factor`` equals nccl-tests' bus-bandwidth factor (NVIDIA/nccl-tests doc/PERFORMANCE.md: 2(n−1)/n for
 all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv and broadcast), so β is
 the bus bandwidth a collective reaches on large messages — comparable with a link's line rate whatever n
-is — and α is the time of one algorithm step (one hop) on a tiny message. ``steps`` counts the steps of
-the ring (all-reduce: 2(n−1); all-gather, reduce-scatter: n−1), the pairwise all-to-all (n−1), and one
-message for send/recv. These are the terms of ``Link.latency_us`` (α) and ``Link.bytes_per_s`` (β).
+is — and α is the time of one algorithm step (one hop) on a tiny message; ``steps`` is 2(n−1) for a ring
+all-reduce, n−1 for all-gather, reduce-scatter, the pairwise all-to-all and the pipelined broadcast, 1 for
+send/recv. These are the terms of ``Link.latency_us`` (α) and ``Link.bytes_per_s`` (β).
 
-Matmuls: the estimate's achieved-FLOP/s curve (``MatmulEfficiency``) eff(n) = max_fraction · n / (n +
-half_size), n = the GEMM's smallest dimension min(M, N, K) (see :func:`gemm_size`).
+Matmuls: the estimate's achieved-FLOP/s curve (``MatmulEfficiency``, ``estimate.hardware.gemm_efficiency``)
+eff(n) = max_fraction · n / (n + half_size), n = the GEMM's smallest dimension min(M, N, K) (:func:`gemm_size`).
 
-Both fits minimise *relative* residuals (weights 1/measured), so a 1 KB message counts as much as a
-256 MB one and a small GEMM as much as a large one.
+Both fits weigh every point alike whatever its size — relative residuals for α–β (weights 1/measured), log
+residuals for the matmul curve — so a 1 KB message counts as much as a 256 MB one, a small GEMM as much as
+a large one.
 """
 
 from __future__ import annotations
@@ -27,44 +29,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.comm.collectives import ab_terms, alpha_beta_time
 from shardlab.errors import ShardlabError
-
-OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "broadcast")
-"""Collectives the fits know (``shardlab bench collectives`` measures all but broadcast by default)."""
+from shardlab.specs.hardware import MatmulEfficiency
 
 
-def check_op(op: str) -> str:
-    """Return ``op`` or raise a one-line error naming the known ones."""
-    if op not in OPS:
-        from shardlab.errors import did_you_mean
-
-        raise ShardlabError(f"unknown collective '{op}'{did_you_mean(op, OPS)}; use one of {', '.join(OPS)}")
-    return op
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor (doc/PERFORMANCE.md): busbw = algbw × factor, algbw = S / t.
-
-    all-reduce 2(n−1)/n; reduce-scatter, all-gather and all-to-all (n−1)/n (S = the total size);
-    send-recv and broadcast 1.
-    """
-    check_op(op)
-    if op == "all-reduce":
-        return 2 * (n - 1) / n
-    if op in ("all-gather", "reduce-scatter", "all-to-all"):
-        return (n - 1) / n
-    return 1.0
-
-
-def algorithm_steps(op: str, n: int) -> int:
-    """Latency (α) steps of the bandwidth-optimal algorithm: ring all-reduce 2(n−1); ring all-gather and
-    reduce-scatter n−1; pairwise all-to-all n−1; send-recv 1; pipelined broadcast n−1 (Thakur et al. 2005)."""
-    check_op(op)
-    if op == "all-reduce":
-        return 2 * (n - 1)
-    if op == "send-recv":
-        return 1
-    return n - 1
+def ring_terms(op: str, n: int) -> tuple[float, float]:
+    """(steps, factor) of the ring/pairwise algorithm, from ``shardlab.comm.collectives.ab_terms``: the same
+    model the estimate prices collectives with, so a fitted α and β drop straight into a ``Link``."""
+    steps, coeff = ab_terms(op, n, "ring")
+    return float(steps), float(coeff)
 
 
 @dataclass(frozen=True)
@@ -94,8 +68,7 @@ class AlphaBetaFit:
 
     def predict_s(self, op: str, size_bytes: float) -> float:
         """Time of ``op`` on ``size_bytes`` with the fitted α and β."""
-        n = self.world_size
-        return algorithm_steps(op, n) * self.alpha_s + busbw_factor(op, n) * size_bytes / self.beta_bytes_per_s
+        return float(alpha_beta_time(op, size_bytes, self.world_size, self.alpha_s, self.beta_bytes_per_s, "ring"))
 
 
 def _weighted_nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -126,12 +99,12 @@ def fit_alpha_beta(rows: Sequence[dict], op: str | None = None) -> AlphaBetaFit:
         raise ShardlabError(f"need at least two measured sizes to fit α and β{' for ' + op if op else ''}; "
                             f"give a size range such as --sizes 1KB:1MB")
     n = int(sel[0]["world_size"])
-    X = np.array([[algorithm_steps(r["op"], n), busbw_factor(r["op"], n) * r["size_bytes"]] for r in sel], float)
+    X = np.array([(lambda st, f: [st, f * r["size_bytes"]])(*ring_terms(r["op"], n)) for r in sel], float)
     t = np.array([float(r["time_s"]) for r in sel])
     if np.any(t <= 0):
         raise ShardlabError("measured times must be positive; the benchmark produced a zero time")
     alpha, inv_beta = _weighted_nonneg_lstsq(X, t)
-    if inv_beta <= 0:
+    if inv_beta * X[:, 1].max() <= 1e-6 * t.max():  # the bandwidth term explains nothing of the largest time
         raise ShardlabError("the measured times do not grow with the message size, so no bandwidth can be "
                             "fitted; widen the size range (e.g. --sizes 1KB:64MB)")
     pred = X @ np.array([alpha, inv_beta])
@@ -152,11 +125,6 @@ def gemm_size(m: int, n: int, k: int) -> int:
     return min(m, n, k)
 
 
-def matmul_efficiency(n: float | np.ndarray, max_fraction: float, half_size: float):
-    """eff(n) = max_fraction · n / (n + half_size): share of peak FLOP/s a GEMM of size n reaches."""
-    return max_fraction * np.asarray(n, float) / (np.asarray(n, float) + half_size)
-
-
 @dataclass(frozen=True)
 class EfficiencyFit:
     """Fitted achieved-matmul curve: achieved FLOP/s = eff(n) · peak_flops."""
@@ -172,25 +140,35 @@ class EfficiencyFit:
     points: int
     """GEMMs fitted."""
 
-    def predict_flops(self, n: float) -> float:
-        return float(matmul_efficiency(n, self.max_fraction, self.half_size)) * self.peak_flops
+    @property
+    def curve(self) -> MatmulEfficiency:
+        return MatmulEfficiency(self.max_fraction, self.half_size, "fit")
+
+    def predict_flops(self, n):
+        """Achieved FLOP/s at GEMM size ``n`` (the estimate's ``gemm_efficiency`` × peak; array-safe)."""
+        from shardlab.estimate.hardware import gemm_efficiency
+
+        return gemm_efficiency(n, self.curve) * self.peak_flops
 
 
 def fit_efficiency(sizes: Sequence[float], achieved_flops: Sequence[float], peak_flops: float) -> EfficiencyFit:
-    """Least-squares fit (relative residuals) of eff(n)·peak to measured FLOP/s.
+    """Least-squares fit of eff(n)·peak to measured FLOP/s, on log values (symmetric in over- and under-shoot,
+    so one GEMM slowed down by a busy machine does not drag the curve down).
 
     For a given half_size h the best max_fraction is closed-form (g = n/(n+h), f = measured/peak):
-    m = Σ(g/f) / Σ(g²/f²); h is searched on a log grid from 1e-3·min(n) to 1e3·max(n), then refined.
+    log m = mean(log f − log g); h is searched on a log grid from 1e-3·min(n) to 1e3·max(n), then refined.
+    ``rel_rms`` is the root-mean-square of predicted/measured − 1.
     """
     n = np.asarray(sizes, float)
     f = np.asarray(achieved_flops, float) / peak_flops
     if len(n) < 2 or np.any(n <= 0) or np.any(f <= 0):
         raise ShardlabError("need at least two GEMMs with positive sizes and times to fit the matmul efficiency")
+    lf = np.log(f)
 
     def best(h: float) -> tuple[float, float]:
-        g = n / (n + h)
-        m = float(np.sum(g / f) / np.sum(g * g / (f * f)))
-        return float(np.sum((m * g / f - 1.0) ** 2)), m
+        lg = np.log(n / (n + h))
+        lm = float(np.mean(lf - lg))
+        return float(np.sum((lm + lg - lf) ** 2)), math.exp(lm)
 
     lo, hi = math.log(n.min() * 1e-3), math.log(n.max() * 1e3)
     for _ in range(3):
@@ -199,5 +177,6 @@ def fit_efficiency(sizes: Sequence[float], achieved_flops: Sequence[float], peak
         i = int(np.argmin(errs))
         lo, hi = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
     h = float(grid[i])
-    err, m = best(h)
-    return EfficiencyFit(m, h, float(peak_flops), math.sqrt(err / len(n)), len(n))
+    m = best(h)[1]
+    rel = float(np.sqrt(np.mean((m * n / (n + h) / f - 1.0) ** 2)))
+    return EfficiencyFit(m, h, float(peak_flops), rel, len(n))

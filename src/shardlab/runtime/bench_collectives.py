@@ -8,7 +8,7 @@ all-reduce, the gathered output of an all-gather, the input of a reduce-scatter,
 an all-to-all, the message of a send/recv (each rank sends S to its right neighbour and receives S from its
 left one, like nccl-tests' sendrecv). time = mean over ranks (nccl-tests' default ``-a 1``) of the time
 per iteration (median of three timed batches, see :func:`_measure`); algbw = S / time; busbw = algbw ×
-factor (``shardlab.calibration.busbw_factor``).
+factor (``shardlab.comm.collectives.bus_factor``).
 Buffers are fp32 (reduction ops sum); S is rounded to a multiple of 4·n bytes so every rank's chunk is whole.
 """
 
@@ -20,7 +20,7 @@ import statistics
 import time
 import warnings
 
-from shardlab.calibration import busbw_factor, check_op
+from shardlab.comm.collectives import bus_factor, check_op
 from shardlab.errors import ShardlabError
 
 BENCH_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -75,7 +75,7 @@ def summarise_row(op: str, size_bytes: int, time_s: float, n: int) -> dict:
     """One table row with the nccl-tests definitions of algbw and busbw (GB/s = 1e9 bytes/s)."""
     algbw = size_bytes / time_s / 1e9
     return {"op": op, "size_bytes": size_bytes, "time_s": time_s, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * busbw_factor(op, n), "world_size": n}
+            "busbw_gbps": algbw * bus_factor(op, n), "world_size": n}
 
 
 def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int = 20, warmup: int = 2,
@@ -105,16 +105,20 @@ def analyse(doc: dict) -> dict:
     from shardlab.runtime.calibrate import fit_summary
 
     rows = doc["rows"]
-    fits = {}
-    for op in dict.fromkeys(r["op"] for r in rows):
-        if sum(r["op"] == op for r in rows) >= 2:
-            fits[op] = fit_alpha_beta(rows, op)
-    if len(fits) > 1:
-        fits["joint"] = fit_alpha_beta(rows)
+    fits, errors = {}, {}
+    for op in list(dict.fromkeys(r["op"] for r in rows)) + ["joint"]:
+        try:  # one op's noisy, flat times must not cost the other ops their fits
+            if op == "joint":  # one alpha and beta for every op measured (the link of a profile)
+                fits[op] = fit_alpha_beta(rows)
+            elif op != "joint" and sum(r["op"] == op for r in rows) >= 2:
+                fits[op] = fit_alpha_beta(rows, op)
+        except ShardlabError as e:
+            errors[op] = str(e)
     for r in rows:
         f = fits.get(r["op"])
         r["fitted_time_s"] = f.predict_s(r["op"], r["size_bytes"]) if f else None
     doc["fits"] = {k: fit_summary(f) for k, f in fits.items()}
+    doc["fit_errors"] = errors
     doc["model"] = ("t = steps*alpha + factor*S/beta; steps: all-reduce 2(n-1), all-gather/reduce-scatter/"
                     "all-to-all n-1, send-recv 1; factor = nccl-tests busbw factor; least squares on relative error")
     return doc
@@ -140,6 +144,8 @@ def render(doc: dict) -> str:
                           for k, f in fits.items()],
                          title="alpha-beta fits: t = steps*alpha + factor*S/beta (steps: all-reduce 2(n-1), "
                                "all-gather/reduce-scatter/all-to-all n-1, send-recv 1)"))
+    for op, err in (doc.get("fit_errors") or {}).items():
+        out.append(f"no fit for {op}: {err}")
     if doc.get("plot"):
         out.append(f"\nplot: {doc['plot']}")
     return "\n".join(out)
@@ -166,7 +172,7 @@ def plot_collectives(doc: dict, path: str) -> str:
         if fit:
             f = AlphaBetaFit(op, n, fit["alpha_s"], fit["beta_bytes_per_s"], fit["rel_rms"], fit["points"])
             s = np.logspace(np.log10(rows[0]["size_bytes"]), np.log10(rows[-1]["size_bytes"]), 100)
-            bus = [busbw_factor(op, n) * x / f.predict_s(op, x) / 1e9 for x in s]
+            bus = [bus_factor(op, n) * x / f.predict_s(op, x) / 1e9 for x in s]
             ax.plot(s, bus, "-", color=color, alpha=0.7,
                     label=f"{op} fit: α={f.latency_us:.4g} µs/step, β={f.beta_gbps:.3g} GB/s")
     ax.set_xscale("log")

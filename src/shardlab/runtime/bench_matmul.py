@@ -100,6 +100,7 @@ def default_grid(device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple[int, ...], *,
                  min_time_s: float = 0.2, threads: int | None = 1, progress=None) -> dict:
     """Measure every GEMM of ``hidden`` × ``tokens``; returns rows and the run's settings (no fit)."""
+    from shardlab.calibration import gemm_size
     from shardlab.runtime import require_torch
 
     torch = require_torch()
@@ -115,7 +116,7 @@ def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple
                 k, n = kk * h, nn * h
                 s = time_gemm(torch, t, k, n, tdtype, device, min_time_s)
                 fl = 2.0 * t * k * n
-                rows.append(MatmulRow(name, h, t, t, k, n, min(t, k, n), fl, s, fl / s / 1e12))
+                rows.append(MatmulRow(name, h, t, t, k, n, gemm_size(t, n, k), fl, s, fl / s / 1e12))
                 if progress:
                     progress(rows[-1])
     return {
@@ -130,14 +131,14 @@ def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple
 
 def analyse(doc: dict, accelerator) -> dict:
     """Fit eff(n)·peak to the rows (peak = ``accelerator``'s for the dtype, or the best measured when it has none)."""
-    from shardlab.calibration import fit_efficiency, matmul_efficiency
+    from shardlab.calibration import fit_efficiency
     from shardlab.runtime.calibrate import fit_summary
 
     rows = doc["rows"]
     peak = accelerator.peak_tflops.get(doc["dtype"]) or max(r["tflops"] for r in rows)
     fit = fit_efficiency([r["size"] for r in rows], [r["tflops"] * 1e12 for r in rows], peak * 1e12)
     for r in rows:
-        r["fitted_tflops"] = float(matmul_efficiency(r["size"], fit.max_fraction, fit.half_size)) * peak
+        r["fitted_tflops"] = float(fit.predict_flops(r["size"])) / 1e12
         r["fraction_of_peak"] = r["tflops"] / peak
     doc["accelerator"] = accelerator.id
     doc["peak_tflops"] = peak
@@ -193,7 +194,7 @@ def plot_matmul(doc: dict, path: str) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from shardlab.calibration import matmul_efficiency
+    from shardlab.calibration import EfficiencyFit
 
     scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -205,7 +206,8 @@ def plot_matmul(doc: dict, path: str) -> str:
     if fit:
         sizes = [r["size"] for r in doc["rows"]]
         x = np.logspace(np.log10(min(sizes)), np.log10(max(sizes)), 200)
-        y = matmul_efficiency(x, fit["max_fraction"], fit["half_size"]) * fit["peak_tflops"] * scale
+        f = EfficiencyFit(fit["max_fraction"], fit["half_size"], fit["peak_flops"], fit["rel_rms"], fit["points"])
+        y = f.predict_flops(x) / 1e12 * scale
         ax.plot(x, y, "k-", label=(f"fit: {fit['max_fraction']:.3g}·n/(n+{fit['half_size']:.3g}) × peak "
                                    f"{fit['peak_tflops'] * scale:.4g} {unit}"))
         ax.axhline(fit["peak_tflops"] * scale, color="grey", ls=":", label=f"peak ({doc.get('accelerator', '')})")
@@ -218,7 +220,7 @@ def plot_matmul(doc: dict, path: str) -> str:
     ax.set_ylabel(f"achieved {unit}")
     ax.set_title(f"{doc['dtype']} matmul on {doc.get('device_name', doc['device'])}: measured and fitted")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

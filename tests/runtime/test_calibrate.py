@@ -1,0 +1,92 @@
+"""`shardlab calibrate`: measured (2 gloo ranks + tiny matmuls) or from saved bench JSON, the profile it writes
+loads with the strict catalog and carries the fitted numbers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import cli_main, run_cli
+
+from shardlab.catalog import get_catalog
+from shardlab.comm.collectives import alpha_beta_time, bus_factor
+from shardlab.estimate.hardware import gemm_efficiency
+
+
+def _bench_files(tmp_path, alpha=400e-6, beta=0.8e9, m=0.45, h=20.0):
+    """Synthetic `bench ... --json` documents generated from known parameters."""
+    rows = []
+    for op in ("all-reduce", "send-recv"):
+        for s in (1e3, 1e4, 1e5, 1e6, 1e7):
+            t = alpha_beta_time(op, s, 2, alpha, beta, "ring")
+            rows.append({"op": op, "size_bytes": int(s), "time_s": t, "algbw_gbps": s / t / 1e9,
+                         "busbw_gbps": s / t / 1e9 * bus_factor(op, 2), "world_size": 2})
+    coll = {"backend": "gloo", "device": "cpu", "world_size": 2, "rows": rows}
+    mrows = [{"gemm": "qkv", "hidden": n, "tokens": 512, "m": 512, "k": n, "n": 3 * n, "size": n, "flops": 1.0,
+              "time_s": 1.0, "tflops": m * n / (n + h) * 0.096} for n in (16, 32, 64, 128, 256, 512)]
+    mm = {"device": "cpu", "device_name": "test cpu", "dtype": "fp32", "threads": 1, "torch_version": "x", "rows": mrows}
+    (tmp_path / "c.json").write_text(json.dumps(coll))
+    (tmp_path / "m.json").write_text(json.dumps(mm))
+    return str(tmp_path / "m.json"), str(tmp_path / "c.json")
+
+
+def test_from_saved_bench_output_reproduces_known_parameters(tmp_path):
+    m_json, c_json = _bench_files(tmp_path)
+    out = tmp_path / "profile.yaml"
+    code, stdout, err = cli_main("calibrate", "--out", str(out), "--from-matmul", m_json, "--from-collectives", c_json,
+                                 "--link-fit", "all-reduce", "--json")
+    assert code == 0, err
+    doc = json.loads(stdout)
+    cat = get_catalog([str(out)])
+    acc, link = cat.accelerator(cat.profile["gpu"]), cat.link(cat.profile["intra_link"])
+    assert acc.id == "cpu-core-calibrated" and doc["profile_path"] == str(out)
+    assert acc.efficiency.max_fraction == pytest.approx(0.45, rel=1e-2)
+    assert acc.efficiency.half_size == pytest.approx(20.0, rel=2e-2)
+    assert link.latency_s == pytest.approx(400e-6, rel=1e-3) and link.bytes_per_s == pytest.approx(0.8e9, rel=1e-3)
+    assert "all-reduce" in link.source and "per op" in link.source
+    assert out.read_text().startswith("# shardlab hardware profile")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--out", "/no/such/dir/p.yaml"], "does not exist"),
+    (["--out", "p.yaml", "--link-fit", "allreduce"], "unknown collective"),
+    (["--out", "p.yaml", "--link-fit", "broadcast"], "no such fit"),
+    (["--out", "p.yaml", "--from-matmul", "/no/such.json"], "cannot read"),
+    (["--out", "p.yaml", "--nproc", "1", "--from-matmul", "M"], "at least 2"),
+])
+def test_bad_input_exit_2(tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    m_json, c_json = _bench_files(tmp_path)
+    args = [m_json if a == "M" else a for a in args]
+    extra = [] if "--from-matmul" in args else ["--from-matmul", m_json]
+    if "--nproc" not in args:
+        extra += ["--from-collectives", c_json]
+    code, _, err = cli_main("calibrate", *args, *extra)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_measured_profile_on_this_machine(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "p.yaml"
+    r = run_cli("calibrate", "--out", str(out), "--nproc", "2", "--ops", "all-reduce,send-recv", "--sizes", "1KB:4MB:4",
+                "--iters", "2", "--min-time", "0.01", "--hidden", "16,32,64", "--tokens", "16,64", "--matmul-time", "0.005",
+                "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    cat = get_catalog([str(out)])
+    prof = cat.profile
+    acc, link = cat.accelerator(prof["gpu"]), cat.link(prof["intra_link"])
+    fit = doc["matmul"]["fit"]
+    n = np.array([16.0, 64.0])
+    expect = fit["max_fraction"] * n / (n + fit["half_size"]) * fit["peak_flops"]
+    assert np.allclose(gemm_efficiency(n, acc.efficiency) * acc.peak_flops("fp32"), expect, rtol=2e-3)
+    joint = doc["collectives"]["fits"]["joint"]
+    assert link.bytes_per_s == pytest.approx(joint["beta_bytes_per_s"], rel=2e-3)
+    assert link.latency_s == pytest.approx(joint["alpha_s"], rel=2e-3) or joint["alpha_s"] < 1e-9
+    assert prof["gpus_per_node"] >= 2 and prof["inter_link"] == "ethernet-10g" and prof["measured_at"]
+    # the estimate runs on the calibrated hardware
+    code, out_txt, err = cli_main("estimate", "gpt2", "--gpus", "2", "--precision", "fp32", "--seq-len", "128",
+                                  "--catalog", str(out), "--gpu", prof["gpu"], "--json")
+    assert code == 0, err
+    assert json.loads(out_txt)
