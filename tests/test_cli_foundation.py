@@ -124,3 +124,17 @@ def test_entry_point_subprocess():
     assert r.returncode == 0 and "ZeRO-1" in r.stdout
     r = run_cli("memory", "nope-model")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_command_owner_map_matches_registration():
+    """`shardlab CMD` imports only CMD's module: the static map must name exactly what each module registers."""
+    import importlib
+
+    from shardlab.cli import COMMAND_MODULES, COMMAND_OWNERS, _Parser
+
+    for mod in COMMAND_MODULES:
+        p = _Parser(prog="x")
+        sub = p.add_subparsers()
+        importlib.import_module(mod).register(sub)
+        registered = set(sub.choices)
+        assert registered == {c for c, m in COMMAND_OWNERS.items() if m == mod}, mod

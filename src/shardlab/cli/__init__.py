@@ -24,6 +24,19 @@ COMMAND_MODULES = (
 )
 
 
+# Which module registers which command: lets `shardlab CMD` import only the module it needs.
+# tests/test_cli_foundation.py checks this map against what the modules register.
+COMMAND_OWNERS = {
+    "plan": "shardlab.cli.plan_cmds", "estimate": "shardlab.cli.plan_cmds", "validate": "shardlab.cli.plan_cmds",
+    "memory": "shardlab.cli.memory_cmd",
+    "comm": "shardlab.cli.comm_cmds", "shard": "shardlab.cli.comm_cmds", "pipeline": "shardlab.cli.comm_cmds",
+    "cost": "shardlab.cli.cost_cmds", "guard": "shardlab.cli.cost_cmds", "ledger": "shardlab.cli.cost_cmds",
+    "run": "shardlab.cli.runtime_cmds",
+    "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
+    "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: 'error: ... (see shardlab CMD --help)', exit code 2."""
 
@@ -32,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (``only`` = a command name) one holding just the module that owns it."""
     from shardlab import __version__
 
     parser = _Parser(prog="shardlab", description=(
@@ -41,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Every command accepts --json. Start with: shardlab plan")
     parser.add_argument("--version", action="version", version=f"shardlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
+    modules = [COMMAND_OWNERS[only]] if only in COMMAND_OWNERS else COMMAND_MODULES
+    for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -74,7 +89,8 @@ def _json_default(o):
 def main(argv: list[str] | None = None) -> int:
     from shardlab.errors import ShardlabError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

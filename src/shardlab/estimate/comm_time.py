@@ -76,22 +76,37 @@ def pp_p2p_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, pp, vpp, tokens, hi
     return np.where(pp > 1, 2 * np.asarray(vpp) * one, 0.0)
 
 
-def dp_step_s(cluster: Cluster, *, tp, cp, dp, zero, params_local, grad_bytes: int, weight_bytes: int,
-              microbatches, bwd_last_s, overlap: bool, expert_params_local=0, ep=1):
+def linear_cost(op: str, n, link) -> tuple:
+    """(latency_s, seconds_per_byte) of ``op`` on groups of ``n`` over ``link``: the α–β time is linear in the
+    size, so one pair of coefficients prices every message of a candidate."""
+    t0 = _time(op, 0.0, n, link)
+    return t0, _time(op, 1.0, n, link) - t0
+
+
+def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep) -> dict:
+    """α–β coefficients of the gradient/weight collectives over the dense (dp·cp) and expert (dp·cp/ep) groups."""
+    D = np.asarray(dp) * np.asarray(cp)
+    De = D // np.asarray(ep)
+    link = group_link(cluster, D, tp)
+    elink = group_link(cluster, De, np.asarray(tp) * np.asarray(cp) * np.asarray(ep))
+    return {(op, grp): linear_cost(op, n, lk) for op in ("all-reduce", "reduce-scatter", "all-gather")
+            for grp, n, lk in (("dense", D, link), ("expert", De, elink))}
+
+
+def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes: int, microbatches, bwd_last_s,
+              overlap: bool, expert_params_local=0):
     """Exposed data-parallel / ZeRO-1/2 communication per step (ZeRO-3 is priced per micro-batch).
 
     Returns (exposed_s, total_s): what extends the step, and what the collectives take in all.
     """
     zero = np.asarray(zero)
-    D = np.asarray(dp) * np.asarray(cp)
-    link = group_link(cluster, D, tp)
-    De = D // np.asarray(ep)
-    elink = group_link(cluster, De, np.asarray(tp) * np.asarray(cp) * np.asarray(ep))
     dense = np.asarray(params_local) - np.asarray(expert_params_local)
-    g_dense, g_exp = dense * grad_bytes, np.asarray(expert_params_local) * grad_bytes
-    ar = _time("all-reduce", g_dense, D, link) + _time("all-reduce", g_exp, De, elink)
-    rs = _time("reduce-scatter", g_dense, D, link) + _time("reduce-scatter", g_exp, De, elink)
-    ag = _time("all-gather", dense * weight_bytes, D, link) + _time("all-gather", np.asarray(expert_params_local) * weight_bytes, De, elink)
+    sizes = {"dense": dense, "expert": np.asarray(expert_params_local)}
+
+    def t(op, bytes_per_param):
+        return sum(lat + per_byte * sizes[grp] * bytes_per_param for (o, grp), (lat, per_byte) in coeffs.items() if o == op)
+
+    ar, rs, ag = t("all-reduce", grad_bytes), t("reduce-scatter", grad_bytes), t("all-gather", weight_bytes)
     window = bwd_last_s if overlap else 0.0
     m = np.asarray(microbatches)
     # ZeRO-2 reduce-scatters every micro-batch; all but the last hide under the next backward when overlapped

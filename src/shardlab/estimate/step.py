@@ -97,13 +97,17 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
     n = len(c["dp"])
     g = _global_terms(spec, cluster, wl, c)
     out = {k: np.zeros(n) for k in OUTPUT_KEYS}
-    keys = np.stack([c["pp"], c["vpp"], c["sched"]], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    keys = (c["pp"] * 64 + c["vpp"]) * 8 + c["sched"]
+    order = np.argsort(keys, kind="stable")
+    uniq, starts = np.unique(keys[order], return_index=True)
+    bounds = list(starts) + [n]
     for gi, key in enumerate(uniq):
-        idx = np.nonzero(inverse.ravel() == gi)[0]
+        idx = order[bounds[gi]:bounds[gi + 1]]
         sub = {k: v[idx] for k, v in c.items()}
         gsub = _index(g, idx)
-        res = _evaluate_group(spec, cluster, wl, sub, gsub, int(key[0]), int(key[1]), int(key[2]), overheads)
+        pp, rest = divmod(int(key), 64 * 8)
+        vpp, sched = divmod(rest, 8)
+        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads)
         for k, v in res.items():
             out[k][idx] = v
     acc = cluster.accelerator
@@ -174,7 +178,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> d
         emb_ar=ct.tp_embedding_head_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e),
         p2p=ct.pp_p2p_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], vpp=c["vpp"], tokens=T, hidden=h, elem_bytes=e),
         emb_params=params[PRE][0] + np.zeros_like(T), head_params=params[spec.num_layers][0] + np.zeros_like(T),
-        m=wl.global_batch // (mb * dp))
+        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep))
 
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
@@ -228,9 +232,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
                                 unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients, holds_head=last,
                                 has_moe=counts[1] > 0)
         mem = w_b + g_b + o_b + acts + sum(np.asarray(v, dtype=float) for v in other.values())
-        exp, tot = ct.dp_step_s(cluster, tp=tp, cp=cp, dp=dp, zero=zero, params_local=total_p, grad_bytes=gbytes,
-                                weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
-                                expert_params_local=expert, ep=ep)
+        exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p, grad_bytes=gbytes, weight_bytes=sb.weights,
+                                microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap, expert_params_local=expert)
         # optimizer: read the gradient, read and write master weights and moments, write the weights
         opt = memory_time_s(np.where(zero >= 1, flat, total_p) * (sb.gradients + 2 * sb.optimizer + sb.weights), acc)
         rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt))

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from shardlab import xp
 from shardlab.layout import Layout
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import kv_heads_local
@@ -49,10 +48,7 @@ def _local_kv_width(spec: ModelSpec, t) -> int:
 
 def _tsh(layout):
     """Divisor of tensors replicated across TP ranks: tp with sequence parallelism, else 1 (array-safe)."""
-    sp = layout.sequence_parallel
-    if isinstance(sp, np.ndarray) or isinstance(layout.tp, np.ndarray):
-        return np.where(np.asarray(sp, dtype=bool), layout.tp, 1)
-    return layout.tp if sp else 1
+    return xp.where(layout.sequence_parallel, layout.tp, 1)
 
 
 def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> tuple[float, float]:
@@ -125,10 +121,10 @@ def in_flight(layout: Layout, stage: int, microbatches: int) -> float:
     """
     p, m = layout.pp, microbatches
     if p == 1:
-        return 1.0 if not isinstance(m, np.ndarray) else np.ones_like(m, dtype=float)
+        return m * 0 + 1.0
     if layout.schedule == "gpipe":
         return m * 1.0
     if layout.schedule == "interleaved" and layout.vpp > 1:
         v = layout.vpp
-        return np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
-    return np.minimum(p - stage, m) * 1.0
+        return xp.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+    return xp.minimum(p - stage, m) * 1.0

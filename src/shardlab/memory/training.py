@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
+from shardlab import xp
 from shardlab.errors import ShardlabError
 from shardlab.layout import Layout, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
@@ -209,9 +208,9 @@ def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationConte
     working = 0.0
     for layer, count in layer_kinds(spec, layers).items():
         tot, sc = per_kind[spec.is_moe_layer(layer)] if per_kind else layer_activation_bytes(spec, layer, layout, ctx)
-        kept = np.where(code == 2, full_in, np.where(code == 1, tot - sc, tot))
+        kept = xp.where(code == 2, full_in, xp.where(code == 1, tot - sc, tot))
         saved = saved + count * kept
-        working = np.maximum(working, np.where(code == 2, tot, 0.0))  # one block re-materialised (full)
+        working = xp.maximum(working, xp.where(code == 2, tot, 0.0))  # one block re-materialised (full)
     acts = saved * n_in_flight + working
     if holds_embedding and ctx.dropout:
         acts = acts + sbh / tsh * n_in_flight           # embedding dropout mask (1 byte)
@@ -236,7 +235,7 @@ def recompute_code(recompute):
     """'none' 0, 'selective' 1, 'full' 2 (arrays pass through)."""
     if isinstance(recompute, str):
         return {"none": 0, "selective": 1, "full": 2}[recompute]
-    return np.asarray(recompute)
+    return recompute
 
 
 def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
@@ -258,25 +257,24 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
         # fp32 log-softmax kept per micro-batch in flight, plus the logits and their fp32 gradient
         other["logits_and_loss"] = s_l * layout.micro_batch * vocab_local * (4 * n_last + e + 4)
     groups = [t, layout.cp, D, layout.pp, layout.ep]
-    other["nccl_buffers"] = sum((np.asarray(g) > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
-    other["ddp_buckets"] = np.where((np.asarray(z) == 0) & (np.asarray(D) > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
-    other["zero_buckets"] = np.where(((np.asarray(z) == 1) | (np.asarray(z) == 2)) & (np.asarray(D) > 1),
-                                     ov.zero_bucket_layers * unit_grad_bytes, 0)
-    other["fsdp_buffers"] = np.where((np.asarray(z) == 3) & (np.asarray(D) > 1),
+    other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
+    other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
+    other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
+    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1),
                                      ov.fsdp_prefetch_units * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
-    other["pp_p2p"] = np.where(np.asarray(layout.pp) > 1, 2 * e * sbh / tsh, 0)
-    other["tp_sp_gather"] = np.where((np.asarray(t) > 1) & np.asarray(layout.sequence_parallel, dtype=bool), e * sbh, 0)
+    other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
+    other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
     kv_w = kv_heads_local(spec.num_kv_heads, t) * spec.head_dim_
-    other["cp_kv_blocks"] = np.where(np.asarray(layout.cp) > 1, 2 * 2 * e * s_l * layout.micro_batch * kv_w, 0)
+    other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * 2 * e * s_l * layout.micro_batch * kv_w, 0)
     if has_moe:
-        other["ep_all_to_all"] = np.where(np.asarray(layout.ep) > 1, 2 * e * spec.moe.top_k * sbh, 0)
+        other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
     dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
     other["fragmentation"] = ov.fragmentation * (acts + dynamic)
     return other
 
 
 def _scalar_eq(x, v) -> bool:
-    return not isinstance(x, np.ndarray) and x == v
+    return not xp.is_array(x) and x == v
 
 
 def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes, ctx: ActivationContext,

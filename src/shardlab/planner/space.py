@@ -13,7 +13,6 @@ it breaks (the order of REJECT_REASONS), and the rest are scored. Options:
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import numpy as np
@@ -72,9 +71,10 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
     rcs, sps = pick("rc", [0, 1, 2]), pick("sp", [0, 1])
     pipes = [(pp, v, s) for pp in pps for v, s in pipeline_options(pp)
              if ("vpp" not in fixed or v == fixed["vpp"]) and ("sched" not in fixed or s == fixed["sched"])]
-    grid = np.array(list(itertools.product(tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps)), dtype=np.int64)
+    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps)]
+    index = np.indices([len(a) for a in axes]).reshape(len(axes), -1)   # the Cartesian product, as index arrays
+    tp, pidx, cp, ep, zero, mb, rc, sp = (a[i] for a, i in zip(axes, index))
     pipes_a = np.array(pipes, dtype=np.int64)
-    tp, pidx, cp, ep, zero, mb, rc, sp = grid.T
     pp, vpp, sched = pipes_a[pidx].T
     mp = tp * pp * cp
     dp = np.where(num_gpus % mp == 0, num_gpus // np.maximum(mp, 1), 0)
@@ -92,7 +92,7 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         ~((sp == 1) & (tp == 1)) & ~((zero > 0) & (dp * cp == 1)),
     ]
     rejected = Counter()
-    alive = np.ones(len(grid), dtype=bool)
+    alive = np.ones(len(tp), dtype=bool)
     for reason, ok in zip(REJECT_REASONS, checks):
         bad = alive & ~ok
         if bad.any():
@@ -100,4 +100,4 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         alive &= ok
     cands = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "vpp": vpp, "mb": mb, "rc": rc, "sp": sp,
              "sched": sched}
-    return {k: v[alive] for k, v in cands.items()}, rejected, len(grid)
+    return {k: v[alive] for k, v in cands.items()}, rejected, len(tp)

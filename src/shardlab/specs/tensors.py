@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 
-import numpy as np
+from shardlab import xp
 
 from shardlab.specs.model import ModelSpec
 
@@ -75,9 +76,7 @@ class TensorSpec:
 
 def kv_heads_local(num_kv_heads: int, tp):
     """K/V heads per TP rank: split when tp <= kv heads, else one (replicated). Array-safe in tp."""
-    if isinstance(tp, np.ndarray):
-        return np.where(tp <= num_kv_heads, num_kv_heads // np.maximum(tp, 1), 1)
-    return num_kv_heads // tp if tp <= num_kv_heads else 1
+    return xp.where(tp <= num_kv_heads, num_kv_heads // xp.maximum(tp, 1), 1)
 
 
 def _linear(out: list, name: str, out_f: int, in_f: int, layer: int, comp: str, tp: str | None,
@@ -149,8 +148,13 @@ def _moe(out: list, spec: ModelSpec, i: int) -> None:
         _dense_mlp(out, spec, f"{p}.shared", fe * m.num_shared_experts, i, "shared_experts")
 
 
-def model_tensors(spec: ModelSpec) -> list[TensorSpec]:
-    """Every parameter tensor of ``spec`` (the output head is omitted when embeddings are tied)."""
+def model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
+    """Every parameter tensor of ``spec`` (the output head is omitted when embeddings are tied). Cached per spec."""
+    return _model_tensors(spec)
+
+
+@lru_cache(maxsize=64)
+def _model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     h, L = spec.hidden_size, spec.num_layers
     out: list[TensorSpec] = [TensorSpec("tok_embeddings.weight", (spec.vocab_size, h), PRE, "embedding", tp_dim=0)]
     if spec.position == "learned":
@@ -168,7 +172,7 @@ def model_tensors(spec: ModelSpec) -> list[TensorSpec]:
     _norm(out, spec, "norm", h, L)
     if not spec.tied_embeddings:
         out.append(TensorSpec("output.weight", (spec.vocab_size, h), L, "head", tp_dim=0))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)
