@@ -7,44 +7,32 @@ import argparse
 from shardlab.errors import ShardlabError
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, cast, allow_zero: bool):
+    """Parse ``text`` with ``cast`` (int or float) and require it positive (or zero or more)."""
     try:
-        v = int(float(text)) if "e" in text.lower() else int(text)
+        v = int(float(text)) if cast is int and "e" in text.lower() else cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+        raise argparse.ArgumentTypeError(f"'{text}' is not a {'whole number' if cast is int else 'number'}") from None
+    if not (v >= 0 if allow_zero else v > 0):
+        kind = "whole number" if cast is int else "number"
+        raise argparse.ArgumentTypeError(f"must be {'zero or more' if allow_zero else f'a positive {kind}'}, got {text}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, False)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return v
+    return _number(text, int, True)
 
 
 def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
+    return _number(text, float, False)
 
 
 def nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return v
+    return _number(text, float, True)
 
 
 def int_list(text: str) -> tuple[int, ...]:
