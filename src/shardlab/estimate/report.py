@@ -7,7 +7,7 @@ from shardlab.estimate.training import TrainingEstimate
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.precision import state_bytes
 from shardlab.report.table import table
-from shardlab.units import fmt_count, fmt_time
+from shardlab.units import fmt_count, fmt_time  # noqa: F401
 
 
 def component_rows(est: TrainingEstimate) -> list[list[str]]:
@@ -23,8 +23,8 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
     achieved = stage_flops / (b["compute_s"] * peak) if b["compute_s"] else 0.0
     m = est.microbatches
     text = {
-        "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}), {m} micro-batches: "
-                      f"≈{fmt_count(stage_flops)}FLOP per GPU at {100 * achieved:.0f}% of {peak / 1e12:g} TFLOP/s "
+        "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}) for {m} micro-batches; "
+                      f"{stage_flops:.3g} model FLOP per GPU on average, i.e. {100 * achieved:.0f}% of {peak / 1e12:g} TFLOP/s "
                       f"[GEMMs: {curve.max_fraction:g}·d/(d+{curve.half_size:g}) of peak{' (default curve, estimate)' if default else ''}; "
                       f"norms/activations at {MEMORY_EFFICIENCY:.0%} of {acc.memory_bandwidth_gbps:g} GB/s]"),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
@@ -65,7 +65,7 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"{wl.precision}, {wl.optimizer}",
         "",
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
-        table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="rrrl"),
+        table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl"),
         "",
         f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.1f} model TFLOP/s per GPU "
         f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.1f} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
