@@ -64,7 +64,8 @@ def register(sub) -> None:
                    help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron")
     t.add_argument("--nproc", type=positive_int, default=2, help="ranks per node")
     t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
-    t.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (step 0 measures memory; the rest are timed)")
+    t.add_argument("--steps", type=positive_int, default=4,
+                   help="optimizer steps: 0 measures memory, 1 times collectives, 2+ give the step time")
     t.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
     t.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per DP rank")
     t.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")

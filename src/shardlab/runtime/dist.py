@@ -83,10 +83,15 @@ def init_from_env(timeout_s: float | None = None, device_type: str | None = None
 
 
 def destroy() -> None:
-    """Tear the default process group down (safe to call twice)."""
+    """Tear the default process group down after every rank got here (safe to call twice).
+
+    The barrier matters: a rank that closes its gloo connections while a peer is still finishing its last
+    collective can make that peer abort (SIGABRT).
+    """
     import torch.distributed as dist
 
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

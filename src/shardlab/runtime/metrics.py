@@ -171,8 +171,8 @@ class SavedActivations:
 
         from torch.distributed.tensor import DTensor
 
-        if isinstance(t, torch.nn.Parameter):
-            return t
+        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+            return t  # a weight or a view of one (F.linear saves weight.t()): FSDP's gathered weights too
         local = t.to_local() if isinstance(t, DTensor) else t
         if getattr(local, "is_meta", False):
             return t

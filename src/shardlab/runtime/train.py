@@ -25,8 +25,8 @@ class TrainRequest:
     """Ranks per node."""
     model: str = "tiny"
     """Preset (tiny, small, tiny-gpt2), catalog id, config.json or YAML."""
-    steps: int = 3
-    """Optimizer steps."""
+    steps: int = 4
+    """Optimizer steps (0: memory and collective counts, 1: collective times, 2+: step time)."""
     global_batch: int = 8
     """Sequences per step."""
     micro_batch: int | None = None

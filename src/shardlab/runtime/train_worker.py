@@ -3,8 +3,10 @@
 Each rank: joins the process group, builds its share of the strategy, runs ``--steps`` steps on its slice
 of the deterministic global batches and writes ``rank{r}.json`` into ``$SHARDLAB_RUN_DIR``:
 step times, collectives (count/bytes by op and phase for one step, time per step), model-state bytes
-measured from storages after the first optimizer step, peak memory by category (torch's MemTracker, on
-step 0 only: the tracker slows a step, so step 0 is not timed unless it is the only one), and losses.
+measured from storages after the first optimizer step, peak memory by category (torch's MemTracker) and
+saved activations (on step 0), and losses. Instruments slow a step, so they are kept off the timed steps:
+step 0 measures memory and counts collectives, step 1 times the collectives, steps 2+ give the step time
+(with fewer steps, the step time includes instrumentation and says so).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=None)
     p.add_argument("--vpp", type=int, default=1)
     p.add_argument("--schedule", default="1f1b")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
@@ -83,7 +85,10 @@ def run(args, rr) -> dict:
     rec.reset()
     setup.counter.reset()
     dp_group = setup.mesh["dp"].get_group()
-    losses, times, states, peak, coll_step0, megatron_step0 = [], [], None, {}, {}, {}
+    # step 0: memory (MemTracker + saved activations) and collective counts; step 1: time in collectives
+    # (the recorder is a Python dispatch mode: it slows every op); steps 2+: clean step times
+    coll_step = 1 if args.steps > 1 else 0
+    losses, times, states, peak, coll_counts, coll_times, megatron_step0 = [], [], None, {}, {}, {}, {}
     for k in range(args.steps):
         x, y = data.shard(k, setup.coords["dp"], st.dp)
         dist.barrier()  # steps start together; the barrier is outside the timed region and the recorder
@@ -92,8 +97,9 @@ def run(args, rr) -> dict:
         tracker = PeakMemory(setup.modules, setup.optimizer, fsdp=st.data == "fsdp") \
             if k == 0 and st.pp == 1 and not args.no_mem_tracker else None
         saved = SavedActivations(setup.params) if k == 0 else contextlib.nullcontext()
+        recording = rec if k in (0, coll_step) else contextlib.nullcontext()
         t0 = time.perf_counter()
-        with rec:
+        with recording:
             if tracker:
                 tracker.__enter__()
             with saved:
@@ -113,10 +119,12 @@ def run(args, rr) -> dict:
             states = model_state_bytes(setup.params, setup.optimizer)
             peak = {"by_category": tracker.peak_by_category(), "at_peak": tracker.at_peak()} if tracker else {}
             peak["saved_activations"] = saved.peak_bytes
-            coll_step0, megatron_step0 = rec.summary(), dict(setup.counter.counts)
+            coll_counts, megatron_step0 = rec.summary(), dict(setup.counter.counts)
             if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 and rr.run_dir:
                 torch.save(grads, rr.run_dir / f"rank{ctx.rank}.grads.pt")
-            rec.reset()
+        if k == coll_step:
+            coll_times = rec.summary()
+        rec.reset()
         setup.optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss) if loss is not None else float("nan"))
     rr.beat("report")
@@ -125,26 +133,24 @@ def run(args, rr) -> dict:
     if st.dp > 1:
         dist.all_reduce(lt, group=dp_group)
         lt /= st.dp
-    timed = times[1:] or times
-    n_timed = len(timed)
-    coll = {op: {ph: {**v, "time_s": v["time_s"] if args.steps == 1 else None} for ph, v in d.items()}
-            for op, d in coll_step0.items()}
-    for op, d in rec.summary().items():  # time per step, averaged over the timed steps
-        for ph, v in d.items():
-            coll.setdefault(op, {}).setdefault(ph, {"count": v["count"] // n_timed, "bytes": v["bytes"] // n_timed})
-            coll[op][ph]["time_s"] = round(v["time_s"] / n_timed, 6)
-    step_s = statistics.median(timed)
+    clean = times[2:] or times[1:] or times
+    instrumented = len(times) < 3
+    coll = {op: {ph: {**v, "time_s": coll_times.get(op, {}).get(ph, {}).get("time_s")} for ph, v in d.items()}
+            for op, d in coll_counts.items()}
+    step_s = statistics.median(clean)
     doc = {
         "strategy": st.name, "world_size": ctx.world_size, "backend": ctx.backend, "device": ctx.device_type,
         "coords": setup.coords, "chunks": setup.pipeline.chunk_ids if setup.pipeline else [0],
         "computes_loss": setup.computes_loss, "losses": lt.tolist() if setup.computes_loss else None,
-        "step_time_s": step_s, "step_times_s": times, "timed_steps": n_timed,
+        "step_time_s": step_s, "step_times_s": times, "timed_steps": len(clean),
+        "step_time_instrumented": instrumented,
         "tokens_per_s": args.global_batch * args.seq_len / step_s,
         "collectives": coll, "setup_collectives": setup_collectives,
         "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in megatron_step0.items()},
         "model_states_bytes": states, "peak_bytes": peak,
         "params_local": sum(p.numel() for p in setup.params),
     }
+    rr.beat("shutdown")
     destroy()
     return doc
 

@@ -1,0 +1,189 @@
+"""``shardlab run infer``: greedy generation with tensor parallelism and a KV cache, checked three ways:
+the tokens equal a single-process (TP=1) run, and each rank's weight and KV-cache bytes equal the memory
+model (``shardlab.memory.inference``, fp32). ``--sweep`` runs T = 1, 2, 4 and plots the speedup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shardlab.errors import ShardlabError
+
+ELEM_BYTES = 4
+"""CPU runs are float32."""
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """What ``shardlab run infer`` was asked to run."""
+
+    tp: int = 2
+    """Tensor-parallel ranks."""
+    model: str = "tiny"
+    """Preset or catalog model."""
+    prompt: str = "The quick brown fox"
+    """Prompt text; its UTF-8 bytes (mod the vocabulary) are the prompt tokens."""
+    max_new_tokens: int = 16
+    """Tokens generated greedily."""
+    strategy: str = "tp-megatron"
+    """'tp-megatron' (our f/g layers) or 'tp' (DTensor plan)."""
+    seed: int = 0
+    """Model seed."""
+    timeout_s: float = 300.0
+    """The job is stopped after this long."""
+    device: str | None = None
+    """cpu or cuda (default: cuda when available)."""
+    torchrun_args: tuple[str, ...] = ()
+    """Extra torchrun flags (multi-node rendezvous)."""
+
+
+def prompt_tokens(text: str, vocab: int) -> list[int]:
+    if not text:
+        raise ShardlabError("--prompt is empty; give at least one character")
+    return [b % vocab for b in text.encode("utf-8")]
+
+
+def reference_tokens(spec, tokens: list[int], max_new: int, seed: int) -> list[int]:
+    """Greedy tokens of the same model in this process, no parallelism (TP = 1)."""
+    import torch
+
+    from shardlab.runtime.gpt import KVCache, build_model
+    from shardlab.runtime.infer_worker import generate
+
+    torch.set_num_threads(1)
+    model = build_model(spec, seed=seed).eval()
+    cache = KVCache(list(range(spec.num_layers)), 1, len(tokens) + max_new, spec.num_kv_heads, spec.head_dim_)
+    return generate(model, torch.tensor([tokens]), max_new, cache)[0]
+
+
+def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
+    from shardlab.memory.inference import kv_cache_bytes, weight_bytes_per_rank
+    from shardlab.runtime import require_torch
+    from shardlab.runtime.launch import launch
+    from shardlab.runtime.train import RunFailed
+    from shardlab.runtime.train_worker import resolve_spec
+
+    spec = resolve_spec(req.model)
+    t = req.tp
+    if spec.num_heads % t or (spec.num_kv_heads % t and t % spec.num_kv_heads):
+        raise ShardlabError(f"--tp {t} must divide {spec.name}'s {spec.num_heads} heads and divide or be a multiple of "
+                            f"its {spec.num_kv_heads} KV heads")
+    if req.strategy == "tp-megatron" and spec.num_kv_heads % t:
+        raise ShardlabError(f"tp-megatron needs --tp {t} to divide the {spec.num_kv_heads} KV heads; use --strategy tp")
+    toks = prompt_tokens(req.prompt, spec.vocab_size)
+    total = len(toks) + req.max_new_tokens
+    if spec.position == "learned" and total > spec.max_seq_len:
+        raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
+    require_torch()
+    args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
+            "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])
+    res = launch("shardlab.runtime.infer_worker", t, args, timeout_s=req.timeout_s, torchrun_args=list(req.torchrun_args))
+    if not res.ok:
+        raise RunFailed(res.summary)
+    ranks = res.rank_results()
+    w_pred = weight_bytes_per_rank(spec, t, 1, ELEM_BYTES)[0]
+    kv_pred = kv_cache_bytes(spec, 1, total, t, 1, ELEM_BYTES)
+    tokens = ranks[0]["tokens"]
+    ref = reference_tokens(spec, toks, req.max_new_tokens, req.seed) if check_reference else None
+    lat = max(d["latency_per_token_s"] for d in ranks)
+    return {
+        "model": spec.name, "tp": t, "strategy": req.strategy if t > 1 else "single", "prompt_tokens": toks,
+        "tokens": tokens, "text": bytes(x for x in tokens if x < 256).decode("utf-8", "replace"),
+        "matches_tp1": None if ref is None else tokens == ref,
+        "ranks_agree": all(d["tokens"] == tokens for d in ranks),
+        "ranks": [{"rank": d["rank"], "weight_bytes": d["weight_bytes"], "kv_cache_bytes": d["kv_cache_bytes"],
+                   "latency_per_token_s": d["latency_per_token_s"], "prefill_s": d["prefill_s"],
+                   "collectives": d["collectives"], "megatron_counter": d["megatron_counter"]} for d in ranks],
+        "predicted": {"weight_bytes": w_pred, "kv_cache_bytes": kv_pred,
+                      "source": "shardlab.memory.inference (fp32, batch 1, prompt + new tokens cached)"},
+        "memory_exact": all(d["weight_bytes"] == w_pred and d["kv_cache_bytes"] == kv_pred for d in ranks),
+        "latency_per_token_s": lat, "cached_tokens": total,
+        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir)},
+    }
+
+
+def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] = (1, 2, 4)) -> dict:
+    """T = 1, 2, 4 (those the model allows): latency per token, speedup over T = 1, and a PNG."""
+    runs = [run_infer(replace(req, tp=t), check_reference=False) for t in tps]
+    base = runs[0]["latency_per_token_s"]
+    points = [{"tp": r["tp"], "latency_per_token_s": r["latency_per_token_s"],
+               "speedup": base / r["latency_per_token_s"], "tokens_identical_to_tp1": r["tokens"] == runs[0]["tokens"],
+               "weight_bytes": r["ranks"][0]["weight_bytes"], "kv_cache_bytes": r["ranks"][0]["kv_cache_bytes"],
+               "memory_exact": r["memory_exact"]} for r in runs]
+    import os
+
+    doc = {"model": runs[0]["model"], "strategy": req.strategy, "points": points, "cpu_cores": os.cpu_count(),
+           "plot": None}
+    if plot:
+        doc["plot"] = plot_speedup(points, plot, doc["model"], os.cpu_count())
+    return doc
+
+
+def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tps = [p["tp"] for p in points]
+    sp = [p["speedup"] for p in points]
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
+    lo = min(min(sp), 1.0) / 2
+    ax.axhspan(lo, 1.0, color="tab:red", alpha=0.07, lw=0)
+    ax.text(max(tps) * 1.02, 1.0 * 0.93, "slower than T = 1", ha="right", va="top", fontsize=8, color="tab:red")
+    ax.plot(tps, tps, "--", color="grey", label="ideal (speedup = T)")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.plot(tps, sp, "o-", color="tab:blue", lw=2, label="measured (latency at T = 1 / latency at T)")
+    for t, s_, p in zip(tps, sp, points):
+        ax.annotate(f"{s_:.2f}×  ({p['latency_per_token_s'] * 1e3:.1f} ms/token)", (t, s_), textcoords="offset points",
+                    xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"})
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(lo, max(max(tps), max(sp)) * 1.6)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tps, [str(t) for t in tps])
+    ax.set_xlim(min(tps) / 1.35, max(tps) * 1.35)
+    ax.set_xlabel("tensor-parallel ranks T")
+    ax.set_ylabel("decode speedup over T = 1 (log scale)")
+    slow = [p["tp"] for p in points if p["speedup"] < 1]
+    note = f"T = {', '.join(map(str, slow))} slower than one rank" if slow else "every T faster than one rank"
+    ax.set_title(f"Greedy decoding with a KV cache, model {model}, {cores} CPU cores, gloo\n{note}", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def render_infer(doc: dict) -> str:
+    from shardlab.report.table import table
+    from shardlab.units import fmt_bytes, fmt_time
+
+    p = doc["predicted"]
+    rows = [[r["rank"], f"{r['weight_bytes']:,}", f"{p['weight_bytes']:,}", f"{r['kv_cache_bytes']:,}",
+             f"{p['kv_cache_bytes']:,}", fmt_time(r["prefill_s"]), fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
+    out = [f"shardlab run infer: {doc['model']} on tp {doc['tp']} ({doc['strategy']}), {len(doc['tokens'])} new tokens, "
+           f"{doc['cached_tokens']} cached", f"tokens: {doc['tokens']}",
+           f"identical to tp 1 (same model in one process): {doc['matches_tp1']}; all ranks agree: {doc['ranks_agree']}", "",
+           table(["rank", "weights B meas", "pred", "KV cache B meas", "pred", "prefill", "per token"], rows,
+                 title=f"per rank: measured (tensor storages) vs predicted ({p['source']})"),
+           f"memory {'matches the model exactly' if doc['memory_exact'] else 'DIFFERS from the model'}; "
+           f"per-token latency (slowest rank): {fmt_time(doc['latency_per_token_s'])}; "
+           f"weights {fmt_bytes(p['weight_bytes'])}/rank"]
+    return "\n".join(out)
+
+
+def render_sweep(doc: dict) -> str:
+    from shardlab.report.table import table
+    from shardlab.units import fmt_time
+
+    rows = [[p["tp"], fmt_time(p["latency_per_token_s"]), f"{p['speedup']:.2f}×", p["tokens_identical_to_tp1"],
+             f"{p['weight_bytes']:,}", f"{p['kv_cache_bytes']:,}", "yes" if p["memory_exact"] else "NO"] for p in doc["points"]]
+    out = [table(["T", "per token", "speedup", "same tokens", "weights B/rank", "KV B/rank", "memory = model"], rows,
+                 title=f"tensor-parallel decoding sweep, {doc['model']} ({doc['strategy']}), {doc['cpu_cores']} CPU cores")]
+    if any(p["speedup"] < 1 for p in doc["points"]):
+        out.append(f"speedup below 1 means slower: on {doc['cpu_cores']} cores a small model's decode step is dominated by "
+                   f"two all-reduces per block, and more ranks than cores time-share the CPU")
+    if doc["plot"]:
+        out.append(f"plot: {doc['plot']}")
+    return "\n".join(out)
