@@ -104,12 +104,12 @@ def test_efficiency_fit_with_noise_is_monotonic_and_close():
         fit_efficiency([64], [1e9], 1e12)
 
 
-def _profile(tmp_path, eff, link_fit, base="cpu-core", dtype="fp32"):
+def _profile(tmp_path, eff, link_fit, base="cpu-core", dtype="fp32", stream=None):
     cat = get_catalog()
     acc = cat.accelerator(base)
     link = cat.link(acc.system["intra_link"])
     doc = build_profile(acc, link, eff, dtype, link_fit, gpus_per_node=4, source="unit test",
-                        measured_at="2026-01-01T00:00:00+00:00")
+                        measured_at="2026-01-01T00:00:00+00:00", stream_gbps=stream)
     path = write_profile(doc, tmp_path / "profile.yaml", header="test")
     return doc, get_catalog([str(path)])
 
@@ -130,6 +130,16 @@ def test_profile_loads_strictly_and_reproduces_the_fits(tmp_path):
     assert link.latency_s == pytest.approx(350e-6, rel=1e-3)
     assert link.efficiency <= 1 and link.scope == "intra"
     assert cat.link(prof["inter_link"]).scope == "inter"
+    assert acc.memory_bandwidth_gbps == 20  # no memory-bound measurement: the catalog's value stays
+
+
+def test_profile_memory_rate_reproduces_the_measured_streaming_rate(tmp_path):
+    from shardlab.estimate.hardware import memory_time_s
+
+    _, cat = _profile(tmp_path, EfficiencyFit(0.42, 12.5, 0.096e12, 0.05, 24), None, stream=4.5)
+    acc = cat.accelerator(cat.profile["gpu"])
+    assert memory_time_s(4.5e9, acc) == pytest.approx(1.0, rel=1e-3)  # the estimate streams at the measured rate
+    assert "measured on eager memory-bound kernels" in acc.source
 
 
 def test_profile_raises_peak_when_measured_above_catalog_and_beta_above_line_rate(tmp_path):

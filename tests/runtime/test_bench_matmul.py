@@ -30,6 +30,12 @@ def test_rows_cover_the_layer_gemms_with_exact_flops(doc):
         assert r["fraction_of_peak"] == pytest.approx(r["tflops"] / 0.096)
 
 
+def test_memory_bound_kernels_rate(doc):
+    st = doc["stream"]
+    assert st["gbps"] > 0 and set(st["gbps_by_op"]) == {"add", "mul", "silu", "rms_norm", "softmax"}
+    assert min(st["gbps_by_size"]) <= st["gbps"] <= max(st["gbps_by_size"])
+
+
 def test_fit_is_relative_to_the_catalog_peak_and_rises_with_size(doc):
     f = doc["fit"]
     assert doc["accelerator"] == "cpu-core" and doc["peak_tflops"] == pytest.approx(0.096)

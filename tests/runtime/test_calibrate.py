@@ -85,6 +85,9 @@ def test_measured_profile_on_this_machine(tmp_path):
     assert link.bytes_per_s == pytest.approx(joint["beta_bytes_per_s"], rel=2e-3)
     assert link.latency_s == pytest.approx(joint["alpha_s"], rel=2e-3) or joint["alpha_s"] < 1e-9
     assert prof["gpus_per_node"] >= 2 and prof["inter_link"] == "ethernet-10g" and prof["measured_at"]
+    from shardlab.estimate.hardware import MEMORY_EFFICIENCY
+
+    assert acc.memory_bandwidth_gbps * MEMORY_EFFICIENCY == pytest.approx(doc["matmul"]["stream"]["gbps"], rel=2e-3)
     # the estimate runs on the calibrated hardware
     code, out_txt, err = cli_main("estimate", "gpt2", "--gpus", "2", "--precision", "fp32", "--seq-len", "128",
                                   "--catalog", str(out), "--gpu", prof["gpu"], "--json")

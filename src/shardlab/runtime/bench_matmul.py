@@ -25,6 +25,10 @@ CPU_HIDDEN = (32, 64, 128, 256, 512, 1024)
 """Default hidden sizes on CPU: the tiny GPTs the CPU runtime trains, up to 1024 (~0.1 s per GEMM on one core)."""
 CPU_TOKENS = (128, 512)
 """Default token counts on CPU (micro-batch × sequence length)."""
+CPU_STREAM = (2 ** 16, 2 ** 18, 2 ** 20)
+"""Elements of the memory-bound benchmark on CPU (activations of the runtime's small GPTs: 256 KB - 4 MB)."""
+GPU_STREAM = (2 ** 24, 2 ** 26)
+"""Elements of the memory-bound benchmark on CUDA (64 - 256 MB: past the L2 cache)."""
 GPU_HIDDEN = (512, 1024, 2048, 4096, 8192)
 """Default hidden sizes on CUDA (8192: Llama-3-70B)."""
 GPU_TOKENS = (512, 4096, 16384)
@@ -93,13 +97,47 @@ def time_gemm(torch, m: int, k: int, n: int, dtype, device: str, min_time_s: flo
     return statistics.median(run(fn, reps) for _ in range(5))
 
 
+def bench_stream(torch, device: str, numels: tuple[int, ...], min_time_s: float = 0.05) -> dict:
+    """Effective rate of the memory-bound kernels of a block, run eagerly as PyTorch runs them: add and mul
+    (residuals, SwiGLU's product; 2 reads + 1 write), SiLU, RMSNorm, softmax over 64 (1 read + 1 write).
+
+    rate = bytes moved / time summed over the five ops, fp32, rows of 256; the median over ``numels``. On a
+    GPU this approaches HBM bandwidth; on a CPU SiLU and softmax are compute-bound and the rate is far
+    below the memory bandwidth: what the estimate's memory-bound term should use there.
+    """
+    import torch.nn.functional as F
+
+    run = _timer(torch, device)
+    rates, per_op = [], {}
+    for numel in numels:
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(numel // 256, 256, device=device, generator=g)
+        y, w, out = torch.randn_like(x), torch.ones(256, device=device), torch.empty_like(x)
+        ops = {"add": (lambda: torch.add(x, y, out=out), 3), "mul": (lambda: torch.mul(x, y, out=out), 3),
+               "silu": (lambda: F.silu(x), 2), "rms_norm": (lambda: F.rms_norm(x, (256,), w), 2),
+               "softmax": (lambda: torch.softmax(x.view(-1, 64), -1), 2)}
+        total_b = total_t = 0.0
+        for name, (fn, passes) in ops.items():
+            first = run(fn, 1)
+            reps = max(1, min(1000, int(min_time_s / 5 / max(first, 1e-9))))
+            t = statistics.median(run(fn, reps) for _ in range(5))
+            total_b, total_t = total_b + passes * x.numel() * 4, total_t + t
+            per_op.setdefault(name, []).append(passes * x.numel() * 4 / t / 1e9)
+        rates.append(total_b / total_t / 1e9)
+    return {"gbps": statistics.median(rates), "numels": list(numels), "gbps_by_size": rates,
+            "gbps_by_op": {k: statistics.median(v) for k, v in per_op.items()},
+            "definition": "bytes (inputs read once + output written once) / time, summed over add, mul, silu, "
+                          "rms_norm, softmax; fp32; median over sizes"}
+
+
 def default_grid(device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (GPU_HIDDEN, GPU_TOKENS) if device == "cuda" else (CPU_HIDDEN, CPU_TOKENS)
 
 
 def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple[int, ...], *,
-                 min_time_s: float = 0.2, threads: int | None = 1, progress=None) -> dict:
-    """Measure every GEMM of ``hidden`` × ``tokens``; returns rows and the run's settings (no fit)."""
+                 min_time_s: float = 0.2, threads: int | None = 1, progress=None, stream_bench: bool = True) -> dict:
+    """Measure every GEMM of ``hidden`` × ``tokens`` (and the memory-bound kernels' rate, :func:`bench_stream`);
+    returns rows and the run's settings (no fit)."""
     from shardlab.calibration import gemm_size
     from shardlab.runtime import require_torch
 
@@ -119,9 +157,11 @@ def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple
                 rows.append(MatmulRow(name, h, t, t, k, n, gemm_size(t, n, k), fl, s, fl / s / 1e12))
                 if progress:
                     progress(rows[-1])
+    stream = bench_stream(torch, device, GPU_STREAM if device == "cuda" else CPU_STREAM) if stream_bench else None
     return {
         "device": device,
         "device_name": device_name(torch, device),
+        "stream": stream,
         "dtype": dtype,
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "torch_version": torch.__version__,
@@ -164,6 +204,10 @@ def render(doc: dict) -> str:
            "",
            f"fit: achieved = {f['max_fraction']:.4g} * n/(n + {f['half_size']:.4g}) x peak, n = min(M, N, K); "
            f"rel. rms {f['rel_rms']:.1%} over {f['points']} GEMMs"]
+    st = doc.get("stream")
+    if st:
+        out.append(f"memory-bound kernels (add, mul, silu, rms_norm, softmax; eager, fp32): {st['gbps']:.3g} GB/s "
+                   f"effective (" + ", ".join(f"{k} {v:.3g}" for k, v in st["gbps_by_op"].items()) + ")")
     if doc.get("note"):
         out.append(f"note: {doc['note']}")
     if doc.get("plot"):

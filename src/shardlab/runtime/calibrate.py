@@ -6,7 +6,10 @@ The file has three sections (all strictly checked by ``shardlab.catalog``):
   matmul benchmark, eff(n) = max_fraction · n / (n + half_size) with n = min(M, N, K) of the GEMM, so that
   eff(n) · peak_tflops[dtype] reproduces the measured FLOP/s. The peak stays the catalog's unless the
   measurements exceed it (or the catalog has none for the dtype): then the fitted asymptote becomes the
-  peak and max_fraction is 1.
+  peak and max_fraction is 1. ``memory_bandwidth_gbps`` becomes the measured rate of the block's eager
+  memory-bound kernels (``bench_matmul.bench_stream``) divided by the estimate's MEMORY_EFFICIENCY, so the
+  estimate's memory-bound term runs at the measured rate (on a CPU far below the DRAM bandwidth: SiLU and
+  softmax are compute-bound there).
 - ``links:`` one entry, ``<base link>-calibrated``, fitted to the collectives benchmark:
   latency_us = α (per algorithm step), bandwidth_gbps × efficiency = β (bus bandwidth, GB/s). The base
   link's line rate is kept with efficiency = β / line rate when β is below it; otherwise bandwidth_gbps =
@@ -51,14 +54,20 @@ def match_accelerator(device_name: str, device: str) -> str:
 
 
 def accelerator_entry(base: Accelerator, fit: EfficiencyFit | None, dtype: str, link_id: str,
-                      gpus_per_node: int, source: str) -> dict:
-    """Catalog mapping of the calibrated accelerator (the base's fields, the fitted efficiency)."""
+                      gpus_per_node: int, source: str, stream_gbps: float | None = None) -> dict:
+    """Catalog mapping of the calibrated accelerator (the base's fields, the fitted efficiency, and — when
+    measured — memory_bandwidth_gbps = the memory-bound kernels' rate / the estimate's MEMORY_EFFICIENCY)."""
+    from shardlab.estimate.hardware import MEMORY_EFFICIENCY
+
     peaks = dict(base.peak_tflops)
+    bw = _sig(stream_gbps / MEMORY_EFFICIENCY) if stream_gbps else base.memory_bandwidth_gbps
     d = {"name": f"{base.name} (calibrated)", "vendor": base.vendor, "peak_tflops": peaks,
-         "memory_gib": base.memory_gib, "memory_bandwidth_gbps": base.memory_bandwidth_gbps,
+         "memory_gib": base.memory_gib, "memory_bandwidth_gbps": bw,
          "scale_up_link": link_id, "host_link": base.host_link, "tdp_w": base.tdp_w,
          "system": {"gpus_per_node": gpus_per_node, "intra_link": link_id, "inter_link": base.system["inter_link"]},
-         "source": f"{source}; other fields from the catalog entry '{base.id}' ({base.source})"}
+         "source": (f"{source}; " + (f"memory_bandwidth_gbps = {stream_gbps:.4g} GB/s measured on eager memory-bound "
+                                     f"kernels / {MEMORY_EFFICIENCY} (the estimate's streaming share); " if stream_gbps
+                                     else "") + f"other fields from the catalog entry '{base.id}' ({base.source})")}
     if base.notes:
         d["notes"] = base.notes
     if fit is not None:
@@ -86,14 +95,16 @@ def link_entry(base: Link, fit: AlphaBetaFit, source: str) -> dict:
 
 def build_profile(base_acc: Accelerator, base_link: Link, eff_fit: EfficiencyFit | None, dtype: str,
                   link_fit: AlphaBetaFit | None, *, gpus_per_node: int, source: str, suffix: str = "calibrated",
-                  measured_at: str | None = None, per_op: dict[str, AlphaBetaFit] | None = None) -> dict:
+                  measured_at: str | None = None, per_op: dict[str, AlphaBetaFit] | None = None,
+                  stream_gbps: float | None = None) -> dict:
     """The profile document (see the module docstring); either fit may be None (the catalog's value is kept)."""
     acc_id = f"{base_acc.id}-{suffix}"
     link_id = f"{base_link.id}-{suffix}" if link_fit is not None else base_link.id
     doc: dict = {"profile": {"gpu": acc_id, "intra_link": link_id, "inter_link": base_acc.system["inter_link"],
                              "gpus_per_node": gpus_per_node, "source": source,
                              "measured_at": measured_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}}
-    doc["accelerators"] = {acc_id: accelerator_entry(base_acc, eff_fit, dtype, link_id, gpus_per_node, source)}
+    doc["accelerators"] = {acc_id: accelerator_entry(base_acc, eff_fit, dtype, link_id, gpus_per_node, source,
+                                                     stream_gbps)}
     if link_fit is not None:
         entry = link_entry(base_link, link_fit, source)
         if per_op:
@@ -174,8 +185,9 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
         ab, per_op = fits[link_fit], {k: f for k, f in fits.items() if k != "joint"}
     where = f"{mm['device_name']} ({mm['device']}, torch {mm.get('torch_version', '?')})"
     gpn = gpus_per_node(mm["device"]) if coll is None else max(gpus_per_node(mm["device"]), coll["world_size"])
+    stream = (mm.get("stream") or {}).get("gbps")
     doc = build_profile(acc, base_link, eff, mm["dtype"], ab, gpus_per_node=gpn, suffix=suffix,
-                        source=f"measured on {where} by shardlab calibrate", per_op=per_op)
+                        source=f"measured on {where} by shardlab calibrate", per_op=per_op, stream_gbps=stream)
     header = (f"matmul: {eff.points} {mm['dtype']} GEMMs; collectives: "
               + (f"{coll.get('backend', '?')} on {coll['world_size']} ranks, link = the '{link_fit}' fit"
                  if coll else "not measured (catalog link kept)"))
@@ -184,7 +196,9 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     a = doc["accelerators"][prof["gpu"]]
     pairs = [("profile", str(path)), ("accelerator", f"{prof['gpu']} (from {acc.id}): efficiency "
              f"{a['efficiency']['max_fraction']}·n/(n+{a['efficiency']['half_size']}) × peak "
-             f"{a['peak_tflops'][mm['dtype']]} TFLOP/s {mm['dtype']}, rel. rms {eff.rel_rms:.1%}")]
+             f"{a['peak_tflops'][mm['dtype']]} TFLOP/s {mm['dtype']}, rel. rms {eff.rel_rms:.1%}; memory-bound kernels "
+             + (f"{stream:.3g} GB/s measured -> memory_bandwidth_gbps {a['memory_bandwidth_gbps']}" if stream else
+                f"not measured (catalog {a['memory_bandwidth_gbps']} GB/s)"))]
     if ab is not None:
         lk = doc["links"][prof["intra_link"]]
         pairs.append(("intra link", f"{prof['intra_link']} (from {base_link.id}): alpha {lk['latency_us']} us/step, "

@@ -12,7 +12,8 @@ Which ranks run: rank 0 first; it also applies PyTorch's own DTensor sharding ar
 (``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``) to every rank's mesh
 coordinate and groups the ranks into *shard classes* (identical local shapes, and identical TP-local shapes
 under FSDP padding). Then the first rank of every other class runs for real too (``ranks='all'`` runs every
-rank), and each executed rank's shapes must equal what the arithmetic derived for it.
+rank). An executed rank whose real shapes differ from what the arithmetic derived for it (FSDP2 over TP on
+uneven shards: ``_StridedShard``) makes the check run every rank instead.
 
 Predicted side (``shardlab.memory``): per tensor ``TensorSpec.local_shape(spec, tp)`` then, under FSDP,
 ``fsdp_shard_numel`` (ceil(d0 / dp) rows); the per-rank total is ``state_report(...).params_stored``.
@@ -20,7 +21,6 @@ Predicted side (``shardlab.memory``): per tensor ``TensorSpec.local_shape(spec, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -37,7 +37,6 @@ DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2), "fp16": ("float16", 2
 
 def resolve_spec(model: str, catalog_files: list[str]):
     from shardlab.catalog import get_catalog
-
     from shardlab.runtime.gpt import PRESETS
 
     return PRESETS[model]() if model in PRESETS else get_catalog(catalog_files).model(model)
@@ -48,9 +47,7 @@ def coords(rank: int, tp: int) -> dict[str, int]:
     return {"dp": rank // tp, "tp": rank % tp}
 
 
-# ------------------------------------------------------------------------------------- rank program
-
-
+# ---- rank program (one process per rank played) ----------------------------------------------------
 def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, derive: bool) -> dict:
     """Play ``rank`` of a dp×tp fake-process-group job; return its parameters' shards (and, with ``derive``, the
     shard classes of every rank from PyTorch's DTensor sharding arithmetic)."""
@@ -66,10 +63,8 @@ def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, deriv
     from shardlab.runtime.parallel.fsdp import apply_fsdp
     from shardlab.runtime.parallel.tensor import apply_tp
 
-    t0 = time.perf_counter()
     world = dp * tp
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    fsdp = zero == 3 and dp > 1
     if tp > 1 and dp > 1:
         mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
         tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
@@ -77,10 +72,9 @@ def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, deriv
         one = init_device_mesh("cpu", (world,), mesh_dim_names=("tp" if tp > 1 else "dp",))
         tp_mesh, dp_mesh = (one, None) if tp > 1 else (None, one)
     model = build_model(spec, device="meta", dtype=getattr(torch, DTYPES[dtype][0]))
-    t_build = time.perf_counter()
     if tp > 1:
         apply_tp(model, tp_mesh)
-    if fsdp:
+    if zero == 3 and dp > 1:
         apply_fsdp(model, dp_mesh)
     padded = {}
     for m in model.modules():
@@ -88,7 +82,6 @@ def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, deriv
             group = m._get_fsdp_state()._fsdp_param_group
             for fp in (group.fsdp_params if group else []):
                 padded[id(fp.sharded_param)] = tuple(fp.padded_sharded_param_size)
-    t_shard = time.perf_counter()
     params, dmeta = {}, []
     for name, p in model.named_parameters():
         is_dt = isinstance(p, DTensor)
@@ -101,8 +94,7 @@ def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, deriv
             names = p.device_mesh.mesh_dim_names
             tp_only = [pl if n == "tp" else Replicate() for n, pl in zip(names, p.placements)]
             dmeta.append((name, tuple(p.shape), tuple(p.device_mesh.shape), names, tuple(p.placements), tp_only))
-    doc = {"rank": rank, "world_size": world, "params": params,
-           "seconds": {"build": t_build - t0, "shard": t_shard - t_build}}
+    doc = {"rank": rank, "world_size": world, "params": params}
     if derive:
         sig_of, classes, rank_class, memo = {}, [], [], {}
 
@@ -125,68 +117,56 @@ def measure_rank(spec, dp: int, tp: int, zero: int, rank: int, dtype: str, deriv
             classes[sig_of[key]]["ranks"].append(r)
             rank_class.append(sig_of[key])
         doc["classes"], doc["rank_class"] = classes, rank_class
-        doc["seconds"]["derive"] = time.perf_counter() - t_shard
     dist.destroy_process_group()
     return doc
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="rank program of `shardlab shard-check` (one rank per process)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--catalog", action="append", default=[])
-    p.add_argument("--dp", type=int, required=True)
-    p.add_argument("--tp", type=int, required=True)
-    p.add_argument("--zero", type=int, default=3)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--derive", action="store_true")
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
+    """``python -m shardlab.runtime.shard_check JOB.json OUT.json``: play one rank of the job, write its document."""
     import warnings
 
     warnings.filterwarnings("ignore")
-    doc = measure_rank(resolve_spec(a.model, a.catalog), a.dp, a.tp, a.zero, a.rank, a.dtype, a.derive)
-    with open(a.out, "w") as f:
+    job_path, out_path = (argv or sys.argv[1:])[:2]
+    with open(job_path) as f:
+        j = json.load(f)
+    doc = measure_rank(resolve_spec(j["model"], j["catalog"]), j["dp"], j["tp"], j["zero"], j["rank"], j["dtype"],
+                       j["derive"])
+    with open(out_path, "w") as f:
         json.dump(doc, f)
 
 
-# ---------------------------------------------------------------------------------------------- host
-
-
+# ---- host ------------------------------------------------------------------------------------------
 def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: int, dtype: str, derive: bool,
              timeout_s: float) -> dict:
     """Run :func:`main` for one rank in a fresh interpreter; returns its document."""
-    fd, out = tempfile.mkstemp(prefix=f"shard-check-rank{rank}-", suffix=".json")
-    os.close(fd)
-    cmd = [sys.executable, "-m", "shardlab.runtime.shard_check", "--model", model, "--dp", str(dp), "--tp", str(tp),
-           "--zero", str(zero), "--rank", str(rank), "--dtype", dtype, "--out", out]
-    cmd += [x for c in catalog for x in ("--catalog", c)] + (["--derive"] if derive else [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    job = {"model": model, "catalog": list(catalog), "dp": dp, "tp": tp, "zero": zero, "rank": rank, "dtype": dtype,
+           "derive": derive}
+    with tempfile.TemporaryDirectory(prefix=f"shard-check-rank{rank}-") as d:
+        jp, out = os.path.join(d, "job.json"), os.path.join(d, "out.json")
+        with open(jp, "w") as f:
+            json.dump(job, f)
+        try:
+            r = subprocess.run([sys.executable, "-m", "shardlab.runtime.shard_check", jp, out], capture_output=True,
+                               text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        except subprocess.TimeoutExpired:
+            raise ShardlabError(f"shard-check rank {rank} took longer than {timeout_s:g} s; raise --timeout") from None
         if r.returncode != 0:
             lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
             raise ShardlabError(f"shard-check rank {rank} failed: {lines[-1] if lines else 'exit ' + str(r.returncode)}")
         with open(out) as f:
             return json.load(f)
-    except subprocess.TimeoutExpired:
-        raise ShardlabError(f"shard-check rank {rank} took longer than {timeout_s:g} s; raise --timeout") from None
-    finally:
-        os.unlink(out)
 
 
 def predicted(spec, layout, itemsize: int) -> dict[str, dict]:
     """The memory model's allocation per tensor on one rank (identical on every rank of the stage)."""
     from shardlab.memory.states import fsdp_shard_numel, stage_tensors
 
-    out = {}
+    out, D = {}, layout.dp_shard
     for t in stage_tensors(spec, layout)[0].tensors:
         local = t.local_shape(spec, layout.tp, layout.ep)
-        if layout.zero >= 3 and layout.dp_shard > 1:
-            numel = fsdp_shard_numel(local, layout.dp_shard)
-            alloc = (-(-local[0] // layout.dp_shard), *local[1:])
-        else:
-            numel, alloc = math.prod(local), local
+        fsdp = layout.zero >= 3 and D > 1
+        alloc = (-(-local[0] // D), *local[1:]) if fsdp else local
+        numel = fsdp_shard_numel(local, D) if fsdp else math.prod(local)
         out[t.name] = {"alloc_shape": list(alloc), "alloc_bytes": numel * itemsize}
     return out
 
@@ -223,9 +203,8 @@ def shard_check(model: str, catalog: list[str], layout, dtype: str = "bf16", ran
     run_many = lambda rs: runs.update(_run_many(rs, model, catalog, dp, tp, layout.zero, dtype, timeout_s))  # noqa: E731
     run_many(todo)
     derivation_errors = _derivation_errors(runs, classes, rank_class)
-    escalated = bool(derivation_errors) and ranks == "auto" and len(runs) < world
-    if escalated:  # the arithmetic cannot be trusted to group ranks here: measure every rank instead
-        run_many([r for r in range(world) if r not in runs])
+    if escalated := bool(derivation_errors) and ranks == "auto" and len(runs) < world:
+        run_many([r for r in range(world) if r not in runs])  # the arithmetic cannot group ranks here: run them all
     # every rank's measurement: its own run, or (not executed) the run of an executed rank of its derived class
     rep = {rank_class[r]: r for r in sorted(runs, reverse=True)}
     source = [r if r in runs else rep.get(rank_class[r]) for r in range(world)]
@@ -290,38 +269,31 @@ def render(doc: dict) -> str:
     out = [table(["class", "ranks", "n", "tensors", "predicted B (memory model)", "measured B (PyTorch)", "diff",
                   "executed", "result"], rows, title=head)]
     out.append(f"memory model per-rank total (state_report params_stored x {DTYPES[doc['dtype']][1]} B): "
-               f"{doc['memory_model_bytes_per_rank']:,} B"
-               f"{'' if doc['memory_model_consistent'] else '  (differs from the per-tensor sum!)'}")
-    for m in doc["mismatches"][:20]:
-        out.append(f"  MISMATCH class {m['class']} (rank {m['rank']}) {m['tensor']}: predicted {m['predicted_shape']} "
-                   f"= {m['predicted_bytes']} B, measured {m['measured_shape']} = {m['measured_bytes']} B "
-                   f"(local {m['measured_local_shape']}, {m['placements']})")
-    if doc["derivation_errors"]:
-        e = doc["derivation_errors"][0]
+               f"{doc['memory_model_bytes_per_rank']:,} B{'' if doc['memory_model_consistent'] else ' (!= tensor sum)'}")
+    out += [f"  MISMATCH class {m['class']} (rank {m['rank']}) {m['tensor']}: predicted {m['predicted_shape']} = "
+            f"{m['predicted_bytes']} B, measured {m['measured_shape']} = {m['measured_bytes']} B (local "
+            f"{m['measured_local_shape']}, {m['placements']})" for m in doc["mismatches"][:20]]
+    for e in doc["derivation_errors"][:1]:
         out.append(f"note: PyTorch's DTensor shape arithmetic disagrees with FSDP2's real shards on "
-                   f"{len(doc['derivation_errors'])} tensor(s) (e.g. rank {e['rank']} {e['tensor']}: derived {e['derived']}, "
-                   f"real {e['executed']}); " + ("every rank was executed instead" if doc["escalated_to_all_ranks"] or
-                                                 not doc["unverified_ranks"] else
-                                                 f"ranks {_ranges(doc['unverified_ranks'])} are unverified: use --ranks all"))
-    n = len(doc["mismatches"])
+                   f"{len(doc['derivation_errors'])} tensor(s) (e.g. rank {e['rank']} {e['tensor']}: derived "
+                   f"{e['derived']}, real {e['executed']}); so every rank listed as executed ran for real")
     verdict = (f"every rank's tensors match byte for byte ({len(doc['classes'])} shard class(es), executed ranks "
                f"{_ranges(doc['executed_ranks'])}; {doc['seconds']:.1f} s)" if doc["exact"] else
-               f"{n} tensor(s) differ from the memory model" if n else
-               f"ranks {_ranges(doc['unverified_ranks'])} unverified")
+               f"{len(doc['mismatches'])} tensor(s) differ from the memory model" if doc["mismatches"] else
+               f"ranks {_ranges(doc['unverified_ranks'])} unverified (use --ranks all)")
     out.append(f"result: {'EXACT' if doc['exact'] else 'MISMATCH'}: {verdict}")
     return "\n".join(out)
 
 
 def _ranges(ranks: list[int]) -> str:
     """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 if __name__ == "__main__":
