@@ -62,6 +62,7 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     from shardlab.runtime.train import RunFailed
     from shardlab.runtime.train_worker import resolve_spec
 
+    require_torch()
     spec = resolve_spec(req.model)
     t = req.tp
     if spec.num_heads % t or (spec.num_kv_heads % t and t % spec.num_kv_heads):
@@ -73,7 +74,6 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     total = len(toks) + req.max_new_tokens
     if spec.position == "learned" and total > spec.max_seq_len:
         raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
-    require_torch()
     args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
             "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])
     res = launch("shardlab.runtime.infer_worker", t, args, timeout_s=req.timeout_s, torchrun_args=list(req.torchrun_args))

@@ -108,8 +108,8 @@ def run_train(req: TrainRequest) -> dict:
     from shardlab.runtime.compare import RunShape, memory_rows, predicted_memory, predicted_step_time
     from shardlab.runtime.launch import launch
 
-    spec, st, mb = prepare(req)
     require_torch()
+    spec, st, mb = prepare(req)
     res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
                  torchrun_args=list(req.torchrun_args))
     if not res.ok:
