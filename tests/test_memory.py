@@ -223,3 +223,18 @@ def test_last_stage_worst_when_head_dominates():
 def test_interleaved_needs_multiple_of_pp():
     with pytest.raises(ShardlabError, match="multiple"):
         training_memory(Layout(pp=4, vpp=2, schedule="interleaved"), model=CAT.models["llama-2-7b"], microbatches=6)
+
+
+def test_uneven_vocabulary_split_follows_torch_chunk_per_rank():
+    """GPT-2's 50,257 rows over tp = 2: DTensor Shard(0) (torch.chunk) gives 25,129 and 25,128 rows; over tp = 4:
+    12,565 ×3 and 12,562. The worst rank (None) is the largest chunk; FSDP2 then pads each rank's own rows."""
+    spec = CAT.models["gpt2"]
+    emb = next(t for t in stage_tensors(spec, Layout(tp=2))[0].tensors if t.name == "tok_embeddings.weight")
+    assert [emb.local_shape(spec, 2, tp_rank=r)[0] for r in (0, 1)] == [25129, 25128]
+    assert [emb.local_shape(spec, 4, tp_rank=r)[0] for r in range(4)] == [12565, 12565, 12565, 12562]
+    assert emb.local_shape(spec, 2)[0] == 25129
+    sb = state_bytes("bf16-mixed", "adamw")
+    tensors = stage_tensors(spec, Layout(tp=2))[0].tensors
+    r0 = state_report(tensors, spec, Layout(dp=3, tp=2, zero=3), sb, tp_rank=0)
+    r1 = state_report(tensors, spec, Layout(dp=3, tp=2, zero=3), sb, tp_rank=1)
+    assert r0.weights - r1.weights == 2 * 768  # ceil(25129/3) = 8377 vs ceil(25128/3) = 8376 rows of 768, bf16

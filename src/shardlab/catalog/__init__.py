@@ -6,7 +6,8 @@ The built-in files live in ``catalog/data``. Users add entries without touching 
   override built-ins with the same id;
 - a hardware profile (written by ``shardlab calibrate``, read by ``--profile FILE``) is such a file with
   measured ``accelerators:``/``links:`` entries and a ``profile:`` section naming which ones to use
-  (keys gpu, intra_link, inter_link, gpus_per_node, source, measured_at);
+  (keys gpu, intra_link, inter_link, gpus_per_node, source, measured_at, and comm_overlap: false when the
+  machine was measured not to overlap communication with compute);
 - a model given as a path: a Hugging Face ``config.json``, or a YAML file holding one ModelSpec mapping.
 Keys are checked strictly: a misspelt field is an error that names the allowed ones.
 """
@@ -24,7 +25,7 @@ from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
 USER_SECTIONS = ("models", "accelerators", "links", "prices", "profile")
-PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at"}
+PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap"}
 
 
 def load_yaml(path: Path) -> object:
@@ -57,7 +58,7 @@ def _strict(where: str, name: str, d: object, required: set[str], optional: set[
 
 _ACC_REQUIRED = {"name", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbps", "scale_up_link", "host_link",
                  "tdp_w", "system", "source"}
-_ACC_OPTIONAL = {"notes", "efficiency"}
+_ACC_OPTIONAL = {"notes", "efficiency", "op_overhead_us"}
 _LINK_FIELDS = {f.name for f in fields(Link)} - {"id"}
 
 
@@ -86,7 +87,8 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
         memory_bandwidth_gbps=_positive(where, name, "memory_bandwidth_gbps", d["memory_bandwidth_gbps"]),
         scale_up_link=str(d["scale_up_link"]), host_link=str(d["host_link"]),
         tdp_w=_positive(where, name, "tdp_w", d["tdp_w"]), system=dict(system), source=str(d["source"]),
-        notes=str(d.get("notes", "")), efficiency=eff)
+        notes=str(d.get("notes", "")), efficiency=eff,
+        op_overhead_us=_positive(where, name, "op_overhead_us", d["op_overhead_us"]) if d.get("op_overhead_us") else 0.0)
 
 
 def link_from_dict(name: str, d: dict, where: str) -> Link:

@@ -108,7 +108,8 @@ def training_estimate_from_args(args, catalog):
         precision=args.precision, optimizer=args.optimizer,
         tokens=parse_count(args.tokens, "--tokens") if args.tokens else None,
         flash_attention=not getattr(args, "no_flash_attention", False), dropout=getattr(args, "dropout", False),
-        dp_overlap=not getattr(args, "no_dp_overlap", False), grad_reduce_bytes=4 if getattr(args, "grad_reduce_fp32", False) else 0,
+        dp_overlap=not getattr(args, "no_dp_overlap", False) and (catalog.profile or {}).get("comm_overlap", True) is not False,
+        grad_reduce_bytes=4 if getattr(args, "grad_reduce_fp32", False) else 0,
         overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)))
 
 

@@ -125,7 +125,7 @@ def zero3_first_gather_s(cluster: Cluster, *, tp, cp, dp, unit_params, weight_by
 
 
 def zero3_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, unit_params, n_units, fwd_unit_s, bwd_unit_s,
-                           grad_bytes: int, weight_bytes: int):
+                           grad_bytes: int, weight_bytes: int, overlap: bool = True):
     """ZeRO-3/FSDP per micro-batch: all-gather each unit's weights in forward and in backward and
     reduce-scatter its gradients; with one unit of prefetch each gather hides under the previous unit's
     compute. Returns (exposed_s, total_s); the first unit's gather, which nothing hides, is added by the
@@ -134,6 +134,9 @@ def zero3_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, unit_params, n_units
     link = group_link(cluster, D, tp)
     ag = _time("all-gather", unit_params * weight_bytes, D, link)
     rs = _time("reduce-scatter", unit_params * grad_bytes, D, link)
-    exposed = n_units * (np.maximum(ag - fwd_unit_s, 0) + np.maximum(ag + rs - bwd_unit_s, 0))
+    if overlap:
+        exposed = n_units * (np.maximum(ag - fwd_unit_s, 0) + np.maximum(ag + rs - bwd_unit_s, 0))
+    else:
+        exposed = n_units * (2 * ag + rs)
     total = n_units * (2 * ag + rs)
     return exposed, total

@@ -34,6 +34,13 @@ from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import TensorSpec, model_tensors
 
 
+ELEMENTWISE_OPS_PER_BLOCK = 20
+"""Non-GEMM operators of one block's forward in eager PyTorch (two RMSNorms of ~4 kernels, RoPE on q and k
+~6, attention 1, two residual adds, the activation and its product, views and copies): an estimate."""
+HEAD_OPS = 8
+"""Final norm, output GEMM, log-softmax, loss and their glue in forward: an estimate."""
+
+
 @lru_cache(maxsize=512)
 def _layer_linears(spec: ModelSpec, layer: int) -> tuple[TensorSpec, ...]:
     return tuple(t for t in model_tensors(spec) if t.layer == layer and t.name.endswith("weight") and len(t.shape) >= 2)
@@ -107,7 +114,8 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
             elem = elem + act * e * T * moe.expert_ffn_hidden_size * moe.num_shared_experts / tp
     else:
         elem = elem + act * e * T * spec.ffn_hidden_size / tp
-    return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc)}
+    ops = len(_layer_linears(spec, layer)) + ELEMENTWISE_OPS_PER_BLOCK
+    return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6}
 
 
 def block_step_times(lt: dict, recompute: str | np.ndarray) -> dict:
@@ -133,6 +141,7 @@ def head_times(spec: ModelSpec, acc: Accelerator, curve: MatmulEfficiency, dtype
     v_local = -(-spec.vocab_size // tp)
     gemm = gemm_time_s(T, v_local, spec.hidden_size, acc.peak_flops(dtype), curve)
     # final norm (read + write) and the loss: logits read, fp32 copy, log-softmax, gradient written
-    elem = memory_time_s(2 * e * T * spec.hidden_size / tsh + (e + 4 + 4 + 4) * T * v_local, acc)
+    elem = memory_time_s(2 * e * T * spec.hidden_size / tsh + (e + 4 + 4 + 4) * T * v_local, acc) \
+        + HEAD_OPS * acc.op_overhead_us * 1e-6
     fwd = gemm + elem
     return {"fwd_s": fwd, "bwd_s": 2.0 * gemm + elem}

@@ -18,6 +18,7 @@ composition (dense/MoE block counts, embedding, head) are evaluated once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,6 +37,9 @@ from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import PRE, model_tensors, kv_heads_local
 
 SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
+OPTIMIZER_OPS_PER_TENSOR = 10
+"""Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
+matters where the accelerator has a dispatch overhead (CPUs)."""
 CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched")
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "memory_bytes",
@@ -59,7 +63,8 @@ class Workload:
     dropout: bool = False
     """Dropout in the blocks (GPT-3-era training)."""
     dp_overlap: bool = True
-    """Gradient reduction overlaps the last backward (PyTorch DDP/FSDP, Megatron --overlap-grad-reduce)."""
+    """Data-parallel communication overlaps compute: gradient reduction under the last backward (PyTorch
+    DDP/FSDP, Megatron --overlap-grad-reduce) and ZeRO-3 gathers under the previous block (prefetch)."""
     grad_reduce_bytes: int = 0
     """Bytes per gradient element on the wire (0: the gradient dtype; Megatron bf16 runs often use 4)."""
 
@@ -88,6 +93,21 @@ def _unit_params(spec: ModelSpec, tp, ep) -> dict:
         n = np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)), axis=0) if (t.tp_dim is not None or t.ep_dim is not None) else t.numel
         d, e = out[wanted[t.layer]]
         out[wanted[t.layer]] = (d + (0 if t.ep_dim is not None else n), e + (n if t.ep_dim is not None else 0))
+    return out
+
+
+@lru_cache(maxsize=64)
+def _tensors_per_unit(spec: ModelSpec) -> dict:
+    """Parameter tensors of a dense block (False), a MoE block (True), the embedding (PRE) and the head."""
+    out = {False: 0, True: 0, PRE: 0, spec.num_layers: 0}
+    first_of = {}
+    for i in range(spec.num_layers):
+        first_of.setdefault(spec.is_moe_layer(i), i)
+    for t in model_tensors(spec):
+        if t.layer in (PRE, spec.num_layers):
+            out[t.layer] += 1
+        elif first_of.get(spec.is_moe_layer(t.layer)) == t.layer:
+            out[spec.is_moe_layer(t.layer)] += 1
     return out
 
 
@@ -159,7 +179,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> d
         dense, expert = params[kind]
         z3, _ = ct.zero3_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, unit_params=dense + expert, n_units=1,
                                           fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
-                                          grad_bytes=gbytes, weight_bytes=e)
+                                          grad_bytes=gbytes, weight_bytes=e, overlap=wl.dp_overlap)
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc),
@@ -197,6 +217,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
     per_kind_act = {k: v["act"] for k, v in K.items()}
     zeros = np.zeros_like(m, dtype=float)
 
+    tensors_per_unit = _tensors_per_unit(spec)
     # stages with the same composition behave the same; the lowest index has the most micro-batches in flight
     classes: dict[tuple, list[int]] = {}
     comps = stage_compositions(spec, pp, vpp)
@@ -208,6 +229,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
     for (counts, first, last), members in classes.items():
         s = members[0]
         layers = comps[s]
+        n_tensors = sum(cnt * tensors_per_unit[kind] for kind, cnt in zip((False, True), counts)) \
+            + (tensors_per_unit[PRE] if first else 0) + (tensors_per_unit[spec.num_layers] if last else 0)
         part = lambda key: sum(cnt * K[kind][key] for kind, cnt in zip((False, True), counts) if cnt) + zeros
         t = {"compute": part("compute") + (g["head"] if last else 0.0), "rec": part("rec"),
              "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] if last else 0.0),
@@ -234,8 +257,10 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
         mem = w_b + g_b + o_b + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p, grad_bytes=gbytes, weight_bytes=sb.weights,
                                 microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap, expert_params_local=expert)
-        # optimizer: read the gradient, read and write master weights and moments, write the weights
-        opt = memory_time_s(np.where(zero >= 1, flat, total_p) * (sb.gradients + 2 * sb.optimizer + sb.weights), acc)
+        # optimizer: read the gradient, read and write master weights and moments, write the weights;
+        # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor
+        opt = memory_time_s(np.where(zero >= 1, flat, total_p) * (sb.gradients + 2 * sb.optimizer + sb.weights), acc) \
+            + OPTIMIZER_OPS_PER_TENSOR * n_tensors * acc.op_overhead_us * 1e-6
         rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt))
 
     times = np.stack([r["time"] for r in rows])                 # (classes, candidates)

@@ -113,12 +113,16 @@ class StateReport:
         return self.weights + self.gradients + self.optimizer
 
 
-def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layout, sb: StateBytes) -> StateReport:
-    """Bytes of weights, gradients and optimizer state on one rank holding ``tensors``."""
+def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layout, sb: StateBytes,
+                 tp_rank: int | None = None) -> StateReport:
+    """Bytes of weights, gradients and optimizer state on one rank holding ``tensors``.
+
+    ``tp_rank`` selects that TP rank's chunk of unevenly split tensors (a vocabulary not divisible by tp);
+    None gives the worst rank."""
     D, De = layout.dp_shard, layout.expert_dp
     dense = expert = dense_fsdp = expert_fsdp = 0
     for t in tensors:
-        shape = t.local_shape(spec, layout.tp, layout.ep)
+        shape = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
         n = math.prod(shape)
         if t.ep_dim is not None:
             expert += n

@@ -55,6 +55,10 @@ class Accelerator:
     """Conflicts and caveats."""
     efficiency: MatmulEfficiency | None = None
     """Achieved-matmul model for the estimate (None: the estimate's shared default)."""
+    op_overhead_us: float = 0.0
+    """Host time to dispatch one operator that the device cannot hide, microseconds. 0 for GPUs: launches are
+    asynchronous and hidden while kernels are longer than a launch; eager PyTorch on a CPU pays it for every
+    operator (tens of µs). ``shardlab calibrate`` measures it."""
 
     @property
     def memory_bytes(self) -> int:

@@ -53,25 +53,35 @@ class TensorSpec:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def local_shape(self, spec: ModelSpec, tp: int = 1, ep: int = 1) -> tuple[int, ...]:
+    def local_shape(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None) -> tuple[int, ...]:
         """Shape held by one rank after TP and EP splitting (before any ZeRO/FSDP sharding).
 
-        Uneven splits (a vocabulary not divisible by tp) take ceil, as a padded vocabulary would.
-        ``tp``/``ep`` may be numpy arrays (the planner evaluates many layouts at once); then the split
-        dimensions are arrays too.
+        Uneven splits (a vocabulary not divisible by tp) follow ``torch.chunk``, as DTensor's Shard does:
+        chunks of ceil(n/tp) rows, the last ranks holding fewer (possibly none). ``tp_rank=None`` gives
+        the largest chunk, i.e. the worst rank, which is what memory totals use. ``tp``/``ep`` may be
+        numpy arrays (the planner evaluates many layouts at once); then the split dimensions are arrays too.
         """
         shape = list(self.shape)
         if self.tp_dim is not None:
             if self.kv:
                 shape[self.tp_dim] = kv_heads_local(spec.num_kv_heads, tp) * spec.head_dim_
             else:
-                shape[self.tp_dim] = -(-shape[self.tp_dim] // tp)
+                shape[self.tp_dim] = chunk_size(shape[self.tp_dim], tp, tp_rank)
         if self.ep_dim is not None:
             shape[self.ep_dim] = -(-shape[self.ep_dim] // ep)
         return tuple(shape)
 
-    def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1) -> int:
-        return math.prod(self.local_shape(spec, tp, ep))
+    def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None) -> int:
+        return math.prod(self.local_shape(spec, tp, ep, tp_rank))
+
+
+def chunk_size(n, parts, rank: int | None = None):
+    """Rows of chunk ``rank`` when ``n`` rows are split like ``torch.chunk(parts)``: ceil(n/parts) each until
+    the rows run out. ``rank=None``: the largest chunk. Array-safe in ``parts`` when rank is None."""
+    size = -(-n // parts)
+    if rank is None:
+        return size
+    return max(0, min(size, n - rank * size))
 
 
 def kv_heads_local(num_kv_heads: int, tp):
