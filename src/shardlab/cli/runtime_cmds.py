@@ -81,7 +81,7 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    i.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel ranks")
+    i.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel ranks (in total, over all nodes)")
     i.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, or a catalog id / config.json / YAML")
     i.add_argument("--prompt", default="The quick brown fox", help="prompt text (byte tokens, modulo the vocabulary)")
     i.add_argument("--max-new-tokens", type=positive_int, default=16, help="tokens to generate")

@@ -113,3 +113,19 @@ def parity(spec, data, run_dir, ranks: list[dict], seed: int = 0) -> dict:
     return {"reference_loss": loss.item(), "run_loss": run_loss, "loss_abs_err": loss_err,
             "grad_max_abs_err": grad_err, "worst_tensor": worst, "tensors_compared": len(errs),
             "missing": missing, "tolerance": {"loss": 1e-5, "grad": 1e-6}, "ok": ok}
+
+
+def memory_notes(rows: list[dict], strategy: Strategy) -> list[str]:
+    """One line per rank whose model states differ from the prediction, with the known cause when there is one."""
+    notes = []
+    for r in rows:
+        if r["states_exact"]:
+            continue
+        diffs = ", ".join(f"{k} measured {r['measured'][k]:,} B vs predicted {r['predicted'][k]:,} B"
+                          for k in STATE_KEYS if r["diff"][k])
+        why = ""
+        if strategy.data == "fsdp" and [k for k in STATE_KEYS if r["diff"][k]] == ["optimizer"] and r["diff"]["optimizer"] < 0:
+            why = (" - FSDP2 allocates optimizer state for the unpadded local shard (a short last shard), while "
+                   "shardlab.memory (memory/states.py, ZeRO-3) pads every rank to ceil(d0/N) rows")
+        notes.append(f"rank {r['rank']}: {diffs}{why}")
+    return notes

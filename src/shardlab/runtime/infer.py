@@ -76,7 +76,13 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
         raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
     args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
             "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])
-    res = launch("shardlab.runtime.infer_worker", t, args, timeout_s=req.timeout_s, torchrun_args=list(req.torchrun_args))
+    from shardlab.runtime.train import _nnodes
+
+    nodes = _nnodes(req.torchrun_args)
+    if t % nodes:
+        raise ShardlabError(f"--tp {t} is the total over {nodes} nodes and must be a multiple of the node count")
+    res = launch("shardlab.runtime.infer_worker", t // nodes, args, timeout_s=req.timeout_s,
+                 torchrun_args=list(req.torchrun_args))
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()

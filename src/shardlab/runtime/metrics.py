@@ -226,6 +226,11 @@ class PeakMemory:
             self.tracker.track_external(*modules, *([optimizer] if optimizer is not None else []))
 
     def _harvest(self) -> None:
+        # the current snapshot too: optimizer state appears after the last module snapshot (end of the step)
+        for dev_snap in self.tracker.get_tracker_snapshot("current").values():
+            for k, v in dev_snap.items():
+                key = _category(k)
+                self.maxima[key] = max(self.maxima[key], int(v))
         for stats in list(self.tracker.memory_tracking.values()):
             for snaps in stats.snapshots.values():
                 for snap in snaps:

@@ -105,7 +105,7 @@ def worker_args(req: TrainRequest, mb: int) -> list[str]:
 def run_train(req: TrainRequest) -> dict:
     """Run, gather, compare; returns the JSON document."""
     from shardlab.runtime import require_torch
-    from shardlab.runtime.compare import RunShape, memory_rows, predicted_memory, predicted_step_time
+    from shardlab.runtime.compare import RunShape, memory_notes, memory_rows, predicted_memory, predicted_step_time
     from shardlab.runtime.launch import launch
 
     require_torch()
@@ -139,6 +139,7 @@ def run_train(req: TrainRequest) -> dict:
         "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],
         "memory_comparison": rows,
         "memory_states_exact": all(r["states_exact"] for r in rows),
+        "memory_notes": memory_notes(rows, st),
         "step_time": {"measured_median_s": med, "slowest_rank": slow, "slowest_s": times[slow],
                       "fastest_s": min(times.values()),
                       "spread": (times[slow] - min(times.values())) / med if med else None,
@@ -200,9 +201,10 @@ def render_train(doc: dict) -> str:
     out += ["", table(["rank", "stage", "weights B pred / meas", "grads B pred / meas", "optimizer B pred / meas",
                        "exact", "act pred", "act meas", "act err"], mrows,
                       title="memory per rank: predicted (shardlab.memory, fp32) vs measured (tensor storages after step 0; "
-                            "activations: MemTracker ACT peak)")]
+                            "activations: peak of tensors saved for backward)")]
     out.append("model states " + ("match the memory model exactly on every rank" if doc["memory_states_exact"] else
-                                  "DIFFER from the memory model (see the NO rows)"))
+                                  "DIFFER from the memory model:"))
+    out += [f"  {n}" for n in doc.get("memory_notes", [])]
     if st["predicted_s"]:
         out.append(f"step time: measured {fmt_time(st['measured_median_s'])} (median over ranks) vs predicted "
                    f"{fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
