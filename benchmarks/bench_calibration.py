@@ -2,8 +2,9 @@
 
 1. `shardlab calibrate` on this machine (matmul curve, memory-bound kernels, gloo α–β) -> profile.yaml;
 2. `shardlab run train` for a few strategies and models on 2 gloo ranks -> measured median step time;
-3. `shardlab.estimate.estimate_training` for the same runs (``runtime.compare.predicted_step_time``) with the
-   catalog's cpu-core + loopback, and with the profile's calibrated accelerator + link.
+3. `shardlab.estimate.estimate_training` for the same runs with the catalog's cpu-core + loopback, and with
+   the profile's calibrated accelerator (matmul curve, memory-bound rate, operator overhead), link and
+   comm_overlap.
 Prints one row per run and the mean |log(predicted / measured)| of each; writes everything to --out (JSON).
 
 Run: .venv/bin/python benchmarks/bench_calibration.py [--out calibration.json] [--profile EXISTING.yaml]
@@ -30,22 +31,23 @@ def _cli(*args: str) -> dict:
 
 
 def _predict(strategy: str, model: str, profile: str | None) -> float:
-    """Step time the estimate predicts for `run train`'s defaults (seq 64, global batch 8, adamw, fp32)."""
-    from shardlab.runtime.compare import RunShape, predicted_step_time
+    """Step time the estimate predicts for `run train`'s defaults (seq 64, global batch 8, adamw, fp32) on one
+    host of 2 ranks: the catalog's cpu-core + loopback, or the profile's accelerator, link and comm_overlap
+    (as ``runtime.compare.predicted_step_time`` builds the cluster, plus the profile's overlap switch)."""
+    from shardlab.catalog import get_catalog
+    from shardlab.estimate import estimate_training
     from shardlab.runtime.train import TrainRequest, prepare
+    from shardlab.specs.hardware import Cluster
 
     spec, st, mb = prepare(TrainRequest(strategy, 2, model=model))
-    shape = RunShape(64, 8, mb, "adamw")
-    if profile is None:
-        return predicted_step_time(spec, st, shape, "cpu-core", "loopback")[0]
-    os.environ["SHARDLAB_CATALOG"] = profile
-    try:
-        from shardlab.catalog import get_catalog
-
-        prof = get_catalog().profile
-        return predicted_step_time(spec, st, shape, prof["gpu"], prof["intra_link"])[0]
-    finally:
-        del os.environ["SHARDLAB_CATALOG"]
+    cat = get_catalog([profile] if profile else [])
+    prof = cat.profile if profile else {"gpu": "cpu-core", "intra_link": "loopback"}
+    link = cat.link(prof["intra_link"])
+    cluster = Cluster(accelerator=cat.accelerator(prof["gpu"]), num_gpus=2, gpus_per_node=2, intra_link=link,
+                      inter_link=link)
+    est = estimate_training(spec, st.layout(mb), cluster, seq_len=64, global_batch=8, precision="fp32",
+                            optimizer="adamw", dp_overlap=prof.get("comm_overlap", True) is not False)
+    return est.step_time_s
 
 
 def main() -> None:

@@ -104,12 +104,12 @@ def test_efficiency_fit_with_noise_is_monotonic_and_close():
         fit_efficiency([64], [1e9], 1e12)
 
 
-def _profile(tmp_path, eff, link_fit, base="cpu-core", dtype="fp32", stream=None):
+def _profile(tmp_path, eff, link_fit, base="cpu-core", dtype="fp32", stream=None, **kw):
     cat = get_catalog()
     acc = cat.accelerator(base)
     link = cat.link(acc.system["intra_link"])
     doc = build_profile(acc, link, eff, dtype, link_fit, gpus_per_node=4, source="unit test",
-                        measured_at="2026-01-01T00:00:00+00:00", stream_gbps=stream)
+                        measured_at="2026-01-01T00:00:00+00:00", stream_gbps=stream, **kw)
     path = write_profile(doc, tmp_path / "profile.yaml", header="test")
     return doc, get_catalog([str(path)])
 
@@ -140,6 +140,16 @@ def test_profile_memory_rate_reproduces_the_measured_streaming_rate(tmp_path):
     acc = cat.accelerator(cat.profile["gpu"])
     assert memory_time_s(4.5e9, acc) == pytest.approx(1.0, rel=1e-3)  # the estimate streams at the measured rate
     assert "measured on eager memory-bound kernels" in acc.source
+
+
+def test_profile_carries_operator_overhead_and_overlap(tmp_path):
+    eff = EfficiencyFit(0.42, 12.5, 0.096e12, 0.05, 24)
+    _, cat = _profile(tmp_path, eff, AlphaBetaFit("joint", 2, 3e-4, 1e9, 0.3, 10), op_overhead_us=17.25,
+                      comm_overlap=False)
+    assert cat.accelerator(cat.profile["gpu"]).op_overhead_us == pytest.approx(17.25)
+    assert cat.profile["comm_overlap"] is False
+    _, cat = _profile(tmp_path, eff, None)  # not measured: no key, the catalog's 0 overhead
+    assert "comm_overlap" not in cat.profile and cat.accelerator(cat.profile["gpu"]).op_overhead_us == 0
 
 
 def test_profile_raises_peak_when_measured_above_catalog_and_beta_above_line_rate(tmp_path):

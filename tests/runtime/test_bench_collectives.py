@@ -89,7 +89,14 @@ def test_human_table_says_measured_and_fitted(bench):
 
     text = render(bench[0])
     assert "measured time (us)" in text and "fitted time (us)" in text and "busbw (GB/s)" in text
-    assert "alpha-beta fits" in text and "gloo collectives, 2 ranks" in text
+    assert "alpha-beta fits" in text and "gloo collectives, 2 ranks" in text and "comm_overlap:" in text
+
+
+@pytest.mark.slow
+def test_overlap_test_reports_a_share(bench):
+    ov = bench[0]["overlap"]
+    assert 0 <= ov["share"] <= 1 and ov["overlaps"] == (ov["share"] >= 0.5) and len(ov["shares"]) == 7
+    assert ov["comm_s"] > 0 and ov["compute_s"] > 0 and ov["both_s"] > 0 and ov["matmuls"] >= 1
 
 
 @pytest.mark.gpu

@@ -36,6 +36,12 @@ def test_memory_bound_kernels_rate(doc):
     assert min(st["gbps_by_size"]) <= st["gbps"] <= max(st["gbps_by_size"])
 
 
+def test_operator_overhead_is_measured_on_cpu(doc):
+    o = doc["op_overhead"]
+    assert 0.1 < o["op_overhead_us"] < 5000 and o["ops"] > 100
+    assert o["op_overhead_us"] == pytest.approx(o["step_s"] / (3 * o["ops"]) * 1e6)
+
+
 def test_fit_is_relative_to_the_catalog_peak_and_rises_with_size(doc):
     f = doc["fit"]
     assert doc["accelerator"] == "cpu-core" and doc["peak_tflops"] == pytest.approx(0.096)

@@ -88,6 +88,8 @@ def test_measured_profile_on_this_machine(tmp_path):
     from shardlab.estimate.hardware import MEMORY_EFFICIENCY
 
     assert acc.memory_bandwidth_gbps * MEMORY_EFFICIENCY == pytest.approx(doc["matmul"]["stream"]["gbps"], rel=2e-3)
+    assert acc.op_overhead_us == pytest.approx(doc["matmul"]["op_overhead"]["op_overhead_us"], rel=2e-3)
+    assert prof["comm_overlap"] is doc["collectives"]["overlap"]["overlaps"]
     # the estimate runs on the calibrated hardware
     code, out_txt, err = cli_main("estimate", "gpt2", "--gpus", "2", "--precision", "fp32", "--seq-len", "128",
                                   "--catalog", str(out), "--gpu", prof["gpu"], "--json")

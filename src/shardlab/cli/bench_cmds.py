@@ -47,6 +47,7 @@ def _coll_args(p, nproc_default: int | None = 2) -> None:
     p.add_argument("--min-time", type=positive_float, default=0.05, help="time each size for at least this many "
                                                                          "seconds when --iters allows (default 0.05)")
     p.add_argument("--timeout", type=positive_float, default=900, help="stop the benchmark after this many seconds")
+    p.add_argument("--no-overlap", action="store_true", help="skip the communication/compute overlap test")
 
 
 def _mm_args(p) -> None:
@@ -158,11 +159,9 @@ def _check_plot_path(path: str | None) -> None:
 
 
 def _collectives(args, device: str) -> dict:
-    """Validate the collectives flags, run the benchmark, add the fits."""
+    """Run the benchmark (flags checked by ``_validate_coll_flags``), add the fits."""
     from shardlab.runtime import bench_collectives as bc
 
-    if args.nproc is None or args.nproc < 2:
-        raise ShardlabError(f"--nproc must be at least 2 for a collective, got {args.nproc}; e.g. --nproc 2")
     ops = bc.parse_ops(args.ops)
     sizes = bc.parse_sizes(args.sizes or ("1KB:256MB" if device == "cuda" else "1KB:64MB"))
     if device == "cuda":
@@ -172,7 +171,8 @@ def _collectives(args, device: str) -> dict:
             raise ShardlabError(f"--nproc {args.nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
                                 f"use --nproc {torch.cuda.device_count()} or fewer")
     doc = bc.run_collectives(args.nproc, ops, sizes, iters=args.iters, warmup=args.warmup,
-                             min_time_s=args.min_time, timeout_s=args.timeout, device=device)
+                             min_time_s=args.min_time, timeout_s=args.timeout, device=device,
+                             overlap=not args.no_overlap)
     return bc.analyse(doc)
 
 
@@ -194,7 +194,9 @@ def cmd_collectives(args):
     _check_plot_path(args.plot)
     doc = _collectives(args, _device(args))
     if args.plot:
-        doc["plot"] = bc.plot_collectives(doc, args.plot)
+        from shardlab.runtime.bench.plots import plot_collectives
+
+        doc["plot"] = plot_collectives(doc, args.plot)
     return doc, bc.render(doc)
 
 
@@ -227,7 +229,9 @@ def cmd_matmul(args):
         cat.accelerator(args.gpu)
     doc = _matmul(args, _device(args), cat)
     if args.plot:
-        doc["plot"] = bm.plot_matmul(doc, args.plot)
+        from shardlab.runtime.bench.plots import plot_matmul
+
+        doc["plot"] = plot_matmul(doc, args.plot)
     return doc, bm.render(doc)
 
 

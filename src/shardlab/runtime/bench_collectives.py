@@ -79,14 +79,16 @@ def summarise_row(op: str, size_bytes: int, time_s: float, n: int) -> dict:
 
 
 def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int = 20, warmup: int = 2,
-                    min_time_s: float = 0.05, timeout_s: float = 600, device: str | None = None) -> dict:
-    """Launch the benchmark on ``nproc`` ranks; returns {backend, device, world_size, rows, launch_s}."""
+                    min_time_s: float = 0.05, timeout_s: float = 600, device: str | None = None,
+                    overlap: bool = True) -> dict:
+    """Launch the benchmark on ``nproc`` ranks; returns {backend, device, world_size, rows, overlap, launch_s}
+    (``overlap``: ``runtime.bench.overlap.measure_overlap``'s result, or None)."""
     from shardlab.runtime.launch import launch
 
     if nproc < 2:
         raise ShardlabError(f"--nproc must be at least 2 for a collective, got {nproc}")
     args = ["--ops", ",".join(ops), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
-            "--warmup", str(warmup), "--min-time", str(min_time_s)]
+            "--warmup", str(warmup), "--min-time", str(min_time_s)] + (["--overlap"] if overlap else [])
     env = {"SHARDLAB_DEVICE": device} if device else None
     res = launch("shardlab.runtime.bench_collectives", nproc, args, timeout_s=timeout_s, env=env)
     res.raise_for_failure()
@@ -146,46 +148,13 @@ def render(doc: dict) -> str:
                                "all-gather/reduce-scatter/all-to-all n-1, send-recv 1)"))
     for op, err in (doc.get("fit_errors") or {}).items():
         out.append(f"no fit for {op}: {err}")
+    if doc.get("overlap"):
+        from shardlab.runtime.bench.overlap import describe
+
+        out.append(describe(doc["overlap"]))
     if doc.get("plot"):
         out.append(f"\nplot: {doc['plot']}")
     return "\n".join(out)
-
-
-def plot_collectives(doc: dict, path: str) -> str:
-    """busbw vs size per op (log x): measured points and the α–β fit's busbw curve, saved to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from shardlab.calibration import AlphaBetaFit
-
-    n = doc["world_size"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, op in enumerate(dict.fromkeys(r["op"] for r in doc["rows"])):
-        rows = [r for r in doc["rows"] if r["op"] == op]
-        color = f"C{i}"
-        ax.plot([r["size_bytes"] for r in rows], [r["busbw_gbps"] for r in rows], "o", color=color,
-                label=f"{op} measured")
-        fit = doc.get("fits", {}).get(op)
-        if fit:
-            f = AlphaBetaFit(op, n, fit["alpha_s"], fit["beta_bytes_per_s"], fit["rel_rms"], fit["points"])
-            s = np.logspace(np.log10(rows[0]["size_bytes"]), np.log10(rows[-1]["size_bytes"]), 100)
-            bus = [bus_factor(op, n) * x / f.predict_s(op, x) / 1e9 for x in s]
-            ax.plot(s, bus, "-", color=color, alpha=0.7,
-                    label=f"{op} fit: α={f.latency_us:.4g} µs/step, β={f.beta_gbps:.3g} GB/s")
-    ax.set_xscale("log")
-    ax.set_xlabel("size S (bytes, nccl-tests convention: total size of the op)")
-    ax.set_ylabel("bus bandwidth (GB/s = 1e9 B/s)")
-    ax.set_title(f"{doc.get('backend', '')} collectives on {n} ranks ({doc.get('device', '')}): "
-                 f"measured busbw and α–β fit")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 # ------------------------------------------------------------------------------------- rank program
@@ -255,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--min-time", type=float, default=0.05)
+    p.add_argument("--overlap", action="store_true", help="also test communication/compute overlap")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     import torch
@@ -274,10 +244,17 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(summarise_row(op, s, _measure(torch, dist, fn, ctx, a.iters, a.warmup, a.min_time),
                                           ctx.world_size))
                 del fn
+        overlap = None
+        if a.overlap:
+            from shardlab.runtime.bench.overlap import measure_overlap
+
+            rr.beat("overlap")
+            cuda = ctx.device_type == "cuda"
+            overlap = measure_overlap(torch, dist, ctx, (256 if cuda else 16) * 10**6, 8192 if cuda else 256)
         rr.beat("done")
         if ctx.rank == 0:
             rr.result({"backend": ctx.backend, "device": ctx.device_type, "world_size": ctx.world_size,
-                       "torch_version": torch.__version__, "rows": rows,
+                       "torch_version": torch.__version__, "rows": rows, "overlap": overlap,
                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
     destroy()
 

@@ -130,6 +130,36 @@ def bench_stream(torch, device: str, numels: tuple[int, ...], min_time_s: float 
                           "rms_norm, softmax; fp32; median over sizes"}
 
 
+def bench_op_overhead(torch, device: str, ops: int = 240) -> dict:
+    """Host time per operator that eager PyTorch cannot hide (``Accelerator.op_overhead_us``), CPU only.
+
+    A chain of ``ops`` operators on a (8, 64) tensor — multiply, add, SiLU, RMSNorm, a 64-wide linear, in turn
+    — run forward and backward with autograd; the work is negligible, so the time is dispatch and autograd
+    bookkeeping. The estimate charges each forward operator once in forward and twice in backward (backward =
+    2 × forward), so op_overhead_us = (forward + backward time) / (3 · ops). On CUDA launches are asynchronous
+    and hidden behind kernels longer than a launch: None (the catalog's 0 stays).
+    """
+    if device == "cuda":
+        return None
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=g, requires_grad=True)
+    w = (torch.randn(64, 64, generator=g) / 8).requires_grad_()
+    chain = (lambda y: y * 1.001, lambda y: y + 0.01, F.silu, lambda y: F.rms_norm(y, (64,)), lambda y: y @ w)
+
+    def step():
+        y = x
+        for i in range(ops):
+            y = chain[i % len(chain)](y)
+        y.sum().backward()
+
+    step()
+    t = statistics.median(_timer(torch, "cpu")(step, 3) for _ in range(5))
+    return {"op_overhead_us": t / (3 * ops) * 1e6, "ops": ops, "step_s": t,
+            "definition": "(forward + backward of a chain of tiny operators) / (3 x operators)"}
+
+
 def default_grid(device: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (GPU_HIDDEN, GPU_TOKENS) if device == "cuda" else (CPU_HIDDEN, CPU_TOKENS)
 
@@ -162,6 +192,7 @@ def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple
         "device": device,
         "device_name": device_name(torch, device),
         "stream": stream,
+        "op_overhead": bench_op_overhead(torch, device) if stream_bench else None,
         "dtype": dtype,
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "torch_version": torch.__version__,
@@ -208,6 +239,9 @@ def render(doc: dict) -> str:
     if st:
         out.append(f"memory-bound kernels (add, mul, silu, rms_norm, softmax; eager, fp32): {st['gbps']:.3g} GB/s "
                    f"effective (" + ", ".join(f"{k} {v:.3g}" for k, v in st["gbps_by_op"].items()) + ")")
+    if doc.get("op_overhead"):
+        out.append(f"operator overhead (eager dispatch + autograd, forward + backward / 3): "
+                   f"{doc['op_overhead']['op_overhead_us']:.1f} us per operator")
     if doc.get("note"):
         out.append(f"note: {doc['note']}")
     if doc.get("plot"):
@@ -228,44 +262,3 @@ def device_name(torch, device: str) -> str:
     import platform
 
     return platform.processor() or platform.machine()
-
-
-def plot_matmul(doc: dict, path: str) -> str:
-    """Achieved TFLOP/s vs GEMM size n = min(M, N, K) (log x), one colour per GEMM, and the fitted curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from shardlab.calibration import EfficiencyFit
-
-    scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (name, _, _) in enumerate(GEMMS):
-        rows = [r for r in doc["rows"] if r["gemm"] == name]
-        ax.plot([r["size"] for r in rows], [r["tflops"] * scale for r in rows], "o", color=f"C{i}", alpha=0.8,
-                label=f"{name} measured")
-    fit = doc.get("fit")
-    if fit:
-        sizes = [r["size"] for r in doc["rows"]]
-        x = np.logspace(np.log10(min(sizes)), np.log10(max(sizes)), 200)
-        f = EfficiencyFit(fit["max_fraction"], fit["half_size"], fit["peak_flops"], fit["rel_rms"], fit["points"])
-        y = f.predict_flops(x) / 1e12 * scale
-        ax.plot(x, y, "k-", label=(f"fit: {fit['max_fraction']:.3g}·n/(n+{fit['half_size']:.3g}) × peak "
-                                   f"{fit['peak_tflops'] * scale:.4g} {unit}"))
-        ax.axhline(fit["peak_tflops"] * scale, color="grey", ls=":", label=f"peak ({doc.get('accelerator', '')})")
-    ax.set_xscale("log")
-    ticks = sorted({r["size"] for r in doc["rows"]})
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("GEMM size n = min(M, N, K)")
-    ax.set_ylabel(f"achieved {unit}")
-    ax.set_title(f"{doc['dtype']} matmul on {doc.get('device_name', doc['device'])}: measured and fitted")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best", framealpha=0.6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

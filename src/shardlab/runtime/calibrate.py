@@ -14,8 +14,10 @@ The file has three sections (all strictly checked by ``shardlab.catalog``):
   latency_us = α (per algorithm step), bandwidth_gbps × efficiency = β (bus bandwidth, GB/s). The base
   link's line rate is kept with efficiency = β / line rate when β is below it; otherwise bandwidth_gbps =
   β and efficiency = 1.
+  ``op_overhead_us`` is the measured host time per eager operator (``bench_matmul.bench_op_overhead``, CPU).
 - ``profile:`` which accelerator and links to use (gpu, intra_link, inter_link, gpus_per_node, source,
-  measured_at). The inter-node link is the base accelerator's usual one: one host cannot measure it.
+  measured_at) and ``comm_overlap`` (``runtime.bench.overlap``: whether a collective ran under compute). The
+  inter-node link is the base accelerator's usual one: one host cannot measure it.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def match_accelerator(device_name: str, device: str) -> str:
 
 
 def accelerator_entry(base: Accelerator, fit: EfficiencyFit | None, dtype: str, link_id: str,
-                      gpus_per_node: int, source: str, stream_gbps: float | None = None) -> dict:
+                      gpus_per_node: int, source: str, stream_gbps: float | None = None,
+                      op_overhead_us: float | None = None) -> dict:
     """Catalog mapping of the calibrated accelerator (the base's fields, the fitted efficiency, and — when
     measured — memory_bandwidth_gbps = the memory-bound kernels' rate / the estimate's MEMORY_EFFICIENCY)."""
     from shardlab.estimate.hardware import MEMORY_EFFICIENCY
@@ -70,6 +73,10 @@ def accelerator_entry(base: Accelerator, fit: EfficiencyFit | None, dtype: str, 
                                      else "") + f"other fields from the catalog entry '{base.id}' ({base.source})")}
     if base.notes:
         d["notes"] = base.notes
+    if op_overhead_us:
+        d["op_overhead_us"] = _sig(op_overhead_us)
+    elif base.op_overhead_us:
+        d["op_overhead_us"] = base.op_overhead_us
     if fit is not None:
         m, peak_tf = fit.max_fraction, fit.peak_flops / 1e12
         if m > 1 or not peaks.get(dtype):
@@ -96,15 +103,18 @@ def link_entry(base: Link, fit: AlphaBetaFit, source: str) -> dict:
 def build_profile(base_acc: Accelerator, base_link: Link, eff_fit: EfficiencyFit | None, dtype: str,
                   link_fit: AlphaBetaFit | None, *, gpus_per_node: int, source: str, suffix: str = "calibrated",
                   measured_at: str | None = None, per_op: dict[str, AlphaBetaFit] | None = None,
-                  stream_gbps: float | None = None) -> dict:
+                  stream_gbps: float | None = None, op_overhead_us: float | None = None,
+                  comm_overlap: bool | None = None) -> dict:
     """The profile document (see the module docstring); either fit may be None (the catalog's value is kept)."""
     acc_id = f"{base_acc.id}-{suffix}"
     link_id = f"{base_link.id}-{suffix}" if link_fit is not None else base_link.id
     doc: dict = {"profile": {"gpu": acc_id, "intra_link": link_id, "inter_link": base_acc.system["inter_link"],
                              "gpus_per_node": gpus_per_node, "source": source,
                              "measured_at": measured_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}}
+    if comm_overlap is not None:
+        doc["profile"]["comm_overlap"] = bool(comm_overlap)
     doc["accelerators"] = {acc_id: accelerator_entry(base_acc, eff_fit, dtype, link_id, gpus_per_node, source,
-                                                     stream_gbps)}
+                                                     stream_gbps, op_overhead_us)}
     if link_fit is not None:
         entry = link_entry(base_link, link_fit, source)
         if per_op:
@@ -186,8 +196,11 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     where = f"{mm['device_name']} ({mm['device']}, torch {mm.get('torch_version', '?')})"
     gpn = gpus_per_node(mm["device"]) if coll is None else max(gpus_per_node(mm["device"]), coll["world_size"])
     stream = (mm.get("stream") or {}).get("gbps")
+    overhead = (mm.get("op_overhead") or {}).get("op_overhead_us")
+    overlap = (coll or {}).get("overlap")
     doc = build_profile(acc, base_link, eff, mm["dtype"], ab, gpus_per_node=gpn, suffix=suffix,
-                        source=f"measured on {where} by shardlab calibrate", per_op=per_op, stream_gbps=stream)
+                        source=f"measured on {where} by shardlab calibrate", per_op=per_op, stream_gbps=stream,
+                        op_overhead_us=overhead, comm_overlap=overlap["overlaps"] if overlap else None)
     header = (f"matmul: {eff.points} {mm['dtype']} GEMMs; collectives: "
               + (f"{coll.get('backend', '?')} on {coll['world_size']} ranks, link = the '{link_fit}' fit"
                  if coll else "not measured (catalog link kept)"))
@@ -206,6 +219,12 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
                       f"rel. rms {ab.rel_rms:.1%})"))
     else:
         pairs.append(("intra link", f"{prof['intra_link']} (catalog, not measured)"))
+    if overhead:
+        pairs.append(("operator overhead", f"{a['op_overhead_us']} us per eager operator (op_overhead_us)"))
+    if overlap:
+        from shardlab.runtime.bench.overlap import describe
+
+        pairs.append(("overlap", describe(overlap).split(": ", 1)[1]))
     pairs += [("inter link", f"{prof['inter_link']} (catalog: one host cannot measure it)"),
               ("gpus per node", prof["gpus_per_node"]),
               ("use it", f"shardlab estimate MODEL ... --profile {path}   (or --catalog {path} --gpu {prof['gpu']})")]

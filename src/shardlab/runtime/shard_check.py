@@ -15,8 +15,9 @@ under FSDP padding). Then the first rank of every other class runs for real too 
 rank). An executed rank whose real shapes differ from what the arithmetic derived for it (FSDP2 over TP on
 uneven shards: ``_StridedShard``) makes the check run every rank instead.
 
-Predicted side (``shardlab.memory``): per tensor ``TensorSpec.local_shape(spec, tp)`` then, under FSDP,
-``fsdp_shard_numel`` (ceil(d0 / dp) rows); the per-rank total is ``state_report(...).params_stored``.
+Predicted side (``shardlab.memory``), for the TP coordinate of each class: ``TensorSpec.local_shape(spec, tp,
+tp_rank=...)`` then, under FSDP, ``fsdp_shard_numel`` (ceil(d0 / dp) rows); the per-rank total is
+``state_report(..., tp_rank).params_stored`` (the worst rank's is ``memory_model_bytes_per_rank``).
 """
 
 from __future__ import annotations
@@ -139,8 +140,7 @@ def main(argv: list[str] | None = None) -> None:
 def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: int, dtype: str, derive: bool,
              timeout_s: float) -> dict:
     """Run :func:`main` for one rank in a fresh interpreter; returns its document."""
-    job = {"model": model, "catalog": list(catalog), "dp": dp, "tp": tp, "zero": zero, "rank": rank, "dtype": dtype,
-           "derive": derive}
+    job = dict(model=model, catalog=list(catalog), dp=dp, tp=tp, zero=zero, rank=rank, dtype=dtype, derive=derive)
     with tempfile.TemporaryDirectory(prefix=f"shard-check-rank{rank}-") as d:
         jp, out = os.path.join(d, "job.json"), os.path.join(d, "out.json")
         with open(jp, "w") as f:
@@ -157,13 +157,13 @@ def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: 
             return json.load(f)
 
 
-def predicted(spec, layout, itemsize: int) -> dict[str, dict]:
-    """The memory model's allocation per tensor on one rank (identical on every rank of the stage)."""
+def predicted(spec, layout, itemsize: int, tp_rank: int | None = None) -> dict[str, dict]:
+    """The memory model's allocation per tensor on a rank of TP coordinate ``tp_rank`` (None: the worst rank)."""
     from shardlab.memory.states import fsdp_shard_numel, stage_tensors
 
     out, D = {}, layout.dp_shard
     for t in stage_tensors(spec, layout)[0].tensors:
-        local = t.local_shape(spec, layout.tp, layout.ep)
+        local = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
         fsdp = layout.zero >= 3 and D > 1
         alloc = (-(-local[0] // D), *local[1:]) if fsdp else local
         numel = fsdp_shard_numel(local, D) if fsdp else math.prod(local)
@@ -209,9 +209,8 @@ def shard_check(model: str, catalog: list[str], layout, dtype: str = "bf16", ran
     rep = {rank_class[r]: r for r in sorted(runs, reverse=True)}
     source = [r if r in runs else rep.get(rank_class[r]) for r in range(world)]
     unverified = [r for r in range(world) if source[r] is None or (derivation_errors and r not in runs)]
-    pred = predicted(spec, layout, itemsize)
-    model_total = state_report(stage_tensors(spec, layout)[0].tensors, spec, layout,
-                               state_bytes("fp32", "sgd")).params_stored * itemsize
+    tensors, sb, consistent = stage_tensors(spec, layout)[0].tensors, state_bytes("fp32", "sgd"), True
+    total = lambda tp_rank: state_report(tensors, spec, layout, sb, tp_rank).params_stored * itemsize  # noqa: E731
     groups: dict = {}
     for r in range(world):
         if source[r] is not None:
@@ -220,7 +219,9 @@ def shard_check(model: str, catalog: list[str], layout, dtype: str = "bf16", ran
     out_classes, mismatches = [], []
     for i, members in enumerate(groups.values()):
         executed = [r for r in members if r in runs]
-        run = runs[source[members[0]]]
+        run, tp_rank = runs[source[members[0]]], coords(members[0], tp)["tp"]
+        pred = predicted(spec, layout, itemsize, tp_rank)
+        consistent &= total(tp_rank) == sum(v["alloc_bytes"] for v in pred.values())
         bad = [{"class": i, "rank": source[members[0]], **b} for b in compare(pred, run["params"])]
         mismatches += bad
         out_classes.append({"class": i, "ranks": members, "executed_ranks": executed, "tensors": len(run["params"]),
@@ -228,8 +229,7 @@ def shard_check(model: str, catalog: list[str], layout, dtype: str = "bf16", ran
                             "measured_bytes": sum(v["alloc_bytes"] for v in run["params"].values()),
                             "mismatches": len(bad)})
     return {"model": spec.name, "world_size": world, "layout": {"dp": dp, "tp": tp, "zero": layout.zero},
-            "dtype": dtype, "memory_model_bytes_per_rank": model_total,
-            "memory_model_consistent": model_total == sum(v["alloc_bytes"] for v in pred.values()),
+            "dtype": dtype, "memory_model_bytes_per_rank": total(None), "memory_model_consistent": consistent,
             "classes": out_classes, "mismatches": mismatches, "derivation_errors": derivation_errors,
             "escalated_to_all_ranks": escalated, "unverified_ranks": unverified,
             "exact": not mismatches and not unverified,
@@ -268,7 +268,7 @@ def render(doc: dict) -> str:
             for c in doc["classes"]]
     out = [table(["class", "ranks", "n", "tensors", "predicted B (memory model)", "measured B (PyTorch)", "diff",
                   "executed", "result"], rows, title=head)]
-    out.append(f"memory model per-rank total (state_report params_stored x {DTYPES[doc['dtype']][1]} B): "
+    out.append(f"memory model, worst rank (state_report params_stored x {DTYPES[doc['dtype']][1]} B): "
                f"{doc['memory_model_bytes_per_rank']:,} B{'' if doc['memory_model_consistent'] else ' (!= tensor sum)'}")
     out += [f"  MISMATCH class {m['class']} (rank {m['rank']}) {m['tensor']}: predicted {m['predicted_shape']} = "
             f"{m['predicted_bytes']} B, measured {m['measured_shape']} = {m['measured_bytes']} B (local "

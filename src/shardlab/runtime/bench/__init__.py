@@ -1,0 +1,1 @@
+"""Helpers of the benchmarks: pictures (``plots``) and the communication/compute overlap test (``overlap``)."""
