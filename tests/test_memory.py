@@ -238,3 +238,20 @@ def test_uneven_vocabulary_split_follows_torch_chunk_per_rank():
     r0 = state_report(tensors, spec, Layout(dp=3, tp=2, zero=3), sb, tp_rank=0)
     r1 = state_report(tensors, spec, Layout(dp=3, tp=2, zero=3), sb, tp_rank=1)
     assert r0.weights - r1.weights == 2 * 768  # ceil(25129/3) = 8377 vs ceil(25128/3) = 8376 rows of 768, bf16
+
+
+def test_fsdp_optimizer_state_is_per_owned_rows():
+    """FSDP2: 64 rows over 3 ranks are padded to 22 rows each for weights and gradients, but the optimizer state
+    covers the rows each rank owns: 22, 22 and 20."""
+    assert [fsdp_shard_numel((64, 5), 3, r) for r in range(3)] == [110, 110, 100]
+    assert fsdp_shard_numel((64, 5), 3) == 110
+    assert fsdp_shard_numel((2, 5), 4, 3) == 0  # more ranks than rows: the last ranks own nothing
+    from shardlab.memory.states import rank_state_report
+
+    spec = CAT.models["gpt2"]
+    lay = Layout(dp=3, zero=3)
+    sb = state_bytes("fp32", "adamw")
+    reps = [rank_state_report(spec, lay, sb, r) for r in range(3)]
+    assert reps[0].weights == reps[2].weights and reps[0].optimizer >= reps[2].optimizer
+    worst = training_memory(lay, model=spec, precision="fp32", seq_len=256, overheads=NONE).worst
+    assert worst.optimizer == max(r.optimizer for r in reps)

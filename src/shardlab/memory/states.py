@@ -80,11 +80,19 @@ def stage_tensors(spec: ModelSpec, layout: Layout) -> list[StageTensors]:
     return out
 
 
-def fsdp_shard_numel(shape: tuple[int, ...], n: int) -> int:
-    """Elements one rank allocates for a tensor sharded on dim 0 over ``n`` ranks (FSDP2: ceil rows, padded)."""
+def fsdp_shard_numel(shape: tuple[int, ...], n: int, rank: int | None = None) -> int:
+    """Elements of a tensor sharded on dim 0 over ``n`` ranks (FSDP2).
+
+    rank None: the padded shard, ceil(d0/n) rows, which FSDP2 allocates on every rank for weights and
+    gradients. rank r: the rows rank r really owns, min(ceil, d0 − r·ceil) (the last shard may be short,
+    or empty), which is what optimizer state is created for.
+    """
     if n == 1 or not shape:
         return math.prod(shape) if shape else 1
-    return -(-shape[0] // n) * math.prod(shape[1:])
+    rows = -(-shape[0] // n)
+    if rank is not None:
+        rows = max(0, min(rows, shape[0] - rank * rows))
+    return rows * math.prod(shape[1:])
 
 
 @dataclass(frozen=True)
@@ -114,32 +122,49 @@ class StateReport:
 
 
 def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layout, sb: StateBytes,
-                 tp_rank: int | None = None) -> StateReport:
+                 tp_rank: int | None = None, shard_rank: int | None = None,
+                 expert_shard_rank: int | None = None) -> StateReport:
     """Bytes of weights, gradients and optimizer state on one rank holding ``tensors``.
 
-    ``tp_rank`` selects that TP rank's chunk of unevenly split tensors (a vocabulary not divisible by tp);
-    None gives the worst rank."""
+    With the defaults (None) this is the worst rank. ``tp_rank`` selects that TP rank's chunk of unevenly
+    split tensors (a vocabulary not divisible by tp); ``shard_rank`` / ``expert_shard_rank`` (the rank's
+    position in the dp·cp and dp·cp/ep groups) select, under ZeRO-3, the rows whose optimizer state it owns
+    (FSDP2 creates optimizer state for the unpadded local shard). ``rank_state_report`` derives all three
+    from a global rank."""
     D, De = layout.dp_shard, layout.expert_dp
-    dense = expert = dense_fsdp = expert_fsdp = 0
+    dense = expert = dense_fsdp = expert_fsdp = dense_own = expert_own = 0
     for t in tensors:
         shape = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
         n = math.prod(shape)
         if t.ep_dim is not None:
             expert += n
             expert_fsdp += fsdp_shard_numel(shape, De)
+            expert_own += fsdp_shard_numel(shape, De, expert_shard_rank)
         else:
             dense += n
             dense_fsdp += fsdp_shard_numel(shape, D)
+            dense_own += fsdp_shard_numel(shape, D, shard_rank)
     local = dense + expert
     flat = -(-dense // D) + -(-expert // De)
     z = layout.zero
     stored = dense_fsdp + expert_fsdp if z >= 3 else local
     grads = dense_fsdp + expert_fsdp if z >= 3 else flat if z == 2 else local
-    opt = dense_fsdp + expert_fsdp if z >= 3 else flat if z >= 1 else local
+    opt = dense_own + expert_own if z >= 3 else flat if z >= 1 else local
     return StateReport(
         params_local=local, params_stored=stored,
         weights=stored * sb.weights, gradients=grads * sb.gradients,
         master=opt * sb.master, moments=int(round(opt * sb.moments)))
+
+
+def rank_state_report(spec: ModelSpec, layout: Layout, sb: StateBytes, rank: int) -> StateReport:
+    """Model states of global ``rank``: its pipeline stage, TP chunk and ZeRO shard from the rank grid."""
+    from shardlab.layout import rank_coords
+
+    c = rank_coords(rank, layout)
+    st = stage_tensors(spec, layout)[c["pp"]]
+    shard = c["dp"] * layout.cp + c["cp"]                       # position in the dp·cp group (cp varies fastest)
+    expert_shard = (c["dp"] // layout.ep) * layout.cp + c["cp"]  # position among the replicas of its expert shard
+    return state_report(st.tensors, spec, layout, sb, tp_rank=c["tp"], shard_rank=shard, expert_shard_rank=expert_shard)
 
 
 def state_report_from_count(params: int, layout: Layout, sb: StateBytes) -> StateReport:

@@ -39,12 +39,21 @@ def predicted_memory(spec, strategy: Strategy, shape: RunShape):
                            dropout=False)
 
 
-def memory_rows(report, ranks: list[dict]) -> list[dict]:
-    """Per rank: predicted and measured weights/gradients/optimizer (exact?) and activations (error)."""
+def memory_rows(report, ranks: list[dict], spec=None) -> list[dict]:
+    """Per rank: predicted and measured weights/gradients/optimizer (exact?) and activations (error).
+
+    Model states are predicted for each rank itself (``memory.states.rank_state_report``: its TP chunk of an
+    uneven vocabulary, its own FSDP2 shard of optimizer state); activations per pipeline stage."""
+    from shardlab.memory.precision import state_bytes
+    from shardlab.memory.states import rank_state_report
+
     rows = []
     for d in ranks:
         st = report.stages[d["coords"]["pp"]]
         pred = {"weights": st.weights, "gradients": st.gradients, "optimizer": st.optimizer, "activations": st.activations}
+        if spec is not None:
+            rs = rank_state_report(spec, report.layout, state_bytes(report.precision, report.optimizer), d["rank"])
+            pred.update(weights=rs.weights, gradients=rs.gradients, optimizer=rs.optimizer)
         ms = d.get("model_states_bytes") or {}
         act = (d.get("peak_bytes") or {}).get("saved_activations")
         meas = {k: ms.get(k) for k in STATE_KEYS}
@@ -123,9 +132,5 @@ def memory_notes(rows: list[dict], strategy: Strategy) -> list[str]:
             continue
         diffs = ", ".join(f"{k} measured {r['measured'][k]:,} B vs predicted {r['predicted'][k]:,} B"
                           for k in STATE_KEYS if r["diff"][k])
-        why = ""
-        if strategy.data == "fsdp" and [k for k in STATE_KEYS if r["diff"][k]] == ["optimizer"] and r["diff"]["optimizer"] < 0:
-            why = (" - FSDP2 allocates optimizer state for the unpadded local shard (a short last shard), while "
-                   "shardlab.memory (memory/states.py, ZeRO-3) pads every rank to ceil(d0/N) rows")
-        notes.append(f"rank {r['rank']}: {diffs}{why}")
+        notes.append(f"rank {r['rank']}: {diffs}")
     return notes

@@ -117,7 +117,7 @@ def run_train(req: TrainRequest) -> dict:
     ranks = res.rank_results()
     shape = RunShape(req.seq_len, req.global_batch, mb, req.optimizer)
     report = predicted_memory(spec, st, shape)
-    rows = memory_rows(report, ranks)
+    rows = memory_rows(report, ranks, spec)
     dev = ranks[0]["device"] if ranks else "cpu"
     gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
     pred_s, pred_src = predicted_step_time(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
