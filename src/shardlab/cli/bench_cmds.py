@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import add_output_args, positive_float, positive_int
+from shardlab.cli.common import add_output_args, int_list, positive_float, positive_int
 from shardlab.errors import ShardlabError
 
 EXAMPLES_BENCH = """examples:
@@ -23,12 +23,6 @@ EXAMPLES_SHARD = """examples:
   shardlab shard-check llama-3.1-70b --world-size 64 --dp 8 --tp 8
   shardlab shard-check llama-2-7b --fsdp 60 --ranks all --json
 """
-
-
-def _hidden_list(text: str) -> tuple[int, ...]:
-    from shardlab.cli.common import int_list
-
-    return int_list(text)
 
 
 def _common_device(p) -> None:
@@ -53,9 +47,9 @@ def _coll_args(p, nproc_default: int | None = 2) -> None:
 def _mm_args(p) -> None:
     p.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16"), default=None,
                    help="default bf16 on CUDA, fp32 on CPU (bf16 matmul is emulated on CPUs)")
-    p.add_argument("--hidden", type=_hidden_list, default=None, metavar="H,H,...",
+    p.add_argument("--hidden", type=int_list, default=None, metavar="H,H,...",
                    help="hidden sizes (default 32..1024 on CPU, 512..8192 on CUDA)")
-    p.add_argument("--tokens", type=_hidden_list, default=None, metavar="T,T,...",
+    p.add_argument("--tokens", type=int_list, default=None, metavar="T,T,...",
                    help="token counts M (default 128,512 on CPU; 512,4096,16384 on CUDA)")
     p.add_argument("--matmul-time", type=positive_float, default=0.1, help="seconds to time each GEMM (default 0.1)")
     p.add_argument("--threads", type=positive_int, default=1,
