@@ -77,6 +77,8 @@ def register(sub) -> None:
     t.add_argument("--seed", type=int, default=0, help="model seed (data seed = 1234 + seed)")
     t.add_argument("--check-parity", action="store_true", help="compare step 0 with a single-process step")
     t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
+    t.add_argument("--profile", default=None, metavar="FILE",
+                   help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
     _add_launch_args(t)
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
@@ -102,7 +104,7 @@ def cmd_train(args):
                        global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp,
                        pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
-                       predict_gpu=args.predict_gpu, torchrun_args=torchrun_args(args))
+                       predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args))
     from shardlab.runtime.train import render_train
 
     doc = run_train(req)

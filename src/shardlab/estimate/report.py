@@ -67,8 +67,8 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
         table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl"),
         "",
-        f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.1f} model TFLOP/s per GPU "
-        f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.1f} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
+        f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.3g} model TFLOP/s per GPU "
+        f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.3g} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
         "  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan 2021 Eq. 3)",
         f"memory: {w.total / 2**30:.2f} GiB on the worst rank (rank {w.rank}: {mem.worst_reason()}) of "
         f"{mem.capacity_bytes / 2**30:.2f} GiB: {'fits' if est.fits else 'DOES NOT FIT'} "

@@ -68,9 +68,12 @@ def memory_rows(report, ranks: list[dict], spec=None) -> list[dict]:
     return rows
 
 
-def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: str = "cpu-core",
-                        link: str = "loopback") -> tuple[float | None, str]:
-    """(seconds, where from) from ``shardlab.estimate.estimate_training`` on one host; (None, why) if unavailable."""
+def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: str | None = "cpu-core",
+                        link: str | None = "loopback", profile: str | None = None) -> tuple[float | None, str]:
+    """(seconds, where from) from ``shardlab.estimate.estimate_training`` on one host; (None, why) if unavailable.
+
+    With ``profile`` (a file from ``shardlab calibrate``) its accelerator, intra-node link and communication
+    overlap replace the catalog defaults, unless ``accelerator``/``link`` name others."""
     try:
         from shardlab.estimate import estimate_training
     except ImportError:
@@ -79,14 +82,16 @@ def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: 
         from shardlab.catalog import get_catalog
         from shardlab.specs.hardware import Cluster
 
-        cat = get_catalog()
-        acc = cat.accelerator(accelerator)
+        cat = get_catalog([profile] if profile else [])
+        prof = cat.profile or {}
+        acc = cat.accelerator(accelerator or prof.get("gpu") or "cpu-core")
+        ln = cat.link(link or prof.get("intra_link") or "loopback")
         n = strategy.world_size
-        cluster = Cluster(accelerator=acc, num_gpus=n, gpus_per_node=n, intra_link=cat.link(link),
-                          inter_link=cat.link(link))
+        cluster = Cluster(accelerator=acc, num_gpus=n, gpus_per_node=n, intra_link=ln, inter_link=ln)
         est = estimate_training(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
-                                global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer)
-        return est.step_time_s, f"shardlab.estimate on {n} × {acc.id} over {link}"
+                                global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer,
+                                dp_overlap=prof.get("comm_overlap", True) is not False)
+        return est.step_time_s, f"shardlab.estimate on {n} × {acc.id} over {ln.id}" + (f" (profile {profile})" if profile else "")
     except Exception as e:  # the estimator is another module's: report, never crash the run
         return None, f"no step-time prediction ({type(e).__name__}: {e})"
 

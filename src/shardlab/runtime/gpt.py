@@ -27,24 +27,25 @@ ROPE_THETA = 10000.0
 """RoPE base (Su et al. 2021; Llama-2 value). ModelSpec has no field for it; it changes no parameter."""
 
 
+def _preset(name: str) -> ModelSpec:
+    from shardlab.catalog import get_catalog
+
+    return get_catalog().models[name]
+
+
 def tiny_spec() -> ModelSpec:
-    """Llama-style, 4 blocks of width 64 (8 heads, 4 KV heads), byte vocabulary: ~0.2M parameters."""
-    return ModelSpec(name="tiny", family="llama", hidden_size=64, num_layers=4, num_heads=8, num_kv_heads=4,
-                     ffn_hidden_size=192, vocab_size=256, max_seq_len=128, source="shardlab runtime preset")
+    """Llama-style, 4 blocks of width 64 (8 heads, 4 KV heads), byte vocabulary: ~0.2M parameters (catalog 'tiny')."""
+    return _preset("tiny")
 
 
 def small_spec() -> ModelSpec:
-    """Llama-style, 8 blocks of width 256 (8 heads, 4 KV heads), byte vocabulary: ~6.4M parameters."""
-    return ModelSpec(name="small", family="llama", hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4,
-                     ffn_hidden_size=688, vocab_size=256, max_seq_len=256, source="shardlab runtime preset")
+    """Llama-style, 8 blocks of width 256 (8 heads, 4 KV heads), byte vocabulary: ~6.4M parameters (catalog 'small')."""
+    return _preset("small")
 
 
 def tiny_gpt2_spec() -> ModelSpec:
-    """GPT-2 style, 4 blocks of width 64: LayerNorm, GELU, learned positions, biases, tied embeddings."""
-    return ModelSpec(name="tiny-gpt2", family="gpt2", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=4,
-                     ffn_hidden_size=256, vocab_size=256, max_seq_len=128, mlp="gelu", norm="layernorm",
-                     position="learned", tied_embeddings=True, qkv_bias=True, out_bias=True, mlp_bias=True,
-                     source="shardlab runtime preset")
+    """GPT-2 style, 4 blocks of width 64: LayerNorm, GELU, learned positions, biases, tied embeddings (catalog 'tiny-gpt2')."""
+    return _preset("tiny-gpt2")
 
 
 PRESETS = {"tiny": tiny_spec, "small": small_spec, "tiny-gpt2": tiny_gpt2_spec}

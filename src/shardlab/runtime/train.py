@@ -52,6 +52,8 @@ class TrainRequest:
     device: str | None = None
     """cpu or cuda (default: cuda when available)."""
     predict_gpu: str | None = None
+    profile: str | None = None
+    """Hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link and overlap)."""
     """Accelerator id for the step-time prediction (default cpu-core on CPU)."""
     torchrun_args: tuple[str, ...] = ()
     """Extra torchrun flags (multi-node rendezvous)."""
@@ -119,8 +121,11 @@ def run_train(req: TrainRequest) -> dict:
     report = predicted_memory(spec, st, shape)
     rows = memory_rows(report, ranks, spec)
     dev = ranks[0]["device"] if ranks else "cpu"
-    gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
-    pred_s, pred_src = predicted_step_time(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
+    if req.profile:
+        pred_s, pred_src = predicted_step_time(spec, st, shape, req.predict_gpu, None, profile=req.profile)
+    else:
+        gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
+        pred_s, pred_src = predicted_step_time(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
     times = {d["rank"]: d["step_time_s"] for d in ranks}
     slow = max(times, key=times.get)
     med = statistics.median(times.values())
