@@ -48,10 +48,6 @@ def tiny_gpt2_spec() -> ModelSpec:
     return _preset("tiny-gpt2")
 
 
-PRESETS = {"tiny": tiny_spec, "small": small_spec, "tiny-gpt2": tiny_gpt2_spec}
-"""Runtime presets by name (``--model tiny``); anything else goes through the catalog."""
-
-
 def _norm(spec: ModelSpec, size: int) -> nn.Module:
     return nn.LayerNorm(size, eps=1e-5) if spec.norm == "layernorm" else nn.RMSNorm(size, eps=1e-5)
 

@@ -10,7 +10,6 @@ the latency of each decoded token.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 
@@ -67,13 +66,10 @@ def generate(model, prompt, max_new: int, cache, sync=None) -> tuple[list[int], 
     return out, prefill_s, lat
 
 
-def main(argv=None) -> None:
-    from shardlab.runtime.worker import RankRun
+def main(argv: list[str] | None = None) -> None:
+    from shardlab.runtime.worker import rank_main
 
-    args = parse_args(argv)
-    with RankRun(int(os.environ.get("RANK", "0"))) as rr:
-        rr.beat("init process group")
-        rr.result(run(args, rr))
+    rank_main(parse_args(argv), run)
 
 
 def run(args, rr) -> dict:

@@ -38,9 +38,8 @@ DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2), "fp16": ("float16", 2
 
 def resolve_spec(model: str, catalog_files: list[str]):
     from shardlab.catalog import get_catalog
-    from shardlab.runtime.gpt import PRESETS
 
-    return PRESETS[model]() if model in PRESETS else get_catalog(catalog_files).model(model)
+    return get_catalog(catalog_files).model(model)
 
 
 def coords(rank: int, tp: int) -> dict[str, int]:

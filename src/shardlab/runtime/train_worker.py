@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import time
 
@@ -40,23 +39,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_spec(name: str):
-    """A runtime preset (tiny, small, tiny-gpt2) or anything the catalog reads (id, config.json, YAML)."""
-    from shardlab.runtime.gpt import PRESETS
-
-    if name in PRESETS:
-        return PRESETS[name]()
+    """A catalog model (the runtime presets tiny, small, tiny-gpt2 are catalog entries), a config.json or YAML."""
     from shardlab.catalog import get_catalog
 
     return get_catalog().model(name)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from shardlab.runtime.worker import RankRun
+    from shardlab.runtime.worker import rank_main
 
-    args = parse_args(argv)
-    with RankRun(int(os.environ.get("RANK", "0"))) as rr:
-        rr.beat("init process group")
-        rr.result(run(args, rr))
+    rank_main(parse_args(argv), run)
 
 
 def run(args, rr) -> dict:

@@ -83,3 +83,11 @@ def _default(o):
     if hasattr(o, "item"):
         return o.item()
     return str(o)
+
+
+def rank_main(args, run) -> None:
+    """Run ``run(args, rank_run)`` for this rank (RANK from torchrun) inside a RankRun: heartbeats, and the
+    result or the error written where the driver collects them."""
+    with RankRun(int(os.environ.get("RANK", "0"))) as rr:
+        rr.beat("init process group")
+        rr.result(run(args, rr))
