@@ -5,7 +5,7 @@ import pytest
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
 from shardlab.layout import (Layout, all_groups, group_nodes, group_ranks, group_span_nodes, rank_coords,
-                             coords_rank, split_layers, stage_layer_counts, validate)
+                             coords_rank, split_layers, validate)
 
 CAT = get_catalog()
 
@@ -55,9 +55,9 @@ def test_split_layers_gives_remainder_to_middle():
     assert split_layers(5, 2) == (3, 2)
 
 
-def test_interleaved_stage_counts():
-    lay = Layout(pp=4, vpp=2, schedule="interleaved")
-    assert stage_layer_counts(lay, 32) == (8, 8, 8, 8)
+def test_stage_layers_and_vpp_do_not_mix():
+    with pytest.raises(ShardlabError, match="--vpp"):
+        validate(Layout(pp=2, vpp=2, schedule="interleaved", stage_layers=(16, 16)))
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -255,3 +255,14 @@ def test_fsdp_optimizer_state_is_per_owned_rows():
     assert reps[0].weights == reps[2].weights and reps[0].optimizer >= reps[2].optimizer
     worst = training_memory(lay, model=spec, precision="fp32", seq_len=256, overheads=NONE).worst
     assert worst.optimizer == max(r.optimizer for r in reps)
+
+
+def test_moe_zero_stages_only_ever_help():
+    """Mixtral 8x7B on 16 GPUs, EP 8: one expert per rank, replicated twice. ZeRO-3 must shard those experts
+    (on dim 1, as torchtitan does when experts are fewer than the ranks sharding them), never grow memory."""
+    spec = CAT.models["mixtral-8x7b"]
+    totals = [training_memory(Layout(dp=16, ep=8, zero=z), model=spec, seq_len=2048).worst.model_states for z in (0, 1, 2, 3)]
+    assert totals == sorted(totals, reverse=True)
+    from shardlab.memory.states import expert_shard_dim
+
+    assert expert_shard_dim((1, 14336, 4096), 2) == 1 and expert_shard_dim((8, 14336, 4096), 2) == 0

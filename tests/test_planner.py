@@ -118,3 +118,15 @@ def test_fixed_axes_are_respected():
     res = plan_training(CAT.models["llama-3.1-8b"], cl(n=16), Workload(seq_len=4096, global_batch=64), fixed={"tp": 4, "zero": 1})
     for p in res.plans:
         assert p["layout"]["tp"] == 4 and p["layout"]["zero"] == 1
+
+
+def test_vectorized_memory_agrees_with_exact_report_for_moe():
+    """The planner's flat-partition memory vs the exact per-tensor report, on a MoE model with expert parallelism."""
+    from shardlab.planner.search import layout_of
+
+    spec = CAT.models["mixtral-8x7b"]
+    res = plan_training(spec, cl(n=32), Workload(seq_len=4096, global_batch=128), top=3, exact_check=3,
+                        fixed={"ep": 8})
+    assert res.plans
+    for p in res.plans:
+        assert abs(p["memory_bytes_approx"] - p["memory_bytes"]) / p["memory_bytes"] < 0.02, p["layout"]

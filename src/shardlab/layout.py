@@ -93,16 +93,6 @@ def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def stage_layer_counts(layout: Layout, num_layers: int) -> tuple[int, ...]:
-    """Layers held by each pipeline rank (all its virtual chunks together)."""
-    if layout.stage_layers:
-        return tuple(layout.stage_layers)
-    if layout.vpp > 1:
-        chunks = split_layers(num_layers, layout.pp * layout.vpp)
-        return tuple(sum(chunks[r + c * layout.pp] for c in range(layout.vpp)) for r in range(layout.pp))
-    return split_layers(num_layers, layout.pp)
-
-
 def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: int | None = None) -> Layout:
     """Check degrees against each other, the GPU count and the model; raise ShardlabError with the fix."""
     for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch"):
@@ -128,6 +118,8 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
     if layout.stage_layers is not None:
         if len(layout.stage_layers) != layout.pp or any(n < 1 for n in layout.stage_layers):
             raise ShardlabError(f"--stage-layers needs {layout.pp} positive counts, one per pipeline stage")
+        if layout.vpp > 1:
+            raise ShardlabError("--stage-layers gives one count per pipeline stage, which does not fit --vpp > 1; drop one of them")
     if spec is not None:
         _validate_against_model(layout, spec)
     if seq_len is not None and seq_len % layout.cp:

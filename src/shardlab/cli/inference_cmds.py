@@ -53,7 +53,7 @@ def estimate_inference_cmd(args, catalog):
 
 def plan_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
-    from shardlab.estimate.inference import estimate_inference
+    from shardlab.estimate.inference import serve_over_replicas
     from shardlab.report.table import table
 
     probe_spec, probe = _spec_cluster(args, catalog, 1)
@@ -73,14 +73,15 @@ def plan_inference_cmd(args, catalog):
                 rejected[reason] = rejected.get(reason, 0) + 1
                 continue
             replicas = gpus // (tp * pp)
-            per = -(-args.batch // replicas)
-            est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=per, prompt_len=args.prompt_len,
-                                     output_len=args.output_len, elem_bytes=e, dtype=dtype)
+            served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
+                                         prompt_len=args.prompt_len, output_len=args.output_len, elem_bytes=e, dtype=dtype)
+            est = served.largest
             if not est.fits:
                 rejected["does not fit in GPU memory"] = rejected.get("does not fit in GPU memory", 0) + 1
                 continue
-            plans.append({"tp": tp, "pp": pp, "replicas": replicas, "batch_per_replica": per,
-                          "tokens_per_s": replicas * est.tokens_per_s, "decode_s_per_token": est.decode_s_per_token,
+            plans.append({"tp": tp, "pp": pp, "replicas": replicas, "busy_replicas": served.busy_replicas,
+                          "batch_per_replica": est.batch,
+                          "tokens_per_s": served.tokens_per_s, "decode_s_per_token": est.decode_s_per_token,
                           "prefill_s": est.prefill_s, "request_latency_s": est.request_latency_s,
                           "memory_bytes": est.total_bytes, "max_batch": est.max_batch})
     if not plans:
@@ -91,14 +92,14 @@ def plan_inference_cmd(args, catalog):
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "objective": objective, "batch": args.batch,
            "prompt_len": args.prompt_len, "output_len": args.output_len, "evaluated": len(plans) + sum(rejected.values()),
            "rejected": rejected, "plans": plans[: args.top]}
-    rows = [[p["tp"], p["pp"], p["replicas"], p["batch_per_replica"], f"{p['tokens_per_s']:,.0f}",
+    rows = [[p["tp"], p["pp"], f"{p['busy_replicas']}/{p['replicas']}", p["batch_per_replica"], f"{p['tokens_per_s']:,.0f}",
              f"{1e3 * p['decode_s_per_token']:.2f}", f"{1e3 * p['prefill_s']:.1f}", f"{p['request_latency_s']:.2f}",
              f"{p['memory_bytes'] / 2**30:.1f}", p["max_batch"]] for p in plans[: args.top]]
     best = plans[0]
     text = "\n".join([
         f"shardlab plan --inference: {spec.name} on {gpus} × {cluster.accelerator.id}, {args.batch} concurrent requests of "
         f"{args.prompt_len} + {args.output_len} tokens, objective {objective}",
-        table(["tp", "pp", "replicas", "batch each", "tokens/s", "decode ms/tok", "prefill ms", "request s", "GiB/GPU", "max batch"],
+        table(["tp", "pp", "busy/replicas", "batch each", "tokens/s", "decode ms/tok", "prefill ms", "request s", "GiB/GPU", "max batch"],
               rows),
         f"best: {best['replicas']} replica(s) of TP {best['tp']} × PP {best['pp']}"
         + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),

@@ -32,6 +32,7 @@ from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import kv_width_local
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25`` (MiB)."""
@@ -148,13 +149,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
 
     # ---- context parallel: ring attention ------------------------------------------------------------
     if layout.cp > 1:
-        if spec.mla is None:
-            heads = spec.num_kv_heads // t if t <= spec.num_kv_heads else 1
-            kv_width = 2 * heads * spec.head_dim_          # K and V of the local KV heads
-        else:                                              # MLA: up-projected K (nope+rope) and V per local head
-            ml = spec.mla
-            kv_width = spec.num_heads // t * (ml.qk_nope_head_dim + ml.qk_rope_head_dim + ml.v_head_dim)
-        kv_bytes = b * s * kv_width * e                    # (b, s/cp, kv_width) block
+        kv_bytes = b * s * kv_width_local(spec, t) * e     # (b, s/cp, K+V width) block; MLA: up-projected K and V
         steps = layout.cp - 1
         out.append(_item("CP", "send-recv", "forward", kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
                          "overlappable", f"ring attention: pass the local K/V block around the ring ({steps} steps per layer)"))
@@ -164,13 +159,14 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     # ---- pipeline parallel ------------------------------------------------------------------------
     if layout.pp > 1:
         pp_span = 2 if axis_stride(layout, "pp") >= gpn or group_span_nodes(layout, "pp", gpn) > 1 else 1
-        msg = act / (t if sp else 1)
+        msg = act / t                          # Megatron's scatter/gather: each TP rank sends 1/t (Narayanan 2021 §4.1)
         ov = "overlappable" if layout.schedule == "interleaved" else "critical"
         pnote = ("Megatron overlaps interleaved p2p with compute (overlap_p2p_comm)" if ov == "overlappable"
                  else "on the critical path while the pipeline fills and drains")
         calls = m * layout.vpp
         out.append(_item("PP", "send-recv", "forward", msg, calls, 2, pp_span, cluster, ov,
-                         f"activations (b, s, h{'/t' if sp else ''}) to the next stage, per micro-batch per chunk; {pnote}"))
+                         f"activations (b, s, h/t per TP rank: scatter/gather, re-gathered over the node's link) to the next "
+                         f"stage, per micro-batch per chunk; {pnote}"))
         out.append(_item("PP", "send-recv", "backward", msg, calls, 2, pp_span, cluster, ov,
                          "activation gradients to the previous stage, per micro-batch per chunk"))
         if spec.tied_embeddings:
@@ -196,8 +192,10 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
             out.append(_item("DP", "all-reduce", "backward", gbytes / buckets, buckets, n, dspan, cluster, "overlappable",
                              f"gradients{label} in {DDP_BUCKET_BYTES // 2**20} MiB buckets during backward (DDP); the last bucket is exposed"))
         elif layout.zero in (1, 2):
-            out.append(_item("ZeRO", "reduce-scatter", "backward", gbytes / buckets, buckets, n, dspan, cluster,
-                             "overlappable", f"ZeRO-{layout.zero}: reduce-scatter gradients{label} in buckets during backward"))
+            per_step = m if layout.zero == 2 else 1  # ZeRO-2 (DeepSpeed) reduces every micro-batch; ZeRO-1 at the end
+            out.append(_item("ZeRO", "reduce-scatter", "backward", gbytes / buckets, buckets * per_step, n, dspan, cluster,
+                             "overlappable", f"ZeRO-{layout.zero}: reduce-scatter gradients{label} in buckets during backward"
+                             + (" of every micro-batch (DeepSpeed)" if layout.zero == 2 else " of the last micro-batch")))
             out.append(_item("ZeRO", "all-gather", "step", wbytes / buckets, buckets, n, dspan, cluster, "critical",
                              f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
                              "(Megatron's --overlap-param-gather hides it behind the next forward)"))
@@ -206,8 +204,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward (prefetched)"))
             out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, "overlappable",
                              f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
-            out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units, n, dspan, cluster, "overlappable",
-                             f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} (on the last micro-batch)"))
+            out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
+                             f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} in every micro-batch's backward "
+                             "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))
 
     # ---- expert parallel -------------------------------------------------------------------------
     if layout.ep > 1 and moe_L:

@@ -51,7 +51,7 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
     """Ring-attention K/V exchange of one block per micro-batch, beyond what the attention core hides."""
     link = group_link(cluster, cp, tp)
     cp = np.asarray(cp)
-    block = 2 * tokens * kv_width * elem_bytes                       # K and V of the local sequence chunk
+    block = tokens * kv_width * elem_bytes                           # K and V of the local sequence chunk (kv_width: both)
     step = link.alpha_s + block / link.beta_bytes_per_s
     fwd = np.where(cp > 1, (cp - 1) * step, 0.0)
     bwd = 2 * fwd                                                      # K/V in, dK/dV back

@@ -31,7 +31,7 @@ import numpy as np
 from shardlab.estimate.hardware import gemm_time_s, memory_time_s
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import TensorSpec, model_tensors
+from shardlab.specs.tensors import TensorSpec, kv_heads_local, model_tensors
 
 
 ELEMENTWISE_OPS_PER_BLOCK = 20
@@ -46,18 +46,12 @@ def _layer_linears(spec: ModelSpec, layer: int) -> tuple[TensorSpec, ...]:
     return tuple(t for t in model_tensors(spec) if t.layer == layer and t.name.endswith("weight") and len(t.shape) >= 2)
 
 
-def _kv_local(spec: ModelSpec, tp):
-    tp = np.asarray(tp)
-    heads = np.where(tp <= spec.num_kv_heads, spec.num_kv_heads // np.maximum(tp, 1), 1)
-    return heads * spec.head_dim_
-
-
 def _local_dims(spec: ModelSpec, t: TensorSpec, tp):
     """(out, in) of the per-rank matrix (arrays over tp)."""
     out, inn = t.shape[-2], t.shape[-1]
     d = t.tp_dim - (len(t.shape) - 2) if t.tp_dim is not None else None  # index within (out, in)
     if d == 0:
-        out = _kv_local(spec, tp) if t.kv else -(-out // np.asarray(tp))
+        out = kv_heads_local(spec.num_kv_heads, np.asarray(tp)) * spec.head_dim_ if t.kv else -(-out // np.asarray(tp))
     elif d == 1:
         inn = -(-inn // np.asarray(tp))
     return np.asarray(out), np.asarray(inn)
@@ -98,7 +92,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     elem = 2 * 2 * e * T * h / tsh + 2 * (3 * e + mask) * T * h / tsh
     if spec.position == "rope":
         if spec.mla is None:
-            elem = elem + 2 * e * T * (spec.q_size / tp + _kv_local(spec, tp))
+            elem = elem + 2 * e * T * (spec.q_size / tp + kv_heads_local(spec.num_kv_heads, np.asarray(tp)) * spec.head_dim_)
         else:
             m = spec.mla
             elem = elem + 2 * e * T * (m.q_lora_rank + m.kv_lora_rank) + 2 * e * T * (heads_local + 1) * m.qk_rope_head_dim

@@ -141,6 +141,30 @@ def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: in
                              dec.step_time_s + (pp - 1) * p2p_dec, max_batch, notes)
 
 
+@dataclass
+class ReplicaServe:
+    """``batch`` requests spread over ``replicas`` identical groups: rem groups take base + 1, the rest base."""
+
+    replicas: int
+    batch: int
+    largest: InferenceEstimate
+    """The estimate of a group with the largest share (sets latency and memory)."""
+    tokens_per_s: float
+    """Generated tokens per second summed over the groups that have requests (idle groups add nothing)."""
+    busy_replicas: int
+    """Groups with at least one request."""
+
+
+def serve_over_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, replicas: int, batch: int, **kw) -> ReplicaServe:
+    """Split ``batch`` concurrent requests over ``replicas`` TP×PP groups and add up what they really serve."""
+    base, rem = divmod(batch, replicas)
+    hi = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=base + (1 if rem else 0), **kw)
+    tps = (rem if rem else replicas) * hi.tokens_per_s
+    if rem and base:
+        tps += (replicas - rem) * estimate_inference(spec, cluster, tp=tp, pp=pp, batch=base, **kw).tokens_per_s
+    return ReplicaServe(replicas, batch, hi, tps, min(batch, replicas))
+
+
 def tp_versus_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, batch: int, prompt_len: int, output_len: int,
                        **kw) -> dict | None:
     """One TP=tp group serving ``batch`` vs tp replicas of TP=tp/2... down to TP=1 serving batch/replicas each.
@@ -153,9 +177,10 @@ def tp_versus_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, batch: int
     group = estimate_inference(spec, cluster, tp=tp, batch=batch, prompt_len=prompt_len, output_len=output_len, **kw)
     smaller = tp // 2
     reps = tp // smaller
-    per = max(1, batch // reps)
-    rep = estimate_inference(spec, cluster, tp=smaller, batch=per, prompt_len=prompt_len, output_len=output_len, **kw)
-    rep_tps = reps * rep.tokens_per_s if rep.fits else 0.0
+    served = serve_over_replicas(spec, cluster, tp=smaller, pp=1, replicas=reps, batch=batch, prompt_len=prompt_len,
+                                 output_len=output_len, **kw)
+    rep, per = served.largest, served.largest.batch
+    rep_tps = served.tokens_per_s if rep.fits else 0.0
     if not rep.fits:
         verdict = f"{reps} × TP={smaller} replicas do not fit ({rep.total_bytes / 2**30:.1f} GiB per GPU): TP={tp} is needed"
     elif rep_tps > group.tokens_per_s and rep.decode_s_per_token <= group.decode_s_per_token:
@@ -167,6 +192,6 @@ def tp_versus_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, batch: int
         verdict = f"one TP={tp} group wins on throughput ({group.tokens_per_s:,.0f} vs {rep_tps:,.0f} tokens/s)"
     return {"group": {"tp": tp, "batch": batch, "tokens_per_s": group.tokens_per_s,
                       "decode_s_per_token": group.decode_s_per_token, "fits": group.fits},
-            "replicas": {"count": reps, "tp": smaller, "batch_each": per, "tokens_per_s": rep_tps,
+            "replicas": {"count": reps, "tp": smaller, "batch_each": per, "busy": served.busy_replicas, "tokens_per_s": rep_tps,
                          "decode_s_per_token": rep.decode_s_per_token, "fits": rep.fits},
             "verdict": verdict}

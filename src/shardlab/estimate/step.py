@@ -6,7 +6,8 @@ For every pipeline stage s the time of one micro-batch is
 The pipeline runs at the pace of its slowest stage (a straggler sets the pace):
     GPipe, 1F1B:  T = (m − 1)·max_s t_s + Σ_s t_s         (= (m + p − 1)·t for equal stages)
     interleaved:  T = m·max_s t_s + (p − 1)/v · max_s t_s  (Narayanan 2021 §2.2)
-    ZB-H1:        T = m·max_s t_s + (p − 1)·(max_s t_s − 2·W), W = weight-gradient time (Qi et al. 2023)
+    ZB-H1:        T = m·max_s t_s + (p − 1)·(t − W) − (min(m, p) − 1)·W, t = max_s t_s, W = weight-gradient time
+                  (Qi et al. 2023; = (p − 1)(t − 2W) when m ≥ p; pipeline/closed_form.py derives it)
 then step = T + exposed data-parallel communication + optimizer step. The breakdown reports the
 slowest stage's parts, m times, plus the bubble (T − m·t_slowest), so the parts add up to the step.
 
@@ -27,14 +28,13 @@ from shardlab.estimate import comm_time as ct
 from shardlab.estimate.compute import block_step_times, head_times, layer_times
 from shardlab.estimate.hardware import matmul_curve, memory_time_s
 from shardlab.flops import training_flops_per_token
-from shardlab.layout import split_layers
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.training import stage_activation_bytes, stage_overheads
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, model_tensors, kv_heads_local
+from shardlab.specs.tensors import PRE, kv_width_local, model_tensors
 
 SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
@@ -69,13 +69,14 @@ class Workload:
     """Bytes per gradient element on the wire (0: the gradient dtype; Megatron bf16 runs often use 4)."""
 
 
-def stage_compositions(spec: ModelSpec, pp: int, vpp: int) -> list[list[int]]:
-    """Block indices held by each pipeline rank (chunk c of p·v on rank c mod p)."""
-    chunks = split_layers(spec.num_layers, pp * vpp)
-    starts = np.cumsum((0,) + chunks)
+def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
+    """Block indices held by each pipeline rank: the memory model's split (``memory.states.chunk_layers``)."""
+    from shardlab.layout import Layout
+    from shardlab.memory.states import chunk_layers
+
     stages: list[list[int]] = [[] for _ in range(pp)]
-    for c in range(pp * vpp):
-        stages[c % pp].extend(range(starts[c], starts[c + 1]))
+    for c, rng in enumerate(chunk_layers(spec, Layout(pp=pp, vpp=vpp, stage_layers=stage_layers))):
+        stages[c % pp].extend(rng)
     return stages
 
 
@@ -111,8 +112,11 @@ def _tensors_per_unit(spec: ModelSpec) -> dict:
     return out
 
 
-def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads()) -> dict:
-    """Score candidate layouts (dict of equal-length arrays, keys CANDIDATE_KEYS). Returns arrays."""
+def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads(),
+             stage_layers: tuple[int, ...] | None = None) -> dict:
+    """Score candidate layouts (dict of equal-length arrays, keys CANDIDATE_KEYS). Returns arrays.
+
+    ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly)."""
     c = {k: np.asarray(cands[k]) for k in CANDIDATE_KEYS}
     n = len(c["dp"])
     g = _global_terms(spec, cluster, wl, c)
@@ -127,7 +131,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         gsub = _index(g, idx)
         pp, rest = divmod(int(key), 64 * 8)
         vpp, sched = divmod(rest, 8)
-        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads)
+        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads, stage_layers)
         for k, v in res.items():
             out[k][idx] = v
     acc = cluster.accelerator
@@ -183,7 +187,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> d
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc),
-            cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_heads_local(spec.num_kv_heads, tp) * spec.head_dim_,
+            cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc) if kind else np.zeros_like(T)),
@@ -201,7 +205,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> d
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep))
 
 
-def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
+def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None) -> dict:
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer)
     e = sb.weights
@@ -220,7 +224,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
     tensors_per_unit = _tensors_per_unit(spec)
     # stages with the same composition behave the same; the lowest index has the most micro-batches in flight
     classes: dict[tuple, list[int]] = {}
-    comps = stage_compositions(spec, pp, vpp)
+    comps = stage_compositions(spec, pp, vpp, stage_layers)
     for s, layers in enumerate(comps):
         counts = tuple(sum(1 for l in layers if spec.is_moe_layer(l) == k) for k in (False, True))
         classes.setdefault((counts, s == 0, s == pp - 1), []).append(s)
@@ -273,7 +277,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov) -> dict:
         pipe = m * t_max + (pp - 1) / vpp * t_max
     elif sched == SCHEDULE_CODES["zb-h1"]:
         w = pick(np.stack([r["t"]["compute"] - r["t"]["rec"] for r in rows])) / 3.0  # weight-gradient pass ≈ one forward
-        pipe = m * t_max + (pp - 1) * np.maximum(t_max - 2 * w, 0)
+        pipe = m * t_max + np.maximum((pp - 1) * (t_max - w) - (np.minimum(m, pp) - 1) * w, 0)
     else:
         pipe = (m - 1) * t_max + sum(r["count"] * r["time"] for r in rows)
     parts = {key: pick(np.stack([r["t"][key] for r in rows])) for key in rows[0]["t"]}

@@ -80,19 +80,27 @@ def stage_tensors(spec: ModelSpec, layout: Layout) -> list[StageTensors]:
     return out
 
 
-def fsdp_shard_numel(shape: tuple[int, ...], n: int, rank: int | None = None) -> int:
-    """Elements of a tensor sharded on dim 0 over ``n`` ranks (FSDP2).
+def fsdp_shard_numel(shape: tuple[int, ...], n: int, rank: int | None = None, dim: int = 0) -> int:
+    """Elements of a tensor sharded on dimension ``dim`` (default 0) over ``n`` ranks (FSDP2).
 
-    rank None: the padded shard, ceil(d0/n) rows, which FSDP2 allocates on every rank for weights and
-    gradients. rank r: the rows rank r really owns, min(ceil, d0 − r·ceil) (the last shard may be short,
+    rank None: the padded shard, ceil(d/n) slices, which FSDP2 allocates on every rank for weights and
+    gradients. rank r: the slices rank r really owns, min(ceil, d − r·ceil) (the last shard may be short,
     or empty), which is what optimizer state is created for.
     """
     if n == 1 or not shape:
         return math.prod(shape) if shape else 1
-    rows = -(-shape[0] // n)
+    d = shape[dim]
+    rows = -(-d // n)
     if rank is not None:
-        rows = max(0, min(rows, shape[0] - rank * rows))
-    return rows * math.prod(shape[1:])
+        rows = max(0, min(rows, d - rank * rows))
+    return rows * math.prod(shape) // d
+
+
+def expert_shard_dim(local_shape: tuple[int, ...], group: int) -> int:
+    """FSDP2 shard dimension of a stacked expert tensor (E/ep, ...): dim 0 while each rank of the expert
+    data-parallel group can get at least one expert, else dim 1 (torchtitan's ``shard_placement_fn`` for
+    MoE experts), so that a few experts are still split across many ranks."""
+    return 0 if local_shape[0] >= group else 1
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ class StateReport:
     """Parameters after TP/EP splitting (before ZeRO), i.e. what one model replica's shard holds."""
     params_stored: int
     """Parameters whose weights this rank stores (= params_local unless ZeRO-3)."""
+    expert_params_local: int
+    """Of params_local, routed-expert parameters (sharded over dp·cp/ep by ZeRO, not dp·cp)."""
     weights: int
     """Bytes of weights in the compute dtype."""
     gradients: int
@@ -137,9 +147,10 @@ def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layou
         shape = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
         n = math.prod(shape)
         if t.ep_dim is not None:
+            dim = expert_shard_dim(shape, De)
             expert += n
-            expert_fsdp += fsdp_shard_numel(shape, De)
-            expert_own += fsdp_shard_numel(shape, De, expert_shard_rank)
+            expert_fsdp += fsdp_shard_numel(shape, De, dim=dim)
+            expert_own += fsdp_shard_numel(shape, De, expert_shard_rank, dim=dim)
         else:
             dense += n
             dense_fsdp += fsdp_shard_numel(shape, D)
@@ -151,7 +162,7 @@ def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layou
     grads = dense_fsdp + expert_fsdp if z >= 3 else flat if z == 2 else local
     opt = dense_own + expert_own if z >= 3 else flat if z >= 1 else local
     return StateReport(
-        params_local=local, params_stored=stored,
+        params_local=local, params_stored=stored, expert_params_local=expert,
         weights=stored * sb.weights, gradients=grads * sb.gradients,
         master=opt * sb.master, moments=int(round(opt * sb.moments)))
 
@@ -179,4 +190,4 @@ def state_report_from_count(params: int, layout: Layout, sb: StateBytes) -> Stat
     stored = shard if z >= 3 else local
     grads = shard if z >= 2 else local
     opt = shard if z >= 1 else local
-    return StateReport(local, stored, stored * sb.weights, grads * sb.gradients, opt * sb.master, int(round(opt * sb.moments)))
+    return StateReport(local, stored, 0, stored * sb.weights, grads * sb.gradients, opt * sb.master, int(round(opt * sb.moments)))

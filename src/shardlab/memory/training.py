@@ -19,7 +19,7 @@ from shardlab.memory.precision import StateBytes, state_bytes
 from shardlab.memory.states import StageTensors, StateReport, stage_tensors, state_report, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_heads_local, param_counts
+from shardlab.specs.tensors import kv_width_local, param_counts
 from shardlab.units import fmt_bytes, fmt_count
 
 
@@ -35,6 +35,8 @@ class StageMemory:
     """Transformer blocks held."""
     params: int
     """Parameters after TP/EP splitting (before ZeRO)."""
+    expert_params: int
+    """Of params, routed-expert parameters (ZeRO shards them over dp·cp/ep)."""
     weights: int
     """Weight bytes (compute dtype)."""
     gradients: int
@@ -185,7 +187,7 @@ def training_memory(
 def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, notes) -> MemoryReport:
     st = state_report_from_count(params, layout, sb)
     other = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
-    stage = StageMemory(0, 0, 0, st.params_local, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other)
+    stage = StageMemory(0, 0, 0, st.params_local, 0, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other)
     notes.append("parameter count only: model states are exact, activations are not estimated (give a model for them)")
     rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes)
     rep.explain = _explain_states(rep, sb, st.params_local)
@@ -264,8 +266,8 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
                                      ov.fsdp_prefetch_units * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
     other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
     other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
-    kv_w = kv_heads_local(spec.num_kv_heads, t) * spec.head_dim_
-    other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * 2 * e * s_l * layout.micro_batch * kv_w, 0)
+    kv_w = kv_width_local(spec, t)  # K and V together
+    other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * e * s_l * layout.micro_batch * kv_w, 0)  # double-buffered
     if has_moe:
         other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
     dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
@@ -289,7 +291,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                             has_moe=any(spec.is_moe_layer(i) for i in st.layers))
     other = {k: int(v) for k, v in other.items() if v > 0}
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
-                       params=states.params_local, weights=states.weights, gradients=states.gradients,
+                       params=states.params_local, expert_params=states.expert_params_local, weights=states.weights, gradients=states.gradients,
                        optimizer=states.optimizer, master_weights=states.master, moments=states.moments,
                        activations=int(acts), in_flight=float(n), other=other,
                        holds_embedding=st.holds_embedding, holds_head=st.holds_head)
@@ -304,23 +306,32 @@ def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: S
     return biggest * sb.weights, biggest * sb.gradients
 
 
-def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int) -> dict[str, str]:
+def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int, expert_params: int = 0) -> dict[str, str]:
+    """The model-state lines: parameters × bytes per parameter ÷ the ZeRO group, dense and expert terms apart."""
     lay = rep.layout
-    D = lay.dp_shard
-    div = lambda z: f" / {D} (ZeRO-{lay.zero} over dp·cp)" if lay.zero >= z and D > 1 else ""
-    mp = f" after TP {lay.tp} × PP {lay.pp}" if lay.tp * lay.pp > 1 else ""
     w = rep.worst
+    mp = f" after TP {lay.tp} × PP {lay.pp}" + (f" × EP {lay.ep}" if lay.ep > 1 else "") if lay.tp * lay.pp * lay.ep > 1 else ""
+
+    def term(z: int) -> str:
+        D, De = lay.dp_shard, lay.expert_dp
+        dense = params_local - expert_params
+        dense_s = f"{fmt_count(dense)}{f' / {D}' if lay.zero >= z and D > 1 else ''}"
+        if not expert_params:
+            return f"{fmt_count(params_local)} params{mp}" + (f" / {D} (ZeRO-{lay.zero} over dp·cp)" if lay.zero >= z and D > 1 else "")
+        exp_s = f"{fmt_count(expert_params)} expert{f' / {De}' if lay.zero >= z and De > 1 else ''}"
+        return f"({dense_s} dense + {exp_s}) params{mp}" + (f" (ZeRO-{lay.zero} over dp·cp = {D}, experts over dp·cp/ep = {De})"
+                                                              if lay.zero >= z else "")
     return {
-        "weights": f"{fmt_count(params_local)} params{mp} × {sb.weights} B{div(3)} = {fmt_bytes(w.weights)}",
-        "gradients": f"{fmt_count(params_local)} × {sb.gradients} B{div(2)} = {fmt_bytes(w.gradients)}",
-        "optimizer": (f"{fmt_count(params_local)} × ({sb.master} B fp32 master + {sb.moments:g} B moments){div(1)} = "
-                      f"{fmt_bytes(w.optimizer)}  [ZeRO paper §3.1: K = {sb.optimizer:g}]"),
+        "weights": f"{term(3)} × {sb.weights} B = {fmt_bytes(w.weights)}" + (" (FSDP2 shards padded per tensor)" if lay.zero >= 3 else ""),
+        "gradients": f"{term(2)} × {sb.gradients} B = {fmt_bytes(w.gradients)}",
+        "optimizer": (f"{term(1)} × ({sb.master} B fp32 master + {sb.moments:g} B moments) = {fmt_bytes(w.optimizer)}  "
+                      f"[ZeRO paper §3.1: K = {sb.optimizer:g}]"),
     }
 
 
 def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext) -> dict[str, str]:
     w, lay = rep.worst, rep.layout
-    out = _explain_states(rep, sb, w.params)
+    out = _explain_states(rep, sb, w.params, w.expert_params)
     per_layer = [layer_activation_bytes(spec, i, lay, ctx) for i in range(spec.num_layers)]
     tot, sc = per_layer[0]
     kind = "GPT block (Korthikanti 2022 Table 2)" if spec.mlp == "gelu" and spec.norm == "layernorm" else \

@@ -158,14 +158,16 @@ def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: 
 
 def predicted(spec, layout, itemsize: int, tp_rank: int | None = None) -> dict[str, dict]:
     """The memory model's allocation per tensor on a rank of TP coordinate ``tp_rank`` (None: the worst rank)."""
-    from shardlab.memory.states import fsdp_shard_numel, stage_tensors
+    from shardlab.memory.states import expert_shard_dim, fsdp_shard_numel, stage_tensors
 
-    out, D = {}, layout.dp_shard
+    out = {}
     for t in stage_tensors(spec, layout)[0].tensors:
         local = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
+        D = layout.expert_dp if t.ep_dim is not None else layout.dp_shard
+        dim = expert_shard_dim(local, D) if t.ep_dim is not None else 0
         fsdp = layout.zero >= 3 and D > 1
-        alloc = (-(-local[0] // D), *local[1:]) if fsdp else local
-        numel = fsdp_shard_numel(local, D) if fsdp else math.prod(local)
+        alloc = tuple(-(-n // D) if i == dim else n for i, n in enumerate(local)) if fsdp else local
+        numel = fsdp_shard_numel(local, D, dim=dim) if fsdp else math.prod(local)
         out[t.name] = {"alloc_shape": list(alloc), "alloc_bytes": numel * itemsize}
     return out
 

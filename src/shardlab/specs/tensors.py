@@ -84,6 +84,16 @@ def chunk_size(n, parts, rank: int | None = None):
     return max(0, min(size, n - rank * size))
 
 
+def kv_width_local(spec: ModelSpec, tp):
+    """Width of the K and V activations together on one TP rank (what ring attention passes around):
+    2 · KV heads per rank · head_dim; for MLA the up-projected keys and values of the local heads,
+    (a/t) · (qk_nope + qk_rope + v_head) (DeepSeek-V2 §2.1.2). Array-safe in tp."""
+    if spec.mla is not None:
+        m = spec.mla
+        return spec.num_heads // tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * kv_heads_local(spec.num_kv_heads, tp) * spec.head_dim_
+
+
 def kv_heads_local(num_kv_heads: int, tp):
     """K/V heads per TP rank: split when tp <= kv heads, else one (replicated). Array-safe in tp."""
     return xp.where(tp <= num_kv_heads, num_kv_heads // xp.maximum(tp, 1), 1)

@@ -3,8 +3,9 @@
 Each block is its own FSDP unit (all-gathered just before its forward/backward, resharded after), then
 the root wraps what is left (embeddings, final norm, head). Every parameter becomes a DTensor sharded on
 dim 0 across the mesh, padded to ceil(d0 / N) rows (Zhao et al. 2023, "PyTorch FSDP", §3.2 for the
-flat-parameter ancestor; FSDP2 shards per tensor). ``shardlab.memory.states.fsdp_shard_numel`` is the
-same rule, so measured bytes equal predicted bytes.
+flat-parameter ancestor; FSDP2 shards per tensor), except stacked experts (E, ·, ·) with fewer experts than
+ranks, which shard on dim 1 (torchtitan's MoE ``shard_placement_fn``). ``shardlab.memory.states``
+(``fsdp_shard_numel``, ``expert_shard_dim``) is the same rule, so measured bytes equal predicted bytes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True, mp
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from torch.distributed.tensor import Shard
+
+    size = mesh.size()
+
+    def placement(param):  # stacked experts (E, out, in): split dim 1 when each rank cannot get an expert
+        return Shard(1) if param.dim() == 3 and param.shape[0] < size else None
+
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
-          "mp_policy": mp_policy or MixedPrecisionPolicy()}
+          "mp_policy": mp_policy or MixedPrecisionPolicy(), "shard_placement_fn": placement}
     layers = getattr(model, "layers", None)
     blocks = list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers or [])
     for i, block in enumerate(blocks):
