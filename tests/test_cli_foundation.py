@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import cli_main, run_cli
+from conftest import DATA, cli_main, run_cli
 
 
 def test_json_documents_parse():
@@ -138,3 +138,24 @@ def test_command_owner_map_matches_registration():
         importlib.import_module(mod).register(sub)
         registered = set(sub.choices)
         assert registered == {c for c, m in COMMAND_OWNERS.items() if m == mod}, mod
+
+
+def test_config_without_model_type(tmp_path):
+    """A file with `architectures` but no `model_type` is read by its class name; with neither it is refused."""
+    cfg = json.loads((DATA / "qwen2.5-7b.json").read_text())
+    del cfg["model_type"]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    code, out, _ = cli_main("models", str(p), "--json")
+    assert code == 0 and json.loads(out)["params"] == 7_615_616_512   # QKV biases kept: it was read as qwen2
+    del cfg["architectures"]
+    p.write_text(json.dumps(cfg))
+    code, _, err = cli_main("models", str(p))
+    assert code == 2 and "model_type" in err
+
+
+def test_inference_estimate_refuses_flags_it_would_ignore():
+    code, _, err = cli_main("estimate", "mixtral-8x7b", "--inference", "--tp", "2", "--ep", "2")
+    assert code == 2 and "--ep" in err
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--gpus", "16")
+    assert code == 2 and "--gpus" in err

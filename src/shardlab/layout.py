@@ -77,6 +77,12 @@ class Layout:
         return replace(self, **kw)
 
 
+def default_microbatches(pp: int) -> int:
+    """Micro-batches per step when neither --microbatches nor --global-batch says: 4·pp with a pipeline
+    (1F1B bubble (p−1)/(m+p−1) ≈ 20%, a common starting point), 1 without. Every command uses this one."""
+    return 4 * pp if pp > 1 else 1
+
+
 def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     """Split ``num_layers`` across ``stages``; the remainder goes to middle stages first.
 

@@ -91,8 +91,8 @@ def cmd_gpus(args):
     f = lambda v: "-" if v is None else f"{v:g}"
     rows = [[a.id, a.name, f(a.peak_tflops["bf16"] or a.peak_tflops["fp16"]), f(a.peak_tflops["fp8"]), f(a.peak_tflops["fp32"]),
              f"{a.memory_gib:g}", f"{a.memory_bandwidth_gbps:g}", a.scale_up_link, f"{a.tdp_w:g}"] for a in cat.accelerators.values()]
-    text = table(["id", "name", "bf16 TF/s", "fp8 TF/s", "fp32 TF/s", "mem GiB", "HBM GB/s", "scale-up", "W"], rows,
-                 title="accelerators (dense peaks, TFLOP/s; sources: `--json`)")
+    text = table(["id", "name", "bf16/fp16 TF/s", "fp8 TF/s", "fp32 TF/s", "mem GiB", "HBM GB/s", "scale-up", "W"], rows,
+                 title="accelerators (dense peaks, TFLOP/s; bf16, or fp16 where the part has no bf16 (V100); sources: `--json`)")
     return {"gpus": [{**asdict(a), "memory_bytes": a.memory_bytes} for a in cat.accelerators.values()]}, text
 
 

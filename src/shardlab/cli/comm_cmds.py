@@ -139,7 +139,9 @@ def cmd_plan(args):
     layout = layout_from_args(args)
     cluster = cluster_from_args(args, cat, layout.world_size)
     seq = args.seq_len or min(spec.max_seq_len, 4096)
-    m = args.microbatches or layout.pp
+    from shardlab.layout import default_microbatches
+
+    m = args.microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
     items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision)
@@ -256,7 +258,7 @@ def register_pipeline(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b")
     p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks p")
-    p.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step m (default 2p)")
+    p.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step m (default 4p)")
     p.add_argument("--vpp", type=positive_int, default=None, help="model chunks per rank (interleaved; default 2)")
     p.add_argument("--forward-s", type=positive_float, default=1.0, help="forward of one micro-batch through one stage")
     p.add_argument("--backward-s", type=positive_float, default=2.0,
@@ -285,7 +287,9 @@ def cmd_pipeline(args):
             raise ShardlabError("give --microbatches or --max-bubble (which computes it), not both")
         m = min_microbatches(args.schedule, p, args.max_bubble, v, **times)
     else:
-        m = args.microbatches or 2 * p
+        from shardlab.layout import default_microbatches
+
+        m = args.microbatches or default_microbatches(p)
     slow = None
     if args.slow_stage is not None:
         if not 0 <= args.slow_stage < p:

@@ -21,6 +21,14 @@ def estimate_inference_cmd(args, catalog):
     from shardlab.estimate.inference import GPU_MEMORY_UTILIZATION, estimate_inference, tp_versus_replicas
     from shardlab.report.table import kv_lines
 
+    from shardlab.errors import ShardlabError
+
+    ignored = [f for f, bad in (("--ep", args.ep != 1), ("--cp", args.cp != 1), ("--dp", args.dp not in (None, 1)),
+                                ("--zero", args.zero != 0), ("--gpus", args.gpus not in (None, args.tp * args.pp)))
+               if bad]
+    if ignored:
+        raise ShardlabError(f"{', '.join(ignored)} do(es) not apply to --inference, which estimates one TP×PP group of "
+                            f"--tp × --pp GPUs; for replicas across more GPUs use `shardlab plan --inference --gpus N`")
     spec, cluster = _spec_cluster(args, catalog, args.tp * args.pp)
     e, dtype = _elem(args)
     est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=args.batch, prompt_len=args.prompt_len,

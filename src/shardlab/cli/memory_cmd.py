@@ -99,7 +99,7 @@ def render(rep, hints: list[str] = ()) -> str:
             ["optimizer", gib(w.optimizer), rep.explain.get("optimizer", "")],
             ["  fp32 master weights", gib(w.master_weights), ""],
             ["  moments", gib(w.moments), ""],
-            ["model states", gib(w.model_states), ""],
+            ["model states", gib(w.model_states), rep.explain.get("model_states", "")],
             ["activations", gib(w.activations), rep.explain.get("activations", "not estimated (parameter count only)")]]
     for k, v in w.other.items():
         rows.append([f"  {k}", gib(v), ""])

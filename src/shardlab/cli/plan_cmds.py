@@ -138,10 +138,13 @@ def _parse_fix(items: list[str]) -> dict:
             key = "mb"
         if key in ("rc", "recompute"):
             key, val = "rc", str({"none": 0, "selective": 1, "full": 2}.get(val, val))
-        if key == "schedule":
-            key, val = "sched", str(SCHEDULE_CODES.get(val, val))
+        if key in ("schedule", "sched"):
+            if val not in SCHEDULE_CODES:
+                raise ShardlabError(f"--fix {it}: schedule is one of {', '.join(SCHEDULE_CODES)}")
+            key, val = "sched", str(SCHEDULE_CODES[val])
         if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched") or not val.strip().isdigit():
-            raise ShardlabError(f"--fix {it}: use AXIS=INTEGER with AXIS in tp, pp, cp, ep, zero, mb, vpp, rc, sp, schedule")
+            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp "
+                                f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
         out[key] = int(val)
     return out
 

@@ -27,8 +27,9 @@ DEFAULT_MATMUL = MatmulEfficiency(
 """Fallback curve for accelerators whose catalog entry has no ``efficiency`` (kept equal to a100-80gb's fit)."""
 
 MEMORY_EFFICIENCY = 0.90
-"""Share of HBM bandwidth streaming kernels reach. Source: device-to-device copies measured on lent
-machines, 3.0 of 3.35 TB/s on an H100 SXM and 4.3 of 4.8 TB/s on an H200 (docs/validation.md)."""
+"""Share of HBM bandwidth streaming kernels reach. Source: device-to-device copies recorded in this workplace's
+device notes (lent machines, 2026-10/11; not measured by shardlab): 3.0 of 3.35 TB/s on an H100 SXM and 4.3 of
+4.8 TB/s on an H200 (docs/validation.md)."""
 
 
 def matmul_curve(acc: Accelerator) -> tuple[MatmulEfficiency, bool]:

@@ -7,7 +7,15 @@ from shardlab.estimate.training import TrainingEstimate
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.precision import state_bytes
 from shardlab.report.table import table
-from shardlab.units import fmt_count, fmt_time  # noqa: F401
+from shardlab.units import fmt_count, fmt_time
+
+
+def _pp_link(est: TrainingEstimate) -> str:
+    """The link the pipeline group crosses (the rank grid decides)."""
+    from shardlab.layout import group_span_nodes
+
+    cl = est.cluster
+    return cl.inter_link.id if group_span_nodes(est.layout, "pp", cl.gpus_per_node) > 1 else cl.intra_link.id
 
 
 def component_rows(est: TrainingEstimate) -> list[list[str]]:
@@ -24,7 +32,8 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
     m = est.microbatches
     text = {
         "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}) for {m} micro-batches; "
-                      f"{stage_flops:.3g} model FLOP per GPU on average, i.e. {100 * achieved:.0f}% of {peak / 1e12:g} TFLOP/s "
+                      f"the average GPU's {stage_flops:.3g} model FLOP over this time is {100 * achieved:.0f}% of "
+                      f"{peak / 1e12:g} TFLOP/s while computing (MFU, which counts the whole step, is lower) "
                       f"[GEMMs: {curve.max_fraction:g}·d/(d+{curve.half_size:g}) of peak{' (default curve, estimate)' if default else ''}; "
                       f"norms/activations at {MEMORY_EFFICIENCY:.0%} of {acc.memory_bandwidth_gbps:g} GB/s]"),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
@@ -33,10 +42,14 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"),
         "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",
         "ep_comm_s": f"dispatch + combine all-to-alls over {lay.ep} ranks per MoE block",
-        "pp_p2p_s": f"blocking send of activations / gradients between stages per micro-batch ({cl.inter_link.id})",
+        "pp_p2p_s": (f"blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP rank "
+                     f"({_pp_link(est)})"),
         "zero3_comm_s": "ZeRO-3 weight gathers and gradient reduce-scatters not hidden by prefetching",
-        "pp_bubble_s": (f"{lay.schedule}: (p−1){'/v' if lay.schedule == 'interleaved' else ''} slowest-stage times, "
-                        f"p={lay.pp}, m={m}{f', v={lay.vpp}' if lay.vpp > 1 else ''}; "
+        "pp_bubble_s": ({"interleaved": f"interleaved: (p−1)/v × the slowest stage's time",
+                         "zb-h1": "ZB-H1: (p−1)(t−W) − (min(m,p)−1)·W, W = weight-gradient time",
+                         }.get(lay.schedule, f"{lay.schedule}: fill and drain, Σ stage times − the slowest "
+                                             f"(= (p−1) stage times when stages are equal)")
+                        + f", p={lay.pp}, m={m}{f', v={lay.vpp}' if lay.vpp > 1 else ''}; "
                         f"{100 * b['pp_bubble_s'] / est.step_time_s:.1f}% of the step"),
         "dp_comm_s": (f"exposed part of {fmt_time(est.dp_comm_total_s)} of gradient reduction (ZeRO-{lay.zero}) over "
                       f"dp·cp = {lay.dp * lay.cp} ranks; overlap with the last backward "

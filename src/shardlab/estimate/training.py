@@ -10,7 +10,7 @@ from shardlab.errors import ShardlabError
 from shardlab.estimate.hardware import matmul_curve
 from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate
 from shardlab.flops import six_psi_d, training_flops_per_token
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory import MemoryReport, Overheads, training_memory
 from shardlab.memory.training import recompute_code
 from shardlab.specs.hardware import Cluster
@@ -109,7 +109,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     notes: list[str] = []
     per_mb = layout.micro_batch * layout.dp
     if global_batch is None:
-        m = microbatches or (4 * layout.pp if layout.pp > 1 else 1)
+        m = microbatches or default_microbatches(layout.pp)
         global_batch = m * per_mb
         if microbatches is None:
             notes.append(f"--global-batch not given: assumed {global_batch} sequences ({m} micro-batches per step)")

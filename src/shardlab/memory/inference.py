@@ -15,6 +15,7 @@ import math
 from shardlab.layout import Layout
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import kv_heads_local
 
 
 def weight_bytes_per_rank(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> list[int]:
@@ -29,8 +30,7 @@ def kv_cache_bytes_per_token(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_byt
     if spec.mla is not None:
         per_layer = (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * elem_bytes
     else:
-        heads = spec.num_kv_heads // tp if tp <= spec.num_kv_heads else 1
-        per_layer = 2 * heads * spec.head_dim_ * elem_bytes
+        per_layer = 2 * kv_heads_local(spec.num_kv_heads, tp) * spec.head_dim_ * elem_bytes
     return [len(st.layers) * per_layer for st in stage_tensors(spec, lay)]
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from shardlab import xp
 from shardlab.errors import ShardlabError
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes)
 from shardlab.memory.overheads import Overheads
@@ -159,12 +159,12 @@ def training_memory(
         raise ShardlabError("give a model or --params, not both")
     validate(layout, model, num_gpus, seq_len if model is not None else None)
     sb = state_bytes(precision, optimizer)
-    m = microbatches or max(layout.pp, 1)
+    m = microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
     notes: list[str] = []
     if microbatches is None and layout.pp > 1:
-        notes.append(f"--microbatches not given: assumed m = pp = {m} (1F1B holds at most p micro-batches; GPipe holds all m)")
+        notes.append(f"--microbatches not given: assumed m = 4·pp = {m} (1F1B holds at most p micro-batches; GPipe holds all m)")
     if model is None:
         return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes)
 
@@ -187,6 +187,12 @@ def training_memory(
 def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, notes) -> MemoryReport:
     st = state_report_from_count(params, layout, sb)
     other = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
+    groups = sum(1 for g in (layout.tp, layout.cp, layout.dp_shard, layout.pp, layout.ep) if g > 1)
+    if groups:
+        other["nccl_buffers"] = groups * ov.nccl_bytes_per_group
+    if layout.zero == 0 and layout.dp_shard > 1 and ov.ddp_bucket_copy:
+        other["ddp_buckets"] = st.gradients
+    other = {k: v for k, v in other.items() if v > 0}
     stage = StageMemory(0, 0, 0, st.params_local, 0, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other)
     notes.append("parameter count only: model states are exact, activations are not estimated (give a model for them)")
     rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes)
@@ -322,6 +328,7 @@ def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int, expert
         return f"({dense_s} dense + {exp_s}) params{mp}" + (f" (ZeRO-{lay.zero} over dp·cp = {D}, experts over dp·cp/ep = {De})"
                                                               if lay.zero >= z else "")
     return {
+        "model_states": f"= {w.model_states / 1e9:,.2f} GB (1e9 bytes, the ZeRO paper's unit)",
         "weights": f"{term(3)} × {sb.weights} B = {fmt_bytes(w.weights)}" + (" (FSDP2 shards padded per tensor)" if lay.zero >= 3 else ""),
         "gradients": f"{term(2)} × {sb.gradients} B = {fmt_bytes(w.gradients)}",
         "optimizer": (f"{term(1)} × ({sb.master} B fp32 master + {sb.moments:g} B moments) = {fmt_bytes(w.optimizer)}  "

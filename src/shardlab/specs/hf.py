@@ -12,6 +12,10 @@ from shardlab.errors import ShardlabError
 from shardlab.specs.model import MLASpec, ModelSpec, MoESpec
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "deepseek_v3")
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+                 "Qwen2ForCausalLM": "qwen2", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
+                 "BloomForCausalLM": "bloom", "DeepseekV3ForCausalLM": "deepseek_v3"}
+"""transformers class names, used when a file has no model_type."""
 
 
 class _Cfg:
@@ -37,7 +41,13 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     """Build a ModelSpec from a Hugging Face config mapping."""
     mt = d.get("model_type")
     if mt is None:
-        mt = "gpt2" if "n_embd" in d else "llama" if "num_hidden_layers" in d else None
+        archs = d.get("architectures") or []
+        mt = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if mt is None and "n_embd" in d:
+        mt = "gpt2"  # a bare GPT-2-style file (n_embd, n_layer, n_head, vocab_size, n_positions): GPT-3-style models
+    if mt is None:
+        raise ShardlabError(f"{where}: no model_type (and no known architectures entry); add \"model_type\" "
+                            f"(one of {', '.join(SUPPORTED)}) to the file")
     if mt not in SUPPORTED:
         raise ShardlabError(f"{where}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
                             f"(or describe the model in a YAML file, see `shardlab models --help`)")
