@@ -1,6 +1,5 @@
 """Cost before launch: the pure arithmetic, the price catalog (built-in and user files), `shardlab cost`."""
 
-import importlib.util
 import json
 
 import pytest
@@ -163,13 +162,6 @@ def test_cost_cli_given_price_with_unlisted_gpu_is_a_label():
     d = json.loads(out)
     assert d["usd"] == pytest.approx(10.0) and d["gpu"] == "my-asic" and d["alternatives"] == []
     assert "4 × my-asic at $1.25/h each" in d["sentence"]
-
-
-@pytest.mark.skipif(importlib.util.find_spec("shardlab.cli.plan_cmds") is not None,
-                    reason="the estimate exists: the plan-based path is tested end to end with it")
-def test_cost_cli_plan_without_estimate_module_says_so():
-    code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--tokens", "1e9")
-    assert code == 2 and "plan-based cost needs `shardlab estimate`" in err
 
 
 def test_cost_cli_plan_path_uses_the_estimate_contract(monkeypatch):
