@@ -159,11 +159,7 @@ def _collectives(args, device: str) -> dict:
     ops = bc.parse_ops(args.ops)
     sizes = bc.parse_sizes(args.sizes or ("1KB:256MB" if device == "cuda" else "1KB:64MB"))
     if device == "cuda":
-        import torch
-
-        if args.nproc > torch.cuda.device_count():
-            raise ShardlabError(f"--nproc {args.nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                                f"use --nproc {torch.cuda.device_count()} or fewer")
+        bc.check_gpu_count(args.nproc)
     doc = bc.run_collectives(args.nproc, ops, sizes, iters=args.iters, warmup=args.warmup,
                              min_time_s=args.min_time, timeout_s=args.timeout, device=device,
                              overlap=not args.no_overlap)

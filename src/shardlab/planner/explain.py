@@ -77,25 +77,29 @@ def axis_reasons(res: PlanResult) -> list[dict]:
         alt_fit = other & r["fits"]
         if alt_fit.any():
             j = int(np.argmin(np.where(alt_fit, r["step_time_s"], np.inf)))
-            d = (r["step_time_s"][j] - step_w) / step_w
-            if d < 0:
-                from shardlab.planner.report import _layout_str
+            from shardlab.planner.report import _layout_str
 
-                alt = {**layout_of(c, j).to_dict()}
-                reason = (f"the best with {name} = {_value(c, key, j)} ({_layout_str(alt)}) is {100 * -d:.2f}% faster but "
-                          f"more complex; the ranking asks 0.3% per extra axis (planner.search.SIMPLICITY)")
-            elif abs(d) < 5e-4:
-                reason = (f"{name} = {_value(c, key, j)} ties on step time; kept the simpler layout "
-                          f"({(r['memory_bytes'][j] - r['memory_bytes'][w]) / 2**30:+.1f} GiB for the alternative)")
-            else:
-                reason = (f"best with {name} = {_value(c, key, j)}: {100 * d:+.1f}% step time "
-                          f"({_biggest_difference(_breakdown(res, j), _breakdown(res, w))})")
+            d = (r["step_time_s"][j] - step_w) / step_w
+            reason = (f"the best with {name} = {_value(c, key, j)} ({_layout_str(layout_of(c, j).to_dict())}): "
+                      + _verdict(d, (r["memory_bytes"][j] - r["memory_bytes"][w]) / 2**30,
+                                 _biggest_difference(_breakdown(res, j), _breakdown(res, w))))
         elif other.any():
             reason = f"every other {name} value runs out of memory"
         else:
             reason = "the only value the search allowed"
         out.append({"axis": name, "key": key, "value": val, "placement": _placement(res, key, w), "reason": reason, "role": role})
     return out
+
+
+def _verdict(d: float, mem_delta_gib: float, slower: str) -> str:
+    """How an alternative compares with the winner: step-time delta ``d`` (relative), memory delta, and the
+    component that grew most."""
+    if d < 0:
+        return (f"{100 * -d:.2f}% faster but more complex; the ranking asks 0.3% per extra axis "
+                f"(planner.search.SIMPLICITY)")
+    if abs(d) < 5e-4:
+        return f"ties on step time; the simpler layout is kept ({mem_delta_gib:+.1f} GiB per GPU for the alternative)"
+    return f"{100 * d:+.1f}% step time ({slower})"
 
 
 def runner_up(res: PlanResult) -> dict | None:
@@ -109,14 +113,8 @@ def runner_up(res: PlanResult) -> dict | None:
         why = f"needs {(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.2f} GiB per GPU"
     elif res.objective == "cost":
         why = f"costs {100 * (b['gpus'] * b['step_time_s'] / (a['gpus'] * a['step_time_s']) - 1):+.1f}% more GPU-time per token"
-    elif d < 0:
-        why = (f"{100 * -d:.2f}% faster, but it adds parallel axes and the ranking asks 0.3% per extra axis "
-               f"(planner.search.SIMPLICITY)")
-    elif abs(d) < 1e-4:
-        why = (f"ties on step time; ranked second because it is the more complex layout or needs more memory "
-               f"({(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.1f} GiB per GPU)")
     else:
-        why = f"{100 * d:+.2f}% step time ({_biggest_difference(b['breakdown'], a['breakdown'])})"
+        why = _verdict(d, (b["memory_bytes"] - a["memory_bytes"]) / 2**30, _biggest_difference(b["breakdown"], a["breakdown"]))
     return {"differs_in": diff, "step_time_delta": d, "why": why}
 
 

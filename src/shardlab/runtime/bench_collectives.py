@@ -78,6 +78,15 @@ def summarise_row(op: str, size_bytes: int, time_s: float, n: int) -> dict:
             "busbw_gbps": algbw * bus_factor(op, n), "world_size": n}
 
 
+def check_gpu_count(nproc: int) -> None:
+    """One rank per visible GPU: refuse more ranks than GPUs (one line, with the fix)."""
+    import torch
+
+    if nproc > torch.cuda.device_count():
+        raise ShardlabError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                            f"use --nproc {torch.cuda.device_count()} or fewer")
+
+
 def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int = 20, warmup: int = 2,
                     min_time_s: float = 0.05, timeout_s: float = 600, device: str | None = None,
                     overlap: bool = True) -> dict:
