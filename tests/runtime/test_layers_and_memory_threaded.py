@@ -43,7 +43,9 @@ def _dense(seed: int):
     return lin, x
 
 
-class MegatronLayers(MultiThreadedTestCase):
+class _Ranks(MultiThreadedTestCase):
+    """Threaded harness: ``world_size`` ranks as threads of this process (2 unless a subclass says otherwise)."""
+
     @property
     def world_size(self):
         return 2
@@ -51,6 +53,9 @@ class MegatronLayers(MultiThreadedTestCase):
     def setUp(self):
         super().setUp()
         self._spawn_threads()
+
+
+class MegatronLayers(_Ranks):
 
     def test_column_then_row_equals_dense_mlp(self):
         """Y = f(X) A_i (column), Z = g(Y_i B_i) (row): equals the dense two-layer product, gradients too."""
@@ -91,16 +96,9 @@ class MegatronLayers(MultiThreadedTestCase):
         assert close(vhead(h), head(h))
 
 
-class ModelStatesExact(MultiThreadedTestCase):
+class ModelStatesExact(_Ranks):
     """Weights, gradients and AdamW moments measured from storages equal shardlab.memory (fp32) on every rank."""
 
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_threads()
 
     def measure(self, name, optimizer="adamw", world=None):
         spec = tiny_spec()
@@ -134,16 +132,12 @@ class ModelStatesExact(MultiThreadedTestCase):
         self._assert_exact("tp-megatron")
 
 
-class UnevenFsdp(MultiThreadedTestCase):
+class UnevenFsdp(_Ranks):
     """FSDP2 over 3 ranks: dims of 64, 192 and 256 rows do not split evenly (22+22+20 rows, ...)."""
 
     @property
     def world_size(self):
         return 3
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_threads()
 
     def test_every_rank_exact_including_the_short_last_shard(self):
         """Weights and gradients live in FSDP2's padded shards (ceil(d0/3) rows on every rank); optimizer state is
