@@ -2,12 +2,17 @@
 
 Order of events (each step survives a crash of the one after it):
 1. in one ``BEGIN IMMEDIATE`` transaction: settle runs whose guard died ('unfinished'), check
-   spent + reserved + this reservation <= ceiling, insert this run as 'running' (or refuse: exit 3);
-2. start the command in its own process group, without a shell unless asked; on Linux the kernel kills
-   it if the guard itself dies (PR_SET_PDEATHSIG), so nothing runs unmetered;
-3. at the time limit (the paid hours) send SIGTERM to the group, SIGKILL ``grace_s`` later; SIGINT,
-   SIGTERM and SIGHUP received by the guard are passed on the same way;
-4. record the end: status, exit code, measured wall time and actual cost.
+   spent + reserved + this reservation <= ceiling for the budget and every budget it is part of, insert
+   this run as 'running' (or refuse: exit 3). The reservation is set-up + paid hours + the grace period;
+2. start the command in its own process group, without a shell unless asked. Every process it starts is
+   tracked (``shardlab.proctree``): the guard is a child subreaper, scans its descendants, and a watchdog
+   process stops them all if the guard itself dies (even by SIGKILL); the kernel also kills the command's
+   main process then (PR_SET_PDEATHSIG);
+3. at the time limit (the paid hours) send SIGTERM to the group and every descendant, SIGKILL ``grace_s``
+   later, at the end of the reservation; SIGINT, SIGTERM and SIGHUP received by the guard are passed on
+   the same way. When the main process exits, whatever it left running is stopped too;
+4. record the end: status, exit code, measured wall time and actual cost: set-up plus the measured time,
+   never more than the reservation (so spent <= ceiling holds for every budget).
 """
 
 from __future__ import annotations
@@ -15,17 +20,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shardlab import proctree
 from shardlab.cost.estimate import fmt_usd
 from shardlab.ledger import BudgetSummary, Ledger, RunRecord, RunRequest
 
 EXIT_TIME_LIMIT = 124
 """Exit code of the guard when it stopped the command at its time limit (as coreutils `timeout`)."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KILL_MARGIN_S = 0.1
+"""SIGKILL goes out this long before the reservation ends, so that the kernel has delivered it by then."""
 
 
 @dataclass
@@ -45,54 +52,45 @@ class GuardOutcome:
 @dataclass
 class _State:
     child: subprocess.Popen | None = None
+    tree: proctree.ProcessTree | None = None
     received: int | None = None
     received_at: float | None = None
-
-
-def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(child.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to SIGKILL the child when the guard dies (None elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))       # PR_SET_PDEATHSIG
-        if os.getppid() != parent:          # the guard died before prctl took effect
-            os._exit(137)
-    return preexec
 
 
 def _exit_code(rc: int) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def _supervise(child: subprocess.Popen, state: _State, t0: float, limit_s: float, grace_s: float) -> tuple[str | None, bool, int]:
-    """Wait for the child; SIGTERM at the limit, SIGKILL after the grace. Returns (reason, sigkilled, rc)."""
-    reason, term_at, killed = None, None, False
+def _signal_job(state: _State, sig: int) -> None:
+    """``sig`` to the command's process group and to every process it started."""
+    if state.child is None:
+        return
+    if state.tree is not None:
+        state.tree.signal(sig, groups=[state.child.pid])
+    else:
+        proctree.signal_group(state.child.pid, sig)
+
+
+def _supervise(state: _State, t0: float, limit_s: float, grace_s: float) -> tuple[str | None, bool, int]:
+    """Wait for the command; SIGTERM at the limit, SIGKILL after the grace. Returns (reason, sigkilled, rc)."""
+    child = state.child
+    reason, term_at, killed, scanned = None, None, False, 0.0
     while True:
         now = time.monotonic()
+        if now - scanned >= proctree.SCAN_INTERVAL_S:
+            state.tree.scan()
+            scanned = now
         if reason is None and state.received is not None:
             reason, term_at = "interrupted", state.received_at
         if reason is None and now - t0 >= limit_s:
             reason, term_at = "time-limit", now
-            _signal_group(child, signal.SIGTERM)
-        if term_at is not None and not killed and now - term_at >= grace_s:
-            _signal_group(child, signal.SIGKILL)
+            _signal_job(state, signal.SIGTERM)
+        kill_after = max(0.0, grace_s - KILL_MARGIN_S)
+        if term_at is not None and not killed and now - term_at >= kill_after:
+            _signal_job(state, signal.SIGKILL)
             killed = True
-        wait_s = 0.2 if reason else min(0.2, max(0.005, t0 + limit_s - now))
+        deadline = t0 + limit_s if reason is None else (term_at + kill_after if not killed else now + 0.2)
+        wait_s = min(proctree.SCAN_INTERVAL_S, max(0.002, deadline - now))
         try:
             rc = child.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
@@ -100,6 +98,69 @@ def _supervise(child: subprocess.Popen, state: _State, t0: float, limit_s: float
         if reason is None and state.received is not None:     # the signal came while we waited
             reason = "interrupted"
         return reason, killed, rc
+
+
+def _outcome(req: RunRequest, state: _State, reason: str | None, killed: bool, rc: int) -> tuple[str, int, str]:
+    """(status, guard exit code, note)."""
+    if reason == "time-limit":
+        note = f"paid time {req.hours:g} h ran out: SIGTERM" + (f", then SIGKILL after {req.grace_s:g} s" if killed else "")
+        return "killed-time-limit", EXIT_TIME_LIMIT, note
+    if reason == "interrupted":
+        name = signal.Signals(state.received).name
+        note = f"the guard received {name} and passed it on" + (f"; SIGKILL after {req.grace_s:g} s" if killed else "")
+        return "interrupted", 128 + state.received, note
+    return ("finished" if rc == 0 else "failed"), _exit_code(rc), (f"killed by {signal.Signals(-rc).name}" if rc < 0 else "")
+
+
+def _charge(req: RunRequest, wall_s: float) -> tuple[float, str]:
+    """(actual USD, note): set-up plus the measured time, at most the reservation."""
+    paid_s = req.hours * 3600 + req.grace_s
+    rate = req.gpus * req.price_per_gpu_hour
+    if wall_s <= paid_s:
+        return rate * (req.setup_hours + wall_s / 3600), ""
+    return req.reserved_usd, (f"measured {wall_s:.3f} s, past the reserved {paid_s:g} s by the time the kernel took to "
+                              f"deliver SIGKILL; charged the reservation")
+
+
+def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, state: _State, stdout,
+         log) -> tuple[RunRecord, int]:
+    """Start, supervise and clean up the command; record the end. Returns (run row, guard exit code)."""
+    with proctree.subreaper():
+        before = proctree.children_of(os.getpid())
+        watchdog = proctree.Watchdog(exclude=before, grace_s=min(req.grace_s, 10.0))
+        state.tree = proctree.ProcessTree(exclude=before | ({watchdog.pid} if watchdog.pid else set()))
+        try:
+            t0 = time.monotonic()
+            try:
+                argv = " ".join(command) if req.shell else command
+                state.child = subprocess.Popen(argv, shell=req.shell, stdout=stdout, process_group=0,
+                                               preexec_fn=proctree.die_with_parent(signal.SIGKILL))
+            except OSError as e:
+                code = 127 if isinstance(e, FileNotFoundError) else 126
+                log(f"cannot run {command[0]!r}: {e.strerror or e}")
+                return ledger.finish(run.id, status="failed", exit_code=code, wall_s=0.0, actual_usd=req.setup_hours * req.gpus
+                                     * req.price_per_gpu_hour, note=f"could not start: {e.strerror or e}"), code
+            state.tree.track(state.child.pid)
+            watchdog.track(state.child.pid)
+            if state.received is not None:          # a signal between the reservation and the start
+                _signal_job(state, state.received)
+            reason, killed, rc = _supervise(state, t0, req.hours * 3600, req.grace_s)
+            left_s = max(0.0, t0 + req.hours * 3600 + req.grace_s - time.monotonic())
+            leftovers = state.tree.stop(0.0 if reason else min(req.grace_s, left_s), groups=[state.child.pid],
+                                        skip_reap=[state.child.pid])
+            wall_s = time.monotonic() - t0
+        finally:
+            if state.child is not None and state.child.poll() is None:
+                state.tree.stop(0.0, groups=[state.child.pid])
+                state.child.wait()
+            watchdog.close()
+    status, guard_code, note = _outcome(req, state, reason, killed, rc)
+    if leftovers:
+        note = (note + "; " if note else "") + f"stopped {leftovers} process(es) the command left running"
+    actual, clipped = _charge(req, wall_s)
+    note = "; ".join(x for x in (note, clipped) if x)
+    return ledger.finish(run.id, status=status, exit_code=_exit_code(rc), wall_s=wall_s, actual_usd=actual,
+                         note=note), guard_code
 
 
 def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int | None = None,
@@ -110,8 +171,7 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
     def on_signal(signum, frame) -> None:
         if state.received is None:
             state.received, state.received_at = signum, time.monotonic()
-        if state.child is not None:
-            _signal_group(state.child, signum)
+        _signal_job(state, signum)
 
     old = {s: signal.signal(s, on_signal) for s in FORWARDED}
     try:
@@ -125,42 +185,13 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
             if change:
                 log(f"ceiling of budget '{req.budget}' changed from {fmt_usd(change[0])} to {fmt_usd(change[1])}")
             b = ledger.budgets(req.budget)[0]
+            setup = f"{req.setup_hours:g} h set-up + " if req.setup_hours else ""
             log(f"run #{run.id}, budget '{req.budget}': reserved {fmt_usd(req.reserved_usd)} (estimate "
-                f"{fmt_usd(req.estimate_usd)} for {req.hours:g} h + {req.grace_s:g} s grace); spent {fmt_usd(b.spent_usd)}, "
-                f"reserved in all {fmt_usd(b.reserved_usd)}, ceiling {fmt_usd(b.ceiling_usd)}: {fmt_usd(b.remaining_usd)} "
-                f"left. Starting: {req.command}")
-            t0 = time.monotonic()
-            try:
-                argv = " ".join(command) if req.shell else command
-                state.child = subprocess.Popen(argv, shell=req.shell, stdout=stdout, process_group=0,
-                                               preexec_fn=_die_with_parent())
-            except OSError as e:
-                code = 127 if isinstance(e, FileNotFoundError) else 126
-                rec = ledger.finish(run.id, status="failed", exit_code=code, wall_s=0.0, actual_usd=0.0,
-                                    note=f"could not start: {e.strerror or e}")
-                log(f"cannot run {command[0]!r}: {e.strerror or e}")
-                return GuardOutcome(rec, code, change, ledger.budgets(req.budget)[0])
-            if state.received is not None:          # a signal between the two checks
-                _signal_group(state.child, state.received)
-            reason, killed, rc = _supervise(state.child, state, t0, req.hours * 3600, req.grace_s)
-            wall_s = time.monotonic() - t0
-            if reason:
-                _signal_group(state.child, signal.SIGKILL)    # leftovers in the group must not run unpaid
-            code = _exit_code(rc)
-            if reason == "time-limit":
-                status, guard_code = "killed-time-limit", EXIT_TIME_LIMIT
-                note = f"paid time {req.hours:g} h ran out: SIGTERM" + (f", then SIGKILL after {req.grace_s:g} s" if killed else "")
-            elif reason == "interrupted":
-                name = signal.Signals(state.received).name
-                status, guard_code = "interrupted", 128 + state.received
-                note = f"the guard received {name} and passed it on" + (f"; SIGKILL after {req.grace_s:g} s" if killed else "")
-            else:
-                status, guard_code, note = ("finished" if rc == 0 else "failed"), code, ""
-                if rc < 0:
-                    note = f"killed by {signal.Signals(-rc).name}"
-            actual = req.gpus * req.price_per_gpu_hour * wall_s / 3600
-            rec = ledger.finish(run.id, status=status, exit_code=code, wall_s=wall_s, actual_usd=actual, note=note)
-            return GuardOutcome(rec, guard_code, change, ledger.budgets(req.budget)[0])
+                f"{fmt_usd(req.estimate_usd)} for {setup}{req.hours:g} h + {req.grace_s:g} s grace); spent "
+                f"{fmt_usd(b.spent_usd)}, reserved in all {fmt_usd(b.reserved_usd)}, ceiling {fmt_usd(b.ceiling_usd)}: "
+                f"{fmt_usd(b.remaining_usd)} left. Starting: {req.command}")
+            rec, code = _run(req, command, ledger, run, state, stdout, log)
+            return GuardOutcome(rec, code, change, ledger.budgets(req.budget)[0])
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -111,6 +111,11 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
         raise ShardlabError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got '{layout.recompute}'")
     if layout.schedule not in SCHEDULES:
         raise ShardlabError(f"--schedule must be one of {', '.join(SCHEDULES)}, got '{layout.schedule}'")
+    from shardlab.limits import MAX_GPUS
+
+    if layout.world_size > MAX_GPUS:
+        raise ShardlabError(f"dp×tp×pp×cp = {layout.world_size:,} GPUs is above the limit of {MAX_GPUS:,} (about 5x the "
+                            f"largest cluster built); use smaller degrees")
     if num_gpus is not None and layout.world_size != num_gpus:
         raise ShardlabError(
             f"dp×tp×pp×cp = {layout.dp}×{layout.tp}×{layout.pp}×{layout.cp} = {layout.world_size} but --gpus is {num_gpus}; "
@@ -160,8 +165,26 @@ def _validate_against_model(layout: Layout, spec) -> None:
             raise ShardlabError(f"--ep {layout.ep} does not divide {spec.name}'s {spec.moe.num_experts} experts")
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, by trial division up to √n: 4,096 steps for n = 2^24, so
+    even a hostile count answers at once (above ``limits.MAX_INT`` the count is refused)."""
+    import math
+
+    from shardlab.limits import MAX_INT
+
+    if not isinstance(n, int) or n < 1 or n > MAX_INT:
+        raise ShardlabError(f"cannot list the divisors of {n}: give a whole number from 1 to {MAX_INT:,}")
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
 def _divisors_hint(n: int, near: int) -> str:
-    divs = [d for d in range(1, n + 1) if n % d == 0]
+    divs = divisors(n)
     best = sorted(divs, key=lambda d: (abs(d - near), d))[:3]
     return ", ".join(str(d) for d in sorted(best))
 

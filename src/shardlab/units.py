@@ -17,36 +17,48 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 
 
 def parse_size(text: str | int | float, what: str = "size") -> int:
-    """Parse '8KB' (1e3), '256MiB' (2**20), '1e6', '4K' (nccl-tests: 2**10) into an integer byte count."""
-    if isinstance(text, (int, float)):
-        value, unit = float(text), ""
+    """Parse '8KB' (1e3), '256MiB' (2**20), '1e6', '4K' (nccl-tests: 2**10) into an integer byte count
+    (zero or more, at most ``limits.MAX_BYTES``; NaN, infinity and overflow are refused)."""
+    from shardlab.limits import MAX_BYTES
+    from shardlab.numbers import parse_number
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        num, unit = text, ""
     else:
         m = _SIZE_RE.match(str(text))
         if not m:
+            low = str(text).strip().lower().lstrip("+-")
+            if low in ("nan", "inf", "infinity"):
+                raise ShardlabError(f"{what} must be a finite number, got '{text}'")
+            if str(text).strip().startswith("-"):
+                raise ShardlabError(f"{what} must not be negative, got '{text}'")
             raise ShardlabError(f"cannot parse {what} '{text}': use a number with an optional unit, e.g. 8KB, 256MiB, 1e9")
-        value, unit = float(m.group(1)), m.group(2).lower()
+        num, unit = m.group(1), m.group(2).lower()
     if unit not in _SIZE_UNITS:
         raise ShardlabError(f"unknown unit '{unit}' in {what} '{text}': use B, KB, MB, GB, KiB, MiB or GiB")
-    n = value * _SIZE_UNITS[unit]
-    if n < 0:
-        raise ShardlabError(f"{what} must not be negative, got '{text}'")
-    return int(round(n))
+    return parse_number(num, what, integer=True, allow_min=True, maximum=MAX_BYTES, reason="1 EiB",
+                        scale=float(_SIZE_UNITS[unit]), round_to_int=True)
 
 
-def parse_count(text: str | int | float, what: str) -> int:
-    """Parse counts such as '7.5e9', '70B', '300e9' tokens into an int (B = 1e9, M = 1e6, T = 1e12, K = 1e3)."""
+def parse_count(text: str | int | float, what: str, maximum: float | None = None) -> int:
+    """Parse counts such as '7.5e9', '70B', '300e9' tokens into a positive int (B = 1e9, M = 1e6, T = 1e12,
+    K = 1e3); refuses NaN, infinity, overflow, values that round to zero and values above ``maximum``
+    (default: ``limits.MAX_TOKENS``)."""
+    from shardlab.limits import MAX_TOKENS
+    from shardlab.numbers import parse_number
+
     s = str(text).strip()
     mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    scale = 1.0
+    if s and s[-1].lower() in mult and not s.lower().endswith(("inf", "infinity")):
+        s, scale = s[:-1], mult[s[-1].lower()]
     try:
-        if s and s[-1].lower() in mult:
-            v = float(s[:-1]) * mult[s[-1].lower()]
-        else:
-            v = float(s)
-    except ValueError:
-        raise ShardlabError(f"cannot parse {what} '{text}': use a number such as 7.5e9 or 70B") from None
-    if v <= 0:
-        raise ShardlabError(f"{what} must be positive, got '{text}'")
-    return int(round(v))
+        return parse_number(s, what, integer=True, maximum=MAX_TOKENS if maximum is None else maximum,
+                            scale=scale, round_to_int=True)
+    except ShardlabError as e:
+        if "is not a whole number" in str(e):
+            raise ShardlabError(f"cannot parse {what} '{text}': use a number such as 7.5e9 or 70B") from None
+        raise
 
 
 def fmt_bytes(n: float, binary: bool = True) -> str:

@@ -24,24 +24,21 @@ from shardlab.specs.hardware import DTYPES, Accelerator, Link, MatmulEfficiency
 from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
 USER_SECTIONS = ("models", "accelerators", "links", "prices", "profile")
 PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap"}
 
 
-def load_yaml(path: Path) -> object:
-    """Read a YAML (or JSON) file; a parse error becomes a one-line ShardlabError naming the file."""
-    import yaml
+def load_yaml(path: Path, what: str = "file") -> object:
+    """Read a YAML (or JSON) file. The user's files go through ``shardlab.safeio`` (regular files only, size and
+    nesting limits, UTF-8, no aliases); shardlab's own data files (which use YAML anchors) are read directly."""
+    from shardlab import safeio
 
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ShardlabError(f"cannot read {path}: {e.strerror}; check the path") from None
-    try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ShardlabError(f"{path} is not valid YAML/JSON{where}: {getattr(e, 'problem', e)}; fix the file") from None
+    if isinstance(path, Path) and path.is_absolute() and str(path).startswith(_PACKAGE):
+        import yaml
+
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return safeio.load_yaml(path, what)
 
 
 def _strict(where: str, name: str, d: object, required: set[str], optional: set[str]) -> dict:
@@ -62,10 +59,23 @@ _ACC_OPTIONAL = {"notes", "efficiency", "op_overhead_us"}
 _LINK_FIELDS = {f.name for f in fields(Link)} - {"id"}
 
 
+_FIELD_MAX = {"peak_tflops": 1e6, "memory_gib": 1e6, "memory_bandwidth_gbps": 1e8, "tdp_w": 1e6,
+              "efficiency.max_fraction": 1.0, "efficiency.half_size": 1e12, "op_overhead_us": 1e9,
+              "bandwidth_gbps": 1e8, "latency_us": 1e9, "efficiency": 1.0}
+"""Upper bounds of catalog numbers (a thousand times today's parts: 10 PFLOP/s, 8 TB/s HBM, 1.8 TB/s links)."""
+
+
 def _positive(where: str, name: str, key: str, v: object) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-        raise ShardlabError(f"{where}: entry '{name}' field '{key}' must be a positive number, got {v!r}")
-    return float(v)
+    from shardlab.numbers import check_number
+
+    top = _FIELD_MAX.get(key.split(".")[0] if key.startswith("peak_tflops") else key, 1e15)
+    return float(check_number(v, f"{where}: entry '{name}' field '{key}'", maximum=top))
+
+
+def _text(where: str, name: str, key: str, v: object) -> str:
+    if not isinstance(v, str):
+        raise ShardlabError(f"{where}: entry '{name}' field '{key}' must be text, got {type(v).__name__} {str(v)[:40]!r}")
+    return v
 
 
 def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
@@ -76,6 +86,17 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
         raise ShardlabError(f"{where}: '{name}' peak_tflops must map dtypes {list(DTYPES)} to TFLOP/s or null")
     peaks = {k: (None if peaks.get(k) is None else _positive(where, name, f"peak_tflops.{k}", peaks[k])) for k in DTYPES}
     system = _strict(where, f"{name}.system", d["system"], {"gpus_per_node", "intra_link", "inter_link"}, set())
+    from shardlab.limits import MAX_GPUS_PER_NODE
+    from shardlab.numbers import check_number
+
+    check_number(system["gpus_per_node"], f"{where}: entry '{name}' field 'system.gpus_per_node'", integer=True,
+                 maximum=MAX_GPUS_PER_NODE)
+    for key in ("intra_link", "inter_link"):
+        system[key] = _text(where, name, f"system.{key}", system[key]).lower()
+    for key in ("name", "vendor", "scale_up_link", "host_link", "source"):
+        _text(where, name, key, d[key])
+    if d.get("notes") is not None:
+        _text(where, name, "notes", d["notes"])
     eff = d.get("efficiency")
     if eff is not None:
         eff = _strict(where, f"{name}.efficiency", eff, {"max_fraction", "half_size"}, {"source"})
@@ -94,6 +115,8 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
 def link_from_dict(name: str, d: dict, where: str) -> Link:
     """Build a Link from a catalog mapping (strict keys, positive numbers, efficiency in (0, 1])."""
     d = _strict(where, name, d, _LINK_FIELDS, set())
+    for key in ("name", "scope", "source"):
+        _text(where, name, key, d[key])
     eff = _positive(where, name, "efficiency", d["efficiency"])
     if eff > 1:
         raise ShardlabError(f"{where}: link '{name}' efficiency must be in (0, 1], got {eff}")
@@ -135,18 +158,20 @@ class Catalog:
 
     def model(self, name: str) -> ModelSpec:
         """A catalog id, a path to a Hugging Face config.json, or a path to a YAML ModelSpec."""
+        from shardlab.safeio import check_name
+
         key = name.lower()
         if key in self.models:
             return self.models[key]
-        p = Path(name)
-        if p.suffix.lower() in (".json", ".yaml", ".yml") or p.exists():
+        p = check_name(name, "model file")
+        if p.suffix.lower() in (".json", ".yaml", ".yml") or os.path.lexists(p):
             return load_model_file(p)
         raise ShardlabError(f"unknown model '{name}'{did_you_mean(name, self.models)}; see `shardlab models`, "
                             f"or pass a Hugging Face config.json path or --params N")
 
     def add_file(self, path: Path) -> None:
         """Merge a user catalog file (sections models/accelerators/links/prices)."""
-        data = load_yaml(path)
+        data = load_yaml(path, "catalog file")
         where = str(path)
         if not isinstance(data, dict) or not data or set(data) - set(USER_SECTIONS):
             raise ShardlabError(f"{where}: a catalog file is a mapping with sections from {list(USER_SECTIONS)}")
@@ -157,9 +182,7 @@ class Catalog:
                 self.prices.append((where, entries))
                 continue
             if sec == "profile":
-                if set(entries) - PROFILE_KEYS:
-                    raise ShardlabError(f"{where}: section 'profile' allows keys {sorted(PROFILE_KEYS)}")
-                self.profile = dict(entries)
+                self.profile = _profile(where, entries)
                 continue
             for name, d in entries.items():
                 name = str(name).lower()
@@ -176,6 +199,24 @@ class Catalog:
             for key in (acc.scale_up_link, acc.system["intra_link"], acc.system["inter_link"]):
                 if key not in self.links:
                     raise ShardlabError(f"{where}: accelerator '{acc.id}' names unknown link '{key}'{did_you_mean(key, self.links)}")
+
+
+def _profile(where: str, entries: dict) -> dict:
+    """The ``profile:`` section, keys and value types checked."""
+    from shardlab.limits import MAX_GPUS_PER_NODE
+    from shardlab.numbers import check_number
+
+    if set(entries) - PROFILE_KEYS:
+        raise ShardlabError(f"{where}: section 'profile' allows keys {sorted(PROFILE_KEYS)}")
+    for key, v in entries.items():
+        if key == "gpus_per_node":
+            check_number(v, f"{where}: profile gpus_per_node", integer=True, maximum=MAX_GPUS_PER_NODE)
+        elif key == "comm_overlap":
+            if not isinstance(v, bool):
+                raise ShardlabError(f"{where}: profile comm_overlap must be true or false, got {v!r}")
+        elif not isinstance(v, str):
+            raise ShardlabError(f"{where}: profile {key} must be text, got {type(v).__name__} {str(v)[:40]!r}")
+    return dict(entries)
 
 
 @lru_cache(maxsize=8)
@@ -215,9 +256,9 @@ def load_model_file(path: Path) -> ModelSpec:
     """A Hugging Face config.json (recognised by ``model_type`` or GPT-2 keys) or a YAML ModelSpec mapping."""
     from shardlab.specs.hf import from_hf_config
 
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ShardlabError(f"model file {path} does not exist; give a catalog id (see `shardlab models`) or an existing path")
-    data = load_yaml(path)
+    data = load_yaml(path, "model file")
     if not isinstance(data, dict):
         raise ShardlabError(f"{path}: expected a JSON/YAML mapping describing a model")
     if "model_type" in data or "n_embd" in data or "hidden_size" in data and "num_hidden_layers" in data:

@@ -69,20 +69,45 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def emit(args, doc: dict, text: str) -> None:
     if getattr(args, "json", False):
-        print(json.dumps(doc, indent=2, default=_json_default))
+        print(dumps(doc))
     else:
         print(text)
 
 
-def _json_default(o):
-    import dataclasses
+def dumps(doc) -> str:
+    """The one JSON writer of every command: strict JSON, never NaN or Infinity. A non-finite number is a bug
+    (every input is bounded); it is written as null and named in a warning on stderr, never printed as JSON
+    that other tools cannot read."""
+    bad: list[str] = []
+    text = json.dumps(_plain(doc, "$", bad), indent=2, allow_nan=False)
+    if bad:
+        sys.stderr.write(f"warning: non-finite number(s) written as null at {', '.join(bad[:5])}"
+                         f"{' ...' if len(bad) > 5 else ''} (a shardlab bug: please report it with the command)\n")
+    return text
 
-    if dataclasses.is_dataclass(o):
-        return dataclasses.asdict(o)
+
+def _plain(o, path: str, bad: list[str]):
+    """``o`` as plain JSON types (dataclasses, numpy arrays and scalars converted); non-finite floats -> None."""
+    import dataclasses
+    import math
+
+    if o is None or isinstance(o, (str, bool, int)):
+        return o
+    if isinstance(o, float):
+        if math.isfinite(o):
+            return o
+        bad.append(path)
+        return None
+    if isinstance(o, dict):
+        return {str(k): _plain(v, f"{path}.{k}", bad) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v, f"{path}[{i}]", bad) for i, v in enumerate(o)]
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return _plain(dataclasses.asdict(o), path, bad)
     if hasattr(o, "tolist"):
-        return o.tolist()
+        return _plain(o.tolist(), path, bad)
     if hasattr(o, "item"):
-        return o.item()
+        return _plain(o.item(), path, bad)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
@@ -107,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        sys.stderr.write(f"interrupted ({'SIGINT' if signum == 2 else e}): stopped\n")
+        return 128 + signum

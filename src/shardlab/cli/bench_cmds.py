@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import add_output_args, int_list, positive_float, positive_int
+from shardlab.cli.common import BOUNDED, add_output_args, int_list
 from shardlab.errors import ShardlabError
 
 EXAMPLES_BENCH = """examples:
@@ -31,16 +31,16 @@ def _common_device(p) -> None:
 
 
 def _coll_args(p, nproc_default: int | None = 2) -> None:
-    p.add_argument("--nproc", type=int, default=nproc_default, help="ranks to launch (at least 2; default 2)")
+    p.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=nproc_default, help="ranks to launch (at least 2; default 2)")
     p.add_argument("--ops", default="all", help="comma list of all-reduce, all-gather, reduce-scatter, all-to-all, "
                                                 "send-recv, broadcast (default: all but broadcast)")
     p.add_argument("--sizes", default=None, help="START:END[:FACTOR] (doubling by default) or a comma list; "
                                                  "default 1KB:64MB on CPU, 1KB:256MB on CUDA")
-    p.add_argument("--iters", type=positive_int, default=20, help="timed iterations per size at most (default 20)")
-    p.add_argument("--warmup", type=positive_int, default=2, help="warm-up iterations per size (default 2)")
-    p.add_argument("--min-time", type=positive_float, default=0.05, help="time each size for at least this many "
+    p.add_argument("--iters", type=BOUNDED["iters"], default=20, help="timed iterations per size at most (default 20)")
+    p.add_argument("--warmup", type=BOUNDED["iters"], default=2, help="warm-up iterations per size (default 2)")
+    p.add_argument("--min-time", type=BOUNDED["timeout"], default=0.05, help="time each size for at least this many "
                                                                          "seconds when --iters allows (default 0.05)")
-    p.add_argument("--timeout", type=positive_float, default=900, help="stop the benchmark after this many seconds")
+    p.add_argument("--timeout", type=BOUNDED["timeout"], default=900, help="stop the benchmark after this many seconds")
     p.add_argument("--no-overlap", action="store_true", help="skip the communication/compute overlap test")
 
 
@@ -51,8 +51,8 @@ def _mm_args(p) -> None:
                    help="hidden sizes (default 32..1024 on CPU, 512..8192 on CUDA)")
     p.add_argument("--tokens", type=int_list, default=None, metavar="T,T,...",
                    help="token counts M (default 128,512 on CPU; 512,4096,16384 on CUDA)")
-    p.add_argument("--matmul-time", type=positive_float, default=0.1, help="seconds to time each GEMM (default 0.1)")
-    p.add_argument("--threads", type=positive_int, default=1,
+    p.add_argument("--matmul-time", type=BOUNDED["timeout"], default=0.1, help="seconds to time each GEMM (default 0.1)")
+    p.add_argument("--threads", type=BOUNDED["ranks_per_node"], default=1,
                    help="CPU threads for the matmuls (default 1: each CPU rank runs on one core)")
     p.add_argument("--gpu", default=None, help="base accelerator id (default: cpu-core on CPU, matched from the "
                                                "CUDA device name on GPUs)")
@@ -108,16 +108,16 @@ def register(sub) -> None:
                                     "model byte for byte (exit 1 on any difference).",
                         epilog=EXAMPLES_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("model", metavar="MODEL", help="catalog id, config.json path, or runtime preset (tiny, small)")
-    sc.add_argument("--world-size", type=positive_int, default=None, help="ranks (default: dp x tp)")
-    sc.add_argument("--fsdp", type=positive_int, default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
-    sc.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: world size / tp)")
-    sc.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
+    sc.add_argument("--world-size", type=BOUNDED["gpus"], default=None, help="ranks (default: dp x tp)")
+    sc.add_argument("--fsdp", type=BOUNDED["gpus"], default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
+    sc.add_argument("--dp", type=BOUNDED["gpus"], default=None, help="data-parallel degree (default: world size / tp)")
+    sc.add_argument("--tp", type=BOUNDED["gpus"], default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
     sc.add_argument("--zero", type=int, choices=(0, 3), default=3,
                     help="3: FSDP2 shards over dp (default); 0: dp replicas")
     sc.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16", help="parameter dtype (default bf16)")
     sc.add_argument("--ranks", default="auto", help="ranks to execute: auto (one per shard class, default), all, "
                                                    "or a comma list (rank 0 always runs)")
-    sc.add_argument("--timeout", type=positive_float, default=600, help="seconds per rank process (default 600)")
+    sc.add_argument("--timeout", type=BOUNDED["timeout"], default=600, help="seconds per rank process (default 600)")
     add_output_args(sc)
     sc.set_defaults(func=cmd_shard_check)
 
@@ -145,11 +145,12 @@ def _check_plot_path(path: str | None) -> None:
         return
     from pathlib import Path
 
+    from shardlab.safeio import check_output_path
+
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
         raise ShardlabError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    if not p.parent.exists():
-        raise ShardlabError(f"--plot {path}: directory {p.parent} does not exist; create it or choose another path")
+    check_output_path(p, "--plot")
 
 
 def _collectives(args, device: str) -> dict:
@@ -233,8 +234,14 @@ def cmd_calibrate(args):
 
     from pathlib import Path
 
-    if not Path(args.out).resolve().parent.is_dir():
-        raise ShardlabError(f"--out {args.out}: directory {Path(args.out).parent} does not exist; create it first")
+    from shardlab.safeio import check_output_path
+
+    check_output_path(args.out, "--out")
+    for f in (args.from_matmul, args.from_collectives):
+        if f:
+            from shardlab.safeio import read_bytes
+
+            read_bytes(f, "--from file")
     cat = get_catalog(args.catalog)
     if args.link_fit != "joint":
         bc.parse_ops(args.link_fit)

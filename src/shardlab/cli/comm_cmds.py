@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_output_args, nonneg_float,
-                                 positive_float, positive_int)
+from shardlab.cli.common import (BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args)
 
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "send-recv")
 COMPARE_LINKS = "nvlink4,pcie5,ethernet-10g"
@@ -31,11 +30,11 @@ def register(sub) -> None:
     for op in OPS:
         p = csub.add_parser(op, help=f"time, algbw and busbw of one {op}", formatter_class=fmt, epilog=COMM_EXAMPLES)
         p.add_argument("--size", default=None, help="message size S, nccl-tests convention (8KB, 256MiB, 1e9; 4K = 4 KiB)")
-        p.add_argument("--ranks", type=positive_int, required=True, help="ranks in the group (n ≥ 2)")
+        p.add_argument("--ranks", type=BOUNDED["gpus"], required=True, help="ranks in the group (n ≥ 2)")
         p.add_argument("--link", default="nvlink4", help="link id (see `shardlab links`); with --sweep a comma list")
         p.add_argument("--algorithm", choices=("ring", "tree", "auto"), default="auto",
                        help="ring, tree, or auto (the faster, where NCCL has both)")
-        p.add_argument("--nodes", type=positive_int, default=1,
+        p.add_argument("--nodes", type=BOUNDED["gpus"], default=1,
                        help="nodes the group spans: hierarchical (intra-node then inter-node) when > 1")
         p.add_argument("--intra-link", default="nvlink4", help="link inside a node when --nodes > 1 (default nvlink4)")
         p.add_argument("--sweep", action="store_true", help="a table over sizes 1 B to 1 GiB (powers of two)")
@@ -52,17 +51,17 @@ def register(sub) -> None:
     p = csub.add_parser("inference", help="TP decode vs prefill: communication against compute and memory",
                         formatter_class=fmt, epilog=COMM_EXAMPLES)
     add_model_args(p, default="llama-2-7b")
-    p.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree")
-    p.add_argument("--ep", type=positive_int, default=1, help="expert-parallel degree (MoE: all-to-alls on the same link)")
+    p.add_argument("--tp", type=BOUNDED["gpus"], default=2, help="tensor-parallel degree")
+    p.add_argument("--ep", type=BOUNDED["gpus"], default=1, help="expert-parallel degree (MoE: all-to-alls on the same link)")
     p.add_argument("--link", default="nvlink4", help="link the TP group communicates over")
-    p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (b)")
-    p.add_argument("--prompt-len", type=positive_int, default=2048, help="prompt tokens (s) for the prefill")
-    p.add_argument("--context-len", type=positive_int, default=None, help="cached tokens at the decode step (default: prompt length)")
+    p.add_argument("--batch", type=BOUNDED["batch"], default=1, help="sequences decoded together (b)")
+    p.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=2048, help="prompt tokens (s) for the prefill")
+    p.add_argument("--context-len", type=BOUNDED["seq_len"], default=None, help="cached tokens at the decode step (default: prompt length)")
     p.add_argument("--gpu", default="h100-sxm", help="accelerator id (default h100-sxm)")
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="weights, activations and KV cache dtype")
     p.add_argument("--compare", default=COMPARE_LINKS, help=f"links to price the same steps on (default {COMPARE_LINKS})")
-    p.add_argument("--compute-efficiency", type=positive_float, default=None, help="achieved share of peak FLOP/s")
-    p.add_argument("--memory-efficiency", type=positive_float, default=None, help="achieved share of HBM bandwidth")
+    p.add_argument("--compute-efficiency", type=BOUNDED["share"], default=None, help="achieved share of peak FLOP/s")
+    p.add_argument("--memory-efficiency", type=BOUNDED["share"], default=None, help="achieved share of HBM bandwidth")
     add_output_args(p)
     p.set_defaults(func=cmd_inference)
     register_shard(sub)
@@ -88,6 +87,12 @@ def cmd_collective(args):
         raise ShardlabError("several links need --sweep; price one link at a time otherwise")
     if args.plot and not args.sweep:
         raise ShardlabError("--plot draws the --sweep; add --sweep")
+    if not links:
+        raise ShardlabError(f"--link '{args.link}' names no link; give a link id (see `shardlab links`)")
+    if args.plot:
+        from shardlab.report.plots import check_picture_path
+
+        check_picture_path(args.plot)
     intra = None
     if args.nodes > 1:
         intra = cat.link(args.intra_link)
@@ -201,10 +206,10 @@ def register_shard(sub) -> None:
                        epilog="examples:\n  shardlab shard llama-3.1-8b --tp 4\n  shardlab shard mixtral-8x7b --tp 8 "
                               "--sequence-parallel --mermaid block.mmd", formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, default="llama-3.1-8b")
-    p.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel degree T")
+    p.add_argument("--tp", type=BOUNDED["gpus"], default=2, help="tensor-parallel degree T")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="sequence length for collective sizes (default min(max, 4096))")
-    p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (b)")
+    p.add_argument("--seq-len", type=BOUNDED["seq_len"], default=None, help="sequence length for collective sizes (default min(max, 4096))")
+    p.add_argument("--micro-batch", type=BOUNDED["batch"], default=1, help="sequences per micro-batch (b)")
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="element type of weights and activations")
     p.add_argument("--mermaid", nargs="?", const="-", metavar="FILE",
                    help="write a Mermaid diagram of the sharded block to FILE (.mmd/.md), or print it when no FILE")
@@ -235,11 +240,11 @@ def cmd_shard(args):
             if not args.json:
                 text = diagram.rstrip("\n")
         else:
+            from shardlab.safeio import write_text
+
             out = Path(args.mermaid)
-            if not out.parent.exists():
-                raise ShardlabError(f"folder {out.parent} does not exist; create it or write the diagram elsewhere")
             body = f"```mermaid\n{diagram}```\n" if out.suffix.lower() == ".md" else diagram
-            out.write_text(body)
+            write_text(out, body, "--mermaid")
             doc["mermaid_file"] = str(out)
             text += f"\n\nMermaid diagram of the sharded block written to {out}"
     return doc, text
@@ -257,17 +262,17 @@ def register_pipeline(sub) -> None:
                               "  shardlab pipeline --schedule 1f1b --stages 4 --microbatches 16 --slow-stage 2 --slowdown 1.5",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b")
-    p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks p")
-    p.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step m (default 4p)")
-    p.add_argument("--vpp", type=positive_int, default=None, help="model chunks per rank (interleaved; default 2)")
-    p.add_argument("--forward-s", type=positive_float, default=1.0, help="forward of one micro-batch through one stage")
-    p.add_argument("--backward-s", type=positive_float, default=2.0,
+    p.add_argument("--stages", type=BOUNDED["stages"], default=4, help="pipeline ranks p")
+    p.add_argument("--microbatches", type=BOUNDED["microbatches"], default=None, help="micro-batches per step m (default 4p)")
+    p.add_argument("--vpp", type=BOUNDED["stages"], default=None, help="model chunks per rank (interleaved; default 2)")
+    p.add_argument("--forward-s", type=BOUNDED["seconds"], default=1.0, help="forward of one micro-batch through one stage")
+    p.add_argument("--backward-s", type=BOUNDED["seconds"], default=2.0,
                    help="whole backward, or the input-gradient part when --weight-grad-s is given")
-    p.add_argument("--weight-grad-s", type=nonneg_float, default=None, help="weight-gradient pass W (split off for zb-h1)")
-    p.add_argument("--p2p-s", type=nonneg_float, default=0.0, help="time of one activation transfer between stages")
-    p.add_argument("--slow-stage", type=int, default=None, metavar="I", help="a straggler: stage I runs --slowdown× slower")
-    p.add_argument("--slowdown", type=positive_float, default=2.0, metavar="X", help="straggler factor (default 2)")
-    p.add_argument("--max-bubble", type=positive_float, default=None, metavar="X",
+    p.add_argument("--weight-grad-s", type=BOUNDED["seconds0"], default=None, help="weight-gradient pass W (split off for zb-h1)")
+    p.add_argument("--p2p-s", type=BOUNDED["seconds0"], default=0.0, help="time of one activation transfer between stages")
+    p.add_argument("--slow-stage", type=BOUNDED["stage_index"], default=None, metavar="I", help="a straggler: stage I runs --slowdown× slower")
+    p.add_argument("--slowdown", type=BOUNDED["factor"], default=2.0, metavar="X", help="straggler factor (default 2)")
+    p.add_argument("--max-bubble", type=BOUNDED["share"], default=None, metavar="X",
                    help="answer the inverse question: fewest micro-batches with bubble ≤ X (e.g. 0.10)")
     p.add_argument("--plot", metavar="FILE", help="save the timeline as a picture (.png or .svg)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -279,6 +284,10 @@ def cmd_pipeline(args):
     from shardlab.pipeline import min_microbatches, simulate
     from shardlab.pipeline.render import pipeline_doc, render_pipeline, save_timeline
 
+    if args.plot:
+        from shardlab.report.plots import check_picture_path
+
+        check_picture_path(args.plot)
     p = args.stages
     v = args.vpp if args.vpp is not None else (2 if args.schedule == "interleaved" else 1)
     times = dict(forward_s=args.forward_s, backward_s=args.backward_s, weight_grad_s=args.weight_grad_s)

@@ -7,42 +7,83 @@ import argparse
 from shardlab.errors import ShardlabError
 
 
-def _number(text: str, cast, allow_zero: bool):
-    """Parse ``text`` with ``cast`` (int or float) and require it positive (or zero or more)."""
-    try:
-        v = int(float(text)) if cast is int and "e" in text.lower() else cast(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a {'whole number' if cast is int else 'number'}") from None
-    if not (v >= 0 if allow_zero else v > 0):
-        kind = "whole number" if cast is int else "number"
-        raise argparse.ArgumentTypeError(f"must be {'zero or more' if allow_zero else f'a positive {kind}'}, got {text}")
-    return v
+def number_arg(*, integer: bool, allow_zero: bool = False, maximum: float | None = None, reason: str = "",
+               minimum: float = 0.0):
+    """An argparse ``type`` built on the one number parser (``shardlab.numbers``): finite, no overflow, a whole
+    number where one is needed, positive (or zero or more), at most ``maximum`` (a bound from ``shardlab.limits``)."""
+    from shardlab import limits
+
+    top = maximum if maximum is not None else (limits.MAX_INT if integer else limits.MAX_FLOAT)
+
+    def parse(text: str):
+        from shardlab.numbers import parse_number
+
+        try:
+            return parse_number(text, "value", integer=integer, minimum=minimum, allow_min=allow_zero, maximum=top,
+                                reason=reason)
+        except ShardlabError as e:
+            msg = str(e)
+            raise argparse.ArgumentTypeError(msg[6:] if msg.startswith("value ") else msg) from None
+    parse.__name__ = "whole number" if integer else "number"
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _number(text, int, False)
+positive_int = number_arg(integer=True)
+nonneg_int = number_arg(integer=True, allow_zero=True)
+positive_float = number_arg(integer=False)
+nonneg_float = number_arg(integer=False, allow_zero=True)
 
 
-def nonneg_int(text: str) -> int:
-    return _number(text, int, True)
+def _bounded():
+    """Types of the flags whose bounds live in ``shardlab.limits`` (with the reason shown when refused)."""
+    from shardlab import limits as L
+
+    return {
+        "gpus": number_arg(integer=True, maximum=L.MAX_GPUS, reason="about 5x the largest cluster built"),
+        "gpus_per_node": number_arg(integer=True, maximum=L.MAX_GPUS_PER_NODE, reason="GPUs in one scale-up domain"),
+        "ranks_per_node": number_arg(integer=True, maximum=L.MAX_RANKS_PER_NODE, reason="processes on one machine"),
+        "seq_len": number_arg(integer=True, maximum=L.MAX_SEQ_LEN, reason="longer than any model's context"),
+        "batch": number_arg(integer=True, maximum=L.MAX_BATCH, reason="sequences per step"),
+        "microbatches": number_arg(integer=True, maximum=L.MAX_MICROBATCHES, reason="micro-batches per step"),
+        "hours": number_arg(integer=False, maximum=L.MAX_HOURS, reason="11 years"),
+        "setup_hours": number_arg(integer=False, allow_zero=True, maximum=L.MAX_HOURS, reason="11 years"),
+        "usd": number_arg(integer=False, allow_zero=True, maximum=L.MAX_USD, reason="a trillion dollars"),
+        "price": number_arg(integer=False, maximum=L.MAX_PRICE_USD_PER_GPU_HOUR, reason="USD per GPU-hour"),
+        "seconds": number_arg(integer=False, maximum=L.MAX_SECONDS, reason="31 years"),
+        "seconds0": number_arg(integer=False, allow_zero=True, maximum=L.MAX_SECONDS, reason="31 years"),
+        "timeout": number_arg(integer=False, maximum=L.MAX_TIMEOUT_S, reason="a week"),
+        "share": number_arg(integer=False, maximum=1.0, reason="a share of the peak"),
+        "stages": number_arg(integer=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline ranks"),
+        "seed": number_arg(integer=True, allow_zero=True, maximum=2**31 - 1, reason="a 32-bit seed"),
+        "dim": number_arg(integer=True, maximum=L.MAX_MODEL_DIM, reason="a model dimension"),
+        "stage_index": number_arg(integer=True, allow_zero=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline ranks"),
+        "factor": number_arg(integer=False, maximum=1e6, reason="a million times slower"),
+        "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
+        "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
+        "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),
+    }
 
 
-def positive_float(text: str) -> float:
-    return _number(text, float, False)
-
-
-def nonneg_float(text: str) -> float:
-    return _number(text, float, True)
+BOUNDED = _bounded()
+"""Flag types by quantity, e.g. ``type=BOUNDED["gpus"]``."""
+gpus_int = BOUNDED["gpus"]
+seq_len_int = BOUNDED["seq_len"]
+batch_int = BOUNDED["batch"]
+microbatches_int = BOUNDED["microbatches"]
 
 
 def int_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive whole numbers (each checked by the one number parser)."""
+    from shardlab import limits
+    from shardlab.numbers import parse_number
+
+    parts = text.split(",")
+    if len(parts) > 4096:
+        raise argparse.ArgumentTypeError(f"at most 4096 values, got {len(parts)}")
     try:
-        vals = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole numbers") from None
-    if any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"all counts must be positive, got {text}")
-    return vals
+        return tuple(parse_number(x, "each value", integer=True, maximum=limits.MAX_MODEL_DIM) for x in parts)
+    except ShardlabError as e:
+        raise argparse.ArgumentTypeError(f"'{text[:60]}': {e}") from None
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -62,20 +103,20 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: 
 
 def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None) -> None:
     g = p.add_argument_group("layout")
-    g.add_argument("--gpus", type=positive_int, default=gpus_default, help="world size (default: the product of the degrees)")
-    g.add_argument("--dp", type=positive_int, default=None, help="data-parallel degree (default: gpus / (tp·pp·cp))")
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", type=positive_int, default=1, help="expert-parallel degree (divides dp)")
+    g.add_argument("--gpus", type=gpus_int, default=gpus_default, help="world size (default: the product of the degrees)")
+    g.add_argument("--dp", type=gpus_int, default=None, help="data-parallel degree (default: gpus / (tp·pp·cp))")
+    g.add_argument("--tp", type=gpus_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=gpus_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=gpus_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=gpus_int, default=1, help="expert-parallel degree (divides dp)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
-    g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch per DP rank")
-    g.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: min(model max, 4096))")
+    g.add_argument("--micro-batch", type=batch_int, default=1, help="sequences per micro-batch per DP rank")
+    g.add_argument("--seq-len", type=seq_len_int, default=None, help="sequence length (default: min(model max, 4096))")
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b", help="pipeline schedule")
-    g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (pipeline)")
-    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank (interleaved)")
+    g.add_argument("--microbatches", type=microbatches_int, default=None, help="micro-batches per step (pipeline)")
+    g.add_argument("--vpp", type=BOUNDED["dim"], default=1, help="virtual stages per pipeline rank (interleaved)")
     g.add_argument("--stage-layers", type=int_list, default=None, metavar="N,N,...", help="layers per pipeline stage")
     g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16"), default="bf16-mixed",
                    help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16")
@@ -86,7 +127,7 @@ def add_cluster_args(p: argparse.ArgumentParser, gpu_default: str = "h100-sxm") 
     g = p.add_argument_group("cluster")
     p.set_defaults(gpu_default=gpu_default)
     g.add_argument("--gpu", default=None, help=f"accelerator id (see `shardlab gpus`; default {gpu_default}, or a profile's)")
-    g.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: the GPU's usual server)")
+    g.add_argument("--gpus-per-node", type=BOUNDED["gpus_per_node"], default=None, help="GPUs per node (default: the GPU's usual server)")
     g.add_argument("--intra-link", default=None, help="link inside a node (default: the GPU's usual server)")
     g.add_argument("--inter-link", default=None, help="link between nodes (default: the GPU's usual server)")
 
@@ -98,7 +139,9 @@ def resolve_model(args, catalog):
     if args.params is not None:
         if args.model:
             raise ShardlabError("give MODEL or --params, not both")
-        return None, parse_count(args.params, "--params")
+        from shardlab.limits import MAX_PARAMS
+
+        return None, parse_count(args.params, "--params", maximum=MAX_PARAMS)
     if not args.model:
         args.model = getattr(args, "model_default", None)
     if not args.model:
@@ -135,6 +178,11 @@ def cluster_from_args(args, catalog, num_gpus: int):
     """Cluster from --gpu/--gpus-per-node/--intra-link/--inter-link with the GPU's usual server as default."""
     from shardlab.specs.hardware import Cluster
 
+    from shardlab.limits import MAX_GPUS
+
+    if num_gpus > MAX_GPUS:
+        raise ShardlabError(f"{num_gpus:,} GPUs is above the limit of {MAX_GPUS:,} (about 5x the largest cluster "
+                            f"built); use fewer --gpus or --nodes")
     prof = catalog.profile or {}
     acc = catalog.accelerator(resolve_gpu(args, catalog))
     gpn = args.gpus_per_node or prof.get("gpus_per_node") or acc.system["gpus_per_node"]
@@ -150,7 +198,7 @@ def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = No
     add_layout_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("workload")
-    g.add_argument("--global-batch", type=positive_int, default=None,
+    g.add_argument("--global-batch", type=batch_int, default=None,
                    help="sequences per optimizer step (default: micro-batch × dp × microbatches)")
     g.add_argument("--tokens", type=str, default=None, metavar="D",
                    help="training tokens (e.g. 300e9 or 15T) for time-to-train and GPU-hours")

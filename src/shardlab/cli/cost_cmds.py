@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardlab.cli.common import (add_estimate_args, add_output_args, nonneg_float, positive_float, positive_int)
+from shardlab.cli.common import BOUNDED, add_estimate_args, add_output_args
 from shardlab.errors import ShardlabError
 
 
 def _price_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--price", type=positive_float, default=None, metavar="USD",
+    p.add_argument("--price", type=BOUNDED["price"], default=None, metavar="USD",
                    help="USD per GPU-hour (replaces the price catalog)")
     p.add_argument("--provider", default=None, help="catalog provider, e.g. aws, gcp, runpod-secure (default: 'default')")
     p.add_argument("--spot", action="store_true", help="the provider's spot price")
@@ -23,26 +23,33 @@ def register(sub) -> None:
     add_estimate_args(p)
     p.set_defaults(gpu=None, func=cmd_cost)       # --gpu is a label in direct mode; h100-sxm for a plan
     g = p.add_argument_group("cost")
-    g.add_argument("--hours", type=positive_float, default=None, help="hours of work (direct mode, with --gpus)")
+    g.add_argument("--hours", type=BOUNDED["hours"], default=None, help="hours of work (direct mode, with --gpus)")
     _price_args(g)
-    g.add_argument("--setup-hours", type=nonneg_float, default=0.0, metavar="S",
+    g.add_argument("--setup-hours", type=BOUNDED["setup_hours"], default=0.0, metavar="S",
                    help="paid hours before the work starts (provisioning, data staging, warm-up; default 0)")
-    g.add_argument("--budget", type=nonneg_float, default=None, metavar="USD", help="compare with a budget")
+    g.add_argument("--budget", type=BOUNDED["usd"], default=None, metavar="USD", help="compare with a budget")
     add_output_args(p)
 
     p = sub.add_parser("guard", help="run a command under a budget ceiling and a time limit, recorded in the ledger",
-                       description="Refuse (exit 3) when the estimate would take the budget past its ceiling; otherwise "
-                                   "record and run COMMAND, stop it when its paid time (--hours) runs out (SIGTERM, then "
-                                   "SIGKILL after --grace-s) and record its actual cost. Exit code: the command's; "
-                                   "124 at the time limit; 128+N when interrupted by signal N.")
+                       description="Refuse (exit 3) when the estimate would take the budget, or a budget it is part of, "
+                                   "past its ceiling; otherwise record and run COMMAND, stop it and every process it "
+                                   "started when its paid time (--hours) runs out (SIGTERM, then SIGKILL after --grace-s) "
+                                   "or when the guard is interrupted or killed, and record its actual cost (never more "
+                                   "than the reservation). Exit code: the command's; 124 at the time limit; 128+N when "
+                                   "interrupted by signal N.")
     p.add_argument("--budget-name", required=True, metavar="NAME", help="the budget to charge")
-    p.add_argument("--ceiling", type=nonneg_float, default=None, metavar="USD",
+    p.add_argument("--ceiling", type=BOUNDED["usd"], default=None, metavar="USD",
                    help="the budget's hard ceiling (required on first use; a different value updates it)")
-    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs paid for")
+    p.add_argument("--parent", default=None, metavar="NAME",
+                   help="file the budget under an existing budget NAME whose ceiling binds too (e.g. a $3 lab in a $5 total)")
+    p.add_argument("--setup-hours", type=BOUNDED["setup_hours"], default=0.0, metavar="S",
+                   help="paid hours outside the command (provisioning, image pull, data staging): reserved and charged "
+                        "in full, not part of the time limit (default 0)")
+    p.add_argument("--gpus", type=BOUNDED["gpus"], required=True, help="GPUs paid for")
     p.add_argument("--gpu", default=None, help="accelerator id for the catalog price (see `shardlab gpus`)")
     _price_args(p)
-    p.add_argument("--hours", type=positive_float, required=True, help="paid hours: the time limit of the command")
-    p.add_argument("--grace-s", type=nonneg_float, default=10.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--hours", type=BOUNDED["hours"], required=True, help="paid hours: the time limit of the command")
+    p.add_argument("--grace-s", type=BOUNDED["seconds0"], default=10.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--ledger", default=None, metavar="PATH", help="ledger file (default: $SHARDLAB_LEDGER or the user's data dir)")
     p.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh (default: no shell)")
     add_output_args(p)
@@ -52,7 +59,11 @@ def register(sub) -> None:
     p = sub.add_parser("ledger", help="spent, reserved and remaining per budget; every run, estimate vs actual",
                        description="Show the budget ledger; --markdown FILE writes a report to commit beside an experiment.")
     p.add_argument("--ledger", default=None, metavar="PATH", help="ledger file (default: $SHARDLAB_LEDGER or the user's data dir)")
-    p.add_argument("--budget-name", default=None, metavar="NAME", help="only this budget")
+    p.add_argument("--budget-name", default=None, metavar="NAME", help="only this budget (and the budgets part of it)")
+    p.add_argument("--set-ceiling", type=BOUNDED["usd"], default=None, metavar="USD",
+                   help="with --budget-name: create the budget or change its ceiling, without running anything")
+    p.add_argument("--parent", default=None, metavar="NAME",
+                   help="with --budget-name: file the budget under budget NAME, whose ceiling binds too")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write a markdown report to FILE")
     add_output_args(p)
     p.set_defaults(func=cmd_ledger)
@@ -153,8 +164,9 @@ def _cost_text(line, est, price, plan, acc, alternatives) -> str:
 
 
 def cmd_guard(args) -> int:
-    import json
     import shlex
+
+    from shardlab.cli import dumps
 
     from shardlab.catalog import get_catalog
     from shardlab.cost.estimate import fmt_usd
@@ -167,8 +179,7 @@ def cmd_guard(args) -> int:
         command = command[1:]
     if not command or not any(c.strip() for c in command):
         raise ShardlabError("no command to run: put it after `--`, e.g. shardlab guard ... -- python train.py")
-    if not args.budget_name.strip():
-        raise ShardlabError("--budget-name must not be empty")
+    _check_budget_names(args)
     if args.gpu is None and args.price is None:
         raise ShardlabError("no price: give --gpu GPU (its catalog price) or --price USD_PER_GPU_HOUR")
     cat = get_catalog(args.catalog)
@@ -178,14 +189,15 @@ def cmd_guard(args) -> int:
     req = RunRequest(budget=args.budget_name, ceiling_usd=args.ceiling,
                      command=" ".join(command) if args.shell else shlex.join(command), shell=args.shell,
                      gpus=args.gpus, gpu=acc.id if acc else (args.gpu or "gpu"), price_per_gpu_hour=price.usd_per_gpu_hour,
-                     price_source=price.source, hours=args.hours, grace_s=args.grace_s)
+                     price_source=price.source, hours=args.hours, grace_s=args.grace_s, setup_hours=args.setup_hours,
+                     parent=args.parent)
     path = args.ledger or default_ledger_path()
     log = lambda s: print(f"guard: {s}", file=sys.stderr, flush=True)   # noqa: E731
     try:
         out = run_guarded(req, command, path, stdout=2 if args.json else None, log=log)
     except Refusal as r:
         if args.json:
-            print(json.dumps({"ledger": str(path), **r.to_dict()}, indent=2))
+            print(dumps({"ledger": str(path), **r.to_dict()}))
         raise
     run, b = out.run, out.budget
     wall = "-" if run.wall_s is None else f"{run.wall_s:.1f} s"
@@ -193,12 +205,24 @@ def cmd_guard(args) -> int:
         f"(estimate {fmt_usd(run.estimate_usd)}). Budget '{b.name}': spent {fmt_usd(b.spent_usd)}, reserved "
         f"{fmt_usd(b.reserved_usd)}, remaining {fmt_usd(b.remaining_usd)} of {fmt_usd(b.ceiling_usd)}.")
     if args.json:
-        print(json.dumps({"ledger": str(path), "run": run.to_dict(), "budget": b.to_dict(), "exit_code": out.exit_code,
-                          "ceiling_changed_from": out.ceiling_change[0] if out.ceiling_change else None}, indent=2))
+        print(dumps({"ledger": str(path), "run": run.to_dict(), "budget": b.to_dict(), "exit_code": out.exit_code,
+                     "ceiling_changed_from": out.ceiling_change[0] if out.ceiling_change else None}))
     return out.exit_code
 
 
+def _check_budget_names(args) -> None:
+    """Budget names: non-empty single-line text of reasonable length."""
+    for flag, name in (("--budget-name", args.budget_name), ("--parent", getattr(args, "parent", None))):
+        if name is None:
+            continue
+        if not name.strip() or len(name) > 200 or any(ord(ch) < 32 for ch in name):
+            raise ShardlabError(f"{flag} must be a short name on one line (1-200 characters), got {name[:40]!r}")
+    if args.parent is not None and args.parent == args.budget_name:
+        raise ShardlabError("--parent must name another budget: a budget cannot be part of itself")
+
+
 def cmd_ledger(args):
+    import os
     from pathlib import Path
 
     from shardlab.errors import did_you_mean
@@ -208,11 +232,21 @@ def cmd_ledger(args):
 
     if args.json and args.markdown:
         raise ShardlabError("choose one of --json and --markdown FILE")
+    setting = args.set_ceiling is not None or args.parent is not None
+    if setting:
+        if not args.budget_name:
+            raise ShardlabError("--set-ceiling and --parent need --budget-name NAME (the budget to set)")
+        _check_budget_names(args)
+    if args.markdown:
+        from shardlab.safeio import check_output_path
+
+        check_output_path(args.markdown, "--markdown")
     path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
-    if not path.exists() and not args.ledger:
+    if not setting and not os.path.lexists(path) and not args.ledger:
         return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
                 f"no ledger at {path} yet: `shardlab guard` creates it on its first run")
-    with Ledger(path, create=False) as led:
+    with Ledger(path, create=setting) as led:
+        change = led.set_budget(args.budget_name, args.set_ceiling, args.parent) if setting else None
         recovered = led.recover_unfinished()
         budgets, runs = led.budgets(args.budget_name), led.runs(args.budget_name)
         if args.budget_name and not budgets:
@@ -222,10 +256,14 @@ def cmd_ledger(args):
     doc = {"ledger": str(path), "exists": True, "budgets": [x.to_dict() for x in budgets],
            "runs": [r.to_dict() for r in runs], "recovered_unfinished": recovered}
     text = text_report(str(path), budgets, runs, recovered)
+    if change:
+        from shardlab.cost.estimate import fmt_usd
+
+        doc["ceiling_changed_from"] = change[0]
+        text = f"ceiling of budget '{args.budget_name}' changed from {fmt_usd(change[0])} to {fmt_usd(change[1])}\n" + text
     if args.markdown:
-        try:
-            Path(args.markdown).write_text(markdown_report(str(path), budgets, runs, now_iso()))
-        except OSError as e:
-            raise ShardlabError(f"cannot write {args.markdown}: {e.strerror}; choose another --markdown FILE") from None
+        from shardlab.safeio import write_text
+
+        write_text(args.markdown, markdown_report(str(path), budgets, runs, now_iso()), "--markdown")
         text += f"\nwrote {args.markdown}"
     return doc, text

@@ -72,8 +72,10 @@ def plan_inference_cmd(args, catalog):
     from shardlab.planner.space import tp_ok
 
     plans, rejected = [], {}
-    for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node]:
-        for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
+    from shardlab.layout import divisors
+
+    for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node]:
+        for pp in [d for d in divisors(gpus // tp) if d <= spec.num_layers]:
             reason = None
             if not tp_ok(spec, tp):
                 reason = "tp does not divide the heads, KV heads or FFN"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import (add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int)
+from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int)
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
 PLAN_DEFAULT_GPUS = 64
@@ -35,9 +35,9 @@ def _add_assumption_args(p) -> None:
 def _add_inference_args(p) -> None:
     g = p.add_argument_group("inference (with --inference)")
     g.add_argument("--inference", action="store_true", help="serve instead of train")
-    g.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences")
-    g.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens per sequence")
-    g.add_argument("--output-len", type=positive_int, default=256, help="generated tokens per sequence")
+    g.add_argument("--batch", type=BOUNDED["batch"], default=1, help="concurrent sequences")
+    g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
+    g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
 
 
 def register(sub) -> None:
@@ -49,7 +49,7 @@ def register(sub) -> None:
     add_estimate_args(p, model_default=PLAN_DEFAULT_MODEL)
     p.set_defaults(gpus_default=PLAN_DEFAULT_GPUS)
     g = p.add_argument_group("search")
-    g.add_argument("--nodes", type=positive_int, default=None, help="nodes (GPUs = nodes × GPUs per node)")
+    g.add_argument("--nodes", type=BOUNDED["gpus"], default=None, help="nodes (GPUs = nodes × GPUs per node)")
     g.add_argument("--objective", choices=("throughput", "cost", "memory", "latency"), default="throughput",
                    help="throughput: fastest step; cost: least GPU-time per token using up to --gpus; memory: least per-GPU "
                         "memory; latency (with --inference): lowest request latency")

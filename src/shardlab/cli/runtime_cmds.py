@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import positive_float, positive_int
+import re
+
+from shardlab.cli.common import BOUNDED
 
 TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy ddp --nproc 2
@@ -27,28 +29,64 @@ INFER_EXAMPLES = """examples:
 
 def _add_launch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch (torchrun)")
-    g.add_argument("--timeout", type=positive_float, default=300.0, help="stop the whole job after this many seconds")
+    g.add_argument("--timeout", type=BOUNDED["timeout"], default=300.0,
+                   help="stop the whole job (torchrun, every rank) after this many seconds")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when a GPU is visible (NCCL), else cpu (gloo)")
-    g.add_argument("--nnodes", default=None, help="torchrun --nnodes (multi-node)")
-    g.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
-    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun --rdzv-endpoint (node 0's address)")
-    g.add_argument("--rdzv-id", default=None, help="torchrun --rdzv-id (same on every node)")
-    g.add_argument("--rdzv-backend", default=None, help="torchrun --rdzv-backend (default c10d when an endpoint is given)")
+    g.add_argument("--nnodes", type=nnodes_arg, default=None, metavar="N|MIN:MAX", help="torchrun --nnodes (multi-node)")
+    g.add_argument("--node-rank", type=BOUNDED["node_rank"], default=None, help="torchrun --node-rank (0 .. nnodes-1)")
+    g.add_argument("--rdzv-endpoint", type=endpoint_arg, default=None, metavar="HOST:PORT",
+                   help="torchrun --rdzv-endpoint (node 0's address)")
+    g.add_argument("--rdzv-id", type=rdzv_id_arg, default=None, help="torchrun --rdzv-id (same on every node)")
+    g.add_argument("--rdzv-backend", choices=RDZV_BACKENDS, default=None,
+                   help="torchrun --rdzv-backend (default c10d when an endpoint is given)")
     g.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
+"""torchrun's rendezvous backends (torch.distributed.elastic.rendezvous)."""
+
+
+def nnodes_arg(text: str) -> str:
+    """torchrun's --nnodes: N, or MIN:MAX for an elastic job (1 <= MIN <= MAX <= limits.MAX_GPUS)."""
+    parse = BOUNDED["gpus"]
+    parts = text.split(":")
+    if len(parts) > 2:
+        raise argparse.ArgumentTypeError(f"'{text}' is not N or MIN:MAX (e.g. 2 or 1:4)")
+    lo, hi = parse(parts[0]), parse(parts[-1])
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"'{text}': MIN {lo} is above MAX {hi}")
+    return f"{lo}:{hi}" if len(parts) == 2 else str(lo)
+
+
+def endpoint_arg(text: str) -> str:
+    """HOST or HOST:PORT (port 1-65535; IPv6 hosts in brackets)."""
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253})(?::(\d{1,5}))?", text)
+    if not m or (m.group(2) and not 1 <= int(m.group(2)) <= 65535):
+        raise argparse.ArgumentTypeError(f"'{text[:60]}' is not HOST:PORT (e.g. node0:29500 or [::1]:29500)")
+    return text
+
+
+def rdzv_id_arg(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", text):
+        raise argparse.ArgumentTypeError(f"'{text[:60]}' must be 1-128 letters, digits, '.', '_' or '-'")
+    return text
+
+
 def torchrun_args(args) -> tuple[str, ...]:
+    from shardlab.errors import ShardlabError
+
     out: list[str] = []
     if args.nnodes:
         out += ["--nnodes", str(args.nnodes)]
     if args.node_rank is not None:
+        top = int(str(args.nnodes or "1").split(":")[-1])
+        if args.node_rank >= top:
+            raise ShardlabError(f"--node-rank {args.node_rank} is outside 0..{top - 1} (--nnodes {args.nnodes or 1})")
         out += ["--node-rank", str(args.node_rank)]
     if args.rdzv_endpoint:
         out += ["--rdzv-backend", args.rdzv_backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         out += ["--rdzv-id", args.rdzv_id or "shardlab"]
     elif args.rdzv_backend or args.rdzv_id:
-        from shardlab.errors import ShardlabError
-
         raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
     return tuple(out)
 
@@ -62,19 +100,19 @@ def register(sub) -> None:
                         epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--strategy", default="ddp",
                    help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron")
-    t.add_argument("--nproc", type=positive_int, default=2, help="ranks per node")
+    t.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
     t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
-    t.add_argument("--steps", type=positive_int, default=4,
+    t.add_argument("--steps", type=BOUNDED["steps"], default=4,
                    help="optimizer steps: 0 measures memory, 1 times collectives, 2+ give the step time")
-    t.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
-    t.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch per DP rank")
-    t.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
-    t.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree (default: all ranks, 2 when combined)")
-    t.add_argument("--pp", type=positive_int, default=None, help="pipeline degree (default: all ranks, 2 when combined)")
+    t.add_argument("--global-batch", type=BOUNDED["batch"], default=8, help="sequences per step")
+    t.add_argument("--micro-batch", type=BOUNDED["batch"], default=None, help="sequences per micro-batch per DP rank")
+    t.add_argument("--seq-len", type=BOUNDED["seq_len"], default=64, help="tokens per sequence")
+    t.add_argument("--tp", type=BOUNDED["gpus"], default=None, help="tensor-parallel degree (default: all ranks, 2 when combined)")
+    t.add_argument("--pp", type=BOUNDED["gpus"], default=None, help="pipeline degree (default: all ranks, 2 when combined)")
     t.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b", help="pipeline schedule")
-    t.add_argument("--vpp", type=positive_int, default=1, help="model chunks per pipeline rank (interleaved: 2 by default)")
+    t.add_argument("--vpp", type=BOUNDED["stages"], default=1, help="model chunks per pipeline rank (interleaved: 2 by default)")
     t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (sgd = with momentum)")
-    t.add_argument("--seed", type=int, default=0, help="model seed (data seed = 1234 + seed)")
+    t.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed (data seed = 1234 + seed)")
     t.add_argument("--check-parity", action="store_true", help="compare step 0 with a single-process step")
     t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
     t.add_argument("--profile", default=None, metavar="FILE",
@@ -83,15 +121,15 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    i.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel ranks (in total, over all nodes)")
+    i.add_argument("--tp", type=BOUNDED["gpus"], default=2, help="tensor-parallel ranks (in total, over all nodes)")
     i.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, or a catalog id / config.json / YAML")
     i.add_argument("--prompt", default="The quick brown fox", help="prompt text (byte tokens, modulo the vocabulary)")
-    i.add_argument("--max-new-tokens", type=positive_int, default=16, help="tokens to generate")
+    i.add_argument("--max-new-tokens", type=BOUNDED["seq_len"], default=16, help="tokens to generate")
     i.add_argument("--strategy", choices=("tp", "tp-megatron"), default="tp-megatron",
                    help="DTensor plan or our Megatron-style layers")
     i.add_argument("--sweep", action="store_true", help="run tp = 1, 2, 4 and plot the speedup")
     i.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: where to write the speedup plot")
-    i.add_argument("--seed", type=int, default=0, help="model seed")
+    i.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed")
     _add_launch_args(i)
     i.set_defaults(func=cmd_infer)
     run.set_defaults(func=lambda a: (run.print_help(), 0)[1])

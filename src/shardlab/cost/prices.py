@@ -65,9 +65,14 @@ class Price:
 
 
 def _number(where: str, name: str, key: str, v: object) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-        raise ShardlabError(f"{where}: price '{name}' field '{key}' must be a positive number of USD per GPU-hour, "
-                            f"got {v!r}; fix the file")
+    import math
+
+    from shardlab.limits import MAX_PRICE_USD_PER_GPU_HOUR
+
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v) \
+            or v > MAX_PRICE_USD_PER_GPU_HOUR:
+        raise ShardlabError(f"{where}: price '{name}' field '{key}' must be a positive number of USD per GPU-hour "
+                            f"(at most {MAX_PRICE_USD_PER_GPU_HOUR:,.0f}), got {v!r}; fix the file")
     return float(v)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
@@ -40,6 +40,8 @@ class RunTerms:
     """Paid hours: the time limit."""
     grace_s: float
     """Seconds between SIGTERM and SIGKILL when the time runs out."""
+    setup_hours: float = field(default=0.0, kw_only=True)
+    """Paid hours outside the command (provisioning, image pull, data staging): charged in full, not timed."""
 
 
 @dataclass
@@ -48,16 +50,19 @@ class RunRequest(RunTerms):
 
     ceiling_usd: float | None = None
     """Ceiling to set (required when the budget is new; a different value updates it)."""
+    parent: str | None = None
+    """Parent budget to file this budget under (its ceiling binds too); None keeps the current parent."""
 
     @property
     def estimate_usd(self) -> float:
-        """gpus × price × hours: the paid time."""
-        return self.gpus * self.price_per_gpu_hour * self.hours
+        """gpus × price × (set-up hours + hours): the paid time."""
+        return self.gpus * self.price_per_gpu_hour * (self.setup_hours + self.hours)
 
     @property
     def reserved_usd(self) -> float:
-        """The most the run can cost: the paid time plus the SIGTERM grace period."""
-        return self.gpus * self.price_per_gpu_hour * (self.hours + self.grace_s / 3600)
+        """The most the run can cost: set-up, the paid time and the SIGTERM grace period (the guard's SIGKILL
+        lands at its end, and a run is never charged more than this)."""
+        return self.gpus * self.price_per_gpu_hour * (self.setup_hours + self.hours + self.grace_s / 3600)
 
 
 @dataclass
@@ -67,11 +72,12 @@ class RunRecord(RunTerms):
     id: int
     """Run number in this ledger."""
     estimate_usd: float
-    """gpus × price × hours."""
+    """gpus × price × (set-up hours + hours)."""
     reserved_usd: float
     """Estimate plus the grace period: held against the budget while running."""
     actual_usd: float | None
-    """gpus × price × measured wall time (the reservation for an unfinished run)."""
+    """gpus × price × (set-up hours + measured wall time), at most the reservation (the reservation for an
+    unfinished run)."""
     status: str
     """One of STATUSES."""
     started_at: str
@@ -121,31 +127,42 @@ class BudgetSummary:
     """Number of runs recorded."""
     unfinished: int
     """Runs flagged unfinished (charged as reserved)."""
+    parent: str | None = None
+    """The budget this one is part of (its ceiling binds too), or None. Spent and reserved include the runs
+    of every budget below this one."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 class Refusal(ShardlabError):
-    """The run would take the budget past its ceiling: exit code 3, nothing started."""
+    """The run would take a budget (its own or an ancestor) past its ceiling: exit code 3, nothing started."""
 
     exit_code = 3
 
-    def __init__(self, req: RunRequest, spent_usd: float, reserved_usd: float, ceiling_usd: float):
+    def __init__(self, req: RunRequest, spent_usd: float, reserved_usd: float, ceiling_usd: float,
+                 binding: str | None = None):
         from shardlab.cost.estimate import fmt_usd
 
         self.req, self.spent_usd, self.reserved_usd, self.ceiling_usd = req, spent_usd, reserved_usd, ceiling_usd
+        self.binding = binding or req.budget
         self.ceiling_change: tuple[float, float] | None = None
         left = ceiling_usd - spent_usd - reserved_usd
         grace = req.reserved_usd - req.estimate_usd
+        whose = (f"budget '{req.budget}'" if self.binding == req.budget else
+                 f"budget '{req.budget}' is part of '{self.binding}', which")
+        setup = f" including {req.setup_hours:g} h set-up" if req.setup_hours else ""
         super().__init__(
-            f"refused: budget '{req.budget}' cannot pay for this run: estimate {fmt_usd(req.estimate_usd)}"
+            f"refused: {whose} cannot pay for this run: estimate {fmt_usd(req.estimate_usd)}{setup}"
             f"{f' (+ {fmt_usd(grace)} for the {req.grace_s:g} s grace)' if grace > 0 else ''}, "
             f"spent so far {fmt_usd(spent_usd)}, reserved by running jobs {fmt_usd(reserved_usd)}, "
-            f"ceiling {fmt_usd(ceiling_usd)} ({fmt_usd(left)} left); lower --hours or --gpus, or raise --ceiling")
+            f"ceiling {fmt_usd(ceiling_usd)} ({fmt_usd(left)} left); lower --hours or --gpus, or raise "
+            + ("--ceiling" if self.binding == req.budget else
+               f"the ceiling of '{self.binding}' (shardlab ledger --budget-name {self.binding} --set-ceiling USD)"))
 
     def to_dict(self) -> dict:
-        return {"refused": True, "budget": self.req.budget, "estimate_usd": self.req.estimate_usd,
+        return {"refused": True, "budget": self.req.budget, "binding_budget": self.binding,
+                "estimate_usd": self.req.estimate_usd,
                 "reserved_usd_needed": self.req.reserved_usd, "spent_usd": self.spent_usd,
                 "reserved_usd": self.reserved_usd, "ceiling_usd": self.ceiling_usd,
                 "remaining_usd": self.ceiling_usd - self.spent_usd - self.reserved_usd,

@@ -34,24 +34,29 @@ def _time(iso: str | None) -> str:
 
 
 def _budget_rows(budgets: Sequence[BudgetSummary]) -> list[list[str]]:
-    return [[b.name, fmt_usd(b.ceiling_usd), fmt_usd(b.spent_usd), fmt_usd(b.reserved_usd), fmt_usd(b.remaining_usd),
-             str(b.runs), str(b.unfinished)] for b in budgets]
+    return [[b.name, b.parent or "-", fmt_usd(b.ceiling_usd), fmt_usd(b.spent_usd), fmt_usd(b.reserved_usd),
+             fmt_usd(b.remaining_usd), str(b.runs), str(b.unfinished)] for b in budgets]
 
 
-_BUDGET_HEAD = ["budget", "ceiling", "spent", "reserved", "remaining", "runs", "unfinished"]
+_BUDGET_HEAD = ["budget", "part of", "ceiling", "spent", "reserved", "remaining", "runs", "unfinished"]
+
+
+def _setup(r: RunRecord) -> str:
+    return f"{r.setup_hours:g} h" if r.setup_hours else "-"
 
 
 def text_report(path: str, budgets: Sequence[BudgetSummary], runs: Sequence[RunRecord], recovered: Sequence[int]) -> str:
     """Budgets, then every run with estimate vs actual; unfinished runs are marked with '!'."""
     if not budgets:
         return f"ledger {path}: no budgets yet (`shardlab guard --budget-name NAME --ceiling USD ... -- CMD` starts one)"
-    lines = [table(_BUDGET_HEAD, _budget_rows(budgets), title=f"ledger {path} (USD; spent = measured, reserved = running)")]
+    lines = [table(_BUDGET_HEAD, _budget_rows(budgets), title=f"ledger {path} (USD; spent = measured, reserved = running; "
+                                                               f"a budget's totals include the budgets part of it)")]
     if runs:
         rows = [[r.id, r.budget, ("! " if r.status == "unfinished" else "") + r.status, _time(r.started_at),
-                 _wall(r.wall_s), fmt_usd(r.estimate_usd), _money(r.actual_usd), _ratio(r),
+                 _setup(r), _wall(r.wall_s), fmt_usd(r.estimate_usd), _money(r.actual_usd), _ratio(r),
                  "-" if r.exit_code is None else r.exit_code, _short(r.command)] for r in runs]
-        lines += ["", table(["run", "budget", "status", "started (UTC)", "wall", "estimate", "actual", "act/est",
-                             "exit", "command"], rows)]
+        lines += ["", table(["run", "budget", "status", "started (UTC)", "set-up", "wall", "estimate", "actual",
+                             "act/est", "exit", "command"], rows)]
     flagged = [r for r in runs if r.status == "unfinished"]
     if flagged:
         lines += ["", f"! {len(flagged)} unfinished run(s): the guard died before recording the end; "
@@ -76,19 +81,20 @@ def markdown_report(path: str, budgets: Sequence[BudgetSummary], runs: Sequence[
     """A self-contained markdown report: budgets, runs (estimate vs actual), flagged runs, price sources."""
     md = ["# GPU spend ledger", "",
           f"Generated {_time(generated_at)} UTC by `shardlab ledger` from `{path}`. Amounts in USD. "
-          "Estimate = GPUs × price × paid hours; actual = GPUs × price × measured wall time; "
-          "a run still running holds its reservation (estimate plus the SIGTERM grace period).", "",
+          "Estimate = GPUs × price × (set-up + paid hours); actual = GPUs × price × (set-up + measured wall time), "
+          "never more than the reservation; a run still running holds its reservation (estimate plus the SIGTERM "
+          "grace period). A budget's totals include the budgets that are part of it.", "",
           "## Budgets", ""]
-    md += _md_table(_BUDGET_HEAD, _budget_rows(budgets), right={1, 2, 3, 4, 5, 6}) if budgets else ["No budgets yet."]
+    md += _md_table(_BUDGET_HEAD, _budget_rows(budgets), right={2, 3, 4, 5, 6, 7}) if budgets else ["No budgets yet."]
     md += ["", "## Runs", ""]
     if runs:
-        rows = [[r.id, r.budget, f"`{r.command}`", r.gpus, r.gpu, fmt_rate(r.price_per_gpu_hour), f"{r.hours:g}",
-                 fmt_usd(r.estimate_usd), _money(r.actual_usd), _ratio(r),
+        rows = [[r.id, r.budget, f"`{r.command}`", r.gpus, r.gpu, fmt_rate(r.price_per_gpu_hour), f"{r.setup_hours:g}",
+                 f"{r.hours:g}", fmt_usd(r.estimate_usd), _money(r.actual_usd), _ratio(r),
                  ("**unfinished**" if r.status == "unfinished" else r.status), _time(r.started_at), _time(r.ended_at),
                  "-" if r.exit_code is None else r.exit_code] for r in runs]
-        md += _md_table(["#", "budget", "command", "GPUs", "GPU", "$/GPU-h", "paid h", "estimate", "actual",
+        md += _md_table(["#", "budget", "command", "GPUs", "GPU", "$/GPU-h", "set-up h", "paid h", "estimate", "actual",
                          "actual/estimate", "status", "started (UTC)", "ended (UTC)", "exit"], rows,
-                        right={0, 3, 5, 6, 7, 8, 9, 13})
+                        right={0, 3, 5, 6, 7, 8, 9, 10, 14})
     else:
         md.append("No runs yet.")
     notes = [r for r in runs if r.note]

@@ -19,55 +19,15 @@ from pathlib import Path
 from shardlab.errors import ShardlabError
 from shardlab.ledger.model import (RUN_COLUMNS, BudgetSummary, LedgerError, Refusal, RunRecord, RunRequest, RunTerms,
                                    process_start_ticks)
+from shardlab.ledger.rows import check_budget_row, check_run_row, parse_time
+from shardlab.ledger.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, check_file, corrupt, write_backup
 
-SCHEMA_VERSION = 1
-SQLITE_HEADER = b"SQLite format 3\x00"
 STALE_SLACK_S = 60.0
 """A 'running' row older than its time limit + grace + this slack cannot still be running."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS budgets (
-    name TEXT PRIMARY KEY,
-    ceiling_usd REAL NOT NULL CHECK (ceiling_usd >= 0),
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    budget TEXT NOT NULL REFERENCES budgets(name),
-    command TEXT NOT NULL,
-    shell INTEGER NOT NULL,
-    gpus INTEGER NOT NULL,
-    gpu TEXT NOT NULL,
-    price_per_gpu_hour REAL NOT NULL,
-    price_source TEXT NOT NULL,
-    hours REAL NOT NULL,
-    grace_s REAL NOT NULL,
-    estimate_usd REAL NOT NULL,
-    reserved_usd REAL NOT NULL,
-    actual_usd REAL,
-    status TEXT NOT NULL,
-    started_at TEXT NOT NULL,
-    ended_at TEXT,
-    wall_s REAL,
-    exit_code INTEGER,
-    note TEXT NOT NULL DEFAULT '',
-    host TEXT NOT NULL,
-    guard_pid INTEGER NOT NULL,
-    guard_start TEXT,
-    cwd TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_budget_status ON runs (budget, status);
-"""
 
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _corrupt(path: Path, why: str) -> LedgerError:
-    return LedgerError(f"ledger {path} is unreadable or corrupt ({why}); it was left untouched: move it aside "
-                       f"(keep it, it holds your records) or pass --ledger NEW_PATH")
 
 
 def _pid_alive(pid: int, start_ticks: str | None) -> bool:
@@ -93,7 +53,7 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True):
         self.path = Path(path).expanduser()
-        self._check_file(create)
+        check_file(self.path, create)
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
         except sqlite3.Error as e:
@@ -113,58 +73,51 @@ class Ledger:
     def close(self) -> None:
         self.conn.close()
 
-    def _check_file(self, create: bool) -> None:
-        p = self.path
-        if p.is_dir():
-            raise LedgerError(f"ledger path {p} is a directory; pass --ledger FILE")
-        if not p.exists():
-            if not create:
-                raise LedgerError(f"no ledger at {p}; `shardlab guard` creates it on first use, or pass --ledger PATH")
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise LedgerError(f"cannot create the ledger's folder {p.parent} ({e.strerror}); pass --ledger PATH") from None
-            return
-        if not os.access(p, os.R_OK | os.W_OK):
-            raise LedgerError(f"cannot read and write ledger {p} (permission denied); fix its permissions or pass --ledger PATH")
-        try:
-            with open(p, "rb") as f:
-                head = f.read(len(SQLITE_HEADER))
-        except OSError as e:
-            raise _corrupt(p, e.strerror or str(e)) from None
-        if head and head != SQLITE_HEADER:
-            raise _corrupt(p, "not an SQLite database")
-
     def _check_db(self) -> None:
         try:
             rows = self.conn.execute("PRAGMA quick_check").fetchall()
             if rows != [("ok",)]:
-                raise _corrupt(self.path, f"integrity check: {rows[0][0] if rows else 'no answer'}")
+                raise corrupt(self.path, f"integrity check: {rows[0][0] if rows else 'no answer'}")
             tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.OperationalError as e:
             if "locked" in str(e):
                 raise LedgerError(f"ledger {self.path} stayed locked by another process for 30 s; try again") from None
-            raise _corrupt(self.path, str(e)) from None
+            raise corrupt(self.path, str(e)) from None
         except sqlite3.DatabaseError as e:
-            raise _corrupt(self.path, str(e)) from None
+            raise corrupt(self.path, str(e)) from None
         tables.discard("sqlite_sequence")
         if not tables and version == 0:
             with self._tx() as c:
-                for statement in _SCHEMA.split(";"):   # executescript() would commit on its own
-                    if statement.strip():
-                        c.execute(statement)
-                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                if c.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name != 'sqlite_sequence'"
+                             ).fetchone()[0] == 0:              # another process may have created it meanwhile
+                    for statement in SCHEMA.split(";"):        # executescript() would commit on its own
+                        if statement.strip():
+                            c.execute(statement)
+                    c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
         if version > SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} was written by a newer shardlab (schema {version}); upgrade shardlab")
-        if not {"budgets", "runs"} <= tables or version != SCHEMA_VERSION:
+        if not {"budgets", "runs"} <= tables or version not in range(1, SCHEMA_VERSION + 1):
             raise LedgerError(f"{self.path} is an SQLite database but not a shardlab ledger; it was left untouched: "
                               f"pass --ledger NEW_PATH")
+        if version < SCHEMA_VERSION:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older schema up to date in one transaction (re-checked inside it: another process may
+        have migrated meanwhile)."""
+        with self._tx() as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            while version < SCHEMA_VERSION:
+                for statement in MIGRATIONS[version]:
+                    c.execute(statement)
+                version += 1
+                c.execute(f"PRAGMA user_version = {version}")
 
     @contextmanager
-    def _tx(self):
-        """BEGIN IMMEDIATE ... COMMIT: one writer at a time, everything or nothing."""
+    def _tx(self, backup: bool = False):
+        """BEGIN IMMEDIATE ... COMMIT: one writer at a time, everything or nothing (then the backup copy)."""
         c = self.conn
         try:
             c.execute("BEGIN IMMEDIATE")
@@ -179,22 +132,89 @@ class Ledger:
             if isinstance(e, sqlite3.Error):
                 raise LedgerError(f"ledger {self.path}: {e}; nothing was written") from None
             raise
+        if backup:
+            write_backup(c, self.path)
+
+    # -- budgets --------------------------------------------------------------------------------------
+
+    def _budget_rows(self, c) -> dict[str, tuple[float, str | None]]:
+        """name -> (ceiling, parent) of every budget, each row checked."""
+        out = {}
+        for name, ceiling, parent in c.execute("SELECT name, ceiling_usd, parent FROM budgets"):
+            name, ceiling, parent = check_budget_row(self.path, name, ceiling, parent)
+            out[name] = (ceiling, parent)
+        return out
+
+    def _chain(self, budgets: dict, name: str) -> list[str]:
+        """``name`` and its ancestors, nearest first; a LedgerError for a loop or a missing parent."""
+        from shardlab.limits import MAX_BUDGET_DEPTH
+
+        chain = [name]
+        while budgets[chain[-1]][1] is not None:
+            parent = budgets[chain[-1]][1]
+            if parent not in budgets or parent in chain or len(chain) > MAX_BUDGET_DEPTH:
+                raise LedgerError(f"ledger {self.path}: budget '{chain[-1]}' has a broken parent '{parent}' (missing, "
+                                  f"a loop, or deeper than {MAX_BUDGET_DEPTH}); fix it with "
+                                  f"`shardlab ledger --budget-name {chain[-1]} --parent NAME`")
+            chain.append(parent)
+        return chain
+
+    def _set_parent(self, c, budgets: dict, name: str, parent: str | None, stamp: str) -> None:
+        from shardlab.limits import MAX_BUDGET_DEPTH
+
+        if parent is None or budgets[name][1] == parent:
+            return
+        if parent not in budgets:
+            raise ShardlabError(f"parent budget '{parent}' does not exist; create it first: "
+                                f"shardlab ledger --budget-name {parent} --set-ceiling USD")
+        if name in self._chain(budgets, parent):
+            raise ShardlabError(f"budget '{parent}' is inside '{name}': a budget cannot be its own ancestor")
+        depth = len(self._chain(budgets, parent)) + 1
+        if depth > MAX_BUDGET_DEPTH:
+            raise ShardlabError(f"budgets nest at most {MAX_BUDGET_DEPTH} levels; '{name}' under '{parent}' would be {depth}")
+        c.execute("UPDATE budgets SET parent = ?, updated_at = ? WHERE name = ?", (parent, stamp, name))
+        budgets[name] = (budgets[name][0], parent)
+
+    def _upsert(self, c, name: str, ceiling: float | None, parent: str | None) -> tuple[dict, tuple | None]:
+        """Create or update a budget; returns (all budgets, (old, new) ceiling when it changed)."""
+        budgets, stamp, change = self._budget_rows(c), now_iso(), None
+        if name not in budgets:
+            if ceiling is None:
+                raise ShardlabError(f"budget '{name}' is new: set its ceiling with --ceiling USD")
+            c.execute("INSERT INTO budgets (name, ceiling_usd, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                      (name, ceiling, stamp, stamp))
+            budgets[name] = (ceiling, None)
+        elif ceiling is not None and abs(ceiling - budgets[name][0]) > 1e-9:
+            change = (budgets[name][0], ceiling)
+            c.execute("UPDATE budgets SET ceiling_usd = ?, updated_at = ? WHERE name = ?", (ceiling, stamp, name))
+            budgets[name] = (ceiling, budgets[name][1])
+        self._set_parent(c, budgets, name, parent, stamp)
+        return budgets, change
+
+    def set_budget(self, name: str, ceiling: float | None, parent: str | None = None) -> tuple[float, float] | None:
+        """Create a budget or change its ceiling or parent, without a run. Returns (old, new) ceiling if changed."""
+        with self._tx(backup=True) as c:
+            return self._upsert(c, name, ceiling, parent)[1]
 
     # -- writes ---------------------------------------------------------------------------------------
 
     def recover_unfinished(self) -> list[int]:
         """Mark runs whose guard is gone as 'unfinished', charged as their reservation. Returns their ids."""
         with self._tx() as c:
-            return self._recover(c)
+            stale = self._recover(c)
+        if stale:
+            write_backup(self.conn, self.path)
+        return stale
 
     def _recover(self, c) -> list[int]:
         host, now = socket.gethostname(), datetime.datetime.now(datetime.timezone.utc)
         stale = []
-        for rid, started, hours, grace, rhost, pid, pstart in c.execute(
-                "SELECT id, started_at, hours, grace_s, host, guard_pid, guard_start FROM runs WHERE status = 'running'"):
-            age_s = (now - datetime.datetime.fromisoformat(started)).total_seconds()
-            if age_s > hours * 3600 + grace + STALE_SLACK_S or (rhost == host and not _pid_alive(pid, pstart)):
-                stale.append(rid)
+        for row in c.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE status = 'running'").fetchall():
+            r = check_run_row(self.path, row)
+            age_s = (now - parse_time(r.started_at)).total_seconds()
+            limit_s = (r.setup_hours + r.hours) * 3600 + r.grace_s + STALE_SLACK_S
+            if age_s > limit_s or (r.host == host and not _pid_alive(r.guard_pid, r.guard_start)):
+                stale.append(r.id)
         for rid in stale:
             c.execute("UPDATE runs SET status = 'unfinished', actual_usd = reserved_usd, note = trim(note || ' ' || ?) "
                       "WHERE id = ?", ("the guard stopped without recording the end (crash, kill or power loss); "
@@ -202,32 +222,24 @@ class Ledger:
         return stale
 
     def reserve(self, req: RunRequest) -> tuple[RunRecord, tuple[float, float] | None]:
-        """Check the budget and record the run as 'running' in one transaction. Returns the run and the
-        (old, new) ceiling when ``req.ceiling_usd`` changed it. Raises Refusal (exit 3) past the ceiling."""
-        refusal, change = None, None
-        with self._tx() as c:
+        """Check the budget and every budget it is part of, and record the run as 'running', in one
+        transaction. Returns the run and the (old, new) ceiling when ``req.ceiling_usd`` changed it.
+        Raises Refusal (exit 3) when the reservation would take any of them past its ceiling."""
+        refusal = None
+        with self._tx(backup=True) as c:
             self._recover(c)
-            row = c.execute("SELECT ceiling_usd FROM budgets WHERE name = ?", (req.budget,)).fetchone()
-            stamp = now_iso()
-            if row is None:
-                if req.ceiling_usd is None:
-                    raise ShardlabError(f"budget '{req.budget}' is new: set its ceiling with --ceiling USD")
-                c.execute("INSERT INTO budgets VALUES (?, ?, ?, ?)", (req.budget, req.ceiling_usd, stamp, stamp))
-                ceiling = req.ceiling_usd
-            else:
-                ceiling = row[0]
-                if req.ceiling_usd is not None and abs(req.ceiling_usd - ceiling) > 1e-9:
-                    change = (ceiling, req.ceiling_usd)
-                    ceiling = req.ceiling_usd
-                    c.execute("UPDATE budgets SET ceiling_usd = ?, updated_at = ? WHERE name = ?", (ceiling, stamp, req.budget))
-            spent, reserved = self._totals(c, req.budget)
-            if spent + reserved + req.reserved_usd > ceiling + 1e-9:
-                refusal = Refusal(req, spent, reserved, ceiling)
-            else:
+            budgets, change = self._upsert(c, req.budget, req.ceiling_usd, req.parent)
+            for name in self._chain(budgets, req.budget):
+                spent, reserved = self._totals(c, name)
+                ceiling = budgets[name][0]
+                if spent + reserved + req.reserved_usd > ceiling + 1e-9:
+                    refusal = Refusal(req, spent, reserved, ceiling, binding=name)
+                    break
+            if refusal is None:
                 note = f"ceiling changed from ${change[0]:.2f} to ${change[1]:.2f}" if change else ""
                 row = {f.name: getattr(req, f.name) for f in fields(RunTerms)}
                 row.update(shell=int(req.shell), estimate_usd=req.estimate_usd, reserved_usd=req.reserved_usd,
-                           status="running", started_at=stamp, note=note, host=socket.gethostname(),
+                           status="running", started_at=now_iso(), note=note, host=socket.gethostname(),
                            guard_pid=os.getpid(), guard_start=process_start_ticks(os.getpid()), cwd=os.getcwd())
                 cur = c.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                                 tuple(row.values()))
@@ -240,7 +252,7 @@ class Ledger:
     def finish(self, run_id: int, *, status: str, exit_code: int | None, wall_s: float, actual_usd: float,
                note: str = "") -> RunRecord:
         """Record the end of a run (only a run still 'running': a run already settled is left as it is)."""
-        with self._tx() as c:
+        with self._tx(backup=True) as c:
             c.execute("UPDATE runs SET status = ?, exit_code = ?, wall_s = ?, actual_usd = ?, ended_at = ?, "
                       "note = trim(note || ' ' || ?) WHERE id = ? AND status = 'running'",
                       (status, exit_code, wall_s, actual_usd, now_iso(), note, run_id))
@@ -248,28 +260,53 @@ class Ledger:
 
     # -- reads ----------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _totals(c, budget: str) -> tuple[float, float]:
-        spent, reserved = c.execute(
-            "SELECT COALESCE(SUM(CASE WHEN status != 'running' THEN actual_usd END), 0), "
-            "COALESCE(SUM(CASE WHEN status = 'running' THEN reserved_usd END), 0) FROM runs WHERE budget = ?",
-            (budget,)).fetchone()
-        return float(spent), float(reserved)
+    def _subtree(self, c, budget: str) -> list[str]:
+        """``budget`` and every budget below it."""
+        rows = c.execute("WITH RECURSIVE sub(name) AS (SELECT ? UNION SELECT b.name FROM budgets b JOIN sub "
+                         "ON b.parent = sub.name) SELECT name FROM sub", (budget,)).fetchall()
+        return [r[0] for r in rows]
+
+    def _totals(self, c, budget: str) -> tuple[float, float]:
+        """(spent, reserved) of ``budget`` and the budgets below it; every row is checked on the way."""
+        names = self._subtree(c, budget)
+        q = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE budget IN ({', '.join('?' * len(names))})")
+        spent = reserved = 0.0
+        for row in c.execute(q, names).fetchall():
+            r = check_run_row(self.path, row)
+            if r.status == "running":
+                reserved += r.reserved_usd
+            else:
+                spent += r.actual_usd or 0.0
+        return spent, reserved
 
     def run(self, run_id: int) -> RunRecord:
         row = self.conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return RunRecord(*row)
+        return check_run_row(self.path, row)
 
     def runs(self, budget: str | None = None) -> list[RunRecord]:
-        q = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs" + (" WHERE budget = ?" if budget else "") + " ORDER BY id"
-        return [RunRecord(*r) for r in self.conn.execute(q, (budget,) if budget else ())]
+        """Every run, or those of ``budget`` and the budgets below it."""
+        if budget:
+            names = self._subtree(self.conn, budget)
+            q = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE budget IN ({', '.join('?' * len(names))}) ORDER BY id"
+            rows = self.conn.execute(q, names).fetchall()
+        else:
+            rows = self.conn.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY id").fetchall()
+        return [check_run_row(self.path, r) for r in rows]
 
     def budgets(self, budget: str | None = None) -> list[BudgetSummary]:
-        q = "SELECT name, ceiling_usd FROM budgets" + (" WHERE name = ?" if budget else "") + " ORDER BY name"
+        """Summaries (spent and reserved include the budgets below), of ``budget`` and its sub-budgets or of all."""
+        every = self._budget_rows(self.conn)
+        if budget:
+            below = set(self._subtree(self.conn, budget)) - {budget}
+            names = ([budget] if budget in every else []) + sorted(n for n in below if n in every)
+        else:
+            names = sorted(every)
         out = []
-        for name, ceiling in self.conn.execute(q, (budget,) if budget else ()).fetchall():
+        for name in names:
+            ceiling, parent = every[name]
+            self._chain(every, name)
             spent, reserved = self._totals(self.conn, name)
             n, flagged = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'unfinished'), 0) FROM runs "
                                            "WHERE budget = ?", (name,)).fetchone()
-            out.append(BudgetSummary(name, ceiling, spent, reserved, ceiling - spent - reserved, n, flagged))
+            out.append(BudgetSummary(name, ceiling, spent, reserved, ceiling - spent - reserved, n, flagged, parent))
         return out

@@ -60,11 +60,18 @@ def load_overheads(path: str | None, disabled: bool = False) -> Overheads:
         return Overheads()
     from shardlab.catalog import load_yaml
 
-    data = load_yaml(path)
+    from shardlab.limits import MAX_BYTES
+    from shardlab.numbers import check_number
+
+    data = load_yaml(path, "overheads file")
     allowed = {f.name: f.type for f in fields(Overheads)}
     if not isinstance(data, dict) or set(data) - set(allowed):
         raise ShardlabError(f"{path}: an overheads file maps fields {sorted(allowed)} to values")
     for k, v in data.items():
-        if isinstance(v, bool) != (k == "ddp_bucket_copy") or (not isinstance(v, bool) and (not isinstance(v, (int, float)) or v < 0)):
+        if isinstance(v, bool) != (k == "ddp_bucket_copy"):
             raise ShardlabError(f"{path}: overhead '{k}' must be a non-negative number (ddp_bucket_copy: true/false), got {v!r}")
+        if not isinstance(v, bool):
+            whole = k.endswith(("_bytes", "_per_group", "_units"))
+            check_number(v, f"{path}: overhead '{k}'", integer=whole, allow_min=True,
+                         maximum=MAX_BYTES if whole else (1.0 if k == "fragmentation" else 1e6))
     return replace(Overheads(), **data)

@@ -50,20 +50,30 @@ def min_microbatches(schedule: str, p: int, max_bubble: float, v: int = 1, *, fo
     1F1B/GPipe: (p−1)/(m+p−1) ≤ x  ⇔  m ≥ (p−1)(1−x)/x (p = 8, x = 0.10 → 63). Interleaved needs m to be a
     multiple of p.
     """
+    from shardlab.limits import MAX_MICROBATCHES
+
     if not 0 < max_bubble < 1:
         raise ShardlabError(f"--max-bubble must be a share between 0 and 1 (e.g. 0.10), got {max_bubble}")
     if p == 1:
         return 1
     idle1, work1 = bubble_time_closed_form(schedule, p, 1, v, forward_s, backward_s, weight_grad_s)
     # idle / (m·work1 + idle) ≤ x  ⇔  m ≥ idle (1 − x) / (x · work1)
-    m = max(1, math.ceil(idle1 * (1 - max_bubble) / (max_bubble * work1) - 1e-9))
+    need = idle1 * (1 - max_bubble) / (max_bubble * work1)
+    if not need <= MAX_MICROBATCHES:
+        raise ShardlabError(f"--max-bubble {max_bubble:g} needs about {need:.3g} micro-batches (closed form), over the "
+                            f"limit of {MAX_MICROBATCHES:,}; allow a larger bubble")
+    m = max(1, math.ceil(need - 1e-9))
     step = p if schedule == "interleaved" else 1
     floor = p if schedule == "interleaved" else 1
     m = max(floor, -(-m // step) * step)
     frac = lambda k: bubble_fraction_closed_form(schedule, p, k, v, forward_s, backward_s, weight_grad_s)  # noqa: E731
-    while frac(m) > max_bubble + 1e-12:
+    for _ in range(64):                    # the closed form is within a step or two; float rounding aside
+        if frac(m) <= max_bubble + 1e-12:
+            break
         m += step
-    while m - step >= floor and frac(m - step) <= max_bubble + 1e-12:
+    for _ in range(64):
+        if not (m - step >= floor and frac(m - step) <= max_bubble + 1e-12):
+            break
         m -= step
     check_inputs(schedule, p, m, v)
     return m

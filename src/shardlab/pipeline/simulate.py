@@ -80,6 +80,27 @@ def check_inputs(schedule: str, stages: int, microbatches: int, vpp: int) -> Non
         raise ShardlabError(f"--vpp applies to the interleaved schedule only (got --schedule {schedule} --vpp {vpp})")
 
 
+def passes(schedule: str, stages: int, microbatches: int, vpp: int) -> int:
+    """Passes in one step: every rank runs F and B (and W for zb-h1) for each micro-batch and chunk."""
+    return stages * microbatches * vpp * (3 if schedule == "zb-h1" else 2)
+
+
+def check_size(schedule: str, stages: int, microbatches: int, vpp: int, forward_s: float = 1.0,
+               backward_s: float = 2.0, weight_grad_s: float | None = None) -> None:
+    """Refuse a step too large to simulate quickly (``limits.MAX_PIPELINE_PASSES``), giving its closed form."""
+    from shardlab.limits import MAX_PIPELINE_PASSES
+
+    n = passes(schedule, stages, microbatches, vpp)
+    if n <= MAX_PIPELINE_PASSES:
+        return
+    from shardlab.pipeline.closed_form import closed_form_text
+
+    cf = closed_form_text(schedule, stages, microbatches, vpp, forward_s, backward_s, weight_grad_s)
+    raise ShardlabError(f"p = {stages}, m = {microbatches}{f', v = {vpp}' if vpp > 1 else ''}: {n:,} passes to simulate, "
+                        f"over the limit of {MAX_PIPELINE_PASSES:,} (about half a second); the closed form gives "
+                        f"bubble {cf}; simulate fewer stages or micro-batches")
+
+
 def _slowdowns(stage_slowdown, p: int) -> list[float]:
     if stage_slowdown is None:
         return [1.0] * p
@@ -125,6 +146,7 @@ def simulate(schedule: str, stages: int, microbatches: int, vpp: int = 1, forwar
     stage_slowdown: {stage: factor} or one factor per stage (a straggler runs every pass factor× slower).
     """
     check_inputs(schedule, stages, microbatches, vpp)
+    check_size(schedule, stages, microbatches, vpp, forward_s, backward_s, weight_grad_s)
     if p2p_s < 0:
         raise ShardlabError(f"the p2p time must be zero or more, got {p2p_s}")
     p, m, v = stages, microbatches, vpp

@@ -73,7 +73,9 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     worlds = [cluster.num_gpus]
     if objective == "cost":  # the cheapest way to train with up to N GPUs: whole nodes, or divisors of one node
         gpn = cluster.gpus_per_node
-        worlds = [w for w in range(1, cluster.num_gpus + 1) if cluster.num_gpus % w == 0 and (w % gpn == 0 or gpn % w == 0)]
+        from shardlab.layout import divisors
+
+        worlds = [w for w in divisors(cluster.num_gpus) if w % gpn == 0 or gpn % w == 0]
     cand_parts, score_parts, rejected, total = [], [], Counter(), 0
     for w in worlds:
         c, rej, n = enumerate_space(spec, w, cluster.gpus_per_node, wl.seq_len, wl.global_batch, fixed)

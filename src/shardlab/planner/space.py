@@ -33,7 +33,9 @@ REJECT_REASONS = (
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    from shardlab.layout import divisors
+
+    return divisors(n)
 
 
 def pipeline_options(pp: int) -> list[tuple[int, int]]:

@@ -22,12 +22,12 @@ def _plt():
 
 def check_picture_path(path: str) -> Path:
     """The path to save to; a ShardlabError when the suffix is not .png or .svg or the folder is missing."""
+    from shardlab.safeio import check_output_path
+
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
         raise ShardlabError(f"cannot save a picture as '{path}': use a .png or .svg file name")
-    if not p.parent.exists():
-        raise ShardlabError(f"folder {p.parent} does not exist; create it or save elsewhere")
-    return p
+    return check_output_path(p, "--plot")
 
 
 def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = "",

@@ -84,11 +84,17 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     """Run ``module`` on ``nproc`` ranks with torchrun; never hangs longer than ``timeout_s``.
 
     ``env`` entries are added to the environment (OMP_NUM_THREADS defaults to 1 for every rank: ranks share
-    the cores). The process group of torchrun and its ranks is killed on timeout.
+    the cores). No process of the job outlives it: on timeout, Ctrl-C (SIGINT), SIGTERM or SIGHUP the
+    whole job is stopped (torchrun, every rank, anything they started) before this returns or raises; if
+    this process dies, even by SIGKILL, the kernel signals torchrun (PR_SET_PDEATHSIG) and a watchdog
+    process stops every rank (``shardlab.proctree``). A temporary ``run_dir`` is removed when the
+    process exits (set SHARDLAB_KEEP_RUN_DIR=1 to keep it).
     """
+    from shardlab import proctree
+
     if nproc < 1:
         raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
-    rd = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="shardlab-run-"))
+    rd = Path(run_dir) if run_dir else _temp_run_dir()
     rd.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
@@ -98,38 +104,87 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     full_env.setdefault("SHARDLAB_PG_TIMEOUT_S", f"{max(5.0, min(DEFAULT_PG_TIMEOUT_S, 0.5 * timeout_s)):g}")
     full_env.setdefault("TORCHELASTIC_ERROR_FILE", str(rd / "torchelastic_error.json"))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    warn_oversubscribed(nproc, args, full_env)
     cmd = torchrun_command(module, nproc, args, torchrun_args)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            start_new_session=True)
     timed_out = False
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        out, err = proc.communicate()
+    with proctree.signals_raise(), proctree.subreaper():
+        before = proctree.children_of(os.getpid())
+        watchdog = proctree.Watchdog(exclude=before, grace_s=STOP_GRACE_S)
+        tree = proctree.ProcessTree(exclude=before | ({watchdog.pid} if watchdog.pid else set()))
+        t0 = time.monotonic()
+        proc = None
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                                    start_new_session=True, preexec_fn=proctree.die_with_parent(signal.SIGTERM))
+            tree.track(proc.pid)
+            watchdog.track(proc.pid)
+            try:
+                out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop_job(proc, tree)
+                out, err = proc.communicate()
+        finally:
+            with proctree.shielded():
+                if proc is not None:
+                    if proc.poll() is None:             # interrupted (Ctrl-C, SIGTERM): stop the whole job
+                        _stop_job(proc, tree)
+                    tree.stop(0.0, groups=[proc.pid], skip_reap=[proc.pid])   # ranks torchrun left behind
+                watchdog.close()
     res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM torchrun's process group (it forwards to ranks), then SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+STOP_GRACE_S = 5.0
+"""Seconds torchrun gets after SIGTERM to stop its ranks before everything left is SIGKILLed."""
+_TEMP_DIRS: list[Path] = []
+
+
+def _temp_run_dir() -> Path:
+    """A new per-run folder, removed at exit unless SHARDLAB_KEEP_RUN_DIR is set."""
+    import atexit
+    import shutil
+
+    d = Path(tempfile.mkdtemp(prefix="shardlab-run-"))
+    if not os.environ.get("SHARDLAB_KEEP_RUN_DIR"):
+        if not _TEMP_DIRS:
+            atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _TEMP_DIRS])
+        _TEMP_DIRS.append(d)
+    return d
+
+
+def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> bool:
+    """On CPU, more ranks than cores time-slice: say that timings will be meaningless (stderr). Returns
+    whether it warned."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if nproc <= cores:
+        return False
+    device = env.get("SHARDLAB_DEVICE") or (args[args.index("--device") + 1] if "--device" in args[:-1] else None)
+    if device is None:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            # ranks may outlive torchrun for a moment; make sure the whole group is gone
-            os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "cpu"
+    if device != "cpu":
+        return False
+    sys.stderr.write(f"warning: {nproc} ranks on {cores} CPU core(s): the ranks take turns on the cores, so step "
+                     f"times and bandwidths will be meaningless (correctness checks still hold); use --nproc {cores} "
+                     f"or fewer for timings\n")
+    return True
+
+
+def _stop_job(proc: subprocess.Popen, tree, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM torchrun (it forwards to its ranks) and every process of the job; SIGKILL what is left
+    after ``grace_s``. Ranks run in sessions of their own, so they are found by ``tree``, not by group."""
+    tree.stop(grace_s, groups=[proc.pid], skip_reap=[proc.pid])
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def read_rank_files(run_dir: Path, kind: str) -> list[dict]:

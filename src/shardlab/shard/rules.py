@@ -98,8 +98,10 @@ def constraints(spec: ModelSpec, tp: int) -> list[Constraint]:
 
 def valid_tp(spec: ModelSpec, limit: int | None = None) -> list[int]:
     """Every T from 1 to the head count (or ``limit``) that satisfies the hard constraints."""
+    from shardlab.layout import divisors
+
     top = limit or spec.num_heads
-    return [t for t in range(1, top + 1) if all(c.ok for c in constraints(spec, t) if c.hard)]
+    return [t for t in divisors(spec.num_heads) if t <= top and all(c.ok for c in constraints(spec, t) if c.hard)]
 
 
 def representative_layers(spec: ModelSpec) -> list[int]:

@@ -134,11 +134,8 @@ class ModelSpec:
         return replace(self, **changes)
 
     def validate(self) -> ModelSpec:
-        """Check dimensions; raise ShardlabError naming the bad field."""
-        for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "max_seq_len"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ShardlabError(f"model '{self.name}': {f} must be a positive integer, got {v!r}")
+        """Check every field's type and range; raise ShardlabError naming the bad field."""
+        _check_fields(self, f"model '{self.name}'")
         if self.mla is None and not self.head_dim and self.hidden_size % self.num_heads:
             raise ShardlabError(
                 f"model '{self.name}': hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; set head_dim")
@@ -158,6 +155,41 @@ class ModelSpec:
             if not (0 <= m.first_dense_layers < self.num_layers):
                 raise ShardlabError(f"model '{self.name}': moe first_dense_layers must be below num_layers")
         return self
+
+
+def _check_fields(spec: ModelSpec, what: str) -> None:
+    """Types and ranges of every field (whole numbers in range, booleans, text), MoE and MLA included."""
+    from shardlab.limits import MAX_LAYERS, MAX_MODEL_DIM, MAX_PARAMS, MAX_SEQ_LEN
+    from shardlab.numbers import check_number
+
+    def whole(obj, f: str, minimum_zero: bool = False, top: float = MAX_MODEL_DIM) -> None:
+        check_number(getattr(obj, f), f"{what}: {f}", integer=True, allow_min=minimum_zero, maximum=top)
+
+    for f in ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
+        whole(spec, f)
+    whole(spec, "num_layers", top=MAX_LAYERS)
+    whole(spec, "max_seq_len", top=MAX_SEQ_LEN)
+    whole(spec, "head_dim", minimum_zero=True)
+    whole(spec, "sliding_window", minimum_zero=True, top=MAX_SEQ_LEN)
+    whole(spec, "params_reference", minimum_zero=True, top=MAX_PARAMS)
+    for f in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "embedding_norm", "parallel_residual"):
+        if not isinstance(getattr(spec, f), bool):
+            raise ShardlabError(f"{what}: {f} must be true or false, got {getattr(spec, f)!r}")
+    for f in ("name", "family", "source", "mlp", "norm", "position"):
+        if not isinstance(getattr(spec, f), str):
+            raise ShardlabError(f"{what}: {f} must be text, got {type(getattr(spec, f)).__name__}")
+    if spec.moe is not None:
+        for f in ("num_experts", "top_k", "expert_ffn_hidden_size"):
+            whole(spec.moe, f)
+        whole(spec.moe, "num_shared_experts", minimum_zero=True)
+        whole(spec.moe, "first_dense_layers", minimum_zero=True, top=MAX_LAYERS)
+        if not isinstance(spec.moe.router_bias, bool):
+            raise ShardlabError(f"{what}: moe router_bias must be true or false, got {spec.moe.router_bias!r}")
+    if spec.mla is not None:
+        for f in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            whole(spec.mla, f)
+        for f in ("q_lora_rank", "qk_rope_head_dim"):
+            whole(spec.mla, f, minimum_zero=True)
 
 
 # Keys accepted in a catalog or YAML model entry, mapped to the dataclass (strict checking).

@@ -1,0 +1,98 @@
+"""Every bound on input size in one place, each with the reason it is where it is.
+
+shardlab refuses input past these bounds (one line, exit code 2) instead of computing for minutes, filling
+memory or printing an overflowed number. Each bound sits far above any real job (the reason says how far)
+and low enough that the work it allows finishes in well under a second; benchmarks/fuzz_cli.py measures
+the slowest calls.
+"""
+
+from __future__ import annotations
+
+# ---- counts --------------------------------------------------------------------------------------
+MAX_GPUS = 2**20
+"""1,048,576 GPUs: about five times the largest cluster announced so far (xAI's Colossus, 200k GPUs in
+2025). Bounds --gpus, --nodes × GPUs per node, world sizes and every parallel degree; divisor listing and
+the planner's search stay fast below it."""
+
+MAX_GPUS_PER_NODE = 1024
+"""GPUs in one scale-up domain: NVIDIA's GB200 NVL72 rack is 72, the NVLink Switch System tops out at 576."""
+
+MAX_RANKS_PER_NODE = 1024
+"""Processes a launcher starts on one machine (``run --nproc``, ``bench --nproc``): one per GPU or core;
+1,024 covers the largest CPU servers and keeps one machine from being flooded with processes by a typo."""
+
+MAX_SEQ_LEN = 2**24
+"""16,777,216 tokens per sequence: longer than the longest published context window (10M, Llama 4 Scout)."""
+
+MAX_BATCH = 2**24
+"""Sequences per step or per micro-batch: 16.8M, thousands of times the 2,048-16,384 of frontier runs."""
+
+MAX_MICROBATCHES = 2**20
+"""Micro-batches per step: a million, far past the 4p-8p a pipeline needs (bubble (p−1)/(m+p−1) < 0.1% there)."""
+
+MAX_TOKENS = 1e16
+"""Training tokens: 10 quadrillion, about 600 times Llama 3's 15.6T."""
+
+MAX_PARAMS = 1e15
+"""Parameters: a quadrillion, about 500 times the largest published models (~2T)."""
+
+MAX_BYTES = 2**60
+"""Message and memory sizes: 1 EiB; stays exact in float arithmetic and far above any collective or GPU."""
+
+MAX_MODEL_DIM = 2**24
+"""Any one model dimension (width, heads, vocabulary, layers, experts): 16.8M, far past real models
+(hidden sizes to ~2^15, vocabularies to ~2^18, layers to ~10^2-10^3)."""
+
+MAX_LAYERS = 10_000
+"""Transformer blocks: about 80 times the deepest published model (Llama 3.1 405B: 126); per-layer tables stay small."""
+
+MAX_INT = 2**53
+"""Any other whole number: the largest integer a float64 holds exactly (counts meet float arithmetic)."""
+
+# ---- money and time ------------------------------------------------------------------------------
+MAX_HOURS = 100_000.0
+"""Hours of one run or set-up: 11.4 years; training runs take days to months."""
+
+MAX_USD = 1e12
+"""Dollars in one budget or ceiling: a trillion, above any compute budget ever announced."""
+
+MAX_PRICE_USD_PER_GPU_HOUR = 10_000.0
+"""USD per GPU-hour: cloud GPUs rent for $0.2-$15/h; a thousand times more is a typo."""
+
+MAX_SECONDS = 1e9
+"""Any duration in seconds (pipeline pass times, timeouts, grace periods): 31 years."""
+
+MAX_TIMEOUT_S = 7 * 86400.0
+"""Launcher timeouts and benchmark times: a week; shardlab's own runs take seconds to minutes."""
+
+MAX_FLOAT = 1e15
+"""Any other positive number (factors, rates): finite and far from float overflow when multiplied."""
+
+# ---- pipeline simulation -------------------------------------------------------------------------
+MAX_PIPELINE_PASSES = 400_000
+"""Passes (forward, backward, weight-gradient) in one simulated step: the event simulation costs about 1 µs
+per pass on one core (plus numpy arrays of 10 numbers per pass), so 400k passes take about half a second
+and 30 MB. Larger steps are refused with their closed-form bubble (``pipeline.closed_form``) in the message."""
+
+MAX_PIPELINE_STAGES = 4096
+"""Pipeline ranks p: real pipelines use 2-128 stages (one per few layers)."""
+
+# ---- files ---------------------------------------------------------------------------------------
+MAX_FILE_BYTES = 2**20
+"""Config, catalog, profile and benchmark files: 1 MiB. A Hugging Face config.json is a few KB, the whole
+built-in catalog 60 KB; a larger file is the wrong file (a checkpoint, a log)."""
+
+MAX_NESTING = 64
+"""Nesting depth of a YAML/JSON document: real configs nest 2-4 levels; parsers recurse per level (30,000
+levels crashed the YAML parser), so deeper input is refused before parsing."""
+
+MAX_NAME_BYTES = 255
+"""Bytes in one path component (Linux NAME_MAX)."""
+
+MAX_PATH_BYTES = 4096
+"""Bytes in a whole path (Linux PATH_MAX)."""
+
+# ---- budgets -------------------------------------------------------------------------------------
+MAX_BUDGET_DEPTH = 8
+"""Levels of nested budgets (a lab inside a course inside a department...): a reservation checks every
+ancestor in one transaction."""

@@ -1,0 +1,258 @@
+"""Reading and writing the user's files safely: every file argument goes through here.
+
+Input files (model YAML/config.json, --catalog, --profile, --overheads, benchmark JSON) are opened without
+blocking and checked on the open descriptor before a byte is read: a FIFO, a device (/dev/zero,
+/dev/urandom), a directory or a socket is refused, and so is a file over ``limits.MAX_FILE_BYTES``. The
+text must be UTF-8. YAML/JSON documents are refused before parsing when they nest deeper than
+``limits.MAX_NESTING`` (deep nesting crashed the C parser), and parsed without aliases (``&a``/``*a``:
+they can build self-referencing or exponentially large documents). Output files (--mermaid, --markdown,
+--plot, --out) must be regular files or not exist yet, in an existing folder. Names longer than the
+filesystem allows and names with NUL bytes are refused up front. Every problem is a one-line
+ShardlabError naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import os
+import stat
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+from shardlab.limits import MAX_FILE_BYTES, MAX_NAME_BYTES, MAX_NESTING, MAX_PATH_BYTES
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is ('a directory', 'a FIFO', ...), None for a regular file."""
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def check_name(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a Path, refusing NUL bytes, empty names and names too long for the filesystem."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    if not text.strip():
+        raise ShardlabError(f"{what}: the file name is empty; give a path")
+    if "\x00" in text:
+        raise ShardlabError(f"{what} {shown!r}: a file name cannot contain a NUL byte")
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_PATH_BYTES:
+        raise ShardlabError(f"{what} {shown}: the path is {len(raw):,} bytes, longer than the filesystem allows "
+                            f"({MAX_PATH_BYTES:,}); use a shorter path")
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise ShardlabError(f"{what} {shown}: a name in the path is {longest} bytes, longer than the filesystem "
+                            f"allows ({MAX_NAME_BYTES}); use a shorter name")
+    return Path(text)
+
+
+def _os_error(what: str, path: Path, e: OSError, fix: str = "check the path") -> ShardlabError:
+    why = e.strerror or str(e)
+    if e.errno == errno.ENOENT:
+        return ShardlabError(f"{what} {path} does not exist; {fix}")
+    if e.errno == errno.ENAMETOOLONG:
+        return ShardlabError(f"{what} {path}: the name is too long for the filesystem; use a shorter path")
+    return ShardlabError(f"cannot read {what} {path}: {why}; {fix}")
+
+
+def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; anything else is a one-line ShardlabError."""
+    p = check_name(path, what)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _os_error(what, p, e) from None
+    try:
+        st = os.fstat(fd)
+        kind = _kind(st.st_mode)
+        if kind:
+            raise ShardlabError(f"{what} {p} is {kind}, not a file; give a regular file")
+        if st.st_size > max_bytes:
+            raise ShardlabError(f"{what} {p} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for such "
+                                f"files; is it the right file?")
+        chunks, total = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as e:
+                raise _os_error(what, p, e) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:       # the file grew after fstat
+                raise ShardlabError(f"{what} {p} is over the {max_bytes:,}-byte limit for such files; is it the right file?")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file (a byte-order mark is dropped); see ``read_bytes``."""
+    data = read_bytes(path, what, max_bytes)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ShardlabError(f"{what} {path} is not UTF-8 text (byte {e.start:,}, line {line}: {data[e.start:e.start + 1]!r}); "
+                            f"save it as UTF-8") from None
+
+
+_SPECIAL = re.compile(r"[\"'\\#\[\]{}&*]")
+
+
+def scan_yaml(text: str) -> tuple[int, int | None]:
+    """(an upper bound on how deep a YAML/JSON document nests, the line of its first anchor or alias or None),
+    found without parsing it.
+
+    Counts, per line, the block indentation levels open (a stack of indentation columns), the compact
+    nested sequences on the line ('- - x') and the flow brackets open ('[', '{', outside quoted strings).
+    Real configs stay under 10; anything deep enough to hurt a recursive parser is far above the limit.
+    """
+    indents: list[int] = []
+    flow, worst, quote, alias = 0, 0, None, None
+    for number, line in enumerate(text.split("\n"), 1):
+        if quote is None:
+            body = line.lstrip(" \t")
+            if not body or body.startswith("#"):
+                continue
+            col = len(line) - len(body)
+            while indents and indents[-1] > col:
+                indents.pop()
+            if not indents or indents[-1] < col:
+                indents.append(col)
+            compact = 0
+            while body[:2] in ("- ", "? ", ": ") or body == "-":
+                compact += 1
+                body = body[2:].lstrip(" ")
+        else:
+            body, compact = line, 0
+        peak, skip = flow, -1
+        for m in _SPECIAL.finditer(body):
+            i, ch = m.start(), m.group()
+            if i <= skip:
+                continue
+            prev = body[i - 1] if i else " "
+            if quote is not None:
+                if ch == "\\" and quote == '"':
+                    skip = i + 1
+                elif ch == quote:
+                    if quote == "'" and body[i + 1:i + 2] == "'":
+                        skip = i + 1
+                    else:
+                        quote = None
+            elif ch in "\"'" and prev in " \t[{,":
+                quote = ch
+            elif ch == "#" and prev in " \t":
+                break
+            elif ch in "&*":
+                if alias is None and prev in " \t[{," and body[i + 1:i + 2] not in ("", " ", "\t", "\r"):
+                    alias = number
+            elif ch in "[{":
+                flow += 1
+                peak = max(peak, flow)
+            elif ch in "]}":
+                flow = max(0, flow - 1)
+        worst = max(worst, len(indents) + compact + peak)
+    return worst, alias
+
+
+def parse_yaml(text: str, where: str) -> object:
+    """Parse YAML (or JSON) text from ``where`` with the nesting and alias rules above."""
+    import yaml
+
+    depth, alias = scan_yaml(text)
+    if depth > MAX_NESTING:
+        raise ShardlabError(f"{where} nests about {depth} levels deep, over the limit of {MAX_NESTING} (config files "
+                            f"nest a few levels); is it the right file?")
+    if alias is not None:
+        raise ShardlabError(f"{where} line {alias}: YAML anchors and aliases (&name, *name) are not accepted in "
+                            f"shardlab files; write the values out")
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ShardlabError(f"{where} is not valid YAML/JSON{at}: {getattr(e, 'problem', None) or e}; fix the file") from None
+    except RecursionError:
+        raise ShardlabError(f"{where} nests too deeply to read (limit {MAX_NESTING} levels); is it the right file?") from None
+
+
+def load_yaml(path: str | os.PathLike, what: str = "file") -> object:
+    """Read and parse a user's YAML/JSON file (``read_text`` + ``parse_yaml``)."""
+    return parse_yaml(read_text(path, what), str(path))
+
+
+def load_json(path: str | os.PathLike, what: str = "file") -> object:
+    """Read and parse a JSON file with the same checks (NaN and Infinity literals are refused)."""
+    import json
+
+    text = read_text(path, what)
+    depth, _ = scan_yaml(text)
+    if depth > MAX_NESTING:
+        raise ShardlabError(f"{what} {path} nests about {depth} levels deep, over the limit of {MAX_NESTING}; "
+                            f"is it the right file?")
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not a number JSON allows")
+    try:
+        return json.loads(text, parse_constant=constant)
+    except (ValueError, RecursionError) as e:
+        raise ShardlabError(f"{what} {path} is not JSON ({str(e)[:100]}); fix or regenerate it") from None
+
+
+def check_output_path(path: str | os.PathLike, what: str) -> Path:
+    """A path that can be written: a regular file or a new name, in an existing folder."""
+    p = check_name(path, what)
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        pst = os.stat(parent)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise ShardlabError(f"{what} {p}: folder {parent} does not exist; create it or write elsewhere") from None
+        raise _os_error(what, p, e) from None
+    if not stat.S_ISDIR(pst.st_mode):
+        raise ShardlabError(f"{what} {p}: {parent} is not a folder; write elsewhere")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise _os_error(what, p, e) from None
+    kind = _kind(st.st_mode)
+    if kind:
+        raise ShardlabError(f"{what} {p} is {kind}; give a regular file name to write")
+    return p
+
+
+def write_text(path: str | os.PathLike, text: str, what: str = "output file") -> Path:
+    """Write ``text`` (UTF-8) to a regular file, refusing FIFOs, devices and directories (never blocks)."""
+    p = check_output_path(path, what)
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as e:
+        raise ShardlabError(f"cannot write {what} {p}: {e.strerror or e}; choose another path") from None
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind:
+            raise ShardlabError(f"{what} {p} is {kind}; give a regular file name to write")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except OSError as e:
+        raise ShardlabError(f"cannot write {what} {p}: {e.strerror or e}; choose another path") from None
+    finally:
+        os.close(fd)
+    return p
