@@ -127,13 +127,14 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
     """Start, supervise and clean up the command; record the end. Returns (run row, guard exit code)."""
     with proctree.subreaper():
         before = proctree.children_of(os.getpid())
-        watchdog = proctree.Watchdog(exclude=before, grace_s=min(req.grace_s, 10.0))
-        state.tree = proctree.ProcessTree(exclude=before | ({watchdog.pid} if watchdog.pid else set()))
+        state.tree = proctree.ProcessTree(exclude=before)
+        watchdog = proctree.Watchdog(state.tree.marker, exclude=before, grace_s=min(req.grace_s, 10.0))
+        state.tree.exclude |= {watchdog.pid} if watchdog.pid else set()
         try:
             t0 = time.monotonic()
             try:
                 argv = " ".join(command) if req.shell else command
-                state.child = subprocess.Popen(argv, shell=req.shell, stdout=stdout, process_group=0,
+                state.child = subprocess.Popen(argv, shell=req.shell, stdout=stdout, process_group=0, env=state.tree.env(),
                                                preexec_fn=proctree.die_with_parent(signal.SIGKILL))
             except OSError as e:
                 code = 127 if isinstance(e, FileNotFoundError) else 126

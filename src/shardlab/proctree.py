@@ -4,7 +4,9 @@ that no process outlives its job (Linux; elsewhere only the process group is sig
 - ``ProcessTree`` finds the descendants of a root process by scanning ``/proc`` (the parent pid of every
   process) and remembers each one with its start time, so a process that left its process group
   (``setsid``) or was orphaned (its parent exited) is still known and can be stopped; pids reused by
-  unrelated processes are told apart by their start time.
+  unrelated processes are told apart by their start time. The job's environment carries a marker
+  (``SHARDLAB_JOB_<token>=1``, inherited by every process it starts), and a final sweep stops any process
+  that carries it, even one that was orphaned to init between two scans.
 - ``subreaper`` makes the root a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): orphaned
   descendants (double-forked daemons) are re-parented to the root instead of to init, so the scan sees them.
 - ``die_with_parent`` is a ``preexec_fn`` asking the kernel to signal the child when its parent dies
@@ -119,12 +121,32 @@ def children_of(pid: int) -> set[int]:
 class ProcessTree:
     """The processes below ``root`` (default: this process), remembered once seen."""
 
-    def __init__(self, root: int | None = None, exclude: Iterable[int] = ()):
+    def __init__(self, root: int | None = None, exclude: Iterable[int] = (), marker: str | None = None):
         self.root = os.getpid() if root is None else root
         self.exclude = set(exclude) | {self.root}
         """Pids whose subtrees are not ours (children the root had before, the watchdog)."""
         self.known: dict[int, str] = {}
         """pid -> start ticks of every descendant seen so far."""
+        self.marker = marker or f"SHARDLAB_JOB_{os.getpid()}_{time.monotonic_ns()}"
+        """Environment variable name set for the job (``env()``), looked for by ``sweep``."""
+
+    def env(self, base: dict | None = None) -> dict:
+        """The environment to start the job with: ``base`` (default: this process's) plus the marker."""
+        return {**(os.environ if base is None else base), self.marker: "1"}
+
+    def sweep(self) -> None:
+        """Add every process whose environment carries the marker (escapees orphaned between scans)."""
+        needle = f"\0{self.marker}=".encode()
+        for pid, (state, _, start) in process_table().items():
+            if pid in self.known or pid in self.exclude or state in "ZX":
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = b"\0" + f.read()
+            except OSError:
+                continue
+            if needle in env:
+                self.known[pid] = start
 
     def scan(self) -> set[int]:
         """Record the current descendants of the root and of every process already known; return the live ones."""
@@ -177,7 +199,9 @@ class ProcessTree:
         many were running. Zombies re-parented to this process are reaped, except ``skip_reap`` (a Popen
         reaps its own child)."""
         groups = list(groups)
-        running = self.signal(signal.SIGTERM, groups)
+        self.sweep()
+        running = len(self.scan())
+        self.signal(signal.SIGTERM, groups)
         deadline = time.monotonic() + grace_s
         while self.scan() and time.monotonic() < deadline:
             self._reap(skip_reap)
@@ -220,14 +244,14 @@ class Watchdog:
     Ctrl-C or a closed terminal that stops the root does not stop the helper first.
     """
 
-    def __init__(self, exclude: Iterable[int] = (), grace_s: float = 5.0):
+    def __init__(self, marker: str, exclude: Iterable[int] = (), grace_s: float = 5.0):
         self.proc: subprocess.Popen | None = None
         if not LINUX:
             return
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        args = [sys.executable, "-m", "shardlab.proctree", str(os.getpid()), f"{grace_s:g}", *map(str, exclude)]
+        args = [sys.executable, "-m", "shardlab.proctree", str(os.getpid()), f"{grace_s:g}", marker, *map(str, exclude)]
         try:
             self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True, env=env)
@@ -309,13 +333,13 @@ def shielded(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             signal.signal(s, h)
 
 
-def _watch(root: int, grace_s: float, exclude: set[int]) -> int:
+def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:
     """The helper's loop: track the root's descendants until told 'done' or until the root's pipe closes."""
     import select
 
     for s in (signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
-    tree = ProcessTree(root, exclude | {os.getpid()})
+    tree = ProcessTree(root, exclude | {os.getpid()}, marker=marker)
     fd, pending = sys.stdin.fileno(), b""
     while True:
         tree.scan()
@@ -338,5 +362,5 @@ def _watch(root: int, grace_s: float, exclude: set[int]) -> int:
 
 
 if __name__ == "__main__":
-    _root, _grace, *_exclude = sys.argv[1:]
-    raise SystemExit(_watch(int(_root), float(_grace), {int(x) for x in _exclude}))
+    _root, _grace, _marker, *_exclude = sys.argv[1:]
+    raise SystemExit(_watch(int(_root), float(_grace), _marker, {int(x) for x in _exclude}))

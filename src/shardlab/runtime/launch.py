@@ -109,12 +109,13 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     timed_out = False
     with proctree.signals_raise(), proctree.subreaper():
         before = proctree.children_of(os.getpid())
-        watchdog = proctree.Watchdog(exclude=before, grace_s=STOP_GRACE_S)
-        tree = proctree.ProcessTree(exclude=before | ({watchdog.pid} if watchdog.pid else set()))
+        tree = proctree.ProcessTree(exclude=before)
+        watchdog = proctree.Watchdog(tree.marker, exclude=before, grace_s=STOP_GRACE_S)
+        tree.exclude |= {watchdog.pid} if watchdog.pid else set()
         t0 = time.monotonic()
         proc = None
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tree.env(full_env),
                                     start_new_session=True, preexec_fn=proctree.die_with_parent(signal.SIGTERM))
             tree.track(proc.pid)
             watchdog.track(proc.pid)

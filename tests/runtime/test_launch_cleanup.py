@@ -1,0 +1,121 @@
+"""No rank outlives `shardlab run`: real torchrun jobs whose driver gets Ctrl-C (SIGINT to its process
+group), SIGTERM, or SIGKILL. The ranks run in sessions of their own (torchrun starts them so), which is
+why signalling torchrun's group alone left them running.
+
+The ranks of the first two cases are a sleep loop (the point is process handling, not torch); the last
+case is a real `shardlab run train`. Every process below the driver is recorded while it runs, and each
+must be gone shortly after the driver is."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")]
+
+SLEEPER = "import os, time\nopen(os.environ['SHARDLAB_RUN_DIR'] + f\"/up{os.environ['RANK']}\", 'w')\n" \
+          "while True: time.sleep(0.05)\n"
+DRIVER = ("import sys\nfrom shardlab.runtime.launch import launch\ntry:\n"
+          "    launch('sleeper', 2, [], timeout_s=120, run_dir=sys.argv[1])\n"
+          "except KeyboardInterrupt as e:\n    raise SystemExit(128 + getattr(e, 'signum', 2))\n")
+
+
+def _descendants(pid: int) -> set[int]:
+    from shardlab.proctree import ProcessTree
+
+    return ProcessTree(root=pid).scan()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _wait(pred, timeout_s, what):
+    t = time.monotonic()
+    while time.monotonic() - t < timeout_s:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start(cmd, env, ready):
+    """Start ``cmd`` in a session of its own; return (driver, every process below it once ``ready()``)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    seen: set[int] = set()
+
+    def up():
+        seen.update(_descendants(p.pid))
+        return ready() and p.poll() is None
+    _wait(up, 120, "the job to start")
+    seen.update(_descendants(p.pid))
+    return p, seen
+
+
+def _interrupt(p, how):
+    if how == "ctrl-c":
+        os.killpg(p.pid, signal.SIGINT)
+    elif how == "sigterm":
+        p.send_signal(signal.SIGTERM)
+    else:
+        p.kill()
+    return p.wait(timeout=60)
+
+
+@pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])
+def test_driver_signals_stop_every_rank(tmp_path, how, code):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    driver = [sys.executable, "-c", DRIVER, str(run_dir)]
+    p, seen = _start(driver, env, lambda: (run_dir / "up0").exists() and (run_dir / "up1").exists())
+    assert len(seen) >= 3                          # torchrun and two ranks
+    assert _interrupt(p, how) == code
+    _wait(lambda: not any(_alive(q) for q in seen), 20, f"torchrun and the ranks to stop after {how}")
+
+
+def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "100000",
+           "--timeout", "600"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    seen: set[int] = set()
+
+    def training():
+        seen.update(_descendants(p.pid))
+        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and b"distributed.run" not in _cmdline(q)]
+        return len(ranks) >= 2 and all(b"step" in _heartbeat(q) for q in ranks)
+    try:
+        _wait(training, 180, "both ranks to train")
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    _wait(lambda: not any(_alive(q) for q in seen), 20, "torchrun and the ranks to stop after SIGKILL of the driver")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _heartbeat(pid: int) -> bytes:
+    """The rank's last heartbeat phase, read through its SHARDLAB_RUN_DIR."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        with open(env[b"SHARDLAB_RUN_DIR"] + b"/rank" + env[b"RANK"] + b".heartbeat.json", "rb") as f:
+            return f.read()
+    except (OSError, KeyError):
+        return b""
