@@ -74,8 +74,8 @@ MAX_PIPELINE_PASSES = 400_000
 per pass on one core (plus numpy arrays of 10 numbers per pass), so 400k passes take about half a second
 and 30 MB. Larger steps are refused with their closed-form bubble (``pipeline.closed_form``) in the message."""
 
-MAX_PIPELINE_STAGES = 4096
-"""Pipeline ranks p: real pipelines use 2-128 stages (one per few layers)."""
+MAX_PIPELINE_STAGES = 1024
+"""Pipeline ranks p: real pipelines use 2-128 stages (one per few layers); the timeline table has two lines a stage."""
 
 # ---- files ---------------------------------------------------------------------------------------
 MAX_FILE_BYTES = 2**20

@@ -33,9 +33,7 @@ def check_number(value, what: str, *, integer: bool = False, minimum: float = 0.
     if isinstance(value, float) and not math.isfinite(value):
         raise ShardlabError(f"{what} must be a finite number, got {value}")
     if integer and isinstance(value, float):
-        if not value.is_integer():
-            raise ShardlabError(f"{what} must be a whole number, got {value:g}")
-        value = int(value)
+        raise ShardlabError(f"{what} must be a whole number, got {value!r}")
     if value < minimum or (value == minimum and not allow_min):
         if minimum == 0:
             bound = "zero or more" if allow_min else ("a positive whole number" if integer else "a positive number")
@@ -79,6 +77,8 @@ def parse_number(text, what: str, *, integer: bool = False, minimum: float = 0.0
             if rounded == 0 and value > 0:
                 raise ShardlabError(f"{what} '{text}' rounds to zero; give a whole number of at least 1")
             value = rounded
+        elif value.is_integer():
+            value = int(value)                        # '1e3' → 1000
     return check_number(value, what, integer=integer, minimum=minimum, allow_min=allow_min, maximum=maximum,
                         reason=reason)
 

@@ -41,8 +41,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: 'error: ... (see shardlab CMD --help)', exit code 2."""
 
     def error(self, message: str):  # noqa: D401
-        sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"error: {one_line(message)} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
+
+
+def one_line(message: str) -> str:
+    """A message on one line: newlines (from the user's own text quoted back) shown as \\n."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         emit(args, doc, text)
         return 0
     except ShardlabError as e:
-        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.write(f"error: {one_line(str(e))}\n")
         return e.exit_code
     except BrokenPipeError:
         return 0

@@ -124,8 +124,7 @@ def register(sub) -> None:
 
 
 def _need_sub(parser) -> int:
-    parser.print_help()
-    return 2
+    raise ShardlabError(f"choose what to measure: collectives or matmul (see `{parser.prog} --help`)")
 
 
 def _device(args) -> str:

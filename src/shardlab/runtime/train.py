@@ -220,5 +220,5 @@ def render_train(doc: dict) -> str:
         out.append(f"parity with one process (step 0): loss {p['run_loss']:.6f} vs {p['reference_loss']:.6f} "
                    f"(|err| {p['loss_abs_err']:.1e}), gradients max |err| {p['grad_max_abs_err']:.1e} over "
                    f"{p['tensors_compared']} tensors (tolerance 1e-5 / 1e-6): {'OK' if p['ok'] else 'FAILED'}")
-    out.append(f"rank JSON: {doc['launch']['run_dir']}")
+    out.append(f"rank JSON: {doc['launch']['run_dir']} (removed when shardlab exits; SHARDLAB_KEEP_RUN_DIR=1 keeps it)")
     return "\n".join(out)

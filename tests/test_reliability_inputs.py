@@ -1,0 +1,219 @@
+"""Every reproducer of the reliability issue, kept as a regression test: hostile numbers, work bounded by
+input size, hostile files and config values. Each must give exit code 2 and one line naming the problem
+(never a traceback, a hang or a non-finite number)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import DATA, cli_main
+
+LINUX = sys.platform.startswith("linux")
+
+
+def one_line_error(args, *fragments):
+    code, out, err = cli_main(*args)
+    assert code == 2, (code, out[-500:], err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for f in fragments:
+        assert f in err, err
+    return err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["cost", "--gpus", "1e400", "--hours", "1", "--price", "1"], "--gpus"),
+    (["memory", "--params", "nan"], "--params must be a finite number"),
+    (["estimate", "llama-3.1-8b", "--gpus", "8", "--tokens", "inf"], "--tokens must be a finite number"),
+    (["comm", "all-reduce", "--size", "1e400", "--ranks", "8"], "--size"),
+    (["pipeline", "--forward-s", "inf"], "--forward-s: must be a finite number"),
+    (["plan", "--global-batch", "1e308"], "--global-batch"),
+    (["shard", "--seq-len", "1e308"], "--seq-len"),
+    (["cost", "--price", "inf", "--gpus", "1", "--hours", "1"], "--price: must be a finite number"),
+    (["guard", "--hours", "inf", "--ceiling", "inf", "--budget-name", "x", "--gpus", "1", "--price", "1", "--", "true"],
+     "--hours: must be a finite number"),
+    (["comm", "all-reduce", "--size", "1MB", "--ranks", "8", "--link", ","], "--link ','"),
+    (["run", "train", "--nnodes", "0"], "--nnodes"),
+    (["run", "train", "--nnodes", "x"], "--nnodes"),
+    (["run", "train", "--nnodes", "2:1"], "MIN 2 is above MAX 1"),
+    (["run", "train", "--node-rank", "3", "--nnodes", "2"], "--node-rank 3 is outside 0..1"),
+    (["run", "train", "--rdzv-endpoint", "host:99999"], "HOST:PORT"),
+    (["estimate", "llama-3.1-8b", "--gpus", "8", "--tokens", "0.4"], "rounds to zero"),
+    (["memory", "--params", "1e308"], "above the limit"),
+    (["cost", "--gpus", "1e308", "--hours", "1", "--price", "1"], "above the limit"),
+    (["memory", "llama-2-7b", "--tp", "1048576", "--pp", "1048576"], "above the limit"),
+    (["plan", "--gpus", "99999999999999999999"], "above the limit"),
+    (["plan", "--nodes", "1048576"], "above the limit"),
+    (["pipeline", "--stages", "2", "--microbatches", "100000000"], "above the limit"),
+    (["pipeline", "--max-bubble", "1e-30"], "micro-batches (closed form)"),
+    (["pipeline", "--stages", "1000"], "the closed form gives bubble"),
+    (["memory", "llama-2-7b", "--micro-batch", "0.5"], "whole number"),
+])
+def test_hostile_numbers_and_sizes(args, fragment):
+    one_line_error(args, fragment)
+
+
+def test_bounded_work_still_answers_where_it_can():
+    code, out, _ = cli_main("pipeline", "--stages", "1000", "--microbatches", "100", "--json")
+    assert code == 0 and json.loads(out)["stages"] == 1000
+    code, out, _ = cli_main("pipeline", "--schedule", "1f1b", "--stages", "8", "--max-bubble", "0.10", "--json")
+    assert code == 0 and json.loads(out)["microbatches"] == 63
+    code, out, _ = cli_main("plan", "--gpus", "1048576", "--top", "1", "--json")
+    assert code == 0 and json.loads(out)["plans"]
+
+
+def test_divisors_by_square_root():
+    from shardlab.layout import divisors
+
+    assert divisors(1) == [1] and divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(49) == [1, 7, 49]
+    assert divisors(4294967291) == [1, 4294967291]            # the largest 32-bit prime: 65,536 trial divisions
+
+
+def test_json_never_carries_non_finite_numbers(capsys):
+    from shardlab.cli import dumps
+
+    text = dumps({"a": float("inf"), "b": [1.0, float("nan")], "c": 2})
+    err = capsys.readouterr().err
+    assert json.loads(text) == {"a": None, "b": [1.0, None], "c": 2}
+    assert "NaN" not in text and "Infinity" not in text and "$.a" in err and "$.b[1]" in err
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("hostile")
+    fifo = tmp_path / "fifo.yaml"
+    if LINUX:
+        os.mkfifo(fifo)
+    files = {
+        "fifo": fifo, "dir": tmp_path / "dir.yaml", "big": tmp_path / "big.json",
+        "latin1": tmp_path / "latin1.yaml", "deep-flow": tmp_path / "deep.json", "deep-block": tmp_path / "deep.yaml",
+        "deep-seq": tmp_path / "seq.yaml", "alias": tmp_path / "alias.yaml",
+    }
+    files["dir"].mkdir()
+    files["big"].write_bytes(b" " * (2 * 2**20))
+    files["latin1"].write_bytes("hidden_size: 4096 # caf\xe9\n".encode("latin-1"))
+    files["deep-flow"].write_text("[" * 30000 + "]" * 30000)
+    files["deep-block"].write_text("".join(" " * i + f"k{i}:\n" for i in range(1000)))      # 0.5 MB
+    files["deep-seq"].write_text("- " * 30000 + "x\n")
+    files["alias"].write_text("a: &x [1, 2]\nb: *x\n")
+    return files
+
+
+@pytest.mark.skipif(not LINUX, reason="FIFOs and /dev files")
+@pytest.mark.parametrize("flag", ["model", "--catalog", "--profile", "--overheads"])
+@pytest.mark.parametrize("kind, fragment", [
+    ("fifo", "is a FIFO"), ("dir", "is a directory"), ("big", "over the 1,048,576-byte limit"), ("latin1", "not UTF-8"),
+    ("deep-flow", "nests about 30001 levels"), ("deep-block", "nests about"), ("deep-seq", "nests about 30001"),
+    ("alias", "aliases"), ("/dev/zero", "character device"), ("/dev/urandom", "character device"),
+])
+def test_file_arguments_refuse_hostile_files(hostile, flag, kind, fragment):
+    path = str(hostile.get(kind, kind))
+    args = ["estimate", path, "--gpus", "8"] if flag == "model" else ["estimate", "llama-3.1-8b", "--gpus", "8", flag, path]
+    one_line_error(args, fragment)
+
+
+def test_file_names_too_long_or_with_nul(tmp_path):
+    one_line_error(["models", str(tmp_path / ("n" * 300 + ".yaml"))], "longer than the filesystem allows")
+    one_line_error(["models", "a\x00b.yaml"], "NUL")
+    one_line_error(["gpus", "--catalog", "/" + "d/" * 2100 + "x.yaml"], "longer than the filesystem allows")
+
+
+@pytest.mark.skipif(not LINUX, reason="FIFOs")
+def test_output_paths_refuse_fifos_devices_and_directories(tmp_path):
+    fifo = tmp_path / "out.md"
+    os.mkfifo(fifo)
+    one_line_error(["shard", "llama-3.1-8b", "--mermaid", str(fifo)], "is a FIFO")
+    one_line_error(["shard", "llama-3.1-8b", "--mermaid", "/dev/zero"], "character device")
+    one_line_error(["shard", "llama-3.1-8b", "--mermaid", str(tmp_path)], "is a directory")
+    one_line_error(["shard", "llama-3.1-8b", "--mermaid", str(tmp_path / "no" / "x.md")], "does not exist")
+    one_line_error(["pipeline", "--plot", str(tmp_path / "x.png" / "y.png")], "")
+    one_line_error(["ledger", "--ledger", str(tmp_path / "l.sqlite"), "--markdown", str(fifo)], "is a FIFO")
+
+
+def _config(tmp_path, **changes):
+    cfg = json.loads((DATA / "llama-2-7b.json").read_text())
+    cfg.update(changes)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"head_dim": -4537}, "head_dim must be zero or more"),
+    ({"intermediate_size": "11008"}, "intermediate_size' must be a positive integer"),
+    ({"num_key_value_heads": "32"}, "num_kv_heads must be a whole number"),
+    ({"max_position_embeddings": 4096.5}, "max_seq_len must be a whole number"),
+    ({"num_hidden_layers": 10**9}, "num_layers 1,000,000,000 is above the limit"),
+    ({"hidden_size": 2**40}, "hidden_size"),
+])
+def test_config_values_are_type_and_range_checked(tmp_path, changes, fragment):
+    one_line_error(["estimate", _config(tmp_path, **changes), "--gpus", "8"], fragment)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("links:\n  x:\n    name: X\n    bandwidth_gbps: .nan\n    latency_us: 1\n    efficiency: 0.5\n    scope: intra\n"
+     "    source: me\n", "must be a finite number"),
+    ("links:\n  x:\n    name: X\n    bandwidth_gbps: .inf\n    latency_us: 1\n    efficiency: 0.5\n    scope: intra\n"
+     "    source: me\n", "must be a finite number"),
+    ("links:\n  x:\n    name: [X]\n    bandwidth_gbps: 1\n    latency_us: 1\n    efficiency: 0.5\n    scope: intra\n"
+     "    source: me\n", "must be text"),
+    ("prices:\n  h100-sxm:\n    default: {on_demand: .nan, date: 2026-01-01, source: me}\n", "positive number of USD"),
+    ("profile:\n  gpus_per_node: many\n", "gpus_per_node must be a whole number"),
+    ("models:\n  m:\n    family: llama\n    hidden_size: 64\n    num_layers: 2\n    num_heads: 4\n    num_kv_heads: 4\n"
+     "    ffn_hidden_size: 128\n    vocab_size: 100\n    max_seq_len: 64\n    qkv_bias: 'yes'\n", "qkv_bias must be true or false"),
+])
+def test_catalog_values_are_checked(tmp_path, text, fragment):
+    p = tmp_path / "cat.yaml"
+    p.write_text(text)
+    one_line_error(["cost", "--gpus", "1", "--gpu", "h100-sxm", "--hours", "1", "--catalog", str(p)], fragment)
+
+
+def test_overheads_values_are_checked(tmp_path):
+    p = tmp_path / "o.yaml"
+    for text, fragment in (("fragmentation: .nan\n", "finite"), ("cuda_context_bytes: -1\n", "zero or more"),
+                           ("fragmentation: 5\n", "above the limit")):
+        p.write_text(text)
+        one_line_error(["memory", "llama-2-7b", "--overheads", str(p)], fragment)
+
+
+def test_number_parser_rules():
+    from shardlab.errors import ShardlabError
+    from shardlab.numbers import parse_number
+
+    assert parse_number("1e3", "--x", integer=True) == 1000 and parse_number("1_000", "--x", integer=True) == 1000
+    assert parse_number("7.5", "--x", integer=True, scale=1e9, round_to_int=True) == 7_500_000_000
+    assert parse_number("0", "--x", allow_min=True) == 0
+    for text, kw, msg in (("nan", {}, "finite"), ("-inf", {}, "finite"), ("1e400", {}, "overflows"),
+                          ("0.4", {"integer": True}, "whole number"), ("0.4", {"integer": True, "round_to_int": True}, "rounds to zero"),
+                          ("0", {}, "positive"), ("-1", {"allow_min": True}, "zero or more"), ("5", {"maximum": 4}, "above the limit"),
+                          ("x", {}, "is not a number"), ("", {}, "is not a number")):
+        with pytest.raises(ShardlabError, match=msg):
+            parse_number(text, "--x", **kw)
+
+
+def test_one_line_even_when_the_input_has_newlines():
+    err = one_line_error(["comm", "all-reduce", "--ranks", "a\nb", "--size", "1MB"], "a\\nb")
+    assert "\n" not in err.strip()
+
+
+def test_launch_warns_when_ranks_outnumber_cores(capsys):
+    from shardlab.runtime.launch import warn_oversubscribed
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert warn_oversubscribed(cores + 1, ["--device", "cpu"], {})
+    assert "will be meaningless" in capsys.readouterr().err
+    assert not warn_oversubscribed(cores, ["--device", "cpu"], {})
+    assert not warn_oversubscribed(cores + 1, ["--device", "cuda"], {})
+
+
+def test_launch_run_folders_are_removed_at_exit(monkeypatch):
+    from shardlab.runtime import launch
+
+    monkeypatch.delenv("SHARDLAB_KEEP_RUN_DIR", raising=False)
+    d = launch._temp_run_dir()
+    assert d.is_dir() and d in launch._TEMP_DIRS
+    monkeypatch.setenv("SHARDLAB_KEEP_RUN_DIR", "1")
+    kept = launch._temp_run_dir()
+    assert kept not in launch._TEMP_DIRS
+    kept.rmdir()
