@@ -325,13 +325,19 @@ def _mix(valid: st.SearchStrategy, hostile: st.SearchStrategy, hostile_in_10: in
     return st.integers(0, 9).flatmap(lambda i: hostile if i < hostile_in_10 else valid)
 
 
+EXTREME_WHOLE = ["1", "1024", "4096", "999983", "1048576", "1048575", "16777216", "10000", "65536"]
+EXTREME_FLOAT = ["1e-12", "1e-9", "1e-6", "1.1e-6", "0.999999", "1", "1e6", "1e9", "1e12", "1e15", "100000"]
+"""Valid but extreme values: the bounds, primes, tiny and huge floats (ratios of 1e27 between flags)."""
+
+
 def _number_strategy(action) -> st.SearchStrategy[str]:
     whole = getattr(action.type, "__name__", "") in ("whole number", "int")
     valid = st.sampled_from(VALID_NUMBERS.get(action.dest) or (["1", "2", "4", "8", "16", "64"] if whole else
                                                                ["0.1", "0.5", "1", "2", "10"]))
+    extreme = st.sampled_from(EXTREME_WHOLE if whole else EXTREME_FLOAT)
     hostile = (st.sampled_from(HOSTILE_NUMBERS) | st.integers(-5, 5000).map(str)
                | st.floats(allow_nan=True, allow_infinity=True).map(repr) | st.integers(0, 10**25).map(str))
-    return _mix(valid, hostile)
+    return st.integers(0, 9).flatmap(lambda i: hostile if i < 2 else extreme if i < 4 else valid)
 
 
 def value_strategy(action: argparse.Action, files: Files) -> st.SearchStrategy[list[str]]:

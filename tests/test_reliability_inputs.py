@@ -46,7 +46,10 @@ def one_line_error(args, *fragments):
     (["plan", "--gpus", "99999999999999999999"], "above the limit"),
     (["plan", "--nodes", "1048576"], "above the limit"),
     (["pipeline", "--stages", "2", "--microbatches", "100000000"], "above the limit"),
-    (["pipeline", "--max-bubble", "1e-30"], "micro-batches (closed form)"),
+    (["pipeline", "--max-bubble", "1e-30"], "too small to mean anything"),
+    (["pipeline", "--max-bubble", "1e-6", "--stages", "64"], "micro-batches (closed form)"),
+    (["comm", "inference", "llama-2-7b", "--compute-efficiency", "5e-324"], "too small"),
+    (["pipeline", "--forward-s", "5e-324"], "too small"),
     (["pipeline", "--stages", "1000"], "the closed form gives bubble"),
     (["memory", "llama-2-7b", "--micro-batch", "0.5"], "whole number"),
 ])

@@ -68,6 +68,21 @@ MAX_TIMEOUT_S = 7 * 86400.0
 MAX_FLOAT = 1e15
 """Any other positive number (factors, rates): finite and far from float overflow when multiplied."""
 
+MIN_HOURS = 1e-6
+"""The shortest time in hours (3.6 ms); anything positive below is refused (dividing by 5e-324 overflows)."""
+
+MIN_USD = 1e-6
+"""The smallest positive amount of money or price, a ten-thousandth of a cent."""
+
+MIN_SECONDS = 1e-9
+"""The shortest positive duration: a nanosecond (pipeline pass and transfer times)."""
+
+MIN_TIMEOUT_S = 0.01
+"""The shortest timeout or measuring time: 10 ms."""
+
+MIN_SHARE = 1e-6
+"""The smallest positive share or factor (efficiencies, bubble bounds, slowdowns): below it times overflow."""
+
 # ---- pipeline simulation -------------------------------------------------------------------------
 MAX_PIPELINE_PASSES = 400_000
 """Passes (forward, backward, weight-gradient) in one simulated step: the event simulation costs about 1 µs

@@ -23,10 +23,16 @@ def _fmt(v: float | int) -> str:
     return f"{float(v):.4g}"
 
 
+SMALLEST = 1e-12
+"""The smallest positive value any quantity may take: below it (5e-324, 1e-300) a number means nothing and
+dividing by it overflows. Quantities with a larger floor pass their own ``smallest``."""
+
+
 def check_number(value, what: str, *, integer: bool = False, minimum: float = 0.0, allow_min: bool = False,
-                 maximum: float | None = None, reason: str = "") -> int | float:
+                 maximum: float | None = None, reason: str = "", smallest: float = SMALLEST) -> int | float:
     """Return ``value`` when it is a finite number (a whole one with ``integer``) above ``minimum`` (or equal,
-    with ``allow_min``) and at most ``maximum``; else raise a ShardlabError naming ``what``."""
+    with ``allow_min``), at most ``maximum``, and not a positive value below ``smallest``; else raise a
+    ShardlabError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         kind = "a whole number" if integer else "a number"
         raise ShardlabError(f"{what} must be {kind}, got {value!r}")
@@ -40,6 +46,9 @@ def check_number(value, what: str, *, integer: bool = False, minimum: float = 0.
         else:
             bound = f"{'at least' if allow_min else 'more than'} {_fmt(minimum)}"
         raise ShardlabError(f"{what} must be {bound}, got {_fmt(value)}")
+    if 0 < value < smallest:
+        zero = "0 or " if allow_min and minimum == 0 else ""
+        raise ShardlabError(f"{what} {value:.3g} is too small to mean anything (below {smallest:g}); use {zero}a larger value")
     if maximum is not None and value > maximum:
         raise ShardlabError(f"{what} {_fmt(value)} is above the limit of {_fmt(maximum)}"
                             f"{' (' + reason + ')' if reason else ''}; use a smaller value")
@@ -48,7 +57,7 @@ def check_number(value, what: str, *, integer: bool = False, minimum: float = 0.
 
 def parse_number(text, what: str, *, integer: bool = False, minimum: float = 0.0, allow_min: bool = False,
                  maximum: float | None = None, reason: str = "", scale: float = 1.0,
-                 round_to_int: bool = False) -> int | float:
+                 round_to_int: bool = False, smallest: float = SMALLEST) -> int | float:
     """Parse ``text`` as a number (times ``scale``, for unit suffixes handled by the caller) and check it
     like ``check_number``. With ``integer``, a fraction is refused, or rounded with ``round_to_int`` (counts
     such as '7.5B' parameters); a value that rounds to zero is refused either way."""
@@ -80,7 +89,7 @@ def parse_number(text, what: str, *, integer: bool = False, minimum: float = 0.0
         elif value.is_integer():
             value = int(value)                        # '1e3' → 1000
     return check_number(value, what, integer=integer, minimum=minimum, allow_min=allow_min, maximum=maximum,
-                        reason=reason)
+                        reason=reason, smallest=smallest)
 
 
 def finite(value: float, what: str) -> float:

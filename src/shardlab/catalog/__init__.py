@@ -69,7 +69,7 @@ def _positive(where: str, name: str, key: str, v: object) -> float:
     from shardlab.numbers import check_number
 
     top = _FIELD_MAX.get(key.split(".")[0] if key.startswith("peak_tflops") else key, 1e15)
-    return float(check_number(v, f"{where}: entry '{name}' field '{key}'", maximum=top))
+    return float(check_number(v, f"{where}: entry '{name}' field '{key}'", maximum=top, smallest=1e-6))
 
 
 def _text(where: str, name: str, key: str, v: object) -> str:

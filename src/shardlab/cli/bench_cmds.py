@@ -8,6 +8,9 @@ import argparse
 from shardlab.cli.common import BOUNDED, add_output_args, int_list
 from shardlab.errors import ShardlabError
 
+MAX_CHECKED_RANKS = 256
+"""Ranks `shard-check --ranks` may execute (each is a fresh interpreter building the model on the meta device)."""
+
 EXAMPLES_BENCH = """examples:
   shardlab bench collectives --nproc 2 --sizes 1KB:64MB --plot busbw.png
   shardlab bench collectives --nproc 8 --ops all-reduce,all-gather --json     # NCCL on a GPU server
@@ -286,6 +289,9 @@ def cmd_shard_check(args):
             raise ShardlabError(f"--ranks '{args.ranks}': use auto, all or a comma list such as 0,63") from None
         if ranks[0] < 0 or ranks[-1] >= world:
             raise ShardlabError(f"--ranks {args.ranks}: ranks run from 0 to {world - 1}")
+    if (len(ranks) if isinstance(ranks, list) else world if ranks == "all" else 0) > MAX_CHECKED_RANKS:
+        raise ShardlabError(f"shard-check runs one process per rank checked: at most {MAX_CHECKED_RANKS} "
+                            f"(about a second each); use --ranks auto (one rank per shard class) or a shorter list")
     cat = get_catalog(args.catalog)
     require_torch()
     spec = resolve_spec(args.model, args.catalog)

@@ -8,10 +8,11 @@ from shardlab.errors import ShardlabError
 
 
 def number_arg(*, integer: bool, allow_zero: bool = False, maximum: float | None = None, reason: str = "",
-               minimum: float = 0.0):
+               minimum: float = 0.0, smallest: float | None = None):
     """An argparse ``type`` built on the one number parser (``shardlab.numbers``): finite, no overflow, a whole
     number where one is needed, positive (or zero or more), at most ``maximum`` (a bound from ``shardlab.limits``)."""
     from shardlab import limits
+    from shardlab.numbers import SMALLEST
 
     top = maximum if maximum is not None else (limits.MAX_INT if integer else limits.MAX_FLOAT)
 
@@ -20,7 +21,7 @@ def number_arg(*, integer: bool, allow_zero: bool = False, maximum: float | None
 
         try:
             return parse_number(text, "value", integer=integer, minimum=minimum, allow_min=allow_zero, maximum=top,
-                                reason=reason)
+                                reason=reason, smallest=smallest if smallest is not None else SMALLEST)
         except ShardlabError as e:
             msg = str(e)
             raise argparse.ArgumentTypeError(msg[6:] if msg.startswith("value ") else msg) from None
@@ -45,19 +46,23 @@ def _bounded():
         "seq_len": number_arg(integer=True, maximum=L.MAX_SEQ_LEN, reason="longer than any model's context"),
         "batch": number_arg(integer=True, maximum=L.MAX_BATCH, reason="sequences per step"),
         "microbatches": number_arg(integer=True, maximum=L.MAX_MICROBATCHES, reason="micro-batches per step"),
-        "hours": number_arg(integer=False, maximum=L.MAX_HOURS, reason="11 years"),
-        "setup_hours": number_arg(integer=False, allow_zero=True, maximum=L.MAX_HOURS, reason="11 years"),
-        "usd": number_arg(integer=False, allow_zero=True, maximum=L.MAX_USD, reason="a trillion dollars"),
-        "price": number_arg(integer=False, maximum=L.MAX_PRICE_USD_PER_GPU_HOUR, reason="USD per GPU-hour"),
-        "seconds": number_arg(integer=False, maximum=L.MAX_SECONDS, reason="31 years"),
-        "seconds0": number_arg(integer=False, allow_zero=True, maximum=L.MAX_SECONDS, reason="31 years"),
-        "timeout": number_arg(integer=False, maximum=L.MAX_TIMEOUT_S, reason="a week"),
-        "share": number_arg(integer=False, maximum=1.0, reason="a share of the peak"),
+        "hours": number_arg(integer=False, maximum=L.MAX_HOURS, reason="11 years", smallest=L.MIN_HOURS),
+        "setup_hours": number_arg(integer=False, allow_zero=True, maximum=L.MAX_HOURS, reason="11 years",
+                                  smallest=L.MIN_HOURS),
+        "usd": number_arg(integer=False, allow_zero=True, maximum=L.MAX_USD, reason="a trillion dollars",
+                          smallest=L.MIN_USD),
+        "price": number_arg(integer=False, maximum=L.MAX_PRICE_USD_PER_GPU_HOUR, reason="USD per GPU-hour",
+                            smallest=L.MIN_USD),
+        "seconds": number_arg(integer=False, maximum=L.MAX_SECONDS, reason="31 years", smallest=L.MIN_SECONDS),
+        "seconds0": number_arg(integer=False, allow_zero=True, maximum=L.MAX_SECONDS, reason="31 years",
+                               smallest=L.MIN_SECONDS),
+        "timeout": number_arg(integer=False, maximum=L.MAX_TIMEOUT_S, reason="a week", smallest=L.MIN_TIMEOUT_S),
+        "share": number_arg(integer=False, maximum=1.0, reason="a share of the peak", smallest=L.MIN_SHARE),
         "stages": number_arg(integer=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline ranks"),
         "seed": number_arg(integer=True, allow_zero=True, maximum=2**31 - 1, reason="a 32-bit seed"),
         "dim": number_arg(integer=True, maximum=L.MAX_MODEL_DIM, reason="a model dimension"),
         "stage_index": number_arg(integer=True, allow_zero=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline ranks"),
-        "factor": number_arg(integer=False, maximum=1e6, reason="a million times slower"),
+        "factor": number_arg(integer=False, maximum=1e6, reason="a million times slower", smallest=L.MIN_SHARE),
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
         "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),

@@ -155,6 +155,10 @@ def cmd_infer(args):
     req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
                        torchrun_args=torchrun_args(args))
+    if args.plot:
+        from shardlab.safeio import check_output_path
+
+        check_output_path(args.plot, "--plot")
     if args.sweep:
         doc = run_sweep(req, plot=args.plot)
         return doc, render_sweep(doc)

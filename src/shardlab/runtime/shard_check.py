@@ -145,8 +145,11 @@ def run_rank(model: str, catalog: list[str], dp: int, tp: int, zero: int, rank: 
         with open(jp, "w") as f:
             json.dump(job, f)
         try:
+            from shardlab.proctree import die_with_parent
+
             r = subprocess.run([sys.executable, "-m", "shardlab.runtime.shard_check", jp, out], capture_output=True,
-                               text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               text=True, timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               preexec_fn=die_with_parent())
         except subprocess.TimeoutExpired:
             raise ShardlabError(f"shard-check rank {rank} took longer than {timeout_s:g} s; raise --timeout") from None
         if r.returncode != 0:
