@@ -10,7 +10,7 @@ from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError
 from shardlab.estimate import estimate_training
 from shardlab.estimate.compute import layer_times
-from shardlab.estimate.hardware import MEMORY_EFFICIENCY, gemm_efficiency, group_link
+from shardlab.estimate.hardware import gemm_efficiency, group_link
 from shardlab.flops import korthikanti_eq7, narayanan_eq3, training_flops_per_token
 from shardlab.layout import Layout
 from shardlab.specs.hardware import Cluster
@@ -25,9 +25,9 @@ def cluster(acc=H100, n=8, gpn=8, intra="nvlink4", inter="ib-ndr"):
 
 
 def gpt(h=4096, L=8, a=32, V=51200, s=2048):
-    from shardlab.validation import run_spec, PublishedRun
+    from shardlab.validation import model_from_shorthand
 
-    return run_spec(PublishedRun("t", {"model": {"gpt": [h, L, a]}, "seq_len": s}, 1, "hardware", ""), CAT)
+    return model_from_shorthand({"gpt": [h, L, a]}, s, "t")
 
 
 @pytest.mark.parametrize("h,L,s,V", [(12288, 96, 2048, 51200), (4096, 32, 4096, 50000), (20480, 105, 2048, 51200)])
@@ -51,16 +51,33 @@ def test_gemm_time_by_hand():
     expect = sum(2 * m * n * k / (peak * eff(min(m, n, k))) for m, n, k in gemms)
     assert float(lt["gemm_s"]) == pytest.approx(expect, rel=1e-12)
     heads, d = 16, 128
-    attn = 0.5 * heads * 2 * (2 * T * T * d / (peak * eff(d)))
+    # attention core: QK^T and PV, 2·T·T·d FLOPs each per head, half of them skipped by causal flash attention,
+    # at FlashAttention-2's share of peak on Hopper
+    attn = 0.5 * heads * 2 * (2 * T * T * d) / (peak * H100.attention_efficiency)
     assert float(lt["attn_s"]) == pytest.approx(attn, rel=1e-12)
-    # memory-bound bytes: 2 norms (2e·Th) + 2 residual adds (3e·Th) + RoPE on q and k (2e·T(q+kv)/tp) + SwiGLU 3e·Tf/tp
+    # fused memory-bound bytes: 2 norms (2e·Th) + 2 residual adds (3e·Th) + RoPE on q and k (2e·T(q+kv)/tp) + SwiGLU 3e·Tf/tp
     e = 2
     nbytes = 2 * 2 * e * T * h + 2 * 3 * e * T * h + 2 * e * T * (h / 2 + h / 2) + 3 * e * T * f / 2
-    assert float(lt["elem_s"]) == pytest.approx(nbytes / (3350e9 * MEMORY_EFFICIENCY), rel=1e-12)
+    assert float(lt["elem_s"]) == pytest.approx(nbytes / (3350e9 * H100.memory_efficiency), rel=1e-12)
+
+
+def test_eager_and_compiled_traffic_by_hand():
+    """The same block's memory-bound bytes in eager PyTorch and under torch.compile (estimate/kernels.py), tp=1."""
+    from shardlab.estimate.kernels import block_elementwise_bytes
+
+    spec = CAT.models["llama-3.1-8b"]                       # GQA: q = 4096, kv = 1024, f = 14336, RMSNorm, RoPE
+    T, h, q, kv, f, e = 1000, 4096, 4096, 1024, 14336, 2
+    kw = dict(tokens=T, tp=1, tsh=1, elem_bytes=e, dropout=False, flash_attention=True, seq_len=4096)
+    eager = (2 * (2 * e + 28 + 2 * e) + 2 * 3 * e) * h + (2 * e + 16) * (q + kv) + 2 * e * q + 2 * e * (kv + q) + 5 * e * f
+    compiled = 2 * 4 * e * h + 2 * e * (q + kv) + 2 * e * q + 2 * e * (kv + q) + 3 * e * f
+    assert float(block_elementwise_bytes(spec, 0, "eager", **kw)) == pytest.approx(T * eager, rel=1e-12)
+    assert float(block_elementwise_bytes(spec, 0, "compiled", **kw)) == pytest.approx(T * compiled, rel=1e-12)
+    assert T * compiled < float(block_elementwise_bytes(spec, 0, "fused", **kw)) * 1.3 < T * eager
 
 
 def test_efficiency_curve():
-    assert gemm_efficiency(100, H100.efficiency) == pytest.approx(H100.efficiency.max_fraction / 2)
+    c = H100.efficiency
+    assert gemm_efficiency(c.half_size, c) == pytest.approx(c.max_fraction / 2)
     assert gemm_efficiency(1e9, H100.efficiency) == pytest.approx(H100.efficiency.max_fraction, rel=1e-6)
 
 

@@ -64,7 +64,8 @@ def test_no_process_survives_the_guard(tmp_path, how):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         wait_for(lambda: len(_pids(pids)) >= 3, timeout_s=20, what="the process tree to start")
-        assert all(_alive(p) for p in _pids(pids)[1:])
+        if how != "main-exits":                  # there the guard stops them at once
+            assert all(_alive(p) for p in _pids(pids)[1:])
         if how == "ctrl-c":
             os.killpg(g.pid, signal.SIGINT)          # what a terminal does: the guard's whole process group
         elif how == "sigterm":

@@ -19,7 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import model_tensors
+from shardlab.specs.tensors import layer_matmuls
 
 
 @lru_cache(maxsize=256)
@@ -27,13 +27,10 @@ def linear_params_per_layer(spec: ModelSpec) -> tuple[int, ...]:
     """Weights of linear layers a token passes through in each block (biases and norms excluded;
     MoE: router + top_k of the routed experts + shared experts)."""
     out = [0] * spec.num_layers
-    for t in model_tensors(spec):
-        if not (0 <= t.layer < spec.num_layers) or not t.name.endswith("weight") or len(t.shape) < 2:
-            continue
-        n = t.numel
-        if t.ep_dim is not None:  # stacked routed experts: a token visits top_k of num_experts
-            n = n * spec.moe.top_k // spec.moe.num_experts
-        out[t.layer] += n
+    for layer in range(spec.num_layers):
+        for t in layer_matmuls(spec, layer):
+            # stacked routed experts: a token visits top_k of num_experts
+            out[layer] += t.numel * spec.moe.top_k // spec.moe.num_experts if t.ep_dim is not None else t.numel
     return tuple(out)
 
 
@@ -56,17 +53,31 @@ def forward_flops_per_token(spec: ModelSpec, seq_len) -> dict:
     }
 
 
-def training_flops_per_token(spec: ModelSpec, seq_len, recompute: str = "none") -> tuple:
+@lru_cache(maxsize=256)
+def op_recomputed_linear_params(spec: ModelSpec) -> int:
+    """Matmul weights per token that per-op selective checkpointing re-runs (every other matmul in forward order,
+    torchtitan's policy: the 2nd, 4th, ... are recomputed); routed experts count top_k of num_experts."""
+    n = 0
+    for layer in range(spec.num_layers):
+        for i, t in enumerate(layer_matmuls(spec, layer)):
+            if i % 2 == 1:
+                n += t.numel * spec.moe.top_k // spec.moe.num_experts if t.ep_dim is not None else t.numel
+    return n
+
+
+def training_flops_per_token(spec: ModelSpec, seq_len, recompute: str = "none", fraction: float = 1.0) -> tuple:
     """(model FLOPs, hardware FLOPs) per token of a training step.
 
     model = 3 × forward (Korthikanti Eq. 7 convention); hardware adds the recomputed forward of the
-    blocks under full recomputation (Narayanan Eq. 3 counts this; logits are not recomputed) or of the
-    attention core under selective recomputation (Korthikanti §4.2).
+    blocks under full recomputation (Narayanan Eq. 3 counts this; logits are not recomputed), of the
+    attention core under selective recomputation (Korthikanti §4.2), or of every other matmul under per-op
+    checkpointing ('op'); ``fraction`` of the blocks are checkpointed.
     """
     f = forward_flops_per_token(spec, seq_len)
     model = 3 * (f["linear"] + f["attention"] + f["logits"])
-    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"]}[recompute]
-    return model, model + extra
+    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"],
+             "op": 2 * op_recomputed_linear_params(spec)}[recompute]
+    return model, model + fraction * extra
 
 
 def narayanan_eq3(B: int, s: int, L: int, h: int, V: int) -> float:

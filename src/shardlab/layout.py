@@ -21,7 +21,7 @@ from shardlab.errors import ShardlabError
 
 AXES = ("tp", "cp", "dp", "pp")
 """Rank-grid axis order, fastest first."""
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
@@ -46,7 +46,15 @@ class Layout:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     recompute: str = "none"
-    """Activation recomputation: none, selective (attention core; Korthikanti 2022 §4.2) or full (keep block inputs)."""
+    """Activation recomputation: none, selective (attention core; Korthikanti 2022 §4.2), full (keep block inputs) or
+    op (torchtitan's per-operator selective checkpointing: keep every other matmul output and the attention outputs,
+    re-run the rest; torchtitan/models/llama3/infra/parallelize.py _save_list)."""
+    recompute_fraction: float = 1.0
+    """Share of the blocks the recomputation applies to (torchtitan's selective 'layer' option checkpoints every k-th
+    block: 1/k; fms-fsdp's selective_checkpointing fraction); the other blocks keep everything."""
+    dp_replicate: int = 1
+    """Hybrid sharding (HSDP; torchtitan data_parallel_replicate_degree): ZeRO/FSDP shards model states over
+    dp·cp / dp_replicate ranks (typically one node) and the replicas all-reduce gradients. 1 = shard over all of dp·cp."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms/dropout activations split across TP ranks (Korthikanti 2022 §4.2.2)."""
     schedule: str = "1f1b"
@@ -60,13 +68,14 @@ class Layout:
 
     @property
     def dp_shard(self) -> int:
-        """Size of the group ZeRO/FSDP shards non-expert model states over (dp × cp: CP ranks hold identical weights)."""
-        return self.dp * self.cp
+        """Size of the group ZeRO/FSDP shards non-expert model states over (dp × cp: CP ranks hold identical weights;
+        divided by the HSDP replicas)."""
+        return self.dp * self.cp // self.dp_replicate
 
     @property
     def expert_dp(self) -> int:
-        """Replicas of each expert shard (dp·cp / ep): the group ZeRO shards expert states over."""
-        return self.dp * self.cp // self.ep
+        """The group ZeRO shards expert states over (dp·cp / ep, divided by the HSDP replicas)."""
+        return max(1, self.dp * self.cp // self.ep // self.dp_replicate)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -101,7 +110,7 @@ def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
 
 def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: int | None = None) -> Layout:
     """Check degrees against each other, the GPU count and the model; raise ShardlabError with the fix."""
-    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch"):
+    for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "dp_replicate"):
         v = getattr(layout, axis)
         if not isinstance(v, int) or v < 1:
             raise ShardlabError(f"--{axis.replace('_', '-')} must be a positive integer, got {v}")
@@ -109,6 +118,14 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
         raise ShardlabError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
     if layout.recompute not in RECOMPUTE:
         raise ShardlabError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got '{layout.recompute}'")
+    if not 0 < layout.recompute_fraction <= 1:
+        raise ShardlabError(f"--recompute-fraction must be in (0, 1], got {layout.recompute_fraction}")
+    if layout.dp % layout.dp_replicate:
+        raise ShardlabError(f"--dp-replicate {layout.dp_replicate} must divide --dp {layout.dp} (HSDP replicas of the sharded group)")
+    if layout.dp_replicate > 1 and layout.zero == 0:
+        raise ShardlabError("--dp-replicate (hybrid sharding) needs --zero 1, 2 or 3: without ZeRO every rank is a replica already")
+    if layout.dp_replicate > 1 and (layout.dp // layout.dp_replicate) % layout.ep:
+        raise ShardlabError(f"--ep {layout.ep} must divide the sharded group dp/dp-replicate = {layout.dp // layout.dp_replicate}")
     if layout.schedule not in SCHEDULES:
         raise ShardlabError(f"--schedule must be one of {', '.join(SCHEDULES)}, got '{layout.schedule}'")
     from shardlab.limits import MAX_GPUS

@@ -20,12 +20,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from shardlab.errors import ShardlabError, did_you_mean
+from shardlab.specs.framework import KERNELS, Framework
 from shardlab.specs.hardware import DTYPES, Accelerator, Link, MatmulEfficiency
 from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
 _PACKAGE = str(Path(__file__).resolve().parent.parent)
-USER_SECTIONS = ("models", "accelerators", "links", "prices", "profile")
+USER_SECTIONS = ("models", "accelerators", "links", "frameworks", "prices", "profile")
 PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap"}
 
 
@@ -55,7 +56,8 @@ def _strict(where: str, name: str, d: object, required: set[str], optional: set[
 
 _ACC_REQUIRED = {"name", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbps", "scale_up_link", "host_link",
                  "tdp_w", "system", "source"}
-_ACC_OPTIONAL = {"notes", "efficiency", "op_overhead_us"}
+_ACC_OPTIONAL = {"notes", "efficiency", "op_overhead_us", "generation", "attention_efficiency", "memory_efficiency",
+                 "overlap_efficiency"}
 _LINK_FIELDS = {f.name for f in fields(Link)} - {"id"}
 
 
@@ -75,6 +77,15 @@ def _positive(where: str, name: str, key: str, v: object) -> float:
 def _text(where: str, name: str, key: str, v: object) -> str:
     if not isinstance(v, str):
         raise ShardlabError(f"{where}: entry '{name}' field '{key}' must be text, got {type(v).__name__} {str(v)[:40]!r}")
+    return v
+
+
+def _share(where: str, name: str, key: str, v: object) -> float | None:
+    if v is None:
+        return None
+    v = _positive(where, name, key, v)
+    if v > 1:
+        raise ShardlabError(f"{where}: entry '{name}' field '{key}' is a share of a peak, at most 1, got {v}")
     return v
 
 
@@ -108,7 +119,11 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
         memory_bandwidth_gbps=_positive(where, name, "memory_bandwidth_gbps", d["memory_bandwidth_gbps"]),
         scale_up_link=str(d["scale_up_link"]), host_link=str(d["host_link"]),
         tdp_w=_positive(where, name, "tdp_w", d["tdp_w"]), system=dict(system), source=str(d["source"]),
-        notes=str(d.get("notes", "")), efficiency=eff,
+        notes=str(d.get("notes", "")), efficiency=eff, generation=str(d.get("generation", name)),
+        attention_efficiency=_share(where, name, "attention_efficiency", d.get("attention_efficiency")),
+        memory_efficiency=_share(where, name, "memory_efficiency", d.get("memory_efficiency")),
+        overlap_efficiency=_share(where, name, "overlap_efficiency", d.get("overlap_efficiency")),
+        efficiency_source=eff.source if eff is not None else "",
         op_overhead_us=_positive(where, name, "op_overhead_us", d["op_overhead_us"]) if d.get("op_overhead_us") else 0.0)
 
 
@@ -127,6 +142,43 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
                 source=str(d["source"]))
 
 
+_FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
+_FW_OPTIONAL = {"notes"}
+
+
+def generation_from_dict(name: str, d: dict, where: str) -> dict:
+    """One generation's efficiencies (efficiencies.yaml): matmul curve, attention and memory shares, source."""
+    d = _strict(where, name, d, {"matmul", "attention", "memory", "overlap", "source"}, {"attention_native_speedup"})
+    m = _strict(where, f"{name}.matmul", d["matmul"], {"max_fraction", "half_size"}, set())
+    shares = {k: _positive(where, name, k, d[k]) for k in ("attention", "memory", "overlap")}
+    frac = _positive(where, name, "matmul.max_fraction", m["max_fraction"])
+    if frac > 1 or any(v > 1 for v in shares.values()):
+        raise ShardlabError(f"{where}: generation '{name}' efficiencies are shares of a peak, at most 1")
+    speedup = _positive(where, name, "attention_native_speedup", d.get("attention_native_speedup", 1.0))
+    return {"matmul": MatmulEfficiency(frac, _positive(where, name, "matmul.half_size", m["half_size"]), str(d["source"])),
+            **shares, "attention_native_speedup": speedup, "source": str(d["source"])}
+
+
+def framework_from_dict(name: str, d: dict, where: str) -> Framework:
+    """Build a Framework profile from a catalog mapping (strict keys and types)."""
+    d = _strict(where, name, d, _FW_FIELDS - _FW_OPTIONAL, _FW_OPTIONAL)
+    if d["attention_kernel"] not in ("flash2", "native"):
+        raise ShardlabError(f"{where}: framework '{name}' attention_kernel must be flash2 or native, got {d['attention_kernel']!r}")
+    if d["kernels"] not in KERNELS:
+        raise ShardlabError(f"{where}: framework '{name}' kernels must be one of {', '.join(KERNELS)}, got {d['kernels']!r}")
+    for key in ("compiles", "fused_loss", "dp_overlap", "zero3_prefetch", "zero3_regather_for_recompute",
+                "zero3_comm_per_gpu_nic"):
+        if not isinstance(d[key], bool):
+            raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d[key]!r}")
+    if d["grad_reduce_bytes"] not in (0, 2, 4):
+        raise ShardlabError(f"{where}: framework '{name}' grad_reduce_bytes must be 0 (gradient dtype), 2 or 4")
+    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60)):
+        v = d[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
+            raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")
+    return Framework(id=name, **{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, notes=str(d.get("notes", "")))
+
+
 @dataclass
 class Catalog:
     """All known models, accelerators and links (built-ins plus user files)."""
@@ -137,6 +189,10 @@ class Catalog:
     """Accelerator id -> spec."""
     links: dict[str, Link] = field(default_factory=dict)
     """Link id -> spec."""
+    frameworks: dict[str, Framework] = field(default_factory=dict)
+    """Framework id -> profile."""
+    generations: dict[str, dict] = field(default_factory=dict)
+    """Generation -> efficiencies (efficiencies.yaml), filled into accelerators that do not set their own."""
     prices: list[tuple[str, dict]] = field(default_factory=list)
     """Raw ``prices:`` sections of user files as (path, mapping), parsed by ``shardlab.cost``."""
     profile: dict | None = None
@@ -155,6 +211,13 @@ class Catalog:
         except KeyError:
             raise ShardlabError(f"unknown link '{name}'{did_you_mean(name, self.links)}; "
                                 f"see `shardlab links`, or add one with --catalog FILE") from None
+
+    def framework(self, name: str) -> Framework:
+        try:
+            return self.frameworks[name.lower()]
+        except KeyError:
+            raise ShardlabError(f"unknown framework '{name}'{did_you_mean(name, self.frameworks)}; "
+                                f"choose one of {', '.join(self.frameworks)}, or add one with --catalog FILE") from None
 
     def model(self, name: str) -> ModelSpec:
         """A catalog id, a path to a Hugging Face config.json, or a path to a YAML ModelSpec."""
@@ -189,10 +252,28 @@ class Catalog:
                 if sec == "models":
                     self.models[name] = model_from_dict(name, d, where)
                 elif sec == "accelerators":
-                    self.accelerators[name] = accelerator_from_dict(name, d, where)
+                    self.accelerators[name] = self.resolve_efficiencies(accelerator_from_dict(name, d, where))
+                elif sec == "frameworks":
+                    self.frameworks[name] = framework_from_dict(name, d, where)
                 else:
                     self.links[name] = link_from_dict(name, d, where)
         self.check_references(where)
+
+    def resolve_efficiencies(self, acc: Accelerator) -> Accelerator:
+        """Fill the efficiencies an accelerator does not set from its generation's entry (efficiencies.yaml)."""
+        from dataclasses import replace
+
+        gen = self.generations.get(acc.generation)
+        if gen is None or (acc.efficiency and acc.attention_efficiency and acc.memory_efficiency
+                           and acc.overlap_efficiency is not None):
+            return acc
+        own = acc.efficiency is not None
+        return replace(acc, efficiency=acc.efficiency or gen["matmul"],
+                       attention_efficiency=acc.attention_efficiency or gen["attention"],
+                       memory_efficiency=acc.memory_efficiency or gen["memory"],
+                       attention_native_speedup=gen["attention_native_speedup"],
+                       overlap_efficiency=acc.overlap_efficiency if acc.overlap_efficiency is not None else gen["overlap"],
+                       efficiency_source=acc.efficiency_source if own else f"{acc.generation} generation: {gen['source']}")
 
     def check_references(self, where: str) -> None:
         for acc in self.accelerators.values():
@@ -219,15 +300,50 @@ def _profile(where: str, entries: dict) -> dict:
     return dict(entries)
 
 
+def apply_fitted(cat: Catalog, data: dict, where: str) -> None:
+    """Overlay fitted efficiencies (fitted.yaml, written by benchmarks/fit_step_model.py) on generations and frameworks."""
+    from dataclasses import replace
+
+    fit = data.get("fit", {})
+    note = f"fitted {fit.get('date', '?')} by `{fit.get('command', 'benchmarks/fit_step_model.py')}` to {fit.get('runs', '?')} published runs"
+    shared = data.get("shared") or {}
+    for gname, g in cat.generations.items():
+        if "overlap" in shared:
+            g["overlap"] = float(shared["overlap"])
+    for gname, vals in (data.get("generations") or {}).items():
+        g = cat.generations.get(gname)
+        if g is None:
+            raise ShardlabError(f"{where}: fitted values for unknown generation '{gname}'")
+        vals = {**shared, **vals}
+        m = g["matmul"]
+        g["matmul"] = MatmulEfficiency(float(vals.get("max_fraction", m.max_fraction)), float(vals.get("half_size", m.half_size)),
+                                       note)
+        for key in ("attention", "memory", "overlap"):
+            if key in vals:
+                g[key] = float(vals[key])
+        g["source"] = f"{note} (docs/validation.md); {g['source']}"
+    for fname, vals in (data.get("frameworks") or {}).items():
+        fw = cat.frameworks.get(fname)
+        if fw is None:
+            raise ShardlabError(f"{where}: fitted values for unknown framework '{fname}'")
+        cat.frameworks[fname] = replace(fw, **{k: float(v) for k, v in vals.items()})
+
+
 @lru_cache(maxsize=8)
 def _builtin() -> Catalog:
     cat = Catalog()
     for name, d in (load_yaml(DATA_DIR / "links.yaml") or {}).items():
         cat.links[name] = link_from_dict(name, d, "links.yaml")
+    for name, d in (load_yaml(DATA_DIR / "efficiencies.yaml") or {}).items():
+        cat.generations[name] = generation_from_dict(name, d, "efficiencies.yaml")
+    for name, d in (load_yaml(DATA_DIR / "frameworks.yaml") or {}).items():
+        cat.frameworks[name] = framework_from_dict(name, d, "frameworks.yaml")
+    apply_fitted(cat, load_yaml(DATA_DIR / "fitted.yaml") or {}, "fitted.yaml")
     for name, d in (load_yaml(DATA_DIR / "accelerators.yaml") or {}).items():
-        cat.accelerators[name] = accelerator_from_dict(name, d, "accelerators.yaml")
+        cat.accelerators[name] = cat.resolve_efficiencies(accelerator_from_dict(name, d, "accelerators.yaml"))
     for name, d in (load_yaml(DATA_DIR / "models.yaml") or {}).items():
         cat.models[name] = model_from_dict(name, d, "models.yaml")
+
     cat.check_references("accelerators.yaml")
     return cat
 
@@ -239,7 +355,8 @@ def get_catalog(extra_files: tuple[str, ...] | list[str] = ()) -> Catalog:
     files = env + list(extra_files or ())
     if not files:
         return base
-    cat = Catalog(dict(base.models), dict(base.accelerators), dict(base.links), list(base.prices))
+    cat = Catalog(dict(base.models), dict(base.accelerators), dict(base.links), dict(base.frameworks), dict(base.generations),
+                  list(base.prices))
     for f in files:
         cat.add_file(Path(f))
     if cat.profile:

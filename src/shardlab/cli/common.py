@@ -117,7 +117,13 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
     g.add_argument("--micro-batch", type=batch_int, default=1, help="sequences per micro-batch per DP rank")
     g.add_argument("--seq-len", type=seq_len_int, default=None, help="sequence length (default: min(model max, 4096))")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none", help="activation recomputation")
+    g.add_argument("--recompute", choices=("none", "selective", "full", "op"), default="none",
+                   help="activation recomputation: selective = attention core (Korthikanti 2022), full = whole blocks, "
+                        "op = torchtitan's per-operator checkpointing")
+    g.add_argument("--recompute-fraction", type=BOUNDED["share"], default=1.0, metavar="F",
+                   help="share of the blocks checkpointed (torchtitan's 'every k-th layer' = 1/k; default 1)")
+    g.add_argument("--dp-replicate", type=gpus_int, default=1, metavar="R",
+                   help="hybrid sharding (HSDP): ZeRO shards over dp·cp/R ranks and R replicas all-reduce gradients")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b", help="pipeline schedule")
     g.add_argument("--microbatches", type=microbatches_int, default=None, help="micro-batches per step (pipeline)")
@@ -171,7 +177,8 @@ def layout_from_args(args, num_gpus: int | None = None):
             dp = gpus // mp
     return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
                   micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-                  schedule=args.schedule, stage_layers=args.stage_layers)
+                  schedule=args.schedule, stage_layers=args.stage_layers,
+                  recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1))
 
 
 def resolve_gpu(args, catalog) -> str:
@@ -209,3 +216,21 @@ def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = No
                    help="training tokens (e.g. 300e9 or 15T) for time-to-train and GPU-hours")
     g.add_argument("--profile", metavar="FILE", default=None,
                    help="hardware profile from `shardlab calibrate` (measured efficiencies and links)")
+    add_framework_args(p)
+
+
+def add_framework_args(p: argparse.ArgumentParser) -> None:
+    """--framework and --compile (estimate, plan, cost)."""
+    g = p.add_argument_group("framework")
+    g.add_argument("--framework", default=None, metavar="NAME",
+                   help="training framework whose mechanisms the estimate assumes: megatron-lm (default), deepspeed, "
+                        "pytorch-fsdp, torchtitan, ... (catalog frameworks; add your own with --catalog)")
+    g.add_argument("--compile", action="store_const", const=True, default=None,
+                   help="torch.compile the model (frameworks that can: fuses the eager elementwise kernels)")
+
+
+def resolve_framework(args, catalog):
+    """The Framework profile named by --framework (or the hardware profile's, or the default)."""
+    from shardlab.estimate.training import DEFAULT_FRAMEWORK
+
+    return catalog.framework(getattr(args, "framework", None) or (catalog.profile or {}).get("framework") or DEFAULT_FRAMEWORK)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int)
+from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int,
+                                 resolve_framework)
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
 PLAN_DEFAULT_GPUS = 64
@@ -72,7 +73,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
-                       description="Predict every published run in the validation set and compare with what was measured.")
+                       description="Predict every published run in the validation set and compare with what was measured: "
+                                   "in sample (the committed fit) and out of sample (leave-one-source-out), by family "
+                                   "(framework × GPU generation).")
+    from shardlab.cli.validate_cmd import add_validate_args
+
+    add_validate_args(p)
     add_output_args(p)
     p.set_defaults(func=cmd_validate)
 
@@ -108,9 +114,25 @@ def training_estimate_from_args(args, catalog):
         precision=args.precision, optimizer=args.optimizer,
         tokens=parse_count(args.tokens, "--tokens") if args.tokens else None,
         flash_attention=not getattr(args, "no_flash_attention", False), dropout=getattr(args, "dropout", False),
-        dp_overlap=not getattr(args, "no_dp_overlap", False) and (catalog.profile or {}).get("comm_overlap", True) is not False,
-        grad_reduce_bytes=4 if getattr(args, "grad_reduce_fp32", False) else 0,
+        framework=resolve_framework(args, catalog), compile=getattr(args, "compile", None), **_overrides(args, catalog),
         overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)))
+
+
+def _overrides(args, catalog) -> dict:
+    """Mechanisms the user's flags override (None: the framework's): --no-dp-overlap, a profile that measured no
+    overlap, --grad-reduce-fp32."""
+    no_overlap = getattr(args, "no_dp_overlap", False) or (catalog.profile or {}).get("comm_overlap", True) is False
+    return {"dp_overlap": False if no_overlap else None,
+            "grad_reduce_bytes": 4 if getattr(args, "grad_reduce_fp32", False) else None}
+
+
+def framework_doc(fw, wl) -> dict:
+    """What the estimate assumed of the framework (every estimate and plan prints it)."""
+    return {"id": fw.id, "name": fw.name, "kernels": wl.kernels, "attention_kernel": wl.attention_kernel,
+            "dp_overlap": wl.dp_overlap, "zero3_prefetch": wl.zero3_prefetch,
+            "zero3_regather_for_recompute": wl.zero3_regather_for_recompute,
+            "grad_reduce_bytes": wl.grad_reduce_bytes,
+            "layer_host_s": wl.layer_host_s, "step_overhead_s": wl.step_overhead_s, "source": fw.source}
 
 
 # ---- estimate --------------------------------------------------------------------------------------
@@ -152,7 +174,7 @@ def _parse_fix(items: list[str]) -> dict:
 def cmd_plan(args):
     from shardlab.cli.common import cluster_from_args, resolve_model
     from shardlab.errors import ShardlabError
-    from shardlab.estimate.step import Workload
+    from shardlab.estimate.step import workload_for
     from shardlab.memory import load_overheads
     from shardlab.planner.explain import axis_reasons, comm_table, runner_up
     from shardlab.planner.report import render_plan
@@ -176,13 +198,15 @@ def cmd_plan(args):
     cluster = cluster_from_args(args, cat, gpus)
     seq = _seq_len(args, spec)
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
-    wl = Workload(seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
-                  flash_attention=not args.no_flash_attention, dropout=args.dropout, dp_overlap=not args.no_dp_overlap,
-                  grad_reduce_bytes=4 if args.grad_reduce_fp32 else 0)
+    fw = resolve_framework(args, cat)
+    wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
+                      flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
+                      **_overrides(args, cat))
     res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
                         overheads=load_overheads(args.overheads, args.no_overheads))
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
+           "framework": framework_doc(fw, wl),
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,
            "workload": {"seq_len": seq, "global_batch": gb, "precision": args.precision, "optimizer": args.optimizer,
                         "tokens_per_step": seq * gb},
@@ -202,34 +226,6 @@ def cmd_plan(args):
 
 # ---- validate --------------------------------------------------------------------------------------
 def cmd_validate(args):
-    import numpy as np
+    from shardlab.cli.validate_cmd import cmd_validate_training
 
-    from shardlab.report.table import table
-    from shardlab.validation import compare
-
-    rows, docs = [], []
-    cmp = compare(catalog=_catalog(args))
-    for c in cmp:
-        cfg = c.run.config
-        lay = f"tp{cfg.get('tp', 1)} pp{cfg.get('pp', 1)}" + (f" cp{cfg['cp']}" if cfg.get("cp", 1) > 1 else "") + \
-              f" dp{cfg['gpus'] // (cfg.get('tp', 1) * cfg.get('pp', 1) * cfg.get('cp', 1))}"
-        rows.append([c.run.id, f"{cfg['gpus']}×{cfg.get('gpu', 'a100-80gb')}", lay, c.run.convention,
-                     f"{c.run.measured_tflops_per_gpu:g}", f"{c.predicted_tflops_per_gpu:.1f}", f"{100 * c.error:+.1f}%",
-                     "" if not c.run.informational else "info"])
-        docs.append({"id": c.run.id, "gpus": cfg["gpus"], "gpu": cfg.get("gpu", "a100-80gb"), "convention": c.run.convention,
-                     "measured_tflops_per_gpu": c.run.measured_tflops_per_gpu,
-                     "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu, "error": c.error,
-                     "predicted_step_time_s": c.predicted_step_time_s, "measured_step_time_s": c.run.measured_step_time_s,
-                     "in_target": not c.run.informational, "source": c.run.source, "assumed": cfg.get("assumed", "")})
-    target = np.array([abs(c.error) for c in cmp if not c.run.informational])
-    summary = {"runs_in_target": int(len(target)), "mean_abs_error": float(target.mean()), "max_abs_error": float(target.max())}
-    text = "\n".join([
-        table(["run", "hardware", "layout", "FLOPs", "measured TF/s", "predicted", "error", ""], rows,
-              title="predicted vs published TFLOP/s per GPU (docs/validation.md has every source and assumption)"),
-        "",
-        f"accuracy target (Megatron-LM runs, {summary['runs_in_target']}): mean |error| {100 * summary['mean_abs_error']:.1f}%, "
-        f"max {100 * summary['max_abs_error']:.1f}% (goal: each within 10%, mean within 5%)",
-        "info = reported, outside the target: DeepSpeed-stack runs (software 20-30% slower than Megatron-LM on the same "
-        "layout and hardware) and runs whose settings are not published",
-    ])
-    return {"runs": docs, "summary": summary}, text
+    return cmd_validate_training(args, _catalog(args))

@@ -75,25 +75,19 @@ def ab_terms(op: str, n, algorithm: str = "ring"):
     raw = np.asarray(n, dtype=float)
     n = np.maximum(raw, 1.0)                       # n ≤ 1 costs nothing (masked below); avoids 1/0
     one = np.ones_like(n)
-    lg = np.ceil(np.log2(n))
-    if algorithm == "ring":
-        steps, coeff = {
-            "all-reduce": (2 * (n - 1), 2 * (n - 1) / n),
-            "reduce-scatter": (n - 1, (n - 1) / n),
-            "all-gather": (n - 1, (n - 1) / n),
-            "all-to-all": (n - 1, (n - 1) / n),
-            "broadcast": (n - 1, one),
-            "send-recv": (one, one),
-        }[op]
+    if op == "send-recv":
+        steps, coeff = one, one
+    elif algorithm == "ring":
+        if op == "all-reduce":
+            steps, coeff = 2 * (n - 1), 2 * (n - 1) / n
+        elif op == "broadcast":
+            steps, coeff = n - 1, one
+        else:                                      # reduce-scatter, all-gather, all-to-all
+            steps, coeff = n - 1, (n - 1) / n
     else:
-        steps, coeff = {
-            "all-reduce": (2 * lg, 2 * one),
-            "reduce-scatter": (lg, (n - 1) / n),
-            "all-gather": (lg, (n - 1) / n),
-            "all-to-all": (lg, lg / 2),
-            "broadcast": (lg, one),
-            "send-recv": (one, one),
-        }[op]
+        lg = np.ceil(np.log2(n))
+        steps, coeff = {"all-reduce": (lg + lg, 2 * one), "reduce-scatter": (lg, (n - 1) / n),
+                        "all-gather": (lg, (n - 1) / n), "all-to-all": (lg, lg / 2), "broadcast": (lg, one)}[op]
     alone = raw <= 1
     return np.where(alone, 0.0, steps), np.where(alone, 0.0, coeff)
 

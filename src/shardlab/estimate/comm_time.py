@@ -28,6 +28,14 @@ from shardlab.estimate.hardware import group_link
 from shardlab.specs.hardware import Cluster
 
 
+def exposed_s(comm_s, window_s, overlap=1.0):
+    """What C seconds of communication overlapped with a W-second compute window add to it: max(0, C − η·W). Only a
+    share η of the window hides communication: concurrent collectives take SMs and memory bandwidth from the compute
+    (Rashidi et al. 2021, ISCA, 'Enabling Compute-Communication Overlap in Distributed Deep Learning Training
+    Platforms' §3; Pati et al. 2024, T3, arXiv 2401.16677 §2.3) and streams serialise part of the work."""
+    return np.maximum(np.asarray(comm_s) - overlap * np.asarray(window_s), 0.0)
+
+
 def _time(op, size, n, link):
     n = np.asarray(n)
     return np.where(n > 1, alpha_beta_time(op, size, np.maximum(n, 1), link.alpha_s, link.beta_bytes_per_s, "ring"), 0.0)
@@ -47,7 +55,8 @@ def tp_embedding_head_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes
     return _time("all-reduce", tokens * hidden * elem_bytes, tp, link)
 
 
-def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: int, attn_fwd_s, recompute_code):
+def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: int, attn_fwd_s, recompute_code,
+                   eta=1.0):
     """Ring-attention K/V exchange of one block per micro-batch, beyond what the attention core hides."""
     link = group_link(cluster, cp, tp)
     cp = np.asarray(cp)
@@ -55,8 +64,8 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
     step = link.alpha_s + block / link.beta_bytes_per_s
     fwd = np.where(cp > 1, (cp - 1) * step, 0.0)
     bwd = 2 * fwd                                                      # K/V in, dK/dV back
-    exposed = np.maximum(fwd - attn_fwd_s, 0) + np.maximum(bwd - 2 * attn_fwd_s, 0)
-    return exposed + (np.asarray(recompute_code) == 2) * np.maximum(fwd - attn_fwd_s, 0)
+    exposed = exposed_s(fwd, attn_fwd_s, eta) + exposed_s(bwd, 2 * attn_fwd_s, eta)
+    return exposed + (np.asarray(recompute_code) == 2) * exposed_s(fwd, attn_fwd_s, eta)
 
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code):
@@ -94,7 +103,7 @@ def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep) -> dict:
 
 
 def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes: int, microbatches, bwd_last_s,
-              overlap: bool, expert_params_local=0):
+              overlap: bool, expert_params_local=0, eta=1.0):
     """Exposed data-parallel / ZeRO-1/2 communication per step (ZeRO-3 is priced per micro-batch).
 
     Returns (exposed_s, total_s): what extends the step, and what the collectives take in all.
@@ -107,36 +116,68 @@ def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes
         return sum(lat + per_byte * sizes[grp] * bytes_per_param for (o, grp), (lat, per_byte) in coeffs.items() if o == op)
 
     ar, rs, ag = t("all-reduce", grad_bytes), t("reduce-scatter", grad_bytes), t("all-gather", weight_bytes)
-    window = bwd_last_s if overlap else 0.0
     m = np.asarray(microbatches)
+    hide = (lambda c: exposed_s(c, bwd_last_s, eta)) if overlap else (lambda c: np.asarray(c))
     # ZeRO-2 reduce-scatters every micro-batch; all but the last hide under the next backward when overlapped
     rs2_total = m * rs
-    rs2_exposed = np.where(overlap, np.maximum(rs - window, 0) + (m - 1) * np.maximum(rs - bwd_last_s, 0), rs2_total)
-    exposed = np.select([zero == 0, zero == 1, zero == 2], [np.maximum(ar - window, 0), np.maximum(rs - window, 0) + ag,
-                                                              rs2_exposed + ag], 0.0)
+    rs2_exposed = m * hide(rs)
+    exposed = np.select([zero == 0, zero == 1, zero == 2], [hide(ar), hide(rs) + ag, rs2_exposed + ag], 0.0)
     total = np.select([zero == 0, zero == 1, zero == 2], [ar, rs + ag, rs2_total + ag], 0.0)
     return exposed, total
 
 
-def zero3_first_gather_s(cluster: Cluster, *, tp, cp, dp, unit_params, weight_bytes: int):
-    """The first unit's all-gather of a micro-batch (nothing to hide under)."""
-    D = np.asarray(dp) * np.asarray(cp)
-    return _time("all-gather", unit_params * weight_bytes, D, group_link(cluster, D, tp))
+def zero3_unit_collectives_s(cluster: Cluster, *, shard, stride, rep, unit_params, grad_bytes: int, weight_bytes: int,
+                             per_gpu_nic: bool = False) -> dict:
+    """One ZeRO-3/FSDP unit's collectives per micro-batch over a shard group of ``shard`` ranks ``stride`` apart:
+    'ag' (all-gather of its weights), 'rs' (reduce-scatter of its gradients) and, with HSDP replicas (rep > 1),
+    'ar' (all-reduce of the gradient shard across the replicas: torch FSDP HYBRID_SHARD, Zhao et al. 2023 §3.2.2)."""
+    shard, rep, stride = np.asarray(shard), np.asarray(rep), np.asarray(stride)
+    link = group_link(cluster, shard, stride, per_gpu_nic)
+    rlink = group_link(cluster, rep, stride * shard, per_gpu_nic)
+    return {"ag": _time("all-gather", unit_params * weight_bytes, shard, link),
+            "rs": _time("reduce-scatter", unit_params * grad_bytes, shard, link),
+            "ar": _time("all-reduce", unit_params / np.maximum(shard, 1) * grad_bytes, rep, rlink)}
 
 
-def zero3_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, unit_params, n_units, fwd_unit_s, bwd_unit_s,
-                           grad_bytes: int, weight_bytes: int, overlap: bool = True):
-    """ZeRO-3/FSDP per micro-batch: all-gather each unit's weights in forward and in backward and
-    reduce-scatter its gradients; with one unit of prefetch each gather hides under the previous unit's
-    compute. Returns (exposed_s, total_s); the first unit's gather, which nothing hides, is added by the
-    caller once per micro-batch."""
-    D = np.asarray(dp) * np.asarray(cp)
-    link = group_link(cluster, D, tp)
-    ag = _time("all-gather", unit_params * weight_bytes, D, link)
-    rs = _time("reduce-scatter", unit_params * grad_bytes, D, link)
-    if overlap:
-        exposed = n_units * (np.maximum(ag - fwd_unit_s, 0) + np.maximum(ag + rs - bwd_unit_s, 0))
+def zero3_collectives_s(cluster: Cluster, *, tp, cp, dp, ep, rep, dense_params, expert_params, grad_bytes: int,
+                        weight_bytes: int, per_gpu_nic: bool = False) -> dict:
+    """A unit's collectives: dense weights shard over dp·cp/rep ranks (stride tp), routed experts over the expert
+    data-parallel group dp·cp/ep/rep (stride tp·cp·ep: ranks holding the same experts), issued one after the other."""
+    tp, cp, dp, ep, rep = (np.asarray(x) for x in (tp, cp, dp, ep, rep))
+    kw = dict(grad_bytes=grad_bytes, weight_bytes=weight_bytes, per_gpu_nic=per_gpu_nic, rep=rep)
+    d = zero3_unit_collectives_s(cluster, shard=dp * cp // rep, stride=tp, unit_params=dense_params, **kw)
+    x = zero3_unit_collectives_s(cluster, shard=np.maximum(dp * cp // ep // rep, 1), stride=tp * cp * ep,
+                                 unit_params=expert_params, **kw)
+    has_x = np.asarray(expert_params) > 0
+    return {k: d[k] + np.where(has_x, x[k], 0.0) for k in d}
+
+
+def zero3_per_microbatch_s(coll: dict, *, fwd_unit_s, bwd_unit_s, regathers, overlap: bool, prefetch: bool,
+                           eta=1.0):
+    """ZeRO-3/FSDP per unit and micro-batch (Zhao et al. 2023, arXiv 2304.11277 §3.3-3.4; Rajbhandari 2020 §7.2.2).
+
+    Forward: the unit's all-gather, hidden under the previous unit's forward when prefetched. Backward: the gather
+    again (plus ``regathers`` more, e.g. DeepSpeed's re-gather for the recomputed forward), its gradient
+    reduce-scatter and the HSDP all-reduce, sharing the links, hidden under the backward (+ recomputation) window
+    when prefetch / overlap allow. Returns (exposed_s, total_s) per unit; the first unit's gather and the last
+    reduce-scatter, which nothing hides, are added by the caller (``zero3_edges_s``)."""
+    ag, rs, ar = coll["ag"], coll["rs"], coll["ar"]
+    gathers_b = (1 + np.asarray(regathers)) * ag
+    reduce = rs + ar
+    hide = lambda c, w: exposed_s(c, w, eta)
+    fwd = hide(ag, fwd_unit_s) if prefetch else ag
+    if prefetch and overlap:
+        bwd = hide(gathers_b + reduce, bwd_unit_s)
+    elif overlap:
+        bwd = gathers_b + hide(reduce, bwd_unit_s)
+    elif prefetch:
+        bwd = hide(gathers_b, bwd_unit_s) + reduce
     else:
-        exposed = n_units * (2 * ag + rs)
-    total = n_units * (2 * ag + rs)
-    return exposed, total
+        bwd = gathers_b + reduce
+    return fwd + bwd, ag + gathers_b + reduce
+
+
+def zero3_edges_s(coll: dict):
+    """Per micro-batch: the first unit's all-gather (nothing runs before it) and the last reduce-scatter and
+    replica all-reduce (nothing runs after them)."""
+    return coll["ag"] + coll["rs"] + coll["ar"]

@@ -1,11 +1,12 @@
-"""Achieved rates: matmul efficiency vs matrix size, memory-bound throughput, and group bandwidth.
+"""Achieved rates: matmul efficiency vs matrix size, attention kernels, memory-bound throughput, group bandwidth.
 
 - Matmul: eff(d) = max_fraction · d / (d + half_size) of the dense peak, d = the smallest dimension of
-  the GEMM (a saturating curve: small TP shards and narrow heads run further from peak). Each accelerator
-  may carry its own curve in the catalog (``efficiency:``), fitted to published runs or measured by
-  ``shardlab calibrate``; otherwise DEFAULT_MATMUL applies and the output says it is an estimate.
-- Memory-bound kernels (norms, activations, softmax, residuals, the optimizer) stream at
-  MEMORY_EFFICIENCY of the HBM bandwidth.
+  the GEMM (a saturating curve: small TP shards and narrow heads run further from peak).
+- Attention (FlashAttention-class fused kernels): the model's attention FLOPs at a share of the dense peak.
+- Memory-bound kernels (norms, activations, residuals, the optimizer) stream at a share of the HBM bandwidth.
+Each accelerator carries these three from its generation's entry in catalog/data/efficiencies.yaml (fitted to
+published runs, docs/validation.md) or from a calibration profile (``shardlab calibrate``); an accelerator with
+neither uses the DEFAULT_* values below and the estimate says so.
 - A collective's group of ``size`` ranks, ``stride`` apart in the rank grid: inside one node it runs on
   the intra-node link; across nodes NCCL runs one ring per rail, so k members per node share the node
   boundary over k NICs and the bus bandwidth is min(intra, k × per-GPU inter-node bandwidth)
@@ -21,20 +22,35 @@ import numpy as np
 from shardlab.specs.hardware import Accelerator, Cluster, MatmulEfficiency
 
 DEFAULT_MATMUL = MatmulEfficiency(
-    max_fraction=0.72, half_size=100.0,
-    source="estimate: the A100 curve fitted to Megatron-LM runs (docs/validation.md), used for accelerators with "
-           "no published runs; calibrate with `shardlab calibrate` to replace it")
-"""Fallback curve for accelerators whose catalog entry has no ``efficiency`` (kept equal to a100-80gb's fit)."""
-
-MEMORY_EFFICIENCY = 0.90
-"""Share of HBM bandwidth streaming kernels reach. Source: device-to-device copies recorded in this workplace's
-device notes (lent machines, 2026-10/11; not measured by shardlab): 3.0 of 3.35 TB/s on an H100 SXM and 4.3 of
-4.8 TB/s on an H200 (docs/validation.md)."""
+    max_fraction=0.6, half_size=100.0,
+    source="estimate: no fitted or measured curve for this accelerator's generation; calibrate with `shardlab calibrate`")
+"""Fallback curve for accelerators whose generation has no entry in efficiencies.yaml and no calibration."""
+DEFAULT_ATTENTION_EFFICIENCY = 0.4
+"""Fallback attention-kernel share of peak (estimate, flagged in the output)."""
+DEFAULT_MEMORY_EFFICIENCY = 0.8
+"""Fallback HBM streaming share (estimate, flagged in the output)."""
+DEFAULT_OVERLAP_EFFICIENCY = 0.7
+"""Fallback share of a compute window overlapped communication hides under (estimate, flagged in the output)."""
 
 
 def matmul_curve(acc: Accelerator) -> tuple[MatmulEfficiency, bool]:
     """(curve, is_default) for ``acc``."""
     return (acc.efficiency, False) if acc.efficiency is not None else (DEFAULT_MATMUL, True)
+
+
+def attention_efficiency(acc: Accelerator) -> float:
+    """Share of the dense peak the fused attention kernel reaches on ``acc``."""
+    return acc.attention_efficiency if acc.attention_efficiency is not None else DEFAULT_ATTENTION_EFFICIENCY
+
+
+def overlap_efficiency(acc: Accelerator) -> float:
+    """Share of a compute window that overlapped communication hides under on ``acc``."""
+    return acc.overlap_efficiency if acc.overlap_efficiency is not None else DEFAULT_OVERLAP_EFFICIENCY
+
+
+def memory_efficiency(acc: Accelerator) -> float:
+    """Share of the HBM bandwidth streaming kernels reach on ``acc``."""
+    return acc.memory_efficiency if acc.memory_efficiency is not None else DEFAULT_MEMORY_EFFICIENCY
 
 
 def gemm_efficiency(d, curve: MatmulEfficiency):
@@ -51,8 +67,22 @@ def gemm_time_s(m, n, k, peak_flops: float, curve: MatmulEfficiency):
 
 
 def memory_time_s(nbytes, acc: Accelerator):
-    """Time to stream ``nbytes`` through HBM at MEMORY_EFFICIENCY of the bandwidth."""
-    return np.asarray(nbytes, dtype=float) / (acc.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+    """Time to stream ``nbytes`` through HBM at the accelerator's memory efficiency."""
+    return np.asarray(nbytes, dtype=float) / (acc.memory_bandwidth_bytes_per_s * memory_efficiency(acc))
+
+
+ATTENTION_FLASH1_SPEED = 0.5
+"""FlashAttention (v1, Dao et al. 2022) relative to FlashAttention-2: 'around 2x speedup compared to FlashAttention'
+(Dao 2023, arXiv 2307.08691, abstract and §4.1)."""
+ATTENTION_KERNELS = ("flash1", "flash2", "native")
+
+
+def attention_time_s(flops, acc: Accelerator, dtype: str, kernel: str = "flash2"):
+    """Time of ``flops`` of fused attention at the accelerator's attention share: FlashAttention-2 ('flash2'), its
+    predecessor ('flash1', half as fast) or the generation's native kernel ('native': FlashAttention-3 / cuDNN on
+    Hopper, faster by the generation's speed-up)."""
+    speedup = acc.attention_native_speedup if kernel == "native" else ATTENTION_FLASH1_SPEED if kernel == "flash1" else 1.0
+    return np.asarray(flops, dtype=float) / (acc.peak_flops(dtype) * attention_efficiency(acc) * speedup)
 
 
 @dataclass(frozen=True)
@@ -67,8 +97,11 @@ class GroupLink:
     """Nodes the group spans (1 = inside a node)."""
 
 
-def group_link(cluster: Cluster, size, stride) -> GroupLink:
-    """Link parameters for groups of ``size`` ranks ``stride`` apart (array-safe)."""
+def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> GroupLink:
+    """Link parameters for groups of ``size`` ranks ``stride`` apart (array-safe).
+
+    ``per_gpu_nic``: the group's traffic crosses each rank's own NIC without sharing a node's NICs (a ring whose
+    every hop leaves the node): the bus bandwidth is one GPU's inter-node rate however many members a node holds."""
     size = np.asarray(size)
     stride = np.asarray(stride)
     gpn = cluster.gpus_per_node
@@ -77,6 +110,7 @@ def group_link(cluster: Cluster, size, stride) -> GroupLink:
     nodes = -(-size // per_node)
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1
-    beta = np.where(inside, intra.bytes_per_s, np.minimum(intra.bytes_per_s, per_node * inter.bytes_per_s))
+    across = inter.bytes_per_s if per_gpu_nic else np.minimum(intra.bytes_per_s, per_node * inter.bytes_per_s)
+    beta = np.where(inside, intra.bytes_per_s, across)
     alpha = np.where(inside, intra.latency_s, inter.latency_s)
     return GroupLink(alpha, beta, nodes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardlab.estimate.hardware import MEMORY_EFFICIENCY, matmul_curve
+from shardlab.estimate.hardware import attention_efficiency, matmul_curve, memory_efficiency, overlap_efficiency
 from shardlab.estimate.training import TrainingEstimate
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.precision import state_bytes
@@ -34,8 +34,10 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}) for {m} micro-batches; "
                       f"the average GPU's {stage_flops:.3g} model FLOP over this time is {100 * achieved:.0f}% of "
                       f"{peak / 1e12:g} TFLOP/s while computing (MFU, which counts the whole step, is lower) "
-                      f"[GEMMs: {curve.max_fraction:g}·d/(d+{curve.half_size:g}) of peak{' (default curve, estimate)' if default else ''}; "
-                      f"norms/activations at {MEMORY_EFFICIENCY:.0%} of {acc.memory_bandwidth_gbps:g} GB/s]"),
+                      f"[GEMMs: {curve.max_fraction:.3g}·d/(d+{curve.half_size:.3g}) of peak{' (default curve, estimate)' if default else ''}; "
+                      f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * (acc.attention_native_speedup if wl.attention_kernel == 'native' else 1):.0%}; "
+                      f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
+                      f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
         "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "
                       f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
@@ -44,7 +46,14 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "ep_comm_s": f"dispatch + combine all-to-alls over {lay.ep} ranks per MoE block",
         "pp_p2p_s": (f"blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP rank "
                      f"({_pp_link(est)})"),
-        "zero3_comm_s": "ZeRO-3 weight gathers and gradient reduce-scatters not hidden by prefetching",
+        "zero3_comm_s": (f"ZeRO-3 weight gathers and gradient reduce-scatters per block beyond the compute they overlap "
+                         f"(they hide under {100 * overlap_efficiency(acc):.0f}% of it), plus the first gather "
+                         f"and last reduce-scatter of each micro-batch"
+                         + (", one more gather per block for the recomputed forward" if wl.zero3_regather_for_recompute
+                            and lay.recompute == "full" else "")
+                         + (f"; HSDP: {lay.dp_replicate} replicas all-reduce gradient shards" if lay.dp_replicate > 1 else "")),
+        "host_overhead_s": (f"host time the GPUs wait for: {1e3 * wl.layer_host_s:.2g} ms per block and pass "
+                            f"+ {wl.step_overhead_s:.2g} s per step ({wl.framework}, fitted: docs/validation.md)"),
         "pp_bubble_s": ({"interleaved": f"interleaved: (p−1)/v × the slowest stage's time",
                          "zb-h1": "ZB-H1: (p−1)(t−W) − (min(m,p)−1)·W, W = weight-gradient time",
                          }.get(lay.schedule, f"{lay.schedule}: fill and drain, Σ stage times − the slowest "
@@ -53,13 +62,14 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                         f"{100 * b['pp_bubble_s'] / est.step_time_s:.1f}% of the step"),
         "dp_comm_s": (f"exposed part of {fmt_time(est.dp_comm_total_s)} of gradient reduction (ZeRO-{lay.zero}) over "
                       f"dp·cp = {lay.dp * lay.cp} ranks; overlap with the last backward "
-                      f"{'on' if wl.dp_overlap else 'off'}"),
+                      f"{'on' if wl.dp_overlap else 'off'}" + (f" (hiding under {100 * overlap_efficiency(acc):.0f}% of it)"
+                                                                if wl.dp_overlap else "")),
         "optimizer_s": f"{wl.optimizer} step streams gradients, master weights and moments through HBM",
     }
     names = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
              "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
              "zero3_comm_s": "ZeRO-3 communication", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
-             "optimizer_s": "optimizer step"}
+             "optimizer_s": "optimizer step", "host_overhead_s": "host overhead"}
     return [[names[k], f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%", text[k]] for k, v in b.items() if v > 1e-9]
 
 
@@ -76,6 +86,10 @@ def render_estimate(est: TrainingEstimate) -> str:
         + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
         f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences ({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
         f"{wl.precision}, {wl.optimizer}",
+        f"framework: {wl.framework} ({wl.kernels} kernels, {wl.attention_kernel} attention, gradient reduction "
+        f"{'overlapped' if wl.dp_overlap else 'after the backward'}"
+        f"{', DeepSpeed-style re-gather under recomputation' if wl.zero3_regather_for_recompute else ''}; "
+        f"--framework to change, catalog/data/frameworks.yaml for the sources)",
         "",
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
         table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl"),

@@ -26,7 +26,7 @@ import numpy as np
 
 from shardlab.estimate import comm_time as ct
 from shardlab.estimate.compute import block_step_times, head_times, layer_times
-from shardlab.estimate.hardware import matmul_curve, memory_time_s
+from shardlab.estimate.hardware import matmul_curve, memory_time_s, overlap_efficiency
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
 from shardlab.memory.overheads import Overheads
@@ -40,9 +40,11 @@ SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
 """Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
 matters where the accelerator has a dispatch overhead (CPUs)."""
-CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched")
+CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep")
+CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1}
+"""Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
-               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "memory_bytes",
+               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "memory_bytes",
                "slowest_stage", "worst_memory_stage")
 
 
@@ -67,6 +69,43 @@ class Workload:
     DDP/FSDP, Megatron --overlap-grad-reduce) and ZeRO-3 gathers under the previous block (prefetch)."""
     grad_reduce_bytes: int = 0
     """Bytes per gradient element on the wire (0: the gradient dtype; Megatron bf16 runs often use 4)."""
+    framework: str = "megatron-lm"
+    """Id of the framework profile the mechanisms below come from (specs/framework.py)."""
+    kernels: str = "fused"
+    """Memory-bound kernels: 'fused', 'eager' or 'compiled' (estimate/kernels.py derives their bytes)."""
+    fused_loss: bool = False
+    """The loss works in place on the logits (framework profile, or the run's own loss kernel)."""
+    attention_kernel: str = "flash2"
+    """'flash2' (FlashAttention-2) or 'native' (the generation's own kernel: FlashAttention-3 / cuDNN on Hopper)."""
+    zero3_prefetch: bool = True
+    """ZeRO-3/FSDP gathers the next unit while the current one computes."""
+    zero3_regather_for_recompute: bool = False
+    """Full recomputation gathers each unit's weights once more (DeepSpeed ZeRO-3)."""
+    zero3_comm_per_gpu_nic: bool = False
+    """ZeRO-3 traffic crosses each rank's own NIC without node aggregation (DeepSpeed ZeRO-3 of 2021)."""
+    layer_host_s: float = 0.0
+    """Host time per block and pass the GPU waits for, seconds."""
+    step_overhead_s: float = 0.0
+    """Host time per step the GPUs wait for, seconds."""
+
+
+def workload_for(framework, *, seq_len: int, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
+                 flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
+                 grad_reduce_bytes: int | None = None, compile: bool | None = None,
+                 attention_kernel: str | None = None, fused_loss: bool | None = None) -> Workload:
+    """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
+    (not None) overriding the matching mechanism."""
+    fw = framework
+    return Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
+                    flash_attention=flash_attention, dropout=dropout,
+                    dp_overlap=fw.dp_overlap if dp_overlap is None else dp_overlap,
+                    grad_reduce_bytes=fw.grad_reduce_bytes if grad_reduce_bytes is None else grad_reduce_bytes,
+                    framework=fw.id, kernels=fw.kernels_for(compile),
+                    attention_kernel=attention_kernel or fw.attention_kernel,
+                    fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
+                    zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
+                    zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
+                    layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s)
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -97,7 +136,7 @@ def _unit_params(spec: ModelSpec, tp, ep) -> dict:
     return out
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _tensors_per_unit(spec: ModelSpec) -> dict:
     """Parameter tensors of a dense block (False), a MoE block (True), the embedding (PRE) and the head."""
     out = {False: 0, True: 0, PRE: 0, spec.num_layers: 0}
@@ -113,13 +152,14 @@ def _tensors_per_unit(spec: ModelSpec) -> dict:
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads(),
-             stage_layers: tuple[int, ...] | None = None) -> dict:
+             stage_layers: tuple[int, ...] | None = None, memory: bool = True) -> dict:
     """Score candidate layouts (dict of equal-length arrays, keys CANDIDATE_KEYS). Returns arrays.
 
-    ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly)."""
-    c = {k: np.asarray(cands[k]) for k in CANDIDATE_KEYS}
-    n = len(c["dp"])
-    g = _global_terms(spec, cluster, wl, c)
+    ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly).
+    ``memory=False`` skips activations and overheads (model states only): the fit of efficiencies needs times."""
+    n = len(cands["dp"])
+    c = {k: np.asarray(cands[k]) if k in cands else np.full(n, CANDIDATE_DEFAULTS[k]) for k in CANDIDATE_KEYS}
+    g = _global_terms(spec, cluster, wl, c, memory)
     out = {k: np.zeros(n) for k in OUTPUT_KEYS}
     keys = (c["pp"] * 64 + c["vpp"]) * 8 + c["sched"]
     order = np.argsort(keys, kind="stable")
@@ -131,13 +171,14 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         gsub = _index(g, idx)
         pp, rest = divmod(int(key), 64 * 8)
         vpp, sched = divmod(rest, 8)
-        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads, stage_layers)
+        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads, stage_layers, memory)
         for k, v in res.items():
             out[k][idx] = v
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer)
     model_tok = float(training_flops_per_token(spec, wl.seq_len, "none")[0])
-    hw = np.array([float(training_flops_per_token(spec, wl.seq_len, r)[1]) for r in ("none", "selective", "full")])[c["rc"]]
+    per_mode = np.array([float(training_flops_per_token(spec, wl.seq_len, r)[1]) for r in ("none", "selective", "full", "op")])
+    hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)
     tokens = float(wl.global_batch * wl.seq_len)
     world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
     peak = acc.peak_flops(sb.compute_dtype)
@@ -159,44 +200,52 @@ def _index(tree, idx):
     return a[idx] if a.ndim else a
 
 
-def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> dict:
+def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memory: bool = True) -> dict:
     """Per-candidate quantities that do not depend on the pipeline split."""
     acc = cluster.accelerator
     curve, _ = matmul_curve(acc)
+    overlap = overlap_efficiency(acc)
     sb = state_bytes(wl.precision, wl.optimizer)
     e, dtype = sb.weights, sb.compute_dtype
     gbytes = wl.grad_reduce_bytes or sb.gradients
-    tp, cp, ep, dp, mb, zero, rc, sp = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc", "sp"))
+    tp, cp, ep, dp, mb, zero, rc, sp, rf = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc", "sp", "rf"))
     sp = sp.astype(bool)
     T = mb * wl.seq_len / cp
     h = spec.hidden_size
-    lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp)
-    ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout)
+    lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
+                          recompute_fraction=rf)
+    ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
+                            fused_loss=wl.fused_loss)
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
     params = _unit_params(spec, tp, ep)
     kinds = {}
     for layer in sorted({next(i for i in range(spec.num_layers) if spec.is_moe_layer(i) == k)
                          for k in {spec.is_moe_layer(i) for i in range(spec.num_layers)}}):
         kind = spec.is_moe_layer(layer)
-        lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout, **common)
-        bt = block_step_times(lt, rc)
+        lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
+                         kernels=wl.kernels, attention_kernel=wl.attention_kernel, **common)
+        bt = block_step_times(lt, rc, c["rf"])
         dense, expert = params[kind]
-        z3, _ = ct.zero3_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, unit_params=dense + expert, n_units=1,
-                                          fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
-                                          grad_bytes=gbytes, weight_bytes=e, overlap=wl.dp_overlap)
+        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=dense,
+                                      expert_params=expert, grad_bytes=gbytes, weight_bytes=e,
+                                      per_gpu_nic=wl.zero3_comm_per_gpu_nic)
+        regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
+        z3, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
+                                          regathers=regathers, overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch,
+                                          eta=overlap)
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc),
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
-                                 elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc),
+                                 elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0),
-            z3_first=np.where(zero == 3, ct.zero3_first_gather_s(cluster, tp=tp, cp=cp, dp=dp, unit_params=dense + expert,
-                                                                 weight_bytes=e), 0.0),
+            z3_first=np.where(zero == 3, ct.zero3_edges_s(coll), 0.0),
+            host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)
             dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T),
-            act=layer_activation_bytes(spec, layer, lay, ctx))
-    head = head_times(spec, acc, curve, dtype, **common)
+            act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)
+    head = head_times(spec, acc, curve, dtype, kernels=wl.kernels, fused_loss=wl.fused_loss, **common)
     return dict(
         kinds=kinds, head=head["fwd_s"] + head["bwd_s"],
         emb_ar=ct.tp_embedding_head_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e),
@@ -205,7 +254,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict) -> d
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep))
 
 
-def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None) -> dict:
+def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer)
     e = sb.weights
@@ -215,8 +264,9 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     m = g["m"]
     sched_name = {v: k for k, v in SCHEDULE_CODES.items()}[sched]
     lay = SimpleNamespace(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
-                          sequence_parallel=sp, schedule=sched_name)
-    ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout)
+                          sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"])
+    ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
+                            fused_loss=wl.fused_loss)
     K = g["kinds"]
     per_kind_act = {k: v["act"] for k, v in K.items()}
     zeros = np.zeros_like(m, dtype=float)
@@ -238,7 +288,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         part = lambda key: sum(cnt * K[kind][key] for kind, cnt in zip((False, True), counts) if cnt) + zeros
         t = {"compute": part("compute") + (g["head"] if last else 0.0), "rec": part("rec"),
              "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] if last else 0.0),
-             "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros,
+             "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros, "host": part("host"),
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
         # model states of this stage (flat ZeRO partition; the exact per-tensor check is memory.training)
         dense = part("dense") + (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0)
@@ -246,21 +296,25 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             dense = dense + g["emb_params"]
         expert = part("expert")
         total_p = dense + expert
-        D, De = dp * cp, dp * cp // ep
+        D, De = dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1)
         flat = np.ceil(dense / D) + np.ceil(expert / De)
         w_b = np.where(zero >= 3, flat, total_p) * sb.weights
         g_b = np.where(zero >= 2, flat, total_p) * sb.gradients
         o_b = np.where(zero >= 1, flat, total_p) * sb.optimizer
-        nif = in_flight(lay, s, m)
-        acts = stage_activation_bytes(spec, layers, lay, ctx, nif, holds_embedding=first, holds_head=last, per_kind=per_kind_act)
-        unit = np.maximum.reduce([K[k]["dense"] + K[k]["expert"] for kind, k in zip(counts, (False, True)) if kind]
-                                 + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else []) + [zeros])
-        other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
-                                unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients, holds_head=last,
-                                has_moe=counts[1] > 0)
-        mem = w_b + g_b + o_b + acts + sum(np.asarray(v, dtype=float) for v in other.values())
+        mem = w_b + g_b + o_b
+        if memory:
+            nif = in_flight(lay, s, m)
+            acts = stage_activation_bytes(spec, layers, lay, ctx, nif, holds_embedding=first, holds_head=last,
+                                          per_kind=per_kind_act)
+            unit = np.maximum.reduce([K[k]["dense"] + K[k]["expert"] for kind, k in zip(counts, (False, True)) if kind]
+                                     + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else []) + [zeros])
+            other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
+                                    unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
+                                    holds_head=last, has_moe=counts[1] > 0)
+            mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p, grad_bytes=gbytes, weight_bytes=sb.weights,
-                                microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap, expert_params_local=expert)
+                                microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
+                                expert_params_local=expert, eta=overlap_efficiency(acc))
         # optimizer: read the gradient, read and write master weights and moments, write the weights;
         # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor
         opt = memory_time_s(np.where(zero >= 1, flat, total_p) * (sb.gradients + 2 * sb.optimizer + sb.weights), acc) \
@@ -286,7 +340,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     mem = np.stack([r["mem"] for r in rows])
     stage_ids = np.array([r["s"] for r in rows])
     return {
-        "step_time_s": pipe + dp_e + opt_s,
+        "step_time_s": pipe + dp_e + opt_s + wl.step_overhead_s,
+        "host_overhead_s": m * parts["host"] + wl.step_overhead_s,
         "compute_s": m * parts["compute"], "recompute_s": m * parts["rec"], "tp_comm_s": m * parts["tp"],
         "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"],
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,

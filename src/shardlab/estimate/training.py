@@ -8,7 +8,7 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.estimate.hardware import matmul_curve
-from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate
+from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_for
 from shardlab.flops import six_psi_d, training_flops_per_token
 from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory import MemoryReport, Overheads, training_memory
@@ -17,8 +17,10 @@ from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import param_counts
 
+DEFAULT_FRAMEWORK = "megatron-lm"
+"""The framework estimates assume when none is named (printed with every estimate)."""
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s", "zero3_comm_s",
-                  "pp_bubble_s", "dp_comm_s", "optimizer_s")
+                  "pp_bubble_s", "dp_comm_s", "optimizer_s", "host_overhead_s")
 
 
 @dataclass
@@ -86,6 +88,14 @@ class TrainingEstimate:
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu, "hfu": self.hfu,
+            "framework": {"id": self.workload.framework, "kernels": self.workload.kernels,
+                          "attention_kernel": self.workload.attention_kernel, "dp_overlap": self.workload.dp_overlap,
+                          "zero3_prefetch": self.workload.zero3_prefetch,
+                          "zero3_regather_for_recompute": self.workload.zero3_regather_for_recompute,
+                          "grad_reduce_bytes": self.workload.grad_reduce_bytes,
+                          "overlap_efficiency": float(self.cluster.accelerator.overlap_efficiency or 0.0),
+                          "layer_host_s": float(self.workload.layer_host_s),
+                          "step_overhead_s": float(self.workload.step_overhead_s)},
             "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware FLOPs add "
                                "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",
             "breakdown": dict(self.breakdown), "slowest_stage": self.slowest_stage,
@@ -102,9 +112,17 @@ class TrainingEstimate:
 def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, global_batch: int | None = None,
                       microbatches: int | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
-                      dp_overlap: bool = True, grad_reduce_bytes: int = 0,
+                      framework=None, dp_overlap: bool | None = None, grad_reduce_bytes: int | None = None,
+                      compile: bool | None = None, attention_kernel: str | None = None, fused_loss: bool | None = None,
                       overheads: Overheads = Overheads()) -> TrainingEstimate:
-    """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch."""
+    """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch.
+
+    ``framework``: a Framework profile (default: the catalog's megatron-lm); ``dp_overlap``, ``grad_reduce_bytes`` and
+    ``compile`` override its mechanisms when not None."""
+    if framework is None:
+        from shardlab.catalog import get_catalog
+
+        framework = get_catalog().framework(DEFAULT_FRAMEWORK)
     validate(layout, spec, cluster.num_gpus, seq_len)
     notes: list[str] = []
     per_mb = layout.micro_batch * layout.dp
@@ -122,16 +140,19 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                             f"(micro-batch × dp = {per_mb}) = {m}; give one of them")
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of --pp {layout.pp}")
-    wl = Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                  flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap, grad_reduce_bytes=grad_reduce_bytes)
+    wl = workload_for(framework, seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
+                      flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
+                      grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
+                      fused_loss=fused_loss)
     cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
              "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
              "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
+             "rf": [layout.recompute_fraction], "rep": [layout.dp_replicate],
              "sched": [SCHEDULE_CODES[layout.schedule if layout.pp > 1 else "1f1b"]]}
     r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
     mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,
                           optimizer=optimizer, microbatches=m, overheads=overheads, flash_attention=flash_attention,
-                          dropout=dropout)
+                          dropout=dropout, fused_loss=wl.fused_loss)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")
     val = lambda k: float(r[k][0])

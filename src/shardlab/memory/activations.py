@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from shardlab import xp
 from shardlab.layout import Layout
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_heads_local
+from shardlab.specs.tensors import kv_heads_local, layer_linear_shapes
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class ActivationContext:
     """Attention kernel keeps no s×s score matrix (FlashAttention; PyTorch SDPA)."""
     dropout: bool = False
     """Dropout after attention, MLP and embedding (1-byte masks; GPT-3-era training used it)."""
+    fused_loss: bool = False
+    """The loss kernel works in place on the logits (flash-attn's cross_entropy, Megatron's fused vocab-parallel
+    cross entropy): no fp32 copy or saved log-softmax of the (tokens × vocabulary) logits."""
 
 
 def _local_kv_width(spec: ModelSpec, t) -> int:
@@ -102,6 +105,24 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     else:
         total += n_inter * e * sb * spec.ffn_hidden_size / t
     return total, scores
+
+
+def op_saved_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext):
+    """Bytes one layer keeps under torchtitan's per-operator selective checkpointing (recompute='op').
+
+    torchtitan's policy (torchtitan/models/llama3/infra/parallelize.py, ``_save_list``) saves the outputs of the
+    attention kernel and of every other matmul (the 1st, 3rd, ... in forward order) and recomputes everything
+    else in backward; the block input is kept as the checkpoint's input. For a Llama block: x, Q, V, the attention
+    output (+ its fp32 log-sum-exp), the gate projection and the down projection outputs.
+    """
+    e = ctx.elem_bytes
+    sb = ctx.seq_len / layout.cp * layout.micro_batch
+    kept = layer_input_bytes(spec, layout, ctx)
+    kept = kept + e * sb * spec.q_size / layout.tp + 4 * spec.num_heads / layout.tp * sb   # attention output, LSE
+    for i, (n_out, _n_in, tokens_share) in enumerate(layer_linear_shapes(spec, layer, layout.tp, layout.ep)):
+        if i % 2 == 0:
+            kept = kept + e * sb * tokens_share * n_out
+    return kept
 
 
 def layer_input_bytes(spec: ModelSpec, layout: Layout, ctx: ActivationContext) -> float:

@@ -13,7 +13,7 @@ from shardlab import xp
 from shardlab.errors import ShardlabError
 from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
-                                         layer_input_bytes)
+                                         layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import StateBytes, state_bytes
 from shardlab.memory.states import StageTensors, StateReport, stage_tensors, state_report, state_report_from_count
@@ -151,8 +151,9 @@ def training_memory(
     microbatches: int | None = None,
     overheads: Overheads = Overheads(),
     flash_attention: bool = True,
-    dropout: bool | None = None,
+    dropout: bool = False,
     num_gpus: int | None = None,
+    fused_loss: bool = False,
 ) -> MemoryReport:
     """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``."""
     if (model is None) == (params is None):
@@ -171,9 +172,8 @@ def training_memory(
     s = seq_len or min(model.max_seq_len, 4096)
     if seq_len is None:
         notes.append(f"--seq-len not given: assumed {s}")
-    ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights,
-                            flash_attention=flash_attention,
-                            dropout=model.family in ("gpt2",) if dropout is None else dropout)
+    ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
+                            fused_loss=fused_loss)
     pc = param_counts(model)
     stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads) for st in stage_tensors(model, layout)]
     rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
@@ -211,14 +211,16 @@ def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationConte
     tsh = _tsh(layout)
     sbh = ctx.seq_len / layout.cp * layout.micro_batch * spec.hidden_size
     code = recompute_code(layout.recompute)
+    frac = getattr(layout, "recompute_fraction", 1.0)
     full_in = layer_input_bytes(spec, layout, ctx)
     saved = 0.0
     working = 0.0
     for layer, count in layer_kinds(spec, layers).items():
         tot, sc = per_kind[spec.is_moe_layer(layer)] if per_kind else layer_activation_bytes(spec, layer, layout, ctx)
-        kept = xp.where(code == 2, full_in, xp.where(code == 1, tot - sc, tot))
-        saved = saved + count * kept
-        working = xp.maximum(working, xp.where(code == 2, tot, 0.0))  # one block re-materialised (full)
+        op = op_saved_bytes(spec, layer, layout, ctx)
+        kept = xp.where(code == 2, full_in, xp.where(code == 1, tot - sc, xp.where(code == 3, op, tot)))
+        saved = saved + count * (frac * kept + (1 - frac) * tot)  # a fraction of the blocks is checkpointed
+        working = xp.maximum(working, xp.where(code >= 2, tot, 0.0))  # one block re-materialised (full / op)
     acts = saved * n_in_flight + working
     if holds_embedding and ctx.dropout:
         acts = acts + sbh / tsh * n_in_flight           # embedding dropout mask (1 byte)
@@ -239,10 +241,13 @@ def layer_kinds(spec: ModelSpec, layers) -> dict[int, int]:
     return out
 
 
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2, "op": 3}
+
+
 def recompute_code(recompute):
-    """'none' 0, 'selective' 1, 'full' 2 (arrays pass through)."""
+    """'none' 0, 'selective' 1, 'full' 2, 'op' 3 (arrays pass through)."""
     if isinstance(recompute, str):
-        return {"none": 0, "selective": 1, "full": 2}[recompute]
+        return RECOMPUTE_CODES[recompute]
     return recompute
 
 
@@ -262,8 +267,10 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     if holds_head:
         vocab_local = -(-spec.vocab_size // t)
         n_last = n_in_flight if not _scalar_eq(layout.pp, 1) else 1.0
-        # fp32 log-softmax kept per micro-batch in flight, plus the logits and their fp32 gradient
-        other["logits_and_loss"] = s_l * layout.micro_batch * vocab_local * (4 * n_last + e + 4)
+        # fp32 log-softmax kept per micro-batch in flight, plus the logits and their fp32 gradient; a fused loss
+        # writes the gradient into the logits' own buffer
+        per_logit = e if ctx.fused_loss else 4 * n_last + e + 4
+        other["logits_and_loss"] = s_l * layout.micro_batch * vocab_local * per_logit
     groups = [t, layout.cp, D, layout.pp, layout.ep]
     other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
     other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)

@@ -130,3 +130,58 @@ def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str
     fig.savefig(p_out, dpi=130)
     plt.close(fig)
     return p_out
+
+
+def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: predicted vs published training throughput") -> Path:
+    """Log-log scatter of predicted against measured throughput per GPU, one colour per family, one panel per metric
+    (tokens/s; TFLOP/s); leave-one-source-out predictions filled, in-sample hollow, runs outside the target as
+    crosses; the ±7% and ±20% bands drawn."""
+    import numpy as np
+
+    p = check_picture_path(path)
+    plt = _plt()
+    fams = sorted({r["family"] for r in runs})
+    colour = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(fams)}
+    panels = [("tokens_per_s_per_gpu", "tokens/s per GPU"), ("tflops_per_gpu", "TFLOP/s per GPU")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.8), dpi=120)
+    for ax, (metric, label) in zip(axes, panels):
+        rs = [r for r in runs if r["metric"] == metric]
+        if not rs:
+            ax.set_visible(False)
+            continue
+        for fam in fams:
+            fr = [r for r in rs if r["family"] == fam]
+            if not fr:
+                continue
+            tgt = [r for r in fr if r["in_target"]]
+            info = [r for r in fr if not r["in_target"]]
+            if tgt:
+                m = [r["measured"] for r in tgt]
+                ax.scatter(m, [r["predicted"] for r in tgt], s=26, facecolors="none", edgecolors=colour[fam], lw=0.8)
+                ax.scatter(m, [r["loso_predicted"] for r in tgt], s=18, color=colour[fam], label=f"{fam} ({len(tgt)})")
+            if info:
+                ax.scatter([r["measured"] for r in info], [r["predicted"] for r in info], s=30, marker="x",
+                           color=colour[fam], label=f"{fam}: outside the target ({len(info)})")
+        vals = [r["measured"] for r in rs] + [r["predicted"] for r in rs]
+        xs = np.array([min(vals) / 1.4, max(vals) * 1.4])
+        ax.plot(xs, xs, color="black", lw=0.8)
+        for band, style in ((0.07, "--"), (0.20, ":")):
+            ax.plot(xs, xs * (1 + band), color="grey", lw=0.7, ls=style, label=f"±{band:.0%}")
+            ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel(f"predicted {label}")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    fig.suptitle(title + "\nfilled: leave-one-source-out (refitted without the run's source); hollow: in sample",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(p)
+    plt.close(fig)
+    return p

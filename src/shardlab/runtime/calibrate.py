@@ -6,8 +6,8 @@ The file has three sections (all strictly checked by ``shardlab.catalog``):
   matmul benchmark, eff(n) = max_fraction · n / (n + half_size) with n = min(M, N, K) of the GEMM, so that
   eff(n) · peak_tflops[dtype] reproduces the measured FLOP/s. The peak stays the catalog's unless the
   measurements exceed it (or the catalog has none for the dtype): then the fitted asymptote becomes the
-  peak and max_fraction is 1. ``memory_bandwidth_gbps`` becomes the measured rate of the block's eager
-  memory-bound kernels (``bench_matmul.bench_stream``) divided by the estimate's MEMORY_EFFICIENCY, so the
+  peak and max_fraction is 1. ``memory_efficiency`` becomes the measured rate of the block's eager
+  memory-bound kernels (``bench_matmul.bench_stream``) over the catalog bandwidth, so the
   estimate's memory-bound term runs at the measured rate (on a CPU far below the DRAM bandwidth: SiLU and
   softmax are compute-bound there).
 - ``links:`` one entry, ``<base link>-calibrated``, fitted to the collectives benchmark:
@@ -59,18 +59,25 @@ def accelerator_entry(base: Accelerator, fit: EfficiencyFit | None, dtype: str, 
                       gpus_per_node: int, source: str, stream_gbps: float | None = None,
                       op_overhead_us: float | None = None) -> dict:
     """Catalog mapping of the calibrated accelerator (the base's fields, the fitted efficiency, and — when
-    measured — memory_bandwidth_gbps = the memory-bound kernels' rate / the estimate's MEMORY_EFFICIENCY)."""
-    from shardlab.estimate.hardware import MEMORY_EFFICIENCY
-
+    measured — memory_efficiency = the memory-bound kernels' rate / the base's bandwidth; when the measured rate
+    beats the catalog bandwidth, the bandwidth is raised to it and the efficiency is 1)."""
     peaks = dict(base.peak_tflops)
-    bw = _sig(stream_gbps / MEMORY_EFFICIENCY) if stream_gbps else base.memory_bandwidth_gbps
-    d = {"name": f"{base.name} (calibrated)", "vendor": base.vendor, "peak_tflops": peaks,
+    bw = base.memory_bandwidth_gbps
+    mem_eff = None
+    if stream_gbps:
+        mem_eff = stream_gbps / bw
+        if mem_eff > 1:
+            bw, mem_eff = _sig(stream_gbps), 1.0
+        mem_eff = _sig(mem_eff)
+    d = {"name": f"{base.name} (calibrated)", "vendor": base.vendor, "generation": base.generation, "peak_tflops": peaks,
          "memory_gib": base.memory_gib, "memory_bandwidth_gbps": bw,
          "scale_up_link": link_id, "host_link": base.host_link, "tdp_w": base.tdp_w,
          "system": {"gpus_per_node": gpus_per_node, "intra_link": link_id, "inter_link": base.system["inter_link"]},
-         "source": (f"{source}; " + (f"memory_bandwidth_gbps = {stream_gbps:.4g} GB/s measured on eager memory-bound "
-                                     f"kernels / {MEMORY_EFFICIENCY} (the estimate's streaming share); " if stream_gbps
-                                     else "") + f"other fields from the catalog entry '{base.id}' ({base.source})")}
+         "source": (f"{source}; " + (f"memory_efficiency = {stream_gbps:.4g} GB/s measured on eager memory-bound kernels "
+                                     f"/ {bw:g} GB/s; " if stream_gbps else "")
+                    + f"other fields from the catalog entry '{base.id}' ({base.source})")}
+    if mem_eff is not None:
+        d["memory_efficiency"] = mem_eff
     if base.notes:
         d["notes"] = base.notes
     if op_overhead_us:

@@ -59,6 +59,23 @@ class Accelerator:
     """Host time to dispatch one operator that the device cannot hide, microseconds. 0 for GPUs: launches are
     asynchronous and hidden while kernels are longer than a launch; eager PyTorch on a CPU pays it for every
     operator (tens of µs). ``shardlab calibrate`` measures it."""
+    generation: str = ""
+    """Architecture generation (ampere, hopper, ...): validation groups runs by framework × generation, and parts of
+    one generation share the silicon's efficiencies."""
+    attention_efficiency: float | None = None
+    """Share of the dense peak the fused attention kernel reaches on the model's attention FLOPs (forward and
+    backward; FlashAttention-class kernels). None: the generation's value (catalog/data/efficiencies.yaml)."""
+    memory_efficiency: float | None = None
+    """Share of the HBM bandwidth that streaming (memory-bound) kernels reach. None: the generation's value."""
+    overlap_efficiency: float | None = None
+    """Share of a compute window that communication overlapping it can hide under: concurrent NCCL kernels take SMs
+    and memory bandwidth from the compute (which slows) and streams order the work, so C seconds of collectives
+    overlapped with W seconds of compute add max(0, C − η·W). None: the generation's value."""
+    attention_native_speedup: float = 1.0
+    """Speed-up of the generation's native attention kernels (FlashAttention-3 / cuDNN on Hopper) over
+    FlashAttention-2, which ``attention_efficiency`` describes; 1 where FlashAttention-2 is the best kernel."""
+    efficiency_source: str = ""
+    """Where the three efficiencies come from (the generation's fit, a calibration profile, or a default)."""
 
     @property
     def memory_bytes(self) -> int:

@@ -173,7 +173,7 @@ def model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     return _model_tensors(spec)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
     h, L = spec.hidden_size, spec.num_layers
     out: list[TensorSpec] = [TensorSpec("tok_embeddings.weight", (spec.vocab_size, h), PRE, "embedding", tp_dim=0)]
@@ -211,6 +211,37 @@ class ParamCounts:
     """Token (+ position, + embedding norm) parameters before the first block."""
     head: int
     """Final norm and untied output head."""
+
+
+def is_matmul_weight(t: TensorSpec) -> bool:
+    """A block's matmul weight: a 2-D linear weight, or the stacked (E, out, in) routed-expert matrices (named
+    ``...experts.w1`` without a ``.weight`` suffix). Embedding tables and the head live outside the blocks."""
+    return len(t.shape) >= 2 and (t.name.endswith("weight") or t.ep_dim is not None)
+
+
+@lru_cache(maxsize=256)
+def _matmuls_by_layer(spec: ModelSpec) -> dict[int, tuple[TensorSpec, ...]]:
+    out: dict[int, list] = defaultdict(list)
+    for t in model_tensors(spec):
+        if 0 <= t.layer < spec.num_layers and is_matmul_weight(t):
+            out[t.layer].append(t)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def layer_matmuls(spec: ModelSpec, layer: int) -> tuple[TensorSpec, ...]:
+    """The matmul weights of block ``layer`` in forward order (q, k, v, o, gate, up, down; routers; experts)."""
+    return _matmuls_by_layer(spec).get(layer, ())
+
+
+def layer_linear_shapes(spec: ModelSpec, layer: int, tp=1, ep=1) -> list[tuple]:
+    """(out features per rank, in features per rank, tokens per token) of each matmul of block ``layer`` in forward
+    order. Routed experts: all of a rank's experts together see top_k copies of each token (with or without EP).
+    Array-safe in tp and ep."""
+    out = []
+    for t in layer_matmuls(spec, layer):
+        shape = t.local_shape(spec, tp, ep)
+        out.append((shape[-2], shape[-1], spec.moe.top_k if t.ep_dim is not None else 1))
+    return out
 
 
 def param_counts(spec: ModelSpec) -> ParamCounts:

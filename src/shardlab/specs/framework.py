@@ -1,0 +1,67 @@
+"""Training frameworks as data: the physical mechanisms that make the same layout run at different speeds.
+
+A profile holds only mechanisms, each with its source (catalog/data/frameworks.yaml): how memory-bound kernels
+are fused, what overlaps with what, the dtype collectives carry, how ZeRO-3/FSDP gathers weights, and the host
+time a step spends outside the GPU's queue. The estimate reads a profile; a user flag (``--no-dp-overlap``,
+``--grad-reduce-fp32``, ``--compile``) overrides the matching mechanism for one estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNELS = ("fused", "eager", "compiled")
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One training framework's mechanisms."""
+
+    id: str
+    """Catalog id (megatron-lm, deepspeed, pytorch-fsdp, torchtitan)."""
+    name: str
+    """Readable name and the versions the profile describes."""
+    kernels: str
+    """Memory-bound kernels of a block: 'fused' (hand-written fused kernels: Megatron-LM's fused LayerNorm,
+    bias-GeLU, bias-dropout-add and scale-mask-softmax), 'eager' (one kernel per PyTorch operator) or 'compiled'
+    (torch.compile/Inductor fuses each elementwise chain into one kernel). ``estimate.kernels`` derives the
+    bytes each level moves."""
+    attention_kernel: str
+    """Attention kernel: 'flash2' (FlashAttention-2, Dao 2023) or 'native' (the GPU generation's own kernel where it has
+    one: FlashAttention-3 (Shah et al. 2024) or cuDNN's fused attention on Hopper)."""
+    fused_loss: bool
+    """The cross-entropy kernel works in place on the logits (Megatron-Core --cross-entropy-loss-fusion, flash-attn's
+    cross_entropy): no fp32 copy and saved log-softmax of the logits, in memory and in HBM traffic."""
+    compiles: bool
+    """The framework can compile the model (torch.compile): ``--compile`` switches eager kernels to compiled."""
+    dp_overlap: bool
+    """Gradient reduction runs under the backward (bucketed DDP, FSDP's per-unit reduce-scatter, Megatron
+    --overlap-grad-reduce, DeepSpeed overlap_comm)."""
+    zero3_prefetch: bool
+    """ZeRO-3/FSDP issues the next unit's all-gather while the current unit computes (FSDP backward_prefetch,
+    FSDP2's implicit prefetch, DeepSpeed's prefetch bucket)."""
+    zero3_regather_for_recompute: bool
+    """Under full recomputation the weights are gathered once more for the re-run forward (DeepSpeed ZeRO-3
+    releases them after each module's forward); FSDP recomputes inside the unit's backward, after its one gather."""
+    zero3_comm_per_gpu_nic: bool
+    """ZeRO-3 collectives move each rank's whole share through its own inter-node NIC (no aggregation of a
+    node's NICs across its GPUs' traffic), as measured for DeepSpeed ZeRO-3 of 2021 (docs/validation.md)."""
+    grad_reduce_bytes: int
+    """Bytes per gradient element on the wire; 0 = the gradient dtype (fp32 reduction = 4)."""
+    layer_host_s: float
+    """Host time per block and pass (forward, recomputed forward, backward) that the GPU waits for, seconds: hooks
+    and Python work the host cannot run ahead of the GPU (e.g. a synchronising activation-checkpoint boundary)."""
+    step_overhead_s: float
+    """Host time per optimizer step the GPU waits for (optimizer launch, gradient-norm sync, logging), seconds."""
+    source: str
+    """Where each mechanism comes from (documentation, source files, papers)."""
+    notes: str = ""
+    """Versions covered and caveats."""
+
+    def kernels_for(self, compile: bool | None) -> str:
+        """The kernel level when the user asks for compilation (None: the framework's default)."""
+        if compile and self.compiles and self.kernels == "eager":
+            return "compiled"
+        if compile is False and self.kernels == "compiled":
+            return "eager"
+        return self.kernels

@@ -1,0 +1,348 @@
+"""Fit the few shared efficiencies of the step-time model to published runs, and cross-validate the fit.
+
+What is fitted (nothing per run): for each GPU generation with runs, the matmul curve's ceiling (max_fraction)
+and the HBM streaming share; shared by all generations, the matmul curve's shape (half_size) and the share of a
+compute window overlapped communication hides under; for frameworks whose host work can stall the GPU, the host
+time per block pass. Everything else in a prediction comes from sources.
+
+Objective: weighted least squares on log(predicted / measured), each run weighted 1/sqrt(runs in its family)
+so that one large publisher does not decide a generation alone, plus a Gaussian prior on every parameter (the
+value its source suggests, PRIOR_SIGMA wide) weighed against RUN_SIGMA: a maximum-a-posteriori fit. Solver: Levenberg-Marquardt on bounded
+parameters (a logistic map keeps each inside its range), with finite differences computed in one vectorised
+``estimate.step.evaluate`` call per run (all perturbed parameter sets at once).
+
+``cross_validate`` refits without each source in turn and predicts that source (leave-one-source-out): the
+figure the README quotes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+GENERATION_FIELDS = {"max_fraction": (0.35, 0.95, 0.72), "memory": (0.3, 0.98, 0.85)}
+"""(low, high, default prior) of each generation's fitted efficiencies. The attention-kernel shares are not fitted:
+they come from the kernels' own papers (catalog/data/efficiencies.yaml)."""
+GENERATION_PRIORS: dict = {}
+SHARED_FIELDS = {"half_size": (10.0, 800.0, 100.0), "overlap": (0.3, 1.0, 0.7)}
+"""(low, high, prior) of numbers every generation shares: the matmul curve's shape (tile quantisation and occupancy
+of cuBLAS kernels depend on the GEMM's dimensions in tiles, similar across NVIDIA generations); only runs with
+narrow GEMMs (TP shards, small models) inform it, and most of those are on Ampere. Likewise the share of a compute
+window overlapped communication hides under (SM and memory contention, stream ordering): only runs whose
+collectives rival their compute inform it."""
+FRAMEWORK_FIELDS = {"layer_host_s": (0.0, 0.02, 0.0)}
+"""(low, high, prior) of each framework's fitted mechanisms."""
+HOST_STALL_FRAMEWORKS = ("deepspeed", "pytorch-fsdp", "torchtitan", "kempnerforge")
+"""Frameworks whose host work per block can stall the GPU, so their layer_host_s is fitted (others keep 0): FSDP1's
+rate limiter makes the host wait for the all-gather two units back before issuing the next (Zhao et al. 2023 §3.4,
+limit_all_gathers); DeepSpeed's ZeRO-3 parameter coordinator and activation checkpointing run per-module Python
+with stream synchronisations (deepspeed/runtime/zero/partitioned_param_coordinator.py, activation_checkpointing/);
+FSDP2 (torchtitan, KempnerForge) runs per-parameter DTensor hooks and the all-gather copy-in/copy-out on the host
+for every unit (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)."""
+PRIOR_SIGMA = {"max_fraction": 0.1, "half_size": 50.0, "memory": 0.1, "overlap": 0.1,
+               "layer_host_s": 0.003}
+"""How far each parameter plausibly sits from its prior (one standard deviation): large GEMMs reach 0.7-0.85 of
+peak with cuBLAS (NVIDIA Matrix Multiplication Background guide, 'GPU performance background'); overlapped collectives slow concurrent compute
+kernels by a fifth to a third (Rashidi et al. 2021 §3; Pati et al. 2024 §2.3), hence an overlap prior of 0.7;
+host stalls per block are milliseconds at most."""
+RUN_SIGMA = 0.05
+"""Typical log error of one run (published throughputs, our physics): the scale priors are weighed against (a
+parameter one PRIOR_SIGMA from its prior costs as much as one run 5% off: a Gaussian prior, MAP estimate)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fitted number."""
+
+    scope: str
+    """'generation', 'framework' or 'shared' (every generation)."""
+    key: str
+    """Generation (ampere, hopper) or framework id."""
+    field: str
+    """A key of GENERATION_FIELDS or FRAMEWORK_FIELDS."""
+    lo: float
+    hi: float
+    prior: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}.{self.field}"
+
+
+@dataclass
+class FittedParams:
+    """Fitted values by parameter name, and how they apply to a catalog."""
+
+    values: dict[str, float]
+    """'hopper.max_fraction' -> 0.61, 'deepspeed.layer_host_s' -> 0.005, ..."""
+    runs: int = 0
+    """Runs the fit used."""
+    rms_log_error: float = 0.0
+    """Root-mean-square log error of the fit on those runs."""
+    held_out: str | None = None
+    """The source left out (cross-validation), or None for the fit on every run."""
+    extra: dict = field(default_factory=dict)
+
+    def apply(self, catalog):
+        """A copy of ``catalog`` whose generations and frameworks carry these values."""
+        from copy import copy
+
+        from shardlab.specs.hardware import MatmulEfficiency
+
+        cat = copy(catalog)
+        gens = {k: dict(v) for k, v in catalog.generations.items()}
+        fws = dict(catalog.frameworks)
+        for name, v in self.values.items():
+            key, fld = name.rsplit(".", 1)
+            if fld in GENERATION_FIELDS or fld in SHARED_FIELDS:
+                for g in ([gens[key]] if key != "shared" else gens.values()):
+                    m = g["matmul"]
+                    if fld in ("max_fraction", "half_size"):
+                        g["matmul"] = MatmulEfficiency(v if fld == "max_fraction" else m.max_fraction,
+                                                       v if fld == "half_size" else m.half_size, m.source)
+                    else:
+                        g[fld] = v
+            else:
+                fws[key] = replace(fws[key], **{fld: v})
+        cat.generations, cat.frameworks = gens, fws
+        cat.accelerators = {k: _regeneration(cat, a) for k, a in catalog.accelerators.items()}
+        return cat
+
+
+def _regeneration(cat, acc):
+    """Re-resolve an accelerator's efficiencies from (possibly refitted) generation entries."""
+    if acc.generation not in cat.generations or not acc.efficiency_source.startswith(f"{acc.generation} generation"):
+        return acc
+    return cat.resolve_efficiencies(replace(acc, efficiency=None, attention_efficiency=None, memory_efficiency=None,
+                                            overlap_efficiency=None, efficiency_source=""))
+
+
+# ---- preparing runs for fast, vectorised evaluation ------------------------------------------------
+@dataclass
+class _Prepared:
+    run: object
+    spec: object
+    cluster: object
+    wl: object
+    cands: dict
+    stage_layers: object
+    generation: str
+    framework: str
+
+
+def _prepare(run, catalog) -> _Prepared:
+    from shardlab.estimate.step import SCHEDULE_CODES, workload_for
+    from shardlab.memory.training import recompute_code
+    from shardlab.validation import predict_inputs
+
+    spec, lay, cluster, kw = predict_inputs(run, catalog)
+    fw = catalog.framework(run.framework)
+    wl = workload_for(fw, **kw)
+    cands = {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "zero": lay.zero, "vpp": lay.vpp,
+             "mb": lay.micro_batch, "rc": recompute_code(lay.recompute), "sp": lay.sequence_parallel,
+             "sched": SCHEDULE_CODES[lay.schedule if lay.pp > 1 else "1f1b"], "rf": lay.recompute_fraction,
+             "rep": lay.dp_replicate}
+    return _Prepared(run, spec, cluster, wl, cands, lay.stage_layers, cluster.accelerator.generation, run.framework)
+
+
+def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.ndarray:
+    """Predicted metric of one run for K parameter sets (thetas: K × P)."""
+    from shardlab.estimate.step import evaluate
+    from shardlab.specs.hardware import MatmulEfficiency
+
+    K = thetas.shape[0]
+    acc = p.cluster.accelerator
+    cur = {"max_fraction": acc.efficiency.max_fraction, "half_size": acc.efficiency.half_size,
+           "memory": acc.memory_efficiency, "overlap": acc.overlap_efficiency,
+           "layer_host_s": p.wl.layer_host_s}
+    vals = {k: np.full(K, float(v)) for k, v in cur.items()}
+    for j, prm in enumerate(params):
+        if prm.scope == "shared" or (prm.scope == "generation" and prm.key == p.generation) \
+                or (prm.scope == "framework" and prm.key == p.framework):
+            vals[prm.field] = thetas[:, j]
+    acc_k = replace(acc, efficiency=MatmulEfficiency(vals["max_fraction"], vals["half_size"]),
+                    memory_efficiency=vals["memory"], overlap_efficiency=vals["overlap"])
+    wl_k = replace(p.wl, layer_host_s=vals["layer_host_s"])
+    cands = {k: np.full(K, v) for k, v in p.cands.items()}
+    out = evaluate(p.spec, replace(p.cluster, accelerator=acc_k), wl_k, cands, stage_layers=p.stage_layers, memory=False)
+    run = p.run
+    if run.metric == "tokens_per_s_per_gpu":
+        return out["tokens_per_s"] / p.cluster.num_gpus
+    return out["hardware_tflops_per_gpu"] if run.convention == "hardware" else out["model_tflops_per_gpu"]
+
+
+def default_params(runs, catalog) -> list[Param]:
+    """The parameters the runs can inform: every generation and framework with an in-target run."""
+    gens = sorted({catalog.accelerator(r.gpu).generation for r in runs})
+    fws = sorted({r.framework for r in runs})
+    out = [Param("shared", "shared", fld, lo, hi, prior) for fld, (lo, hi, prior) in SHARED_FIELDS.items()]
+    for g in gens:
+        if g not in catalog.generations:
+            continue
+        for fld, (lo, hi, prior) in GENERATION_FIELDS.items():
+            out.append(Param("generation", g, fld, lo, hi, prior))
+    for f in fws:
+        if f not in HOST_STALL_FRAMEWORKS:
+            continue
+        for fld, (lo, hi, prior) in FRAMEWORK_FIELDS.items():
+            out.append(Param("framework", f, fld, lo, hi, prior))
+    return out
+
+
+def family_weights(runs, catalog) -> np.ndarray:
+    from shardlab.validation import family_of
+
+    fam = [family_of(r, catalog) for r in runs]
+    counts = defaultdict(int)
+    for f in fam:
+        counts[f] += 1
+    return np.array([1 / np.sqrt(counts[f]) for f in fam])
+
+
+def _to_theta(params, u):
+    lo = np.array([p.lo for p in params])
+    hi = np.array([p.hi for p in params])
+    return lo + (hi - lo) / (1 + np.exp(-u))
+
+
+def _to_u(params, theta):
+    lo = np.array([p.lo for p in params])
+    hi = np.array([p.hi for p in params])
+    x = np.clip((np.asarray(theta) - lo) / (hi - lo), 1e-6, 1 - 1e-6)
+    return np.log(x / (1 - x))
+
+
+@dataclass
+class _Problem:
+    """One least-squares fit: a subset of the runs and the parameters they inform."""
+
+    members: np.ndarray
+    """Indices (into the prepared runs) of the runs fitted."""
+    params: list
+    held_out: str | None
+    u: np.ndarray = None
+    cost: float = np.inf
+    mu: float = 1e-2
+    done: bool = False
+
+
+LINE_SEARCH_DAMPING = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+"""Levenberg-Marquardt damping factors tried at once (one vectorised evaluation) each iteration."""
+
+
+def _solve(problems: list[_Problem], prepared: list, runs: list, catalog, iterations: int, progress=None) -> None:
+    """Levenberg-Marquardt for every problem in lockstep: each iteration evaluates, for every run, all problems'
+    Jacobian probes and trial steps in one ``evaluate`` call."""
+    meas = np.array([r.measured for r in runs])
+    w_all = np.sqrt(family_weights(runs, catalog))
+    eps = 1e-3
+
+    def preds_for(rows_by_problem: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """{problem: U rows (K × P)} -> {problem: predictions (K × members)}."""
+        out = {pi: np.zeros((U.shape[0], len(problems[pi].members))) for pi, U in rows_by_problem.items()}
+        col = {pi: {int(r): j for j, r in enumerate(problems[pi].members)} for pi in rows_by_problem}
+        for ri, prep in enumerate(prepared):
+            blocks = [(pi, U) for pi, U in rows_by_problem.items() if ri in col[pi]]
+            if not blocks:
+                continue
+            names = sorted({p.name for pi, _ in blocks for p in problems[pi].params})
+            idx = {n: k for k, n in enumerate(names)}
+            T = np.full((sum(U.shape[0] for _, U in blocks), len(names)), np.nan)
+            row = 0
+            for pi, U in blocks:
+                th = np.array([_to_theta(problems[pi].params, x) for x in U])
+                for j, prm in enumerate(problems[pi].params):
+                    T[row:row + U.shape[0], idx[prm.name]] = th[:, j]
+                row += U.shape[0]
+            plist = [next(p for pi, _ in blocks for p in problems[pi].params if p.name == n) for n in names]
+            pred = _predict_batch(prep, plist, T)
+            row = 0
+            for pi, U in blocks:
+                out[pi][:, col[pi][ri]] = pred[row:row + U.shape[0]]
+                row += U.shape[0]
+        return out
+
+    def residuals(pb: _Problem, preds: np.ndarray, U: np.ndarray) -> np.ndarray:
+        T = np.array([_to_theta(pb.params, x) for x in U])
+        prior = np.array([p.prior for p in pb.params])
+        sigma = np.array([PRIOR_SIGMA[p.field] for p in pb.params])
+        r_runs = w_all[pb.members] * np.log(np.maximum(preds, 1e-30) / meas[pb.members])
+        return np.concatenate([r_runs, RUN_SIGMA * (T - prior) / sigma], axis=1)
+
+    for pb in problems:
+        pb.u = _to_u(pb.params, [p.prior for p in pb.params])
+    first = preds_for({i: pb.u[None, :] for i, pb in enumerate(problems)})
+    for i, pb in enumerate(problems):
+        r = residuals(pb, first[i], pb.u[None, :])[0]
+        pb.cost = float(r @ r)
+    for it in range(iterations):
+        live = [i for i, pb in enumerate(problems) if not pb.done]
+        if not live:
+            break
+        if progress:
+            progress(it, iterations)
+        probes = {i: np.vstack([problems[i].u] + [problems[i].u + eps * np.eye(len(problems[i].params))[j]
+                                                   for j in range(len(problems[i].params))]) for i in live}
+        P = preds_for(probes)
+        trials = {}
+        for i in live:
+            pb = problems[i]
+            R = residuals(pb, P[i], probes[i])
+            r0, J = R[0], ((R[1:] - R[0]) / eps).T
+            A, g = J.T @ J, J.T @ r0
+            steps = [-np.linalg.solve(A + pb.mu * d * np.diag(np.diag(A) + 1e-9), g) for d in LINE_SEARCH_DAMPING]
+            trials[i] = np.vstack([pb.u + st for st in steps])
+        T = preds_for(trials)
+        for i in live:
+            pb = problems[i]
+            R = residuals(pb, T[i], trials[i])
+            costs = np.einsum("ij,ij->i", R, R)
+            best = int(np.argmin(costs))
+            if costs[best] < pb.cost:
+                step = trials[i][best] - pb.u
+                pb.u, pb.cost = trials[i][best], float(costs[best])
+                pb.mu = max(pb.mu * LINE_SEARCH_DAMPING[best] / 3, 1e-8)
+                pb.done = bool(np.max(np.abs(step)) < 1e-4)
+            else:
+                pb.mu *= 1e3
+                pb.done = pb.mu > 1e6
+
+
+def _result(pb: _Problem, prepared: list, runs: list) -> FittedParams:
+    theta = _to_theta(pb.params, pb.u)
+    preds = np.array([_predict_batch(prepared[int(r)], pb.params, theta[None, :])[0] for r in pb.members])
+    meas = np.array([runs[int(r)].measured for r in pb.members])
+    rms = float(np.sqrt(np.mean(np.log(preds / meas) ** 2)))
+    return FittedParams({p.name: float(t) for p, t in zip(pb.params, theta)}, len(pb.members), rms, pb.held_out)
+
+
+def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, progress=None) -> FittedParams:
+    """Fit ``params`` (default: every parameter the runs inform) to the in-target ``runs``, from the priors."""
+    runs = [r for r in runs if not r.informational]
+    prepared = [_prepare(r, catalog) for r in runs]
+    pb = _Problem(np.arange(len(runs)), params or default_params(runs, catalog), None)
+    _solve([pb], prepared, runs, catalog, iterations, progress)
+    return _result(pb, prepared, runs)
+
+
+def cross_validate(runs, catalog, iterations: int = 40, progress=None) -> tuple[FittedParams, dict[str, FittedParams]]:
+    """The fit on every in-target run, and leave-one-source-out: {source: the fit without that source's runs}, all
+    solved together. Parameters no remaining run informs take their priors, never the full fit's values."""
+    runs = [r for r in runs if not r.informational]
+    prepared = [_prepare(r, catalog) for r in runs]
+    every = default_params(runs, catalog)
+    sources = sorted({r.source for r in runs})
+    problems = [_Problem(np.arange(len(runs)), every, None)]
+    for src in sources:
+        members = np.array([i for i, r in enumerate(runs) if r.source != src])
+        problems.append(_Problem(members, default_params([runs[i] for i in members], catalog), src))
+    _solve(problems, prepared, runs, catalog, iterations, progress)
+    full = _result(problems[0], prepared, runs)
+    folds = {}
+    for pb in problems[1:]:
+        f = _result(pb, prepared, runs)
+        f.values = {**{p.name: p.prior for p in every}, **f.values}
+        folds[pb.held_out] = f
+    return full, folds
