@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from shardlab.proctree import is_running as _alive
 from test_guard import guard_cmd, ledger_doc, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl: Linux")
@@ -33,14 +34,6 @@ if mode == "stay":
     while True:
         time.sleep(0.05)
 '''
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
 
 
 def _tree(tmp_path, mode):

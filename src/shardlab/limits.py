@@ -77,8 +77,8 @@ MIN_USD = 1e-6
 MIN_SECONDS = 1e-9
 """The shortest positive duration: a nanosecond (pipeline pass and transfer times)."""
 
-MIN_TIMEOUT_S = 0.01
-"""The shortest timeout or measuring time: 10 ms."""
+MIN_TIMEOUT_S = 1e-6
+"""The shortest timeout or measuring time: a microsecond."""
 
 MIN_SHARE = 1e-6
 """The smallest positive share or factor (efficiencies, bubble bounds, slowdowns): below it times overflow."""

@@ -98,6 +98,12 @@ def _stat(pid: int) -> tuple[str, int, str] | None:
     return fields[0].decode(), int(fields[1]), fields[19].decode()
 
 
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    st = _stat(pid)
+    return st is not None and st[0] not in "ZX"
+
+
 def process_table() -> dict[int, tuple[str, int, str]]:
     """Every process: pid -> (state, parent pid, start ticks)."""
     out = {}

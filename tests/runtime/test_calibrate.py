@@ -51,7 +51,7 @@ def test_from_saved_bench_output_reproduces_known_parameters(tmp_path):
     (["--out", "/no/such/dir/p.yaml"], "does not exist"),
     (["--out", "p.yaml", "--link-fit", "allreduce"], "unknown collective"),
     (["--out", "p.yaml", "--link-fit", "broadcast"], "no such fit"),
-    (["--out", "p.yaml", "--from-matmul", "/no/such.json"], "cannot read"),
+    (["--out", "p.yaml", "--from-matmul", "/no/such.json"], "does not exist"),
     (["--out", "p.yaml", "--nproc", "1", "--from-matmul", "M"], "at least 2"),
 ])
 def test_bad_input_exit_2(tmp_path, monkeypatch, args, words):

@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from shardlab.proctree import is_running as _alive
+from test_guard import wait_for
 
 pytest.importorskip("torch")
 
@@ -31,23 +33,6 @@ def _descendants(pid: int) -> set[int]:
     return ProcessTree(root=pid).scan()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
-
-
-def _wait(pred, timeout_s, what):
-    t = time.monotonic()
-    while time.monotonic() - t < timeout_s:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _start(cmd, env, ready):
     """Start ``cmd`` in a session of its own; return (driver, every process below it once ``ready()``)."""
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -56,7 +41,7 @@ def _start(cmd, env, ready):
     def up():
         seen.update(_descendants(p.pid))
         return ready() and p.poll() is None
-    _wait(up, 120, "the job to start")
+    wait_for(up, 120, "the job to start")
     seen.update(_descendants(p.pid))
     return p, seen
 
@@ -80,7 +65,7 @@ def test_driver_signals_stop_every_rank(tmp_path, how, code):
     p, seen = _start(driver, env, lambda: (run_dir / "up0").exists() and (run_dir / "up1").exists())
     assert len(seen) >= 3                          # torchrun and two ranks
     assert _interrupt(p, how) == code
-    _wait(lambda: not any(_alive(q) for q in seen), 20, f"torchrun and the ranks to stop after {how}")
+    wait_for(lambda: not any(_alive(q) for q in seen), 20, f"torchrun and the ranks to stop after {how}")
 
 
 def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
@@ -95,11 +80,11 @@ def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
         ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and b"distributed.run" not in _cmdline(q)]
         return len(ranks) >= 2 and all(b"step" in _heartbeat(q) for q in ranks)
     try:
-        _wait(training, 180, "both ranks to train")
+        wait_for(training, 180, "both ranks to train")
     finally:
         p.kill()
         p.wait(timeout=60)
-    _wait(lambda: not any(_alive(q) for q in seen), 20, "torchrun and the ranks to stop after SIGKILL of the driver")
+    wait_for(lambda: not any(_alive(q) for q in seen), 20, "torchrun and the ranks to stop after SIGKILL of the driver")
 
 
 def _cmdline(pid: int) -> bytes:
