@@ -1,5 +1,5 @@
 """Property-based test of the whole CLI (harness in tests/cli_fuzz.py): every command found in the parser,
-generated arguments and config files, in-process. A small fixed budget here (200 calls, about 30 s); the large
+generated arguments and config files, in-process. A small fixed budget here (150 calls, about 20 s); the large
 campaign with a report is benchmarks/fuzz_cli.py."""
 
 import os
@@ -36,7 +36,7 @@ def fuzz_env(tmp_path_factory):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FIFOs, /dev files and SIGALRM: Linux")
 def test_cli_keeps_its_contract_on_generated_input(fuzz_env):
     files = fuzz_env
-    budget = int(os.environ.get("SHARDLAB_FUZZ_EXAMPLES", "200"))
+    budget = int(os.environ.get("SHARDLAB_FUZZ_EXAMPLES", "150"))
 
     @settings(max_examples=budget, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
