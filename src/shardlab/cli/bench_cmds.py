@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli.common import add_output_args, int_list, positive_float, positive_int
+from shardlab.cli.report_cmd import add_html_arg
 from shardlab.errors import ShardlabError
 
 EXAMPLES_BENCH = """examples:
@@ -72,6 +73,7 @@ def register(sub) -> None:
     _common_device(c)
     c.add_argument("--plot", metavar="FILE", help="save busbw vs size with the fitted curves (PNG/SVG/PDF)")
     add_output_args(c)
+    add_html_arg(c, "bench-collectives")
     c.set_defaults(func=cmd_collectives)
 
     m = bsub.add_parser("matmul", help="achieved matmul FLOP/s over a transformer layer's GEMMs, and its fit",
@@ -100,6 +102,7 @@ def register(sub) -> None:
                      help="use `shardlab bench collectives --json` output instead of measuring")
     cal.add_argument("--skip-collectives", action="store_true", help="matmul only (keep the catalog's link)")
     add_output_args(cal)
+    add_html_arg(cal, "calibrate")
     cal.set_defaults(func=cmd_calibrate)
 
     sc = sub.add_parser("shard-check", help="PyTorch's real per-rank shards at target scale vs the memory model",
