@@ -247,11 +247,15 @@ def cmd_calibrate(args):
     mm = cal.load_bench(args.from_matmul, "matmul") if args.from_matmul else None
     coll = cal.load_bench(args.from_collectives, "collectives") if want_coll and args.from_collectives else None
     device = _device(args) if mm is None or (want_coll and coll is None) else mm["device"]
+    from shardlab.cli.progress import set_status
+
     if mm is None:
+        set_status("shardlab calibrate: measuring matmuls")
         mm = _matmul(args, device, cat)
     else:
         mm = bm.analyse(mm, cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"])))
     if want_coll:
+        set_status("shardlab calibrate: measuring collectives")
         coll = _collectives(args, device) if coll is None else bc.analyse(coll)
     return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name)
 

@@ -213,8 +213,11 @@ def cmd_plan(args):
     wl = Workload(seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                   flash_attention=not args.no_flash_attention, dropout=args.dropout, dp_overlap=not args.no_dp_overlap,
                   grad_reduce_bytes=4 if args.grad_reduce_fp32 else 0)
-    res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
-                        overheads=load_overheads(args.overheads, args.no_overheads))
+    from shardlab.cli.progress import bar
+
+    with bar(1, "plan", unit="step") as tick:
+        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
+                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,

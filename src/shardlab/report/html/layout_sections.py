@@ -85,6 +85,14 @@ def pipeline_section(page: Page, pipe: dict | None) -> None:
                  for s, iv in enumerate(pipe["busy_intervals_s"]) for a, b in iv]
         items = [("busy (passes merged)", "#4e79a7")]
     chart = svg.gantt(p, boxes, pipe["step_time_s"], fmt_time, items + [("idle = bubble", "#ffffff")])
+    if not pipe.get("events"):   # thousands of passes: also draw the pipeline filling up, where the bubble is
+        half = pipe["step_time_s"] / 2      # window: until every stage has started and left its warm-up gaps
+        starts = [b[0] for iv in pipe["busy_intervals_s"] for b in iv if b[0] < half]
+        t_fill = min(pipe["step_time_s"], 1.25 * max(starts, default=0.0))
+        if t_fill > 0:
+            zoom = [(s, a, min(b, t_fill), c, tip) for s, a, b, c, tip in boxes if a < t_fill]
+            chart += (f"<h3>The first {fmt_time(t_fill)}: the pipeline filling up</h3>"
+                      + svg.gantt(p, zoom, t_fill, fmt_time, items + [("idle = bubble", "#ffffff")]))
     head = (f"<p>{esc(pipe['schedule'])}: {p} stages, {pipe['microbatches']} micro-batches"
             + (f", v = {pipe['vpp']}" if pipe["vpp"] > 1 else "")
             + f"; simulated bubble <b>{100 * pipe['bubble_fraction']:.2f}%</b> of the step "
