@@ -88,17 +88,15 @@ def _bw(link: Link) -> str:
 
 
 def tp_across_nodes_s(inp: RiskInputs) -> float:
-    """Extra seconds per step if the TP/SP group spanned two nodes (hierarchical: ``intra_link`` inside, ``inter_link``
-    between), each critical TP/SP collective re-priced with ``collective_time``; 0 without TP."""
+    """Extra seconds per step if each TP rank sat on another node (what a rank order with tp not fastest does):
+    every TP/SP collective re-priced as a flat ring on ``inter_link`` with ``collective_time``; 0 without TP."""
     extra = 0.0
     for c in _items(inp, ("TP", "SP")):
         n = int(c["group_size"])
         if n < 2 or c["nodes_spanned"] > 1:
             continue
-        nodes = 2 if n % 2 == 0 else n
-        hier = collective_time(c["op"], int(c["bytes_per_call"]), n, inp.inter_link, nodes=nodes,
-                               intra_link=inp.intra_link if n // nodes > 1 else None)
-        extra += (hier.time_s - c["time_per_call_s"]) * c["calls_per_step"]
+        flat = collective_time(c["op"], int(c["bytes_per_call"]), n, inp.inter_link)
+        extra += (flat.time_s - c["time_per_call_s"]) * c["calls_per_step"]
     return extra
 
 
@@ -114,7 +112,8 @@ def _tp(inp: RiskInputs) -> str:
                 f"{_bw(inp.inter_link)}: {tp_s:.2f} s exposed = {_pct(tp_s, inp)} of the step")
     extra = tp_across_nodes_s(inp)
     return (f"TP {t} inside a node: {k} collectives per layer per micro-batch on {_bw(inp.intra_link)} cost {tp_s:.2f} s "
-            f"({_pct(tp_s, inp)}); across nodes on {_bw(inp.inter_link)} they would add +{_pct(extra, inp)} step time")
+            f"({_pct(tp_s, inp)}); a rank order putting them on {t} nodes ({_bw(inp.inter_link)}) would add "
+            f"+{_pct(extra, inp)} step time")
 
 
 def _pp(inp: RiskInputs) -> str:

@@ -62,8 +62,8 @@ def table(headers: list[str], rows: list[list], cls: str = "", raw_cols: tuple[i
 
 
 def kv_table(pairs: list[tuple[str, object]]) -> str:
-    """Two-column key/value table (values already formatted strings)."""
-    return table(["", ""], [[k, v] for k, v in pairs], cls="kv")
+    """Two-column key/value table; keys are escaped here, values are HTML (escape text with ``esc``)."""
+    return table(["", ""], [[k, v] for k, v in pairs], cls="kv", raw_cols=(1,))
 
 
 def generic(value, key: str = "", depth: int = 0) -> str:
@@ -162,7 +162,7 @@ svg{max-width:100%;height:auto;font-family:inherit}svg text{font-size:12px;fill:
  color:#111;overflow:hidden;outline:none}
 .nodes.compact .rank{width:13px;height:13px;padding:0;font-size:0;border-radius:2px}
 .rank:hover,.rank:focus,.rank.sel{box-shadow:0 0 0 2px #111}
-#rank-panel{min-width:320px;max-width:560px;border:1px solid var(--line);border-radius:6px;padding:10px;background:var(--soft)}
+#rank-panel{flex:1 1 320px;min-width:300px;max-width:620px;border:1px solid var(--line);border-radius:6px;padding:10px;background:var(--soft)}
 .legend[hidden]{display:none}.legend{display:flex;flex-wrap:wrap;gap:4px 12px;font-size:12px;margin:4px 0}.sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 pre{white-space:pre-wrap}pre.json{max-height:420px;overflow:auto;background:var(--soft);padding:8px;font-size:12px}
 pre.mermaid{background:var(--soft);padding:8px;font-size:12px}pre.mermaid[data-processed]{background:none}
