@@ -119,3 +119,12 @@ def test_bench_page_from_a_measurement():
 def test_bad_html_path_is_one_line_exit_2(path, why):
     r = run_cli("plan", "--html", path)
     assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_calibrate_page_from_saved_measurements(tmp_path):
+    out = tmp_path / "cal.html"
+    code, _, err = cli_main("calibrate", "--out", str(tmp_path / "p.yaml"), "--from-matmul", str(DATA / "bench_matmul_cpu.json"),
+                            "--from-collectives", str(DATA / "bench_collectives_cpu.json"), "--html", str(out))
+    assert code == 0, err
+    s = scan(out.read_text(encoding="utf-8"))
+    assert {"profile", "matmul", "busbw", "fits"} <= set(s.ids) and s.external == []

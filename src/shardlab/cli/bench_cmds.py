@@ -295,5 +295,8 @@ def cmd_shard_check(args):
         raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
                             f"choose a GQA/MHA model")
     doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
+    from shardlab.cli.progress import clear
+
+    clear()
     emit(args, doc, render(doc))
     return 0 if doc["exact"] else 1

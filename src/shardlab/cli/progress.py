@@ -20,7 +20,7 @@ Callback = Callable[[int, int, str], None]
 DELAY_S = 1.0
 """The status line appears only for work that takes longer than this."""
 
-_state = {"enabled": False, "label": "", "bar": None}
+_state = {"enabled": False, "label": "", "bar": None, "stop": None}
 _lock = threading.Lock()
 
 
@@ -48,8 +48,8 @@ def status(args, label: str) -> Iterator[None]:
     if not enabled(args):
         yield
         return
-    _state.update(enabled=True, label=label)
     stop = threading.Event()
+    _state.update(enabled=True, label=label, stop=stop)
 
     def run() -> None:
         from tqdm import tqdm
@@ -73,13 +73,23 @@ def status(args, label: str) -> Iterator[None]:
                 line.close()
 
     th = threading.Thread(target=run, daemon=True)
+    _state["thread"] = th
     th.start()
     try:
         yield
     finally:
-        stop.set()
-        th.join(timeout=2)
+        clear()
         _state.update(enabled=False, bar=None)
+
+
+def clear() -> None:
+    """Erase the status line now (before a command prints its own output while still inside ``status``)."""
+    if _state.get("stop") is not None:
+        _state["stop"].set()
+        th = _state.get("thread")
+        if th is not None:
+            th.join(timeout=2)
+        _state["stop"] = None
 
 
 @contextmanager

@@ -105,6 +105,13 @@ def run_infer_page(doc: dict) -> Page:
 def bench_page(doc: dict) -> Page:
     page = Page(f"shardlab bench collectives: {doc['world_size']} ranks, {doc['backend']} on {doc['device']}",
                 f"torch {doc.get('torch_version', '')}; nccl-tests conventions (algbw, busbw)")
+    _collective_sections(page, doc)
+    _rest(page, doc, {"backend", "device", "world_size", "torch_version", "rows", "fits", "fit_errors", "model"})
+    return page
+
+
+def _collective_sections(page: Page, doc: dict) -> None:
+    """busbw by size per op and the α–β fits of a ``bench collectives`` document."""
     ops = list(dict.fromkeys(r["op"] for r in doc["rows"]))
     series = [(op, [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
                [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)]) for i, op in enumerate(ops)]
@@ -119,16 +126,25 @@ def bench_page(doc: dict) -> Page:
     page.add("fits", "α–β fits", (table(["op", "ranks", "α", "β", "rms error", "points"], fits) if fits else "")
              + f"<p class='note'>{esc(doc.get('model', ''))}</p>"
              + "".join(f"<p class='note'>{esc(k)}: {esc(v)}</p>" for k, v in (doc.get("fit_errors") or {}).items()))
-    _rest(page, doc, {"backend", "device", "world_size", "torch_version", "rows", "fits", "fit_errors", "model"})
-    return page
 
 
 def calibrate_page(doc: dict) -> Page:
-    page = Page("shardlab calibrate: hardware profile", "measured efficiencies and links, as a catalog the estimate reads")
-    for key, title in (("profile", "Profile"), ("accelerators", "Calibrated accelerator"), ("links", "Calibrated link")):
-        if key in doc:
-            page.add(key, title, generic(doc[key]))
-    _rest(page, doc, {"profile", "accelerators", "links"}, "Measurements and fits")
+    page = Page("shardlab calibrate: hardware profile", f"written to {doc.get('profile_path', '')}: measured efficiencies "
+                                                        f"and links, as a catalog the estimate reads (--profile)")
+    if "profile" in doc:
+        page.add("profile", "Profile", generic(doc["profile"]))
+    mm = doc.get("matmul")
+    if mm and mm.get("rows"):
+        rows = [(f"{r['gemm']} h={r['hidden']} M={r['tokens']}", r["tflops"]) for r in mm["rows"]]
+        fit = mm.get("fit") or {}
+        page.add("matmul", "Matmul: achieved TFLOP/s", svg.bars(rows, lambda v: f"{v:.3g} TF/s", label_w=220,
+                                                                ref=("peak", mm["peak_tflops"]) if mm.get("peak_tflops") else None)
+                 + (f"<p>fitted efficiency {fit['max_fraction']:.3g}·d/(d+{fit['half_size']:.3g}) of peak, rms error "
+                    f"{100 * fit['rel_rms']:.1f}% over {fit['points']} points</p>" if "max_fraction" in fit else "")
+                 + generic({k: v for k, v in mm.items() if k != "rows"}))
+    if doc.get("collectives", {}).get("rows"):
+        _collective_sections(page, doc["collectives"])
+    _rest(page, doc, {"profile", "matmul", "collectives", "profile_path"}, "Measurements and fits")
     return page
 
 
