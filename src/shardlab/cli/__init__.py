@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "shardlab.cli.runtime_cmds",   # run (train, infer)
     "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
     "shardlab.cli.catalog_cmds",   # models, gpus, links
+    "shardlab.cli.report_cmd",     # report
 )
 
 
@@ -34,6 +35,7 @@ COMMAND_OWNERS = {
     "run": "shardlab.cli.runtime_cmds",
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
+    "report": "shardlab.cli.report_cmd",
 }
 
 
@@ -96,10 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        result = args.func(args)
+        from shardlab.cli.progress import status
+
+        with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
+            result = args.func(args)
         if isinstance(result, int):
             return result
         doc, text = result
+        if getattr(args, "html", None):
+            from shardlab.cli.report_cmd import write_html
+
+            write_html(args, doc, argv)
         emit(args, doc, text)
         return 0
     except ShardlabError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli.common import positive_float, positive_int
+from shardlab.cli.report_cmd import add_html_arg
 
 TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy ddp --nproc 2
@@ -80,6 +81,7 @@ def register(sub) -> None:
     t.add_argument("--profile", default=None, metavar="FILE",
                    help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
     _add_launch_args(t)
+    add_html_arg(t, "run-train")
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,6 +95,7 @@ def register(sub) -> None:
     i.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: where to write the speedup plot")
     i.add_argument("--seed", type=int, default=0, help="model seed")
     _add_launch_args(i)
+    add_html_arg(i, "run-infer")
     i.set_defaults(func=cmd_infer)
     run.set_defaults(func=lambda a: (run.print_help(), 0)[1])
 
