@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import positive_float, positive_int
+from shardlab.cli.common import int_list, positive_float, positive_int
 
 TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy ddp --nproc 2
@@ -76,6 +76,8 @@ def register(sub) -> None:
     t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (sgd = with momentum)")
     t.add_argument("--seed", type=int, default=0, help="model seed (data seed = 1234 + seed)")
     t.add_argument("--check-parity", action="store_true", help="compare step 0 with a single-process step")
+    t.add_argument("--sweep-nproc", type=int_list, default=None, metavar="N,N,...",
+                   help="run at each process count (e.g. 1,2,4): measured vs predicted step time and scaling")
     t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
     t.add_argument("--profile", default=None, metavar="FILE",
                    help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
@@ -120,6 +122,11 @@ def cmd_train(args):
                        pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
                        predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args))
+    if args.sweep_nproc:
+        from shardlab.runtime.scaling import render_scaling, run_scaling
+
+        doc = run_scaling(req, args.sweep_nproc)
+        return doc, render_scaling(doc)
     from shardlab.runtime.train import render_train
 
     doc = run_train(req)
