@@ -166,8 +166,16 @@ def render_precision(doc: dict) -> str:
               pc(v["zero_grad_share"][-1]), "-" if v["loss_scale"] is None else f"{v['loss_scale']:g}", v["skipped_steps"]]
              for m, v in t.items()]
     fp32, fp16 = t["fp32"]["final_loss"], t["fp16"]["final_loss"]
+    from shardlab.numerics import FORMATS
+
+    frows = [[f.name, f.exponent_bits, f.mantissa_bits, f"{f.max_value:.4g}", f"{f.min_normal:.3g}", f"{f.min_subnormal:.3g}",
+              f"{f.epsilon:.3g}"] for f in (FORMATS[n] for n in ("fp32", "fp16", "bf16"))]
     return "\n".join([
         f"shardlab run precision: {doc['model']}, {doc['global_batch']} × {doc['seq_len']} tokens, {doc['device']}",
+        "",
+        table(["format", "exponent bits", "mantissa bits", "max", "min normal", "min subnormal", "epsilon"], frows,
+              title="0. range vs precision (shardlab.numerics; `shardlab explain bf16-vs-fp16` derives them): fp16 trades "
+                    "range for precision, bf16 keeps fp32's range"),
         "",
         table(["k", "median |g|·2^-k", "fp16 zero (predicted)", "fp16 zero", "fp16+scaling zero", "bf16 zero",
                "fp16 error", "fp16+scaling error", "bf16 error"], rows,

@@ -114,7 +114,7 @@ def run_quiz_command(args):
         return doc, "\n".join(lines)
     if args.json:
         return {"seed": seed, "questions": [{"number": i, **q.to_dict()} for i, q in enumerate(qs, 1)],
-                "score": None}, ""
+                "pass_mark": PASS_MARK, "score": None}, ""
     return _session(qs, head)
 
 
