@@ -120,3 +120,15 @@ def test_float_formats_match_ieee_and_bfloat16():
     assert bf16.max_value == pytest.approx(3.3895e38, rel=1e-4)
     assert [classify(x, fp16) for x in (1e-8, 1e-6, 1.0, 1e5)] == ["zero", "subnormal", "normal", "overflow"]
     assert loss_scale_for(1e-8, fp16) == 2**13 and largest_safe_scale(10.0, fp16) == 2**12
+
+
+def test_every_suggested_command_runs_as_written():
+    seen = set()
+    for name in topics():
+        for c in explain(name).commands:
+            if c.split()[0] in ("run", "guard") or c in seen:   # torch runs and the guard are tested elsewhere
+                continue
+            seen.add(c)
+            code, out, err = cli_main(*c.split())
+            assert code == 0, f"{name}: `shardlab {c}` -> {err}"
+    assert len(seen) > 20

@@ -143,9 +143,14 @@ def tp_in_node(v: dict) -> Explanation:
     from shardlab.estimate import estimate_training
     from shardlab.layout import Layout
 
+    from shardlab.errors import ShardlabError
+
     spec = catalog().model(v["model"])
     cl = cluster(v["gpu"], v["gpus"])
     gpn = cl.gpus_per_node
+    if v["gpus"] % (2 * gpn):
+        raise ShardlabError(f"gpus={v['gpus']}: comparing TP {gpn} with TP {2 * gpn} needs a multiple of {2 * gpn} GPUs "
+                            f"({cl.accelerator.id} servers hold {gpn})")
     seq = min(spec.max_seq_len, 4096)
     res = {}
     gb = v["gpus"] // gpn * 8                         # the same global batch for both
@@ -193,7 +198,7 @@ TOPICS = [
     Topic("tree-all-reduce", "Tree all-reduce", "2⌈log₂n⌉·α + 2·S/β; when trees beat rings", (30,), _AR_PARAMS,
           _ar("tree"), {"algorithm": "tree"}),
     Topic("ddp-buckets", "DDP buckets and overlap", "gradient buckets, bytes, time and how much hides behind backward",
-          (22, 7), (model("gpt2-xl"), Param("gpus", "int", 8, "data-parallel GPUs"), gpu("a100-80gb")), ddp_buckets),
+          (22, 7), (model("gpt2-xl"), Param("gpus", "int", 8, "data-parallel GPUs", minimum=2), gpu("a100-80gb")), ddp_buckets),
     Topic("link-bandwidth", "Link bandwidth figures", "per-direction vs bidirectional, bits vs bytes (NVLink vs InfiniBand)",
           (15,), (Param("links", "str", "nvlink3,ib-hdr,ethernet-10g", "comma-separated link ids"),
                   Param("size", "size", 2**30, "all-reduce size"), Param("ranks", "int", 8, "ranks", minimum=2)), link_bandwidth),

@@ -58,7 +58,12 @@ def myths(v: dict) -> Explanation:
     seq = min(spec.max_seq_len, 4096)
     gb = max(1, 4 * 2**20 // seq)                      # 4M tokens per step, as `shardlab plan` assumes
     dp_mem = training_memory(Layout(dp=n), model=spec, accelerator=cl.accelerator, seq_len=seq, num_gpus=n).worst
-    best = plan_training(spec, cl, Workload(seq_len=seq, global_batch=gb), top=1).plans[0]
+    plans = plan_training(spec, cl, Workload(seq_len=seq, global_batch=gb), top=1).plans
+    if not plans:
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError(f"no layout of {n} × {cl.accelerator.id} fits {spec.name}; give more GPUs (gpus={4 * n})")
+    best = plans[0]
     pp = 4 if n % (gpn * 4) == 0 else 2
     text = estimate_training(spec, Layout(dp=n // (gpn * pp), tp=gpn, pp=pp, zero=1), cl, seq_len=seq, global_batch=gb)
     pp_cost = text.breakdown["pp_bubble_s"] + text.breakdown["pp_p2p_s"]

@@ -279,7 +279,7 @@ TOPICS = [
     *[Topic(f"zero-{s}", f"ZeRO stage {s}", f"alias: zero stage={s}", (25,), tuple(p for p in _ZERO_PARAMS if p.name != "stage"),
             zero_stages, {"stage": s}) for s in (1, 2, 3)],
     Topic("fsdp-wrap", "FSDP wrap units", "what a unit is, its gathered-memory peak and its collectives", (26,),
-          (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs sharding the model"), gpu("h100-sxm")), fsdp_wrap),
+          (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs sharding the model", minimum=2), gpu("h100-sxm")), fsdp_wrap),
     Topic("activation-checkpointing", "Activation checkpointing", "memory saved vs recompute time, none/selective/full", (29,),
           (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs (FSDP)"), gpu("h100-sxm"),
            Param("seq", "int", 8192, "tokens per sequence"), Param("batch", "int", 2, "sequences per GPU")), checkpointing),
