@@ -69,13 +69,14 @@ def _list_topics():
     from shardlab.teach.registry import topics
 
     ts = topics()
+    base = {t.build: t.id for t in ts.values() if not t.presets}
     rows = [[t.id, ", ".join(map(str, t.items)), t.summary] for t in ts.values()]
     keys = [f"  {t.id}: {describe(t.params) or '(no numbers)'}" for t in ts.values() if not t.presets]
     text = "\n".join([table(["topic", "items", "what it derives"], rows, align="lll",
                             title=f"{len(ts)} topics (`shardlab explain TOPIC key=value ...`; items: docs/curriculum.md)"),
                       "", "keys and defaults:", *keys])
     doc = {"topics": [{"id": t.id, "title": t.title, "summary": t.summary, "items": list(t.items),
-                       "alias_of": None if not t.presets else t.build.__name__,
+                       "alias_of": base.get(t.build) if t.presets else None, "presets": dict(t.presets),
                        "params": [{"name": p.name, "kind": p.kind, "default": p.default, "help": p.help,
                                    "choices": list(p.choices)} for p in t.params]} for t in ts.values()]}
     return doc, text

@@ -194,9 +194,9 @@ _AR_PARAMS = (Param("size", "size", 256 * 2**20, "message size S (256MiB, 8KB)",
               Param("ranks", "int", 8, "ranks n", minimum=2), link("nvlink4"))
 TOPICS = [
     Topic("ring-all-reduce", "Ring all-reduce", "2(n−1)/n·S/β + 2(n−1)·α; why it is bandwidth-bound", (30,), _AR_PARAMS,
-          _ar("ring"), {"algorithm": "ring"}),
+          _ar("ring")),
     Topic("tree-all-reduce", "Tree all-reduce", "2⌈log₂n⌉·α + 2·S/β; when trees beat rings", (30,), _AR_PARAMS,
-          _ar("tree"), {"algorithm": "tree"}),
+          _ar("tree")),
     Topic("ddp-buckets", "DDP buckets and overlap", "gradient buckets, bytes, time and how much hides behind backward",
           (22, 7), (model("gpt2-xl"), Param("gpus", "int", 8, "data-parallel GPUs", minimum=2), gpu("a100-80gb")), ddp_buckets),
     Topic("link-bandwidth", "Link bandwidth figures", "per-direction vs bidirectional, bits vs bytes (NVLink vs InfiniBand)",
