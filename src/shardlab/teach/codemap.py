@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
-
 
 @dataclass(frozen=True)
 class CodeRef:
@@ -139,11 +137,6 @@ CODE = {
 
 def code_refs(ids: list[str]) -> list[dict]:
     """[{id, concept, project, path, symbol, shardlab}] for ``ids``."""
-    out = []
-    for i in ids:
-        if i not in CODE:
-            raise ShardlabError(f"internal: unknown code reference '{i}'")
-        c = CODE[i]
-        out.append({"id": i, "concept": c.concept, "project": c.project, "path": c.path, "symbol": c.symbol,
-                    "shardlab": c.shardlab})
-    return out
+    from shardlab.teach.sources import lookup
+
+    return lookup(CODE, ids, "code reference")

@@ -73,8 +73,10 @@ def parse_values(params: tuple[Param, ...], words: list[str], topic: str) -> dic
 
 def describe(params: tuple[Param, ...]) -> str:
     """'key=default key=default ...' for --list (help texts are in --json)."""
-    def show(v):
+    def show(v, kind):
+        if kind == "size" and v and v % 2**20 == 0:
+            return f"{v // 2**30}GiB" if v % 2**30 == 0 else f"{v // 2**20}MiB"
         if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= 1e6:
             return f"{v:.4g}".replace("e+0", "e").replace("e+", "e")
         return str(v)
-    return " ".join(f"{p.name}={show(p.default)}" for p in params)
+    return " ".join(f"{p.name}={show(p.default, p.kind)}" for p in params)

@@ -85,11 +85,16 @@ PAPERS = {
 """Every source a topic may cite, by id."""
 
 
+def lookup(table: dict, ids: list[str], what: str) -> list[dict]:
+    """[{id, **fields}] of the dataclass entries of ``table`` named by ``ids`` (an unknown id is a programming error)."""
+    from dataclasses import asdict
+
+    missing = [i for i in ids if i not in table]
+    if missing:
+        raise ShardlabError(f"internal: unknown {what} '{missing[0]}'")
+    return [{"id": i, **asdict(table[i])} for i in ids]
+
+
 def citations(ids: list[str]) -> list[dict]:
-    """[{id, citation, used_for}] for ``ids`` (unknown ids are a programming error)."""
-    out = []
-    for i in ids:
-        if i not in PAPERS:
-            raise ShardlabError(f"internal: unknown source id '{i}'")
-        out.append({"id": i, "citation": PAPERS[i].citation, "used_for": PAPERS[i].used_for})
-    return out
+    """[{id, citation, used_for}] for ``ids``."""
+    return lookup(PAPERS, ids, "source id")
