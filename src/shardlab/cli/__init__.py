@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
     "shardlab.cli.catalog_cmds",   # models, gpus, links
     "shardlab.cli.report_cmd",     # report
+    "shardlab.cli.teach_cmds",     # explain, quiz
 )
 
 
@@ -36,6 +37,7 @@ COMMAND_OWNERS = {
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
     "report": "shardlab.cli.report_cmd",
+    "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",
 }
 
 

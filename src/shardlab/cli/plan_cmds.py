@@ -86,6 +86,7 @@ def add_plan_args(p) -> None:
     g.add_argument("--top", type=positive_int, default=5, help="plans to list")
     g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
                    help="pin an axis (tp, pp, cp, ep, zero, mb, vpp, rc, sp), e.g. --fix tp=8; repeatable")
+    g.add_argument("--explain", action="store_true", help="add a paragraph that says the plan out loud (for learners)")
     _add_assumption_args(p)
     _add_inference_args(p)
     add_output_args(p)
@@ -213,13 +214,14 @@ def cmd_plan(args):
     from shardlab.planner.explain import axis_reasons, comm_table, runner_up
     from shardlab.planner.report import render_plan
     from shardlab.planner.search import plan_training
+    from shardlab.teach.plan_story import with_explanation
     from shardlab.units import parse_count
 
     cat = _catalog(args)
     if args.inference:
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
-        return plan_inference_cmd(args, cat)
+        return with_explanation(args, *plan_inference_cmd(args, cat))
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
     spec, _ = resolve_model(args, cat)
@@ -261,7 +263,7 @@ def cmd_plan(args):
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
         doc["detail"] = _winner_detail(res, args)
-    return doc, render_plan(doc)
+    return with_explanation(args, doc, render_plan(doc))
 
 
 def _assumptions(args) -> dict:

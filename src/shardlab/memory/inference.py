@@ -42,3 +42,10 @@ def cached_tokens(spec: ModelSpec, seq_len: int) -> int:
 def kv_cache_bytes(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> int:
     """KV-cache bytes on the worst rank for ``batch`` sequences of ``seq_len`` tokens."""
     return max(kv_cache_bytes_per_token(spec, tp, pp, elem_bytes)) * batch * cached_tokens(spec, seq_len)
+
+
+def kv_cache_blocks(free_bytes: int, kv_bytes_per_token: int, block_tokens: int = 16) -> int:
+    """KV-cache blocks a paged serving engine carves out of ``free_bytes`` on one rank: ⌊free / (block_tokens ×
+    KV bytes per token)⌋ (vLLM's PagedAttention, Kwon et al. 2023, arXiv 2309.06180: blocks of 16 tokens; what vLLM
+    logs as "# GPU blocks")."""
+    return max(0, int(free_bytes) // (block_tokens * kv_bytes_per_token))
