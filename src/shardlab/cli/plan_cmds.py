@@ -33,11 +33,9 @@ def _add_assumption_args(p) -> None:
 
 
 def _add_inference_args(p) -> None:
-    g = p.add_argument_group("inference (with --inference)")
-    g.add_argument("--inference", action="store_true", help="serve instead of train")
-    g.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences")
-    g.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens per sequence")
-    g.add_argument("--output-len", type=positive_int, default=256, help="generated tokens per sequence")
+    from shardlab.cli.inference_cmds import add_inference_args
+
+    add_inference_args(p)
 
 
 def register(sub) -> None:
@@ -73,6 +71,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured.")
+    from shardlab.cli.inference_cmds import add_validate_args
+
+    add_validate_args(p)
     add_output_args(p)
     p.set_defaults(func=cmd_validate)
 
@@ -204,6 +205,10 @@ def cmd_plan(args):
 def cmd_validate(args):
     import numpy as np
 
+    if args.inference:
+        from shardlab.cli.inference_cmds import validate_inference_cmd
+
+        return validate_inference_cmd(args)
     from shardlab.report.table import table
     from shardlab.validation import compare
 

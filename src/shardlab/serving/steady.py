@@ -14,7 +14,9 @@ Pipeline parallelism keeps n = min(pp, B) micro-batches in flight: cycle = max(t
 sends, n × the slowest stage's time) — more stages add sequences and throughput, not per-token speed.
 
 TTFT = request overhead + wait for the next scheduling point (half a cycle, or half of k cycles with
-k-step scheduling) + the prompt's prefill step(s) + queueing: a closed loop of C > capacity clients waits
+k-step scheduling, when the engine is busy: under Poisson arrivals the number in service is Poisson with
+mean B, so it is busy with probability 1 − e^−B, the M/G/∞ queue, Kleinrock 1975, Queueing Systems Vol. 1) + the prompt's
+prefill step(s) + queueing: a closed loop of C > capacity clients waits
 (C − B)/throughput (Little); Poisson arrivals at rate λ wait ρ·t₁/(2(1−ρ)) for the prefill server, ρ = λ·t₁,
 t₁ = one prompt's prefill time (Pollaczek–Khinchine mean wait of an M/D/1 queue, Kleinrock 1975, Queueing
 Systems Vol. 1 §5.7). Under an arrival rate, B solves B = λ·O·cycle(B) (bisection); at or above the
@@ -193,7 +195,8 @@ def fluid(a: Arrays, mode, n) -> dict:
     t1 = _one_prompt_s(a, D, r)
     rho = np.minimum(lam * t1, 0.999999)
     queue = np.where(mode == 2, rho * t1 / (2 * (1 - rho)), np.where(mode == 1, np.maximum(n - B, 0) / np.maximum(req_s, 1e-12), 0.0))
-    ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + a.steps * tpot / 2 + prefill + queue)
+    busy = np.where(mode == 2, 1 - np.exp(-B), 1.0)        # P(engine busy) under Poisson arrivals (M/G/∞)
+    ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + busy * a.steps * tpot / 2 + prefill + queue)
     ttft = np.where(over, np.inf, ttft)
     e2e = np.where(mode == 0, batch_prefill + (O - 1) * tpot, ttft + (O - 1) * tpot)
     req_s = np.where(mode == 0, B / e2e, np.where(over, B / (O * tpot), req_s))

@@ -172,14 +172,15 @@ def stack(items: list) -> object:
 
 def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled) -> dict:
     """Seconds per part of one step (module doc), floats or arrays: linear, head, attention, elementwise,
-    comm, overhead, and their sum 'step_s'. decode_ctx_tokens = K_d; prefill_pairs = causal (query, key)
+    comm, overhead, and their sum 'step_s' (plus the two sides of the linear roofline). decode_ctx_tokens = K_d; prefill_pairs = causal (query, key)
     pairs of the prefill tokens; sampled = rows whose logits are computed."""
     tokens = decode_seqs + prefill_tokens
     bw = m.bandwidth_bytes_per_s
     gemm_eff = np.where(m.gemm_8bit > 0, k.gemm8_efficiency, k.gemm_efficiency)
     touched = m.dense_weight_bytes + m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
-    linear = np.maximum(touched / (bw * k.weight_bandwidth_efficiency),
-                        tokens * m.gemm_flops_per_token / (m.gemm_peak_flops * gemm_eff))
+    read = touched / (bw * k.weight_bandwidth_efficiency)
+    compute = tokens * m.gemm_flops_per_token / (m.gemm_peak_flops * gemm_eff)
+    linear = np.maximum(read, compute)
     head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency))
     attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
@@ -189,7 +190,8 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
     overhead = k.step_overhead_s + k.seq_overhead_s * sampled + k.layer_overhead_s * m.layers
     parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
-             "comm_s": comm, "overhead_s": overhead}
+             "comm_s": comm, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
+             "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}
     parts["step_s"] = linear + head + attention + elementwise + comm + overhead
     return parts
 
