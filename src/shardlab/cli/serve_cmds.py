@@ -146,6 +146,13 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
                       "kv_blocks_per_gpu": c.blocks.num_blocks, "kv_block_size": c.blocks.block_size,
                       "kv_bytes_per_gpu": c.blocks.kv_bytes, "capacity_per_replica": c.capacity,
                       "weights_bytes_per_gpu": c.blocks.weights_bytes, "_case": c})
+    seen, unique = set(), []
+    for p in sorted(plans, key=lambda p: -p["max_num_seqs"]):      # a cap that does not bind repeats the default
+        sig = (p["tp"], p["pp"], round(p["ttft_s"], 6), round(p["tpot_s"], 6))
+        if sig not in seen:
+            seen.add(sig)
+            unique.append(p)
+    plans = unique
     latency = args.objective == "latency"
     key = (lambda p: (not p["meets_slo"], p["e2e_s"] if latency else -p["output_tokens_per_s"], p["tp"] * p["pp"]))
     plans.sort(key=key)
