@@ -68,10 +68,9 @@ class InferencePrecision:
 
     @property
     def label(self) -> str:
-        """Short name, e.g. W4A16 g128, KV fp8."""
-        w = {"bf16": "bf16", "fp16": "fp16"}.get(self.weights, f"W{self.weights}")
+        """Short name, e.g. 'weights int4 g128, activations bf16, KV fp8'."""
         g = f" g{self.group_size}" if self.group_size else ""
-        return f"weights {w}{g}, activations {self.activations}, KV {self.kv_cache}"
+        return f"weights {self.weights}{g}, activations {self.activations}, KV {self.kv_cache}"
 
     def matrix_bytes(self, out_features: int, in_features: int) -> int:
         """Bytes of one quantized (out, in) weight matrix, scales and zero points included (module doc)."""

@@ -13,11 +13,11 @@ simulation steps the engine one scheduling cycle at a time with the same cycle t
   scheduling, Yu et al. 2022);
 - requests arrive as a Poisson process (exponential gaps from numpy's PCG64 generator, fixed seed), or from
   a closed loop of C clients each sending its next request when the previous one completes.
-Bounded by input size: at most ``requests`` requests (default 4 × clients or 40 s of arrivals, 100-1000)
+Bounded by input size: at most ``requests`` requests (default 5 × clients or 40 s of arrivals, 100-1200)
 and ``max_cycles`` cycles. Closed-loop clients start spread over one request's lifetime (as a benchmark's
 ramp-up spreads them; started together, fixed-length requests would move in lock-step waves). The first
-requests (one wave of clients, or a tenth of the arrivals) and, for a closed loop, the last wave are
-warm-up and drain and are not measured; rates are taken between the first and last measured arrival. The
+requests (two waves of clients, or a tenth of the arrivals) and, for a closed loop, the last wave are
+warm-up and drain and are not measured. The
 engine's request overhead is added to every request's latencies.
 """
 
@@ -85,8 +85,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         raise ShardlabError("simulate needs either a concurrency or an arrival rate")
     S, O, eng = case.prompt_len, case.output_len, case.engine
     if concurrency is not None:
-        N = requests or min(1000, max(100, 4 * concurrency))
-        warm, drain = min(concurrency, N // 3), min(concurrency, N // 3)
+        N = requests or min(1200, max(100, 5 * concurrency))
+        warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
         arrive = np.full(N, np.inf)
         arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
     else:
@@ -196,8 +196,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
 
 def _measure(arrive, first, done_t, O, lo, hi, tt, tok, run, cycles, preempt, truncated, clients) -> SimResult:
     """Latencies of requests lo..hi−1 (the request overhead is already in first/done). Rates: a closed loop
-    of C clients completes C / mean E2E requests/s (Little's law, Little 1961); under arrivals, completions
-    counted between the first and last measured arrival."""
+    of C clients completes C / mean E2E requests/s (Little's law, Little 1961); under arrivals, the measured
+    requests' realised arrival rate, or the completion rate when the replica falls behind."""
     idx = np.arange(lo, hi)
     idx = idx[np.isfinite(done_t[idx])]
     if not len(idx):
@@ -213,6 +213,10 @@ def _measure(arrive, first, done_t, O, lo, hi, tt, tok, run, cycles, preempt, tr
     inside = (tt >= t0) & (tt <= t1)
     dts = np.diff(tt)
     mean_run = float(np.sum(run[1:][inside[1:]] * dts[inside[1:]]) / span) if inside.any() else float(run.mean())
-    req_s = clients / float(np.mean(e2e)) if clients else float(np.count_nonzero((done_t >= t0) & (done_t <= t1))) / span
+    if clients:
+        req_s = clients / float(np.mean(e2e))
+    else:                                  # a stable replica completes what arrives; an overloaded one its own rate
+        done_by = float(done_t[idx].max())
+        req_s = min((len(idx) - 1) / span, float(np.count_nonzero((done_t >= t0) & (done_t <= done_by))) / (done_by - t0))
     return SimResult(len(idx), _spread(ttft), _spread(tpot), _spread(e2e), req_s * O, req_s, mean_run,
                      cycles, preempt, truncated)
