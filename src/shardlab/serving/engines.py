@@ -52,6 +52,8 @@ class EngineProfile:
     """'prefill-first' or 'mixed' (see SCHEDULING)."""
     chunked_prefill: bool
     """Long prompts are split into chunks that fill the token budget (Sarathi-Serve)."""
+    chunked_scheduling: str
+    """The scheduling the engine switches to when chunked prefill is turned on (vLLM: mixed)."""
     scheduler_steps: int
     """Decode steps scheduled at once (vLLM --num-scheduler-steps); new requests join every that many steps."""
     sliding_window_cache: bool
@@ -86,8 +88,12 @@ class EngineProfile:
                        self.layer_overhead_us * 1e-6)
 
     def with_settings(self, **kw) -> EngineProfile:
-        """A copy with settings replaced (None values ignored), for flags such as --gpu-memory-utilization."""
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+        """A copy with settings replaced (None values ignored), for flags such as --gpu-memory-utilization;
+        turning chunked prefill on also selects the engine's chunked scheduling."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if kw.get("chunked_prefill") and not self.chunked_prefill:
+            kw.setdefault("scheduling", self.chunked_scheduling)
+        return replace(self, **kw)
 
 
 FRACTIONS = ("weight_bandwidth_efficiency", "kv_bandwidth_efficiency", "gemm_efficiency", "gemm8_efficiency",
@@ -111,11 +117,12 @@ def _check(name: str, d: object, where: str) -> EngineProfile:
     if not isinstance(src, dict) or set(src) != _FIELDS - {"name", "sources"}:
         lacking = sorted(_FIELDS - {"name", "sources"} - set(src or {}))
         raise ShardlabError(f"{where}: engine '{name}' needs a source for every field (missing: {lacking})")
-    for key, choices in (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING)):
+    for key, choices in (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING),
+                         ("chunked_scheduling", SCHEDULING)):
         if d[key] not in choices:
             raise ShardlabError(f"{where}: engine '{name}' {key} must be one of {', '.join(choices)}, got {d[key]!r}")
-    for key in _FIELDS - {"name", "sources", "kv_memory_rule", "kv_admission", "scheduling", "chunked_prefill",
-                          "sliding_window_cache"}:
+    for key in _FIELDS - {"name", "sources", "kv_memory_rule", "kv_admission", "scheduling", "chunked_scheduling",
+                          "chunked_prefill", "sliding_window_cache"}:
         v = d[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key in _FRACTIONS and not 0 < v <= 1):
             raise ShardlabError(f"{where}: engine '{name}' field '{key}' must be a "

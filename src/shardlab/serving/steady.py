@@ -9,7 +9,8 @@ emits B/cycle output tokens/s. The cycle is the time per output token (TPOT) a r
   cycles carries ⌈r⌉ prompts and the rest ⌊r⌋ (averaging r·S tokens into every cycle would hide the
   compute-bound cycles: the step time is convex in its tokens);
 - prefill-first (vLLM v0, SGLang): a decode step of D sequences, plus r/n_b prefill steps of n_b prompts each
-  (n_b = r, at least 1, at most what the budget holds).
+  (n_b = r, at least 1, at most what the budget holds); with pipeline stages a prefill holds every stage in
+  turn, so the decodes wait for its time through the whole pipeline.
 Pipeline parallelism keeps n = min(pp, B) micro-batches in flight: cycle = max(time through all stages +
 sends, n × the slowest stage's time) — more stages add sequences and throughput, not per-token speed.
 
@@ -111,16 +112,23 @@ def _through(a: Arrays, tokens):
     return (a.pp - 1) * (a.p2p_fixed_s + tokens * a.p2p_s_per_token)
 
 
+def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
+    """(through, stage) of one micro-batch: its time through every stage plus the sends between them, and its
+    time on the slowest stage (``step.step_time`` on the summed and on the largest stage's terms)."""
+    sampled = D if sampled is None else sampled
+    through = step_time(a.whole, a.kernels, D, Kd, P, pairs, sampled) + _through(a, D + P)
+    return through, step_time(a.slowest, a.kernels, D, Kd, P, pairs, sampled)
+
+
 def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
     """One scheduling cycle: D decoding sequences holding Kd cached tokens, P prefill tokens with ``pairs``
-    causal attention pairs, ``sampled`` logits rows, split into n = min(pp, seqs) micro-batches; the cycle is
-    max(one micro-batch through every stage + sends, n × the slowest stage). Floats or arrays."""
+    causal attention pairs, ``sampled`` logits rows, split evenly into n = min(pp, seqs) micro-batches; the
+    cycle is max(one micro-batch through every stage, the n micro-batches on the slowest stage). Floats or arrays."""
     sampled = D if sampled is None else sampled
     seqs = sampled if seqs is None else seqs
     nmb = np.clip(np.minimum(a.pp, np.ceil(seqs)), 1, None)
-    Dm, Km, Pm, pm, sm = D / nmb, Kd / nmb, P / nmb, pairs / nmb, sampled / nmb
-    through = step_time(a.whole, a.kernels, Dm, Km, Pm, pm, sm) + _through(a, Dm + Pm)
-    return np.maximum(through, nmb * step_time(a.slowest, a.kernels, Dm, Km, Pm, pm, sm))
+    through, stage = micro_batch_times(a, D / nmb, Kd / nmb, P / nmb, pairs / nmb, sampled / nmb)
+    return np.maximum(through, nmb * stage)
 
 
 def _cycle(a: Arrays, D, r, extra_prompt=0.0) -> dict:
@@ -134,7 +142,7 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0) -> dict:
                 for w, n in ((1 - frac, lo), (frac, lo + 1)))
     decode = cycle_time(a, D, ctx, seqs=D)
     nb = np.clip(r, 1, np.maximum(1, np.floor(a.budget / S)))
-    prefill_batch = step_time(a.slowest, a.kernels, 0.0, 0.0, nb * S, nb * S * S / 2, nb)
+    prefill_batch, _ = micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * S / 2, nb)   # every decode waits it out
     separate = decode + (r / nb) * prefill_batch
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
