@@ -66,6 +66,13 @@ def test_bad_inference_flags_fail_in_one_line(argv, needle):
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_plan_inference_refuses_training_only_flags():
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "2", "--objective", "cost")
+    assert code == 2 and "training plans" in err
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "2", "--fix", "tp=2")
+    assert code == 2 and "--fix" in err
+
+
 def test_static_estimate_shows_quantized_bytes_and_blocks():
     code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--weights", "int4", "--json")
     assert code == 0, err

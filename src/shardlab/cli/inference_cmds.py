@@ -156,6 +156,9 @@ def plan_inference_cmd(args, catalog):
     from shardlab.report.table import table
 
     _check_serve_flags(args)
+    if args.fix or args.objective in ("cost", "memory"):
+        raise ShardlabError(f"{'--fix' if args.fix else '--objective ' + args.objective} applies to training plans; "
+                            f"--inference plans rank by --objective throughput or latency over every TP × PP layout")
     probe_spec, probe = spec_cluster(args, catalog, 1)
     gpus = args.gpus or (args.nodes * probe.gpus_per_node if args.nodes else args.gpus_default)
     spec, cluster = spec_cluster(args, catalog, gpus)
@@ -164,7 +167,7 @@ def plan_inference_cmd(args, catalog):
         from shardlab.cli.serve_cmds import plan_serve
 
         return plan_serve(args, spec, cluster, gpus, prec, engine)
-    objective = args.objective if args.objective in ("throughput", "latency") else "throughput"
+    objective = args.objective
     plans, rejected = [], {}
     for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node]:
         for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
