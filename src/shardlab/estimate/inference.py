@@ -44,6 +44,7 @@ class InferenceEstimate:
     decode: dict
     """Parts of a decode step at the mean context, and 'lines'."""
     notes: list[str] = field(default_factory=list)
+    """Caveats shown under the estimate."""
 
     @property
     def spec(self) -> ModelSpec:
@@ -182,7 +183,9 @@ class ReplicaServe:
     """``batch`` requests spread over ``replicas`` identical groups: rem groups take base + 1, the rest base."""
 
     replicas: int
+    """TP×PP groups."""
     batch: int
+    """Concurrent requests over all groups."""
     largest: InferenceEstimate
     """The estimate of a group with the largest share (sets latency and memory)."""
     tokens_per_s: float

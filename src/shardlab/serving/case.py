@@ -33,13 +33,21 @@ class ServeCase:
     """A prepared configuration (one TP×PP replica)."""
 
     spec: ModelSpec
+    """The model."""
     cluster: Cluster
+    """GPU and links."""
     tp: int
+    """Tensor-parallel degree of the replica."""
     pp: int
+    """Pipeline stages of the replica."""
     precision: InferencePrecision
+    """Weights, KV cache and activation types."""
     engine: EngineProfile
+    """Serving engine with its settings."""
     prompt_len: int
+    """Prompt tokens per request."""
     output_len: int
+    """Output tokens per request."""
     blocks: KVBlocks
     """KV blocks on the worst rank."""
     blocks_per_seq: int

@@ -44,8 +44,11 @@ class Spread:
     """Mean and percentiles of one latency over the measured requests, seconds."""
 
     mean: float
+    """Mean over the measured requests."""
     p50: float
+    """Median."""
     p99: float
+    """99th percentile."""
 
     def to_dict(self) -> dict:
         return {"mean": self.mean, "p50": self.p50, "p99": self.p99}
@@ -58,16 +61,20 @@ class SimResult:
     requests: int
     """Requests measured (after warm-up, before drain)."""
     ttft_s: Spread
+    """Arrival to first token (request overhead included)."""
     tpot_s: Spread
     """Per request: (last token − first token) / (output tokens − 1)."""
     e2e_s: Spread
+    """Arrival to last token."""
     output_tokens_per_s: float
     """requests_per_s × output tokens."""
     requests_per_s: float
     mean_running: float
     """Sequences in the replica, time-averaged over the window."""
     cycles: int
+    """Micro-batch cycles simulated."""
     preemptions: int
+    """Sequences preempted (recomputed) when the KV pool ran out."""
     truncated: bool
     """The cycle bound stopped the run early."""
 

@@ -44,20 +44,35 @@ class Arrays:
     """The numbers of many ServeCases, as arrays (one entry per case)."""
 
     whole: StepModel
+    """All stages' terms (ServeCase.whole)."""
     slowest: StepModel
+    """The largest stage's terms."""
     kernels: Kernels
+    """The engine's rates and overheads."""
     request_overhead_s: np.ndarray
+    """Per request before its first token."""
     pp: np.ndarray
+    """Pipeline stages."""
     budget: np.ndarray
+    """Token budget of a step."""
     mixed: np.ndarray
+    """1 for mixed scheduling, 0 for prefill-first."""
     chunked: np.ndarray
+    """1 when prompts are chunked."""
     steps: np.ndarray
+    """Decode steps per scheduling decision."""
     capacity: np.ndarray
+    """Sequences the replica holds (KV blocks, max_num_seqs)."""
     S: np.ndarray
+    """Prompt tokens."""
     O: np.ndarray
+    """Output tokens."""
     ctx: np.ndarray
+    """Mean cached tokens of a decoding sequence."""
     p2p_fixed_s: np.ndarray
+    """Pipeline send per boundary per step: latency part."""
     p2p_s_per_token: np.ndarray
+    """... seconds per token of the step."""
 
 
 def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overhead_s=None) -> Arrays:

@@ -84,13 +84,21 @@ class Kernels:
     """The engine's achieved rates and overheads (floats, or arrays over cases)."""
 
     weight_bandwidth_efficiency: object
+    """Share of HBM bandwidth reading weights."""
     kv_bandwidth_efficiency: object
+    """Share of HBM bandwidth reading the KV cache."""
     gemm_efficiency: object
+    """Share of the 16-bit dense peak in large GEMMs."""
     gemm8_efficiency: object
+    """Share of the 8-bit dense peak in large GEMMs."""
     attention_efficiency: object
+    """Share of the attention dtype's peak in prefill attention."""
     step_overhead_s: object
+    """Seconds per step (scheduling, sampling), spread over multi-step scheduling."""
     seq_overhead_s: object
+    """Seconds per sampled sequence per step."""
     layer_overhead_s: object
+    """Seconds per block per step (launch gaps)."""
 
 
 def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:

@@ -49,8 +49,11 @@ class InferenceRun:
     """One published measurement with everything it was measured under."""
 
     id: str
+    """source/gpu/model/tp/lengths/mode, unique."""
     source: str
+    """Key of the source block."""
     engine: str
+    """Serving engine id."""
     config: dict
     """The run's fields (model, gpu, tp, lengths, mode, ...), source settings merged in."""
     measured: dict
@@ -64,7 +67,9 @@ class InferenceRun:
     tag: str
     """exact or plot."""
     citation: str
+    """Where the number was published."""
     assumed: str
+    """What the source does not state and the row assumes."""
 
 
 def load_inference_runs(path: Path = RUNS_FILE) -> list[InferenceRun]:
@@ -129,12 +134,17 @@ class Prepared:
     """Runs turned into arrays once, so fits re-evaluate only the engine parameters."""
 
     runs: list[InferenceRun]
+    """The runs, in order."""
     arrays: object
+    """Their ServeCases as ``steady.Arrays``."""
     mode: np.ndarray
+    """``steady.MODES`` index per run."""
     n: np.ndarray
+    """Batch, clients or arrival rate per run."""
     steps: np.ndarray
     """Scheduler steps per run (the step overheads are spread over them)."""
     cases: list = field(repr=False, default_factory=list)
+    """The ServeCases."""
 
 
 def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
