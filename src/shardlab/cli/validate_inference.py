@@ -19,7 +19,7 @@ def validate_inference(args):
 
     runs = load_inference_runs()
     d = validate(get_catalog(list(args.catalog)), runs)
-    refit = validate(get_catalog(list(args.catalog)), runs, loso=False, fit=True)["values"]
+    refit = d["refit"]
     names = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
     rows = []
     for eng in sorted(d["in_sample"]["by_engine"]):

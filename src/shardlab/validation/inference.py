@@ -7,8 +7,10 @@ steady-state model (``serving.steady``). Errors are (predicted − measured) / m
 Fit (``fit_engine``): the seven fitted fields of one engine (``serving.engines.FITTED``) minimise the squared
 log errors of its target rows (latency and throughput; each target group weighted so that the groups count
 equally and together as many as there are measurements), with
-a weak Gaussian prior (σ = 2 in logit/log space) on PRIOR so that a parameter no remaining row constrains
-stays at a documented value. Solved by Levenberg–Marquardt (Levenberg 1944; Marquardt 1963, SIAM J. Appl.
+a weak Gaussian prior (σ = 2 in logit/log space). Two stages (empirical Bayes): each engine is first fitted alone
+with the prior on PRIOR (documented values); then with the prior centred on the other engines' stage-one values
+(averaged in that space), so that a parameter no remaining row constrains falls back to what the other engines
+show. Solved by Levenberg–Marquardt (Levenberg 1944; Marquardt 1963, SIAM J. Appl.
 Math. 11(2)) with forward-difference Jacobians. Leave-one-source-out: refit the engine without one source,
 predict that source.
 """
@@ -199,17 +201,27 @@ def _from_x(x: np.ndarray) -> dict:
     return {k: float(1 / (1 + np.exp(-v)) if k in FRACTIONS else np.exp(v)) for k, v in zip(FITTED, x)}
 
 
-def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, iterations: int = 40) -> dict:
-    """Fit one engine's FITTED values to the target measurements of runs ``idx`` (module doc)."""
+def prior_centre(values: dict, engine: str) -> dict:
+    """The prior centre of ``engine``: the other engines' values, averaged in logit/log space (an engine's
+    unconstrained parameter falls back to what the other engines show); PRIOR when there are none."""
+    xs = [_to_x(v) for e, v in values.items() if e != engine]
+    return _from_x(np.mean(xs, axis=0)) if xs else dict(PRIOR)
+
+
+def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, iterations: int = 40,
+               prior: dict | None = None) -> dict:
+    """Fit one engine's FITTED values to the target measurements of runs ``idx`` (module doc), with a prior
+    centred on ``prior`` (default PRIOR)."""
+    prior = prior or PRIOR
     pairs = _pairs(prep, idx)
     if not pairs:
-        return dict(start or PRIOR)
+        return dict(start or prior)
     pos = np.array([p for p, _, _ in pairs])
     meas = np.array([prep.runs[i].measured[m] for _, i, m in pairs])
     met = [m for _, _, m in pairs]
     groups = [METRICS[m] for m in met]
     w = np.array([np.sqrt(len(groups) / (len(set(groups)) * groups.count(g))) for g in groups])
-    x0 = _to_x(PRIOR)
+    x0 = _to_x(prior)
 
     def resid(x):
         out = predict(prep, _from_x(x), idx)
@@ -217,7 +229,7 @@ def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, itera
         data = w * np.log(np.clip(pred, 1e-12, 1e12) / meas)
         return np.concatenate([np.where(np.isfinite(data), data, 10.0), (x - x0) / PRIOR_SIGMA])
 
-    x = _to_x(start or PRIOR)
+    x = _to_x(start or prior)
     r = resid(x)
     lam = 1e-2
     for _ in range(iterations):
@@ -275,14 +287,18 @@ def _summary(errs: list[dict], key: str) -> dict:
             "by_group": {g: stat(v) for g, v in out["by_group"].items()}}
 
 
-def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, fit: bool = False) -> dict:
-    """Predict every run with the engines' values (or refitted ones with ``fit``), and leave-one-source-out:
-    for each source, refit its engine on the others and predict it. Returns rows, summaries and the values."""
+def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True) -> dict:
+    """Predict every run with the engines' values; refit them (two stages: each engine alone on PRIOR, then each
+    with its prior centred on the others' stage-one values); and leave-one-source-out: for each source, refit its
+    engine on its other sources (same centre) and predict it. Returns rows, summaries, values and refits."""
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
     engines = sorted({r.engine for r in runs})
     idx_of = {e: np.array([i for i, r in enumerate(runs) if r.engine == e]) for e in engines}
-    values = {e: (fit_engine(prep, idx_of[e], engine_values(e)) if fit else engine_values(e)) for e in engines}
+    values = {e: engine_values(e) for e in engines}
+    alone = {e: fit_engine(prep, idx_of[e], values[e]) for e in engines}
+    centre = {e: prior_centre(alone, e) for e in engines}
+    refit = {e: fit_engine(prep, idx_of[e], values[e], prior=centre[e]) for e in engines}
     rows = []
     for e in engines:
         rows += errors(prep, predict(prep, values[e], idx_of[e]), idx_of[e])
@@ -294,9 +310,9 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
             eng = next(r.engine for r in runs if r.source == src)
             keep = np.array([i for i in idx_of[eng] if runs[i].source != src])
             held = np.array([i for i in idx_of[eng] if runs[i].source == src])
-            vals = fit_engine(prep, keep, values[eng])
+            vals = fit_engine(prep, keep, values[eng], prior=centre[eng])
             for e in errors(prep, predict(prep, vals, held), held):
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
     return {"rows": rows, "in_sample": _summary(rows, "error"), "loso": _summary(rows, "loso_error") if loso else None,
-            "values": values, "goals": GOALS, "sources": sorted({r.source for r in runs})}
+            "values": values, "refit": refit, "goals": GOALS, "sources": sorted({r.source for r in runs})}
