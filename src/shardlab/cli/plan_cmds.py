@@ -35,11 +35,9 @@ def _add_assumption_args(p) -> None:
 
 
 def _add_inference_args(p) -> None:
-    g = p.add_argument_group("inference (with --inference)")
-    g.add_argument("--inference", action="store_true", help="serve instead of train")
-    g.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences")
-    g.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens per sequence")
-    g.add_argument("--output-len", type=positive_int, default=256, help="generated tokens per sequence")
+    from shardlab.cli.inference_cmds import add_inference_args
+
+    add_inference_args(p)
 
 
 def register(sub) -> None:
@@ -66,9 +64,11 @@ def register(sub) -> None:
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured: "
                                    "in sample (the committed fit) and out of sample (leave-one-source-out), by family "
-                                   "(framework × GPU generation).")
+                                   "(framework × GPU generation); --inference for the serving runs.")
+    from shardlab.cli.inference_cmds import add_validate_args as add_inference_validate_args
     from shardlab.cli.validate_cmd import add_validate_args
 
+    add_inference_validate_args(p)
     add_validate_args(p)
     add_output_args(p)
     p.set_defaults(func=cmd_validate)
@@ -295,4 +295,8 @@ def _winner_detail(res, args) -> dict:
 def cmd_validate(args):
     from shardlab.cli.validate_cmd import cmd_validate_training
 
+    if args.inference:
+        from shardlab.cli.inference_cmds import validate_inference_cmd
+
+        return validate_inference_cmd(args)
     return cmd_validate_training(args, _catalog(args))

@@ -188,8 +188,10 @@ def inference_page(doc: dict) -> Page:
     phases = [(ph, doc[ph]) for ph in ("prefill", "decode") if isinstance(doc.get(ph), dict)]
     parts = []
     for ph, d in phases:
-        rows = [(k.removesuffix("_time_s").replace("_", " "), v) for k, v in d.items() if k.endswith("_time_s")]
-        parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {fmt_time(d['step_time_s'])}</h3>"
+        step = d.get("step_s", d.get("step_time_s"))
+        rows = [(k.removesuffix("_s").removesuffix("_time").replace("_", " "), v) for k, v in d.items()
+                if k.endswith("_s") and k not in ("step_s", "step_time_s") and isinstance(v, (int, float))]
+        parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {fmt_time(step)}</h3>"
                      + svg.bars(rows, fmt_time) + (f"<pre>{esc(d['formula'])}</pre>" if d.get("formula") else ""))
     head = kv_table([("request latency", fmt_time(doc["request_latency_s"])), ("prefill", fmt_time(doc["prefill_s"])),
                      ("decode per token", fmt_time(doc["decode_s_per_token"])),

@@ -11,17 +11,16 @@ from shardlab.units import fmt_bytes, fmt_time
 
 def kv_cache(v: dict) -> Explanation:
     """Weights and KV cache per rank, whether they fit, and the KV blocks a paged engine would report."""
-    from shardlab.estimate.inference import GPU_MEMORY_UTILIZATION, estimate_inference
-    from shardlab.memory.inference import kv_cache_blocks
+    from shardlab.estimate.inference import estimate_inference
 
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["tp"])
     acc = cl.accelerator
     seq = min(v["seq"], spec.max_seq_len)
     est = estimate_inference(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=seq // 2, output_len=seq - seq // 2)
     kv_tok = est.kv_cache_bytes_per_token
-    usable = int(acc.memory_bytes * GPU_MEMORY_UTILIZATION)
-    free = usable - est.weights_bytes - est.workspace_bytes
-    blocks = kv_cache_blocks(free, kv_tok)
+    usable = est.usable_bytes
+    GPU_MEMORY_UTILIZATION = usable / acc.memory_bytes
+    blocks = est.case.blocks.num_blocks
     kv_heads = max(1, spec.num_kv_heads // v["tp"])
     return Explanation(
         "kv-cache", "Serving memory: weights + KV cache",
