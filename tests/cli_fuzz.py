@@ -10,7 +10,7 @@ invocations, with a report). The contract checked for each call (``check``):
 - no 'nan'/'inf' word in the human output of a successful call;
 - each call ends within ``limit_s`` (a hang becomes a finding, not a stuck suite).
 
-Commands that would start processes or measure this machine (run, bench, calibrate, shard-check) are
+Commands that would start processes or measure this machine (run, bench, calibrate, shard-check, run precision) are
 fuzzed up to the point where they would launch: the launcher and the benchmarks are replaced by a stub
 that raises ``ReachedExecution`` (counted as a pass). Commands added later are covered automatically:
 their options are read from the parser and filled by type, choices, metavar and name.
@@ -303,8 +303,17 @@ NAMED = {
     "params": lambda: st.sampled_from(["7.5e9", "70B", "nan", "inf", "1e400", "0", "0.4", "-1", "1e20", "x"]),
     "size": lambda: st.sampled_from(["256MiB", "1e9", "8KB", "4K", "1e400", "nan", "-5", "0", "1.5", "1 EiB", "x", "1e20"]),
 }
+@st.composite
+def answers_file(draw, files: Files) -> str:
+    words = st.sampled_from(["a", "b", "c", "d", "12.5", "1e400", "nan", "", "x" * 300, "-1", "0.5"])
+    return files.write("\n".join(draw(st.lists(words, max_size=12))) + "\n", ".txt")
+
+
 INPUT_FILES = {"catalog": catalog_file, "profile": catalog_file, "overheads": overheads_file,
-               "from_matmul": bench_file, "from_collectives": bench_file}
+               "from_matmul": bench_file, "from_collectives": bench_file, "answers": answers_file}
+TEACH_KEYS = ["params", "gpus", "stage", "tokens", "days", "p", "m", "v", "tp", "pp", "batch", "seq", "size", "ranks",
+              "hours", "setup", "max_bubble", "slow_stage", "grad", "max_grad", "output", "model", "gpu", "link", "nope"]
+"""Keys `shardlab explain TOPIC key=value` topics take (and one they do not)."""
 OUTPUT_SUFFIXES = {"mermaid": [".md", ".mmd", ""], "plot": [".png", ".svg", ".pdf", ".txt"], "out": [".yaml", ".yml"],
                    "markdown": [".md"]}
 
@@ -359,6 +368,15 @@ def value_strategy(action: argparse.Action, files: Files) -> st.SearchStrategy[l
     if dest == "ledger":
         return _mix(st.just(str(files.root / "l.sqlite")), st.sampled_from(files.hostile + [str(files.ledger_bad)])
                     ).map(lambda v: [v])
+    if dest == "values" and action.nargs == "*":             # `explain TOPIC key=value ...`
+        number = _number_strategy(argparse.Action(["--x"], "x", type=None))
+        word = st.tuples(st.sampled_from(TEACH_KEYS), number | st.sampled_from(["7B", "256MiB", "llama-3.1-8b", ""])).map(
+            lambda kv: f"{kv[0]}={kv[1]}")
+        return st.lists(word | st.sampled_from(HOSTILE_TEXT), max_size=3)
+    if dest == "topic" and not action.option_strings:
+        from shardlab.teach.registry import topics
+
+        return _mix(st.sampled_from(sorted(topics())), st.sampled_from(HOSTILE_TEXT), 1).map(lambda v: [v])
     if dest == "model" and not action.option_strings:
         cat = st.sampled_from(_ids("models"))
         return _mix(cat, model_file(files) | st.sampled_from(files.hostile + ["nope", "llama"]), 4).map(lambda v: [v])
@@ -449,7 +467,8 @@ def stubs():
     def stop(*a, **k):
         raise ReachedExecution()
     targets = [("shardlab.runtime.launch", "launch"), ("shardlab.runtime.bench_matmul", "bench_matmul"),
-               ("shardlab.runtime.bench_collectives", "run_collectives"), ("shardlab.runtime.shard_check", "shard_check")]
+               ("shardlab.runtime.bench_collectives", "run_collectives"), ("shardlab.runtime.shard_check", "shard_check"),
+               ("shardlab.runtime.precision", "underflow_sweep"), ("shardlab.runtime.precision", "train_modes")]
     saved = []
     for mod_name, attr in targets:
         try:
@@ -474,6 +493,7 @@ def invoke(argv: list[str], limit_s: float = 30.0) -> Outcome:
     from shardlab.cli import main
 
     out, err = io.StringIO(), io.StringIO()
+    old_stdin, sys.stdin = sys.stdin, io.StringIO("")       # a pipe with nothing in it: `quiz` sees end of input
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, limit_s)
     t0 = time.monotonic()
@@ -493,6 +513,7 @@ def invoke(argv: list[str], limit_s: float = 30.0) -> Outcome:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        sys.stdin = old_stdin
     return Outcome(list(argv), code, out.getvalue(), err.getvalue(), time.monotonic() - t0, error, reached)
 
 

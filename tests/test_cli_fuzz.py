@@ -1,5 +1,5 @@
 """Property-based test of the whole CLI (harness in tests/cli_fuzz.py): every command found in the parser,
-generated arguments and config files, in-process. A small fixed budget here (150 calls, about 20 s); the large
+generated arguments and config files, in-process. A small fixed budget here (400 calls, about 20 s); the large
 campaign with a report is benchmarks/fuzz_cli.py."""
 
 import os
@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 import cli_fuzz as F  # noqa: E402
 
 COMMANDS = F.discover()
+SLOW_BY_DESIGN = {("validate",)}
+"""Left to the campaign (benchmarks/fuzz_cli.py): `validate` refits its models to published runs (2-13 s a call)."""
 
 
 def test_every_registered_command_is_fuzzed():
@@ -36,11 +38,11 @@ def fuzz_env(tmp_path_factory):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FIFOs, /dev files and SIGALRM: Linux")
 def test_cli_keeps_its_contract_on_generated_input(fuzz_env):
     files = fuzz_env
-    budget = int(os.environ.get("SHARDLAB_FUZZ_EXAMPLES", "150"))
+    budget = int(os.environ.get("SHARDLAB_FUZZ_EXAMPLES", "400"))
 
     @settings(max_examples=budget, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(F.invocation(COMMANDS, files))
+    @given(F.invocation([c for c in COMMANDS if c.path not in SLOW_BY_DESIGN], files))
     def call(argv):
         o = F.invoke(argv, limit_s=60.0)            # a hang detector, not a speed target
         problems = F.check(o)

@@ -25,7 +25,7 @@ def test_llama31_8b_tp2_weights_match_a_serving_engine():
 
 def test_decode_memory_bound_prefill_compute_bound():
     est = estimate_inference(CAT.models["llama-3.1-8b"], cl(), tp=2, batch=8, prompt_len=2048, output_len=128)
-    assert est.decode.bound == "memory" and est.prefill.bound == "compute"
+    assert est.decode["bound"] == "memory" and est.prefill["bound"] == "compute"
     assert est.decode_s_per_token < est.prefill_s
 
 

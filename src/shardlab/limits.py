@@ -14,6 +14,10 @@ MAX_GPUS = 2**20
 2025). Bounds --gpus, --nodes × GPUs per node, world sizes and every parallel degree; divisor listing and
 the planner's search stay fast below it."""
 
+MAX_RANK_MAP = 32_768
+"""GPUs up to which a plan's document lists every rank (the report's rank map): one row per rank, so a
+million-GPU plan would write a 100 MB document; larger plans leave the per-rank detail out."""
+
 MAX_GPUS_PER_NODE = 1024
 """GPUs in one scale-up domain: NVIDIA's GB200 NVL72 rack is 72, the NVLink Switch System tops out at 576."""
 
@@ -82,6 +86,9 @@ MIN_TIMEOUT_S = 1e-6
 
 MIN_SHARE = 1e-6
 """The smallest positive share or factor (efficiencies, bubble bounds, slowdowns): below it times overflow."""
+
+MAX_SIM_REQUESTS = 100_000
+"""Requests the serving simulation plays for its percentiles (default 100-1,200): its work grows with them."""
 
 # ---- pipeline simulation -------------------------------------------------------------------------
 MAX_PIPELINE_PASSES = 400_000

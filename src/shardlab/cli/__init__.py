@@ -21,6 +21,8 @@ COMMAND_MODULES = (
     "shardlab.cli.runtime_cmds",   # run (train, infer)
     "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
     "shardlab.cli.catalog_cmds",   # models, gpus, links
+    "shardlab.cli.report_cmd",     # report
+    "shardlab.cli.teach_cmds",     # explain, quiz
 )
 
 
@@ -34,6 +36,8 @@ COMMAND_OWNERS = {
     "run": "shardlab.cli.runtime_cmds",
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
+    "report": "shardlab.cli.report_cmd",
+    "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",
 }
 
 
@@ -126,10 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        result = args.func(args)
+        from shardlab.cli.progress import status
+
+        with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
+            result = args.func(args)
         if isinstance(result, int):
             return result
         doc, text = result
+        if getattr(args, "html", None):
+            from shardlab.cli.report_cmd import write_html
+
+            write_html(args, doc, argv)
         emit(args, doc, text)
         return 0
     except ShardlabError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli.common import BOUNDED, add_output_args, int_list
+from shardlab.cli.report_cmd import add_html_arg
 from shardlab.errors import ShardlabError
 
 MAX_CHECKED_RANKS = 256
@@ -75,6 +76,7 @@ def register(sub) -> None:
     _common_device(c)
     c.add_argument("--plot", metavar="FILE", help="save busbw vs size with the fitted curves (PNG/SVG/PDF)")
     add_output_args(c)
+    add_html_arg(c, "bench-collectives")
     c.set_defaults(func=cmd_collectives)
 
     m = bsub.add_parser("matmul", help="achieved matmul FLOP/s over a transformer layer's GEMMs, and its fit",
@@ -103,6 +105,7 @@ def register(sub) -> None:
                      help="use `shardlab bench collectives --json` output instead of measuring")
     cal.add_argument("--skip-collectives", action="store_true", help="matmul only (keep the catalog's link)")
     add_output_args(cal)
+    add_html_arg(cal, "calibrate")
     cal.set_defaults(func=cmd_calibrate)
 
     sc = sub.add_parser("shard-check", help="PyTorch's real per-rank shards at target scale vs the memory model",
@@ -253,11 +256,15 @@ def cmd_calibrate(args):
     mm = cal.load_bench(args.from_matmul, "matmul") if args.from_matmul else None
     coll = cal.load_bench(args.from_collectives, "collectives") if want_coll and args.from_collectives else None
     device = _device(args) if mm is None or (want_coll and coll is None) else mm["device"]
+    from shardlab.cli.progress import set_status
+
     if mm is None:
+        set_status("shardlab calibrate: measuring matmuls")
         mm = _matmul(args, device, cat)
     else:
         mm = bm.analyse(mm, cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"])))
     if want_coll:
+        set_status("shardlab calibrate: measuring collectives")
         coll = _collectives(args, device) if coll is None else bc.analyse(coll)
     return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name)
 
@@ -300,5 +307,8 @@ def cmd_shard_check(args):
         raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
                             f"choose a GQA/MHA model")
     doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
+    from shardlab.cli.progress import clear
+
+    clear()
     emit(args, doc, render(doc))
     return 0 if doc["exact"] else 1

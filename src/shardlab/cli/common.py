@@ -66,6 +66,11 @@ def _bounded():
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
         "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),
+        "requests": number_arg(integer=True, maximum=L.MAX_SIM_REQUESTS, reason="requests simulated"),
+        "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
+        "questions": number_arg(integer=True, maximum=1000, reason="questions in one quiz"),
+        "binades": number_arg(integer=True, allow_zero=True, minimum=-100, maximum=100,
+                              reason="powers of two an fp32 loss scale can take"),
     }
 
 

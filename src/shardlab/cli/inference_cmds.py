@@ -1,9 +1,79 @@
-"""The inference paths of `shardlab estimate --inference` and `shardlab plan --inference`."""
+"""The inference paths of `shardlab estimate|plan --inference` (static batch, or --serve under load) and
+`shardlab validate --inference`; the inference flags live here (``add_inference_args``)."""
 
 from __future__ import annotations
 
+import math
 
-def _spec_cluster(args, catalog, gpus: int):
+from shardlab.cli.common import BOUNDED
+
+
+def add_inference_args(p) -> None:
+    """The 'inference' argument group of `estimate` and `plan`."""
+    from shardlab.serving.precision import ACTIVATION_DTYPES, KV_BYTES, WEIGHT_BITS
+
+    g = p.add_argument_group("inference (with --inference; serving engine: --framework vllm|tensorrt-llm|sglang)")
+    g.add_argument("--inference", action="store_true", help="serve instead of train")
+    g.add_argument("--batch", type=BOUNDED["batch"], default=1,
+                   help="static batch: sequences per pipeline micro-batch (estimate) or over all GPUs (plan)")
+    g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
+    g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
+    g.add_argument("--weights", choices=tuple(WEIGHT_BITS), default="bf16",
+                   help="block weights: 16-bit, fp8, int8 or int4 (AWQ/GPTQ groups; head and embeddings stay 16-bit)")
+    g.add_argument("--group-size", type=BOUNDED["dim"], default=None, help="int4/int8 input features per scale/zero group "
+                                                                        "(int4 default 128)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(KV_BYTES), default="bf16", help="KV-cache element type")
+    g.add_argument("--activations", choices=ACTIVATION_DTYPES, default=None,
+                   help="GEMM input type (sets the peak; default fp8 for fp8 weights on GPUs with fp8, else 16-bit)")
+    g.add_argument("--serve", action="store_true", help="continuous batching under load (needs --concurrency or --arrival-rate)")
+    g.add_argument("--concurrency", type=BOUNDED["batch"], default=None, help="--serve: closed loop of C clients")
+    g.add_argument("--arrival-rate", type=BOUNDED["rate"], default=None, metavar="R", help="--serve: Poisson arrivals, requests/s")
+    g.add_argument("--ttft-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-to-first-token target, s")
+    g.add_argument("--tpot-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-per-output-token target, s")
+    g.add_argument("--gpu-memory-utilization", type=BOUNDED["factor"], default=None, metavar="F",
+                   help="share of GPU memory the engine takes (vLLM default 0.9)")
+    g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
+    g.add_argument("--max-num-batched-tokens", type=BOUNDED["seq_len"], default=None, help="token budget per step (engine default)")
+    g.add_argument("--chunked-prefill", action="store_true", help="split prompts into chunks that fill the token budget")
+    g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")
+    g.add_argument("--seed", type=BOUNDED["seed"], default=0, help="--serve: seed of the simulated arrivals")
+
+
+def finite(x):
+    """A JSON-safe copy: inf/nan floats become None (one valid JSON document, no Infinity)."""
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def engine_from_args(args):
+    """The serving engine (--framework, default vllm) with the settings the flags give."""
+    from shardlab.errors import ShardlabError
+    from shardlab.serving.engines import get_engine
+
+    util = args.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        raise ShardlabError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    return get_engine(getattr(args, "framework", None)).with_settings(
+        gpu_memory_utilization=util, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        chunked_prefill=True if args.chunked_prefill else None)
+
+
+def precision_from_args(args, accelerator):
+    from shardlab.errors import ShardlabError
+    from shardlab.serving.precision import make_precision
+
+    if args.precision != "bf16-mixed":
+        raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
+                            f"--kv-cache-dtype and --activations")
+    return make_precision(args.weights, args.group_size, args.kv_cache_dtype, args.activations, accelerator.peak_tflops)
+
+
+def spec_cluster(args, catalog, gpus: int):
     from shardlab.cli.common import cluster_from_args, resolve_model
     from shardlab.errors import ShardlabError
 
@@ -13,14 +83,18 @@ def _spec_cluster(args, catalog, gpus: int):
     return spec, cluster_from_args(args, catalog, gpus)
 
 
-def _elem(args) -> tuple[int, str]:
-    return (4, "fp32") if args.precision == "fp32" else (2, "fp16" if args.precision.startswith("fp16") else "bf16")
+def _check_serve_flags(args) -> None:
+    from shardlab.errors import ShardlabError
+
+    load = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate),
+                           ("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo), ("--requests", args.requests)) if v]
+    if not args.serve and load:
+        raise ShardlabError(f"{', '.join(load)} describe serving under load: add --serve")
+    if args.serve and (args.concurrency is None) == (args.arrival_rate is None):
+        raise ShardlabError("--serve needs exactly one of --concurrency C (closed loop) or --arrival-rate R (requests/s)")
 
 
 def estimate_inference_cmd(args, catalog):
-    from shardlab.estimate.inference import GPU_MEMORY_UTILIZATION, estimate_inference, tp_versus_replicas
-    from shardlab.report.table import kv_lines
-
     from shardlab.errors import ShardlabError
 
     ignored = [f for f, bad in (("--ep", args.ep != 1), ("--cp", args.cp != 1), ("--dp", args.dp not in (None, 1)),
@@ -29,89 +103,122 @@ def estimate_inference_cmd(args, catalog):
     if ignored:
         raise ShardlabError(f"{', '.join(ignored)} do(es) not apply to --inference, which estimates one TP×PP group of "
                             f"--tp × --pp GPUs; for replicas across more GPUs use `shardlab plan --inference --gpus N`")
-    spec, cluster = _spec_cluster(args, catalog, args.tp * args.pp)
-    e, dtype = _elem(args)
-    est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=args.batch, prompt_len=args.prompt_len,
-                             output_len=args.output_len, elem_bytes=e, dtype=dtype)
-    cmp = tp_versus_replicas(spec, cluster, tp=args.tp, batch=args.batch, prompt_len=args.prompt_len,
-                             output_len=args.output_len, elem_bytes=e, dtype=dtype) if args.tp > 1 else None
+    _check_serve_flags(args)
+    spec, cluster = spec_cluster(args, catalog, args.tp * args.pp)
+    prec, engine = precision_from_args(args, cluster.accelerator), engine_from_args(args)
+    if args.serve:
+        from shardlab.cli.serve_cmds import estimate_serve
+
+        return estimate_serve(args, spec, cluster, prec, engine)
+    return _estimate_static(args, spec, cluster, prec, engine)
+
+
+def _estimate_static(args, spec, cluster, prec, engine):
+    from shardlab.estimate.inference import estimate_inference, tp_versus_replicas
+    from shardlab.report.table import kv_lines
+
+    kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine)
+    est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=args.batch, **kw)
+    cmp = tp_versus_replicas(spec, cluster, tp=args.tp, batch=args.batch, **kw) if args.tp > 1 and args.pp == 1 else None
     doc = est.to_dict()
     doc["tp_vs_replicas"] = cmp
-    gib = lambda b: f"{b / 2**30:.2f} GiB"
-    acc = cluster.accelerator
-    lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, batch {args.batch}, "
-             f"prompt {args.prompt_len} + output {args.output_len} tokens ({dtype})", "",
-             kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's TP/PP shard × {e} B)"),
-                       ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = {est.kv_cache_bytes_per_token:,} B/token × {args.batch} × "
-                                            f"{args.prompt_len + args.output_len} tokens"),
-                       ("other", f"{gib(est.workspace_bytes)} (CUDA context, workspaces, prefill activations: estimates)"),
-                       ("total", f"{gib(est.total_bytes)} of {gib(acc.memory_bytes * GPU_MEMORY_UTILIZATION)} usable "
-                                 f"({GPU_MEMORY_UTILIZATION:.0%} of {acc.memory_gib:g} GiB): {'fits' if est.fits else 'DOES NOT FIT'}"),
-                       ("largest batch", f"{est.max_batch} sequences of {args.prompt_len + args.output_len} tokens")]),
-             "", f"prefill ({est.prefill.bound}-bound): {1e3 * est.prefill_s:.2f} ms", *["  " + l for l in est.prefill.formula.splitlines()],
-             "", f"decode ({est.decode.bound}-bound): {1e3 * est.decode_s_per_token:.3f} ms per token",
-             *["  " + l for l in est.decode.formula.splitlines()],
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    acc, b = cluster.accelerator, est.case.blocks
+    seq = est.full_length_tokens
+    lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, {est.pp} micro-batch(es) "
+             f"of {args.batch}, prompt {args.prompt_len} + output {args.output_len} tokens",
+             f"precision: {prec.label}; engine: {engine.id} ({engine.name})", "",
+             kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
+                                           f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),
+                       ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = {est.in_flight} sequences × {seq} tokens × "
+                                            f"{est.kv_cache_bytes_per_token:,} B/token ({prec.kv_cache}), in blocks of {b.block_size}"),
+                       ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.budget_tokens}-token step, "
+                                 f"CUDA context, workspaces: estimates)"),
+                       ("KV blocks", f"{b.num_blocks:,} blocks of {b.block_size} tokens ({gib(b.kv_bytes)}) in the engine's "
+                                     f"{gib(b.reserved_bytes)} of {acc.memory_gib:g} GiB: {'fits' if est.fits else 'DOES NOT FIT'}"),
+                       ("largest batch", f"{est.max_batch} sequences of {seq} tokens per micro-batch")]),
+             "", f"prefill ({est.prefill['bound']}-bound): {1e3 * est.prefill_s:.2f} ms", *["  " + x for x in est.prefill["lines"]],
+             "", f"decode ({est.decode['bound']}-bound): {1e3 * est.decode_s_per_token:.3f} ms per token (at the mean context)",
+             *["  " + x for x in est.decode["lines"]],
              "", f"request latency {est.request_latency_s:.3f} s; throughput {est.tokens_per_s:,.0f} generated tokens/s for this group"]
     if cmp:
         lines += ["", f"TP {args.tp} vs {cmp['replicas']['count']} × TP {cmp['replicas']['tp']} replicas: {cmp['verdict']}"]
     lines += [f"note: {n}" for n in est.notes]
-    lines.append("estimates: roofline of compute vs HBM traffic plus TP all-reduces (shardlab.comm.inference)")
-    return doc, "\n".join(lines)
+    lines.append(f"estimates: the serving step model with {engine.id}'s fitted kernel rates (docs/inference.md; "
+                 f"`shardlab validate --inference` shows their errors)")
+    return finite(doc), "\n".join(lines)
 
 
 def plan_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import serve_over_replicas
+    from shardlab.planner.space import tp_ok
     from shardlab.report.table import table
 
-    probe_spec, probe = _spec_cluster(args, catalog, 1)
+    _check_serve_flags(args)
+    if args.fix or args.objective in ("cost", "memory"):
+        raise ShardlabError(f"{'--fix' if args.fix else '--objective ' + args.objective} applies to training plans; "
+                            f"--inference plans rank by --objective throughput or latency over every TP × PP layout")
+    probe_spec, probe = spec_cluster(args, catalog, 1)
     gpus = args.gpus or (args.nodes * probe.gpus_per_node if args.nodes else args.gpus_default)
-    spec, cluster = _spec_cluster(args, catalog, gpus)
-    e, dtype = _elem(args)
-    objective = args.objective if args.objective in ("throughput", "latency") else "throughput"
-    from shardlab.planner.space import tp_ok
+    spec, cluster = spec_cluster(args, catalog, gpus)
+    prec, engine = precision_from_args(args, cluster.accelerator), engine_from_args(args)
+    if args.serve:
+        from shardlab.cli.serve_cmds import plan_serve
 
+        return plan_serve(args, spec, cluster, gpus, prec, engine)
+    objective = args.objective
     plans, rejected = [], {}
     from shardlab.layout import divisors
 
     for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node]:
         for pp in [d for d in divisors(gpus // tp) if d <= spec.num_layers]:
-            reason = None
             if not tp_ok(spec, tp):
-                reason = "tp does not divide the heads, KV heads or FFN"
-            if reason:
-                rejected[reason] = rejected.get(reason, 0) + 1
+                rejected["tp does not divide the heads, KV heads or FFN"] = rejected.get("tp does not divide the heads, KV heads or FFN", 0) + 1
                 continue
             replicas = gpus // (tp * pp)
             served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
-                                         prompt_len=args.prompt_len, output_len=args.output_len, elem_bytes=e, dtype=dtype)
+                                         prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine)
             est = served.largest
             if not est.fits:
                 rejected["does not fit in GPU memory"] = rejected.get("does not fit in GPU memory", 0) + 1
                 continue
             plans.append({"tp": tp, "pp": pp, "replicas": replicas, "busy_replicas": served.busy_replicas,
-                          "batch_per_replica": est.batch,
-                          "tokens_per_s": served.tokens_per_s, "decode_s_per_token": est.decode_s_per_token,
-                          "prefill_s": est.prefill_s, "request_latency_s": est.request_latency_s,
-                          "memory_bytes": est.total_bytes, "max_batch": est.max_batch})
+                          "batch_per_replica": est.in_flight, "tokens_per_s": served.tokens_per_s,
+                          "decode_s_per_token": est.decode_s_per_token, "prefill_s": est.prefill_s,
+                          "request_latency_s": est.request_latency_s, "memory_bytes": est.total_bytes,
+                          "kv_blocks": est.case.blocks.num_blocks, "max_batch": est.max_batch})
     if not plans:
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with batch {args.batch}; "
-                            f"add GPUs or lower the batch")
+                            f"add GPUs, quantize (--weights), or lower the batch")
     key = (lambda p: -p["tokens_per_s"]) if objective == "throughput" else (lambda p: p["request_latency_s"])
     plans.sort(key=key)
-    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "objective": objective, "batch": args.batch,
-           "prompt_len": args.prompt_len, "output_len": args.output_len, "evaluated": len(plans) + sum(rejected.values()),
-           "rejected": rejected, "plans": plans[: args.top]}
+    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "objective": objective,
+           "batch": args.batch, "prompt_len": args.prompt_len, "output_len": args.output_len, "precision": prec.label,
+           "evaluated": len(plans) + sum(rejected.values()), "rejected": rejected, "plans": plans[: args.top]}
     rows = [[p["tp"], p["pp"], f"{p['busy_replicas']}/{p['replicas']}", p["batch_per_replica"], f"{p['tokens_per_s']:,.0f}",
              f"{1e3 * p['decode_s_per_token']:.2f}", f"{1e3 * p['prefill_s']:.1f}", f"{p['request_latency_s']:.2f}",
-             f"{p['memory_bytes'] / 2**30:.1f}", p["max_batch"]] for p in plans[: args.top]]
+             f"{p['memory_bytes'] / 2**30:.1f}", f"{p['kv_blocks']:,}", p["max_batch"]] for p in plans[: args.top]]
     best = plans[0]
     text = "\n".join([
-        f"shardlab plan --inference: {spec.name} on {gpus} × {cluster.accelerator.id}, {args.batch} concurrent requests of "
-        f"{args.prompt_len} + {args.output_len} tokens, objective {objective}",
-        table(["tp", "pp", "busy/replicas", "batch each", "tokens/s", "decode ms/tok", "prefill ms", "request s", "GiB/GPU", "max batch"],
-              rows),
+        f"shardlab plan --inference: {spec.name} on {gpus} × {cluster.accelerator.id} ({engine.id}, {prec.label}), "
+        f"{args.batch} concurrent requests of {args.prompt_len} + {args.output_len} tokens, objective {objective}",
+        table(["tp", "pp", "busy/replicas", "batch each", "tokens/s", "decode ms/tok", "prefill ms", "request s", "GiB/GPU",
+               "KV blocks", "max batch"], rows),
         f"best: {best['replicas']} replica(s) of TP {best['tp']} × PP {best['pp']}"
         + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),
-        "TP cuts per-token latency until its all-reduces dominate; replicas multiply throughput when the model fits on fewer GPUs."])
-    return doc, text
+        "TP cuts per-token latency until its all-reduces dominate; replicas multiply throughput when the model fits on fewer "
+        "GPUs; pipeline stages add sequences in flight, not per-token speed. Under load: add --serve --concurrency C."])
+    return finite(doc), text
+
+
+def add_validate_args(p) -> None:
+    """The `validate --inference` flag (the validate parser belongs to cli/plan_cmds.py)."""
+    p.add_argument("--inference", action="store_true",
+                   help="serving engines against published measurements (in-sample and leave-one-source-out)")
+
+
+def validate_inference_cmd(args):
+    from shardlab.cli.validate_inference import validate_inference
+
+    return validate_inference(args)

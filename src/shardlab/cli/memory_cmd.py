@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
+from shardlab.cli.report_cmd import add_html_arg
 
 EXAMPLES = """examples:
   shardlab memory llama-3.1-8b --gpus 8 --zero 3
@@ -29,6 +30,7 @@ def register(sub) -> None:
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
     add_output_args(p)
+    add_html_arg(p, "memory")
     p.set_defaults(func=cmd_memory)
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int,
                                  resolve_framework)
+from shardlab.cli.report_cmd import add_html_arg
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
 PLAN_DEFAULT_GPUS = 64
@@ -34,11 +35,9 @@ def _add_assumption_args(p) -> None:
 
 
 def _add_inference_args(p) -> None:
-    g = p.add_argument_group("inference (with --inference)")
-    g.add_argument("--inference", action="store_true", help="serve instead of train")
-    g.add_argument("--batch", type=BOUNDED["batch"], default=1, help="concurrent sequences")
-    g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
-    g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
+    from shardlab.cli.inference_cmds import add_inference_args
+
+    add_inference_args(p)
 
 
 def register(sub) -> None:
@@ -47,19 +46,8 @@ def register(sub) -> None:
                                    "sequence-parallel) layout, reject what does not divide or fit, rank by the objective, "
                                    "and print the design worksheet of the winner.",
                        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_estimate_args(p, model_default=PLAN_DEFAULT_MODEL)
-    p.set_defaults(gpus_default=PLAN_DEFAULT_GPUS)
-    g = p.add_argument_group("search")
-    g.add_argument("--nodes", type=BOUNDED["gpus"], default=None, help="nodes (GPUs = nodes × GPUs per node)")
-    g.add_argument("--objective", choices=("throughput", "cost", "memory", "latency"), default="throughput",
-                   help="throughput: fastest step; cost: least GPU-time per token using up to --gpus; memory: least per-GPU "
-                        "memory; latency (with --inference): lowest request latency")
-    g.add_argument("--top", type=positive_int, default=5, help="plans to list")
-    g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
-                   help="pin an axis (tp, pp, cp, ep, zero, mb, vpp, rc, sp), e.g. --fix tp=8; repeatable")
-    _add_assumption_args(p)
-    _add_inference_args(p)
-    add_output_args(p)
+    add_plan_args(p)
+    add_html_arg(p, "plan")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("estimate", help="step time, throughput, MFU, memory and time-to-train of one layout",
@@ -70,17 +58,38 @@ def register(sub) -> None:
     _add_assumption_args(p)
     _add_inference_args(p)
     add_output_args(p)
+    add_html_arg(p, "estimate")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured: "
                                    "in sample (the committed fit) and out of sample (leave-one-source-out), by family "
-                                   "(framework × GPU generation).")
+                                   "(framework × GPU generation); --inference for the serving runs.")
+    from shardlab.cli.inference_cmds import add_validate_args as add_inference_validate_args
     from shardlab.cli.validate_cmd import add_validate_args
 
+    add_inference_validate_args(p)
     add_validate_args(p)
     add_output_args(p)
     p.set_defaults(func=cmd_validate)
+
+
+def add_plan_args(p) -> None:
+    """Every flag of `shardlab plan` (also taken by `shardlab report`)."""
+    add_estimate_args(p, model_default=PLAN_DEFAULT_MODEL)
+    p.set_defaults(gpus_default=PLAN_DEFAULT_GPUS)
+    g = p.add_argument_group("search")
+    g.add_argument("--nodes", type=BOUNDED["gpus"], default=None, help="nodes (GPUs = nodes × GPUs per node)")
+    g.add_argument("--objective", choices=("throughput", "cost", "memory", "latency"), default="throughput",
+                   help="throughput: fastest step; cost: least GPU-time per token using up to --gpus; memory: least per-GPU "
+                        "memory; latency (with --inference): lowest request latency")
+    g.add_argument("--top", type=positive_int, default=5, help="plans to list")
+    g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
+                   help="pin an axis (tp, pp, cp, ep, zero, mb, vpp, rc, sp), e.g. --fix tp=8; repeatable")
+    g.add_argument("--explain", action="store_true", help="add a paragraph that says the plan out loud (for learners)")
+    _add_assumption_args(p)
+    _add_inference_args(p)
+    add_output_args(p)
 
 
 # ---- shared ----------------------------------------------------------------------------------------
@@ -143,8 +152,34 @@ def cmd_estimate(args):
         return estimate_inference_cmd(args, _catalog(args))
     from shardlab.estimate.report import render_estimate
 
+    from shardlab.planner.detail import layout_detail
+
     est = training_estimate_from_args(args, _catalog(args))
-    return est.to_dict(), render_estimate(est)
+    doc = est.to_dict()
+    doc["assumptions"] = _assumptions(args)
+    doc["detail"] = layout_detail(est.model, est.layout, est.cluster, est.memory, seq_len=est.workload.seq_len,
+                                  microbatches=est.microbatches, breakdown=est.breakdown, precision=est.workload.precision)
+    doc["communication"] = estimate_comm(est)
+    return doc, render_estimate(est)
+
+
+def estimate_comm(est) -> list[dict]:
+    """The estimated layout's collectives (comm.inventory) with the worksheet's risk sentence for each."""
+    from dataclasses import asdict
+
+    from shardlab.comm.inventory import layout_collectives
+    from shardlab.layout import split_layers
+    from shardlab.planner.risk import RiskInputs, collective_risk
+
+    lay, wl, cl = est.layout, est.workload, est.cluster
+    items = [asdict(c) for c in layout_collectives(est.model, lay, cl, seq_len=wl.seq_len, microbatches=est.microbatches,
+                                                   precision=wl.precision)]
+    layers = max(lay.stage_layers or split_layers(est.model.num_layers, lay.pp * lay.vpp)) * lay.vpp
+    inp = RiskInputs(layout={**lay.to_dict(), "microbatches": est.microbatches}, step_time_s=est.step_time_s,
+                     breakdown=est.breakdown, comm=tuple(items), intra_link=cl.intra_link, inter_link=cl.inter_link,
+                     gpus_per_node=cl.gpus_per_node, memory_bytes=est.memory.worst.total,
+                     capacity_bytes=cl.accelerator.memory_bytes, stage_layers=layers, seq_len=wl.seq_len)
+    return [{**it, "risk": collective_risk(it, inp)} for it in items]
 
 
 # ---- plan ------------------------------------------------------------------------------------------
@@ -179,13 +214,14 @@ def cmd_plan(args):
     from shardlab.planner.explain import axis_reasons, comm_table, runner_up
     from shardlab.planner.report import render_plan
     from shardlab.planner.search import plan_training
+    from shardlab.teach.plan_story import with_explanation
     from shardlab.units import parse_count
 
     cat = _catalog(args)
     if args.inference:
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
-        return plan_inference_cmd(args, cat)
+        return with_explanation(args, *plan_inference_cmd(args, cat))
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
     spec, _ = resolve_model(args, cat)
@@ -202,8 +238,11 @@ def cmd_plan(args):
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
                       **_overrides(args, cat))
-    res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
-                        overheads=load_overheads(args.overheads, args.no_overheads))
+    from shardlab.cli.progress import bar
+
+    with bar(1, "plan", unit="step") as tick:
+        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
+                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "framework": framework_doc(fw, wl),
@@ -217,15 +256,47 @@ def cmd_plan(args):
             steps = tokens / (seq * gb)
             p["train_days"] = steps * p["step_time_s"] / 86400
             p["gpu_hours"] = steps * p["step_time_s"] / 3600 * p["gpus"]
+    doc["capacity_bytes"] = cluster.accelerator.memory_bytes
+    doc["assumptions"] = _assumptions(args)
     if res.plans:
         doc["worksheet"] = axis_reasons(res)
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
-    return doc, render_plan(doc)
+        doc["detail"] = _winner_detail(res, args)
+    return with_explanation(args, doc, render_plan(doc))
+
+
+def _assumptions(args) -> dict:
+    """The modelling switches behind the numbers (shown on the report's inputs section)."""
+    return {"flash_attention": not args.no_flash_attention, "dropout": bool(args.dropout),
+            "dp_overlap": not args.no_dp_overlap, "grad_reduce": "fp32" if args.grad_reduce_fp32 else "precision's",
+            "overheads": "none" if args.no_overheads else (args.overheads or "documented defaults (docs/memory.md)"),
+            "profile": getattr(args, "profile", None)}
+
+
+def _winner_detail(res, args) -> dict:
+    """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
+    from shardlab.memory import load_overheads, training_memory
+    from shardlab.planner.detail import layout_detail
+    from shardlab.planner.search import layout_of
+
+    best, wl = res.plans[0], res.workload
+    lay = layout_of(res.cands, best["index"])
+    m = best["layout"]["microbatches"]
+    mem = training_memory(lay, model=res.model, accelerator=res.cluster.accelerator, seq_len=wl.seq_len,
+                          precision=wl.precision, optimizer=wl.optimizer, microbatches=m,
+                          overheads=load_overheads(args.overheads, args.no_overheads),
+                          flash_attention=wl.flash_attention, dropout=wl.dropout)
+    return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
+                         breakdown=best["breakdown"], precision=wl.precision)
 
 
 # ---- validate --------------------------------------------------------------------------------------
 def cmd_validate(args):
     from shardlab.cli.validate_cmd import cmd_validate_training
 
+    if args.inference:
+        from shardlab.cli.inference_cmds import validate_inference_cmd
+
+        return validate_inference_cmd(args)
     return cmd_validate_training(args, _catalog(args))

@@ -9,7 +9,8 @@ import argparse
 
 import re
 
-from shardlab.cli.common import BOUNDED
+from shardlab.cli.common import BOUNDED, int_list
+from shardlab.cli.report_cmd import add_html_arg
 
 TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy ddp --nproc 2
@@ -95,7 +96,7 @@ def register(sub) -> None:
     run = sub.add_parser("run", help="run a layout for real with torch.distributed (train, infer)",
                          description="Run the same layouts for real (torchrun; gloo on CPU, NCCL on GPUs) and set the "
                                      "measurements beside the predictions.")
-    rsub = run.add_subparsers(dest="run_command", metavar="{train,infer}")
+    rsub = run.add_subparsers(dest="run_command", metavar="{train,infer,precision}")
     t = rsub.add_parser("train", help="train a small GPT with a parallel strategy; measured vs predicted",
                         epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--strategy", default="ddp",
@@ -114,10 +115,13 @@ def register(sub) -> None:
     t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (sgd = with momentum)")
     t.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed (data seed = 1234 + seed)")
     t.add_argument("--check-parity", action="store_true", help="compare step 0 with a single-process step")
+    t.add_argument("--sweep-nproc", type=int_list, default=None, metavar="N,N,...",
+                   help="run at each process count (e.g. 1,2,4): measured vs predicted step time and scaling")
     t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
     t.add_argument("--profile", default=None, metavar="FILE",
                    help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
     _add_launch_args(t)
+    add_html_arg(t, "run-train")
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,11 +131,27 @@ def register(sub) -> None:
     i.add_argument("--max-new-tokens", type=BOUNDED["seq_len"], default=16, help="tokens to generate")
     i.add_argument("--strategy", choices=("tp", "tp-megatron"), default="tp-megatron",
                    help="DTensor plan or our Megatron-style layers")
-    i.add_argument("--sweep", action="store_true", help="run tp = 1, 2, 4 and plot the speedup")
+    i.add_argument("--sweep", action="store_true",
+                   help="run T = 1, 2, 4, ... up to what the devices allow (GPUs present; CPU cores or --max-tp) and plot")
+    i.add_argument("--max-tp", type=BOUNDED["gpus"], default=None, metavar="N",
+                   help="with --sweep: the largest T to run (at most the GPUs present; on a CPU, the processes you allow)")
     i.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: where to write the speedup plot")
     i.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed")
     _add_launch_args(i)
+    add_html_arg(i, "run-infer")
     i.set_defaults(func=cmd_infer)
+    pr = rsub.add_parser("precision", help="fp32 vs fp16 (with and without loss scaling) vs bf16 on the same model: underflow",
+                         description="Train the same small GPT in fp32, fp16 without loss scaling, fp16 with dynamic loss "
+                                     "scaling and bf16 (autocast, one CPU process) and measure where fp16 gradients underflow.")
+    pr.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2 or a catalog id")
+    pr.add_argument("--steps", type=BOUNDED["steps"], default=20, help="optimizer steps per mode")
+    pr.add_argument("--grad-scale-exp", type=BOUNDED["binades"], default=12, metavar="K",
+                    help="train with the loss × 2^-K: gradients K binades smaller, as in a large run (default 12)")
+    pr.add_argument("--global-batch", type=BOUNDED["batch"], default=8, help="sequences per step")
+    pr.add_argument("--seq-len", type=BOUNDED["seq_len"], default=64, help="tokens per sequence")
+    pr.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed")
+    pr.add_argument("--json", action="store_true", help="print one JSON document")
+    pr.set_defaults(func=cmd_precision)
     run.set_defaults(func=lambda a: (run.print_help(), 0)[1])
 
 
@@ -143,6 +163,11 @@ def cmd_train(args):
                        pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
                        predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args))
+    if args.sweep_nproc:
+        from shardlab.runtime.scaling import render_scaling, run_scaling
+
+        doc = run_scaling(req, args.sweep_nproc)
+        return doc, render_scaling(doc)
     from shardlab.runtime.train import render_train
 
     doc = run_train(req)
@@ -159,8 +184,23 @@ def cmd_infer(args):
         from shardlab.safeio import check_output_path
 
         check_output_path(args.plot, "--plot")
+    if args.max_tp and not args.sweep:
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError("--max-tp limits a --sweep; add --sweep, or use --tp N for one run")
     if args.sweep:
-        doc = run_sweep(req, plot=args.plot)
+        doc = run_sweep(req, plot=args.plot, max_tp=args.max_tp)
         return doc, render_sweep(doc)
     doc = run_infer(req)
     return doc, render_infer(doc)
+
+
+def cmd_precision(args):
+    from shardlab.errors import ShardlabError
+    from shardlab.runtime.precision import PrecisionRequest, render_precision, run_precision
+
+    if not 0 <= args.grad_scale_exp <= 40:
+        raise ShardlabError(f"--grad-scale-exp must be between 0 and 40, got {args.grad_scale_exp}")
+    doc = run_precision(PrecisionRequest(model=args.model, steps=args.steps, grad_scale_exp=args.grad_scale_exp,
+                                         global_batch=args.global_batch, seq_len=args.seq_len, seed=args.seed))
+    return doc, render_precision(doc)

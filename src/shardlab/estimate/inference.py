@@ -1,144 +1,181 @@
-"""Serving estimates: memory per rank, prefill latency, per-token decode latency, throughput, the
-largest batch that fits, and tensor parallelism vs replicas.
+"""Static-batch serving estimates: memory and KV blocks per GPU, prefill time, per-token decode time,
+throughput, the largest batch that fits, and tensor parallelism vs replicas.
 
-Per-step times come from ``shardlab.comm.inference`` (compute vs memory roofline + TP all-reduces);
-pipeline stages add a point-to-point send per stage boundary and run one after another for a single
-request (a request's latency does not shrink with pp; throughput grows only with more requests in
-flight). Memory: exact weights and KV cache per rank (``shardlab.memory.inference``) plus the CUDA
-context and workspaces (``memory.overheads``) and a prefill activation workspace (estimate:
-the largest intermediate tensors of one block, e·b·s·(2h + 2f/t), and the last tokens' logits).
-A serving engine (vLLM) reserves ``gpu_memory_utilization`` (default 0.9) of the GPU and fills what the
-weights leave with KV-cache blocks; max_batch is how many full-length sequences that cache holds.
+A TP×PP group serves ``batch`` sequences per pipeline micro-batch and keeps pp micro-batches in flight
+(pipelined batches: each stage works on a different micro-batch, so pp stages hold pp × batch sequences).
+A token still crosses every stage in turn, so the time per output token does not fall with pp while the
+throughput grows with it (curriculum: "PP adds throughput, not latency, for inference").
+All times come from the serving model (``shardlab.serving``): the engine's step model
+(``serving.step``) run as a static batch by ``serving.steady.fluid`` — prefill of every prompt, then
+output − 1 decode steps at the mean context. Memory: exact weights per rank at their precision, KV cache
+per token, the activation peak of the engine's step budget and the CUDA context/workspaces
+(``memory.inference``); the engine's rule (vLLM: gpu_memory_utilization × capacity) sets the KV blocks,
+and max_batch is how many full-length sequences per micro-batch they hold.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from shardlab.comm.collectives import collective_time
-from shardlab.comm.inference import InferenceStep, decode_step, prefill_step
-from shardlab.errors import ShardlabError
-from shardlab.layout import Layout, validate
-from shardlab.memory.inference import cached_tokens, kv_cache_bytes_per_token, weight_bytes_per_rank
+from shardlab.memory.inference import cached_tokens
 from shardlab.memory.overheads import Overheads
+from shardlab.serving.case import ServeCase, prepare
+from shardlab.serving.engines import EngineProfile, get_engine
+from shardlab.serving.explain import step_lines
+from shardlab.serving.precision import BF16, InferencePrecision
+from shardlab.serving.steady import arrays, fluid
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-
-GPU_MEMORY_UTILIZATION = 0.9
-"""Share of GPU memory a serving engine takes for itself (vLLM's gpu_memory_utilization default)."""
 
 
 @dataclass
 class InferenceEstimate:
     """The answer of ``shardlab estimate --inference``."""
 
-    model: ModelSpec
-    cluster: Cluster
-    tp: int
-    pp: int
+    case: ServeCase
+    """Model, layout, precision, engine, KV blocks."""
     batch: int
-    prompt_len: int
-    output_len: int
-    weights_bytes: int
-    """Per rank (worst stage)."""
-    kv_cache_bytes: int
-    """Per rank for the batch at full length."""
-    kv_cache_bytes_per_token: int
-    """Per rank, per cached token."""
-    workspace_bytes: int
-    """CUDA context, library workspaces, prefill activations (estimates)."""
-    prefill: InferenceStep
-    decode: InferenceStep
-    p2p_s: float
-    """Per pipeline boundary, decode message."""
-    prefill_s: float
-    decode_s_per_token: float
-    max_batch: int
+    """Sequences per pipeline micro-batch."""
+    result: dict
+    """The static-batch numbers of ``serving.steady.fluid`` (floats)."""
+    prefill: dict
+    """Parts of the prefill step (``serving.step.step_parts``) and their explanation under 'lines'."""
+    decode: dict
+    """Parts of a decode step at the mean context, and 'lines'."""
     notes: list[str] = field(default_factory=list)
+    """Caveats shown under the estimate."""
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.case.spec
+
+    @property
+    def tp(self) -> int:
+        return self.case.tp
+
+    @property
+    def pp(self) -> int:
+        return self.case.pp
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.case.gpus
+
+    @property
+    def in_flight(self) -> int:
+        """Sequences in the group: pp micro-batches of ``batch``."""
+        return self.batch * self.pp
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.case.blocks.weights_bytes
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        return self.case.blocks.bytes_per_block // self.case.blocks.block_size
+
+    @property
+    def full_length_tokens(self) -> int:
+        """Tokens one sequence holds at its end (the window when the engine evicts outside it)."""
+        n = self.case.prompt_len + self.case.output_len
+        return cached_tokens(self.spec, n) if self.case.engine.sliding_window_cache else n
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """KV cache of the in-flight sequences at full length on the worst rank, in whole blocks."""
+        blocks = math.ceil(self.full_length_tokens / self.case.blocks.block_size)
+        return self.in_flight * blocks * self.case.blocks.bytes_per_block
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.case.blocks.activation_bytes + self.case.blocks.other_bytes
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_cache_bytes + self.workspace_bytes
 
     @property
+    def usable_bytes(self) -> int:
+        """What the engine may use (its reservation)."""
+        return self.case.blocks.reserved_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.cluster.accelerator.memory_bytes * GPU_MEMORY_UTILIZATION
+        return self.kv_cache_bytes <= self.case.blocks.kv_bytes and self.case.blocks.num_blocks > 0
+
+    @property
+    def max_batch(self) -> int:
+        """Full-length sequences per micro-batch the KV blocks (and max_num_seqs) hold."""
+        blocks = math.ceil(self.full_length_tokens / self.case.blocks.block_size)
+        return min(self.case.blocks.num_blocks // blocks, self.case.engine.max_num_seqs * self.pp) // self.pp
+
+    @property
+    def prefill_s(self) -> float:
+        return self.result["prefill_s"]
+
+    @property
+    def decode_s_per_token(self) -> float:
+        return self.result["tpot_s"]
 
     @property
     def request_latency_s(self) -> float:
-        return self.prefill_s + self.output_len * self.decode_s_per_token
+        return self.result["e2e_s"]
 
     @property
     def tokens_per_s(self) -> float:
-        """Generated tokens per second of this TP×PP group for the batch (prefill included)."""
-        return self.batch * self.output_len / self.request_latency_s
+        """Generated tokens per second of this TP×PP group (prefill included)."""
+        return self.result["output_tokens_per_s"]
 
     def to_dict(self) -> dict:
+        c, b = self.case, self.case.blocks
         return {
-            "model": self.model.name, "gpu": self.cluster.accelerator.id, "tp": self.tp, "pp": self.pp, "gpus": self.gpus,
-            "batch": self.batch, "prompt_len": self.prompt_len, "output_len": self.output_len,
+            "model": self.spec.name, "gpu": c.cluster.accelerator.id, "tp": self.tp, "pp": self.pp, "gpus": self.gpus,
+            "engine": c.engine.id, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
+                                                 "kv_cache": c.precision.kv_cache, "activations": c.precision.activations},
+            "batch": self.batch, "micro_batches": self.pp, "in_flight": self.in_flight,
+            "prompt_len": c.prompt_len, "output_len": c.output_len,
             "memory": {"per_gpu": {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
                                    "other": self.workspace_bytes, "total": self.total_bytes},
-                       "capacity_bytes": self.cluster.accelerator.memory_bytes,
-                       "usable_bytes": int(self.cluster.accelerator.memory_bytes * GPU_MEMORY_UTILIZATION),
-                       "fits": self.fits},
-            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+                       "capacity_bytes": b.capacity_bytes, "usable_bytes": self.usable_bytes, "fits": self.fits},
+            "kv_blocks": b.to_dict(), "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "prefill_s": self.prefill_s, "decode_s_per_token": self.decode_s_per_token,
             "request_latency_s": self.request_latency_s, "tokens_per_s": self.tokens_per_s, "max_batch": self.max_batch,
-            "fits": self.fits,
-            "prefill": _step_dict(self.prefill), "decode": _step_dict(self.decode), "notes": self.notes,
+            "fits": self.fits, "prefill": _parts(self.prefill), "decode": _parts(self.decode), "notes": self.notes,
         }
 
 
-def _step_dict(s: InferenceStep) -> dict:
-    return {"step_time_s": s.step_time_s, "compute_time_s": s.compute_time_s, "memory_time_s": s.memory_time_s,
-            "comm_time_s": s.comm_time_s, "comm_fraction": s.comm_fraction, "bound": s.bound, "formula": s.formula}
+def _parts(p: dict) -> dict:
+    return {k: v for k, v in p.items() if k != "lines"}
+
+
+def static_batch(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, in_flight: int, prompt_len: int, output_len: int,
+                 precision: InferencePrecision = BF16, engine: EngineProfile | None = None,
+                 overheads: Overheads = Overheads()) -> tuple[ServeCase, dict]:
+    """(case, fluid numbers) of ``in_flight`` sequences served as one static batch on a TP×PP group."""
+    case = prepare(spec, cluster, engine or get_engine(None), tp=tp, pp=pp, precision=precision, prompt_len=prompt_len,
+                   output_len=output_len, overheads=overheads)
+    res = fluid(arrays([case]), [0], [in_flight])
+    return case, {k: float(v[0]) for k, v in res.items()}
 
 
 def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: int = 1, batch: int = 1,
-                       prompt_len: int = 1024, output_len: int = 256, elem_bytes: int = 2, dtype: str = "bf16",
-                       overheads: Overheads = Overheads()) -> InferenceEstimate:
-    """Serve ``batch`` requests of ``prompt_len`` + ``output_len`` tokens on a TP×PP group."""
-    validate(Layout(tp=tp, pp=pp), spec)
-    if prompt_len + output_len > spec.max_seq_len:
-        raise ShardlabError(f"--prompt-len + --output-len = {prompt_len + output_len} exceeds {spec.name}'s "
-                            f"{spec.max_seq_len} positions; shorten them")
+                       prompt_len: int = 1024, output_len: int = 256, precision: InferencePrecision = BF16,
+                       engine: EngineProfile | None = None, overheads: Overheads = Overheads()) -> InferenceEstimate:
+    """Serve pp micro-batches of ``batch`` requests of ``prompt_len`` + ``output_len`` tokens on a TP×PP group."""
+    case, res = static_batch(spec, cluster, tp=tp, pp=pp, in_flight=batch * pp, prompt_len=prompt_len,
+                             output_len=output_len, precision=precision, engine=engine, overheads=overheads)
+    S = prompt_len
+    pre, pre_lines = step_lines(case, 0.0, 0.0, batch * S, batch * S * S / 2, batch)
+    dec, dec_lines = step_lines(case, batch, batch * case.context_tokens)
     notes = []
-    acc = cluster.accelerator
-    link = cluster.intra_link if tp <= cluster.gpus_per_node else cluster.inter_link
-    weights = max(weight_bytes_per_rank(spec, tp, pp, elem_bytes))
-    kv_tok = max(kv_cache_bytes_per_token(spec, tp, pp, elem_bytes))
-    seq = prompt_len + output_len
-    kv = kv_tok * batch * cached_tokens(spec, seq)
-    f_local = (spec.moe.expert_ffn_hidden_size * spec.moe.top_k if spec.moe else spec.ffn_hidden_size) / tp
-    workspace = int(overheads.cuda_context_bytes + overheads.library_workspace_bytes
-                    + elem_bytes * batch * prompt_len * (2 * spec.hidden_size + 2 * f_local)
-                    + 4 * batch * -(-spec.vocab_size // tp))
-    pre = prefill_step(spec, tp=tp, batch=batch, prompt_len=prompt_len, accelerator=acc, link=link,
-                       elem_bytes=elem_bytes, dtype=dtype)
-    dec = decode_step(spec, tp=tp, batch=batch, context_len=prompt_len + output_len // 2, accelerator=acc, link=link,
-                      elem_bytes=elem_bytes, dtype=dtype)
-    p2p_dec = p2p_pre = 0.0
     if pp > 1:
-        plink = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
-        p2p_dec = collective_time("send-recv", batch * spec.hidden_size * elem_bytes, 2, plink).time_s
-        p2p_pre = collective_time("send-recv", batch * prompt_len * spec.hidden_size * elem_bytes, 2, plink).time_s
-        notes.append("pipeline stages run one after another for a request: pp adds memory, not speed, per request")
-    usable = acc.memory_bytes * GPU_MEMORY_UTILIZATION
-    per_seq = kv_tok * cached_tokens(spec, seq)
-    ws_per_batch = (workspace - overheads.cuda_context_bytes - overheads.library_workspace_bytes) / batch
-    free = usable - weights - overheads.cuda_context_bytes - overheads.library_workspace_bytes
-    max_batch = int(max(0, free // (per_seq + ws_per_batch)))
-    if weights > usable:
-        notes.append(f"the weights alone ({weights / 2**30:.1f} GiB per GPU) exceed {GPU_MEMORY_UTILIZATION:.0%} of "
-                     f"{acc.memory_gib:g} GiB: raise --tp or --pp")
-    return InferenceEstimate(spec, cluster, tp, pp, batch, prompt_len, output_len, weights, kv, kv_tok, workspace,
-                             pre, dec, p2p_dec, pre.step_time_s + (pp - 1) * p2p_pre,
-                             dec.step_time_s + (pp - 1) * p2p_dec, max_batch, notes)
+        notes.append(f"{pp} pipeline stages keep {pp} micro-batches of {batch} in flight: throughput grows with pp, "
+                     f"the time per token does not fall (a token crosses every stage)")
+    if case.blocks.num_blocks == 0:
+        notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache in "
+                     f"the engine's share of {cluster.accelerator.memory_gib:g} GiB: raise --tp or --pp, or quantize")
+    return InferenceEstimate(case, batch, res, {**pre, "lines": pre_lines}, {**dec, "lines": dec_lines}, notes)
 
 
 @dataclass
@@ -146,7 +183,9 @@ class ReplicaServe:
     """``batch`` requests spread over ``replicas`` identical groups: rem groups take base + 1, the rest base."""
 
     replicas: int
+    """TP×PP groups."""
     batch: int
+    """Concurrent requests over all groups."""
     largest: InferenceEstimate
     """The estimate of a group with the largest share (sets latency and memory)."""
     tokens_per_s: float
@@ -156,18 +195,21 @@ class ReplicaServe:
 
 
 def serve_over_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, replicas: int, batch: int, **kw) -> ReplicaServe:
-    """Split ``batch`` concurrent requests over ``replicas`` TP×PP groups and add up what they really serve."""
+    """Split ``batch`` concurrent requests over ``replicas`` TP×PP groups (each splits its share into pp
+    micro-batches) and add up what they serve."""
     base, rem = divmod(batch, replicas)
-    hi = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=base + (1 if rem else 0), **kw)
-    tps = (rem if rem else replicas) * hi.tokens_per_s
+    share = base + (1 if rem else 0)
+    hi = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=max(1, math.ceil(share / pp)), **kw)
+    tps = (rem if rem else replicas) * hi.tokens_per_s * share / hi.in_flight
     if rem and base:
-        tps += (replicas - rem) * estimate_inference(spec, cluster, tp=tp, pp=pp, batch=base, **kw).tokens_per_s
+        lo = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=max(1, math.ceil(base / pp)), **kw)
+        tps += (replicas - rem) * lo.tokens_per_s * base / lo.in_flight
     return ReplicaServe(replicas, batch, hi, tps, min(batch, replicas))
 
 
 def tp_versus_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, batch: int, prompt_len: int, output_len: int,
                        **kw) -> dict | None:
-    """One TP=tp group serving ``batch`` vs tp replicas of TP=tp/2... down to TP=1 serving batch/replicas each.
+    """One TP=tp group serving ``batch`` vs two TP=tp/2 replicas serving batch/2 each.
 
     Answers when two TP=1 replicas beat one TP=2 group: replicas avoid the all-reduces and double the
     weight-reading bandwidth per token, but each holds the whole model and half the batch.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.layout import group_span_nodes
+from shardlab.planner.risk import RiskInputs, axis_risk, collective_risk
 from shardlab.planner.search import PlanResult, layout_of
 
 AXES = (
@@ -67,6 +68,7 @@ def axis_reasons(res: PlanResult) -> list[dict]:
     """For each axis: the winner's value, placement, and how the best alternative value fared."""
     c, r = res.cands, res.scores
     w = res.plans[0]["index"]
+    inp = risk_inputs(res, _collectives(res))
     step_w = r["step_time_s"][w]
     out = []
     for key, name, role in AXES:
@@ -87,7 +89,8 @@ def axis_reasons(res: PlanResult) -> list[dict]:
             reason = f"every other {name} value runs out of memory"
         else:
             reason = "the only value the search allowed"
-        out.append({"axis": name, "key": key, "value": val, "placement": _placement(res, key, w), "reason": reason, "role": role})
+        out.append({"axis": name, "key": key, "value": val, "placement": _placement(res, key, w), "reason": reason, "role": role,
+                    "risk": axis_risk(key, inp)})
     return out
 
 
@@ -118,17 +121,38 @@ def runner_up(res: PlanResult) -> dict | None:
     return {"differs_in": diff, "step_time_delta": d, "why": why}
 
 
-def comm_table(res: PlanResult) -> list[dict]:
-    """The winner's communication inventory (collective, frequency, link, time, overlap, risk)."""
+def _collectives(res: PlanResult) -> list[dict]:
+    """The winner's communication inventory as dicts (``comm.inventory.layout_collectives``)."""
     from dataclasses import asdict
 
     from shardlab.comm.inventory import layout_collectives
+    from shardlab.specs.hardware import Cluster
 
     p = res.plans[0]
     lay = layout_of(res.cands, p["index"])
-    from shardlab.specs.hardware import Cluster
-
     cl = Cluster(res.cluster.accelerator, lay.world_size, res.cluster.gpus_per_node, res.cluster.intra_link, res.cluster.inter_link)
     items = layout_collectives(res.model, lay, cl, seq_len=res.workload.seq_len, microbatches=p["layout"]["microbatches"],
                                precision=res.workload.precision)
     return [asdict(it) for it in items]
+
+
+def risk_inputs(res: PlanResult, comm: list[dict]) -> RiskInputs:
+    """The winner's numbers for the risk column (planner.risk)."""
+    from shardlab.layout import split_layers
+
+    p = res.plans[0]
+    lay = p["layout"]
+    layers = max(lay["stage_layers"] or split_layers(res.model.num_layers, lay["pp"] * lay["vpp"])) * lay["vpp"]
+    cl = res.cluster
+    return RiskInputs(layout=lay, step_time_s=p["step_time_s"], breakdown=p["breakdown"], comm=tuple(comm),
+                      intra_link=cl.intra_link, inter_link=cl.inter_link, gpus_per_node=cl.gpus_per_node,
+                      memory_bytes=p["memory_bytes"], capacity_bytes=cl.accelerator.memory_bytes, stage_layers=layers,
+                      seq_len=res.workload.seq_len)
+
+
+def comm_table(res: PlanResult) -> list[dict]:
+    """The winner's communication inventory (collective, frequency, link, time, overlap) with its risk filled
+    (``planner.risk.collective_risk``: the cost if exposed, plus the inventory's own warnings)."""
+    items = _collectives(res)
+    inp = risk_inputs(res, items)
+    return [{**it, "risk": collective_risk(it, inp)} for it in items]

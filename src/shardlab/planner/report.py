@@ -49,8 +49,8 @@ def render_plan(doc: dict) -> str:
     if "memory_worst_rank" in best:
         lines.append(f"  memory {best['memory_bytes'] / 2**30:.1f} GiB on rank {best['memory_worst_rank']['rank']} "
                      f"({best['memory_worst_rank']['reason']}), exact per-tensor check")
-    ws = [[a["axis"], a["value"], a["placement"], a["reason"]] for a in doc["worksheet"]]
-    lines += ["", table(["axis", "choice", "placement", "why (the best alternative the search scored)"], ws, align="llll",
+    ws = [[a["axis"], a["value"], a["placement"], a["reason"], a.get("risk", "")] for a in doc["worksheet"]]
+    lines += ["", table(["axis", "choice", "placement", "why (the best alternative the search scored)", "risk"], ws, align="lllll",
                         title="design worksheet")]
     ru = doc.get("runner_up")
     if ru:

@@ -65,8 +65,11 @@ def _concat(parts: list[dict]) -> dict:
 
 
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
-                  fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3) -> PlanResult:
-    """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs)."""
+                  fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
+                  progress=None) -> PlanResult:
+    """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs).
+
+    ``progress(done, total, label)``, if given, is called after each world size scored and each exact memory check."""
     if objective not in OBJECTIVES:
         raise ShardlabError(f"--objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
     t0 = time.perf_counter()
@@ -77,7 +80,10 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
 
         worlds = [w for w in divisors(cluster.num_gpus) if w % gpn == 0 or gpn % w == 0]
     cand_parts, score_parts, rejected, total = [], [], Counter(), 0
-    for w in worlds:
+    steps = len(worlds) + exact_check
+    for k, w in enumerate(worlds):
+        if progress:
+            progress(k, steps, f"scoring layouts of {w} GPUs")
         c, rej, n = enumerate_space(spec, w, cluster.gpus_per_node, wl.seq_len, wl.global_batch, fixed)
         rejected.update(rej)
         total += n
@@ -106,6 +112,8 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     for i in order:
         if not np.isfinite(key[i]) or len(plans) >= top:
             break
+        if progress and checked < exact_check:
+            progress(len(worlds) + checked, steps, "exact memory check of a top plan")
         plan = _plan_dict(spec, cluster, wl, c, r, int(i), overheads, exact=checked < exact_check)
         checked += 1
         if plan.get("fits") is False:

@@ -3,6 +3,8 @@ parentheses and arrows in them render literally."""
 
 from __future__ import annotations
 
+import json
+
 _SHAPES = {"box": ('["', '"]'), "round": ('("', '")'), "hex": ('{{"', '"}}'), "circle": ('(("', '"))'),
            "stadium": ('(["', '"])'), "para": ('[/"', '"/]')}
 
@@ -26,10 +28,11 @@ def edge(a: str, b: str, label: str | None = None, dotted: bool = False) -> str:
 
 def flowchart(lines: list[str], direction: str = "TD", title: str | None = None,
               classes: dict[str, str] | None = None) -> str:
-    """Assemble a flowchart: optional YAML title front matter, the direction, indented lines, classDefs."""
+    """Assemble a flowchart: optional YAML title front matter (quoted: Mermaid 11 rejects an unquoted ': ' there),
+    the direction, indented lines, classDefs."""
     out = []
-    if title:
-        out += ["---", f"title: {title}", "---"]
+    if title:  # a YAML double-quoted scalar (JSON's string syntax is one): ': ' and '#' in titles stay text
+        out += ["---", f"title: {json.dumps(title, ensure_ascii=False)}", "---"]
     out.append(f"flowchart {direction}")
     out += [f"    {ln}" for ln in lines]
     for name, style in (classes or {}).items():

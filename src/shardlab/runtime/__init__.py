@@ -21,6 +21,28 @@ INSTALL_HINT = ("pip install torch==2.13.0 --index-url https://download.pytorch.
 """How to get torch, shown whenever a runtime command runs without it."""
 
 
+def check_host_memory(spec, bytes_per_param: int, what: str, device: str | None = None) -> None:
+    """Refuse, in one line, a CPU run whose model alone (``bytes_per_param`` per parameter: 16 for fp32 training
+    with AdamW, 4 for fp32 weights) would not fit in the memory this machine has available, instead of letting the
+    kernel kill it (or the machine) part way. GPU runs and machines without /proc/meminfo are not checked."""
+    if device == "cuda":
+        return
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    from shardlab.specs.tensors import param_counts
+
+    params = param_counts(spec).total
+    need = params * bytes_per_param
+    if need > 0.8 * avail:
+        raise ShardlabError(f"{what} {spec.name} on CPU: {params / 1e9:.2f}B parameters need about {need / 1e9:.1f} GB "
+                            f"({bytes_per_param} B per parameter), more than the {avail / 1e9:.1f} GB available here; use "
+                            f"--model tiny or small (the runtime checks the models, it does not train large ones), or "
+                            f"`shardlab shard-check` for a large model's shards on the meta device")
+
+
 def require_torch():
     """Import and return torch, or raise a one-line ShardlabError saying how to install it."""
     try:

@@ -1,6 +1,7 @@
 """``shardlab run infer``: greedy generation with tensor parallelism and a KV cache, checked three ways:
 the tokens equal a single-process (TP=1) run, and each rank's weight and KV-cache bytes equal the memory
-model (``shardlab.memory.inference``, fp32). ``--sweep`` runs T = 1, 2, 4 and plots the speedup."""
+model (``shardlab.memory.inference``, fp32). ``--sweep`` runs T = 1, 2, 4, ... as far as the GPUs present (or the
+CPU cores, or ``--max-tp``) allow and plots the speedup."""
 
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
 
     require_torch()
     spec = resolve_spec(req.model)
+    from shardlab.runtime import check_host_memory
+
+    check_host_memory(spec, 4, "inference with", req.device)
     t = req.tp
     if spec.num_heads % t or (spec.num_kv_heads % t and t % spec.num_kv_heads):
         raise ShardlabError(f"--tp {t} must divide {spec.name}'s {spec.num_heads} heads and divide or be a multiple of "
@@ -107,8 +111,36 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     }
 
 
-def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] = (1, 2, 4)) -> dict:
-    """T = 1, 2, 4 (those the model allows): latency per token, speedup over T = 1, and a PNG."""
+def sweep_tps(spec, strategy: str, device: str | None, max_tp: int | None) -> tuple[tuple[int, ...], str]:
+    """The T values a sweep runs: 1, 2, 4, ... up to what the devices present allow (the GPUs on a GPU machine; on a
+    CPU the cores, or ``max_tp`` processes when given), keeping those the model's heads and KV heads allow."""
+    import os
+
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev == "cuda":
+        n = torch.cuda.device_count()
+        if max_tp and max_tp > n:
+            raise ShardlabError(f"--max-tp {max_tp} exceeds the {n} GPU(s) present; give at most {n}")
+        limit, why = max_tp or n, f"--max-tp {max_tp}" if max_tp else f"{n} GPU(s) present"
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        limit, why = (max_tp, f"--max-tp {max_tp}") if max_tp else (cores, f"{cores} CPU core(s) available")
+    kv_ok = (lambda t: spec.num_kv_heads % t == 0) if strategy == "tp-megatron" else \
+        (lambda t: spec.num_kv_heads % t == 0 or t % spec.num_kv_heads == 0)
+    tps = tuple(t for t in (2**k for k in range(12)) if t <= limit and spec.num_heads % t == 0 and kv_ok(t))
+    return tps, f"T = {', '.join(map(str, tps))}: powers of two up to {limit} ({why}) that {spec.name}'s heads allow"
+
+
+def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] | None = None,
+              max_tp: int | None = None) -> dict:
+    """T = 1, 2, 4, ... as the devices allow (``sweep_tps``): latency per token, speedup over T = 1, and a PNG."""
+    from shardlab.runtime.train_worker import resolve_spec
+
+    why = "the T values asked for"
+    if tps is None:
+        tps, why = sweep_tps(resolve_spec(req.model), req.strategy, req.device, max_tp)
     runs = [run_infer(replace(req, tp=t), check_reference=False) for t in tps]
     base = runs[0]["latency_per_token_s"]
     points = [{"tp": r["tp"], "latency_per_token_s": r["latency_per_token_s"],
@@ -118,7 +150,7 @@ def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] =
     import os
 
     doc = {"model": runs[0]["model"], "strategy": req.strategy, "points": points, "cpu_cores": os.cpu_count(),
-           "plot": None}
+           "tp_values": list(tps), "tp_values_from": why, "plot": None}
     if plot:
         doc["plot"] = plot_speedup(points, plot, doc["model"], os.cpu_count())
     return doc
@@ -186,7 +218,8 @@ def render_sweep(doc: dict) -> str:
     rows = [[p["tp"], fmt_time(p["latency_per_token_s"]), f"{p['speedup']:.2f}×", p["tokens_identical_to_tp1"],
              f"{p['weight_bytes']:,}", f"{p['kv_cache_bytes']:,}", "yes" if p["memory_exact"] else "NO"] for p in doc["points"]]
     out = [table(["T", "per token", "speedup", "same tokens", "weights B/rank", "KV B/rank", "memory = model"], rows,
-                 title=f"tensor-parallel decoding sweep, {doc['model']} ({doc['strategy']}), {doc['cpu_cores']} CPU cores")]
+                 title=f"tensor-parallel decoding sweep, {doc['model']} ({doc['strategy']}), {doc['cpu_cores']} CPU cores"),
+           f"swept {doc.get('tp_values_from', '')}"]
     if any(p["speedup"] < 1 for p in doc["points"]):
         out.append(f"speedup below 1 means slower: on {doc['cpu_cores']} cores a small model's decode step is dominated by "
                    f"two all-reduces per block, and more ranks than cores time-share the CPU")

@@ -65,6 +65,9 @@ def prepare(req: TrainRequest):
     from shardlab.runtime.train_worker import resolve_spec
 
     spec = resolve_spec(req.model)
+    from shardlab.runtime import check_host_memory
+
+    check_host_memory(spec, 16, "training", req.device)
     st = parse_strategy(req.strategy, req.nproc * _nnodes(req.torchrun_args), tp=req.tp, pp=req.pp, vpp=req.vpp,
                         schedule=req.schedule)
     if req.global_batch % st.dp:
@@ -138,7 +141,7 @@ def run_train(req: TrainRequest) -> dict:
         "losses": loss_rank["losses"] if loss_rank else None,
         "loss_rank": loss_rank["rank"] if loss_rank else None,
         "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "step_times_s", "tokens_per_s",
-                                         "peak_bytes", "collectives", "megatron_counter", "model_states_bytes",
+                                         "peak_bytes", "collectives", "megatron_counter", "megatron_sites", "model_states_bytes",
                                          "params_local", "backend", "device")} for d in ranks],
         "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
         "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],
@@ -153,6 +156,7 @@ def run_train(req: TrainRequest) -> dict:
         "tokens_per_s": req.global_batch * req.seq_len / times[slow],
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary},
     }
+    doc["megatron_breakdown"] = megatron_breakdown(doc)
     if req.check_parity:
         from shardlab.runtime.compare import parity
         from shardlab.runtime.data import SyntheticData
@@ -176,6 +180,29 @@ def _colls(c: dict) -> str:
     return ", ".join(parts) or "none"
 
 
+def megatron_breakdown(doc: dict) -> dict | None:
+    """Rank 0's f/g counter per kind of site (attention, mlp, embedding, head), per instance per micro-batch."""
+    from shardlab.runtime.parallel.megatron import per_block_summary
+
+    sites = next((r.get("megatron_sites") for r in doc["ranks"] if r.get("megatron_sites")), None)
+    return per_block_summary(sites, doc["microbatches"]) if sites else None
+
+
+def _megatron_lines(doc: dict) -> list[str]:
+    b = doc.get("megatron_breakdown")
+    if not b:
+        return []
+    parts = []
+    for kind in ("attention", "mlp", "embedding", "head"):
+        if kind in b:
+            k = b[kind]
+            ops = ", ".join(f"{v:g} {op.replace('_', '-')} {ph}" for op_ph, v in k["per_instance_per_microbatch"].items()
+                            for op, ph in [op_ph.split("/")])
+            parts.append(f"per {kind}: {ops}" + (f" (each of {k['instances']})" if k["instances"] > 1 else "")
+                         + ("" if k["uniform"] else " (NOT the same in every block)"))
+    return ["Megatron f/g collectives per micro-batch (our operators' counter): " + "; ".join(parts)]
+
+
 def render_train(doc: dict) -> str:
     """The human report: losses, per-rank measurements, predicted vs measured memory and step time, parity."""
     from shardlab.report.table import table
@@ -186,6 +213,7 @@ def render_train(doc: dict) -> str:
            f"pp {lay['pp']}{', vpp ' + str(lay['vpp']) if lay['vpp'] > 1 else ''}), model {doc['model']}, "
            f"{wl['steps']} steps of {wl['global_batch']} × {wl['seq_len']} tokens, fp32 {wl['optimizer']}, "
            f"{doc['microbatches']} micro-batch(es) of {wl['micro_batch']}"]
+    out += _megatron_lines(doc)
     if doc.get("losses"):
         out.append(f"loss per step (global batch, seen by rank {doc['loss_rank']}): "
                    + "  ".join(f"{v:.4f}" for v in doc["losses"]))

@@ -80,7 +80,7 @@ def run(args, rr) -> dict:
     # step 0: memory (MemTracker + saved activations) and collective counts; step 1: time in collectives
     # (the recorder is a Python dispatch mode: it slows every op); steps 2+: clean step times
     coll_step = 1 if args.steps > 1 else 0
-    losses, times, states, peak, coll_counts, coll_times, megatron_step0 = [], [], None, {}, {}, {}, {}
+    losses, times, states, peak, coll_counts, coll_times, megatron_step0, megatron_sites = [], [], None, {}, {}, {}, {}, {}
     for k in range(args.steps):
         x, y = data.shard(k, setup.coords["dp"], st.dp)
         dist.barrier()  # steps start together; the barrier is outside the timed region and the recorder
@@ -111,7 +111,7 @@ def run(args, rr) -> dict:
             states = model_state_bytes(setup.params, setup.optimizer)
             peak = {"by_category": tracker.peak_by_category(), "at_peak": tracker.at_peak()} if tracker else {}
             peak["saved_activations"] = saved.peak_bytes
-            coll_counts, megatron_step0 = rec.summary(), dict(setup.counter.counts)
+            coll_counts, megatron_step0, megatron_sites = rec.summary(), dict(setup.counter.counts), setup.counter.by_site()
             if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 and rr.run_dir:
                 torch.save(grads, rr.run_dir / f"rank{ctx.rank}.grads.pt")
         if k == coll_step:
@@ -139,6 +139,7 @@ def run(args, rr) -> dict:
         "tokens_per_s": args.global_batch * args.seq_len / step_s,
         "collectives": coll, "setup_collectives": setup_collectives,
         "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in megatron_step0.items()},
+        "megatron_sites": megatron_sites,
         "model_states_bytes": states, "peak_bytes": peak,
         "params_local": sum(p.numel() for p in setup.params),
     }

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from shardlab.errors import ShardlabError
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Accelerator:
     vendor: str
     """nvidia, amd, ..."""
     peak_tflops: dict[str, float | None]
-    """Dense peak TFLOP/s by dtype (fp32, tf32, bf16, fp16, fp8); None where unsupported."""
+    """Dense peak TFLOP/s (TOPS for int8/int4) by dtype (fp32, tf32, bf16, fp16, fp8, int8, int4); None where unsupported."""
     memory_gib: float
     """Memory the framework can use, GiB (2**30 bytes)."""
     memory_bandwidth_gbps: float

@@ -11,7 +11,9 @@ row-parallel). So a block issues exactly one all-reduce per attention and one pe
 vocabulary-parallel (rows split; out-of-range tokens give zeros; ``g`` sums), the head is column-parallel
 over the vocabulary with its logits all-gathered for the loss.
 
-Every collective is counted in an explicit :class:`CollectiveCounter` (no module globals).
+Every collective is counted in an explicit :class:`CollectiveCounter` (no module globals), by operation and
+phase and by the site that issued it (``layers.i.attention``, ``layers.i.mlp``, ``embedding``, ``head``), so a
+run can show the one-all-reduce-per-attention-and-per-MLP rule block by block.
 """
 
 from __future__ import annotations
@@ -29,19 +31,61 @@ from shardlab.errors import ShardlabError
 
 @dataclass
 class CollectiveCounter:
-    """Collectives issued by the Megatron operators, by (op, phase)."""
+    """Collectives issued by the Megatron operators, by (op, phase) and by the site that issued them."""
 
     counts: Counter = field(default_factory=Counter)
     """(op, phase) -> calls, op in {'all_reduce', 'all_gather'}, phase in {'forward', 'backward'}."""
+    sites: Counter = field(default_factory=Counter)
+    """(site, op, phase) -> calls; site is 'layers.3.attention', 'layers.3.mlp', 'embedding' or 'head'."""
 
-    def add(self, op: str, phase: str) -> None:
+    def add(self, op: str, phase: str, site: str = "") -> None:
         self.counts[(op, phase)] += 1
+        if site:
+            self.sites[(site, op, phase)] += 1
 
     def get(self, op: str, phase: str) -> int:
         return self.counts[(op, phase)]
 
     def reset(self) -> None:
         self.counts.clear()
+        self.sites.clear()
+
+    def at(self, site: str) -> "_SiteCounter":
+        """A view that records every call under ``site``."""
+        return _SiteCounter(self, site)
+
+    def by_site(self) -> dict[str, dict[str, int]]:
+        """{site: {"op/phase": calls}} for the JSON report."""
+        out: dict[str, dict[str, int]] = {}
+        for (site, op, phase), n in sorted(self.sites.items()):
+            out.setdefault(site, {})[f"{op}/{phase}"] = n
+        return out
+
+
+@dataclass
+class _SiteCounter:
+    """``CollectiveCounter.at(site)``: what the f/g operators of one attention, MLP, embedding or head hold."""
+
+    parent: CollectiveCounter
+    site: str
+
+    def add(self, op: str, phase: str) -> None:
+        self.parent.add(op, phase, self.site)
+
+
+def per_block_summary(sites: dict[str, dict[str, int]], microbatches: int = 1) -> dict[str, dict]:
+    """Collapse ``by_site`` into one row per kind (attention, mlp, embedding, head): calls per instance per
+    micro-batch for each op/phase, the number of instances, and whether every instance issued the same."""
+    kinds: dict[str, list[dict[str, int]]] = {}
+    for site, ops in sites.items():
+        kinds.setdefault(site.rsplit(".", 1)[-1], []).append(ops)
+    out = {}
+    for kind, insts in kinds.items():
+        keys = sorted({k for d in insts for k in d}, key=lambda k: (k.split("/")[1] != "forward", k))
+        per = {k: sorted({d.get(k, 0) for d in insts}) for k in keys}
+        out[kind] = {"instances": len(insts), "uniform": all(len(v) == 1 for v in per.values()),
+                     "per_instance_per_microbatch": {k: v[0] / microbatches for k, v in per.items() if len(v) == 1}}
+    return out
 
 
 class CopyToTensorParallel(torch.autograd.Function):
@@ -107,9 +151,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Z = sum_i Y_i B_i: this rank's columns of the weight (in/tp inputs), partial sums reduced by ``g``; bias replicated."""
 
-    def __init__(self, full: nn.Linear, rank: int, tp: int, group, counter: CollectiveCounter):
+    def __init__(self, full: nn.Linear, rank: int, tp: int, group, counter):
         super().__init__()
-        self.group, self.counter = group, counter
+        self.group, self.counter = group, counter  # counter: a CollectiveCounter or its view at one site
         self.weight = nn.Parameter(full.weight.detach().chunk(tp, 1)[rank].clone())          # (out, in/tp)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
@@ -121,7 +165,7 @@ class RowParallelLinear(nn.Module):
 class VocabParallelEmbedding(nn.Module):
     """Embedding rows [start, end) on this rank; other tokens look up zeros; ``g`` sums the ranks' partial lookups."""
 
-    def __init__(self, full: nn.Embedding, rank: int, tp: int, group, counter: CollectiveCounter):
+    def __init__(self, full: nn.Embedding, rank: int, tp: int, group, counter):
         super().__init__()
         chunks = full.weight.detach().chunk(tp, 0)
         self.start = sum(c.shape[0] for c in chunks[:rank])
@@ -140,7 +184,7 @@ class VocabParallelHead(nn.Module):
 
     With tied embeddings it reads the embedding's local shard (no parameter of its own)."""
 
-    def __init__(self, weight_owner: nn.Module, group, counter: CollectiveCounter, own: bool):
+    def __init__(self, weight_owner: nn.Module, group, counter, own: bool):
         super().__init__()
         self.group, self.counter = group, counter
         if own:
@@ -170,26 +214,27 @@ def apply_megatron_tp(model: nn.Module, group, counter: CollectiveCounter) -> nn
     if spec.moe is not None:
         raise ShardlabError("tp-megatron does not split mixture-of-experts layers; use a dense model")
 
-    def f_hook(module, args, kwargs):  # one f before q, k and v (or the MLP's column linears)
-        return (CopyToTensorParallel.apply(args[0], group, counter), *args[1:]), kwargs
+    def f_hook(site):  # one f before q, k and v (or the MLP's column linears), counted under its site
+        c = counter.at(site)
+        return lambda module, args, kwargs: ((CopyToTensorParallel.apply(args[0], group, c), *args[1:]), kwargs)
 
-    for block in model.layers.values():
+    for key, block in model.layers.items():
         att = block.attention
         for name in ("wq", "wk", "wv"):
             setattr(att, name, ColumnParallelLinear(getattr(att, name), rank, tp))  # (b, s, h) -> (b, s, heads/tp · hd)
-        att.wo = RowParallelLinear(att.wo, rank, tp, group, counter)                # (b, s, a·hd/tp) -> (b, s, h)
-        att.register_forward_pre_hook(f_hook, with_kwargs=True)
+        att.wo = RowParallelLinear(att.wo, rank, tp, group, counter.at(f"layers.{key}.attention"))  # (b, s, a·hd/tp) -> (b, s, h)
+        att.register_forward_pre_hook(f_hook(f"layers.{key}.attention"), with_kwargs=True)
         mlp = block.mlp
         for name in ("w1", "w3"):
             if hasattr(mlp, name):
                 setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), rank, tp))  # (b, s, h) -> (b, s, f/tp)
-        mlp.w2 = RowParallelLinear(mlp.w2, rank, tp, group, counter)                    # (b, s, f/tp) -> (b, s, h)
-        mlp.register_forward_pre_hook(f_hook, with_kwargs=True)
+        mlp.w2 = RowParallelLinear(mlp.w2, rank, tp, group, counter.at(f"layers.{key}.mlp"))  # (b, s, f/tp) -> (b, s, h)
+        mlp.register_forward_pre_hook(f_hook(f"layers.{key}.mlp"), with_kwargs=True)
     if getattr(model, "tok_embeddings", None) is not None:
-        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, tp, group, counter)
+        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, rank, tp, group, counter.at("embedding"))
     if getattr(model, "norm", None) is not None:
         if getattr(model, "output", None) is not None:
-            model.output = VocabParallelHead(_column_head(model.output, rank, tp), group, counter, own=True)
+            model.output = VocabParallelHead(_column_head(model.output, rank, tp), group, counter.at("head"), own=True)
         else:
-            model.output = VocabParallelHead(model.tok_embeddings, group, counter, own=False)
+            model.output = VocabParallelHead(model.tok_embeddings, group, counter.at("head"), own=False)
     return model

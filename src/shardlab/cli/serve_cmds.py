@@ -1,0 +1,192 @@
+"""`shardlab estimate|plan --inference --serve`: continuous batching under a closed loop or Poisson arrivals."""
+
+from __future__ import annotations
+
+import math
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def _ms(s: float | None) -> str:
+    return "overloaded" if s is None or not math.isfinite(s) else f"{1e3 * s:,.1f}"
+
+
+def _load(args) -> tuple[int, float, str]:
+    """(steady.MODES index, load, words) of the --concurrency / --arrival-rate flags."""
+    if args.concurrency is not None:
+        return 1, float(args.concurrency), f"closed loop of {args.concurrency} clients"
+    return 2, float(args.arrival_rate), f"Poisson arrivals at {args.arrival_rate:g} requests/s"
+
+
+def _memory_lines(case) -> list[tuple[str, str]]:
+    b, e = case.blocks, case.engine
+    rule = (f"{e.gpu_memory_utilization:g} × {_gib(b.capacity_bytes)} − weights − activations − other" if e.kv_memory_rule == "total"
+            else f"{e.gpu_memory_utilization:g} × ({_gib(b.capacity_bytes)} − weights − activations − other)")
+    held = "prompt + whole output (reserved)" if e.kv_admission == "reserve" else "prompt + half the output (on demand)"
+    return [("weights per GPU", f"{_gib(b.weights_bytes)} ({case.precision.label}; exact per rank)"),
+            ("activation peak", f"{_gib(b.activation_bytes)} (a {case.budget_tokens}-token step, {e.max_num_seqs} sampled rows: estimate)"),
+            ("other", f"{_gib(b.other_bytes)} (CUDA context, workspaces, NCCL: estimates)"),
+            ("KV blocks", f"{b.num_blocks:,} × {b.block_size} tokens × {b.bytes_per_block // b.block_size:,} B/token = "
+                          f"{_gib(b.kv_bytes)}  [{rule}]"),
+            ("capacity", f"{case.capacity:,} sequences of {case.blocks_per_seq} blocks each ({held}); bound: {case.capacity_bound}")]
+
+
+def estimate_serve(args, spec, cluster, prec, engine):
+    from shardlab.errors import ShardlabError
+    from shardlab.report.table import kv_lines, table
+    from shardlab.serving.case import prepare
+    from shardlab.serving.limits import limits
+    from shardlab.serving.simulate import simulate
+    from shardlab.serving.steady import arrays, fluid
+
+    from shardlab.cli.inference_cmds import finite
+
+    case = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, prompt_len=args.prompt_len,
+                   output_len=args.output_len)
+    if case.capacity < 1:
+        raise ShardlabError(f"{spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id} leaves room for "
+                            f"{case.blocks.num_blocks} KV blocks, not one {args.prompt_len + args.output_len}-token sequence: "
+                            f"raise --tp/--pp, quantize (--weights), or shorten the request")
+    mode, load, words = _load(args)
+    res = {k: float(v[0]) for k, v in fluid(arrays([case]), [mode], [load]).items()}
+    sim = simulate(case, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
+                   seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
+    lim = limits(case, rate=mode == 2, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
+    slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
+           "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
+                       and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
+    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "engine": engine.id,
+           "precision": prec.label, "prompt_len": args.prompt_len, "output_len": args.output_len,
+           "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
+           "kv_blocks": case.blocks.to_dict(), "capacity": {"sequences": case.capacity, "bound": case.capacity_bound,
+                                                           "blocks_per_sequence": case.blocks_per_seq},
+           "steady_state": res, "simulation": sim.to_dict(), "limits": lim.to_dict(), "slo": slo}
+    rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(sim.ttft_s.mean), _ms(sim.ttft_s.p50), _ms(sim.ttft_s.p99)],
+            ["TPOT (ms)", _ms(res["tpot_s"]), _ms(sim.tpot_s.mean), _ms(sim.tpot_s.p50), _ms(sim.tpot_s.p99)],
+            ["request latency (ms)", _ms(res["e2e_s"]), _ms(sim.e2e_s.mean), _ms(sim.e2e_s.p50), _ms(sim.e2e_s.p99)],
+            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
+            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""],
+            ["sequences in flight", f"{res['in_flight']:,.1f}", f"{sim.mean_running:,.1f}", "", ""]]
+    unit = lim.unit
+    binds = [f"the replica runs at most {lim.max_in_flight:,.0f} sequences at once (bound: {lim.bound}); it saturates at "
+             f"{lim.saturation_rate:,.2f} requests/s"]
+    for name, val, slo_v in (("TTFT", lim.ttft_slo_load, args.ttft_slo), ("TPOT", lim.tpot_slo_load, args.tpot_slo)):
+        if slo_v is not None:
+            binds.append(f"mean {name} ≤ {1e3 * slo_v:g} ms holds up to {val:,.4g} {unit}" if val else
+                         f"mean {name} ≤ {1e3 * slo_v:g} ms is not met even at the lightest load")
+    text = "\n".join([
+        f"shardlab estimate --inference --serve: {spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id}, "
+        f"{engine.id} ({engine.name})",
+        f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
+        kv_lines(_memory_lines(case)), "",
+        table(["", "mean (steady state)", "mean (simulated)", "p50", "p99"], rows,
+              title=f"latency and throughput (simulation: {sim.requests} requests measured, {sim.cycles:,} cycles, "
+                    f"{sim.preemptions} preemptions, seed {args.seed})"),
+        "", *binds,
+        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
+        *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]
+          if res["overloaded"] else []),
+        "", "steady state: continuous batching (serving.steady, Little's law, M/D/1 prefill queue); percentiles: a "
+            "deterministic simulation of the same scheduler (serving.simulate); kernel rates fitted per engine "
+            "(`shardlab validate --inference`)"])
+    return finite(doc), text
+
+
+def _candidates(spec, cluster, gpus, engine):
+    from shardlab.planner.space import tp_ok
+
+    caps = sorted({engine.max_num_seqs} | {2**i for i in range(3, 12) if 2**i < engine.max_num_seqs}, reverse=True)
+    for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node and tp_ok(spec, d)]:
+        for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
+            for cap in caps:
+                yield tp, pp, cap
+
+
+def plan_serve(args, spec, cluster, gpus, prec, engine):
+    import numpy as np
+
+    from shardlab.errors import ShardlabError
+    from shardlab.report.table import table
+    from shardlab.serving.case import prepare
+    from shardlab.serving.simulate import simulate
+    from shardlab.serving.steady import arrays, fluid
+
+    from shardlab.cli.inference_cmds import finite
+
+    mode, load, words = _load(args)
+    cases, meta, rejected = [], [], {}
+    for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
+        try:
+            c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
+                        prompt_len=args.prompt_len, output_len=args.output_len)
+        except ShardlabError as e:
+            rejected[str(e)[:60]] = rejected.get(str(e)[:60], 0) + 1
+            continue
+        if c.capacity < 1:
+            rejected["no room for one sequence's KV cache"] = rejected.get("no room for one sequence's KV cache", 0) + 1
+            continue
+        cases.append(c)
+        meta.append((tp, pp, gpus // (tp * pp), cap))
+    if not cases:
+        raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with a "
+                            f"{args.prompt_len + args.output_len}-token request; add GPUs or quantize (--weights)")
+    reps = np.array([m[2] for m in meta], dtype=float)
+    res = fluid(arrays(cases), np.full(len(cases), mode), load / reps)
+    plans = []
+    for i, (c, (tp, pp, r, cap)) in enumerate(zip(cases, meta)):
+        ttft, tpot = float(res["ttft_s"][i]), float(res["tpot_s"][i])
+        ok = not res["overloaded"][i] and (args.ttft_slo is None or ttft <= args.ttft_slo) \
+            and (args.tpot_slo is None or tpot <= args.tpot_slo)
+        plans.append({"tp": tp, "pp": pp, "replicas": r, "max_num_seqs": cap, "in_flight_per_replica": float(res["in_flight"][i]),
+                      "ttft_s": ttft, "tpot_s": tpot, "e2e_s": float(res["e2e_s"][i]),
+                      "output_tokens_per_s": float(res["output_tokens_per_s"][i]) * r,
+                      "requests_per_s": float(res["requests_per_s"][i]) * r, "meets_slo": bool(ok),
+                      "kv_blocks_per_gpu": c.blocks.num_blocks, "kv_block_size": c.blocks.block_size,
+                      "kv_bytes_per_gpu": c.blocks.kv_bytes, "capacity_per_replica": c.capacity,
+                      "weights_bytes_per_gpu": c.blocks.weights_bytes, "_case": c})
+    seen, unique = set(), []
+    for p in sorted(plans, key=lambda p: -p["max_num_seqs"]):      # a cap that does not bind repeats the default
+        sig = (p["tp"], p["pp"], round(p["ttft_s"], 6), round(p["tpot_s"], 6))
+        if sig not in seen:
+            seen.add(sig)
+            unique.append(p)
+    plans = unique
+    latency = args.objective == "latency"
+    key = (lambda p: (not p["meets_slo"], p["e2e_s"] if latency else -p["output_tokens_per_s"], p["tp"] * p["pp"]))
+    plans.sort(key=key)
+    best = plans[0]
+    sim = simulate(best["_case"], concurrency=None if mode == 2 else max(1, round(load / best["replicas"])),
+                   arrival_rate=load / best["replicas"] if mode == 2 else None, requests=args.requests, seed=args.seed,
+                   lifetime_s=best["e2e_s"] if math.isfinite(best["e2e_s"]) else 0.0)
+    for p in plans:
+        p.pop("_case")
+    top = plans[: args.top]
+    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "precision": prec.label,
+           "objective": "latency" if latency else "throughput", "prompt_len": args.prompt_len, "output_len": args.output_len,
+           "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
+           "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),
+           "rejected": rejected, "plans": top, "best_simulated": sim.to_dict()}
+    rows = [[p["tp"], p["pp"], p["replicas"], p["max_num_seqs"], f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]),
+             _ms(p["tpot_s"]), f"{p['output_tokens_per_s']:,.0f}", f"{p['kv_blocks_per_gpu']:,}", f"{p['capacity_per_replica']:,}",
+             "yes" if p["meets_slo"] else "no"] for p in top]
+    slo_words = ", ".join(f"{n} ≤ {1e3 * v:g} ms" for n, v in (("TTFT", args.ttft_slo), ("TPOT", args.tpot_slo)) if v) or "none"
+    text = "\n".join([
+        f"shardlab plan --inference --serve: {spec.name} on {gpus} × {cluster.accelerator.id} ({engine.id}, {prec.label})",
+        f"workload: {words} over all replicas, prompt {args.prompt_len} + output {args.output_len} tokens; SLO: {slo_words}; "
+        f"objective: {'lowest request latency' if latency else 'most output tokens/s'} under the SLO",
+        table(["tp", "pp", "replicas", "max seqs", "in flight", "TTFT ms", "TPOT ms", "tokens/s", "KV blocks/GPU",
+               "capacity", "SLO"], rows),
+        "",
+        f"recommended: {best['replicas']} replica(s) of TP {best['tp']} × PP {best['pp']}, max-num-seqs {best['max_num_seqs']}: "
+        f"TTFT {_ms(best['ttft_s'])} ms, TPOT {_ms(best['tpot_s'])} ms, {best['output_tokens_per_s']:,.0f} output tokens/s "
+        f"({best['requests_per_s']:,.2f} requests/s)" + ("" if best["meets_slo"] else " — NO layout meets the SLO; this one comes closest"),
+        f"  each GPU allocates {best['kv_blocks_per_gpu']:,} KV blocks of {best['kv_block_size']} tokens "
+        f"({_gib(best['kv_bytes_per_gpu'])}) beside {_gib(best['weights_bytes_per_gpu'])} of weights: "
+        f"{best['capacity_per_replica']:,} sequences per replica",
+        f"  simulated ({sim.requests} requests): TTFT p50 {_ms(sim.ttft_s.p50)} / p99 {_ms(sim.ttft_s.p99)} ms, "
+        f"TPOT p50 {_ms(sim.tpot_s.p50)} / p99 {_ms(sim.tpot_s.p99)} ms",
+        f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),
+        "pipeline stages add sequences in flight (throughput), not per-token speed; replicas split the load."])
+    return finite(doc), text

@@ -1,0 +1,220 @@
+"""Pages for measurements and single answers: ``run train``, ``run infer``, ``bench collectives``,
+``calibrate``, ``memory`` and ``estimate --inference``. Known keys get charts; every other key of the
+document is shown by the generic renderer, so keys other commands add later (per-rank summaries,
+serving metrics) appear without changes here."""
+
+from __future__ import annotations
+
+from shardlab.report.html import svg
+from shardlab.report.html.layout_sections import MEMORY_CATS, gib_short
+from shardlab.report.html.page import PALETTE, Page, esc, generic, gib, kv_table, num, table
+from shardlab.units import fmt_bytes, fmt_time
+
+
+def _rest(page: Page, doc: dict, shown: set[str], heading: str = "Everything else in the document") -> None:
+    rest = {k: v for k, v in doc.items() if k not in shown}
+    if rest:
+        page.add("more", heading, generic(rest))
+
+
+def run_train_page(doc: dict) -> Page:
+    lay = doc["layout"]
+    page = Page(f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks ({doc['model']})",
+                f"dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']}, ZeRO-{lay['zero']}; measured with torch.distributed "
+                f"beside the predictions")
+    wl = doc["workload"]
+    page.add("inputs", "What ran", kv_table([(k.replace("_", " "), esc(num(v))) for k, v in wl.items()]
+                                            + [("launch", esc(doc["launch"].get("summary", "")))]))
+    st = doc.get("step_time") or {}
+    ranks = doc["ranks"]
+    if any(r.get("step_time_s") for r in ranks):
+        rows = [(f"rank {r['rank']}", r["step_time_s"] or 0.0) for r in ranks]
+        ref = ("predicted", st["predicted_s"]) if st.get("predicted_s") else None
+        chart = svg.bars(rows, fmt_time, ref=ref)
+        summary = (f"<p>measured median {fmt_time(st.get('measured_median_s') or 0)}, slowest rank {st.get('slowest_rank')} "
+                   f"({fmt_time(st.get('slowest_s') or 0)}), spread {100 * (st.get('spread') or 0):.1f}%; predicted "
+                   f"{fmt_time(st.get('predicted_s') or 0)} ({esc(st.get('predicted_from', ''))})"
+                   + (f", error {100 * st['error']:+.0f}%" if st.get("error") is not None else "") + "</p>")
+        page.add("step-times", "Step time per rank: measured vs predicted", summary + chart)
+    page.add("collectives", "Collectives by op", _collectives(ranks))
+    cmp = doc.get("memory_comparison") or []
+    if cmp:
+        cats = [c for c, _ in MEMORY_CATS if c != "other"]
+        rows = []
+        for m in cmp:
+            rows.append((f"rank {m['rank']} predicted", [m["predicted"].get(c, 0) for c in cats]))
+            rows.append((f"rank {m['rank']} measured", [m["measured"].get(c, 0) for c in cats]))
+        colors = [(c, col) for c, col in MEMORY_CATS if c != "other"]
+        chart = svg.stacked_bars(rows, colors, lambda b: f"{b / 2**20:.3g} MiB", label_w=170, scale=2**20)
+        trows = [[m["rank"], *(f"{fmt_bytes(m['predicted'].get(c, 0))} / {fmt_bytes(m['measured'].get(c, 0))}" for c in cats),
+                  "exact" if m.get("states_exact") else "DIFFERS", f"{100 * (m.get('activations_error') or 0):+.0f}%"]
+                 for m in cmp]
+        page.add("memory", "Memory per rank: measured vs predicted", chart
+                 + table(["rank", *(f"{c} (pred / meas)" for c in cats), "model states", "activations error"], trows)
+                 + "".join(f"<p class='note'>{esc(n)}</p>" for n in doc.get("memory_notes", [])))
+    if doc.get("losses"):
+        page.add("losses", "Loss per step", table(["step", "loss"], [[i, f"{v:.5f}"] for i, v in enumerate(doc["losses"])]))
+    _rest(page, doc, {"strategy", "world_size", "model", "layout", "workload", "ranks", "step_time", "memory_comparison",
+                      "losses", "launch", "predicted", "measured", "memory_notes", "microbatches"})
+    page.add("ranks", "Per-rank measurements", generic(ranks))
+    return page
+
+
+def _collectives(ranks: list[dict]) -> str:
+    """Per op and phase: count, bytes and time on each rank (from each rank's ``collectives``)."""
+    rows, totals = [], {}
+    for r in ranks:
+        for op, phases in (r.get("collectives") or {}).items():
+            for phase, v in phases.items():
+                rows.append([r["rank"], op, phase, f"{v['count']:,}", fmt_bytes(v["bytes"]), fmt_time(v["time_s"])])
+                if r["rank"] == ranks[0]["rank"]:
+                    totals[f"{op} {phase}"] = v["time_s"]
+    if not rows:
+        return "<p>No collectives were recorded.</p>"
+    chart = svg.bars(sorted(totals.items(), key=lambda kv: -kv[1]), fmt_time, color=PALETTE[1], label_w=200)
+    return (f"<p>Time in each collective on rank {ranks[0]['rank']}:</p>{chart}"
+            + table(["rank", "op", "phase", "calls", "bytes", "time"], rows))
+
+
+def run_infer_page(doc: dict) -> Page:
+    if "points" in doc:
+        page = Page(f"shardlab run infer --sweep: {doc['model']}", f"{doc['strategy']}, {doc.get('cpu_cores')} CPU cores")
+        rows = [(f"TP {p['tp']}", p["latency_per_token_s"]) for p in doc["points"]]
+        page.add("latency", "Latency per token by TP degree", svg.bars(rows, fmt_time) + generic(doc["points"]))
+        _rest(page, doc, {"model", "strategy", "points", "cpu_cores"})
+        return page
+    page = Page(f"shardlab run infer: {doc['model']} on TP {doc['tp']}", f"{doc['strategy']}; greedy decoding with a KV cache")
+    page.add("summary", "Result", kv_table([
+        ("tokens", esc(doc["tokens"])), ("text", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"]))),
+        ("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
+        ("memory", "matches the model exactly" if doc["memory_exact"] else "DIFFERS from the model")]))
+    pred = doc["predicted"]
+    rows = [[r["rank"], f"{fmt_bytes(pred['weight_bytes'])} / {fmt_bytes(r['weight_bytes'])}",
+             f"{fmt_bytes(pred['kv_cache_bytes'])} / {fmt_bytes(r['kv_cache_bytes'])}", fmt_time(r["prefill_s"]),
+             fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
+    page.add("ranks", "Per rank: predicted / measured",
+             svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]], fmt_time)
+             + table(["rank", "weights", "KV cache", "prefill", "per token"], rows)
+             + f"<p class='note'>prediction: {esc(pred['source'])}</p>")
+    page.add("collectives", "Collectives by op", _collectives(doc["ranks"]))
+    _rest(page, doc, {"model", "tp", "strategy", "tokens", "text", "matches_tp1", "ranks_agree", "ranks", "predicted",
+                      "memory_exact", "latency_per_token_s"})
+    return page
+
+
+def bench_page(doc: dict) -> Page:
+    page = Page(f"shardlab bench collectives: {doc['world_size']} ranks, {doc['backend']} on {doc['device']}",
+                f"torch {doc.get('torch_version', '')}; nccl-tests conventions (algbw, busbw)")
+    _collective_sections(page, doc)
+    _rest(page, doc, {"backend", "device", "world_size", "torch_version", "rows", "fits", "fit_errors", "model"})
+    return page
+
+
+def _collective_sections(page: Page, doc: dict) -> None:
+    """busbw by size per op and the α–β fits of a ``bench collectives`` document."""
+    ops = list(dict.fromkeys(r["op"] for r in doc["rows"]))
+    series = [(op, [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
+               [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)]) for i, op in enumerate(ops)]
+    chart = svg.line_chart(series, lambda x: fmt_bytes(x, binary=False), lambda y: f"{y:.3g}", "message size", "busbw (GB/s)")
+    rows = [[r["op"], fmt_bytes(r["size_bytes"]), fmt_time(r["time_s"]), f"{r['algbw_gbps']:.4g}", f"{r['busbw_gbps']:.4g}",
+             fmt_time(r["fitted_time_s"]) if r.get("fitted_time_s") else "—"] for r in doc["rows"]]
+    page.add("busbw", "Bus bandwidth by message size", chart
+             + "<details><summary>every measurement</summary>"
+             + table(["op", "size", "time", "algbw GB/s", "busbw GB/s", "α–β fit"], rows) + "</details>")
+    fits = [[f["op"], f["world_size"], f"{f['latency_us']:.3g} µs", f"{f['beta_gbps']:.4g} GB/s", f"{100 * f['rel_rms']:.1f}%",
+             f["points"]] for f in (doc.get("fits") or {}).values() if isinstance(f, dict) and "beta_gbps" in f]
+    page.add("fits", "α–β fits", (table(["op", "ranks", "α", "β", "rms error", "points"], fits) if fits else "")
+             + f"<p class='note'>{esc(doc.get('model', ''))}</p>"
+             + "".join(f"<p class='note'>{esc(k)}: {esc(v)}</p>" for k, v in (doc.get("fit_errors") or {}).items()))
+
+
+def calibrate_page(doc: dict) -> Page:
+    page = Page("shardlab calibrate: hardware profile", f"written to {doc.get('profile_path', '')}: measured efficiencies "
+                                                        f"and links, as a catalog the estimate reads (--profile)")
+    if "profile" in doc:
+        page.add("profile", "Profile", generic(doc["profile"]))
+    mm = doc.get("matmul")
+    if mm and mm.get("rows"):
+        rows = [(f"{r['gemm']} h={r['hidden']} M={r['tokens']}", r["tflops"]) for r in mm["rows"]]
+        fit = mm.get("fit") or {}
+        page.add("matmul", "Matmul: achieved TFLOP/s", svg.bars(rows, lambda v: f"{v:.3g} TF/s", label_w=220,
+                                                                ref=("peak", mm["peak_tflops"]) if mm.get("peak_tflops") else None)
+                 + (f"<p>fitted efficiency {fit['max_fraction']:.3g}·d/(d+{fit['half_size']:.3g}) of peak, rms error "
+                    f"{100 * fit['rel_rms']:.1f}% over {fit['points']} points</p>" if "max_fraction" in fit else "")
+                 + generic({k: v for k, v in mm.items() if k != "rows"}))
+    if doc.get("collectives", {}).get("rows"):
+        _collective_sections(page, doc["collectives"])
+    _rest(page, doc, {"profile", "matmul", "collectives", "profile_path"}, "Measurements and fits")
+    return page
+
+
+def memory_page(doc: dict) -> Page:
+    lay = doc["layout"]
+    page = Page(f"shardlab memory: {doc['model']['name']}" + (f" on {doc['gpu']}" if doc.get("gpu") else ""),
+                f"dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']} × cp {lay['cp']}, ZeRO-{lay['zero']}, "
+                f"{doc['precision']}, {doc['optimizer']}")
+    stages = doc["stages"]
+    rows = [(f"stage {s['stage']}" if len(stages) > 1 else "every rank", [s.get(c, 0) for c, _ in MEMORY_CATS]) for s in stages]
+    chart = svg.stacked_bars(rows, MEMORY_CATS, gib_short, capacity=doc.get("capacity_bytes"), cap_label="GPU memory",
+                             scale=2**30)
+    pg = doc["per_gpu"]
+    expl = doc.get("explain", {})
+    trows = [[k, gib(pg[k]), expl.get(k, "")] for k in ("weights", "gradients", "optimizer", "model_states", "activations",
+                                                         "other", "total") if k in pg]
+    verdict = ("" if doc.get("fits") is None else
+               f"<p class='{'ok' if doc['fits'] else 'bad'}'>{'fits' if doc['fits'] else 'DOES NOT FIT'}: worst rank "
+               f"{doc['worst_rank']['rank']} ({esc(doc['worst_rank']['reason'])})</p>")
+    page.add("memory", "Memory per rank", verdict + chart + table(["category", "GiB", "where it comes from"], trows))
+    if pg.get("other_breakdown"):
+        page.add("overheads", "Overheads of the worst rank", table(["overhead", "bytes"], [[k, fmt_bytes(v)] for k, v in
+                                                                                         pg["other_breakdown"].items()]))
+    _rest(page, doc, {"per_gpu", "stages", "capacity_bytes", "fits", "worst_rank", "explain", "layout", "precision",
+                      "optimizer", "gpu"})
+    return page
+
+
+def inference_page(doc: dict) -> Page:
+    page = Page(f"shardlab estimate --inference: {doc['model']} on TP {doc['tp']} × PP {doc['pp']} {doc['gpu']}",
+                f"batch {doc['batch']}, prompt {doc['prompt_len']} + output {doc['output_len']} tokens; estimates "
+                f"(roofline of compute vs HBM traffic plus TP all-reduces)")
+    mem = doc["memory"]
+    pg = mem["per_gpu"]
+    cats = [(k, PALETTE[i]) for i, k in enumerate(k for k in pg if k != "total")]
+    chart = svg.stacked_bars([("per GPU", [pg[k] for k, _ in cats])], cats, gib_short,
+                             capacity=mem.get("usable_bytes"), cap_label="usable", scale=2**30)
+    page.add("memory", "Memory per GPU", chart + kv_table([(k, gib(v)) for k, v in pg.items()]
+                                                            + [("capacity", gib(mem["capacity_bytes"])),
+                                                               ("usable", gib(mem["usable_bytes"]))]))
+    phases = [(ph, doc[ph]) for ph in ("prefill", "decode") if isinstance(doc.get(ph), dict)]
+    parts = []
+    for ph, d in phases:
+        step = d.get("step_s", d.get("step_time_s"))
+        rows = [(k.removesuffix("_s").removesuffix("_time").replace("_", " "), v) for k, v in d.items()
+                if k.endswith("_s") and k not in ("step_s", "step_time_s") and isinstance(v, (int, float))]
+        parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {fmt_time(step)}</h3>"
+                     + svg.bars(rows, fmt_time) + (f"<pre>{esc(d['formula'])}</pre>" if d.get("formula") else ""))
+    head = kv_table([("request latency", fmt_time(doc["request_latency_s"])), ("prefill", fmt_time(doc["prefill_s"])),
+                     ("decode per token", fmt_time(doc["decode_s_per_token"])),
+                     ("throughput", f"{doc['tokens_per_s']:,.0f} generated tokens/s"), ("largest batch", f"{doc['max_batch']:,}")])
+    page.add("latency", "Prefill and decode", head + "".join(parts))
+    if doc.get("tp_vs_replicas"):
+        page.add("tp-vs-replicas", "TP group or replicas?", generic(doc["tp_vs_replicas"]))
+    _rest(page, doc, {"model", "gpu", "tp", "pp", "batch", "prompt_len", "output_len", "memory", "prefill", "decode",
+                      "request_latency_s", "prefill_s", "decode_s_per_token", "tokens_per_s", "max_batch", "tp_vs_replicas"})
+    return page
+
+
+def inference_plan_page(doc: dict) -> Page:
+    page = Page(f"shardlab plan --inference: {doc['model']} on {doc['gpus']} × {doc['gpu']}",
+                f"{doc['batch']} concurrent requests of {doc['prompt_len']} + {doc['output_len']} tokens, objective "
+                f"{doc['objective']}; estimates")
+    rows = [(f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}", p["tokens_per_s"]) for p in doc["plans"]]
+    page.add("plans", "Plans", svg.bars(rows, lambda v: f"{v:,.0f} tok/s", label_w=200) + generic(doc["plans"]))
+    _rest(page, doc, {"plans"})
+    return page
+
+
+def generic_page(doc: dict, title: str) -> Page:
+    page = Page(title, "every key of the JSON document")
+    page.add("document", "Document", generic(doc))
+    return page

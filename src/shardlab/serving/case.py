@@ -1,0 +1,123 @@
+"""One serving configuration, prepared: model on a TP×PP group, precision, engine, lengths -> the KV blocks
+each GPU allocates, how many sequences fit, and the step models the scheduler models run on.
+
+Capacity (sequences in flight): the fewest of
+- KV blocks / blocks per sequence, on the stage with the least room. A sequence holds its prompt and, with
+  on-demand allocation (vLLM, SGLang), half its output on average in steady state; with reservation
+  (TensorRT-LLM GUARANTEED_NO_EVICT) its whole output. A sliding window caps the tokens held.
+- the engine's max_num_seqs per pipeline micro-batch (pp micro-batches are in flight).
+Activation peak: a forward over the step's token budget (``memory.inference.activation_peak_bytes``);
+other memory: CUDA context, library workspaces and NCCL buffers (``memory.overheads`` defaults).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardlab.comm.collectives import collective_time
+from shardlab.errors import ShardlabError
+from shardlab.layout import Layout, validate
+from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, kv_blocks,
+                                       kv_cache_bytes_per_token, weight_bytes_per_rank)
+from shardlab.memory.overheads import Overheads
+from shardlab.serving.engines import EngineProfile
+from shardlab.serving.precision import InferencePrecision
+from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class ServeCase:
+    """A prepared configuration (one TP×PP replica)."""
+
+    spec: ModelSpec
+    """The model."""
+    cluster: Cluster
+    """GPU and links."""
+    tp: int
+    """Tensor-parallel degree of the replica."""
+    pp: int
+    """Pipeline stages of the replica."""
+    precision: InferencePrecision
+    """Weights, KV cache and activation types."""
+    engine: EngineProfile
+    """Serving engine with its settings."""
+    prompt_len: int
+    """Prompt tokens per request."""
+    output_len: int
+    """Output tokens per request."""
+    blocks: KVBlocks
+    """KV blocks on the worst rank."""
+    blocks_per_seq: int
+    """Blocks one sequence holds (module doc)."""
+    capacity: int
+    """Sequences in flight the replica can hold."""
+    capacity_bound: str
+    """What sets capacity: kv-cache or max-num-seqs."""
+    budget_tokens: int
+    """Token budget of a step (a whole prompt when prompts are not chunked and exceed the budget)."""
+    whole: StepModel
+    """All stages' terms (a token's trip through the pipeline)."""
+    slowest: StepModel
+    """The largest stage's terms (sets the pipeline's rate)."""
+    kernels: Kernels
+    """The engine's rates and overheads."""
+    scheduler_steps: int
+    """Decode steps per scheduling decision."""
+    p2p_fixed_s: float
+    """Pipeline send of one step between two stages: latency part."""
+    p2p_s_per_token: float
+    """... seconds per token of the step."""
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def context_tokens(self) -> float:
+        """Mean cached tokens of a decoding sequence: the prompt and half the output (or the window)."""
+        return float(_held(self.spec, self.engine, self.prompt_len + self.output_len // 2))
+
+
+def _held(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
+    """Tokens a sequence keeps cached: all, or the sliding window when the engine evicts outside it."""
+    return cached_tokens(spec, tokens) if engine.sliding_window_cache else tokens
+
+
+def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int = 1, pp: int = 1,
+            precision: InferencePrecision = InferencePrecision(), prompt_len: int = 1024, output_len: int = 256,
+            scheduler_steps: int | None = None, overheads: Overheads = Overheads()) -> ServeCase:
+    """Build the ServeCase of one replica (KV blocks, capacity, step models)."""
+    validate(Layout(tp=tp, pp=pp), spec)
+    if prompt_len + output_len > spec.max_seq_len:
+        raise ShardlabError(f"--prompt-len + --output-len = {prompt_len + output_len} exceeds {spec.name}'s "
+                            f"{spec.max_seq_len} positions; shorten them")
+    budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
+    weights = weight_bytes_per_rank(spec, tp, pp, precision=precision)
+    kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
+    act = activation_peak_bytes(spec, tp, budget, engine.max_num_seqs)
+    other = overheads.cuda_context_bytes + overheads.library_workspace_bytes + (overheads.nccl_bytes_per_group
+                                                                                if tp * pp > 1 else 0)
+    cap_bytes = cluster.accelerator.memory_bytes
+    per_stage = [kv_blocks(cap_bytes, w, act, other, k, block_size=engine.kv_block_size,
+                           utilization=engine.gpu_memory_utilization, rule=engine.kv_memory_rule)
+                 for w, k in zip(weights, kv_tok)]
+    blocks = min(per_stage, key=lambda b: b.num_blocks)
+    held = prompt_len + (output_len if engine.kv_admission == "reserve" else math.ceil(output_len / 2))
+    per_seq = math.ceil(_held(spec, engine, held) / engine.kv_block_size)
+    kv_seqs = blocks.num_blocks // per_seq
+    seq_cap = engine.max_num_seqs * pp
+    capacity, bound = (kv_seqs, "kv-cache") if kv_seqs < seq_cap else (seq_cap, "max-num-seqs")
+    whole, slowest = pipeline_models(stage_models(spec, cluster, tp, pp, precision))
+    p2p_fixed = p2p_tok = 0.0
+    if pp > 1:
+        link = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
+        one = collective_time("send-recv", 2 * spec.hidden_size, 2, link).time_s
+        big = collective_time("send-recv", 2 * spec.hidden_size * 4096, 2, link).time_s
+        p2p_tok = (big - one) / 4095
+        p2p_fixed = one - p2p_tok
+    steps = scheduler_steps or engine.scheduler_steps
+    return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
+                     budget, whole, slowest, engine.kernels(steps), steps, p2p_fixed, p2p_tok)

@@ -1,0 +1,32 @@
+"""The work behind a step time, in words and numbers (what `shardlab estimate --inference` prints)."""
+
+from __future__ import annotations
+
+from shardlab.serving.case import ServeCase
+from shardlab.serving.step import step_parts
+from shardlab.units import fmt_bytes, fmt_time
+
+
+def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_tokens: float = 0.0,
+               prefill_pairs: float = 0.0, sampled: float | None = None) -> tuple[dict, list[str]]:
+    """(parts, lines) of one step of the whole pipeline (one micro-batch through every stage)."""
+    m, k = case.whole, case.kernels
+    sampled = decode_seqs if sampled is None else sampled
+    p = {key: float(v) for key, v in step_parts(m, k, decode_seqs, ctx_tokens, prefill_tokens, prefill_pairs, sampled).items()}
+    p["bound"] = "memory" if p["weights_read_s"] >= p["gemm_compute_s"] else "compute"
+    tokens = decode_seqs + prefill_tokens
+    bw = m.bandwidth_bytes_per_s / 1e9
+    kv_bytes = ctx_tokens * m.kv_bytes_per_token
+    lines = [
+        f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.2f}), "
+        f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.2f}))"
+        f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])}) = {fmt_time(p['linear_s'])}",
+        f"head      = output projection for {sampled:g} sampled rows = {fmt_time(p['head_s'])}",
+        f"attention = max({fmt_bytes(kv_bytes)} KV read / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.2f}), FLOPs)"
+        + (f" + prefill attention over {prefill_pairs:.3g} pairs" if prefill_pairs else "") + f" = {fmt_time(p['attention_s'])}",
+        f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}",
+        f"overhead  = {k.step_overhead_s * 1e6:.0f} µs per step + {k.seq_overhead_s * 1e6:.1f} µs × {sampled:g} sequences + "
+        f"{k.layer_overhead_s * 1e6:.1f} µs × {m.layers:g} layers = {fmt_time(p['overhead_s'])} ({case.engine.id})",
+        f"step      = {fmt_time(p['step_s'])} ({p['bound']}-bound linear layers)",
+    ]
+    return p, lines

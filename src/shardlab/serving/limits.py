@@ -1,0 +1,65 @@
+"""Where a replica's load limits bind: KV capacity, the token budget, and latency targets (SLOs).
+
+Sweeps the steady-state model (``serving.steady.fluid``) over the load: concurrency 1 … 4 × the most
+sequences the replica holds (closed loop), or arrival rates up to the rate at which it saturates. TTFT and
+TPOT grow with the load, so the largest load meeting a target is the last point of the sweep that does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.serving.case import ServeCase
+from shardlab.serving.steady import arrays, fluid, max_in_flight
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The loads at which each limit binds (None: not within the sweep / no target given)."""
+
+    max_in_flight: float
+    """Sequences the replica runs at once (KV blocks, max_num_seqs, token budget)."""
+    bound: str
+    """What sets max_in_flight: kv-cache, max-num-seqs or token-budget."""
+    saturation_rate: float
+    """Requests/s the replica completes with max_in_flight sequences (arrivals beyond it queue without bound)."""
+    ttft_slo_load: float | None
+    """Largest concurrency (or arrival rate) whose mean TTFT meets --ttft-slo."""
+    tpot_slo_load: float | None
+    """Largest concurrency (or arrival rate) whose mean TPOT meets --tpot-slo."""
+    unit: str
+    """'clients' or 'requests/s'."""
+
+    def to_dict(self) -> dict:
+        return {"max_in_flight": self.max_in_flight, "bound": self.bound, "saturation_rate": self.saturation_rate,
+                "ttft_slo_load": self.ttft_slo_load, "tpot_slo_load": self.tpot_slo_load, "unit": self.unit}
+
+
+def _last_ok(load: np.ndarray, values: np.ndarray, slo: float | None) -> float | None:
+    if slo is None:
+        return None
+    ok = values <= slo
+    if not ok[0]:
+        return 0.0
+    first_bad = np.argmin(ok) if not ok.all() else len(ok)
+    return float(load[first_bad - 1])
+
+
+def limits(case: ServeCase, *, rate: bool, ttft_slo: float | None = None, tpot_slo: float | None = None,
+           points: int = 80) -> Limits:
+    """Limits of one replica under a closed loop (rate=False) or Poisson arrivals (rate=True)."""
+    one = arrays([case])
+    bmax = float(max_in_flight(one)[0])
+    bound = case.capacity_bound if bmax >= case.capacity else "token-budget"
+    sat = float(fluid(one, [1], [bmax])["requests_per_s"][0])
+    if rate:
+        load = sat * np.linspace(0.01, 0.995, points)
+        mode = 2
+    else:
+        load = np.unique(np.round(np.geomspace(1, max(4 * bmax, 2), points)))
+        mode = 1
+    res = fluid(arrays([case] * len(load)), np.full(len(load), mode), load)
+    return Limits(bmax, bound, sat, _last_ok(load, res["ttft_s"], ttft_slo), _last_ok(load, res["tpot_s"], tpot_slo),
+                  "requests/s" if rate else "clients")

@@ -1,0 +1,131 @@
+"""Inference precision per tensor class: weights, KV cache and activations, and the bytes they take.
+
+Weights of the blocks' linear layers may be quantized; embeddings, the output head, norms, biases and MoE
+routers stay 16-bit (AutoAWQ and GPTQ leave ``lm_head`` unquantized; vLLM's and NVIDIA ModelOpt's FP8
+checkpoints list it among the ignored layers). Bytes of one quantized (out, in) matrix:
+
+    ceil(bits · out · in / 8)  +  out · ceil(in / g) · (scale_bytes + zero_bits / 8)
+
+- int4 / int8 with a group size g (AWQ, Lin et al. 2023, arXiv 2306.00978 §3; GPTQ, Frantar et al. 2022,
+  arXiv 2210.17323 §4): one fp16 scale and one zero point per group of g input features; the zero points are
+  packed at the weight's width (AutoAWQ/GPTQ ``qzeros``: eight 4-bit zeros per int32). Default g = 128.
+- int8 without a group size (SmoothQuant W8A8, Xiao et al. 2022, arXiv 2211.10438; LLM.int8-style W8A16):
+  symmetric, one fp16 scale per output channel, no zero point.
+- fp8 (E4M3, Micikevicius et al. 2022, arXiv 2209.05433): per-tensor scaling, one fp32 weight scale and one
+  fp32 input scale per matrix (ModelOpt/vLLM FP8 checkpoints).
+- bf16/fp16: 2 bytes, no scales.
+
+KV cache: bf16/fp16 2 bytes per element, fp8 1 byte (per-tensor scales; vLLM ``--kv-cache-dtype fp8``,
+TensorRT-LLM FP8 KV cache). Activations set the GEMM's tensor-core rate: weight-only schemes (W4A16,
+W8A16) dequantize into 16-bit GEMMs and run at the 16-bit peak; W8A8 runs at the fp8 or int8 peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardlab.errors import ShardlabError
+
+WEIGHT_BITS = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+"""Bits per weight element of each --weights choice."""
+KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes per KV-cache element of each --kv-cache-dtype choice."""
+ACTIVATION_DTYPES = ("bf16", "fp16", "fp8", "int8")
+"""--activations choices: the dtype the GEMMs run in (its tensor-core peak applies)."""
+DEFAULT_GROUP_SIZE = 128
+"""AWQ/GPTQ default group size (AutoAWQ ``q_group_size=128``; GPTQ ``group_size=128``)."""
+QUANTIZED_COMPONENTS = ("attention", "mlp", "experts", "shared_experts")
+"""Tensor components whose matrices a quantized checkpoint stores at the weight precision."""
+
+
+@dataclass(frozen=True)
+class InferencePrecision:
+    """Precision of each tensor class of a served model."""
+
+    weights: str = "bf16"
+    """Block linear weights: bf16, fp16, fp8, int8 or int4."""
+    group_size: int | None = None
+    """Input features per scale/zero group (int4/int8); None = per output channel (int8) or per tensor (fp8)."""
+    kv_cache: str = "bf16"
+    """KV-cache element type: bf16, fp16 or fp8."""
+    activations: str = "bf16"
+    """Type the GEMMs run in (sets the peak): bf16, fp16, fp8 or int8."""
+
+    @property
+    def weight_bits(self) -> int:
+        return WEIGHT_BITS[self.weights]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per KV-cache element."""
+        return KV_BYTES[self.kv_cache]
+
+    @property
+    def gemm_dtype(self) -> str:
+        """Catalog peak the linear layers run at."""
+        return self.activations
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. 'weights int4 g128, activations bf16, KV fp8'."""
+        g = f" g{self.group_size}" if self.group_size else ""
+        return f"weights {self.weights}{g}, activations {self.activations}, KV {self.kv_cache}"
+
+    def matrix_bytes(self, out_features: int, in_features: int) -> int:
+        """Bytes of one quantized (out, in) weight matrix, scales and zero points included (module doc)."""
+        bits = self.weight_bits
+        data = -(-bits * out_features * in_features // 8)
+        if bits == 16:
+            return data
+        if self.weights == "fp8":
+            return data + 8                                    # fp32 weight scale + fp32 input scale
+        if self.group_size:                                    # AWQ/GPTQ groups: fp16 scale + packed zero
+            groups = out_features * math.ceil(in_features / self.group_size)
+            return data + groups * 2 + -(-groups * bits // 8)
+        return data + 2 * out_features                         # per-channel fp16 scale, symmetric
+
+    def tensor_bytes(self, component: str, local_shape: tuple[int, ...], weight: bool) -> int:
+        """Bytes of one rank's shard of a tensor: quantized block matrices, 16-bit everything else."""
+        n = math.prod(local_shape)
+        if not weight or component not in QUANTIZED_COMPONENTS or len(local_shape) < 2 or self.weight_bits == 16:
+            return 2 * n
+        stacked = math.prod(local_shape[:-2])                  # routed experts: (E, out, in)
+        return stacked * self.matrix_bytes(local_shape[-2], local_shape[-1])
+
+
+BF16 = InferencePrecision()
+"""Unquantized bf16 serving (the default)."""
+
+
+def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cache: str = "bf16",
+                   activations: str | None = None, peaks: dict | None = None) -> InferencePrecision:
+    """Validate a precision choice; ``activations`` defaults to fp8 for fp8 weights on a GPU with an fp8 peak
+    (W8A8, what TensorRT-LLM and vLLM run on Hopper), else the 16-bit type (weight-only schemes)."""
+    if weights not in WEIGHT_BITS:
+        raise ShardlabError(f"--weights {weights}: use one of {', '.join(WEIGHT_BITS)}")
+    if kv_cache not in KV_BYTES:
+        raise ShardlabError(f"--kv-cache-dtype {kv_cache}: use one of {', '.join(KV_BYTES)}")
+    if group_size is not None:
+        if weights not in ("int4", "int8"):
+            raise ShardlabError(f"--group-size applies to int4/int8 weights, not {weights}; drop it")
+        if group_size < 1:
+            raise ShardlabError(f"--group-size must be a positive number of input features, got {group_size}")
+    elif weights == "int4":
+        group_size = DEFAULT_GROUP_SIZE
+    if activations is None:
+        has_fp8 = bool((peaks or {}).get("fp8"))
+        activations = "fp8" if weights == "fp8" and has_fp8 else ("fp16" if weights == "fp16" else "bf16")
+    if activations not in ACTIVATION_DTYPES:
+        raise ShardlabError(f"--activations {activations}: use one of {', '.join(ACTIVATION_DTYPES)}")
+    if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8"):
+        raise ShardlabError(f"--activations {activations} needs 8-bit weights (--weights fp8 or int8): a 16-bit "
+                            f"weight cannot feed an {activations} GEMM")
+    if activations == "int8" and weights != "int8" or activations == "fp8" and weights not in ("fp8", "int4"):
+        raise ShardlabError(f"--activations {activations} with --weights {weights} is not a scheme engines run; "
+                            f"use W8A8 (--weights {activations} --activations {activations}) or 16-bit activations")
+    if peaks is not None and not peaks.get(activations):
+        have = [k for k in ACTIVATION_DTYPES if peaks.get(k)]
+        raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use --activations "
+                            f"{' or '.join(have)}")
+    return InferencePrecision(weights, group_size, kv_cache, activations)

@@ -1,0 +1,278 @@
+"""A deterministic discrete-event simulation of one replica's scheduler: the spread of TTFT and TPOT.
+
+The steady-state model (``serving.steady``) gives means; percentiles need the order of events. This
+simulation steps the engine one scheduling cycle at a time with the same cycle time
+(``steady.cycle_time``) and the engine's rules (``serving.engines``):
+- admission at every k-th cycle (k = scheduler steps), first come first served, into the pipeline
+  micro-batch (virtual engine) with the fewest sequences, while it holds fewer than max_num_seqs and the KV
+  pool has the blocks: the whole sequence's for
+  'reserve', the prompt's for 'on-demand', which then takes a block each time a sequence crosses a block
+  boundary and, when none is left, preempts the newest sequence (recomputation, vLLM's default;
+  Kwon et al. 2023 §4.5);
+- each micro-batch's cycle runs its prompts (chunks up to the token budget when chunked) and, with mixed
+  scheduling, its decoding sequences; prefill-first micro-batches run prompts alone while any is pending
+  (Orca-style iteration scheduling, Yu et al. 2022); a micro-batch crosses the pp stages in turn, each
+  stage taking an equal share of its time through the pipeline (``steady.micro_batch_times``) and serving
+  one micro-batch at a time, and its engine schedules the next cycle when it leaves the last stage;
+- requests arrive as a Poisson process (exponential gaps from numpy's PCG64 generator, fixed seed), or from
+  a closed loop of C clients each sending its next request when the previous one completes, after a think
+  time drawn from an exponential of one decode cycle's mean (it stands in for the length and network jitter
+  that keeps real clients out of the lock-step waves fixed lengths would fall into).
+Bounded by input size: at most ``requests`` requests (default 5 × clients or 40 s of arrivals, 100-1200)
+and ``max_cycles`` cycles. Closed-loop clients start spread over one request's lifetime (as a benchmark's
+ramp-up spreads them). The first
+requests (two waves of clients, or a tenth of the arrivals) and, for a closed loop, the last wave are
+warm-up and drain and are not measured. The
+engine's request overhead is added to every request's latencies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.errors import ShardlabError
+from shardlab.serving.case import ServeCase
+from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and percentiles of one latency over the measured requests, seconds."""
+
+    mean: float
+    """Mean over the measured requests."""
+    p50: float
+    """Median."""
+    p99: float
+    """99th percentile."""
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "p50": self.p50, "p99": self.p99}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What the simulation measured."""
+
+    requests: int
+    """Requests measured (after warm-up, before drain)."""
+    ttft_s: Spread
+    """Arrival to first token (request overhead included)."""
+    tpot_s: Spread
+    """Per request: (last token − first token) / (output tokens − 1)."""
+    e2e_s: Spread
+    """Arrival to last token."""
+    output_tokens_per_s: float
+    """requests_per_s × output tokens."""
+    requests_per_s: float
+    mean_running: float
+    """Sequences in the replica, time-averaged over the window."""
+    cycles: int
+    """Micro-batch cycles simulated."""
+    preemptions: int
+    """Sequences preempted (recomputed) when the KV pool ran out."""
+    truncated: bool
+    """The cycle bound stopped the run early."""
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "ttft_s": self.ttft_s.to_dict(), "tpot_s": self.tpot_s.to_dict(),
+                "e2e_s": self.e2e_s.to_dict(), "output_tokens_per_s": self.output_tokens_per_s,
+                "requests_per_s": self.requests_per_s, "mean_running": self.mean_running, "cycles": self.cycles,
+                "preemptions": self.preemptions, "truncated": self.truncated}
+
+
+def _spread(x: np.ndarray) -> Spread:
+    return Spread(float(np.mean(x)), float(np.percentile(x, 50)), float(np.percentile(x, 99)))
+
+
+class _Replica:
+    """The simulated replica: per-request progress, KV blocks and pp virtual engines (one scheduler per
+    pipeline micro-batch, as vLLM's virtual engines; a request joins the one with the fewest sequences)."""
+
+    def __init__(self, case: ServeCase, n: int):
+        eng = self.eng = case.engine
+        self.case, self.S, self.O = case, case.prompt_len, case.output_len
+        self.window = case.spec.sliding_window if eng.sliding_window_cache and case.spec.sliding_window else None
+        self.need = self.blocks_of(self.S + self.O) if eng.kv_admission == "reserve" else self.blocks_of(self.S + 1)
+        if self.need > case.blocks.num_blocks:
+            raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.need} KV blocks; the replica has "
+                                f"{case.blocks.num_blocks}: raise --tp/--pp, quantize, or shorten the request")
+        self.a = scalars(case)
+        self.pre, self.gen, self.held, self.ve = (np.zeros(n, dtype=np.int64) for _ in range(4))
+        self.free = case.blocks.num_blocks
+        self.engines: list[list[int]] = [[] for _ in range(case.pp)]
+        self.preemptions = 0
+
+    def blocks_of(self, tokens: int) -> int:
+        return math.ceil((min(tokens, self.window) if self.window else tokens) / self.eng.kv_block_size)
+
+    @property
+    def running(self) -> int:
+        return sum(len(v) for v in self.engines)
+
+    def admit(self, queue: list[int]) -> None:
+        while queue and self.free >= self.need:
+            ve = min(range(len(self.engines)), key=lambda v: len(self.engines[v]))
+            if len(self.engines[ve]) >= self.eng.max_num_seqs:
+                return
+            r = queue.pop(0)
+            self.engines[ve].append(r)
+            self.ve[r], self.held[r] = ve, self.need
+            self.free -= self.need
+
+    def compose(self, members: list[int]) -> tuple[np.ndarray, list]:
+        """(decoders, prompt chunks) of one virtual engine's cycle (engine scheduling rules, module doc)."""
+        S, eng = self.S, self.eng
+        prefilling = [r for r in members if self.pre[r] < S]
+        decoders = np.array([r for r in members if self.pre[r] >= S], dtype=np.int64)
+        if eng.scheduling != "mixed" and prefilling:
+            decoders = decoders[:0]
+        room = self.case.budget_tokens - len(decoders)
+        chunks = []
+        for r in prefilling:
+            left = S - self.pre[r]
+            c = min(left, room) if eng.chunked_prefill else (left if left <= room else 0)
+            if c <= 0:
+                break
+            chunks.append((r, c))
+            room -= c
+        return decoders, chunks
+
+    def grow(self, decoders: np.ndarray, queue: list[int]) -> set:
+        """On-demand blocks for the decoders crossing a block boundary; preempt the newest when none is left."""
+        if self.eng.kv_admission != "on-demand" or not len(decoders):
+            return set()
+        pos = self.S + self.gen[decoders]
+        grow = decoders[(pos % self.eng.kv_block_size == 0) & ((pos < self.window) if self.window else True)]
+        victims = set()
+        while len(grow) > self.free:
+            ve = max(range(len(self.engines)), key=lambda v: len(self.engines[v]))
+            victim = self.engines[ve].pop()              # newest first: recomputed later
+            self.free += self.held[victim]
+            self.held[victim] = self.pre[victim] = self.gen[victim] = 0
+            queue.insert(0, victim)
+            victims.add(victim)
+            self.preemptions += 1
+            grow = grow[grow != victim]
+        self.held[grow] += 1
+        self.free -= len(grow)
+        return victims
+
+    def release(self, r: int) -> None:
+        self.engines[self.ve[r]].remove(r)
+        self.free += self.held[r]
+        self.held[r] = 0
+
+
+def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: float | None = None,
+             requests: int | None = None, seed: int = 0, max_cycles: int = 60000, lifetime_s: float = 0.0) -> SimResult:
+    """Simulate ``case`` under a closed loop of ``concurrency`` clients or Poisson ``arrival_rate`` req/s.
+    ``lifetime_s``: the closed loop's clients start spread evenly over this time (one request's expected
+    end-to-end latency), so the run starts near steady state."""
+    if (concurrency is None) == (arrival_rate is None):
+        raise ShardlabError("simulate needs either a concurrency or an arrival rate")
+    S, O = case.prompt_len, case.output_len
+    if concurrency is not None:
+        N = requests or min(1200, max(100, 5 * concurrency))
+        warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
+        arrive = np.full(N, np.inf)
+        arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
+    else:
+        N = requests or int(min(1000, max(100, 40 * arrival_rate)))
+        warm, drain = N // 10, 0
+        arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
+    rep = _Replica(case, N)
+    think_s = float(cycle_time(rep.a, 1.0, float(S)))      # one decode cycle: jitter that breaks lock-step
+    first, done_t = np.full(N, np.nan), np.full(N, np.nan)
+    queue: list[int] = []
+    pending = [(float(arrive[i]), i) for i in range(N) if np.isfinite(arrive[i])]   # (arrival time, request), a heap
+    heapq.heapify(pending)
+    issued, jitter = len(pending), np.random.default_rng(seed + 1)
+    pp = case.pp
+    ready = [0.0] * pp                           # when each virtual engine's last micro-batch left the last stage
+    stage_free = [0.0] * pp                      # when each stage finishes its current micro-batch
+    steps = [0] * pp
+    cycles, completed = 0, 0
+    trace_t, trace_run = [0.0], [0]
+    while completed < N and cycles < max_cycles:
+        v = min(range(pp), key=lambda i: ready[i])
+        t = ready[v]
+        while pending and pending[0][0] <= t:
+            queue.append(heapq.heappop(pending)[1])
+        if steps[v] % case.scheduler_steps == 0:
+            rep.admit(queue)
+        d, ch = rep.compose(rep.engines[v])
+        victims = rep.grow(d, queue)
+        if victims:
+            d, ch = d[~np.isin(d, list(victims))], [(r, c) for r, c in ch if r not in victims]
+        if not len(d) and not ch:                    # this micro-batch is idle until something arrives or finishes
+            if rep.engines[v] and not any(rep.engines[i] for i in range(pp) if i != v) and not pending:
+                raise ShardlabError(f"a {S}-token prompt does not fit the {case.budget_tokens}-token step budget without "
+                                    f"chunked prefill; raise --max-num-batched-tokens or add --chunked-prefill")
+            later = [ready[i] for i in range(pp) if i != v and ready[i] > t] + ([pending[0][0]] if pending else [])
+            if not later:
+                break
+            ready[v] = min(later)
+            continue
+        ctx = (S + rep.gen[d]) if rep.window is None else np.minimum(S + rep.gen[d], rep.window)
+        fin = [r for r, c in ch if rep.pre[r] + c >= S]
+        through, _ = micro_batch_times(rep.a, len(d), float(ctx.sum()), sum(c for _, c in ch),
+                                       sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + len(fin))
+        tau, end = float(through) / pp, t            # the micro-batch crosses the stages in turn (equal shares)
+        for st in range(pp):
+            end = max(end, stage_free[st]) + tau
+            stage_free[st] = end
+        ready[v], steps[v] = end, steps[v] + 1
+        cycles += 1
+        for r, c in ch:
+            rep.pre[r] += c
+        rep.gen[d] += 1
+        for r in fin:
+            first[r], rep.gen[r] = end, 1
+        for r in list(d) + fin:
+            if rep.gen[r] >= O:
+                rep.release(r)
+                done_t[r] = end
+                completed += 1
+                if concurrency is not None and issued < N:     # the client's next request, after a think time
+                    arrive[issued] = end + jitter.exponential(think_s)
+                    heapq.heappush(pending, (float(arrive[issued]), issued))
+                    issued += 1
+        trace_t.append(end)
+        trace_run.append(rep.running)
+    over = case.engine.request_overhead_us * 1e-6
+    order = np.argsort(trace_t, kind="stable")
+    return _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
+                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency)
+
+
+def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncated, clients) -> SimResult:
+    """Latencies of requests lo..hi−1 (the request overhead is already in first/done). Rates: a closed loop
+    of C clients completes C / mean E2E requests/s (Little's law, Little 1961); under arrivals, the measured
+    requests' realised arrival rate, or the completion rate when the replica falls behind."""
+    idx = np.arange(lo, hi)
+    idx = idx[np.isfinite(done_t[idx])]
+    if not len(idx):
+        raise ShardlabError("the simulation completed no measured request within its cycle bound; lower the "
+                            "load or the lengths")
+    ttft = first[idx] - arrive[idx]
+    tpot = (done_t[idx] - first[idx]) / max(O - 1, 1)
+    e2e = done_t[idx] - arrive[idx]
+    t0, t1 = float(arrive[idx].min()), float(arrive[idx].max())
+    if t1 <= t0:
+        t1 = float(done_t[idx].max())
+    span = max(t1 - t0, 1e-12)
+    inside = (tt >= t0) & (tt <= t1)
+    dts = np.diff(tt)
+    mean_run = float(np.sum(run[1:][inside[1:]] * dts[inside[1:]]) / span) if inside.any() else float(run.mean())
+    if clients:
+        req_s = clients / float(np.mean(e2e))
+    else:                                  # a stable replica completes what arrives; an overloaded one its own rate
+        done_by = float(done_t[idx].max())
+        req_s = min((len(idx) - 1) / span, float(np.count_nonzero((done_t >= t0) & (done_t <= done_by))) / (done_by - t0))
+    return SimResult(len(idx), _spread(ttft), _spread(tpot), _spread(e2e), req_s * O, req_s, mean_run,
+                     cycles, preempt, truncated)

@@ -1,0 +1,228 @@
+"""Continuous batching in steady state: in-flight sequences, TPOT, TTFT and throughput (fluid model).
+
+B sequences in flight, every request of S prompt and O output tokens. In steady state a scheduling cycle
+advances every decoding sequence by one token and starts r = B/O new prompts, so D = B·(O−1)/O sequences
+decode and (by Little's law, Little 1961, Oper. Res. 9(3)) the replica completes B/(O·cycle) requests/s and
+emits B/cycle output tokens/s. The cycle is the time per output token (TPOT) a request sees:
+- mixed scheduling (in-flight batching, chunked prefill): one step runs the D decodes and the new prompts
+  together (``step.step_time``), within the token budget; prompts arrive whole, so a share r − ⌊r⌋ of the
+  cycles carries ⌈r⌉ prompts and the rest ⌊r⌋ (averaging r·S tokens into every cycle would hide the
+  compute-bound cycles: the step time is convex in its tokens);
+- prefill-first (vLLM v0, SGLang): a decode step of D sequences, plus r/n_b prefill steps of n_b prompts each
+  (n_b = r, at least 1, at most what the budget holds); with pipeline stages a prefill holds every stage in
+  turn, so the decodes wait for its time through the whole pipeline.
+Pipeline parallelism keeps n = min(pp, B) micro-batches in flight: cycle = max(time through all stages +
+sends, n × the slowest stage's time) — more stages add sequences and throughput, not per-token speed.
+
+TTFT = request overhead + wait for the next scheduling point (half a cycle, or half of k cycles with
+k-step scheduling, when the engine is busy: under Poisson arrivals the number in service is Poisson with
+mean B, so it is busy with probability 1 − e^−B, the M/G/∞ queue, Kleinrock 1975, Queueing Systems Vol. 1) + the prompt's
+prefill step(s) + queueing: a closed loop of C > capacity clients waits
+(C − B)/throughput (Little); Poisson arrivals at rate λ wait ρ·t₁/(2(1−ρ)) for the prefill server, ρ = λ·t₁,
+t₁ = one prompt's prefill time (Pollaczek–Khinchine mean wait of an M/D/1 queue, Kleinrock 1975, Queueing
+Systems Vol. 1 §5.7). Under an arrival rate, B solves B = λ·O·cycle(B) (bisection); at or above the
+replica's capacity rate the queue grows without bound (overloaded).
+Static batches (mode 'batch'): B prompts prefilled together, then O−1 decode steps of B sequences.
+Everything works on numpy arrays over cases (validation evaluates all published rows at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.serving.case import ServeCase
+from shardlab.serving.step import Kernels, StepModel, stack, step_time
+
+MODES = ("batch", "concurrency", "rate")
+"""batch: a static batch of n; concurrency: a closed loop of n clients (offline: n = all requests); rate: Poisson λ."""
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """The numbers of many ServeCases, as arrays (one entry per case)."""
+
+    whole: StepModel
+    """All stages' terms (ServeCase.whole)."""
+    slowest: StepModel
+    """The largest stage's terms."""
+    kernels: Kernels
+    """The engine's rates and overheads."""
+    request_overhead_s: np.ndarray
+    """Per request before its first token."""
+    pp: np.ndarray
+    """Pipeline stages."""
+    budget: np.ndarray
+    """Token budget of a step."""
+    mixed: np.ndarray
+    """1 for mixed scheduling, 0 for prefill-first."""
+    chunked: np.ndarray
+    """1 when prompts are chunked."""
+    steps: np.ndarray
+    """Decode steps per scheduling decision."""
+    capacity: np.ndarray
+    """Sequences the replica holds (KV blocks, max_num_seqs)."""
+    S: np.ndarray
+    """Prompt tokens."""
+    O: np.ndarray
+    """Output tokens."""
+    ctx: np.ndarray
+    """Mean cached tokens of a decoding sequence."""
+    p2p_fixed_s: np.ndarray
+    """Pipeline send per boundary per step: latency part."""
+    p2p_s_per_token: np.ndarray
+    """... seconds per token of the step."""
+
+
+def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overhead_s=None) -> Arrays:
+    """Stack ServeCases; ``kernels``/``request_overhead_s`` (arrays over cases) replace the engines' (fitting)."""
+    f = lambda get: np.array([get(c) for c in cases], dtype=float)  # noqa: E731
+    return Arrays(stack([c.whole for c in cases]), stack([c.slowest for c in cases]),
+                  kernels if kernels is not None else stack([c.kernels for c in cases]),
+                  request_overhead_s if request_overhead_s is not None else f(lambda c: c.engine.request_overhead_us * 1e-6),
+                  f(lambda c: c.pp), f(lambda c: c.budget_tokens), f(lambda c: c.engine.scheduling == "mixed"),
+                  f(lambda c: c.engine.chunked_prefill), f(lambda c: c.scheduler_steps), f(lambda c: c.capacity),
+                  f(lambda c: c.prompt_len), f(lambda c: c.output_len), f(lambda c: c.context_tokens),
+                  f(lambda c: c.p2p_fixed_s), f(lambda c: c.p2p_s_per_token))
+
+
+def scalars(c: ServeCase) -> Arrays:
+    """One ServeCase as an Arrays of plain floats (the simulation steps through it one cycle at a time)."""
+    return Arrays(c.whole, c.slowest, c.kernels, c.engine.request_overhead_us * 1e-6, c.pp, c.budget_tokens,
+                  float(c.engine.scheduling == "mixed"), float(c.engine.chunked_prefill), c.scheduler_steps, c.capacity,
+                  c.prompt_len, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token)
+
+
+def take(a, idx):
+    """The cases ``idx`` of an Arrays (or of any dataclass of arrays)."""
+    if hasattr(a, "__dataclass_fields__"):
+        return type(a)(**{f: take(getattr(a, f), idx) for f in a.__dataclass_fields__})
+    return np.asarray(a)[idx]
+
+
+def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
+    """(B, overloaded) of cases under Poisson arrivals λ: the root of f(B) = B − λ·O·cycle(B) on [0, Bmax],
+    by the Illinois variant of regula falsi (Dowell & Jarratt 1971, BIT 11) on the bracket."""
+    f = lambda B: B - lam * a.O * _cycle(a, B * (a.O - 1) / a.O, B / a.O)["cycle_s"]  # noqa: E731
+    lo, hi = np.zeros_like(Bmax), Bmax.copy()
+    flo, fhi = f(lo), f(hi)
+    over = fhi < 0
+    side = np.zeros_like(Bmax)
+    for _ in range(16):
+        x = np.where(over, hi, (lo * fhi - hi * flo) / np.where(fhi != flo, fhi - flo, 1.0))
+        fx = f(x)
+        left = fx < 0                                        # root lies right of x: x replaces lo
+        lo, flo = np.where(left, x, lo), np.where(left, fx, flo)
+        hi, fhi = np.where(left, hi, x), np.where(left, fhi, fx)
+        fhi = np.where(left & (side > 0), fhi / 2, fhi)       # Illinois: halve the stale end
+        flo = np.where(~left & (side < 0), flo / 2, flo)
+        side = np.where(left, 1.0, -1.0)
+    B = np.where(np.abs(flo) < np.abs(fhi), lo, hi)
+    return np.where(over, Bmax, B), over
+
+
+def _through(a: Arrays, tokens):
+    """Pipeline sends of one step through all stage boundaries."""
+    return (a.pp - 1) * (a.p2p_fixed_s + tokens * a.p2p_s_per_token)
+
+
+def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
+    """(through, stage) of one micro-batch: its time through every stage plus the sends between them, and its
+    time on the slowest stage (``step.step_time`` on the summed and on the largest stage's terms)."""
+    sampled = D if sampled is None else sampled
+    through = step_time(a.whole, a.kernels, D, Kd, P, pairs, sampled) + _through(a, D + P)
+    return through, step_time(a.slowest, a.kernels, D, Kd, P, pairs, sampled)
+
+
+def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
+    """One scheduling cycle: D decoding sequences holding Kd cached tokens, P prefill tokens with ``pairs``
+    causal attention pairs, ``sampled`` logits rows, split evenly into n = min(pp, seqs) micro-batches; the
+    cycle is max(one micro-batch through every stage, the n micro-batches on the slowest stage). Floats or arrays."""
+    sampled = D if sampled is None else sampled
+    seqs = sampled if seqs is None else seqs
+    nmb = np.clip(np.minimum(a.pp, np.ceil(seqs)), 1, None)
+    through, stage = micro_batch_times(a, D / nmb, Kd / nmb, P / nmb, pairs / nmb, sampled / nmb)
+    return np.maximum(through, nmb * stage)
+
+
+def _cycle(a: Arrays, D, r, extra_prompt=0.0) -> dict:
+    """Time per scheduling cycle with D decoding sequences and r new prompts per cycle (module doc);
+    ``extra_prompt`` adds one more prompt's tokens to the mixed step (the step a measured prompt rides in)."""
+    S, ctx = a.S, D * a.ctx
+    extra = np.asarray(extra_prompt) > 0
+    lo = np.floor(r)                                  # prompts come whole: ⌊r⌋ or ⌈r⌉ of them in a cycle
+    frac = r - lo
+    mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, n * S * S / 2 + extra_prompt * S / 2, D + n + extra, D + n)
+                for w, n in ((1 - frac, lo), (frac, lo + 1)))
+    decode = cycle_time(a, D, ctx, seqs=D)
+    nb = np.clip(r, 1, np.maximum(1, np.floor(a.budget / S)))
+    prefill_batch, _ = micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * S / 2, nb)   # every decode waits it out
+    separate = decode + (r / nb) * prefill_batch
+    return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
+
+
+def _prefill_latency(a: Arrays, D, r, nb) -> np.ndarray:
+    """Time from a prompt's first scheduled step to its first token."""
+    k, S = a.kernels, a.S
+    nmb = np.clip(np.minimum(a.pp, np.ceil(D + r)), 1, None)
+    room = np.where(a.chunked > 0, np.maximum(1.0, a.budget - (D + r * S) / nmb), S)
+    chunks = np.ceil(S / np.minimum(room, S))
+    mixed = chunks * (_cycle(a, D, r, extra_prompt=S / chunks)["cycle_s"])
+    n_sep = np.where(a.chunked > 0, np.ceil(nb * S / a.budget), 1.0)
+    separate = step_time(a.whole, k, 0.0, 0.0, nb * S, nb * S * S / 2, nb) + _through(a, nb * S) \
+        + (n_sep - 1) * k.step_overhead_s
+    return np.where(a.mixed > 0, mixed, separate)
+
+
+def _one_prompt_s(a: Arrays, D, r) -> np.ndarray:
+    """Service time one more prompt adds to the slowest stage (the prefill 'server' of the M/D/1 queue)."""
+    k, S = a.kernels, a.S
+    with_it = _cycle(a, D, r, extra_prompt=S)["cycle_s"]
+    base = _cycle(a, D, r)["cycle_s"]
+    separate = step_time(a.slowest, k, 0.0, 0.0, S, S * S / 2, 1.0)
+    return np.where(a.mixed > 0, np.maximum(with_it - base, 1e-9), separate)
+
+
+def max_in_flight(a: Arrays) -> np.ndarray:
+    """Sequences a replica can run: its capacity, and for mixed steps the token budget:
+    B·(S + O − 1)/O tokens per step ≤ budget × micro-batches."""
+    budget_seqs = a.budget * a.pp * a.O / (a.S + a.O - 1)
+    return np.where(a.mixed > 0, np.minimum(a.capacity, np.floor(budget_seqs)), a.capacity)
+
+
+def fluid(a: Arrays, mode, n) -> dict:
+    """Steady state of every case. mode: array of MODES indices; n: batch, clients or arrival rate (req/s).
+    Returns arrays: in_flight, tpot_s, ttft_s (inf when overloaded), e2e_s, requests_per_s,
+    output_tokens_per_s, overloaded, queue_s."""
+    mode = np.asarray(mode)
+    n = np.asarray(n, dtype=float)
+    S, O = a.S, a.O
+    Bmax = np.maximum(max_in_flight(a), 1.0)
+    lam = np.where(mode == 2, n, 0.0)
+    B = np.where(mode == 1, np.minimum(n, Bmax), n)
+    over = np.zeros(B.shape, dtype=bool)
+    rate = np.nonzero(mode == 2)[0]
+    if rate.size:
+        B[rate], over[rate] = _rate_in_flight(take(a, rate), lam[rate], Bmax[rate])
+    # static batch: decode all B, no new prompts; steady modes: D decoding, r prompts per cycle
+    D = np.where(mode == 0, B, B * (O - 1) / O)
+    r = np.where(mode == 0, 0.0, B / O)
+    cyc = _cycle(a, D, r)
+    tpot = cyc["cycle_s"]
+    nb = np.where(mode == 0, B, cyc["prefill_batch"])
+    prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb)
+    batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * S / 2, B) + _through(a, B * S) \
+        + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s
+    req_s = np.where(mode == 0, 0.0, B / (O * tpot))
+    t1 = _one_prompt_s(a, D, r)
+    rho = np.minimum(lam * t1, 0.999999)
+    queue = np.where(mode == 2, rho * t1 / (2 * (1 - rho)), np.where(mode == 1, np.maximum(n - B, 0) / np.maximum(req_s, 1e-12), 0.0))
+    busy = np.where(mode == 2, 1 - np.exp(-B), 1.0)        # P(engine busy) under Poisson arrivals (M/G/∞)
+    ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + busy * a.steps * tpot / 2 + prefill + queue)
+    ttft = np.where(over, np.inf, ttft)
+    e2e = np.where(mode == 0, batch_prefill + (O - 1) * tpot, ttft + (O - 1) * tpot)
+    req_s = np.where(mode == 0, B / e2e, np.where(over, B / (O * tpot), req_s))
+    return {"in_flight": B, "decoding": D, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": e2e, "requests_per_s": req_s,
+            "output_tokens_per_s": req_s * O, "overloaded": over, "queue_s": queue, "max_in_flight": Bmax,
+            "prefill_s": np.where(mode == 0, batch_prefill, prefill)}

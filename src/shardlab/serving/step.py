@@ -1,0 +1,211 @@
+"""Time of one serving-engine step: a batch of decode tokens and prefill tokens on one TP rank.
+
+A continuous-batching step (Yu et al. 2022, "Orca", OSDI, iteration-level scheduling) runs D decoding
+sequences (one token each, with K_d tokens cached between them) and P prefill tokens (whole prompts or
+chunks, Agrawal et al. 2024, "Sarathi-Serve", OSDI, arXiv 2403.02310) through the same weights. Per kernel
+class, a roofline (Williams et al. 2009, CACM 52(4)): the time is the larger of its HBM traffic over the
+achieved bandwidth and its FLOPs over the achieved tensor-core rate.
+
+    linear    max( W_touched / (B·η_w),  2·N·(D+P) / (peak_gemm·η_g) )      N = active linear params on the rank,
+                                                                         η_g the engine's 16-bit or 8-bit GEMM share
+    head      max( W_head / (B·η_w),     2·V/t·h·n_sampled / (peak_16·η_g) )  logits only for sampled rows
+    attention max( K_d·kv / (B·η_kv),     pairs_d·f_a / (peak_attn·η_a) ) + pairs_p·f_a / (peak_attn·η_a)
+    elementwise  (D+P) × the block's norm/activation/RoPE traffic (``estimate.compute.layer_times``)
+    comm      2 TP all-reduces per layer of (D+P)·h·2 bytes (α–β, ``comm.collectives``)
+    overhead  engine step overhead (scheduling, sampling) + per-sequence overhead × sequences
+              + per-layer overhead × layers (kernel launches and gaps the GPU idles for; small with CUDA graphs)
+
+W_touched counts a MoE layer's routed experts by the share some token reaches, 1 − (1 − k/E)^(D+P)
+(uniform routing). f_a = 2·(d_qk + d_v)·heads/t FLOPs per (query, key) pair per layer (QKᵀ and PV).
+η_* and the overheads belong to the engine (``shardlab.serving.engines``). Every function here is plain
+arithmetic on floats or numpy arrays, so validation evaluates hundreds of rows at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from shardlab.comm.collectives import collective_time
+from shardlab.estimate.compute import layer_times
+from shardlab.estimate.hardware import matmul_curve
+from shardlab.flops import attention_dims, linear_params_per_layer
+from shardlab.layout import Layout
+from shardlab.memory.inference import kv_cache_bytes_per_token
+from shardlab.memory.states import stage_tensors
+from shardlab.serving.precision import InferencePrecision
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Per-step cost terms of a pipeline stage on one TP rank (floats, or arrays over cases)."""
+
+    dense_weight_bytes: object
+    """Weight bytes streamed every step: block matrices, norms, routers (quantized where the precision says)."""
+    expert_weight_bytes: object
+    """Routed-expert bytes on the rank (0 for dense models)."""
+    expert_share: object
+    """top_k / num_experts (0 for dense models)."""
+    head_weight_bytes: object
+    """Output-head bytes on the rank (last stage; 16-bit)."""
+    gemm_flops_per_token: object
+    """2 × active linear parameters of the stage's blocks on the rank."""
+    head_flops_per_token: object
+    """2 × V/t × h for each sampled token (last stage)."""
+    kv_bytes_per_token: object
+    """KV-cache bytes per cached token on the rank (the stage's layers)."""
+    attn_flops_per_pair: object
+    """Attention FLOPs per (query, key) pair on the rank, all the stage's layers."""
+    elem_s_per_token: object
+    """Elementwise kernels per token (norms, activation, RoPE, residuals), seconds."""
+    comm_s_fixed: object
+    """TP all-reduces of one step: latency part, seconds."""
+    comm_s_per_token: object
+    """TP all-reduces of one step: seconds per token in the step."""
+    bandwidth_bytes_per_s: object
+    """HBM bandwidth (datasheet)."""
+    gemm_peak_flops: object
+    """Dense peak of the GEMM dtype (the activations' type)."""
+    attn_peak_flops: object
+    """Dense peak attention runs at (fp8 with an fp8 KV cache and fp8 activations, else 16-bit)."""
+    layers: object
+    """Blocks on the stage (each pays the engine's per-layer launch overhead once per step)."""
+    gemm_8bit: object
+    """1 when the linear layers run 8-bit GEMMs (fp8/int8 activations), else 0."""
+    head_peak_flops: object
+    """Dense 16-bit peak (the head stays 16-bit)."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The engine's achieved rates and overheads (floats, or arrays over cases)."""
+
+    weight_bandwidth_efficiency: object
+    """Share of HBM bandwidth reading weights."""
+    kv_bandwidth_efficiency: object
+    """Share of HBM bandwidth reading the KV cache."""
+    gemm_efficiency: object
+    """Share of the 16-bit dense peak in large GEMMs."""
+    gemm8_efficiency: object
+    """Share of the 8-bit dense peak in large GEMMs."""
+    attention_efficiency: object
+    """Share of the attention dtype's peak in prefill attention."""
+    step_overhead_s: object
+    """Seconds per step (scheduling, sampling), spread over multi-step scheduling."""
+    seq_overhead_s: object
+    """Seconds per sampled sequence per step."""
+    layer_overhead_s: object
+    """Seconds per block per step (launch gaps)."""
+
+
+def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one TP all-reduce: the α–β line through 1 and 4096 tokens."""
+    if tp == 1:
+        return 0.0, 0.0
+    link = cluster.intra_link if tp <= cluster.gpus_per_node else cluster.inter_link
+    one = collective_time("all-reduce", tokens_bytes, tp, link).time_s
+    big = collective_time("all-reduce", 4096 * tokens_bytes, tp, link).time_s
+    slope = (big - one) / 4095
+    return one - slope, slope
+
+
+def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision: InferencePrecision) -> list[StepModel]:
+    """One StepModel per pipeline stage (index = stage)."""
+    acc = cluster.accelerator
+    h, V = spec.hidden_size, spec.vocab_size
+    lin = linear_params_per_layer(spec)
+    qk, v = attention_dims(spec)
+    kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
+    fixed, per_tok = _allreduce_terms(2 * h, tp, cluster)
+    curve, _ = matmul_curve(acc)
+    peak16 = acc.peak_flops("fp16" if precision.activations == "fp16" else "bf16")
+    attn_dtype = "fp8" if precision.kv_cache == "fp8" and precision.activations == "fp8" else None
+    out = []
+    for st in stage_tensors(spec, Layout(tp=tp, pp=pp)):
+        dense = expert = head = 0
+        for t in st.tensors:
+            if t.component in ("embedding", "position") and not (st.holds_head and t.name == "output.weight"):
+                continue                                      # embeddings are gathered by row, not streamed
+            n = precision.tensor_bytes(t.component, t.local_shape(spec, tp), t.name.endswith("weight"))
+            if t.component == "head" or t.name == "output.weight":
+                head += n
+            elif t.component == "experts":
+                expert += n
+            else:
+                dense += n
+        if st.holds_head and spec.tied_embeddings and pp == 1:
+            head += 2 * -(-V // tp) * h                       # the tied embedding doubles as the head
+        elem = 0.0
+        per_kind: dict[bool, float] = {}                     # dense and MoE blocks each have one cost
+        for layer in st.layers:
+            kind = spec.is_moe_layer(layer)
+            if kind not in per_kind:
+                kw = dict(seq_len=1, tp=tp, cp=1, ep=1, sequence_parallel=False, elem_bytes=2)
+                one = layer_times(spec, layer, acc, curve, "bf16", micro_batch=1, **kw)["elem_s"]
+                two = layer_times(spec, layer, acc, curve, "bf16", micro_batch=2, **kw)["elem_s"]
+                per_kind[kind] = float(two - one)
+            elem += per_kind[kind]
+        nl = len(st.layers)
+        out.append(StepModel(
+            dense_weight_bytes=float(dense), expert_weight_bytes=float(expert),
+            expert_share=spec.moe.top_k / spec.moe.num_experts if spec.moe else 0.0,
+            head_weight_bytes=float(head), gemm_flops_per_token=2.0 * sum(lin[i] for i in st.layers) / tp,
+            head_flops_per_token=2.0 * -(-V // tp) * h if st.holds_head else 0.0,
+            kv_bytes_per_token=float(kv_tok[st.stage]), attn_flops_per_pair=2.0 * (qk + v) / tp * nl,
+            elem_s_per_token=elem, comm_s_fixed=2 * nl * fixed, comm_s_per_token=2 * nl * per_tok,
+            bandwidth_bytes_per_s=acc.memory_bandwidth_bytes_per_s, gemm_peak_flops=acc.peak_flops(precision.gemm_dtype),
+            attn_peak_flops=acc.peak_flops(attn_dtype) if attn_dtype else peak16, head_peak_flops=peak16, layers=float(nl),
+            gemm_8bit=float(precision.gemm_dtype in ("fp8", "int8"))))
+    return out
+
+
+def pipeline_models(stages: list[StepModel]) -> tuple[StepModel, StepModel]:
+    """(whole, slowest): the stages' terms summed (a token crosses every stage) and the largest stage."""
+    def total(m: StepModel) -> float:
+        return m.dense_weight_bytes + m.expert_weight_bytes + m.head_weight_bytes + m.kv_bytes_per_token
+    keep = ("expert_share", "bandwidth_bytes_per_s", "gemm_peak_flops", "attn_peak_flops", "head_peak_flops", "gemm_8bit")
+    whole = StepModel(**{f.name: (getattr(stages[0], f.name) if f.name in keep else sum(getattr(s, f.name) for s in stages))
+                         for f in fields(StepModel)})
+    return whole, max(stages, key=total)
+
+
+def stack(items: list) -> object:
+    """Stack a list of StepModel (or Kernels) into one whose fields are arrays over the items."""
+    cls = type(items[0])
+    return cls(**{f.name: np.array([getattr(x, f.name) for x in items], dtype=float) for f in fields(cls)})
+
+
+def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled) -> dict:
+    """Seconds per part of one step (module doc), floats or arrays: linear, head, attention, elementwise,
+    comm, overhead, and their sum 'step_s' (plus the two sides of the linear roofline). decode_ctx_tokens = K_d; prefill_pairs = causal (query, key)
+    pairs of the prefill tokens; sampled = rows whose logits are computed."""
+    tokens = decode_seqs + prefill_tokens
+    bw = m.bandwidth_bytes_per_s
+    gemm_eff = np.where(m.gemm_8bit > 0, k.gemm8_efficiency, k.gemm_efficiency)
+    touched = m.dense_weight_bytes + m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
+    read = touched / (bw * k.weight_bandwidth_efficiency)
+    compute = tokens * m.gemm_flops_per_token / (m.gemm_peak_flops * gemm_eff)
+    linear = np.maximum(read, compute)
+    head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
+                      sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency))
+    attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
+    attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token / (bw * k.kv_bandwidth_efficiency),
+                           decode_ctx_tokens * attn_rate) + prefill_pairs * attn_rate
+    elementwise = tokens * m.elem_s_per_token
+    comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
+    overhead = k.step_overhead_s + k.seq_overhead_s * sampled + k.layer_overhead_s * m.layers
+    parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
+             "comm_s": comm, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
+             "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}
+    parts["step_s"] = linear + head + attention + elementwise + comm + overhead
+    return parts
+
+
+def step_time(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens=0.0, prefill_pairs=0.0,
+              sampled=None):
+    """Seconds of one step (``step_parts``' sum); sampled defaults to the decoding sequences."""
+    return step_parts(m, k, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs,
+                      decode_seqs if sampled is None else sampled)["step_s"]

@@ -1,0 +1,144 @@
+"""Taking a quiz: reading answers (a terminal, a pipe or a file), checking them, the worked solutions and the score."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from shardlab.errors import ShardlabError
+from shardlab.teach.quiz import PASS_MARK, Question, make_quiz
+
+_NUMBERED = re.compile(r"^\s*q?(\d+)\s*[:.)]\s*(.*)$", re.IGNORECASE)
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def check(q: Question, given: str | None) -> tuple[bool, str]:
+    """(correct?, why) for the answer text ``given`` (None: no answer)."""
+    if given is None or not given.strip():
+        return False, "no answer"
+    g = given.strip()
+    if q.kind == "choice":
+        letters = "abcdefgh"[: len(q.choices)]
+        if len(g) == 1 and g.lower() in letters:
+            pick = letters.index(g.lower())
+        elif g.lower().rstrip(")") in letters and len(g) <= 2:
+            pick = letters.index(g.lower().rstrip(")"))
+        else:
+            matches = [i for i, c in enumerate(q.choices) if c.lower() == g.lower()]
+            if not matches:
+                return False, f"'{g}' is not one of the letters {', '.join(letters)}"
+            pick = matches[0]
+        return pick == int(q.answer), f"you chose {letters[pick]}"
+    m = _NUMBER.search(g.replace(",", ""))
+    if not m:
+        return False, f"'{g}' is not a number"
+    x = float(m.group())
+    return abs(x - q.answer) <= q.tolerance + 1e-9 * max(1.0, abs(q.answer)), f"you answered {x:g}"
+
+
+def parse_answers(text: str, n: int) -> list[str | None]:
+    """Answers from a file: one per line in order, or numbered ('3: 12.5', 'q3) b'); '#' starts a comment."""
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    out: list[str | None] = [None] * n
+    numbered = [(_NUMBERED.match(ln), ln) for ln in lines]
+    if lines and all(m for m, _ in numbered):
+        for m, _ in numbered:
+            k = int(m.group(1))
+            if not 1 <= k <= n:
+                raise ShardlabError(f"answer number {k} is outside the quiz's questions 1..{n}")
+            out[k - 1] = m.group(2)
+        return out
+    if len(lines) > n:
+        raise ShardlabError(f"the answers file has {len(lines)} answers for {n} questions; give one per line")
+    for i, ln in enumerate(lines):
+        out[i] = ln
+    return out
+
+
+def ask_text(i: int, n: int, q: Question) -> str:
+    """The question as printed before an answer is read."""
+    lines = [f"question {i}/{n} [{q.topic}]: {q.text}"]
+    lines += [f"  {'abcdefgh'[k]}) {c}" for k, c in enumerate(q.choices)]
+    lines.append(f"  ({q.tolerance_text})")
+    return "\n".join(lines)
+
+
+def result_text(q: Question, ok: bool, why: str) -> str:
+    """What follows an answer: right or wrong, the answer, the worked solution and where to see more."""
+    head = "correct" if ok else f"wrong ({why}): the answer is {q.answer_text}"
+    out = [f"  -> {head}", "  worked solution:"] + [f"     {s}" for s in q.solution]
+    if q.command:
+        out.append(f"     more: {q.command}")
+    return "\n".join(out)
+
+
+def score_line(right: int, n: int) -> str:
+    share = right / n if n else 0.0
+    return (f"score: {right}/{n} = {100 * share:.0f}% (pass mark {100 * PASS_MARK:.0f}%): "
+            f"{'PASS' if share >= PASS_MARK else 'not yet: read the worked solutions and try another seed'}")
+
+
+def grade(questions: list[Question], answers: list[str | None]) -> dict:
+    """The graded document: each question with the given answer, correct or not, and the score."""
+    rows = []
+    for i, (q, a) in enumerate(zip(questions, answers), 1):
+        ok, why = check(q, a)
+        rows.append({"number": i, **q.to_dict(), "given": a, "correct": ok, "why": why})
+    right = sum(r["correct"] for r in rows)
+    n = len(questions)
+    return {"questions": rows, "score": {"right": right, "total": n, "share": right / n if n else 0.0,
+                                         "pass_mark": PASS_MARK, "passed": n > 0 and right / n >= PASS_MARK}}
+
+
+def run_quiz_command(args):
+    """``shardlab quiz``: list, answer key (--json), a file (--answers) or a session on standard input."""
+    import random
+
+    from shardlab.teach.quiz import GENERATORS
+
+    if args.list:
+        return ({"topics": list(GENERATORS)},
+                "quiz topics (`--topic T`; `shardlab explain T` derives each): " + ", ".join(GENERATORS))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    qs = make_quiz(args.questions, seed, args.topic)
+    head = f"shardlab quiz: {len(qs)} questions, seed {seed} (`--seed {seed}` repeats this quiz)"
+    if args.answers is not None:
+        text = sys.stdin.read() if args.answers == "-" else _read(args.answers)
+        doc = {"seed": seed, **grade(qs, parse_answers(text, len(qs)))}
+        lines = [head, ""]
+        for r, q in zip(doc["questions"], qs):
+            lines += [ask_text(r["number"], len(qs), q), f"  your answer: {r['given'] if r['given'] is not None else '-'}",
+                      result_text(q, r["correct"], r["why"]), ""]
+        lines.append(score_line(doc["score"]["right"], len(qs)))
+        return doc, "\n".join(lines)
+    if args.json:
+        return {"seed": seed, "questions": [{"number": i, **q.to_dict()} for i, q in enumerate(qs, 1)],
+                "pass_mark": PASS_MARK, "score": None}, ""
+    return _session(qs, head)
+
+
+def _read(path: str) -> str:
+    from shardlab.safeio import read_text
+
+    return read_text(path, "answers file (one answer per line)")
+
+
+def _session(qs: list[Question], head: str) -> int:
+    """Ask on standard input, one question at a time (a terminal or a pipe); exit code 0."""
+    print(head, flush=True)
+    print("answer each question and press Enter; Ctrl-D stops early\n", flush=True)
+    right = 0
+    for i, q in enumerate(qs, 1):
+        print(ask_text(i, len(qs), q), flush=True)
+        try:
+            given = input("your answer: ")
+        except EOFError:
+            print(f"\nstopped after {i - 1} question(s)")
+            qs = qs[: i - 1]
+            break
+        ok, why = check(q, given)
+        right += ok
+        print(result_text(q, ok, why) + "\n", flush=True)
+    print(score_line(right, len(qs)), flush=True)
+    return 0

@@ -1,0 +1,69 @@
+"""The topics ``shardlab explain`` knows, their parameters, and the curriculum items each answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shardlab.errors import ShardlabError, did_you_mean
+from shardlab.teach.explanation import Explanation
+from shardlab.teach.params import Param, parse_values
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One concept the chapters teach."""
+
+    id: str
+    """Name on the command line (lowercase, hyphenated)."""
+    title: str
+    """Heading."""
+    summary: str
+    """One line for ``--list``."""
+    items: tuple[int, ...]
+    """Curriculum items (items.md) the topic answers."""
+    params: tuple[Param, ...]
+    """The numbers it takes (``key=value``)."""
+    build: Callable[[dict], Explanation]
+    """Derive the explanation from the parsed values."""
+    presets: dict = field(default_factory=dict)
+    """Values fixed by an alias (e.g. zero-2 sets stage=2)."""
+
+
+_TOPIC_MODULES = ("memory", "comm", "tensor", "pipeline", "inference", "precision", "design")
+
+
+def topics() -> dict[str, Topic]:
+    """Every topic by id, in teaching order (aliases included, marked by their presets)."""
+    import importlib
+
+    out: dict[str, Topic] = {}
+    for name in _TOPIC_MODULES:
+        mod = importlib.import_module(f"shardlab.teach.topics.{name}")
+        for t in mod.TOPICS:
+            if t.id in out:
+                raise ShardlabError(f"internal: topic '{t.id}' defined twice")
+            out[t.id] = t
+    return out
+
+
+def get_topic(name: str) -> Topic:
+    """The topic called ``name``; a one-line error naming close matches otherwise."""
+    all_ = topics()
+    key = name.strip().lower().replace("_", "-")
+    if key not in all_:
+        raise ShardlabError(f"unknown topic '{name}'{did_you_mean(key, all_)}; `shardlab explain --list` shows all "
+                            f"{len(all_)} topics")
+    return all_[key]
+
+
+def explain(name: str, words: list[str] | None = None, **values) -> Explanation:
+    """Build topic ``name`` from ``key=value`` words (and/or keyword values): the one entry point."""
+    t = get_topic(name)
+    vals = parse_values(t.params, list(words or []), t.id)
+    bad = [k for k in values if k not in vals]
+    if bad:
+        raise ShardlabError(f"'{bad[0]}' is not a number {t.id} takes")
+    vals.update(values)
+    vals.update(t.presets)
+    return t.build(vals)

@@ -1,0 +1,63 @@
+"""Parameters and catalog look-ups shared by the topic modules."""
+
+from __future__ import annotations
+
+from shardlab.teach.params import Param
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "adam-8bit")
+
+
+def model(default: str) -> Param:
+    return Param("model", "str", default, "a catalog model id (`shardlab models`)")
+
+
+def gpu(default: str) -> Param:
+    return Param("gpu", "str", default, "an accelerator id (`shardlab gpus`)")
+
+
+def link(default: str, name: str = "link") -> Param:
+    return Param(name, "str", default, "a link id (`shardlab links`)")
+
+
+def precision(default: str = "bf16-mixed") -> Param:
+    return Param("precision", "str", default, "training precision", PRECISIONS)
+
+
+def optimizer(default: str = "adamw") -> Param:
+    return Param("optimizer", "str", default, "optimizer", OPTIMIZERS)
+
+
+def catalog():
+    from shardlab.catalog import get_catalog
+
+    return get_catalog()
+
+
+def cluster(gpu_id: str, num_gpus: int):
+    """A cluster of ``num_gpus`` × ``gpu_id`` in the GPU's usual servers (the catalog's system entry)."""
+    from shardlab.specs.hardware import Cluster
+
+    cat = catalog()
+    acc = cat.accelerator(gpu_id)
+    return Cluster(acc, num_gpus, acc.system["gpus_per_node"], cat.link(acc.system["intra_link"]),
+                   cat.link(acc.system["inter_link"]))
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:,.2f} GB"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def num(x: float) -> str:
+    """A number as a command-line word: 7e9, 2e12, 0.35, 64."""
+    if float(x).is_integer() and abs(x) < 1e6:
+        return str(int(x))
+    return f"{x:.6g}".replace("e+0", "e").replace("e+", "e")

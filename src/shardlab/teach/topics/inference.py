@@ -1,0 +1,136 @@
+"""Inference topics: weights + KV cache per GPU, decode (latency-bound) vs prefill (bandwidth-bound), TP vs replicas."""
+
+from __future__ import annotations
+
+from shardlab.teach.explanation import Explanation
+from shardlab.teach.params import Param
+from shardlab.teach.registry import Topic
+from shardlab.teach.topics._common import catalog, cluster, gib, gpu, model, pct
+from shardlab.units import fmt_bytes, fmt_time
+
+
+def kv_cache(v: dict) -> Explanation:
+    """Weights and KV cache per rank, whether they fit, and the KV blocks a paged engine would report."""
+    from shardlab.estimate.inference import estimate_inference
+
+    spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["tp"])
+    acc = cl.accelerator
+    seq = min(v["seq"], spec.max_seq_len)
+    est = estimate_inference(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=seq // 2, output_len=seq - seq // 2)
+    kv_tok = est.kv_cache_bytes_per_token
+    usable = est.usable_bytes
+    GPU_MEMORY_UTILIZATION = usable / acc.memory_bytes
+    blocks = est.case.blocks.num_blocks
+    kv_heads = max(1, spec.num_kv_heads // v["tp"])
+    return Explanation(
+        "kv-cache", "Serving memory: weights + KV cache",
+        f"Serving {spec.name} in bf16 on {v['tp']} × {acc.id} with {v['batch']} sequence(s) of {seq} tokens: per-GPU "
+        f"weights, KV cache, and the KV blocks a paged engine would get?",
+        dict(v),
+        [f"weights per GPU: this rank's TP shard × 2 B = {gib(est.weights_bytes)}",
+         f"KV cache per token per GPU: 2 (K and V) × {spec.num_layers} layers × {kv_heads} KV heads × {spec.head_dim_} × 2 B "
+         f"= {kv_tok:,} B",
+         f"for {v['batch']} × {seq} tokens: {kv_tok:,} × {v['batch'] * seq:,} = {gib(est.kv_cache_bytes)}",
+         f"total with workspace ({gib(est.workspace_bytes)}): {gib(est.total_bytes)} of {gib(usable)} usable "
+         f"({GPU_MEMORY_UTILIZATION:.0%} of {gib(acc.memory_bytes)}): {'fits' if est.fits else 'does NOT fit'}",
+         f"a paged engine (vLLM) fills what is left with blocks of 16 tokens: ({gib(usable)} − {gib(est.weights_bytes)} − "
+         f"{gib(est.workspace_bytes)}) / (16 × {kv_tok:,} B) = {blocks:,} blocks = {16 * blocks:,} tokens of cache, "
+         f"{est.max_batch} sequences of {seq}"],
+        f"Inference memory is the weights plus the KV cache. The weights are fixed: {gib(est.weights_bytes)} per GPU here. "
+        f"The cache grows with every token of every sequence: {kv_tok:,} bytes per token, so {v['batch']} sequence(s) of "
+        f"{seq} tokens take {gib(est.kv_cache_bytes)}. A serving engine gives the rest of the GPU to the cache in 16-token "
+        f"blocks ({blocks:,} here), and that number, not the weights, decides how many requests it can hold at once.",
+        {"weights_bytes": est.weights_bytes, "kv_bytes_per_token": kv_tok, "kv_cache_bytes": est.kv_cache_bytes,
+         "total_bytes": est.total_bytes, "fits": est.fits, "kv_blocks": blocks, "max_batch": est.max_batch},
+        sources=["vllm", "eleuther-math"], code=[],
+        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --gpu {acc.id} --batch {v['batch']}",
+                  "run infer --tp 2 --max-new-tokens 8"])
+
+
+def decode_vs_prefill(v: dict) -> Explanation:
+    """Decode's TP all-reduces are tiny (latency-bound), prefill's are large (bandwidth-bound): priced on each link."""
+    from shardlab.comm.inference import decode_step, prefill_step
+
+    cat = catalog()
+    spec, acc = cat.model(v["model"]), cat.accelerator(v["gpu"])
+    links = [cat.link(x.strip()) for x in v["links"].split(",") if x.strip()]
+    rows, res = [], {}
+    for ln in links:
+        d = decode_step(spec, tp=v["tp"], batch=v["batch"], context_len=v["prompt"], accelerator=acc, link=ln)
+        p = prefill_step(spec, tp=v["tp"], batch=v["batch"], prompt_len=v["prompt"], accelerator=acc, link=ln)
+        res[ln.id] = (d, p)
+        rows.append([ln.id, fmt_time(d.step_time_s), pct(d.comm_fraction), d.comm_regime, fmt_time(p.step_time_s),
+                     pct(p.comm_fraction), p.comm_regime])
+    d0, p0 = res[links[0].id]
+    worst = max(links, key=lambda ln: res[ln.id][0].comm_fraction)
+    dw = res[worst.id][0]
+    return Explanation(
+        "decode-vs-prefill", "Decode is latency-bound, prefill bandwidth-bound",
+        f"{spec.name} with TP {v['tp']} on {acc.id}: how much of a decode step and of a prefill of {v['prompt']} tokens is "
+        f"communication, on each link?",
+        dict(v),
+        [f"both: 2 all-reduces per layer × {spec.num_layers} layers = {d0.comm_calls} per step",
+         f"decode message: b·h·2 B = {fmt_bytes(d0.comm_bytes_per_call)}: far below the latency/bandwidth crossover, so "
+         f"each all-reduce costs its α steps ({d0.comm_regime}-bound)",
+         f"prefill message: b·s·h·2 B = {fmt_bytes(p0.comm_bytes_per_call)}: {p0.comm_regime}-bound",
+         *[f"{ln.id}: decode {fmt_time(res[ln.id][0].step_time_s)}, comm {pct(res[ln.id][0].comm_fraction)}; prefill "
+           f"{fmt_time(res[ln.id][1].step_time_s)}, comm {pct(res[ln.id][1].comm_fraction)}" for ln in links],
+         f"on {worst.id}, {pct(dw.comm_fraction)} of every decode step is communication"
+         + (" (over 40%: keep TP inside a node)" if dw.comm_fraction > 0.4 else "")],
+        f"Each generated token needs 2 × {spec.num_layers} all-reduces of only {fmt_bytes(d0.comm_bytes_per_call)}: the "
+        f"bytes are nothing, the per-message latency is everything, so decode over a slow network spends "
+        f"{pct(dw.comm_fraction)} of its time waiting ({worst.id}). Prefill sends the same number of messages but each "
+        f"carries the whole prompt, so its cost is bandwidth. The right interconnect depends on the workload, and for "
+        f"token-by-token decoding with tensor parallelism only a fast in-node link works.",
+        {ln: {"decode_comm_fraction": d.comm_fraction, "decode_regime": d.comm_regime, "prefill_comm_fraction": p.comm_fraction,
+              "prefill_regime": p.comm_regime, "decode_step_s": d.step_time_s, "prefill_step_s": p.step_time_s}
+         for ln, (d, p) in res.items()},
+        table=(["link", "decode step", "decode comm", "decode regime", "prefill", "prefill comm", "prefill regime"], rows),
+        sources=["megatron", "databricks-inference", "hockney"], code=["meg-row", "meg-g"],
+        commands=[f"comm inference {spec.name} --tp {v['tp']} --link {worst.id} --prompt-len {v['prompt']}"])
+
+
+def tp_vs_replicas(v: dict) -> Explanation:
+    """One TP=t group vs t/(t/2) replicas of TP=t/2 serving the same requests."""
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate.inference import tp_versus_replicas
+
+    spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["tp"])
+    if v["tp"] < 2:
+        raise ShardlabError("tp must be 2 or more to compare with replicas of a smaller TP")
+    r = tp_versus_replicas(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"])
+    g, rep = r["group"], r["replicas"]
+    held = "the whole model" if rep["tp"] == 1 else f"1/{rep['tp']} of the weights"
+    return Explanation(
+        "tp-vs-replicas", "TP or replicas?",
+        f"{v['tp']} × {cl.accelerator.id} serving {v['batch']} concurrent requests of {spec.name}: one TP {v['tp']} group or "
+        f"{rep['count']} replicas of TP {rep['tp']}?",
+        dict(v),
+        [f"TP {g['tp']}: the weights split {g['tp']} ways, each token pays 2·L all-reduces; decode "
+         f"{g['decode_s_per_token'] * 1e3:.2f} ms/token, {g['tokens_per_s']:,.0f} tokens/s for the batch",
+         f"{rep['count']} × TP {rep['tp']}: each replica holds {held} and {rep['batch_each']} request(s); "
+         + (f"decode {rep['decode_s_per_token'] * 1e3:.2f} ms/token, {rep['tokens_per_s']:,.0f} tokens/s in total"
+            if rep["fits"] else "it does not fit in memory"),
+         f"verdict: {r['verdict']}"],
+        f"Tensor parallelism makes each token faster by splitting the weight reads over more GPUs, but it pays "
+        f"communication on every layer. Replicas pay none and each reads its own copy of the weights, so when the model "
+        f"fits on fewer GPUs and there are enough requests, replicas usually give more total throughput while TP gives "
+        f"lower latency per token. Here: {r['verdict']}.",
+        r, sources=["megatron", "databricks-inference"], code=[],
+        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}",
+                  f"plan {spec.name} --inference --gpus {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}"])
+
+
+TOPICS = [
+    Topic("kv-cache", "KV cache and serving memory", "weights + KV per GPU, fits or not, KV blocks of 16 tokens", (14, 33),
+          (model("llama-2-7b"), gpu("rtx-4090"), Param("tp", "int", 1, "tensor-parallel GPUs"),
+           Param("batch", "int", 1, "concurrent sequences"), Param("seq", "int", 4096, "tokens per sequence")), kv_cache),
+    Topic("decode-vs-prefill", "Decode vs prefill", "decode all-reduces are latency-bound, prefill's bandwidth-bound", (34,),
+          (model("llama-2-7b"), gpu("h100-sxm"), Param("tp", "int", 2, "tensor-parallel GPUs", minimum=2),
+           Param("batch", "int", 1, "sequences"), Param("prompt", "int", 2048, "prompt tokens"),
+           Param("links", "str", "nvlink4,pcie4,ethernet-10g", "comma-separated links")), decode_vs_prefill),
+    Topic("tp-vs-replicas", "TP vs replicas", "one TP group or several smaller replicas for the same GPUs", (8, 33),
+          (model("llama-3.1-8b"), gpu("h100-sxm"), Param("tp", "int", 2, "GPUs in the TP group", minimum=2),
+           Param("batch", "int", 16, "concurrent requests"), Param("prompt", "int", 1024, "prompt tokens"),
+           Param("output", "int", 256, "generated tokens")), tp_vs_replicas),
+]

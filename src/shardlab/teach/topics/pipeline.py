@@ -1,0 +1,167 @@
+"""Pipeline topics: the bubble (closed form = simulation), GPipe vs 1F1B memory, interleaving, stragglers."""
+
+from __future__ import annotations
+
+from shardlab.teach.explanation import Explanation
+from shardlab.teach.params import Param
+from shardlab.teach.registry import Topic
+from shardlab.teach.topics._common import catalog, gib, model, pct
+
+
+def bubble(v: dict) -> Explanation:
+    """(p−1)/(m+p−1) derived twice (algebra and the event simulation), and the m a bubble budget needs."""
+    from shardlab.pipeline import min_microbatches, simulate
+    from shardlab.pipeline.closed_form import bubble_fraction_closed_form, closed_form_text
+
+    p, m, s = v["p"], v["m"], v["schedule"]
+    vv = 2 if s == "interleaved" else 1
+    cf = bubble_fraction_closed_form(s, p, m, vv)
+    sim = simulate(s, p, m, vv)
+    need = min_microbatches(s, p, v["max_bubble"], vv)
+    rows = [[k, f"{100 * bubble_fraction_closed_form(s, p, k, vv):.1f}%"] for k in sorted({p, 2 * p, 4 * p, m, need})
+            if s != "interleaved" or k % p == 0]
+    return Explanation(
+        "pipeline-bubble", "The pipeline bubble",
+        f"{s} with p = {p} stages and m = {m} micro-batches: what share of the step do GPUs sit idle, and how many "
+        f"micro-batches keep the bubble under {pct(v['max_bubble'])}?",
+        dict(v),
+        [f"fill and drain: stage i waits i stage-times before its first forward and i after its last backward, "
+         f"(p−1)(F+B) idle per rank against m(F+B) of work",
+         f"closed form: {closed_form_text(s, p, m, vv)}",
+         f"event simulation of the schedule (F = 1, B = 2): bubble {100 * sim.bubble_fraction:.2f}% over a step of "
+         f"{sim.step_time_s:g} time units: {'the same' if abs(sim.bubble_fraction - cf) < 1e-9 else 'DIFFERENT'}",
+         f"inverse: (p−1)/(m+p−1) ≤ {v['max_bubble']:g} ⇔ m ≥ (p−1)(1−x)/x → m = {need} "
+         f"(bubble {100 * bubble_fraction_closed_form(s, p, need, vv):.2f}%)",
+         "so PP's economics are batch economics: only many micro-batches in flight amortize the fill and drain"],
+        f"A pipeline fills and drains once per step: the last stage waits for the first micro-batch to arrive, the first "
+        f"waits for the last gradient to come back. That idle time is (p−1) stage-times out of (m+p−1), "
+        f"{pct(cf)} for p = {p} and m = {m}, and the simulated schedule gives the same number. Keeping it under "
+        f"{pct(v['max_bubble'])} takes m = {need} micro-batches, which is why pipelines need big batches.",
+        {"bubble_closed_form": cf, "bubble_simulated": sim.bubble_fraction, "min_microbatches": need},
+        table=(["m", "bubble"], rows),
+        sources=["gpipe", "narayanan", "pipedream"], code=["meg-1f1b", "pt-pipe", "ds-pipe"],
+        commands=[f"pipeline --schedule {s} --stages {p} --microbatches {m}",
+                  f"pipeline --schedule {s} --stages {p} --max-bubble {v['max_bubble']:g}"])
+
+
+def one_f_one_b(v: dict) -> Explanation:
+    """GPipe holds all m micro-batches' activations, 1F1B at most p (stage i: p − i); same bubble."""
+    from shardlab.layout import Layout
+    from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
+    from shardlab.memory.states import stage_tensors
+    from shardlab.pipeline import simulate
+
+    spec = catalog().model(v["model"])
+    p, m = v["p"], v["m"]
+    g, o = simulate("gpipe", p, m), simulate("1f1b", p, m)
+    lay = Layout(pp=p)
+    layers0 = len(stage_tensors(spec, lay)[0].layers)
+    per_mb = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=v["seq"], elem_bytes=2))[0] * layers0
+    rows = []
+    for i in range(p):
+        ng, no = in_flight(lay.with_(schedule="gpipe"), i, m), in_flight(lay, i, m)
+        rows.append([i, f"{ng:g}", g.peak_in_flight[i], f"{no:g}", o.peak_in_flight[i], gib(ng * per_mb), gib(no * per_mb)])
+    return Explanation(
+        "1f1b-memory", "GPipe vs 1F1B: same bubble, different memory",
+        f"p = {p}, m = {m}: how many micro-batches' activations does each stage hold under GPipe and 1F1B, for "
+        f"{spec.name} at {v['seq']} tokens?",
+        dict(v),
+        ["GPipe runs all m forwards, then all m backwards: every stage holds m micro-batches' activations at its peak",
+         f"1F1B runs p−i−1 warm-up forwards on stage i, then alternates one forward and one backward: at most p − i in "
+         f"flight, stage 0 holds p = {p}",
+         f"bubble: GPipe {pct(g.bubble_fraction)}, 1F1B {pct(o.bubble_fraction)}: the same (p−1)/(m+p−1)",
+         f"stage 0 ({layers0} layers of {spec.name}): one micro-batch's activations = {gib(per_mb)}; GPipe holds {m} → "
+         f"{gib(m * per_mb)}, 1F1B holds {p} → {gib(p * per_mb)}",
+         "the simulation's peak per stage (table) matches the formula"],
+        f"Both schedules waste the same fill-and-drain time, but GPipe keeps every micro-batch's activations until the "
+        f"backward pass starts, while 1F1B starts backward as soon as the first micro-batch reaches the last stage and then "
+        f"frees one for every one it starts. So memory no longer grows with m: stage 0 holds {p} micro-batches instead of "
+        f"{m}, {gib(p * per_mb)} instead of {gib(m * per_mb)} here. That is what lets 1F1B use many micro-batches to shrink "
+        f"the bubble.",
+        {"gpipe_peak_in_flight": g.peak_in_flight, "1f1b_peak_in_flight": o.peak_in_flight,
+         "activation_bytes_per_microbatch": per_mb, "bubble": o.bubble_fraction},
+        table=(["stage", "GPipe (formula)", "GPipe (sim)", "1F1B (formula)", "1F1B (sim)", "GPipe bytes", "1F1B bytes"], rows),
+        sources=["gpipe", "pipedream", "narayanan", "korthikanti"], code=["meg-1f1b", "pt-pipe"],
+        commands=[f"pipeline --schedule 1f1b --stages {p} --microbatches {m}",
+                  f"pipeline --schedule gpipe --stages {p} --microbatches {m}"])
+
+
+def interleaving(v: dict) -> Explanation:
+    """Interleaved 1F1B: v chunks per rank divide the bubble by v at v× the p2p sends and a little more memory."""
+    from shardlab.layout import Layout
+    from shardlab.memory.activations import in_flight
+    from shardlab.pipeline import simulate
+    from shardlab.pipeline.closed_form import closed_form_text
+
+    p, m, vv = v["p"], v["m"], v["v"]
+    a, b = simulate("1f1b", p, m), simulate("interleaved", p, m, vv)
+    n1 = in_flight(Layout(pp=p), 0, m)
+    ni = in_flight(Layout(pp=p, vpp=vv, schedule="interleaved"), 0, m)
+    return Explanation(
+        "interleaving", "Interleaved pipelines: v chunks per GPU",
+        f"p = {p}, m = {m}: what does giving each GPU v = {vv} model chunks do to the bubble, the sends and the memory?",
+        dict(v),
+        [f"1F1B: {closed_form_text('1f1b', p, m)}; simulated {pct(a.bubble_fraction)}",
+         f"interleaved, v = {vv}: each fill/drain step is one chunk (1/v of a stage): "
+         f"{closed_form_text('interleaved', p, m, vv)}; simulated {pct(b.bubble_fraction)}",
+         f"step: {a.step_time_s:g} → {b.step_time_s:g} time units",
+         f"cost 1: a micro-batch crosses every rank v times: {vv}× the point-to-point sends (m·v = {m * vv} per rank per "
+         f"direction instead of {m})",
+         f"cost 2: stage 0 holds {ni:g} stage-equivalents of activations instead of {n1:g} "
+         f"(p·(1 + (p−1)/(p·v)), Korthikanti §4.3); and m must be a multiple of p"],
+        f"Interleaving gives each GPU several thin slices of the model instead of one thick one, so the pipeline fills and "
+        f"drains in thinner steps: the bubble shrinks by v, from {pct(a.bubble_fraction)} to {pct(b.bubble_fraction)}. "
+        f"The price is more traffic (each micro-batch passes every GPU v times) and slightly more activation memory on the "
+        f"first stage.",
+        {"bubble_1f1b": a.bubble_fraction, "bubble_interleaved": b.bubble_fraction, "sends_per_rank": m * vv,
+         "in_flight_1f1b": n1, "in_flight_interleaved": ni},
+        sources=["narayanan", "korthikanti"], code=["meg-interleaved", "pt-pipe"],
+        commands=[f"pipeline --schedule interleaved --stages {p} --microbatches {m} --vpp {vv}"])
+
+
+def stragglers(v: dict) -> Explanation:
+    """A slow stage sets the pipeline's pace; a slow data-parallel rank sets everyone's step."""
+    from shardlab.pipeline import simulate
+
+    p, m, s, x = v["p"], v["m"], v["slow_stage"], v["slowdown"]
+    base = simulate("1f1b", p, m)
+    slow = simulate("1f1b", p, m, stage_slowdown={s: x})
+    return Explanation(
+        "stragglers", "Stragglers: the slowest rank sets the pace",
+        f"1F1B with p = {p}, m = {m}: what happens to the step when stage {s} runs {x:g}× slower? And to data "
+        f"parallelism when one replica does?",
+        dict(v),
+        [f"pipeline: every micro-batch must pass stage {s}; the schedule runs at its pace",
+         f"simulated step: {base.step_time_s:g} → {slow.step_time_s:g} time units ({slow.step_time_s / base.step_time_s:.2f}×); "
+         f"bubble {pct(base.bubble_fraction)} → {pct(slow.bubble_fraction)}: the other stages wait",
+         f"data parallelism: the gradient all-reduce is a barrier, so a step lasts as long as the slowest replica: one "
+         f"rank {x:g}× slower makes every rank {x:g}× slower; the p99 step time of the ensemble is the slowest rank's",
+         "tensor parallelism: the same, per layer: every all-reduce waits for the last rank"],
+        f"Distributed training moves in lock step. In a pipeline every micro-batch passes through every stage, so one "
+        f"stage running {x:g}× slower stretches the whole step {slow.step_time_s / base.step_time_s:.2f}×, and the healthy "
+        f"stages spend the difference idle. In data parallelism the all-reduce at the end of each step waits for the "
+        f"slowest replica. So one slow GPU (thermal throttling, a noisy neighbour, a bad link) drags everyone, and you look "
+        f"for it in per-rank step times and their p99.",
+        {"step_time_base": base.step_time_s, "step_time_slow": slow.step_time_s,
+         "bubble_base": base.bubble_fraction, "bubble_slow": slow.bubble_fraction},
+        sources=["narayanan", "ddp"], code=["meg-1f1b"],
+        commands=[f"pipeline --schedule 1f1b --stages {p} --microbatches {m} --slow-stage {s} --slowdown {x:g}",
+                  "run train --strategy ddp --nproc 2"])
+
+
+_PM = (Param("p", "int", 8, "pipeline stages"), Param("m", "int", 32, "micro-batches per step"))
+TOPICS = [
+    Topic("pipeline-bubble", "Pipeline bubble", "(p−1)/(m+p−1): closed form = simulation; m for a bubble budget", (2, 35),
+          _PM + (Param("schedule", "str", "1f1b", "schedule", ("gpipe", "1f1b", "interleaved")),
+                 Param("max_bubble", "float", 0.10, "bubble budget (share)", minimum=0.001)), bubble),
+    Topic("1f1b-memory", "GPipe vs 1F1B memory", "activations in flight per stage: m vs p − i", (24,),
+          (Param("p", "int", 4, "pipeline stages"), Param("m", "int", 16, "micro-batches"), model("llama-3.1-8b"),
+           Param("seq", "int", 4096, "tokens per sequence")), one_f_one_b),
+    Topic("interleaving", "Interleaved 1F1B", "v chunks per rank: bubble / v, v× the sends", (24,),
+          (Param("p", "int", 4, "pipeline stages"), Param("m", "int", 16, "micro-batches (a multiple of p)"),
+           Param("v", "int", 2, "chunks per rank", minimum=2)), interleaving),
+    Topic("stragglers", "Stragglers", "a slow stage or replica sets everyone's pace", (35, 37),
+          (Param("p", "int", 4, "pipeline stages"), Param("m", "int", 16, "micro-batches"),
+           Param("slow_stage", "int", 1, "the slow stage", minimum=0), Param("slowdown", "float", 1.5, "how much slower")),
+          stragglers),
+]

@@ -1,0 +1,130 @@
+"""The HTML report without a browser: one self-contained file built from the --json document, every section,
+one cell per GPU, no network fetches, new document keys shown; bad --html paths are one-line errors."""
+
+import html
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import DATA, cli_main, run_cli
+from shardlab.layout import Layout, rank_coords
+from shardlab.report.html import render_report
+from shardlab.report.html.mermaid_js import MERMAID_VERSION, mermaid_info
+
+PLAN_SECTIONS = ("inputs", "worksheet", "rank-map", "memory", "step", "pipeline", "plans", "diagram", "document")
+
+
+class Scan(HTMLParser):
+    """Collects ids, data-rank cells, external references and the embedded document."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.cells, self.external, self.scripts, self._script = [], [], [], {}, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if "data-rank" in a:
+            self.cells.append(a)
+        for k in ("src", "href"):
+            if k in a and re.match(r"(https?:)?//", a[k] or ""):
+                self.external.append(a[k])
+        self._script = a.get("id") if tag == "script" else None
+
+    def handle_data(self, data):
+        if self._script:
+            self.scripts[self._script] = self.scripts.get(self._script, "") + data
+
+
+def scan(text: str) -> Scan:
+    s = Scan()
+    s.feed(text)
+    return s
+
+
+@pytest.fixture(scope="module")
+def plan_page(tmp_path_factory):
+    out = tmp_path_factory.mktemp("html") / "plan.html"
+    code, stdout, err = cli_main("plan", "--json", "--html", str(out))
+    assert code == 0, err
+    return json.loads(stdout), out.read_text(encoding="utf-8"), err
+
+
+def test_plan_page_has_every_section_and_one_cell_per_gpu(plan_page):
+    doc, text, err = plan_page
+    s = scan(text)
+    assert all(sec in s.ids for sec in PLAN_SECTIONS), set(PLAN_SECTIONS) - set(s.ids)
+    assert len(s.cells) == doc["gpus"] == 64
+    lay = Layout(**{k: v for k, v in doc["plans"][0]["layout"].items() if k != "microbatches"})
+    for cell in s.cells:
+        c = rank_coords(int(cell["data-rank"]), lay)
+        assert (int(cell["data-stage"]), int(cell["data-tp"]), int(cell["data-dp"])) == (c["pp"], c["tp"], c["dp"])
+    assert "wrote" in err and "plan.html" in err                        # stdout stays one JSON document
+
+
+def test_page_is_offline_and_built_from_the_json_document(plan_page):
+    doc, text, _ = plan_page
+    s = scan(text)
+    assert s.external == []                                             # nothing fetched: no src/href to the network
+    assert json.loads(s.scripts["shardlab-doc"]) == doc                 # the page embeds exactly what --json printed
+    info = mermaid_info()
+    assert info["version"] == MERMAID_VERSION and len(s.scripts["mermaid-lib"].strip()) == info["inlined_bytes"]
+    assert len(text) < 2_000_000                                        # mermaid (1.3 MB inlined) + the page
+    # the worksheet's risks and the Mermaid source are readable without JavaScript
+    assert html.escape(doc["worksheet"][0]["risk"]) in text
+    assert html.escape(doc["detail"]["tp_diagram"].splitlines()[1]) in text
+
+
+def test_new_breakdown_keys_and_unknown_document_keys_appear():
+    doc, _ = json.loads(cli_main("plan", "--json")[1]), None
+    doc["plans"][0]["breakdown"]["fp8_cast_s"] = 0.5                     # a key the page does not know yet
+    doc["framework"] = {"id": "megatron-core", "overlap": "tp-comm-overlap"}
+    text = render_report("plan", doc, "shardlab plan")
+    assert "fp8 cast" in text and "megatron-core" in text and "tp-comm-overlap" in text
+
+
+def test_run_page_shows_ranks_collectives_memory_and_extra_summaries():
+    doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
+    doc["step_time_summary"] = {"p50_s": 0.55, "p99_s": 0.58, "straggler_rank": 2}   # per-rank aggregates, when present
+    s = scan(render_report("run-train", doc, "shardlab run train --strategy fsdp+tp --nproc 4"))
+    assert {"step-times", "collectives", "memory", "more"} <= set(s.ids)
+    text = render_report("run-train", doc, "x")
+    assert "straggler_rank" in text and "all_reduce backward" in text and "rank 3 measured" in text
+
+
+@pytest.mark.parametrize("argv, kind", [
+    (("estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--batch", "16"), "latency"),
+    (("memory", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"), "memory"),
+    (("report", "{out}", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"), "pipeline"),
+])
+def test_other_pages(tmp_path, argv, kind):
+    out = tmp_path / "p.html"
+    args = [a.replace("{out}", str(out)) for a in argv] + ([] if argv[0] == "report" else ["--html", str(out)])
+    code, _, err = cli_main(*args)
+    assert code == 0, err
+    s = scan(out.read_text(encoding="utf-8"))
+    assert kind in s.ids and s.external == []
+
+
+def test_bench_page_from_a_measurement():
+    doc = json.loads((DATA / "bench_collectives_cpu.json").read_text())
+    text = render_report("bench-collectives", doc, "shardlab bench collectives --nproc 2")
+    assert "<polyline" in text and "busbw" in text and len(text) < 200_000   # no Mermaid on pages without a diagram
+
+
+@pytest.mark.parametrize("path, why", [("plan.txt", "ending in .html"), ("no/such/dir/p.html", "does not exist")])
+def test_bad_html_path_is_one_line_exit_2(path, why):
+    r = run_cli("plan", "--html", path)
+    assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_calibrate_page_from_saved_measurements(tmp_path):
+    out = tmp_path / "cal.html"
+    code, _, err = cli_main("calibrate", "--out", str(tmp_path / "p.yaml"), "--from-matmul", str(DATA / "bench_matmul_cpu.json"),
+                            "--from-collectives", str(DATA / "bench_collectives_cpu.json"), "--html", str(out))
+    assert code == 0, err
+    s = scan(out.read_text(encoding="utf-8"))
+    assert {"profile", "matmul", "busbw", "fits"} <= set(s.ids) and s.external == []

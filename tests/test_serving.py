@@ -1,0 +1,178 @@
+"""Serving model: quantized bytes (hand-checked), KV blocks, engine profiles, step model, steady state vs the
+simulation, pipelined micro-batches."""
+
+import math
+
+import pytest
+
+from shardlab.catalog import get_catalog
+from shardlab.errors import ShardlabError
+from shardlab.estimate.inference import estimate_inference
+from shardlab.memory.inference import activation_peak_bytes, kv_blocks, kv_cache_bytes_per_token, weight_bytes_per_rank
+from shardlab.serving.case import prepare
+from shardlab.serving.engines import builtin_engines, get_engine, load_engines
+from shardlab.serving.precision import InferencePrecision, make_precision
+from shardlab.serving.simulate import simulate
+from shardlab.serving.steady import arrays, fluid
+from shardlab.specs.hardware import Cluster
+
+CAT = get_catalog()
+L8 = CAT.model("llama-3.1-8b")
+H100 = CAT.accelerator("h100-sxm")
+
+
+def node(gpu="h100-sxm"):
+    acc = CAT.accelerator(gpu)
+    return Cluster(acc, 8, 8, CAT.link(acc.system["intra_link"]), CAT.link(acc.system["inter_link"]))
+
+
+# ---- precision: bytes by hand ------------------------------------------------------------------
+def test_int4_group128_matrix_bytes_by_hand():
+    """4096×4096 at 4 bits = 8,388,608 B; 4096 × 32 groups × (2 B fp16 scale + 0.5 B packed zero) = 327,680 B."""
+    p = make_precision("int4")
+    assert p.group_size == 128
+    assert p.matrix_bytes(4096, 4096) == 8_388_608 + 262_144 + 65_536
+
+
+def test_llama31_8b_int4_awq_weights_by_hand():
+    """Per layer: q, o 8,716,288 B each; k, v 2,179,072; gate, up, down 30,507,008 (module doc's formula) = 113,311,744;
+    × 32 layers + 16-bit norms (532,480 B) + 16-bit embedding and head (2 × 1,050,673,152 B). About the 5.7 GB of
+    the community AWQ checkpoints of Llama 3 8B."""
+    per_layer = 2 * 8_716_288 + 2 * 2_179_072 + 3 * 30_507_008
+    assert per_layer == 113_311_744
+    expect = 32 * per_layer + 32 * 2 * 4096 * 2 + 4096 * 2 + 2 * 128256 * 4096 * 2
+    assert weight_bytes_per_rank(L8, 1, 1, precision=make_precision("int4")) == [expect] == [5_727_854_592]
+
+
+def test_llama31_8b_fp8_weights_and_kv_by_hand():
+    """FP8: 6,979,321,856 linear weights at 1 B + 224 matrices × 8 B of scales + 16-bit embeddings, head, norms."""
+    p = make_precision("fp8", kv_cache="fp8", peaks=H100.peak_tflops)
+    assert p.activations == "fp8"
+    linear = 8_030_261_248 - 2 * 128256 * 4096 - (32 * 2 * 4096 + 4096)
+    assert weight_bytes_per_rank(L8, 1, 1, precision=p) == [linear + 7 * 32 * 8 + 2 * 2 * 128256 * 4096 + 2 * (32 * 2 * 4096 + 4096)]
+    assert kv_cache_bytes_per_token(L8, 1, 1, p.kv_bytes) == [2 * 32 * 8 * 128 * 1]
+    tp2 = weight_bytes_per_rank(L8, 2, 1, precision=make_precision("int8"))[0]     # per-channel scales split with rows
+    assert tp2 < weight_bytes_per_rank(L8, 2, 1)[0] * 0.6
+
+
+def test_precision_choices_refused_with_the_fix():
+    with pytest.raises(ShardlabError, match="group-size applies"):
+        make_precision("fp8", group_size=128)
+    with pytest.raises(ShardlabError, match="8-bit weights"):
+        make_precision("bf16", activations="fp8")
+    with pytest.raises(ShardlabError, match="no fp8"):
+        make_precision("fp8", activations="fp8", peaks=CAT.accelerator("a100-80gb").peak_tflops)
+    # FP8 weights on an A100 run weight-only (fp8 dequantized into 16-bit GEMMs, as vLLM's Marlin kernels do)
+    assert make_precision("fp8", peaks=CAT.accelerator("a100-80gb").peak_tflops).activations == "bf16"
+    assert make_precision("int8", activations="int8", peaks=H100.peak_tflops).gemm_dtype == "int8"
+
+
+# ---- KV blocks: vLLM's arithmetic by hand ---------------------------------------------------------
+def test_vllm_kv_blocks_by_hand():
+    """0.9 × 79.65 GiB − 16.06 GB weights − activation peak (8192 tokens, 256 rows) − 576 MiB = 28,405 blocks of
+    16 tokens × 128 KiB (Llama 3.1 8B bf16, one H100)."""
+    case = prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=1024, output_len=256)
+    cap = int(79.65 * 2**30)
+    act = 2 * 8192 * (2 * 4096 + 2 * 14336) + 4 * 256 * 128256
+    assert case.blocks.activation_bytes == act == activation_peak_bytes(L8, 1, 8192, 256)
+    free = int(cap * 0.9) - 8_030_261_248 * 2 - act - (512 + 64) * 2**20
+    assert case.blocks.num_blocks == free // (16 * 131072) == 28_405
+    assert case.blocks_per_seq == math.ceil((1024 + 128) / 16)                  # on demand: prompt + half the output
+    assert case.capacity == 256 and case.capacity_bound == "max-num-seqs"      # 28,405 // 72 = 394 > 256
+
+
+def test_tensorrt_rule_takes_a_share_of_the_free_memory():
+    b = kv_blocks(100, 40, 5, 5, 1, block_size=10, utilization=0.9, rule="free")
+    assert b.num_blocks == 4 and b.reserved_bytes == 50 + 45                    # 0.9 × (100 − 50) = 45 bytes → 4 blocks
+
+
+# ---- engines -----------------------------------------------------------------------------------
+def test_engine_catalog_is_strict(tmp_path):
+    assert {"vllm", "tensorrt-llm", "sglang"} <= set(builtin_engines())
+    text = (get_engine("vllm").sources and open(str(__import__("shardlab.serving.engines", fromlist=["x"]).ENGINES_FILE)).read())
+    bad = tmp_path / "e.yaml"
+    bad.write_text(text.replace("  kv_block_size: 16\n", "  kv_block_size: 16\n  warp_speed: 9\n", 1))
+    with pytest.raises(ShardlabError, match="unknown field"):
+        load_engines(bad)
+    bad.write_text(text.replace("  gpu_memory_utilization: 0.9\n", "  gpu_memory_utilization: 1.5\n", 1))
+    with pytest.raises(ShardlabError, match="share in"):
+        load_engines(bad)
+    bad.write_text(text.replace("    max_num_seqs: \"vllm", "    max_num_seqz: \"vllm", 1))
+    with pytest.raises(ShardlabError, match="source for every field"):
+        load_engines(bad)
+
+
+def test_training_frameworks_are_refused_under_inference():
+    with pytest.raises(ShardlabError, match="training framework"):
+        get_engine("megatron-lm")
+    with pytest.raises(ShardlabError, match="did you mean sglang"):
+        get_engine("sglan")
+
+
+# ---- step model and steady state ---------------------------------------------------------------
+def test_int4_decode_is_faster_by_the_bytes_it_saves():
+    """Batch-1 decode is weight-bandwidth-bound: the blocks' matrices (plus 16-bit norms) take 13,959,176,192 B in
+    bf16 and 3,626,508,288 B as W4A16 g128, so their read time falls 3.85×; the 16-bit head is read alike."""
+    kw = dict(tp=1, batch=1, prompt_len=512, output_len=128, engine=get_engine("vllm"))
+    bf = estimate_inference(L8, node(), **kw)
+    q4 = estimate_inference(L8, node(), precision=make_precision("int4"), **kw)
+    assert bf.decode["bound"] == q4.decode["bound"] == "memory"
+    ratio = bf.decode["weights_read_s"] / q4.decode["weights_read_s"]
+    bf_blocks = 32 * (2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096) + 2 * 2 * 4096) + 2 * 4096
+    q4_blocks = 32 * (113_311_744 + 2 * 2 * 4096) + 2 * 4096
+    assert (bf_blocks, q4_blocks) == (13_959_176_192, 3_626_508_288)
+    assert ratio == pytest.approx(bf_blocks / q4_blocks, rel=1e-9)
+    assert bf.decode["head_s"] == pytest.approx(q4.decode["head_s"])
+    assert q4.decode_s_per_token < bf.decode_s_per_token
+
+
+def test_pipeline_adds_throughput_not_latency():
+    """Curriculum item 36: pp micro-batches in flight; each token still crosses every stage."""
+    one, two, four = (estimate_inference(CAT.model("llama-3.1-70b"), node(), tp=2, pp=pp, batch=16, prompt_len=512,
+                                         output_len=256) for pp in (1, 2, 4))
+    assert two.tokens_per_s > 1.7 * one.tokens_per_s and four.tokens_per_s > 1.6 * two.tokens_per_s
+    assert two.decode_s_per_token > 0.95 * one.decode_s_per_token and four.decode_s_per_token > 0.95 * one.decode_s_per_token
+    assert two.in_flight == 32 and four.max_batch >= one.max_batch
+
+
+def test_closed_loop_beyond_capacity_queues():
+    case = prepare(L8, node(), get_engine("vllm").with_settings(max_num_seqs=32), tp=1, prompt_len=512, output_len=128)
+    r = fluid(arrays([case] * 2), [1, 1], [16, 96])
+    assert r["in_flight"][1] == 32 and r["queue_s"][1] > 0 and r["queue_s"][0] == 0
+    assert r["ttft_s"][1] > 10 * r["ttft_s"][0]
+
+
+def test_arrivals_beyond_capacity_overload():
+    case = prepare(L8, node(), get_engine("tensorrt-llm"), tp=1, prompt_len=1024, output_len=512)
+    sat = fluid(arrays([case]), [1], [10**6])["requests_per_s"][0]
+    r = fluid(arrays([case] * 2), [2, 2], [0.5 * sat, 1.2 * sat])
+    assert not r["overloaded"][0] and r["overloaded"][1] and math.isinf(r["ttft_s"][1])
+    assert r["requests_per_s"][0] == pytest.approx(0.5 * sat, rel=1e-6)
+
+
+@pytest.mark.parametrize("engine,load", [("vllm", {"arrival_rate": 3.0}), ("tensorrt-llm", {"concurrency": 24}),
+                                         ("sglang", {"concurrency": 8})])
+def test_simulation_agrees_with_the_steady_state(engine, load):
+    """The two models of one scheduler: the simulation's means within 10% (TPOT, throughput) and 30% (TTFT)."""
+    case = prepare(L8, node(), get_engine(engine), tp=1, prompt_len=512, output_len=128)
+    mode, n = (2, load["arrival_rate"]) if "arrival_rate" in load else (1, load["concurrency"])
+    f = {k: float(v[0]) for k, v in fluid(arrays([case]), [mode], [n]).items()}
+    s = simulate(case, requests=160, lifetime_s=f["e2e_s"], **load)
+    assert s.tpot_s.mean == pytest.approx(f["tpot_s"], rel=0.10)
+    assert s.ttft_s.mean == pytest.approx(f["ttft_s"], rel=0.30)
+    assert s.output_tokens_per_s == pytest.approx(f["output_tokens_per_s"], rel=0.12)
+    assert s.ttft_s.p50 <= s.ttft_s.p99 and s.tpot_s.p50 <= s.tpot_s.p99
+
+
+def test_on_demand_blocks_preempt_when_the_pool_runs_out():
+    eng = get_engine("vllm").with_settings(gpu_memory_utilization=0.25)     # a small pool: 64 long sequences overflow it
+    case = prepare(L8, node(), eng, tp=1, prompt_len=2048, output_len=1024)
+    s = simulate(case, concurrency=64, requests=128)
+    assert case.capacity < 64 and s.preemptions > 0 and s.mean_running <= case.blocks.num_blocks / (2048 / 16)
+
+
+def test_one_request_larger_than_the_pool_is_refused():
+    case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("tensorrt-llm"), tp=2, precision=InferencePrecision(),
+                   prompt_len=120000, output_len=1000)
+    with pytest.raises(ShardlabError, match="KV blocks"):
+        simulate(case, concurrency=1)

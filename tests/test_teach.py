@@ -1,0 +1,134 @@
+"""shardlab explain: every topic builds, its numbers are the core's, bad input is one line; plan --explain; numerics."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+
+from shardlab.teach.registry import explain, topics
+
+
+@pytest.mark.parametrize("name", list(topics()))
+def test_every_topic_derives_with_defaults_and_prints_one_json_document(name):
+    code, out, err = cli_main("explain", name, "--json")
+    assert code == 0, err
+    doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))   # NaN/Infinity are not JSON
+    assert doc["derivation"] and doc["plain"] and doc["question"]
+    for c in doc["commands"]:               # every suggested command names a real shardlab command
+        assert c.split()[0] in ("memory", "estimate", "comm", "shard", "pipeline", "plan", "cost", "guard", "run",
+                                "links", "explain", "models")
+
+
+def test_zero_reproduces_the_papers_worked_example_and_matches_memory():
+    ex = explain("zero", ["params=7.5e9", "gpus=64"])
+    per = ex.numbers["per_stage_bytes"]
+    assert [round(x / 1e9, 2) for x in per] == [120.0, 31.41, 16.64, 1.88]   # ZeRO paper §5: 120, 31.4, 16.6, 1.9 GB
+    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "2", "--json")
+    assert json.loads(out)["per_gpu"]["model_states"] == per[2]
+    assert ex.numbers["traffic_bytes"] == pytest.approx(1.5 * explain("zero-1").numbers["traffic_bytes"])
+
+
+def test_numbers_come_from_the_core_functions():
+    from shardlab.comm.collectives import collective_time
+    from shardlab.catalog import get_catalog
+    from shardlab.memory.inference import kv_cache_bytes_per_token
+    from shardlab.pipeline import min_microbatches
+    from shardlab.pipeline.closed_form import bubble_fraction_closed_form
+
+    b = explain("pipeline-bubble", ["p=8", "m=32"]).numbers
+    assert b["bubble_closed_form"] == bubble_fraction_closed_form("1f1b", 8, 32) == pytest.approx(7 / 39)
+    assert b["bubble_simulated"] == pytest.approx(7 / 39) and b["min_microbatches"] == min_microbatches("1f1b", 8, 0.1) == 63
+    cat = get_catalog()
+    r = explain("ring-all-reduce", ["size=1GiB", "ranks=16", "link=ib-ndr"]).numbers
+    assert r["time_s"] == collective_time("all-reduce", 2**30, 16, cat.link("ib-ndr"), "ring").time_s
+    kv = explain("kv-cache", ["model=llama-3.1-8b", "tp=2", "gpu=h100-sxm"]).numbers
+    assert kv["kv_bytes_per_token"] == kv_cache_bytes_per_token(cat.model("llama-3.1-8b"), 2)[0] == 65536
+    assert explain("bytes-per-param", ["params=7B", "precision=fp32"]).numbers["model_states_bytes"] == 112 * 10**9
+    assert explain("bytes-per-param", ["params=500K"]).numbers["model_states_bytes"] == 8_000_000
+
+
+def test_explanations_name_their_sources_and_the_upstream_code():
+    doc = explain("tp-mlp").to_dict()
+    assert any("arXiv 1909.08053" in s["citation"] for s in doc["sources"])
+    paths = {c["symbol"]: c["path"] for c in doc["code"]}
+    assert paths["ColumnParallelLinear"] == "megatron/core/tensor_parallel/layers.py"
+    assert any("runtime/parallel/megatron.py" in c["shardlab"] for c in doc["code"])
+    src = explain("source-map").to_dict()["code"]
+    assert any(c["symbol"].startswith("fully_shard") and c["path"].startswith("torch/distributed/fsdp/") for c in src)
+
+
+def test_decode_is_latency_bound_and_over_40_percent_on_10gbe():
+    n = explain("decode-vs-prefill").numbers
+    assert n["ethernet-10g"]["decode_regime"] == "latency" and n["ethernet-10g"]["prefill_regime"] == "bandwidth"
+    assert n["ethernet-10g"]["decode_comm_fraction"] > 0.4 > n["nvlink4"]["decode_comm_fraction"]
+
+
+def test_bf16_keeps_what_fp16_loses():
+    n = explain("bf16-vs-fp16", ["grad=1e-8"]).numbers
+    assert n["grad_fp16"] == "zero" and n["grad_bf16"] == "normal" and n["loss_scale_needed"] == 2**13
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["explain"], "no topic"),
+    (["explain", "zro"], "did you mean zero"),
+    (["explain", "zero", "parms=3"], "did you mean params"),
+    (["explain", "zero", "gpus=x"], "not a whole number"),
+    (["explain", "zero", "stage=5"], "choose one of 0, 1, 2, 3"),
+    (["explain", "zero", "64"], "key=value"),
+    (["explain", "kv-cache", "model=nope"], "unknown model"),
+    (["explain", "stragglers", "slow_stage=9"], "outside the pipeline"),
+    (["explain", "ring-all-reduce", "ranks=1"], "at least 2"),
+    (["explain", "zero", "--list"], "not both"),
+])
+def test_bad_input_is_one_line_exit_2(args, msg):
+    code, out, err = cli_main(*args)
+    assert code == 2 and msg in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_list_names_every_topic_with_keys_and_items():
+    code, out, _ = cli_main("explain", "--list", "--json")
+    doc = json.loads(out)
+    ids = {t["id"] for t in doc["topics"]}
+    for want in ("two-pressures", "bytes-per-param", "zero", "zero-3", "fsdp-wrap", "ring-all-reduce", "tree-all-reduce",
+                 "ddp-buckets", "tp-mlp", "sequence-parallel", "pipeline-bubble", "1f1b-memory", "interleaving",
+                 "activation-checkpointing", "bf16-vs-fp16", "kv-cache", "decode-vs-prefill", "tp-in-node",
+                 "tp-vs-replicas", "stragglers"):
+        assert want in ids
+    assert all(t["items"] for t in doc["topics"])
+
+
+def test_plan_explain_says_the_plan_out_loud_from_its_own_numbers():
+    code, out, _ = cli_main("plan", "llama-3.1-70b", "--gpus", "64", "--explain", "--json")
+    doc = json.loads(out)
+    para, best = doc["explanation"], doc["plans"][0]
+    assert f"{best['step_time_s']:.2f} s" in para and f"Tensor parallelism of {best['layout']['tp']}" in para
+    assert "runner-up" in para
+    code, out, _ = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "8", "--batch", "32", "--explain")
+    assert code == 0 and "said out loud:" in out and "tokens/s" in out
+    code, out, _ = cli_main("plan", "llama-3.1-70b", "--gpus", "64", "--json")
+    assert "explanation" not in json.loads(out)
+
+
+def test_float_formats_match_ieee_and_bfloat16():
+    from shardlab.numerics import FORMATS, classify, largest_safe_scale, loss_scale_for
+
+    fp16, bf16, fp32 = FORMATS["fp16"], FORMATS["bf16"], FORMATS["fp32"]
+    assert fp16.max_value == 65504 and fp16.min_normal == 2**-14 and fp16.min_subnormal == 2**-24 and fp16.epsilon == 2**-10
+    assert bf16.min_normal == fp32.min_normal == 2**-126 and bf16.epsilon == 2**-7
+    assert bf16.max_value == pytest.approx(3.3895e38, rel=1e-4)
+    assert [classify(x, fp16) for x in (1e-8, 1e-6, 1.0, 1e5)] == ["zero", "subnormal", "normal", "overflow"]
+    assert loss_scale_for(1e-8, fp16) == 2**13 and largest_safe_scale(10.0, fp16) == 2**12
+
+
+def test_every_suggested_command_runs_as_written():
+    seen = set()
+    for name in topics():
+        for c in explain(name).commands:
+            if c.split()[0] in ("run", "guard") or c in seen:   # torch runs and the guard are tested elsewhere
+                continue
+            seen.add(c)
+            code, out, err = cli_main(*c.split())
+            assert code == 0, f"{name}: `shardlab {c}` -> {err}"
+    assert len(seen) > 20
