@@ -68,6 +68,8 @@ def register(sub) -> None:
     add_estimate_args(p)
     _add_assumption_args(p)
     _add_inference_args(p)
+    p.add_argument("--slow-rank", default=None, metavar="R:FACTOR[:FRACTION]",
+                   help="what one rank computing FACTOR x slower costs the job (docs/observability.md)")
     add_output_args(p)
     p.set_defaults(func=cmd_estimate)
 
@@ -115,14 +117,16 @@ def training_estimate_from_args(args, catalog):
 
 # ---- estimate --------------------------------------------------------------------------------------
 def cmd_estimate(args):
+    from shardlab.estimate.straggler import with_slow_rank
+
     if args.inference:
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
-        return estimate_inference_cmd(args, _catalog(args))
+        return with_slow_rank(args.slow_rank, *estimate_inference_cmd(args, _catalog(args)))
     from shardlab.estimate.report import render_estimate
 
     est = training_estimate_from_args(args, _catalog(args))
-    return est.to_dict(), render_estimate(est)
+    return with_slow_rank(args.slow_rank, est.to_dict(), render_estimate(est))
 
 
 # ---- plan ------------------------------------------------------------------------------------------

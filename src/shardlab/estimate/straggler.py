@@ -162,3 +162,40 @@ def inference_straggler(step_time_s: float, comm_time_s: float, slow: SlowRank) 
     """A slow tensor-parallel rank in decoding: its compute/HBM time scales, the all-reduces do not; every
     token waits for it at the next all-reduce, so per-token latency (and its p99) grows for the group."""
     return straggler_effect({"compute_s": max(step_time_s - comm_time_s, 0.0)}, step_time_s, slow, ("compute_s",))
+
+
+def effect_of_estimate(doc: dict, slow: SlowRank) -> StragglerEffect:
+    """The effect on an estimate's JSON document: training (``breakdown``, ``step_time_s``) or inference
+    (``decode``: one token's step and its all-reduce time)."""
+    if "breakdown" in doc:
+        return straggler_effect(doc["breakdown"], doc["step_time_s"], slow)
+    dec = doc["decode"]
+    return inference_straggler(dec["step_time_s"], dec["comm_time_s"], slow)
+
+
+def render_effect(eff: StragglerEffect, unit: str) -> str:
+    """The worked lines of ``estimate --slow-rank``."""
+    ms = lambda s: f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+    parts = ", ".join(p.removesuffix("_s") for p in eff.scaled_parts) or "nothing"
+    lines = [f"slow rank {eff.slow.rank} at {eff.slow.factor:g}× (its own work: {parts} = {ms(eff.scaled_s)} of the "
+             f"{ms(eff.base_step_s)} {unit}; communication does not scale):",
+             f"  slowed {unit} = {ms(eff.base_step_s)} + ({eff.slow.factor:g} − 1) × {ms(eff.scaled_s)} = "
+             f"{ms(eff.slow_step_s)} for every rank (synchronous: the slowest rank sets the pace)",
+             f"  every other rank waits {ms(eff.wait_s)} per slowed {unit}: each slowed {unit} takes {eff.drag * 100:+.1f}% longer"]
+    if eff.slow.fraction < 1:
+        lines.append(f"  on {eff.slow.fraction:.0%} of the {unit}s: mean {ms(eff.mean_step_s)} "
+                     f"({(eff.mean_step_s / eff.base_step_s - 1) * 100:+.1f}%), p50 {ms(eff.percentile_step_s(50))}, "
+                     f"p99 {ms(eff.percentile_step_s(99))}: the tail grows before the mean does")
+    lines.append("  (the slowest-rank rule: Dean & Barroso, The Tail at Scale, 2013; shardlab.estimate.straggler)")
+    return "\n".join(lines)
+
+
+def with_slow_rank(text: str | None, doc: dict, human: str) -> tuple[dict, str]:
+    """`shardlab estimate ... --slow-rank R:FACTOR[:FRACTION]`: the document and text with the effect added."""
+    if not text:
+        return doc, human
+    slow = parse_slow_rank(text)
+    check_rank(slow, int(doc.get("gpus") or 1), "--slow-rank")
+    eff = effect_of_estimate(doc, slow)
+    return {**doc, "straggler": eff.to_dict()}, human + "\n\n" + render_effect(eff, "step" if "breakdown" in doc else
+                                                                             "decoded token")

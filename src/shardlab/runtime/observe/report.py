@@ -54,19 +54,23 @@ def render_observability(doc: dict, unit: str = "step") -> str:
     if st:
         share = st["others_wait_s"] / st["period_s"] if st["period_s"] else 0.0
         head = (f"straggler: rank {st['rank']}" if st["is_straggler"] else
-                f"no straggler (slowest rank {st['rank']} within 10% of the others)")
-        out.append(f"{head}. Its compute is {st['compute_ratio']:.2f}× the other ranks' median"
-                   + (f" (injected {inj['factor']:g}× on rank {inj['rank']})" if inj else "")
-                   + f"; it drags the job by {st['drag'] * 100:+.0f}% ({_t(st['period_s'])} per {unit} instead of "
-                     f"{_t(st['base_step_s'])}); the other ranks wait {_t(st['others_wait_s'])} per {unit} for it "
-                     f"({share:.0%} of the {unit}), rank {st['rank']} itself {_t(st['own_wait_s'])}")
+                f"no straggler (rank {st['rank']}, the slowest, is within 10% of the others)")
+        out.append(f"{head}. It set the pace on {st['paced_steps_fraction']:.0%} of the {unit}s; its compute is "
+                   f"{st['compute_ratio']:.2f}× the other ranks' median (p99: {st['p99_compute_ratio']:.2f}×)"
+                   + (f", injected {inj['factor']:g}× on rank {inj['rank']}"
+                      + (f" on {inj['fraction']:.0%} of the {unit}s" if inj["fraction"] < 1 else "") if inj else "")
+                   + f". It drags the job by {st['drag'] * 100:+.0f}% at the median ({_t(st['period_s'])} per {unit} "
+                     f"instead of {_t(st['base_step_s'])}) and {st['p99_drag'] * 100:+.0f}% at p99; the other ranks "
+                     f"wait {_t(st['others_wait_s'])} per {unit} ({share:.0%} of it), rank {st['rank']} itself "
+                     f"{_t(st['own_wait_s'])}")
     pv = doc.get("predicted_vs_measured")
     if pv:
         pred = doc["predicted"]
-        out.append(f"predicted ({pred['source']}): drag {pv['predicted_drag'] * 100:+.0f}% "
-                   f"(the {', '.join(p.removesuffix('_s') for p in pred['scaled_parts']) or 'compute'} share of the "
-                   f"{unit} scales by {pred['factor']:g}, communication does not) vs measured "
-                   f"{pv['measured_drag'] * 100:+.0f}%")
+        scaled = ", ".join(p.removesuffix("_s") for p in pred["scaled_parts"]) or "compute"
+        out.append(f"predicted ({pred['source']}; the {scaled} share of the {unit} scales by {pred['factor']:g}, "
+                   f"communication does not): drag {pv['predicted_drag'] * 100:+.0f}% at the median, "
+                   f"{pv['predicted_p99_drag'] * 100:+.0f}% at p99; measured {pv['measured_drag'] * 100:+.0f}% and "
+                   f"{pv['measured_p99_drag'] * 100:+.0f}%")
     link = (doc.get("injected") or {}).get("slow_link")
     if link:
         r = next((x for x in doc["ranks"] if x["rank"] == link["rank"]), None)

@@ -9,9 +9,11 @@ Pure functions over the records of ``rank.STEP_FIELDS`` (no torch). For every st
 - own_r,k = data + step − excess: how long the step would take if rank r never waited;
 - the job's step period_k = max over ranks of own_r,k (synchronous: the slowest sets the pace).
 
-The straggler is the rank with the largest median compute time (step − blocked: its own work); its ratio
-is that median over the median of the other ranks'. Its drag = median period / median own time of the
-other ranks − 1: how much longer every step takes because of it. Steps the rank program instruments
+The straggler is the rank that made the others wait most: each step the rank with the largest own time
+sets the pace and the others' waiting that step is charged to it (a rank slowed only now and then is found
+too). Its compute ratio is its median compute time (step − blocked: its own work) over the other ranks'
+median, and the same at p99. Its drag = median period / median own time of the other ranks − 1: how much
+longer a typical step takes because of it; the p99 drag compares the 99th percentiles (the tail). Steps the rank program instruments
 (training: steps 0 and 1, memory tracker and dispatch recorder; inference: the prefill) are left out.
 """
 
@@ -82,7 +84,8 @@ def summarise(records: list[dict], *, skip_steps: int, kind: str = "train") -> d
                "compute_s": "step_s - time blocked in collectives",
                "waited_s": "boundary wait + collective time beyond the least-waiting rank's, per step",
                "period_s": "max over ranks of (data + step - excess collective time): the job's pace",
-               "drag": "median period / median own time of the other ranks - 1"}}
+               "drag": "median period / median own time of the other ranks - 1 (p99_drag: the same at p99)",
+               "straggler": "the rank charged with most of the others' waiting (it had the largest own time)"}}
     return doc
 
 
@@ -97,25 +100,39 @@ def _by_step(recs: dict[int, list[dict]]) -> dict[int, list[dict]]:
 def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict | None:
     if len(rows) < 2:
         return None
-    slow = max(rows, key=lambda r: r["median_compute_s"])
+    # every step, the rank with the largest own time set the pace; the others' waiting is charged to it
+    caused: dict[int, float] = defaultdict(float)
+    paced: dict[int, int] = defaultdict(int)
+    steps = _by_step(recs)
+    for recs_k in steps.values():
+        pacer = max(recs_k, key=lambda r: r["own_s"])
+        paced[pacer["rank"]] += 1
+        caused[pacer["rank"]] += sum(r["waited_s"] for r in recs_k if r is not pacer)
+    by_rank = {r["rank"]: r for r in rows}
+    slow = by_rank[max(by_rank, key=lambda k: (caused[k], by_rank[k]["median_compute_s"]))]
     others = [r for r in rows if r is not slow]
+    comp = {r["rank"]: [x["compute_s"] for x in recs[r["rank"]]] for r in rows}
     ref = _median([r["median_compute_s"] for r in others])
     ratio = slow["median_compute_s"] / ref if ref > 0 else 0.0
-    base = _median([r["own_s"] for o in others for r in recs[o["rank"]]])
-    drag = job["p50_period_s"] / base - 1.0 if base > 0 else 0.0
-    waiting = {r["rank"]: r["mean_waited_s"] for r in rows}
-    return {"rank": slow["rank"], "compute_ratio": ratio, "is_straggler": ratio > 1.0 + STRAGGLER_THRESHOLD,
-            "drag": drag, "base_step_s": base, "period_s": job["p50_period_s"],
-            "others_wait_s": float(np.mean([waiting[o["rank"]] for o in others])),
-            "own_wait_s": waiting[slow["rank"]]}
+    ref99 = _median([_pct(comp[o["rank"]], 99) for o in others])
+    ratio99 = _pct(comp[slow["rank"]], 99) / ref99 if ref99 > 0 else 0.0
+    own_others = [r["own_s"] for o in others for r in recs[o["rank"]]]
+    base, base99 = _median(own_others), _pct(own_others, 99)
+    return {"rank": slow["rank"], "compute_ratio": ratio, "p99_compute_ratio": ratio99,
+            "is_straggler": max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD,
+            "paced_steps_fraction": paced[slow["rank"]] / len(steps), "caused_wait_s": caused[slow["rank"]] / len(steps),
+            "drag": job["p50_period_s"] / base - 1.0 if base > 0 else 0.0, "base_step_s": base,
+            "period_s": job["p50_period_s"],
+            "p99_drag": job["p99_period_s"] / base99 - 1.0 if base99 > 0 else 0.0, "p99_base_step_s": base99,
+            "others_wait_s": float(np.mean([o["mean_waited_s"] for o in others])), "own_wait_s": slow["mean_waited_s"]}
 
 
 def compare_prediction(doc: dict, predicted: dict | None) -> dict | None:
-    """Predicted (``estimate.straggler``) beside measured drag for an injected slow rank."""
+    """Predicted (``estimate.straggler``) beside measured drag, at the median and at p99, for an injected slow rank."""
     st = doc.get("straggler")
     if not predicted or not st:
         return None
-    return {"predicted_drag": predicted["drag"], "measured_drag": st["drag"],
-            "predicted_wait_fraction": predicted["wait_s"] / predicted["slow_step_s"] if predicted["slow_step_s"] else 0.0,
-            "measured_wait_fraction": st["others_wait_s"] / st["period_s"] if st["period_s"] else 0.0,
-            "injected_rank_named": st["rank"] == predicted["rank"]}
+    base = predicted["base_step_s"]
+    return {"predicted_drag": predicted["p50_step_s"] / base - 1.0 if base else 0.0, "measured_drag": st["drag"],
+            "predicted_p99_drag": predicted["p99_step_s"] / base - 1.0 if base else 0.0,
+            "measured_p99_drag": st["p99_drag"], "injected_rank_named": st["rank"] == predicted["rank"]}
