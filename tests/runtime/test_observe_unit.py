@@ -85,6 +85,7 @@ def test_summary_names_the_slow_rank_its_ratio_and_drag():
     d = summarise(_records(2.0), skip_steps=2)
     st = d["straggler"]
     assert st["rank"] == 1 and st["is_straggler"] and st["compute_ratio"] == pytest.approx(2.0)
+    assert st["natural_compute_ratio"] == pytest.approx(2.0)           # nothing injected in these records
     assert st["drag"] == pytest.approx(0.22 / 0.12 - 1)              # 220 ms steps instead of 120 ms
     assert st["others_wait_s"] == pytest.approx(0.1) and st["own_wait_s"] == pytest.approx(0.0)
     assert [r["steps"] for r in d["ranks"]] == [18, 18, 18]

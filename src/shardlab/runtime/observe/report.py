@@ -57,7 +57,8 @@ def render_observability(doc: dict, unit: str = "step") -> str:
                 f"no straggler (rank {st['rank']}, the slowest, is within 10% of the others)")
         out.append(f"{head}. It set the pace on {st['paced_steps_fraction']:.0%} of the {unit}s; its compute is "
                    f"{st['compute_ratio']:.2f}× the other ranks' median (p99: {st['p99_compute_ratio']:.2f}×)"
-                   + (f", injected {inj['factor']:g}× on rank {inj['rank']}"
+                   + (f", injected {inj['factor']:g}× on rank {inj['rank']} (without the injection "
+                      f"{st['natural_compute_ratio']:.2f}×)"
                       + (f" on {inj['fraction']:.0%} of the {unit}s" if inj["fraction"] < 1 else "") if inj else "")
                    + f". It drags the job by {st['drag'] * 100:+.0f}% at the median ({_t(st['period_s'])} per {unit} "
                      f"instead of {_t(st['base_step_s'])}) and {st['p99_drag'] * 100:+.0f}% at p99; the other ranks "

@@ -11,10 +11,13 @@ Pure functions over the records of ``rank.STEP_FIELDS`` (no torch). For every st
 
 The straggler is the rank that made the others wait most: each step the rank with the largest own time
 sets the pace and the others' waiting that step is charged to it (a rank slowed only now and then is found
-too). Its compute ratio is its median compute time (step − blocked: its own work) over the other ranks'
-median, and the same at p99. Its drag = median period / median own time of the other ranks − 1: how much
-longer a typical step takes because of it; the p99 drag compares the 99th percentiles (the tail). Steps the rank program instruments
-(training: steps 0 and 1, memory tracker and dispatch recorder; inference: the prefill) are left out.
+too). Its compute ratio is the geometric mean over steps of its compute time (step − blocked: its own
+work) over the other ranks' median that step (paired, so load that varies over time cancels; geometric,
+because a shared machine's noise is multiplicative), and at p99 the ratio of the 99th percentiles; its
+natural ratio leaves the injected sleep out (how much slower the rank was on its own, e.g. on a busier core). Its drag = median period / median own time of the other ranks − 1: how much longer
+a typical step takes because of it; the p99 drag compares the 99th percentiles (the tail). Steps the rank
+program instruments (training: steps 0 and 1, memory tracker and dispatch recorder; inference: the
+prefill) are left out.
 """
 
 from __future__ import annotations
@@ -112,19 +115,31 @@ def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict
     slow = by_rank[max(by_rank, key=lambda k: (caused[k], by_rank[k]["median_compute_s"]))]
     others = [r for r in rows if r is not slow]
     comp = {r["rank"]: [x["compute_s"] for x in recs[r["rank"]]] for r in rows}
-    ref = _median([r["median_compute_s"] for r in others])
-    ratio = slow["median_compute_s"] / ref if ref > 0 else 0.0
+    ratio = _paired_ratio(steps, slow["rank"], lambda r: r["compute_s"])
+    natural = _paired_ratio(steps, slow["rank"], lambda r: r["compute_s"] - r["injected_s"])
     ref99 = _median([_pct(comp[o["rank"]], 99) for o in others])
     ratio99 = _pct(comp[slow["rank"]], 99) / ref99 if ref99 > 0 else 0.0
     own_others = [r["own_s"] for o in others for r in recs[o["rank"]]]
     base, base99 = _median(own_others), _pct(own_others, 99)
-    return {"rank": slow["rank"], "compute_ratio": ratio, "p99_compute_ratio": ratio99,
+    return {"rank": slow["rank"], "compute_ratio": ratio, "natural_compute_ratio": natural, "p99_compute_ratio": ratio99,
             "is_straggler": max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD,
             "paced_steps_fraction": paced[slow["rank"]] / len(steps), "caused_wait_s": caused[slow["rank"]] / len(steps),
             "drag": job["p50_period_s"] / base - 1.0 if base > 0 else 0.0, "base_step_s": base,
             "period_s": job["p50_period_s"],
             "p99_drag": job["p99_period_s"] / base99 - 1.0 if base99 > 0 else 0.0, "p99_base_step_s": base99,
             "others_wait_s": float(np.mean([o["mean_waited_s"] for o in others])), "own_wait_s": slow["mean_waited_s"]}
+
+
+def _paired_ratio(steps: dict[int, list[dict]], rank: int, value) -> float:
+    """Geometric mean over steps of value(rank) / median value(other ranks) that step: the ranks of one step
+    ran under the same load, so a shared machine's swings cancel, and its noise is multiplicative."""
+    ratios = []
+    for recs_k in steps.values():
+        mine = [value(r) for r in recs_k if r["rank"] == rank]
+        ref = _median([value(r) for r in recs_k if r["rank"] != rank]) if len(recs_k) > 1 else 0.0
+        if mine and mine[0] > 0 and ref > 0:
+            ratios.append(mine[0] / ref)
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else 0.0
 
 
 def compare_prediction(doc: dict, predicted: dict | None) -> dict | None:
