@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "shardlab.cli.catalog_cmds",   # models, gpus, links
     "shardlab.cli.report_cmd",     # report
     "shardlab.cli.teach_cmds",     # explain, quiz
+    "shardlab.cli.logs_cmd",       # logs
 )
 
 
@@ -38,6 +39,7 @@ COMMAND_OWNERS = {
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
     "report": "shardlab.cli.report_cmd",
     "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",
+    "logs": "shardlab.cli.logs_cmd",
 }
 
 

@@ -57,6 +57,8 @@ def register(sub) -> None:
     add_estimate_args(p)
     _add_assumption_args(p)
     _add_inference_args(p)
+    p.add_argument("--slow-rank", default=None, metavar="R:FACTOR[:FRACTION]",
+                   help="what one rank computing FACTOR x slower costs the job (docs/observability.md)")
     add_output_args(p)
     add_html_arg(p, "estimate")
     p.set_defaults(func=cmd_estimate)
@@ -146,10 +148,12 @@ def framework_doc(fw, wl) -> dict:
 
 # ---- estimate --------------------------------------------------------------------------------------
 def cmd_estimate(args):
+    from shardlab.estimate.straggler import with_slow_rank
+
     if args.inference:
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
-        return estimate_inference_cmd(args, _catalog(args))
+        return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
     from shardlab.estimate.report import render_estimate
 
     from shardlab.planner.detail import layout_detail
@@ -160,7 +164,7 @@ def cmd_estimate(args):
     doc["detail"] = layout_detail(est.model, est.layout, est.cluster, est.memory, seq_len=est.workload.seq_len,
                                   microbatches=est.microbatches, breakdown=est.breakdown, precision=est.workload.precision)
     doc["communication"] = estimate_comm(est)
-    return doc, render_estimate(est)
+    return with_slow_rank(getattr(args, "slow_rank", None), doc, render_estimate(est))
 
 
 def estimate_comm(est) -> list[dict]:

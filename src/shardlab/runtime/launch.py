@@ -80,11 +80,14 @@ def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: li
 
 
 def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: dict | None = None,
-           torchrun_args: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> LaunchResult:
+           torchrun_args: list[str] | None = None, run_dir: str | os.PathLike | None = None,
+           observer=None) -> LaunchResult:
     """Run ``module`` on ``nproc`` ranks with torchrun; never hangs longer than ``timeout_s``.
 
     ``env`` entries are added to the environment (OMP_NUM_THREADS defaults to 1 for every rank: ranks share
-    the cores). The process group of torchrun and its ranks is killed on timeout.
+    the cores). The process group of torchrun and its ranks is killed on timeout. ``observer`` (a
+    ``shardlab.runtime.observe.launcher.Observation``) adds the ranks' metrics settings and scrapes them while
+    they run.
     """
     if nproc < 1:
         raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
@@ -98,17 +101,24 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     full_env.setdefault("SHARDLAB_PG_TIMEOUT_S", f"{max(5.0, min(DEFAULT_PG_TIMEOUT_S, 0.5 * timeout_s)):g}")
     full_env.setdefault("TORCHELASTIC_ERROR_FILE", str(rd / "torchelastic_error.json"))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if observer is not None:
+        full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             start_new_session=True)
     timed_out = False
+    if observer is not None:
+        observer.start()
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc)
         out, err = proc.communicate()
+    finally:
+        if observer is not None:
+            observer.stop()
     res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res
