@@ -1,0 +1,102 @@
+"""Building a LaunchJob: from a ``shardlab plan --json`` document, from a training estimate, or from the fields an
+importer read; and the two numbers exports print beside the layout (the KV-cache block count, the price)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve
+from shardlab.layout import Layout, validate
+
+
+def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int, elem_bytes: int,
+              dtype: str, block_tokens: int = 16) -> int:
+    """KV-cache blocks per GPU: (usable memory − weights − CUDA context, workspaces and prefill activations) /
+    (block_tokens × KV bytes per token on this GPU) — how vLLM sizes its cache after profiling
+    (vllm/worker/gpu_worker.py determine_num_available_blocks; shardlab.estimate.inference for every term)."""
+    from shardlab.estimate.inference import GPU_MEMORY_UTILIZATION, estimate_inference
+
+    est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len,
+                             elem_bytes=elem_bytes, dtype=dtype)
+    free = cluster.accelerator.memory_bytes * GPU_MEMORY_UTILIZATION - est.weights_bytes - est.workspace_bytes
+    return int(max(0, free // (block_tokens * est.kv_cache_bytes_per_token)))
+
+
+def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = None) -> dict:
+    """{usd_per_gpu_hour, price_source, spot} from the price catalog, or {} when it has no price for ``gpu``."""
+    from shardlab.cost.prices import resolve_price
+
+    try:
+        p = resolve_price(catalog, gpu, provider=provider, spot=spot)
+    except ShardlabError:
+        return {}
+    return {"usd_per_gpu_hour": p.usd_per_gpu_hour, "price_source": p.source, "spot": spot}
+
+
+def job_from_plan(doc: dict, catalog, rank: int = 1) -> LaunchJob:
+    """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document."""
+    plans = doc.get("plans") if isinstance(doc, dict) else None
+    if not plans or "model" not in doc:
+        raise ShardlabError("--plan FILE must be the output of `shardlab plan --json` (it has no plans)")
+    if not 1 <= rank <= len(plans):
+        raise ShardlabError(f"--rank {rank}: the plan file lists {len(plans)} plan(s)")
+    p = plans[rank - 1]
+    spec = catalog.model(doc["model"])
+    acc = catalog.accelerator(doc["gpu"])
+    gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
+    if "layout" not in p:  # inference plan
+        lay = Layout(tp=p["tp"], pp=p["pp"])
+        per = -(-doc["batch"] // p["replicas"])
+        cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
+        blocks = kv_blocks(spec, cluster, p["tp"], p["pp"], per, doc["prompt_len"], doc["output_len"], 2, "bf16")
+        serve = Serve(max_num_seqs=per, prompt_len=doc["prompt_len"], output_len=doc["output_len"],
+                      replicas=p["replicas"], kv_blocks=blocks)
+        return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, "bf16-mixed", gpu=acc.id,
+                         gpus_per_node=gpn, framework="vllm", serve=serve,
+                         notes={"step_time_s": None, **price_notes(catalog, acc.id)})
+    lay = {k: v for k, v in p["layout"].items() if k in LAYOUT_FIELDS}
+    if lay.get("stage_layers"):
+        lay["stage_layers"] = tuple(lay["stage_layers"])
+    wl = doc["workload"]
+    notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id)}
+    if p.get("train_days"):
+        notes["train_hours"] = p["train_days"] * 24
+    return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],
+                     acc.id, gpn, framework=doc.get("framework"), notes=notes)
+
+
+def _cluster(catalog, gpu: str, gpus: int, gpn: int):
+    from shardlab.specs.hardware import Cluster
+
+    acc = catalog.accelerator(gpu)
+    return Cluster(accelerator=acc, num_gpus=gpus, gpus_per_node=gpn, intra_link=catalog.link(acc.system["intra_link"]),
+                   inter_link=catalog.link(acc.system["inter_link"]))
+
+
+def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> LaunchJob:
+    """A job from importer fields (a round trip's far end), validated against the model."""
+    f = dict(fields)
+    model = f.get("model") or (base.model if base else None)
+    if not model:
+        raise ShardlabError("the file names no model shardlab knows: give MODEL")
+    spec = catalog.model(model)
+    lay_kw = {k: f[k] for k in LAYOUT_FIELDS if k in f}
+    if "dp" not in lay_kw:
+        gpus = f.get("gpus")
+        mp = lay_kw.get("tp", 1) * lay_kw.get("pp", 1) * lay_kw.get("cp", 1)
+        if gpus is None or gpus % mp:
+            raise ShardlabError("the file does not say the data-parallel size: add --gpus N")
+        lay_kw["dp"] = gpus // mp
+    lay = validate(Layout(**lay_kw), spec)
+    gb = f.get("global_batch") or lay.micro_batch * lay.dp
+    gpu = f.get("gpu") or (base.gpu if base else "h100-sxm")
+    job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
+                    gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
+                    framework=f.get("framework"))
+    if "max_num_seqs" in f or "prompt_len" in f:
+        job = replace(job, serve=Serve(max_num_seqs=f.get("max_num_seqs", 256), prompt_len=f.get("prompt_len", 1024),
+                                       output_len=f.get("output_len", 256), replicas=f.get("replicas", 1),
+                                       gpu_memory_utilization=f.get("gpu_memory_utilization", 0.9),
+                                       kv_cache_dtype=f.get("kv_cache_dtype", "auto")))
+    return job
