@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "shardlab.cli.runtime_cmds",   # run (train, infer)
     "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
     "shardlab.cli.catalog_cmds",   # models, gpus, links
+    "shardlab.cli.export_cmds",    # export
 )
 
 
@@ -34,6 +35,7 @@ COMMAND_OWNERS = {
     "run": "shardlab.cli.runtime_cmds",
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
+    "export": "shardlab.cli.export_cmds",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
 
 EXAMPLES = """examples:
@@ -29,7 +30,7 @@ def register(sub) -> None:
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
     add_output_args(p)
-    p.set_defaults(func=cmd_memory)
+    export_cmds.hook(p, cmd_memory)
 
 
 def cmd_memory(args):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import (add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int)
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
@@ -59,7 +60,7 @@ def register(sub) -> None:
     _add_assumption_args(p)
     _add_inference_args(p)
     add_output_args(p)
-    p.set_defaults(func=cmd_plan)
+    export_cmds.hook(p, cmd_plan, export=True)
 
     p = sub.add_parser("estimate", help="step time, throughput, MFU, memory and time-to-train of one layout",
                        description="Estimate one layout: step time from its parts (compute, exposed communication, "
@@ -69,7 +70,7 @@ def register(sub) -> None:
     _add_assumption_args(p)
     _add_inference_args(p)
     add_output_args(p)
-    p.set_defaults(func=cmd_estimate)
+    export_cmds.hook(p, cmd_estimate)
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured.")

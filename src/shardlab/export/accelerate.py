@@ -25,14 +25,18 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
     lay = job.layout
     if job.serve is not None:
         raise Refused("this Accelerate export is a training config; export an inference plan with --to vllm")
-    if lay.zero == 1:
-        raise Refused("Accelerate's FSDP has no optimizer-only (ZeRO-1) sharding; use --zero 2 or 3, or --to deepspeed")
     uns = []
+    if lay.zero == 1:
+        uns.append(Unsupported("zero", 1, "Accelerate's FSDP has no optimizer-only (ZeRO-1) sharding: written as "
+                                          "SHARD_GRAD_OP (ZeRO-2, less memory); --to deepspeed keeps ZeRO-1"))
     for k, v, why in (("pp", lay.pp, "Accelerate has no pipeline parallelism: the job runs without it"),
                       ("ep", lay.ep, "Accelerate has no expert parallelism: FSDP shards the experts with the rest"),
                       ("vpp", lay.vpp, "no pipeline stages in Accelerate")):
         if v > 1:
             uns.append(Unsupported(k, v, why))
+    if lay.pp > 1:
+        uns.append(Unsupported("dp", lay.dp, f"the {lay.pp} pipeline stages become data-parallel shards: "
+                                             f"dp_shard {lay.dp * lay.pp}"))
     if lay.pp > 1 and lay.schedule != "1f1b":
         uns.append(Unsupported("schedule", lay.schedule, "no pipeline in Accelerate"))
     if lay.stage_layers:
@@ -48,11 +52,11 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
     if job.precision == "bf16":
         uns.append(Unsupported("precision", "bf16", "Accelerate's mixed_precision keeps fp32 parameters (bf16-mixed)"))
     cfg = {"compute_environment": "LOCAL_MACHINE", "debug": False,
-           "distributed_type": "MULTI_GPU" if lay.zero == 0 else "FSDP",
+           "distributed_type": "MULTI_GPU" if lay.zero == 0 else "FSDP",  # zero 1 → FSDP (listed above)
            "mixed_precision": MIXED[job.precision], "downcast_bf16": "no", "machine_rank": 0,
            "main_training_function": "main", "num_machines": job.nodes, "num_processes": job.gpus,
            "rdzv_backend": "static", "same_network": True, "use_cpu": False}
-    if lay.zero >= 2:
+    if lay.zero >= 1:
         cfg["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_reshard_after_forward": lay.zero == 3,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -61,9 +65,9 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
             "fsdp_cpu_ram_efficient_loading": True, "fsdp_activation_checkpointing": lay.recompute == "full"}
     elif lay.recompute == "full":
         uns.append(Unsupported("recompute", "full", "Accelerate switches activation checkpointing on through FSDP only"))
-    if lay.tp > 1 or lay.cp > 1 or lay.zero >= 2:
-        cfg["parallelism_config"] = {"parallelism_config_dp_replicate_size": lay.dp if lay.zero == 0 else 1,
-                                     "parallelism_config_dp_shard_size": lay.dp if lay.zero >= 2 else 1,
+    if lay.tp > 1 or lay.cp > 1 or lay.zero >= 1:
+        cfg["parallelism_config"] = {"parallelism_config_dp_replicate_size": lay.dp * lay.pp if lay.zero == 0 else 1,
+                                     "parallelism_config_dp_shard_size": lay.dp * lay.pp if lay.zero >= 1 else 1,
                                      "parallelism_config_tp_size": lay.tp, "parallelism_config_cp_size": lay.cp}
     return cfg, uns
 

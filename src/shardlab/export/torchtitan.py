@@ -5,7 +5,7 @@ registries; 0.2.2 is the last release that reads them.
 Mapping (shardlab → torchtitan):
   dp, zero 3 → parallelism.data_parallel_shard_degree = dp, fsdp_reshard_after_forward = "always" (FSDP2)
   dp, zero 2 → same with fsdp_reshard_after_forward = "never" (keeps gathered parameters until backward, the
-               ZeRO-2-like mode of ``fully_shard``); zero 0 → data_parallel_replicate_degree = dp (DDP)
+               ZeRO-2-like mode of ``fully_shard``; zero 1, which FSDP2 lacks, is written so and listed); zero 0 → data_parallel_replicate_degree = dp (DDP)
   tp, cp, pp, ep → tensor_/context_/pipeline_/expert_parallel_degree; schedule → pipeline_parallel_schedule
   pipeline chunks (pp·vpp, shardlab.memory.states.chunk_layers) → module_fqns_per_model_part, exactly
   micro_batch → pipeline_parallel_microbatch_size (pp > 1; local_batch_size = micro_batch × microbatches)
@@ -51,9 +51,6 @@ def render(job: LaunchJob, spec) -> Export:
                       f"qwen3 and llama4 flavors); export to megatron or deepspeed instead")
     if job.serve is not None:
         raise Refused("torchtitan trains; export an inference plan with --to vllm")
-    if lay.zero == 1:
-        raise Refused("torchtitan shards with FSDP2 only and has no ZeRO-1 (optimizer-only) mode; use --zero 2 or 3, "
-                      "or export to deepspeed or megatron")
     if lay.zero == 0 and lay.dp > 1 and lay.world_size != lay.dp:
         raise Refused("torchtitan's DDP (zero 0) does not combine with tp, pp or cp ('DDP has not supported > 1D "
                       "parallelism'); use --zero 2 or 3")
@@ -67,6 +64,9 @@ def render(job: LaunchJob, spec) -> Export:
     if lay.pp > 1 and lay.vpp > 1 and lay.schedule in ("gpipe", "1f1b"):
         raise Refused(f"{lay.schedule} runs one stage per pipeline rank; --vpp {lay.vpp} needs --schedule interleaved")
     uns = []
+    if lay.zero == 1:
+        uns.append(Unsupported("zero", 1, "torchtitan shards with FSDP2 only (no optimizer-only ZeRO-1): written as "
+                                          "reshard_after_forward never, which also shards gradients (ZeRO-2, less memory)"))
     if job.optimizer != "adamw":
         uns.append(Unsupported("optimizer", job.optimizer, "torchtitan's optimizer builder takes Adam/AdamW; AdamW written"))
     if lay.tp > 1 and not lay.sequence_parallel:
@@ -75,7 +75,7 @@ def render(job: LaunchJob, spec) -> Export:
     dp_rep, dp_shard = (lay.dp, 1) if lay.zero == 0 else (1, lay.dp)
     local = lay.micro_batch * job.microbatches if lay.pp > 1 else lay.micro_batch
     par = {"data_parallel_replicate_degree": dp_rep, "data_parallel_shard_degree": dp_shard,
-           "fsdp_reshard_after_forward": {3: "always", 2: "never"}.get(lay.zero, "default"),
+           "fsdp_reshard_after_forward": {3: "always", 2: "never", 1: "never"}.get(lay.zero, "default"),
            "tensor_parallel_degree": lay.tp, "context_parallel_degree": lay.cp, "expert_parallel_degree": lay.ep,
            "pipeline_parallel_degree": lay.pp}
     if lay.ep > 1:
