@@ -82,6 +82,9 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
         raise ShardlabError("the file names no model shardlab knows: give MODEL")
     spec = catalog.model(model)
     lay_kw = {k: f[k] for k in LAYOUT_FIELDS if k in f}
+    serving = "max_num_seqs" in f or "prompt_len" in f
+    if serving:
+        lay_kw["dp"] = 1  # replicas are Serve.replicas, not data parallelism
     if "dp" not in lay_kw:
         gpus = f.get("gpus")
         mp = lay_kw.get("tp", 1) * lay_kw.get("pp", 1) * lay_kw.get("cp", 1)
@@ -94,9 +97,9 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
     job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
                     gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
                     framework=f.get("framework"))
-    if "max_num_seqs" in f or "prompt_len" in f:
-        job = replace(job, serve=Serve(max_num_seqs=f.get("max_num_seqs", 256), prompt_len=f.get("prompt_len", 1024),
-                                       output_len=f.get("output_len", 256), replicas=f.get("replicas", 1),
+    if serving:
+        seqs, plen, olen = f.get("max_num_seqs", 256), f.get("prompt_len", 1024), f.get("output_len", 256)
+        job = replace(job, seq_len=plen + olen, global_batch=seqs, serve=Serve(max_num_seqs=seqs, prompt_len=plen, output_len=olen, replicas=f.get("replicas", 1),
                                        gpu_memory_utilization=f.get("gpu_memory_utilization", 0.9),
                                        kv_cache_dtype=f.get("kv_cache_dtype", "auto")))
     return job

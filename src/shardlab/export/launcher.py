@@ -56,6 +56,8 @@ def read_embedded(text: str, catalog):
     docs = re.findall(rf"<<'{EOF_MARK}'\n(.*?)\n{EOF_MARK}\n", text, flags=re.S)
     if docs:
         return read_text(docs[0], catalog)
-    if "pretrain_gpt.py" in text or "vllm serve" in text:
-        return read_text(text, catalog)
+    if "pretrain_gpt.py" in text:
+        return read_text(text, catalog, "megatron")
+    if "vllm serve" in text:
+        return read_text(text, catalog, "vllm")
     raise ShardlabError("the launcher script carries no framework file or command shardlab can read")

@@ -16,7 +16,7 @@ import shlex
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.names import model_from_shape
+from shardlab.export.names import models_with_shape
 from shardlab.export.text import as_int, comment_block, flags_dict, split_command
 from shardlab.layout import split_layers
 
@@ -157,9 +157,8 @@ def read(text: str, catalog) -> Imported:
         f[key] = g(name, 1)
         if name in fl:
             und.append((f"--{name} {f[key]}", key))
-    nodes = as_int(launcher, "nnodes", "torchrun") if "nnodes" in launcher else None
-    nproc = (as_int(launcher, "nproc-per-node", "torchrun") if "nproc-per-node" in launcher else
-             as_int(launcher, "nproc_per_node", "torchrun") if "nproc_per_node" in launcher else None)
+    digits = lambda *names: next((int(launcher[n]) for n in names if str(launcher.get(n, "")).isdigit()), None)
+    nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")  # "$SLURM_NNODES": from the launcher
     if nproc:
         world = (nodes or 1) * nproc
         f["gpus"] = world
@@ -209,12 +208,13 @@ def read(text: str, catalog) -> Imported:
              "ffn_hidden_size": g("ffn-hidden-size"), "num_experts": g("num-experts", 0), "vocab_size": g("vocab-size")}
     if "multi-latent-attention" not in fl:
         shape["num_kv_heads"] = g("num-query-groups") if "group-query-attention" in fl else shape["num_heads"]
-    mid = model_from_shape(catalog, shape) if shape["num_layers"] and shape["hidden_size"] else None
+    hits = models_with_shape(catalog, shape) if shape["num_layers"] and shape["hidden_size"] else []
+    mid = hits[0] if len(hits) == 1 else None
     if mid:
         f["model"] = mid
         und.append(("model shape flags", mid))
     else:
-        ign.append("model shape flags match no catalog model (give MODEL)")
+        ign.append(f"model shape flags match {' and '.join(hits) if hits else 'no catalog model'} (give MODEL)")
     known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
              "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",

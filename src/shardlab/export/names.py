@@ -73,11 +73,11 @@ def shape_of(spec) -> dict:
             "num_experts": spec.moe.num_experts if spec.moe else 0, "vocab_size": spec.vocab_size}
 
 
-def model_from_shape(catalog, shape: dict) -> str | None:
-    """The catalog model whose shapes match every key given in ``shape`` (None if none or several match)."""
+def models_with_shape(catalog, shape: dict) -> list[str]:
+    """Catalog models whose shapes match every key given in ``shape``."""
     hits = []
     for mid, spec in catalog.models.items():
         mine = shape_of(spec)
         if all(mine[k] == v for k, v in shape.items() if k in mine and v is not None):
             hits.append(mid)
-    return hits[0] if len(hits) == 1 else None
+    return hits
