@@ -228,6 +228,26 @@ def import_text(imp) -> str:
     return "\n".join(lines)
 
 
+def _beside_best(args, doc: dict) -> str:
+    """plan --from: the imported layout's own estimate beside the search's winner."""
+    from shardlab.cli.plan_cmds import _catalog, training_estimate_from_args
+    from shardlab.errors import ShardlabError
+
+    if args.inference or not doc.get("plans"):
+        return ""
+    args.gpus = args.gpus or doc["gpus"]
+    try:
+        mine = training_estimate_from_args(args, _catalog(args))
+    except ShardlabError as e:
+        return f"your file's layout: cannot be estimated on {doc['gpus']} GPUs ({e})"
+    best = doc["plans"][0]["step_time_s"]
+    doc["imported_estimate"] = {"layout": mine.layout.to_dict(), "step_time_s": mine.step_time_s,
+                                "fits": mine.memory.fits if hasattr(mine, "memory") else None,
+                                "best_step_time_s": best}
+    return (f"your file's layout: {mine.step_time_s:.2f} s/step; the best plan: {best:.2f} s/step "
+            f"({mine.step_time_s / best:.2f}× the best's time)")
+
+
 def with_from(parser, fn):
     """Wrap a handler (estimate, memory, plan): with --from FILE, fill the flags from the file first."""
 
@@ -241,7 +261,8 @@ def with_from(parser, fn):
         apply_import(args, imp, parser)
         doc, text = fn(args)
         doc["imported"] = imp.to_dict()
-        return doc, import_text(imp) + "\n\n" + text
+        extra = _beside_best(args, doc) if parser.prog.endswith(" plan") else ""
+        return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")
 
     return handler
 
