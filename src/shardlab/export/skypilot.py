@@ -25,8 +25,8 @@ def _cost_lines(job: LaunchJob) -> list[str]:
     out = [f"cost estimate: {job.gpus} × {job.gpu} at ${n['usd_per_gpu_hour']:.2f}/GPU-h = ${rate:,.2f}/h "
            f"({'spot' if n.get('spot') else 'on-demand'}; {n.get('price_source', 'shardlab prices')})"]
     if n.get("train_hours"):
-        out.append(f"  {n['train_hours']:,.1f} h to train {n.get('tokens', 0):.3g} tokens (shardlab estimate) "
-                   f"= ${rate * n['train_hours']:,.0f}")
+        what = f"{n['tokens']:.3g} tokens" if n.get("tokens") else "the plan's --tokens"
+        out.append(f"  {n['train_hours']:,.1f} h to train {what} (shardlab estimate) = ${rate * n['train_hours']:,.0f}")
     return out
 
 
