@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "shardlab.cli.report_cmd",     # report
     "shardlab.cli.teach_cmds",     # explain, quiz
     "shardlab.cli.logs_cmd",       # logs
+    "shardlab.cli.export_cmds",    # export
 )
 
 
@@ -40,6 +41,7 @@ COMMAND_OWNERS = {
     "report": "shardlab.cli.report_cmd",
     "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",
     "logs": "shardlab.cli.logs_cmd",
+    "export": "shardlab.cli.export_cmds",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
 from shardlab.cli.report_cmd import add_html_arg
 
@@ -31,7 +32,7 @@ def register(sub) -> None:
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
     add_output_args(p)
     add_html_arg(p, "memory")
-    p.set_defaults(func=cmd_memory)
+    export_cmds.hook(p, cmd_memory)
 
 
 def cmd_memory(args):

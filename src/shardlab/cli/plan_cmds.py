@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import (add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int,
                                  resolve_framework)
 from shardlab.cli.report_cmd import add_html_arg
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
+EXPORT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed",
+                    "accelerate": "pytorch-fsdp", "slurm": "torchtitan", "skypilot": "torchtitan"}
+"""The framework `plan --export TARGET` searches with when --framework is not given (slurm/skypilot launch torchtitan)."""
 PLAN_DEFAULT_GPUS = 64
 
 PLAN_EXAMPLES = """examples:
@@ -48,7 +52,7 @@ def register(sub) -> None:
                        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_args(p)
     add_html_arg(p, "plan")
-    p.set_defaults(func=cmd_plan)
+    export_cmds.hook(p, cmd_plan, export=True)
 
     p = sub.add_parser("estimate", help="step time, throughput, MFU, memory and time-to-train of one layout",
                        description="Estimate one layout: step time from its parts (compute, exposed communication, "
@@ -61,7 +65,7 @@ def register(sub) -> None:
                    help="what one rank computing FACTOR x slower costs the job (docs/observability.md)")
     add_output_args(p)
     add_html_arg(p, "estimate")
-    p.set_defaults(func=cmd_estimate)
+    export_cmds.hook(p, cmd_estimate)
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured: "
@@ -203,8 +207,10 @@ def _parse_fix(items: list[str]) -> dict:
             if val not in SCHEDULE_CODES:
                 raise ShardlabError(f"--fix {it}: schedule is one of {', '.join(SCHEDULE_CODES)}")
             key, val = "sched", str(SCHEDULE_CODES[val])
-        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched") or not val.strip().isdigit():
-            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp "
+        if key in ("hybrid", "hsdp"):
+            key = "hs"
+        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
+            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
                                 f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
         out[key] = int(val)
     return out
@@ -238,6 +244,8 @@ def cmd_plan(args):
     cluster = cluster_from_args(args, cat, gpus)
     seq = _seq_len(args, spec)
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
+    if getattr(args, "export", None) and not args.framework:   # search what the export target runs
+        args.framework = EXPORT_FRAMEWORK.get(args.export)
     fw = resolve_framework(args, cat)
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
@@ -246,7 +254,7 @@ def cmd_plan(args):
 
     with bar(1, "plan", unit="step") as tick:
         res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
-                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick)
+                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "framework": framework_doc(fw, wl),

@@ -251,7 +251,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         emb_ar=ct.tp_embedding_head_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e),
         p2p=ct.pp_p2p_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], vpp=c["vpp"], tokens=T, hidden=h, elem_bytes=e),
         emb_params=params[PRE][0] + np.zeros_like(T), head_params=params[spec.num_layers][0] + np.zeros_like(T),
-        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep))
+        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:

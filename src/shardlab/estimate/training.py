@@ -119,12 +119,15 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
 
     ``framework``: a Framework profile (default: the catalog's megatron-lm); ``dp_overlap``, ``grad_reduce_bytes`` and
     ``compile`` override its mechanisms when not None."""
+    validate(layout, spec, cluster.num_gpus, seq_len)
     if framework is None:
         from shardlab.catalog import get_catalog
 
         framework = get_catalog().framework(DEFAULT_FRAMEWORK)
-    validate(layout, spec, cluster.num_gpus, seq_len)
     notes: list[str] = []
+    why = framework.refusal(layout)
+    if why:   # a what-if stays answerable; `plan` only searches what the framework runs, `export` refuses
+        notes.append(f"{why} (priced as asked, with {framework.id}'s mechanisms)")
     per_mb = layout.micro_batch * layout.dp
     if global_batch is None:
         m = microbatches or default_microbatches(layout.pp)
