@@ -97,8 +97,8 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
         total += 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
         total += 2 * e * k * sb * h                # dispatched token copies, expert outputs
         total += n_inter * e * k * sb * fe / t     # expert intermediates for k·s·b tokens
-        if moe.num_shared_experts:
-            total += n_inter * e * sb * fe * moe.num_shared_experts / t
+        if moe.shared_width:
+            total += n_inter * e * sb * moe.shared_width / t
     else:
         total += n_inter * e * sb * spec.ffn_hidden_size / t
     return total, scores
