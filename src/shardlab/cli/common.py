@@ -54,7 +54,8 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: str | None = None) -> None:
     p.set_defaults(model_default=default)
     p.add_argument("model", nargs=None if required else "?", default=None, metavar="MODEL",
-                   help="catalog id (see `shardlab models`), a Hugging Face config.json, or a YAML model file"
+                   help="catalog id (see `shardlab models`), hf:ORG/NAME (config.json from the Hugging Face Hub, cached), "
+                        "a Hugging Face config.json, or a YAML model file"
                         + (f" (default: {default})" if default else ""))
     p.add_argument("--params", type=str, default=None, metavar="N",
                    help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates")
