@@ -78,8 +78,9 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step (pipeline)")
     g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank (interleaved)")
     g.add_argument("--stage-layers", type=int_list, default=None, metavar="N,N,...", help="layers per pipeline stage")
-    g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16"), default="bf16-mixed",
-                   help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16")
+    g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"), default="bf16-mixed",
+                   help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16; fp8-mixed (bf16-mixed states, FP8 GEMMs "
+                        "with per-tensor scaling, Transformer Engine style)")
     g.add_argument("--optimizer", choices=("adamw", "sgd", "adam-8bit"), default="adamw", help="optimizer (sgd = with momentum)")
 
 
