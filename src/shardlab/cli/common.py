@@ -158,3 +158,6 @@ def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = No
                    help="training tokens (e.g. 300e9 or 15T) for time-to-train and GPU-hours")
     g.add_argument("--profile", metavar="FILE", default=None,
                    help="hardware profile from `shardlab calibrate` (measured efficiencies and links)")
+    from shardlab.cli.recipe_args import add_recipe_args
+
+    add_recipe_args(p)

@@ -50,7 +50,7 @@ class Fp8Recipe:
 
 def is_fp8_gemm(t: TensorSpec, spec: ModelSpec) -> bool:
     """True for a block's linear weight that runs as an FP8 GEMM (not routers, embedding, head, norms, biases)."""
-    return (0 <= t.layer < spec.num_layers and t.name.endswith("weight") and len(t.shape) >= 2
+    return (0 <= t.layer < spec.num_layers and (t.name.endswith("weight") or t.ep_dim is not None) and len(t.shape) >= 2
             and t.component != "router" and t.shape[-1] % ALIGN == 0 and t.shape[-2] % ALIGN == 0)
 
 

@@ -14,8 +14,8 @@ quantized (bitsandbytes replaces nn.Linear modules and keeps lm_head; embeddings
 forward and backward each quantized weight is dequantized to bf16 for its GEMM, one layer at a time.
 
 Adapter targets follow PEFT's names: q, k, v, o (attention projections), gate, up, down (the MLP; a GELU MLP has up
-and down only) or ``all-linear`` (every linear layer of the blocks, routers included, as PEFT does; the QLoRA paper
-adapts all of them, §4). Routed MoE experts are not adapted (PEFT targets nn.Linear modules, not stacked expert
+and down only) or ``all-linear`` (every nn.Linear of the blocks, as PEFT finds them; the QLoRA paper adapts all of
+them, §4). Routed MoE experts are not adapted (PEFT targets nn.Linear modules, not stacked expert
 tensors). Checkpoints that fuse Q, K and V (GPT-2, GPT-NeoX, Falcon, MPT, Phi-3) get one adapter per fused matrix
 under PEFT (one A shared by the three): shardlab counts separate projections, a few adapter parameters more.
 Tensor parallelism splits an adapter with its base layer: for a column-parallel W, A is replicated and B is split
@@ -90,13 +90,14 @@ def _target_names(spec: ModelSpec, targets: tuple[str, ...]) -> set[str] | None:
 
 def is_block_linear(t: TensorSpec, spec: ModelSpec) -> bool:
     """A linear weight inside the blocks (what bitsandbytes quantizes): routers and stacked experts included."""
-    return 0 <= t.layer < spec.num_layers and t.name.endswith("weight") and len(t.shape) >= 2
+    return 0 <= t.layer < spec.num_layers and len(t.shape) >= 2 and (t.name.endswith("weight") or t.ep_dim is not None)
 
 
 def is_target(t: TensorSpec, spec: ModelSpec, lora: LoraSpec) -> bool:
     """An adapted weight: a 2-D linear weight of the blocks named by the targets ('all-linear', as in PEFT, takes every
-    nn.Linear but the output head: MoE routers and shared-expert gates too; stacked routed experts are not nn.Linear)."""
-    if not is_block_linear(t, spec) or t.ep_dim is not None:
+    nn.Linear of the blocks: shared-expert gates too, but not MoE routers or stacked routed experts, which transformers
+    does not build as nn.Linear)."""
+    if not is_block_linear(t, spec) or t.ep_dim is not None or t.component == "router":
         return False
     names = _target_names(spec, lora.targets)
     return names is None or _basename(t) in names
@@ -193,4 +194,5 @@ def dequant_buffer_bytes(tensors, spec: ModelSpec, layout, lora: LoraSpec) -> in
     """Transient bf16 copy of the largest quantized weight while its GEMM runs (bitsandbytes dequantizes per layer)."""
     if lora.quantize_base != "nf4":
         return 0
-    return 2 * max((t.local_numel(spec, layout.tp, layout.ep) for t in tensors if is_block_linear(t, spec)), default=0)
+    one = lambda t: math.prod(t.local_shape(spec, layout.tp, layout.ep)[-2:])  # one expert's matrix of a stack
+    return 2 * max((one(t) for t in tensors if is_block_linear(t, spec)), default=0)

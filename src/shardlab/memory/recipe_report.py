@@ -42,6 +42,13 @@ def recipe_summary(rep, model, sb: StateBytes) -> dict:
             gpn = rep.accelerator.system.get("gpus_per_node", 8)
             out["offload"].update(gpus_per_node=gpn, host_bytes_per_node=w.host_total * gpn)
         moved = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.host.items())
+        for key, line in (("weights", "weights"), ("gradients", "gradients"), ("master_weights", "optimizer")):
+            if key in w.host:
+                off_b = w.host[key] + (w.host.get("moments", 0) if key == "master_weights" else 0)
+                rep.explain[line] = (f"{fmt_bytes(off_b)} per GPU kept in {off.device} memory instead "
+                                     + ("(the GPU holds only the all-gathered units, in fsdp_buffers)" if key == "weights" else
+                                        "(the GPU holds only the reduction buckets)" if key == "gradients" else
+                                        "(the optimizer step runs on the CPU)"))
         rep.explain["offload"] = (f"{off.what} offloaded to {off.device}: {moved} per GPU leave the GPU "
                                   f"[ZeRO-Offload arXiv 2101.06840 §4; ZeRO-Infinity arXiv 2104.07857 §5]")
     return out
