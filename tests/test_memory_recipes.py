@@ -170,3 +170,12 @@ def test_adapters_on_moe_with_shared_expert_equal_peft():
     trainable = sum(p.numel() for p in pm.parameters() if p.requires_grad)
     spec = load_model_file(Path(__file__).parent / "data" / "hf-families" / "qwen1.5-moe-a2.7b.json")
     assert adapter_param_count(spec, LoraSpec(8)) == trainable   # attention, shared expert and its gate; no router/experts
+
+
+@pytest.mark.parametrize("name", ["phi-3-mini-4k", "falcon-7b", "mpt-7b", "gpt-j-6b", "opt-125m", "gemma-2-2b"])
+def test_adapters_on_other_families_equal_peft(name):
+    """Fused QKV / gate-up matrices (Phi-3, Falcon, MPT) get one adapter each, as PEFT attaches them."""
+    path = Path(__file__).parent / "data" / "hf-families" / f"{name}.json"
+    d = json.loads(path.read_text())
+    pm = _peft_model(d, d.pop("model_type"), r=8, target_modules="all-linear")
+    assert adapter_param_count(load_model_file(path), LoraSpec(8)) == sum(p.numel() for p in pm.parameters() if p.requires_grad)

@@ -16,8 +16,8 @@ forward and backward each quantized weight is dequantized to bf16 for its GEMM, 
 Adapter targets follow PEFT's names: q, k, v, o (attention projections), gate, up, down (the MLP; a GELU MLP has up
 and down only) or ``all-linear`` (every nn.Linear of the blocks, as PEFT finds them; the QLoRA paper adapts all of
 them, §4). Routed MoE experts are not adapted (PEFT targets nn.Linear modules, not stacked expert
-tensors). Checkpoints that fuse Q, K and V (GPT-2, GPT-NeoX, Falcon, MPT, Phi-3) get one adapter per fused matrix
-under PEFT (one A shared by the three): shardlab counts separate projections, a few adapter parameters more.
+tensors). Checkpoints that fuse Q, K and V (GPT-2, GPT-NeoX, BLOOM, Falcon, MPT, Phi-3) or gate and up (Phi-3) get one
+adapter per fused matrix, as under PEFT (one A shared by the projections it holds).
 Tensor parallelism splits an adapter with its base layer: for a column-parallel W, A is replicated and B is split
 on its output rows; for a row-parallel W, A is split on its input columns and B is replicated (as NeMo/Megatron do).
 """
@@ -103,19 +103,42 @@ def is_target(t: TensorSpec, spec: ModelSpec, lora: LoraSpec) -> bool:
     return names is None or _basename(t) in names
 
 
+FUSED = {"qkv": ("wq", "wk", "wv"), "gate_up": ("w1", "w3")}
+"""shardlab's separate projections that a fused checkpoint matrix holds (``ModelSpec.fused_qkv`` / ``fused_gate_up``)."""
+
+
 @lru_cache(maxsize=64)
 def adapter_tensors(spec: ModelSpec, lora: LoraSpec, tensors: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
-    """A (r, in) and B (out, r) for every targeted weight among ``tensors``, split by TP like their base layer."""
+    """A (r, in) and B (out, r) for every targeted weight among ``tensors``, split by TP like their base layer.
+
+    A fused checkpoint matrix (Q·K·V, gate·up) gets one adapter, as PEFT attaches it to the module that exists:
+    A (r, in) shared, B (sum of the outputs, r)."""
     r, out = lora.rank, []
+    groups: dict[tuple, list[TensorSpec]] = {}
+    fused = {n: g for g, names in FUSED.items() for n in names
+             if (g == "qkv" and spec.fused_qkv) or (g == "gate_up" and spec.fused_gate_up)}
     for t in tensors:
-        if not is_target(t, spec, lora):
-            continue
-        n_out, n_in = t.shape
-        stem = t.name[: -len(".weight")]
+        if is_target(t, spec, lora) or (_basename(t) in fused and _fused_targeted(t, spec, lora)):
+            key = (t.layer, t.name.rsplit(".", 2)[0], fused.get(_basename(t), t.name))
+            groups.setdefault(key, []).append(t)
+    for members in groups.values():
+        t = members[0]
+        n_out, n_in = sum(m.shape[0] for m in members), t.shape[1]
+        stem = t.name[: -len(".weight")] if len(members) == 1 else f"{t.name.rsplit('.', 2)[0]}.{fused[_basename(t)]}"
         col, row = t.tp_dim == 0, t.tp_dim == 1
         out.append(TensorSpec(f"{stem}.lora_A.weight", (r, n_in), t.layer, "lora", 1 if row else None))
-        out.append(TensorSpec(f"{stem}.lora_B.weight", (n_out, r), t.layer, "lora", 0 if col else None, kv=t.kv and col))
+        out.append(TensorSpec(f"{stem}.lora_B.weight", (n_out, r), t.layer, "lora", 0 if col else None,
+                              kv=t.kv and col and len(members) == 1))
     return tuple(out)
+
+
+def _fused_targeted(t: TensorSpec, spec: ModelSpec, lora: LoraSpec) -> bool:
+    """A fused matrix is adapted when any projection it holds is targeted."""
+    if not is_block_linear(t, spec) or t.ep_dim is not None:
+        return False
+    names = _target_names(spec, lora.targets)
+    group = next(g for g in FUSED.values() if _basename(t) in g)
+    return names is None or any(n in names for n in group)
 
 
 def nf4_bytes(numel: int, lora: LoraSpec) -> int:

@@ -95,7 +95,8 @@ def _gpt2(c: _Cfg, common: dict) -> ModelSpec:
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer"), num_heads=c.req("n_head"),
                      num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("n_positions", "n_ctx"), mlp="gelu", norm="layernorm", position="learned",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True, mlp_bias=True)
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True, mlp_bias=True,
+                     fused_qkv=True)
 
 
 def _bloom(c: _Cfg, common: dict) -> ModelSpec:
@@ -105,7 +106,7 @@ def _bloom(c: _Cfg, common: dict) -> ModelSpec:
                      num_kv_heads=a, ffn_hidden_size=4 * h, vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("seq_length", 2048), mlp="gelu", norm="layernorm", position="alibi",
                      tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True,
-                     mlp_bias=True, embedding_norm=True)
+                     mlp_bias=True, embedding_norm=True, fused_qkv=True)
 
 
 def _gpt_neox(c: _Cfg, common: dict) -> ModelSpec:
@@ -115,7 +116,7 @@ def _gpt_neox(c: _Cfg, common: dict) -> ModelSpec:
                      num_kv_heads=a, ffn_hidden_size=c.req("intermediate_size"), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm", position="rope",
                      tied_embeddings=bool(c.opt("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias,
-                     mlp_bias=True, parallel_residual=bool(c.opt("use_parallel_residual", True)))
+                     mlp_bias=True, parallel_residual=bool(c.opt("use_parallel_residual", True)), fused_qkv=True)
 
 
 def _falcon(c: _Cfg, common: dict) -> ModelSpec:
@@ -132,7 +133,7 @@ def _falcon(c: _Cfg, common: dict) -> ModelSpec:
                      max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
                      position="alibi" if c.opt("alibi", False) else "rope",
                      tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
-                     parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre")
+                     parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre", fused_qkv=True)
 
 
 def _mpt(c: _Cfg, common: dict) -> ModelSpec:
@@ -143,7 +144,7 @@ def _mpt(c: _Cfg, common: dict) -> ModelSpec:
                      ffn_hidden_size=c.req("expansion_ratio") * h, vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("max_seq_len"), mlp="gelu", norm="layernorm", position="alibi",
                      tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
-                     norm_bias=bias)
+                     norm_bias=bias, fused_qkv=True)
 
 
 def _gptj(c: _Cfg, common: dict) -> ModelSpec:
@@ -198,6 +199,8 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
         kw["sliding_window"] = c.opt("sliding_window", 0) or 0
     if mt in ("mistral", "mixtral", "phi3"):
         kw["sliding_window"] = c.opt("sliding_window", 0) or 0
+    if mt == "phi3":
+        kw.update(fused_qkv=True, fused_gate_up=True)  # Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
     # Gemma 2/3 alternate local (sliding) and global layers: the KV cache is not capped as a whole, so no sliding_window
     if mt in ("gemma2", "gemma3_text"):
         kw["block_norms"] = "sandwich"   # input, post-attention, pre- and post-feed-forward norms

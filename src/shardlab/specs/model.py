@@ -130,6 +130,11 @@ class ModelSpec:
     matrices); 0 = hidden_size."""
     final_norm: bool = True
     """A norm after the last block (False for OPT-350m, whose layer norms come after each sublayer)."""
+    fused_qkv: bool = False
+    """The checkpoint stores Q, K and V as one matrix (GPT-2 c_attn, NeoX/BLOOM/Falcon query_key_value, MPT Wqkv,
+    Phi-3 qkv_proj): same count, but a LoRA adapter on it is one A and one B (``memory/lora.py``)."""
+    fused_gate_up: bool = False
+    """The checkpoint stores the gate and up projections as one matrix (Phi-3 gate_up_proj)."""
     sliding_window: int = 0
     """Sliding-window attention span (Mistral 7B v0.1: 4096); caps the KV cache; 0 = full attention."""
     moe: MoESpec | None = None
