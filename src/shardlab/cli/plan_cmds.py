@@ -103,6 +103,7 @@ def training_estimate_from_args(args, catalog):
     layout = layout_from_args(args)
     gpus = args.gpus or layout.world_size
     cluster = cluster_from_args(args, catalog, gpus)
+    recipe = _recipe(args, catalog, cluster)
     return estimate_training(
         spec, layout, cluster, seq_len=_seq_len(args, spec), global_batch=args.global_batch, microbatches=args.microbatches,
         precision=args.precision, optimizer=args.optimizer,
@@ -110,12 +111,35 @@ def training_estimate_from_args(args, catalog):
         flash_attention=not getattr(args, "no_flash_attention", False), dropout=getattr(args, "dropout", False),
         dp_overlap=not getattr(args, "no_dp_overlap", False) and (catalog.profile or {}).get("comm_overlap", True) is not False,
         grad_reduce_bytes=4 if getattr(args, "grad_reduce_fp32", False) else 0,
-        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)))
+        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)), recipe=recipe)
+
+
+def _recipe(args, catalog, cluster):
+    """The FP8/offload/LoRA recipe of the flags, with the accelerator's host link for offload time."""
+    from dataclasses import replace
+
+    from shardlab.cli.recipe_args import recipe_from_args
+
+    return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
+
+
+def _refuse_recipe_flags(args) -> None:
+    """--inference estimates serving: the training recipe flags would be ignored, so they are refused."""
+    from shardlab.errors import ShardlabError
+
+    given = [f for f, on in (("--offload", getattr(args, "offload", "none") != "none"),
+                             ("--lora-rank", getattr(args, "lora_rank", None) is not None),
+                             ("--quantize-base", getattr(args, "quantize_base", "none") != "none"),
+                             ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
+                             ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
+    if given:
+        raise ShardlabError(f"{', '.join(given)} describe(s) training; drop them with --inference")
 
 
 # ---- estimate --------------------------------------------------------------------------------------
 def cmd_estimate(args):
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
         return estimate_inference_cmd(args, _catalog(args))
@@ -161,6 +185,7 @@ def cmd_plan(args):
 
     cat = _catalog(args)
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
         return plan_inference_cmd(args, cat)
@@ -178,14 +203,34 @@ def cmd_plan(args):
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
     wl = Workload(seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                   flash_attention=not args.no_flash_attention, dropout=args.dropout, dp_overlap=not args.no_dp_overlap,
-                  grad_reduce_bytes=4 if args.grad_reduce_fp32 else 0)
-    res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
+                  grad_reduce_bytes=4 if args.grad_reduce_fp32 else 0, recipe=_recipe(args, cat, cluster))
+    fixed = _parse_fix(args.fix)
+    if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
+        fixed.setdefault("zero", 3)
+    res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=fixed,
                         overheads=load_overheads(args.overheads, args.no_overheads))
+    offload_note = None
+    if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None:
+        # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host)
+        from dataclasses import replace
+
+        from shardlab.memory.offload import Offload
+
+        wl_off = replace(wl, recipe=replace(wl.recipe, offload=Offload("both")))
+        res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top, fixed={**fixed, "zero": 3},
+                                overheads=load_overheads(args.overheads, args.no_overheads))
+        if res_off.plans:
+            res, wl = res_off, wl_off
+            offload_note = ("no layout fits in GPU memory without offload: these plans keep parameters, gradients and "
+                            "optimizer state in host memory (--zero 3 --offload both, FSDP CPU offload)")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,
            "workload": {"seq_len": seq, "global_batch": gb, "precision": args.precision, "optimizer": args.optimizer,
-                        "tokens_per_step": seq * gb},
+                        "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
+                        "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
+                        "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none"},
+           "notes": [offload_note] if offload_note else [],
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}
     if tokens:

@@ -59,10 +59,16 @@ def _local_dims(spec: ModelSpec, t: TensorSpec, tp):
 
 def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEfficiency, dtype: str, *,
                 seq_len: int, tp, cp, ep, micro_batch, sequence_parallel, elem_bytes: int,
-                flash_attention: bool = True, dropout: bool = False) -> dict:
+                flash_attention: bool = True, dropout: bool = False, gemm_dtype: str = "") -> dict:
     """Forward times of block ``layer`` for one micro-batch on one rank: 'gemm_s', 'attn_s' (attention
-    core), 'elem_s' (memory-bound). Arrays over candidates."""
+    core), 'elem_s' (memory-bound). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear layers' GEMMs
+    at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``estimate/fp8.py``)."""
+    from shardlab.estimate.fp8 import linear_cast_bytes
+    from shardlab.memory.fp8 import is_fp8_gemm
+
     peak = acc.peak_flops(dtype)
+    fp8_peak = acc.peak_flops("fp8") if gemm_dtype == "fp8" else peak
+    cast_f = cast_b = 0.0
     tp, cp, ep, mb = (np.asarray(x) for x in (tp, cp, ep, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)
     e = elem_bytes
@@ -72,12 +78,18 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     gemm = 0.0
     for t in _layer_linears(spec, layer):
         n_out, n_in = _local_dims(spec, t, tp)
+        fp8 = gemm_dtype == "fp8" and is_fp8_gemm(t, spec)
         if t.ep_dim is not None:
             E, k = spec.moe.num_experts, spec.moe.top_k
             tokens_per_expert = T * ep * k / E
-            gemm = gemm + (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, peak, curve)
+            gemm = gemm + (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, fp8_peak if fp8 else peak, curve)
+            tokens = T * k
         else:
-            gemm = gemm + gemm_time_s(T, n_out, n_in, peak, curve)
+            gemm = gemm + gemm_time_s(T, n_out, n_in, fp8_peak if fp8 else peak, curve)
+            tokens = T
+        if fp8:
+            c = linear_cast_bytes(tokens, n_out, n_in)
+            cast_f, cast_b = cast_f + c["forward"], cast_b + c["backward"]
 
     # attention core: QK^T and PV, batched over the local heads and the micro-batch
     from shardlab.flops import attention_dims
@@ -109,7 +121,8 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     else:
         elem = elem + act * e * T * spec.ffn_hidden_size / tp
     ops = len(_layer_linears(spec, layer)) + ELEMENTWISE_OPS_PER_BLOCK
-    return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6}
+    return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6,
+            "cast_fwd_s": memory_time_s(cast_f, acc), "cast_bwd_s": memory_time_s(cast_b, acc)}
 
 
 def block_step_times(lt: dict, recompute: str | np.ndarray) -> dict:
@@ -119,7 +132,8 @@ def block_step_times(lt: dict, recompute: str | np.ndarray) -> dict:
     or an integer array 0/1/2 over candidates.
     """
     fwd = lt["gemm_s"] + lt["attn_s"] + lt["elem_s"]
-    bwd = 2.0 * fwd
+    bwd = 2.0 * fwd + lt.get("cast_bwd_s", 0.0)   # FP8: output-gradient casts (estimate/fp8.py)
+    fwd = fwd + lt.get("cast_fwd_s", 0.0)         # FP8: input casts
     code = {"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else np.asarray(recompute)
     rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"], 0.0))
     return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec}

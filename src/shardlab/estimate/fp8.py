@@ -18,6 +18,8 @@ Model (Transformer Engine recipe; Micikevicius et al. 2022, arXiv 2209.05433 §4
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from shardlab.estimate.hardware import gemm_time_s, memory_time_s
@@ -54,6 +56,7 @@ def fp8_weight_params(spec: ModelSpec, layer: int) -> int:
     return sum(t.numel for t in model_tensors(spec) if t.layer == layer and is_fp8_gemm(t, spec))
 
 
+@lru_cache(maxsize=64)
 def fp8_fraction(spec: ModelSpec) -> float:
     """Share of all parameters that are FP8 GEMM weights (what FP8 all-gather shrinks)."""
     from shardlab.specs.tensors import param_counts

@@ -18,7 +18,7 @@ from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import param_counts
 
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s", "zero3_comm_s",
-                  "pp_bubble_s", "dp_comm_s", "optimizer_s")
+                  "pp_bubble_s", "dp_comm_s", "optimizer_s", "offload_s")
 
 
 @dataclass
@@ -92,6 +92,10 @@ class TrainingEstimate:
             "dp_comm_total_s": self.dp_comm_total_s,
             "memory": self.memory.to_dict(), "fits": self.fits, "notes": self.notes,
         }
+        from shardlab.estimate.recipe_terms import offload_detail
+
+        if offload_detail(self) is not None:
+            d["offload"] = offload_detail(self)
         if self.tokens is not None:
             d.update(tokens=self.tokens, steps=self.steps, train_time_s=self.train_time_s,
                      train_days=self.train_time_s / 86400, gpu_hours=self.gpu_hours,
@@ -103,7 +107,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       microbatches: int | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
                       dp_overlap: bool = True, grad_reduce_bytes: int = 0,
-                      overheads: Overheads = Overheads()) -> TrainingEstimate:
+                      overheads: Overheads = Overheads(), recipe=None) -> TrainingEstimate:
     """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch."""
     validate(layout, spec, cluster.num_gpus, seq_len)
     notes: list[str] = []
@@ -123,7 +127,8 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of --pp {layout.pp}")
     wl = Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                  flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap, grad_reduce_bytes=grad_reduce_bytes)
+                  flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap, grad_reduce_bytes=grad_reduce_bytes,
+                  **({"recipe": recipe} if recipe is not None else {}))
     cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
              "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
              "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
@@ -131,7 +136,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
     mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,
                           optimizer=optimizer, microbatches=m, overheads=overheads, flash_attention=flash_attention,
-                          dropout=dropout)
+                          dropout=dropout, recipe=wl.recipe)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")
     val = lambda k: float(r[k][0])

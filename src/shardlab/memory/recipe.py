@@ -26,6 +26,8 @@ class Recipe:
     """LoRA/QLoRA adapters on a frozen base, or None for full training."""
     fp8: Fp8Recipe = field(default_factory=Fp8Recipe)
     """FP8 recipe details (used only with --precision fp8-mixed)."""
+    host_link_bytes_per_s: float = 0.0
+    """Achieved GPU↔host bandwidth per direction for offload time (the accelerator's host link); 0 = not known."""
 
     @property
     def is_default(self) -> bool:
