@@ -179,3 +179,13 @@ def test_adapters_on_other_families_equal_peft(name):
     d = json.loads(path.read_text())
     pm = _peft_model(d, d.pop("model_type"), r=8, target_modules="all-linear")
     assert adapter_param_count(load_model_file(path), LoraSpec(8)) == sum(p.numel() for p in pm.parameters() if p.requires_grad)
+
+
+def test_zero_offload_headline_13b_on_one_v100():
+    """ZeRO-Offload's abstract: a 13-billion-parameter model trains on a single V100 (32 GB) with the optimizer on the CPU."""
+    acc = CAT.accelerator("v100")
+    kw = dict(model=CAT.model("llama-2-13b"), accelerator=acc, seq_len=1024, precision="fp16-mixed")
+    lay = Layout(zero=2, recompute="full")
+    assert not training_memory(lay, **kw).fits
+    off = training_memory(lay, **kw, recipe=Recipe(offload=Offload("optimizer")))
+    assert off.fits and off.worst.host_total == 14 * 13_015_864_320    # 12 B optimizer + 2 B gradients per parameter

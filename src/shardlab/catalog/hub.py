@@ -53,6 +53,7 @@ def fetch_config(ref: str) -> tuple[dict, str]:
     repo, rev = parse_ref(ref)
     try:
         import huggingface_hub
+        import huggingface_hub.constants
         from huggingface_hub import errors
         from huggingface_hub.utils import disable_progress_bars, logging
     except ImportError:
@@ -60,7 +61,7 @@ def fetch_config(ref: str) -> tuple[dict, str]:
                             f"(or download config.json and pass its path)") from None
     disable_progress_bars()
     logging.set_verbosity_error()  # no retry chatter on stderr: the error below is the one line
-    where = cache_dir() or "the default Hugging Face cache"
+    where = cache_dir() or huggingface_hub.constants.HF_HUB_CACHE
     try:
         path = huggingface_hub.hf_hub_download(repo, "config.json", revision=rev, cache_dir=cache_dir(),
                                                token=os.environ.get("HF_TOKEN") or None, local_files_only=_offline())

@@ -19,6 +19,9 @@ ESTIMATE_EXAMPLES = """examples:
   shardlab estimate llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --global-batch 512 --tokens 1e12
   shardlab estimate gpt3-175b --gpus 1024 --gpu a100-80gb --tp 8 --pp 16 --global-batch 1536 --seq-len 2048 --recompute full
   shardlab estimate llama-3.1-8b --inference --tp 2 --batch 16 --prompt-len 1024 --output-len 256
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 3 --precision fp8-mixed --seq-len 8192 --global-batch 128
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 2 --offload optimizer --seq-len 8192 --global-batch 64
+  shardlab estimate llama-2-7b --gpus 1 --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048 --global-batch 8
 """
 
 
