@@ -78,3 +78,18 @@ def test_qlora_plan_and_estimate_cli(capsys):
 def test_inference_refuses_training_recipe_flags(capsys):
     assert main(["estimate", "llama-3.1-8b", "--inference", "--lora-rank", "8"]) == 2
     assert "--lora-rank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,fix", [
+    (["--fp8-all-gather"], "--precision fp8-mixed"), (["--fp8-amax-history", "16"], "--precision fp8-mixed"),
+    (["--offload-device", "nvme"], "--offload"), (["--lora-targets", "q,v"], "--lora-rank"),
+    (["--quantize-base", "nf4"], "--lora-rank"), (["--lora-rank", "8", "--lora-targets", "qq"], "all-linear"),
+])
+def test_recipe_flags_without_their_recipe_are_refused(argv, fix, capsys):
+    try:
+        rc = main(["memory", "llama-3.1-8b", "--gpus", "8", "--zero", "3"] + argv)
+    except SystemExit as e:  # argparse rejects a bad --lora-targets value itself
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert fix in err and "\n" not in err

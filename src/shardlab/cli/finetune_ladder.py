@@ -42,19 +42,24 @@ def cmd_ladder(args, cat):
 
     if args.model or args.params:
         raise ShardlabError("--finetune-ladder runs every catalog model: drop MODEL/--params (or drop --finetune-ladder)")
+    given = [f for f, on in (("--offload", args.offload != "none"), ("--quantize-base", args.quantize_base != "none"),
+                             ("--precision", args.precision != "bf16-mixed"), ("--optimizer", args.optimizer != "adamw")) if on]
+    if given:
+        raise ShardlabError(f"--finetune-ladder compares its own three recipes (full bf16-mixed AdamW, LoRA, QLoRA): "
+                            f"drop {', '.join(given)}")
     layout = layout_from_args(args)
     if layout.world_size != 1:
         raise ShardlabError("--finetune-ladder answers the single-GPU question: drop --gpus/--dp/--tp/--pp/--cp")
     acc = cat.accelerator(resolve_gpu(args, cat))
     rank = args.lora_rank or 16
     seq = args.seq_len or 2048
-    rows = ladder(cat, acc, layout, seq_len=seq, rank=rank, targets=tuple(args.lora_targets),
+    rows = ladder(cat, acc, layout, seq_len=seq, rank=rank, targets=tuple(args.lora_targets or ('all-linear',)),
                   overheads=load_overheads(args.overheads, args.no_overheads))
     cap = acc.memory_bytes
     largest = {k: max((r for r in rows if r[k] <= cap), key=lambda r: r["params"], default=None) for k, _ in METHODS}
     cell = lambda b: f"{b / 2**30:,.1f} {'fits' if b <= cap else '-'}"
     text = [f"shardlab memory --finetune-ladder: one {acc.id} ({acc.memory_gib:g} GiB), seq {seq}, micro-batch "
-            f"{layout.micro_batch}, recompute {layout.recompute}, LoRA r={rank} on {', '.join(args.lora_targets)}", "",
+            f"{layout.micro_batch}, recompute {layout.recompute}, LoRA r={rank} on {', '.join(args.lora_targets or ('all-linear',))}", "",
             table(["model", "params", "full GiB", "LoRA GiB", "QLoRA GiB"],
                   [[r["model"], fmt_count(r["params"]), cell(r["full"]), cell(r["lora"]), cell(r["qlora"])] for r in rows],
                   align="lrrrr"), ""]
@@ -65,7 +70,7 @@ def cmd_ladder(args, cat):
     text += ["", "each cell: peak memory per GPU = weights + gradients + optimizer + activations + overheads "
                  "(`shardlab memory MODEL --lora-rank R [--quantize-base nf4]` shows one model's derivation); "
                  "--recompute full or a shorter --seq-len moves every boundary up"]
-    doc = {"gpu": acc.id, "capacity_bytes": cap, "seq_len": seq, "lora_rank": rank, "lora_targets": list(args.lora_targets),
+    doc = {"gpu": acc.id, "capacity_bytes": cap, "seq_len": seq, "lora_rank": rank, "lora_targets": list(args.lora_targets or ("all-linear",)),
            "layout": layout.to_dict(), "rows": rows,
            "largest_fitting": {k: (v["model"] if v else None) for k, v in largest.items()}}
     return doc, "\n".join(text)
