@@ -1,7 +1,7 @@
 """Config families beyond Llama/GPT: exact parameter counts from published config.json files.
 
-Each file in tests/data/hf-families is the model's published config.json (the fields that matter; the rest are
-ignored by both readers). The expected totals are what transformers builds from the same file on the meta device
+Each file in tests/data/hf-families is reconstructed from the model's published config.json (the fields that matter;
+the rest are ignored by both readers). The expected totals are what transformers builds from the same file on the meta device
 (its state dict as the checkpoint loads), which the second test re-derives when transformers is installed (the
 `test` extra), so the table cannot drift from the library.
 """
