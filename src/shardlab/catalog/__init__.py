@@ -206,15 +206,20 @@ class Catalog:
                                 f"choose one of {', '.join(self.frameworks)}, or add one with --catalog FILE") from None
 
     def model(self, name: str) -> ModelSpec:
-        """A catalog id, a path to a Hugging Face config.json, or a path to a YAML ModelSpec."""
+        """A catalog id, ``hf:ORG/NAME`` (config.json from the Hugging Face Hub or its cache), a path to a Hugging Face
+        config.json, or a path to a YAML ModelSpec."""
         key = name.lower()
         if key in self.models:
             return self.models[key]
+        from shardlab.catalog.hub import is_hub_ref, load_hub_model
+
+        if is_hub_ref(name):
+            return load_hub_model(name)
         p = Path(name)
         if p.suffix.lower() in (".json", ".yaml", ".yml") or p.exists():
             return load_model_file(p)
         raise ShardlabError(f"unknown model '{name}'{did_you_mean(name, self.models)}; see `shardlab models`, "
-                            f"or pass a Hugging Face config.json path or --params N")
+                            f"or pass hf:ORG/NAME, a Hugging Face config.json path or --params N")
 
     def add_file(self, path: Path) -> None:
         """Merge a user catalog file (sections models/accelerators/links/prices)."""

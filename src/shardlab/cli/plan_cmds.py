@@ -25,6 +25,9 @@ ESTIMATE_EXAMPLES = """examples:
   shardlab estimate llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --global-batch 512 --tokens 1e12
   shardlab estimate gpt3-175b --gpus 1024 --gpu a100-80gb --tp 8 --pp 16 --global-batch 1536 --seq-len 2048 --recompute full
   shardlab estimate llama-3.1-8b --inference --tp 2 --batch 16 --prompt-len 1024 --output-len 256
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 3 --precision fp8-mixed --seq-len 8192 --global-batch 128
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 2 --offload optimizer --seq-len 8192 --global-batch 64
+  shardlab estimate llama-2-7b --gpus 1 --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048 --global-batch 8
 """
 
 
@@ -124,13 +127,36 @@ def training_estimate_from_args(args, catalog):
     layout = layout_from_args(args)
     gpus = args.gpus or layout.world_size
     cluster = cluster_from_args(args, catalog, gpus)
+    recipe = _recipe(args, catalog, cluster)
     return estimate_training(
         spec, layout, cluster, seq_len=_seq_len(args, spec), global_batch=args.global_batch, microbatches=args.microbatches,
         precision=args.precision, optimizer=args.optimizer,
         tokens=parse_count(args.tokens, "--tokens") if args.tokens else None,
         flash_attention=not getattr(args, "no_flash_attention", False), dropout=getattr(args, "dropout", False),
         framework=resolve_framework(args, catalog), compile=getattr(args, "compile", None), **_overrides(args, catalog),
-        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)))
+        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)), recipe=recipe)
+
+
+def _recipe(args, catalog, cluster):
+    """The FP8/offload/LoRA recipe of the flags, with the accelerator's host link for offload time."""
+    from dataclasses import replace
+
+    from shardlab.cli.recipe_args import recipe_from_args
+
+    return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
+
+
+def _refuse_recipe_flags(args) -> None:
+    """--inference estimates serving: the training recipe flags would be ignored, so they are refused."""
+    from shardlab.errors import ShardlabError
+
+    given = [f for f, on in (("--offload", getattr(args, "offload", "none") != "none"),
+                             ("--lora-rank", getattr(args, "lora_rank", None) is not None),
+                             ("--quantize-base", getattr(args, "quantize_base", "none") != "none"),
+                             ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
+                             ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
+    if given:
+        raise ShardlabError(f"{', '.join(given)} describe(s) training; drop them with --inference")
 
 
 def _overrides(args, catalog) -> dict:
@@ -155,6 +181,7 @@ def cmd_estimate(args):
     from shardlab.estimate.straggler import with_slow_rank
 
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
         return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
@@ -229,6 +256,7 @@ def cmd_plan(args):
 
     cat = _catalog(args)
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
         return with_explanation(args, *plan_inference_cmd(args, cat))
@@ -249,18 +277,38 @@ def cmd_plan(args):
     fw = resolve_framework(args, cat)
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
-                      **_overrides(args, cat))
+                      recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
+    fixed = _parse_fix(args.fix)
+    if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
+        fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar
 
     with bar(1, "plan", unit="step") as tick:
-        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
+        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=fixed,
                             overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw)
+    offload_note = None
+    if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None:
+        # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host)
+        from dataclasses import replace
+
+        from shardlab.memory.offload import Offload
+
+        wl_off = replace(wl, recipe=replace(wl.recipe, offload=Offload("both")))
+        res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top, fixed={**fixed, "zero": 3},
+                                overheads=load_overheads(args.overheads, args.no_overheads), framework=fw)
+        if res_off.plans:
+            res, wl = res_off, wl_off
+            offload_note = ("no layout fits in GPU memory without offload: these plans keep parameters, gradients and "
+                            "optimizer state in host memory (--zero 3 --offload both, FSDP CPU offload)")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "framework": framework_doc(fw, wl),
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,
            "workload": {"seq_len": seq, "global_batch": gb, "precision": args.precision, "optimizer": args.optimizer,
-                        "tokens_per_step": seq * gb},
+                        "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
+                        "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
+                        "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none"},
+           "notes": [offload_note] if offload_note else [],
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}
     if tokens:

@@ -132,12 +132,13 @@ def _plan_dict(spec, cluster, wl, c, r, i, overheads, exact: bool) -> dict:
                                           "mfu", "hfu")},
          "breakdown": {k: float(r[k][i]) for k in ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
                                                      "pp_p2p_s", "zero3_comm_s", "pp_bubble_s", "dp_comm_s", "optimizer_s",
-                                                     "host_overhead_s")},
+                                                     "host_overhead_s", "offload_s")},
          "memory_bytes_approx": int(r["memory_bytes"][i])}
     if exact:
         mem = training_memory(lay, model=spec, accelerator=cluster.accelerator, seq_len=wl.seq_len, precision=wl.precision,
                               optimizer=wl.optimizer, microbatches=m, overheads=overheads,
-                              flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss)
+                              flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
+                              recipe=wl.recipe)
         d["memory_bytes"] = mem.worst.total
         d["memory_worst_rank"] = {"rank": mem.worst.rank, "reason": mem.worst_reason()}
         d["fits"] = bool(mem.fits)
