@@ -167,7 +167,7 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
     if d["kernels"] not in KERNELS:
         raise ShardlabError(f"{where}: framework '{name}' kernels must be one of {', '.join(KERNELS)}, got {d['kernels']!r}")
     for key in ("compiles", "fused_loss", "dp_overlap", "zero3_prefetch", "zero3_regather_for_recompute",
-                "zero3_comm_per_gpu_nic"):
+                "zero3_comm_per_gpu_nic", "hybrid_sharding"):
         if not isinstance(d[key], bool):
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d[key]!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
@@ -176,7 +176,16 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         v = d[key]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")
-    return Framework(id=name, **{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, notes=str(d.get("notes", "")))
+    if d["pipeline_max_zero"] not in (0, 1, 2, 3):
+        raise ShardlabError(f"{where}: framework '{name}' pipeline_max_zero must be 0, 1, 2 or 3")
+    lists = {}
+    for key, allowed in (("schedules", ("gpipe", "1f1b", "interleaved", "zb-h1")), ("axes", ("tp", "cp", "ep")),
+                         ("zero_stages", (0, 1, 2, 3))):
+        v = d[key]
+        if not isinstance(v, list) or any(x not in allowed for x in v):
+            raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a list of {list(allowed)}, got {v!r}")
+        lists[key] = tuple(v)
+    return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists}, notes=str(d.get("notes", "")))
 
 
 @dataclass
@@ -220,17 +229,22 @@ class Catalog:
                                 f"choose one of {', '.join(self.frameworks)}, or add one with --catalog FILE") from None
 
     def model(self, name: str) -> ModelSpec:
-        """A catalog id, a path to a Hugging Face config.json, or a path to a YAML ModelSpec."""
+        """A catalog id, ``hf:ORG/NAME`` (config.json from the Hugging Face Hub or its cache), a path to a Hugging Face
+        config.json, or a path to a YAML ModelSpec."""
         from shardlab.safeio import check_name
 
         key = name.lower()
         if key in self.models:
             return self.models[key]
+        from shardlab.catalog.hub import is_hub_ref, load_hub_model
+
+        if is_hub_ref(name):
+            return load_hub_model(name)
         p = check_name(name, "model file")
         if p.suffix.lower() in (".json", ".yaml", ".yml") or os.path.lexists(p):
             return load_model_file(p)
         raise ShardlabError(f"unknown model '{name}'{did_you_mean(name, self.models)}; see `shardlab models`, "
-                            f"or pass a Hugging Face config.json path or --params N")
+                            f"or pass hf:ORG/NAME, a Hugging Face config.json path or --params N")
 
     def add_file(self, path: Path) -> None:
         """Merge a user catalog file (sections models/accelerators/links/prices)."""

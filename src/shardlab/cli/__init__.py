@@ -23,6 +23,8 @@ COMMAND_MODULES = (
     "shardlab.cli.catalog_cmds",   # models, gpus, links
     "shardlab.cli.report_cmd",     # report
     "shardlab.cli.teach_cmds",     # explain, quiz
+    "shardlab.cli.logs_cmd",       # logs
+    "shardlab.cli.export_cmds",    # export
 )
 
 
@@ -38,6 +40,8 @@ COMMAND_OWNERS = {
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
     "report": "shardlab.cli.report_cmd",
     "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",
+    "logs": "shardlab.cli.logs_cmd",
+    "export": "shardlab.cli.export_cmds",
 }
 
 

@@ -74,6 +74,9 @@ def register(sub) -> None:
                         epilog=EXAMPLES_BENCH, formatter_class=argparse.RawDescriptionHelpFormatter)
     _coll_args(c)
     _common_device(c)
+    from shardlab.cli.observe_args import add_observe_args
+
+    add_observe_args(c, injection=False)
     c.add_argument("--plot", metavar="FILE", help="save busbw vs size with the fitted curves (PNG/SVG/PDF)")
     add_output_args(c)
     add_html_arg(c, "bench-collectives")
@@ -168,8 +171,15 @@ def _collectives(args, device: str) -> dict:
         bc.check_gpu_count(args.nproc)
     doc = bc.run_collectives(args.nproc, ops, sizes, iters=args.iters, warmup=args.warmup,
                              min_time_s=args.min_time, timeout_s=args.timeout, device=device,
-                             overlap=not args.no_overlap)
+                             overlap=not args.no_overlap, observe=_observe(args))
     return bc.analyse(doc)
+
+
+def _observe(args):
+    """Metrics options of `bench collectives` (calibrate runs the benchmark without them)."""
+    from shardlab.cli.observe_args import observe_options
+
+    return observe_options(args) if hasattr(args, "no_metrics") else None
 
 
 def _validate_coll_flags(args) -> None:

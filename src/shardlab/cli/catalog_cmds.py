@@ -8,7 +8,8 @@ from shardlab.cli.common import add_output_args
 def register(sub) -> None:
     p = sub.add_parser("models", help="list models, or show one model's exact parameter count by component",
                        description="List catalog models; with MODEL, show its exact parameters per component and per layer.")
-    p.add_argument("model", nargs="?", help="catalog id, Hugging Face config.json or YAML model file")
+    p.add_argument("model", nargs="?", help="catalog id, hf:ORG/NAME (from the Hugging Face Hub or its local cache; "
+                   "HF_TOKEN for gated models, HF_HUB_OFFLINE=1 for the cache only), Hugging Face config.json or YAML model file")
     add_output_args(p)
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("gpus", help="list accelerators (peak FLOP/s, memory, bandwidth, source)")

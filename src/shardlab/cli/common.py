@@ -66,6 +66,7 @@ def _bounded():
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
         "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),
+        "port": number_arg(integer=True, maximum=65535 - L.MAX_RANKS_PER_NODE, reason="TCP ports, one per local rank"),
         "requests": number_arg(integer=True, maximum=L.MAX_SIM_REQUESTS, reason="requests simulated"),
         "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
         "questions": number_arg(integer=True, maximum=1000, reason="questions in one quiz"),
@@ -105,7 +106,8 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: str | None = None) -> None:
     p.set_defaults(model_default=default)
     p.add_argument("model", nargs=None if required else "?", default=None, metavar="MODEL",
-                   help="catalog id (see `shardlab models`), a Hugging Face config.json, or a YAML model file"
+                   help="catalog id (see `shardlab models`), hf:ORG/NAME (config.json from the Hugging Face Hub, cached), "
+                        "a Hugging Face config.json, or a YAML model file"
                         + (f" (default: {default})" if default else ""))
     p.add_argument("--params", type=str, default=None, metavar="N",
                    help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates")
@@ -134,8 +136,9 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--microbatches", type=microbatches_int, default=None, help="micro-batches per step (pipeline)")
     g.add_argument("--vpp", type=BOUNDED["dim"], default=1, help="virtual stages per pipeline rank (interleaved)")
     g.add_argument("--stage-layers", type=int_list, default=None, metavar="N,N,...", help="layers per pipeline stage")
-    g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16"), default="bf16-mixed",
-                   help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16")
+    g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"), default="bf16-mixed",
+                   help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16; fp8-mixed (bf16-mixed states, FP8 GEMMs "
+                        "with per-tensor scaling, Transformer Engine style)")
     g.add_argument("--optimizer", choices=("adamw", "sgd", "adam-8bit"), default="adamw", help="optimizer (sgd = with momentum)")
 
 
@@ -222,6 +225,9 @@ def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = No
     g.add_argument("--profile", metavar="FILE", default=None,
                    help="hardware profile from `shardlab calibrate` (measured efficiencies and links)")
     add_framework_args(p)
+    from shardlab.cli.recipe_args import add_recipe_args
+
+    add_recipe_args(p)
 
 
 def add_framework_args(p: argparse.ArgumentParser) -> None:

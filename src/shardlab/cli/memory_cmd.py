@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
 from shardlab.cli.report_cmd import add_html_arg
 
@@ -10,6 +11,10 @@ EXAMPLES = """examples:
   shardlab memory llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --sequence-parallel --recompute selective
   shardlab memory --params 7.5e9 --dp 64 --zero 2          # the ZeRO paper's worked example
   shardlab memory path/to/config.json --gpus 4 --tp 4 --json
+  shardlab memory llama-2-7b --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048   # QLoRA on one GPU
+  shardlab memory --finetune-ladder --gpu rtx-4090 --seq-len 2048 --lora-rank 16   # where full, LoRA and QLoRA stop
+  shardlab memory llama-3.1-70b --gpus 8 --zero 3 --offload both                  # FSDP CPU offload
+  shardlab memory llama-3.1-8b --gpus 8 --zero 1 --precision fp8-mixed            # FP8 training (TE style)
 """
 
 
@@ -29,9 +34,14 @@ def register(sub) -> None:
                    help="dropout masks in activations (auto: on for GPT-2/GPT-3 family, off otherwise)")
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
+    from shardlab.cli.recipe_args import add_recipe_args
+
+    add_recipe_args(p)
+    p.add_argument("--finetune-ladder", action="store_true",
+                   help="on one GPU: every catalog model under full training, LoRA and QLoRA, and where each stops fitting")
     add_output_args(p)
     add_html_arg(p, "memory")
-    p.set_defaults(func=cmd_memory)
+    export_cmds.hook(p, cmd_memory)
 
 
 def cmd_memory(args):
@@ -39,7 +49,13 @@ def cmd_memory(args):
     from shardlab.cli.common import layout_from_args, resolve_model
     from shardlab.memory import load_overheads, training_memory
 
+    from shardlab.cli.recipe_args import recipe_from_args
+
     cat = get_catalog(args.catalog)
+    if args.finetune_ladder:
+        from shardlab.cli.finetune_ladder import cmd_ladder
+
+        return cmd_ladder(args, cat)
     spec, params = resolve_model(args, cat)
     layout = layout_from_args(args)
     from shardlab.cli.common import resolve_gpu
@@ -49,7 +65,7 @@ def cmd_memory(args):
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=args.microbatches,
         overheads=load_overheads(args.overheads, args.no_overheads), flash_attention=not args.no_flash_attention,
-        dropout=None if args.dropout == "auto" else args.dropout == "on", num_gpus=args.gpus)
+        dropout=None if args.dropout == "auto" else args.dropout == "on", num_gpus=args.gpus, recipe=recipe_from_args(args))
     doc = rep.to_dict()
     hints = _hints(rep, args, cat) if rep.fits is False and spec is not None else []
     doc["hints"] = hints
@@ -69,14 +85,22 @@ def _hints(rep, args, cat) -> list[str]:
         tries.append(("--recompute full", lay.with_(recompute="full")))
     if lay.zero < 3 and lay.dp_shard > 1 and lay.recompute != "full":
         tries.append(("--zero 3 --recompute full", lay.with_(zero=3, recompute="full")))
-    for label, alt in tries:
+    from dataclasses import replace
+
+    from shardlab.memory.offload import Offload
+
+    recipes = [(label, alt, rep.recipe) for label, alt in tries]
+    if rep.recipe.offload.what == "none" and rep.recipe.lora is None:  # ZeRO-Offload / FSDP CPU offload (host memory)
+        recipes.append(("--zero 3 --offload both", lay.with_(zero=3), replace(rep.recipe, offload=Offload("both"))))
+    for label, alt, recipe in recipes:
         r = training_memory(alt, model=cat.model(args.model), accelerator=rep.accelerator, seq_len=rep.seq_len,
                             precision=rep.precision, optimizer=rep.optimizer, microbatches=rep.microbatches,
                             overheads=load_overheads(args.overheads, args.no_overheads),
                             flash_attention=not args.no_flash_attention,
-                            dropout=None if args.dropout == "auto" else args.dropout == "on")
+                            dropout=None if args.dropout == "auto" else args.dropout == "on", recipe=recipe)
         gib = r.worst.total / 2**30
-        out.append(f"{label}: {gib:.1f} GiB per GPU ({'fits' if r.fits else 'still too large'})")
+        host = f", {r.worst.host_total / 2**30:.1f} GiB per GPU in host memory" if r.worst.host_total else ""
+        out.append(f"{label}: {gib:.1f} GiB per GPU{host} ({'fits' if r.fits else 'still too large'})")
     out.append("`shardlab plan` searches every layout for the fastest one that fits")
     return out
 
@@ -107,7 +131,12 @@ def render(rep, hints: list[str] = ()) -> str:
         rows.append([f"  {k}", gib(v), ""])
     rows.insert(7, ["other (overheads)", gib(w.other_total), "defaults documented in docs/memory.md (estimates)"])
     rows.append(["total", gib(w.total), ""])
+    for k, v in w.host.items():
+        rows.append([f"{rep.recipe.offload.device}: {k}", gib(v), ""])
+    if w.host:
+        rows.append([f"{rep.recipe.offload.device} total (off the GPU)", gib(w.host_total), rep.explain.get("offload", "")])
     lines = head + [table(["category", "GiB", "where it comes from"], rows, align="lrl")]
+    lines += _recipe_lines(rep)
     if rep.accelerator:
         cap = rep.capacity_bytes
         room = cap - w.total
@@ -125,3 +154,17 @@ def render(rep, hints: list[str] = ()) -> str:
     if rep.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in rep.notes]
     return "\n".join(lines)
+
+
+def _recipe_lines(rep) -> list[str]:
+    """LoRA/QLoRA and FP8 lines under the table (the offload rows are in it)."""
+    out = []
+    lo = rep.recipe_summary.get("lora")
+    if lo:
+        out.append(f"LoRA r={lo['rank']} on {', '.join(lo['targets'])}: {lo['trainable_params']:,} trainable parameters "
+                   f"({100 * lo['trainable_share']:.2f}% of {rep.params:,}); base "
+                   + (f"NF4 ({lo['nf4_bits_per_weight']:.3f} bits per linear weight, QLoRA)" if lo["quantize_base"] == "nf4"
+                      else "frozen in bf16"))
+    if "fp8" in rep.explain:
+        out.append(f"fp8-mixed: {rep.explain['fp8']}")
+    return out

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from shardlab.cli import export_cmds
 from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int,
                                  resolve_framework)
 from shardlab.cli.report_cmd import add_html_arg
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
+EXPORT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed",
+                    "accelerate": "pytorch-fsdp", "slurm": "torchtitan", "skypilot": "torchtitan"}
+"""The framework `plan --export TARGET` searches with when --framework is not given (slurm/skypilot launch torchtitan)."""
 PLAN_DEFAULT_GPUS = 64
 
 PLAN_EXAMPLES = """examples:
@@ -21,6 +25,9 @@ ESTIMATE_EXAMPLES = """examples:
   shardlab estimate llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --global-batch 512 --tokens 1e12
   shardlab estimate gpt3-175b --gpus 1024 --gpu a100-80gb --tp 8 --pp 16 --global-batch 1536 --seq-len 2048 --recompute full
   shardlab estimate llama-3.1-8b --inference --tp 2 --batch 16 --prompt-len 1024 --output-len 256
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 3 --precision fp8-mixed --seq-len 8192 --global-batch 128
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 2 --offload optimizer --seq-len 8192 --global-batch 64
+  shardlab estimate llama-2-7b --gpus 1 --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048 --global-batch 8
 """
 
 
@@ -48,7 +55,7 @@ def register(sub) -> None:
                        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_args(p)
     add_html_arg(p, "plan")
-    p.set_defaults(func=cmd_plan)
+    export_cmds.hook(p, cmd_plan, export=True)
 
     p = sub.add_parser("estimate", help="step time, throughput, MFU, memory and time-to-train of one layout",
                        description="Estimate one layout: step time from its parts (compute, exposed communication, "
@@ -57,9 +64,11 @@ def register(sub) -> None:
     add_estimate_args(p)
     _add_assumption_args(p)
     _add_inference_args(p)
+    p.add_argument("--slow-rank", default=None, metavar="R:FACTOR[:FRACTION]",
+                   help="what one rank computing FACTOR x slower costs the job (docs/observability.md)")
     add_output_args(p)
     add_html_arg(p, "estimate")
-    p.set_defaults(func=cmd_estimate)
+    export_cmds.hook(p, cmd_estimate)
 
     p = sub.add_parser("validate", help="shardlab's predictions against published training runs",
                        description="Predict every published run in the validation set and compare with what was measured: "
@@ -118,13 +127,36 @@ def training_estimate_from_args(args, catalog):
     layout = layout_from_args(args)
     gpus = args.gpus or layout.world_size
     cluster = cluster_from_args(args, catalog, gpus)
+    recipe = _recipe(args, catalog, cluster)
     return estimate_training(
         spec, layout, cluster, seq_len=_seq_len(args, spec), global_batch=args.global_batch, microbatches=args.microbatches,
         precision=args.precision, optimizer=args.optimizer,
         tokens=parse_count(args.tokens, "--tokens") if args.tokens else None,
         flash_attention=not getattr(args, "no_flash_attention", False), dropout=getattr(args, "dropout", False),
         framework=resolve_framework(args, catalog), compile=getattr(args, "compile", None), **_overrides(args, catalog),
-        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)))
+        overheads=load_overheads(getattr(args, "overheads", None), getattr(args, "no_overheads", False)), recipe=recipe)
+
+
+def _recipe(args, catalog, cluster):
+    """The FP8/offload/LoRA recipe of the flags, with the accelerator's host link for offload time."""
+    from dataclasses import replace
+
+    from shardlab.cli.recipe_args import recipe_from_args
+
+    return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
+
+
+def _refuse_recipe_flags(args) -> None:
+    """--inference estimates serving: the training recipe flags would be ignored, so they are refused."""
+    from shardlab.errors import ShardlabError
+
+    given = [f for f, on in (("--offload", getattr(args, "offload", "none") != "none"),
+                             ("--lora-rank", getattr(args, "lora_rank", None) is not None),
+                             ("--quantize-base", getattr(args, "quantize_base", "none") != "none"),
+                             ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
+                             ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
+    if given:
+        raise ShardlabError(f"{', '.join(given)} describe(s) training; drop them with --inference")
 
 
 def _overrides(args, catalog) -> dict:
@@ -146,10 +178,13 @@ def framework_doc(fw, wl) -> dict:
 
 # ---- estimate --------------------------------------------------------------------------------------
 def cmd_estimate(args):
+    from shardlab.estimate.straggler import with_slow_rank
+
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
-        return estimate_inference_cmd(args, _catalog(args))
+        return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
     from shardlab.estimate.report import render_estimate
 
     from shardlab.planner.detail import layout_detail
@@ -160,7 +195,7 @@ def cmd_estimate(args):
     doc["detail"] = layout_detail(est.model, est.layout, est.cluster, est.memory, seq_len=est.workload.seq_len,
                                   microbatches=est.microbatches, breakdown=est.breakdown, precision=est.workload.precision)
     doc["communication"] = estimate_comm(est)
-    return doc, render_estimate(est)
+    return with_slow_rank(getattr(args, "slow_rank", None), doc, render_estimate(est))
 
 
 def estimate_comm(est) -> list[dict]:
@@ -199,8 +234,10 @@ def _parse_fix(items: list[str]) -> dict:
             if val not in SCHEDULE_CODES:
                 raise ShardlabError(f"--fix {it}: schedule is one of {', '.join(SCHEDULE_CODES)}")
             key, val = "sched", str(SCHEDULE_CODES[val])
-        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched") or not val.strip().isdigit():
-            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp "
+        if key in ("hybrid", "hsdp"):
+            key = "hs"
+        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
+            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
                                 f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
         out[key] = int(val)
     return out
@@ -219,6 +256,7 @@ def cmd_plan(args):
 
     cat = _catalog(args)
     if args.inference:
+        _refuse_recipe_flags(args)
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
         return with_explanation(args, *plan_inference_cmd(args, cat))
@@ -234,21 +272,43 @@ def cmd_plan(args):
     cluster = cluster_from_args(args, cat, gpus)
     seq = _seq_len(args, spec)
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
+    if getattr(args, "export", None) and not args.framework:   # search what the export target runs
+        args.framework = EXPORT_FRAMEWORK.get(args.export)
     fw = resolve_framework(args, cat)
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
-                      **_overrides(args, cat))
+                      recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
+    fixed = _parse_fix(args.fix)
+    if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
+        fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar
 
     with bar(1, "plan", unit="step") as tick:
-        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=_parse_fix(args.fix),
-                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick)
+        res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=fixed,
+                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw)
+    offload_note = None
+    if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None:
+        # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host)
+        from dataclasses import replace
+
+        from shardlab.memory.offload import Offload
+
+        wl_off = replace(wl, recipe=replace(wl.recipe, offload=Offload("both")))
+        res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top, fixed={**fixed, "zero": 3},
+                                overheads=load_overheads(args.overheads, args.no_overheads), framework=fw)
+        if res_off.plans:
+            res, wl = res_off, wl_off
+            offload_note = ("no layout fits in GPU memory without offload: these plans keep parameters, gradients and "
+                            "optimizer state in host memory (--zero 3 --offload both, FSDP CPU offload)")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
            "framework": framework_doc(fw, wl),
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,
            "workload": {"seq_len": seq, "global_batch": gb, "precision": args.precision, "optimizer": args.optimizer,
-                        "tokens_per_step": seq * gb},
+                        "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
+                        "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
+                        "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none"},
+           "notes": [offload_note] if offload_note else [],
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}
     if tokens:

@@ -10,6 +10,7 @@ import argparse
 import re
 
 from shardlab.cli.common import BOUNDED, int_list
+from shardlab.cli.observe_args import add_observe_args, observe_options
 from shardlab.cli.report_cmd import add_html_arg
 
 TRAIN_EXAMPLES = """examples:
@@ -18,6 +19,8 @@ TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy tp-megatron --nproc 2 --model tiny-gpt2
   shardlab run train --strategy pp --nproc 2 --schedule interleaved
   shardlab run train --strategy fsdp+tp --nproc 4            # 2-D: dp 2 x tp 2
+  shardlab run train --strategy fsdp --nproc 2 --steps 200 --slow-rank 1:2   # live table, straggler named
+  shardlab run train --strategy ddp --nproc 2 --steps 50 --metrics-port 9510 --tensorboard tb/
   # two nodes (run on each, node-rank 0 and 1):
   shardlab run train --strategy fsdp --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --rdzv-id job1
 """
@@ -25,6 +28,7 @@ TRAIN_EXAMPLES = """examples:
 INFER_EXAMPLES = """examples:
   shardlab run infer --tp 2 --prompt "hello" --max-new-tokens 16
   shardlab run infer --sweep --plot tp-speedup.png --json
+  shardlab run infer --tp 2 --max-new-tokens 64 --slow-rank 1:3:0.05   # p99 token latency climbs, p50 does not
 """
 
 
@@ -122,6 +126,7 @@ def register(sub) -> None:
                    help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
     _add_launch_args(t)
     add_html_arg(t, "run-train")
+    add_observe_args(t)
     t.set_defaults(func=cmd_train)
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +144,7 @@ def register(sub) -> None:
     i.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed")
     _add_launch_args(i)
     add_html_arg(i, "run-infer")
+    add_observe_args(i)
     i.set_defaults(func=cmd_infer)
     pr = rsub.add_parser("precision", help="fp32 vs fp16 (with and without loss scaling) vs bf16 on the same model: underflow",
                          description="Train the same small GPT in fp32, fp16 without loss scaling, fp16 with dynamic loss "
@@ -162,7 +168,8 @@ def cmd_train(args):
                        global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp,
                        pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
-                       predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args))
+                       predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args),
+                       observe=observe_options(args))
     if args.sweep_nproc:
         from shardlab.runtime.scaling import render_scaling, run_scaling
 
@@ -179,7 +186,7 @@ def cmd_infer(args):
 
     req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
-                       torchrun_args=torchrun_args(args))
+                       torchrun_args=torchrun_args(args), observe=observe_options(args))
     if args.plot:
         from shardlab.safeio import check_output_path
 

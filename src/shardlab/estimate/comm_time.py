@@ -92,14 +92,24 @@ def linear_cost(op: str, n, link) -> tuple:
     return t0, _time(op, 1.0, n, link) - t0
 
 
-def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep) -> dict:
-    """α–β coefficients of the gradient/weight collectives over the dense (dp·cp) and expert (dp·cp/ep) groups."""
+def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep, rep=1) -> dict:
+    """α–β coefficients of the gradient/weight collectives over the dense (dp·cp) and expert (dp·cp/ep) groups.
+
+    With hybrid sharding (``rep`` replicas) ZeRO reduce-scatters and all-gathers over the shard group (dp·cp/rep,
+    inside a node) and the replicas all-reduce the gradient shard ('replica-all-reduce', per parameter of the full
+    model: its coefficient already divides by the shard group)."""
+    rep = np.asarray(rep)
     D = np.asarray(dp) * np.asarray(cp)
     De = D // np.asarray(ep)
-    link = group_link(cluster, D, tp)
-    elink = group_link(cluster, De, np.asarray(tp) * np.asarray(cp) * np.asarray(ep))
-    return {(op, grp): linear_cost(op, n, lk) for op in ("all-reduce", "reduce-scatter", "all-gather")
-            for grp, n, lk in (("dense", D, link), ("expert", De, elink))}
+    S, Se = D // rep, np.maximum(De // rep, 1)
+    link = group_link(cluster, S, tp)
+    elink = group_link(cluster, Se, np.asarray(tp) * np.asarray(cp) * np.asarray(ep))
+    out = {(op, grp): linear_cost(op, n, lk) for op in ("all-reduce", "reduce-scatter", "all-gather")
+           for grp, n, lk in (("dense", S, link), ("expert", Se, elink))}
+    for grp, n, stride in (("dense", S, np.asarray(tp) * S), ("expert", Se, np.asarray(tp) * np.asarray(cp) * np.asarray(ep) * Se)):
+        lat, per_byte = linear_cost("all-reduce", rep, group_link(cluster, rep, stride))
+        out[("replica-all-reduce", grp)] = (lat, per_byte / np.maximum(n, 1))
+    return out
 
 
 def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes: int, microbatches, bwd_last_s,
@@ -115,7 +125,8 @@ def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes
     def t(op, bytes_per_param):
         return sum(lat + per_byte * sizes[grp] * bytes_per_param for (o, grp), (lat, per_byte) in coeffs.items() if o == op)
 
-    ar, rs, ag = t("all-reduce", grad_bytes), t("reduce-scatter", grad_bytes), t("all-gather", weight_bytes)
+    ar, ag = t("all-reduce", grad_bytes), t("all-gather", weight_bytes)
+    rs = t("reduce-scatter", grad_bytes) + t("replica-all-reduce", grad_bytes)   # HSDP: + the replicas' all-reduce
     m = np.asarray(microbatches)
     hide = (lambda c: exposed_s(c, bwd_last_s, eta)) if overlap else (lambda c: np.asarray(c))
     # ZeRO-2 reduce-scatters every micro-batch; all but the last hide under the next backward when overlapped

@@ -44,11 +44,17 @@ def _local_dims(spec: ModelSpec, t: TensorSpec, tp):
 def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEfficiency, dtype: str, *,
                 seq_len: int, tp, cp, ep, micro_batch, sequence_parallel, elem_bytes: int,
                 flash_attention: bool = True, dropout: bool = False, kernels: str = "fused",
-                attention_kernel: str = "flash2") -> dict:
+                attention_kernel: str = "flash2", gemm_dtype: str = "") -> dict:
     """Forward times of block ``layer`` for one micro-batch on one rank: 'gemm_s', 'attn_s' (attention
     core), 'elem_s' (memory-bound, at the ``kernels`` level of estimate/kernels.py), 'gemm_op_recompute_s'
-    (the matmuls per-op checkpointing re-runs). Arrays over candidates."""
+    (the matmuls per-op checkpointing re-runs). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear
+    layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``estimate/fp8.py``)."""
+    from shardlab.estimate.fp8 import linear_cast_bytes
+    from shardlab.memory.fp8 import is_fp8_gemm
+
     peak = acc.peak_flops(dtype)
+    fp8_peak = acc.peak_flops("fp8") if gemm_dtype == "fp8" else peak
+    cast_f = cast_b = 0.0
     tp, cp, ep, mb = (np.asarray(x) for x in (tp, cp, ep, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)
     T = mb * seq_len / cp
@@ -56,15 +62,21 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     gemm = gemm_odd = 0.0
     for i, t in enumerate(layer_matmuls(spec, layer)):
         n_out, n_in = _local_dims(spec, t, tp)
+        fp8 = gemm_dtype == "fp8" and is_fp8_gemm(t, spec)
         if t.ep_dim is not None:
             E, k = spec.moe.num_experts, spec.moe.top_k
             tokens_per_expert = T * ep * k / E
-            g = (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, peak, curve)
+            g = (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, fp8_peak if fp8 else peak, curve)
+            tokens = T * k
         else:
-            g = gemm_time_s(T, n_out, n_in, peak, curve)
+            g = gemm_time_s(T, n_out, n_in, fp8_peak if fp8 else peak, curve)
+            tokens = T
         gemm = gemm + g
         if i % 2 == 1:      # re-run by per-op selective checkpointing (every other matmul)
             gemm_odd = gemm_odd + g
+        if fp8:
+            c = linear_cast_bytes(tokens, n_out, n_in)
+            cast_f, cast_b = cast_f + c["forward"], cast_b + c["backward"]
 
     # attention core: QK^T and PV over the local heads; T queries (s/cp per sequence) against s keys
     from shardlab.flops import attention_dims
@@ -81,7 +93,8 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
                                    dropout=dropout, flash_attention=flash_attention, seq_len=seq_len)
     ops = len(layer_matmuls(spec, layer)) + OPS_PER_BLOCK[kernels]
     return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6,
-            "gemm_op_recompute_s": gemm_odd}
+            "gemm_op_recompute_s": gemm_odd,
+            "cast_fwd_s": memory_time_s(cast_f, acc), "cast_bwd_s": memory_time_s(cast_b, acc)}
 
 
 def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0) -> dict:
@@ -94,7 +107,8 @@ def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0) -> dic
     from shardlab.memory.training import recompute_code
 
     fwd = lt["gemm_s"] + lt["attn_s"] + lt["elem_s"]
-    bwd = 2.0 * fwd
+    bwd = 2.0 * fwd + lt.get("cast_bwd_s", 0.0)   # FP8: output-gradient casts (estimate/fp8.py)
+    fwd = fwd + lt.get("cast_fwd_s", 0.0)         # FP8: input casts
     code = np.asarray(recompute_code(recompute))
     rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"],
                                             np.where(code == 3, lt["gemm_op_recompute_s"] + lt["elem_s"], 0.0)))

@@ -26,8 +26,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
     peak = acc.peak_flops(sb.compute_dtype)
     curve, default = matmul_curve(acc)
     tokens = wl.global_batch * wl.seq_len
-    model_tok = training_flops_per_token(est.model, wl.seq_len, "none")[0]
-    stage_flops = model_tok * tokens / (lay.dp * lay.tp * lay.pp * lay.cp)  # average per GPU
+    stage_flops = est.model_tflops_per_gpu * 1e12 * est.step_time_s  # model FLOPs of the average GPU per step
     achieved = stage_flops / (b["compute_s"] * peak) if b["compute_s"] else 0.0
     m = est.microbatches
     text = {
@@ -37,7 +36,10 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"[GEMMs: {curve.max_fraction:.3g}·d/(d+{curve.half_size:.3g}) of peak{' (default curve, estimate)' if default else ''}; "
                       f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * (acc.attention_native_speedup if wl.attention_kernel == 'native' else 1):.0%}; "
                       f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
-                      f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"),
+                      f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"
+                      + (f"; fp8-mixed: linear-layer GEMMs at the FP8 peak {acc.peak_flops('fp8') / 1e12:g} TFLOP/s with "
+                         f"their casts as memory traffic (MFU stays against the bf16 peak)" if sb.gemm_dtype == "fp8" else "")
+                      + ("; LoRA: the frozen base computes no weight gradients" if wl.recipe.lora is not None else "")),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
         "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "
                       f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
@@ -64,12 +66,16 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"dp·cp = {lay.dp * lay.cp} ranks; overlap with the last backward "
                       f"{'on' if wl.dp_overlap else 'off'}" + (f" (hiding under {100 * overlap_efficiency(acc):.0f}% of it)"
                                                                 if wl.dp_overlap else "")),
-        "optimizer_s": f"{wl.optimizer} step streams gradients, master weights and moments through HBM",
+        "optimizer_s": f"{wl.optimizer} step streams gradients, master weights and moments through HBM"
+                       + (" (adapters only; base frozen)" if wl.recipe.lora is not None else "")
+                       + (", plus the per-step FP8 weight casts" if wl.precision == "fp8-mixed" else ""),
+        "offload_s": (f"{wl.recipe.offload.what} offloaded to {wl.recipe.offload.device}: host-link transfers not hidden "
+                      f"under compute and the CPU Adam step (ZeRO-Offload Table 3 rate), docs/modern.md"),
     }
     names = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
              "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
              "zero3_comm_s": "ZeRO-3 communication", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
-             "optimizer_s": "optimizer step", "host_overhead_s": "host overhead"}
+             "optimizer_s": "optimizer step", "host_overhead_s": "host overhead", "offload_s": "offload (host link, CPU)"}
     return [[names[k], f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%", text[k]] for k, v in b.items() if v > 1e-9]
 
 
@@ -96,11 +102,22 @@ def render_estimate(est: TrainingEstimate) -> str:
         "",
         f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.3g} model TFLOP/s per GPU "
         f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.3g} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
-        "  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan 2021 Eq. 3)",
+        ("  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan 2021 Eq. 3)"
+         if wl.recipe.lora is None else "  FLOP convention (LoRA): model = 2 × forward for the frozen base and head (no weight "
+                                        "gradients) + 3 × forward for attention and adapters; hardware adds recomputation"),
         f"memory: {w.total / 2**30:.2f} GiB on the worst rank (rank {w.rank}: {mem.worst_reason()}) of "
         f"{mem.capacity_bytes / 2**30:.2f} GiB: {'fits' if est.fits else 'DOES NOT FIT'} "
         f"(`shardlab memory` with the same flags shows the breakdown)",
     ]
+    from shardlab.estimate.recipe_terms import offload_detail
+
+    od = offload_detail(est)
+    if od:
+        lines.append(f"offload ({od['what']} to {od['device']}): {od['h2d_bytes'] / 1e9:.1f} GB host→GPU and "
+                     f"{od['d2h_bytes'] / 1e9:.1f} GB GPU→host per step per GPU over {od['host_link']} "
+                     f"({od['link_gbps']:.1f} GB/s): {od['transfer_s']:.2f} s; hiding the per-micro-batch part needs "
+                     f"{od['bandwidth_to_hide_gbps']:.1f} GB/s; CPU Adam {od['cpu_adam_s']:.2f} s"
+                     + (f"; NVMe {od['nvme_s']:.2f} s" if od["nvme_s"] else "") + f"; exposed {od['exposed_s']:.2f} s")
     if est.tokens is not None:
         six = est.six_psi_d_time_s()
         lines += [f"time to train {fmt_count(est.tokens)} tokens: {est.steps:,.0f} steps × {est.step_time_s:.2f} s = "

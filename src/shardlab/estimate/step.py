@@ -27,10 +27,12 @@ import numpy as np
 from shardlab.estimate import comm_time as ct
 from shardlab.estimate.compute import block_step_times, head_times, layer_times
 from shardlab.estimate.hardware import matmul_curve, memory_time_s, overlap_efficiency
+from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
+from shardlab.memory.recipe import DEFAULT as DEFAULT_RECIPE, Recipe
 from shardlab.memory.training import stage_activation_bytes, stage_overheads
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -44,8 +46,8 @@ CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp",
 CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1}
 """Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
-               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "memory_bytes",
-               "slowest_stage", "worst_memory_stage")
+               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s",
+               "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,14 @@ class Workload:
     """Host time per block and pass the GPU waits for, seconds."""
     step_overhead_s: float = 0.0
     """Host time per step the GPUs wait for, seconds."""
+    recipe: Recipe = DEFAULT_RECIPE
+    """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
 
 
 def workload_for(framework, *, seq_len: int, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
                  flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
                  grad_reduce_bytes: int | None = None, compile: bool | None = None,
-                 attention_kernel: str | None = None, fused_loss: bool | None = None) -> Workload:
+                 attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None) -> Workload:
     """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
     (not None) overriding the matching mechanism."""
     fw = framework
@@ -105,7 +109,8 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
                     zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
                     zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
-                    layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s)
+                    layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
+                    **({"recipe": recipe} if recipe is not None else {}))
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -181,6 +186,12 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
     hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)
     tokens = float(wl.global_batch * wl.seq_len)
     world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
+    if wl.recipe.lora is not None:  # frozen base: forward + data gradients only (estimate/lora.py)
+        from shardlab.estimate.lora import lora_training_flops_per_token
+
+        model_tok = float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora)[0])
+        hw = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r)[1])
+                       for r in ("none", "selective", "full")])[np.minimum(c["rc"], 2)]   # 'op' priced as full
     peak = acc.peak_flops(sb.compute_dtype)
     out["tokens_per_s"] = tokens / out["step_time_s"]
     out["model_tflops_per_gpu"] = model_tok * tokens / out["step_time_s"] / world / 1e12
@@ -188,6 +199,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
     out["mfu"] = out["model_tflops_per_gpu"] * 1e12 / peak
     out["hfu"] = out["hardware_tflops_per_gpu"] * 1e12 / peak
     out["fits"] = out["memory_bytes"] <= acc.memory_bytes
+    off = wl.recipe.offload  # offload needs a partitioned optimizer (ZeRO >= 1) or parameter shards (ZeRO-3)
+    out["fits"] &= (c["zero"] >= (3 if off.params else 1 if off.optimizer else 0))
     return out
 
 
@@ -215,20 +228,22 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
                           recompute_fraction=rf)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                            fused_loss=wl.fused_loss)
+                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
+    recipe = recipe_factors(spec, wl.recipe, sb)
     params = _unit_params(spec, tp, ep)
     kinds = {}
     for layer in sorted({next(i for i in range(spec.num_layers) if spec.is_moe_layer(i) == k)
                          for k in {spec.is_moe_layer(i) for i in range(spec.num_layers)}}):
         kind = spec.is_moe_layer(layer)
         lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                         kernels=wl.kernels, attention_kernel=wl.attention_kernel, **common)
-        bt = block_step_times(lt, rc, c["rf"])
+                         kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, **common)
+        bt = block_step_times(lt, rc, c["rf"]) if wl.recipe.lora is None else \
+            _lora_bt(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
         coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=dense,
-                                      expert_params=expert, grad_bytes=gbytes, weight_bytes=e,
-                                      per_gpu_nic=wl.zero3_comm_per_gpu_nic)
+                                      expert_params=expert, grad_bytes=gbytes * recipe.trainable,
+                                      weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
         z3, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
                                           regathers=regathers, overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch,
@@ -247,17 +262,18 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)
     head = head_times(spec, acc, curve, dtype, kernels=wl.kernels, fused_loss=wl.fused_loss, **common)
     return dict(
-        kinds=kinds, head=head["fwd_s"] + head["bwd_s"],
+        kinds=kinds, head=head["fwd_s"] + (head["fwd_s"] if wl.recipe.lora is not None else head["bwd_s"]),  # frozen: dgrad
         emb_ar=ct.tp_embedding_head_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e),
         p2p=ct.pp_p2p_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], vpp=c["vpp"], tokens=T, hidden=h, elem_bytes=e),
         emb_params=params[PRE][0] + np.zeros_like(T), head_params=params[spec.num_layers][0] + np.zeros_like(T),
-        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep))
+        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer)
     e = sb.weights
+    recipe = recipe_factors(spec, wl.recipe, sb)
     gbytes = wl.grad_reduce_bytes or sb.gradients
     tp, cp, ep, dp, mb, zero, rc = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc"))
     sp = c["sp"].astype(bool)
@@ -301,6 +317,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         w_b = np.where(zero >= 3, flat, total_p) * sb.weights
         g_b = np.where(zero >= 2, flat, total_p) * sb.gradients
         o_b = np.where(zero >= 1, flat, total_p) * sb.optimizer
+        w_b, g_b, o_b, host = stage_state_bytes(w_b, g_b, o_b, np.where(zero >= 3, flat, total_p), zero, recipe,
+                                                wl.recipe, sb)
         mem = w_b + g_b + o_b
         if memory:
             nif = in_flight(lay, s, m)
@@ -312,14 +330,21 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                     unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
                                     holds_head=last, has_moe=counts[1] > 0)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
-        exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p, grad_bytes=gbytes, weight_bytes=sb.weights,
-                                microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
-                                expert_params_local=expert, eta=overlap_efficiency(acc))
+        exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
+                                weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
+                                expert_params_local=expert * recipe.trainable, eta=overlap_efficiency(acc))
         # optimizer: read the gradient, read and write master weights and moments, write the weights;
         # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor
-        opt = memory_time_s(np.where(zero >= 1, flat, total_p) * (sb.gradients + 2 * sb.optimizer + sb.weights), acc) \
-            + OPTIMIZER_OPS_PER_TENSOR * n_tensors * acc.op_overhead_us * 1e-6
-        rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt))
+        opt = memory_time_s(np.where(zero >= 1, flat, total_p) * recipe.trainable * (sb.gradients + 2 * sb.optimizer + sb.weights),
+                            acc) + OPTIMIZER_OPS_PER_TENSOR * n_tensors * acc.op_overhead_us * 1e-6
+        opt = opt + fp8_weight_cast_s(np.where(zero >= 3, flat, total_p), recipe, acc)
+        if wl.recipe.offload.optimizer:  # the optimizer step runs on the CPU (in offload_s), not on the GPU
+            opt = opt * 0
+        off = offload_exposed_s(wl.recipe, partition_params=np.where(zero >= 1, flat, total_p), microbatches=m,
+                                compute_per_microbatch_s=t["compute"] + t["rec"], backward_last_s=part("bwd"),
+                                gpus_per_node=cluster.gpus_per_node, f=recipe)
+        rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt,
+                         off=off + zeros, host=host + zeros))
 
     times = np.stack([r["time"] for r in rows])                 # (classes, candidates)
     star = np.argmax(times, axis=0)
@@ -337,14 +362,24 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     parts = {key: pick(np.stack([r["t"][key] for r in rows])) for key in rows[0]["t"]}
     dp_e = np.max(np.stack([r["dp"] for r in rows]), axis=0)
     opt_s = np.max(np.stack([r["opt"] for r in rows]), axis=0)
+    off_s = np.max(np.stack([r["off"] for r in rows]), axis=0)
     mem = np.stack([r["mem"] for r in rows])
     stage_ids = np.array([r["s"] for r in rows])
     return {
-        "step_time_s": pipe + dp_e + opt_s + wl.step_overhead_s,
+        "step_time_s": pipe + dp_e + opt_s + off_s + wl.step_overhead_s, "offload_s": off_s,
         "host_overhead_s": m * parts["host"] + wl.step_overhead_s,
+        "host_bytes": np.max(np.stack([r["host"] for r in rows]), axis=0),
         "compute_s": m * parts["compute"], "recompute_s": m * parts["rec"], "tp_comm_s": m * parts["tp"],
         "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"],
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,
         "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "optimizer_s": opt_s,
         "memory_bytes": mem.max(axis=0), "slowest_stage": stage_ids[star], "worst_memory_stage": stage_ids[np.argmax(mem, axis=0)],
     }
+
+
+def _lora_bt(spec, layer, lora, lt, T, tp, ep, rc, acc, curve, dtype) -> dict:
+    """Block times of a frozen-base (LoRA/QLoRA) block: ``estimate/lora.py``."""
+    from shardlab.estimate.lora import adapter_gemm_time_s, dequant_time_s, lora_block_step_times
+
+    return lora_block_step_times(lt, adapter_fwd_s=adapter_gemm_time_s(spec, layer, lora, T, tp, acc, curve, dtype),
+                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep), recompute=rc)

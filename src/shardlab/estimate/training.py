@@ -20,7 +20,7 @@ from shardlab.specs.tensors import param_counts
 DEFAULT_FRAMEWORK = "megatron-lm"
 """The framework estimates assume when none is named (printed with every estimate)."""
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s", "zero3_comm_s",
-                  "pp_bubble_s", "dp_comm_s", "optimizer_s", "host_overhead_s")
+                  "pp_bubble_s", "dp_comm_s", "optimizer_s", "host_overhead_s", "offload_s")
 
 
 @dataclass
@@ -102,6 +102,10 @@ class TrainingEstimate:
             "dp_comm_total_s": self.dp_comm_total_s,
             "memory": self.memory.to_dict(), "fits": self.fits, "notes": self.notes,
         }
+        from shardlab.estimate.recipe_terms import offload_detail
+
+        if offload_detail(self) is not None:
+            d["offload"] = offload_detail(self)
         if self.tokens is not None:
             d.update(tokens=self.tokens, steps=self.steps, train_time_s=self.train_time_s,
                      train_days=self.train_time_s / 86400, gpu_hours=self.gpu_hours,
@@ -114,17 +118,20 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
                       framework=None, dp_overlap: bool | None = None, grad_reduce_bytes: int | None = None,
                       compile: bool | None = None, attention_kernel: str | None = None, fused_loss: bool | None = None,
-                      overheads: Overheads = Overheads()) -> TrainingEstimate:
+                      overheads: Overheads = Overheads(), recipe=None) -> TrainingEstimate:
     """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch.
 
     ``framework``: a Framework profile (default: the catalog's megatron-lm); ``dp_overlap``, ``grad_reduce_bytes`` and
-    ``compile`` override its mechanisms when not None."""
+    ``compile`` override its mechanisms when not None; ``recipe``: FP8/offload/LoRA (memory/recipe.py)."""
+    validate(layout, spec, cluster.num_gpus, seq_len)
     if framework is None:
         from shardlab.catalog import get_catalog
 
         framework = get_catalog().framework(DEFAULT_FRAMEWORK)
-    validate(layout, spec, cluster.num_gpus, seq_len)
     notes: list[str] = []
+    why = framework.refusal(layout)
+    if why:   # a what-if stays answerable; `plan` only searches what the framework runs, `export` refuses
+        notes.append(f"{why} (priced as asked, with {framework.id}'s mechanisms)")
     per_mb = layout.micro_batch * layout.dp
     if global_batch is None:
         m = microbatches or default_microbatches(layout.pp)
@@ -143,7 +150,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     wl = workload_for(framework, seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
-                      fused_loss=fused_loss)
+                      fused_loss=fused_loss, recipe=recipe)
     cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
              "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
              "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
@@ -152,7 +159,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
     mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,
                           optimizer=optimizer, microbatches=m, overheads=overheads, flash_attention=flash_attention,
-                          dropout=dropout, fused_loss=wl.fused_loss)
+                          dropout=dropout, fused_loss=wl.fused_loss, recipe=wl.recipe)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")
     val = lambda k: float(r[k][0])

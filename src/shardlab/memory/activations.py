@@ -43,6 +43,13 @@ class ActivationContext:
     fused_loss: bool = False
     """The loss kernel works in place on the logits (flash-attn's cross_entropy, Megatron's fused vocab-parallel
     cross entropy): no fp32 copy or saved log-softmax of the (tokens × vocabulary) logits."""
+    linear_input_bytes: float = 0
+    """Bytes per element of the inputs linear layers save for their weight gradient: 1 under FP8 training (TE
+    saves the FP8 cast, ``memory/fp8.py``); 0 means elem_bytes."""
+
+    @property
+    def lin_bytes(self) -> float:
+        return self.linear_input_bytes or self.elem_bytes
 
 
 def _local_kv_width(spec: ModelSpec, t) -> int:
@@ -62,20 +69,24 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     arrays (tp, cp, micro_batch, sequence_parallel) for many layouts at once.
     """
     e, t = ctx.elem_bytes, layout.tp
+    li = ctx.lin_bytes                            # saved linear inputs (1 byte under FP8)
     s_l = ctx.seq_len / layout.cp
     sb = s_l * layout.micro_batch
     tsh = _tsh(layout)  # divisor of tensors replicated across TP without SP
     mask = 1 if ctx.dropout else 0
     h = spec.hidden_size
     a_loc = spec.num_heads / t
+    # norm inputs saved per block beyond the pre-norms: none for one shared norm (its output feeds both branches),
+    # one per sublayer for the post-norms of sandwich blocks (Gemma 2/3)
+    attn_norm_in, ffn_norm_in = {"shared": (1, 0), "sandwich": (2, 2)}.get(spec.block_norms, (1, 1))
 
     # --- attention ---------------------------------------------------------------------------
-    total = 2 * e * sb * h / tsh                  # norm input + norm output (= QKV input)
+    total = (attn_norm_in * e + li) * sb * h / tsh  # norm input(s) + norm output (= QKV input)
     total += mask * sb * h / tsh                  # dropout mask after the output projection
     if spec.mla is None:
         total += e * sb * spec.q_size / t         # Q
         total += 2 * e * sb * _local_kv_width(spec, t)  # K, V
-        total += e * sb * spec.q_size / t         # attention output = out-proj input
+        total += li * sb * spec.q_size / t        # attention output = out-proj input
     else:
         m = spec.mla
         if m.q_lora_rank:
@@ -91,19 +102,21 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     total += scores
 
     # --- feed-forward ----------------------------------------------------------------------------
-    total += 2 * e * sb * h / tsh                 # norm input + norm output (= MLP input)
+    total += (ffn_norm_in * e + (li if ffn_norm_in else 0)) * sb * h / tsh  # norm input + output (= MLP input)
     total += mask * sb * h / tsh                  # dropout mask after the MLP
-    n_inter = 4 if spec.mlp == "swiglu" else 2    # f-wide tensors saved per token
+    # f-wide tensors saved per token: SwiGLU gate, up, silu(gate) and the product (= down input); GELU its input
+    # and output (= down input). The down projection's input is a linear input (FP8 under fp8-mixed).
+    inter = (3 * e + li) if spec.mlp == "swiglu" else (e + li)
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k, fe = moe.top_k, moe.expert_ffn_hidden_size
         total += 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
-        total += 2 * e * k * sb * h                # dispatched token copies, expert outputs
-        total += n_inter * e * k * sb * fe / t     # expert intermediates for k·s·b tokens
-        if moe.num_shared_experts:
-            total += n_inter * e * sb * fe * moe.num_shared_experts / t
+        total += (li + e) * k * sb * h             # dispatched token copies (expert inputs), expert outputs
+        total += inter * k * sb * fe / t           # expert intermediates for k·s·b tokens
+        if moe.shared_width:
+            total += inter * sb * moe.shared_width / t
     else:
-        total += n_inter * e * sb * spec.ffn_hidden_size / t
+        total += inter * sb * spec.ffn_hidden_size / t
     return total, scores
 
 

@@ -3,6 +3,11 @@
 Mixed precision with Adam (ZeRO paper, Rajbhandari et al. 2019, arXiv 1910.02054 §3.1): 2 bytes of
 fp16/bf16 weights + 2 of gradients + K = 12 bytes of optimizer state (fp32 master weights 4, momentum 4,
 variance 4) = 16 bytes per parameter.
+
+FP8 mixed precision (``fp8-mixed``, Transformer Engine style; Micikevicius et al. 2022, "FP8 Formats for Deep
+Learning", arXiv 2209.05433 §4): the model states are those of bf16-mixed (bf16 working weights and gradients,
+fp32 master weights and moments); the GEMMs of the linear layers run in FP8 (E4M3 forward, E5M2 gradients), so the
+extra state is the FP8 copies of those weights and their per-tensor scaling factors (``memory/fp8.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 from shardlab.errors import ShardlabError
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "sgd", "adam-8bit")
 
 
@@ -29,7 +34,9 @@ class StateBytes:
     """Optimizer moments: AdamW 2 × 4 bytes (fp32) or 2 × 2 (pure bf16); SGD momentum 1 × 4 (or 2); 8-bit Adam 2 × 1
     (bitsandbytes; its per-block absmax adds about 0.2%, not counted)."""
     compute_dtype: str
-    """dtype whose peak FLOP/s applies (fp32, bf16, fp16)."""
+    """dtype whose peak FLOP/s applies (fp32, bf16, fp16), and in which activations are kept."""
+    gemm_dtype: str = ""
+    """dtype of the linear layers' GEMMs when it differs from compute_dtype ('fp8' under fp8-mixed), else ''."""
 
     @property
     def optimizer(self) -> float:
@@ -42,7 +49,8 @@ class StateBytes:
 
 
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
-    """Bytes per parameter for ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16) and ``optimizer`` (adamw, sgd, adam-8bit)."""
+    """Bytes per parameter for ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed) and ``optimizer``
+    (adamw, sgd, adam-8bit)."""
     if precision not in PRECISIONS:
         raise ShardlabError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if optimizer not in OPTIMIZERS:
@@ -51,7 +59,10 @@ def state_bytes(precision: str, optimizer: str) -> StateBytes:
         w, master, state, dtype = 4, 0, 4, "fp32"
     elif precision == "bf16":  # pure bf16: no master copy, optimizer states in bf16
         w, master, state, dtype = 2, 0, 2, "bf16"
+    elif precision == "fp8-mixed":  # bf16 working weights and activations, FP8 GEMMs (Transformer Engine)
+        w, master, state, dtype = 2, 4, 4, "bf16"
     else:
         w, master, state, dtype = 2, 4, 4, precision.split("-")[0]
     moments = {"adamw": 2 * state, "sgd": state, "adam-8bit": 2}[optimizer]
-    return StateBytes(weights=w, gradients=w, master=master, moments=moments, compute_dtype=dtype)
+    return StateBytes(weights=w, gradients=w, master=master, moments=moments, compute_dtype=dtype,
+                      gemm_dtype="fp8" if precision == "fp8-mixed" else "")

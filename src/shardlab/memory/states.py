@@ -72,7 +72,7 @@ def stage_tensors(spec: ModelSpec, layout: Layout) -> list[StageTensors]:
             by_stage[layer_stage[t.layer]].append(t)
     last = (len(chunks) - 1) % p
     if spec.tied_embeddings and p > 1:
-        by_stage[last].append(TensorSpec("output.weight", (spec.vocab_size, spec.hidden_size), L, "head", tp_dim=0))
+        by_stage[last].append(TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), L, "head", tp_dim=0))
     out = []
     for s in range(p):
         layers = tuple(sorted(layer for layer, st in layer_stage.items() if st == s))

@@ -15,8 +15,11 @@ from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import Overheads
+from shardlab.memory.fp8 import fsdp_unit_weight_bytes
+from shardlab.memory.lora import lora_activation_bytes, nf4_bits_per_weight
 from shardlab.memory.precision import StateBytes, state_bytes
-from shardlab.memory.states import StageTensors, StateReport, stage_tensors, state_report, state_report_from_count
+from shardlab.memory.recipe import DEFAULT, Recipe, check_recipe, count_states, rank_states
+from shardlab.memory.states import StageTensors, stage_tensors, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import kv_width_local, param_counts
@@ -56,6 +59,12 @@ class StageMemory:
     logits_and_loss, pp_p2p, tp_sp_gather, cp_kv_blocks, ep_all_to_all, fragmentation."""
     holds_embedding: bool = False
     holds_head: bool = False
+    host: dict[str, int] = field(default_factory=dict)
+    """Model-state bytes offloaded to host memory (or NVMe) by category: weights, gradients, master_weights, moments."""
+
+    @property
+    def host_total(self) -> int:
+        return sum(self.host.values())
 
     @property
     def model_states(self) -> int:
@@ -87,6 +96,10 @@ class MemoryReport:
     explain: dict[str, str]
     notes: list[str]
     by_component: dict[str, int] = field(default_factory=dict)
+    recipe: Recipe = DEFAULT
+    """Offload, LoRA/QLoRA and FP8 settings the report was computed with."""
+    recipe_summary: dict = field(default_factory=dict)
+    """What the recipe changed (trainable parameters, base bytes, offload device, FP8 extras)."""
 
     @property
     def worst(self) -> StageMemory:
@@ -133,6 +146,8 @@ class MemoryReport:
             "fits": self.fits,
             "headroom_bytes": None if self.accelerator is None else self.capacity_bytes - w.total,
             "explain": self.explain,
+            "recipe": self.recipe_summary,
+            "host_per_gpu": {**w.host, "total": w.host_total},
             "notes": self.notes,
             "units": "bytes (integers); GiB = 2**30 in human output",
         }
@@ -154,12 +169,15 @@ def training_memory(
     dropout: bool = False,
     num_gpus: int | None = None,
     fused_loss: bool = False,
+    recipe: Recipe = DEFAULT,
 ) -> MemoryReport:
-    """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``."""
+    """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``; ``recipe`` adds
+    offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``)."""
     if (model is None) == (params is None):
         raise ShardlabError("give a model or --params, not both")
     validate(layout, model, num_gpus, seq_len if model is not None else None)
     sb = state_bytes(precision, optimizer)
+    check_recipe(recipe, precision, layout.zero)
     m = microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
@@ -167,25 +185,32 @@ def training_memory(
     if microbatches is None and layout.pp > 1:
         notes.append(f"--microbatches not given: assumed m = 4·pp = {m} (1F1B holds at most p micro-batches; GPipe holds all m)")
     if model is None:
-        return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes)
+        return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes, recipe)
 
     s = seq_len or min(model.max_seq_len, 4096)
     if seq_len is None:
         notes.append(f"--seq-len not given: assumed {s}")
     ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
-                            fused_loss=fused_loss)
+                            fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
     pc = param_counts(model)
-    stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads) for st in stage_tensors(model, layout)]
+    stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads, recipe, precision) for st in stage_tensors(model, layout)]
     rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
-                       dict(pc.by_component))
+                       dict(pc.by_component), recipe)
     rep.explain = _explain(rep, model, sb, ctx)
+    from shardlab.memory.recipe_report import recipe_summary
+
+    rep.recipe_summary = recipe_summary(rep, model, sb)
     if layout.sequence_parallel and layout.tp == 1:
         notes.append("--sequence-parallel has no effect with --tp 1")
     return rep
 
 
-def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, notes) -> MemoryReport:
-    st = state_report_from_count(params, layout, sb)
+def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, notes, recipe=DEFAULT) -> MemoryReport:
+    rs = count_states(state_report_from_count(params, layout, sb), layout, sb, recipe)
+    st = rs.gpu
+    if precision == "fp8-mixed":
+        notes.append("fp8-mixed with a bare parameter count: FP8 weight copies and scaling state need a model's shapes "
+                     "(not counted)")
     other = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
     groups = sum(1 for g in (layout.tp, layout.cp, layout.dp_shard, layout.pp, layout.ep) if g > 1)
     if groups:
@@ -193,10 +218,15 @@ def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, no
     if layout.zero == 0 and layout.dp_shard > 1 and ov.ddp_bucket_copy:
         other["ddp_buckets"] = st.gradients
     other = {k: v for k, v in other.items() if v > 0}
-    stage = StageMemory(0, 0, 0, st.params_local, 0, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other)
+    stage = StageMemory(0, 0, 0, st.params_local, 0, st.weights, st.gradients, st.optimizer, st.master, st.moments, 0, 1.0, other,
+                        host=rs.host)
     notes.append("parameter count only: model states are exact, activations are not estimated (give a model for them)")
-    rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes)
+    rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes,
+                       recipe=recipe)
     rep.explain = _explain_states(rep, sb, st.params_local)
+    from shardlab.memory.recipe_report import recipe_summary
+
+    rep.recipe_summary = recipe_summary(rep, None, sb)
     return rep
 
 
@@ -293,21 +323,30 @@ def _scalar_eq(x, v) -> bool:
 
 
 def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes, ctx: ActivationContext,
-                  m: int, ov: Overheads) -> StageMemory:
-    states: StateReport = state_report(st.tensors, spec, layout, sb)
+                  m: int, ov: Overheads, recipe: Recipe = DEFAULT, precision: str = "bf16-mixed") -> StageMemory:
+    rs = rank_states(st.tensors, spec, layout, sb, recipe, precision)
+    states = rs.gpu
     n = in_flight(layout, st.stage, m)
     acts = stage_activation_bytes(spec, st.layers, layout, ctx, n, holds_embedding=st.holds_embedding,
                                   holds_head=st.holds_head)
+    if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
+        acts = acts + n * sum(lora_activation_bytes(spec, i, layout, ctx, recipe.lora) for i in st.layers)
     unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
+    if precision == "fp8-mixed":  # gathered units hold FP8 copies too (or are gathered in FP8)
+        unit_w = unit_w / sb.weights * fsdp_unit_weight_bytes(recipe.fp8)
+    if recipe.lora is not None:  # frozen base: gathered NF4/bf16 weights, adapter gradients only
+        unit_w = unit_w * (nf4_bits_per_weight(recipe.lora) / 16 if recipe.lora.quantize_base == "nf4" else 1.0)
+        unit_g = 0.0
     other = stage_overheads(spec, layout, ctx, ov, n_in_flight=n, acts=acts, gradient_bytes=states.gradients,
                             unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=st.holds_head,
                             has_moe=any(spec.is_moe_layer(i) for i in st.layers))
     other = {k: int(v) for k, v in other.items() if v > 0}
+    other.update(rs.other)
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
                        params=states.params_local, expert_params=states.expert_params_local, weights=states.weights, gradients=states.gradients,
                        optimizer=states.optimizer, master_weights=states.master, moments=states.moments,
                        activations=int(acts), in_flight=float(n), other=other,
-                       holds_embedding=st.holds_embedding, holds_head=st.holds_head)
+                       holds_embedding=st.holds_embedding, holds_head=st.holds_head, host=rs.host)
 
 
 def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:

@@ -12,7 +12,7 @@ def _layout_str(lay: dict) -> str:
         s += f" cp{lay['cp']}"
     if lay["ep"] > 1:
         s += f" ep{lay['ep']}"
-    s += f" z{lay['zero']} mb{lay['micro_batch']}"
+    s += f" z{lay['zero']}" + (f" hsdp{lay['dp_replicate']}" if lay.get("dp_replicate", 1) > 1 else "") + f" mb{lay['micro_batch']}"
     if lay["pp"] > 1:
         s += f" {lay['schedule']}" + (f"-v{lay['vpp']}" if lay["vpp"] > 1 else "")
     if lay["recompute"] != "none":
@@ -27,10 +27,15 @@ def render_plan(doc: dict) -> str:
     lines = [f"shardlab plan: {doc['model']} on {doc['gpus']} × {doc['gpu']} ({doc['gpus_per_node']} per node, "
              f"{doc['intra_link']} + {doc['inter_link']}), objective {doc['objective']}",
              f"workload: seq {wl['seq_len']}, global batch {wl['global_batch']} ({fmt_count(wl['tokens_per_step'])} tokens/step), "
-             f"{wl['precision']}, {wl['optimizer']}",
+             f"{wl['precision']}, {wl['optimizer']}"
+             + (f", offload {wl['offload']}" if wl.get("offload", "none") != "none" else "")
+             + (f", LoRA r={wl['lora_rank']}" + (" on an NF4 base (QLoRA)" if wl.get("quantize_base") == "nf4" else "")
+                if wl.get("lora_rank") else ""),
+             f"framework: {doc['framework']['id']} (searches what it runs; --framework to change)" if doc.get("framework") else "",
              f"searched {doc['combinations']:,} combinations, scored {doc['evaluated']:,} in {doc['search_s']:.2f} s; rejected:"]
     for reason, n in sorted(doc["rejected"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {n:>9,}  {reason}")
+    lines += [f"note: {n}" for n in doc.get("notes", [])]
     if not doc["plans"]:
         lines += ["", "NO LAYOUT FITS: every scored layout runs out of GPU memory. Add GPUs, use a GPU with more memory, "
                       "or lower the precision/optimizer state (--precision bf16, --optimizer adam-8bit)."]

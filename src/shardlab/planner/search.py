@@ -57,7 +57,8 @@ def layout_of(c: dict, i: int) -> Layout:
     return Layout(dp=int(c["dp"][i]), tp=int(c["tp"][i]), pp=pp, cp=int(c["cp"][i]), ep=int(c["ep"][i]),
                   zero=int(c["zero"][i]), vpp=int(c["vpp"][i]), micro_batch=int(c["mb"][i]),
                   recompute=RC_NAMES[int(c["rc"][i])], sequence_parallel=bool(c["sp"][i]),
-                  schedule=SCHED_NAMES[int(c["sched"][i])] if pp > 1 else "1f1b")
+                  schedule=SCHED_NAMES[int(c["sched"][i])] if pp > 1 else "1f1b",
+                  dp_replicate=int(c["rep"][i]) if "rep" in c else 1)
 
 
 def _concat(parts: list[dict]) -> dict:
@@ -66,7 +67,7 @@ def _concat(parts: list[dict]) -> dict:
 
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
                   fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
-                  progress=None) -> PlanResult:
+                  progress=None, framework=None) -> PlanResult:
     """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs).
 
     ``progress(done, total, label)``, if given, is called after each world size scored and each exact memory check."""
@@ -84,7 +85,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     for k, w in enumerate(worlds):
         if progress:
             progress(k, steps, f"scoring layouts of {w} GPUs")
-        c, rej, n = enumerate_space(spec, w, cluster.gpus_per_node, wl.seq_len, wl.global_batch, fixed)
+        c, rej, n = enumerate_space(spec, w, cluster.gpus_per_node, wl.seq_len, wl.global_batch, fixed, framework)
         rejected.update(rej)
         total += n
         if len(c["dp"]):
@@ -104,7 +105,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
            "cost": world * r["step_time_s"]}[objective]
     # near-ties (e.g. dp·mb traded for cp·mb) go to the simpler layout, then to the one needing less memory
     complexity = ((c["tp"] > 1) * 1 + (c["pp"] > 1) + (c["cp"] > 1) + (c["ep"] > 1) + (c["zero"] > 0) + (c["rc"] > 0)
-                  + (c["vpp"] > 1) + (c["zero"] == 3))
+                  + (c["vpp"] > 1) + (c["zero"] == 3) + (c["rep"] > 1))
     key = np.where(fits, key * (1 + SIMPLICITY * complexity + 1e-12 * r["memory_bytes"] / 2**30), np.inf)
     order = np.argsort(key, kind="stable")
     plans: list[dict] = []
@@ -132,12 +133,14 @@ def _plan_dict(spec, cluster, wl, c, r, i, overheads, exact: bool) -> dict:
          **{k: float(r[k][i]) for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
                                           "mfu", "hfu")},
          "breakdown": {k: float(r[k][i]) for k in ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
-                                                     "pp_p2p_s", "zero3_comm_s", "pp_bubble_s", "dp_comm_s", "optimizer_s")},
+                                                     "pp_p2p_s", "zero3_comm_s", "pp_bubble_s", "dp_comm_s", "optimizer_s",
+                                                     "host_overhead_s", "offload_s")},
          "memory_bytes_approx": int(r["memory_bytes"][i])}
     if exact:
         mem = training_memory(lay, model=spec, accelerator=cluster.accelerator, seq_len=wl.seq_len, precision=wl.precision,
                               optimizer=wl.optimizer, microbatches=m, overheads=overheads,
-                              flash_attention=wl.flash_attention, dropout=wl.dropout)
+                              flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
+                              recipe=wl.recipe)
         d["memory_bytes"] = mem.worst.total
         d["memory_worst_rank"] = {"rank": mem.worst.rank, "reason": mem.worst_reason()}
         d["fits"] = bool(mem.fits)

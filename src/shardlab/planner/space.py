@@ -8,7 +8,9 @@ it breaks (the order of REJECT_REASONS), and the rest are scored. Options:
 - cp: powers of two dividing the GPU count, up to 32;
 - ep: divisors of the expert count (MoE models), 1 otherwise;
 - pipeline schedule (pp > 1): gpipe, 1f1b, zb-h1, or interleaved with 2, 4 or 8 virtual stages;
-- zero 0-3, micro-batch 1-16 (powers of two), recompute none/selective/full, sequence parallel off/on.
+- zero 0-3, micro-batch 1-16 (powers of two), recompute none/selective/full, sequence parallel off/on;
+- hybrid sharding off/on (ZeRO over the data-parallel ranks of one node, replicas across nodes).
+A framework profile narrows each list to what it runs (its axes, pipeline schedules and ZeRO stages).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from collections import Counter
 
 import numpy as np
 
+from shardlab.errors import ShardlabError
 from shardlab.estimate.step import SCHEDULE_CODES
+
+SCHED_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
 from shardlab.specs.model import ModelSpec
 
 REJECT_REASONS = (
@@ -29,6 +34,8 @@ REJECT_REASONS = (
     "global batch is not divisible by micro-batch × dp",
     "interleaved schedule needs the micro-batch count to be a multiple of pp",
     "redundant: sequence parallel without tp, or ZeRO with nothing to shard",
+    "hybrid sharding needs ZeRO, more than one node's worth of data parallelism, and a framework that has it",
+    "the framework does not combine this ZeRO stage with pipeline parallelism",
 )
 
 
@@ -57,29 +64,42 @@ def tp_ok(spec: ModelSpec, tp: int) -> bool:
 
 
 def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len: int, global_batch: int,
-                    fixed: dict | None = None) -> tuple[dict, Counter, int]:
-    """All candidates for ``num_gpus`` GPUs. ``fixed`` pins options (e.g. {"tp": 8, "zero": 1}).
+                    fixed: dict | None = None, framework=None) -> tuple[dict, Counter, int]:
+    """All candidates for ``num_gpus`` GPUs. ``fixed`` pins options (e.g. {"tp": 8, "zero": 1}); ``framework`` (a
+    Framework profile) limits the options to what it can run (axes, pipeline schedules, ZeRO stages).
 
     Returns (valid candidates as a dict of arrays, rejection counts by reason, total combinations).
     """
     fixed = fixed or {}
+    fw = framework
+    can = lambda axis: fw is None or axis in fw.axes
     pick = lambda key, values: [fixed[key]] if key in fixed else values
     divs = _divisors(num_gpus)
-    tps = pick("tp", [d for d in divs if d <= gpus_per_node])
-    pps = pick("pp", [d for d in divs if d <= spec.num_layers])
-    cps = pick("cp", [d for d in divs if d & (d - 1) == 0 and d <= 32])
-    eps = pick("ep", _divisors(spec.moe.num_experts) if spec.moe else [1])
-    zeros, mbs = pick("zero", [0, 1, 2, 3]), pick("mb", [1, 2, 4, 8, 16])
-    rcs, sps = pick("rc", [0, 1, 2]), pick("sp", [0, 1])
+    tps = pick("tp", [d for d in divs if d <= gpus_per_node] if can("tp") else [1])
+    pps = pick("pp", [d for d in divs if d <= spec.num_layers] if fw is None or fw.schedules else [1])
+    cps = pick("cp", [d for d in divs if d & (d - 1) == 0 and d <= 32] if can("cp") else [1])
+    eps = pick("ep", _divisors(spec.moe.num_experts) if spec.moe and can("ep") else [1])
+    zeros = pick("zero", [z for z in (0, 1, 2, 3) if fw is None or z in fw.zero_stages])
+    mbs = pick("mb", [1, 2, 4, 8, 16])
+    rcs, sps = pick("rc", [0, 1, 2]), pick("sp", [0, 1] if can("tp") else [0])
+    hss = pick("hs", [0, 1])
     pipes = [(pp, v, s) for pp in pps for v, s in pipeline_options(pp)
-             if ("vpp" not in fixed or v == fixed["vpp"]) and ("sched" not in fixed or s == fixed["sched"])]
-    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps)]
+             if ("vpp" not in fixed or v == fixed["vpp"]) and ("sched" not in fixed or s == fixed["sched"])
+             and (pp == 1 or fw is None or SCHED_NAMES[s] in fw.schedules)]
+    if not pipes:
+        raise ShardlabError("no pipeline option is left: the pinned pp/vpp/schedule (--fix) do not combine"
+                            + (f" with what {fw.id} runs (schedules: {', '.join(fw.schedules) or 'none'})" if fw else "")
+                            + "; pin fewer axes")
+    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps, hss)]
     index = np.indices([len(a) for a in axes]).reshape(len(axes), -1)   # the Cartesian product, as index arrays
-    tp, pidx, cp, ep, zero, mb, rc, sp = (a[i] for a, i in zip(axes, index))
-    pipes_a = np.array(pipes, dtype=np.int64)
+    tp, pidx, cp, ep, zero, mb, rc, sp, hs = (a[i] for a, i in zip(axes, index))
+    pipes_a = np.array(pipes, dtype=np.int64).reshape(-1, 3)
     pp, vpp, sched = pipes_a[pidx].T
     mp = tp * pp * cp
     dp = np.where(num_gpus % mp == 0, num_gpus // np.maximum(mp, 1), 0)
+    # hybrid sharding: shard inside a node (the dp·cp ranks one node holds), replicate across nodes
+    per_node = np.maximum(gpus_per_node // np.maximum(tp, 1), 1)
+    rep = np.where(hs == 1, np.maximum(dp * cp // np.minimum(per_node, np.maximum(dp * cp, 1)), 1), 1)
     m = np.where(dp > 0, global_batch // np.maximum(mb * dp, 1), 0)
     ok_tp = np.isin(tp, [t for t in set(tps) if tp_ok(spec, t)])
     E = spec.moe.num_experts if spec.moe else 1
@@ -92,6 +112,9 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         (dp > 0) & (global_batch % np.maximum(mb * dp, 1) == 0),
         (sched != SCHEDULE_CODES["interleaved"]) | ((m % pp == 0) & (m >= pp)),
         ~((sp == 1) & (tp == 1)) & ~((zero > 0) & (dp * cp == 1)),
+        (hs == 0) | ((zero > 0) & (rep > 1) & (dp % np.maximum(rep, 1) == 0) & ((dp // np.maximum(rep, 1)) % ep == 0)
+                     & (fw is None or fw.hybrid_sharding)),
+        (pp == 1) | (zero <= (3 if fw is None else fw.pipeline_max_zero)),
     ]
     rejected = Counter()
     alive = np.ones(len(tp), dtype=bool)
@@ -101,5 +124,5 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
             rejected[reason] = int(bad.sum())
         alive &= ok
     cands = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "vpp": vpp, "mb": mb, "rc": rc, "sp": sp,
-             "sched": sched}
+             "sched": sched, "rep": rep}
     return {k: v[alive] for k, v in cands.items()}, rejected, len(tp)

@@ -89,17 +89,20 @@ def check_gpu_count(nproc: int) -> None:
 
 def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int = 20, warmup: int = 2,
                     min_time_s: float = 0.05, timeout_s: float = 600, device: str | None = None,
-                    overlap: bool = True) -> dict:
+                    overlap: bool = True, observe=None) -> dict:
     """Launch the benchmark on ``nproc`` ranks; returns {backend, device, world_size, rows, overlap, launch_s}
-    (``overlap``: ``runtime.bench.overlap.measure_overlap``'s result, or None)."""
+    (``overlap``: ``runtime.bench.overlap.measure_overlap``'s result, or None). ``observe``: metrics options
+    (``runtime.observe``; each (op, size) measurement is one step)."""
     from shardlab.runtime.launch import launch
+    from shardlab.runtime.observe.report import observation_for
 
     if nproc < 2:
         raise ShardlabError(f"--nproc must be at least 2 for a collective, got {nproc}")
     args = ["--ops", ",".join(ops), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
             "--warmup", str(warmup), "--min-time", str(min_time_s)] + (["--overlap"] if overlap else [])
     env = {"SHARDLAB_DEVICE": device} if device else None
-    res = launch("shardlab.runtime.bench_collectives", nproc, args, timeout_s=timeout_s, env=env)
+    obs = observation_for(observe, nproc, nproc, "bench")
+    res = launch("shardlab.runtime.bench_collectives", nproc, args, timeout_s=timeout_s, env=env, observer=obs)
     res.raise_for_failure()
     docs = res.rank_results()
     if not docs or "rows" not in docs[0]:
@@ -107,6 +110,8 @@ def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int 
     doc = docs[0]
     doc.pop("rank", None)
     doc["launch_s"] = res.duration_s
+    if obs is not None:
+        doc["observability"] = {k: v for k, v in obs.finish(skip_steps=0).items() if k in ("metrics", "steps_jsonl")}
     return doc
 
 
@@ -240,19 +245,27 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 
     from shardlab.runtime.dist import destroy, init_from_env
+    from shardlab.runtime.observe.rank import RankObserver
     from shardlab.runtime.worker import RankRun
 
     ctx = init_from_env()
     rows = []
+    sizes = [int(s) for s in a.sizes.split(",")]
+    # progress only: the collective tap stays off, so its few microseconds per call never enter the timings
+    obs = RankObserver.from_env(ctx, strategy="bench", kind="bench", model="-",
+                                planned=len(a.ops.split(",")) * len(sizes), tokens_per_step=0)
     with RankRun(ctx.rank) as rr:
         for op in a.ops.split(","):
-            for size in (int(s) for s in a.sizes.split(",")):
+            for size in sizes:
                 s = round_size(size, ctx.world_size)
                 rr.beat(f"{op} {s}")
+                t0 = time.perf_counter()
                 fn = _op_fn(torch, dist, op, s, ctx)
                 rows.append(summarise_row(op, s, _measure(torch, dist, fn, ctx, a.iters, a.warmup, a.min_time),
                                           ctx.world_size))
                 del fn
+                obs.step_done(len(rows) - 1, time.perf_counter() - t0, wait_s=0.0)
+        obs.finish(barrier=False)
         overlap = None
         if a.overlap:
             from shardlab.runtime.bench.overlap import measure_overlap

@@ -74,6 +74,13 @@ def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: 
 
     With ``profile`` (a file from ``shardlab calibrate``) its accelerator, intra-node link and communication
     overlap replace the catalog defaults, unless ``accelerator``/``link`` name others."""
+    est, src = predicted_estimate(spec, strategy, shape, accelerator, link, profile)
+    return (est.step_time_s if est is not None else None), src
+
+
+def predicted_estimate(spec, strategy: Strategy, shape: RunShape, accelerator: str | None = "cpu-core",
+                       link: str | None = "loopback", profile: str | None = None):
+    """(TrainingEstimate, where from), or (None, why) when the estimate is unavailable."""
     try:
         from shardlab.estimate import estimate_training
     except ImportError:
@@ -91,7 +98,7 @@ def predicted_step_time(spec, strategy: Strategy, shape: RunShape, accelerator: 
         est = estimate_training(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
                                 global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer,
                                 dp_overlap=prof.get("comm_overlap", True) is not False)
-        return est.step_time_s, f"shardlab.estimate on {n} × {acc.id} over {ln.id}" + (f" (profile {profile})" if profile else "")
+        return est, f"shardlab.estimate on {n} × {acc.id} over {ln.id}" + (f" (profile {profile})" if profile else "")
     except Exception as e:  # the estimator is another module's: report, never crash the run
         return None, f"no step-time prediction ({type(e).__name__}: {e})"
 

@@ -35,6 +35,8 @@ class InferRequest:
     """cpu or cuda (default: cuda when available)."""
     torchrun_args: tuple[str, ...] = ()
     """Extra torchrun flags (multi-node rendezvous)."""
+    observe: object = None
+    """``runtime.observe.launcher.ObserveOptions`` (metrics endpoints, live table, slowness injection), or None."""
 
 
 def prompt_tokens(text: str, vocab: int) -> list[int]:
@@ -85,8 +87,11 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     nodes = _nnodes(req.torchrun_args)
     if t % nodes:
         raise ShardlabError(f"--tp {t} is the total over {nodes} nodes and must be a multiple of the node count")
+    from shardlab.runtime.observe.report import infer_prediction, observation_for
+
+    obs = observation_for(req.observe, t // nodes, t, "infer", req.torchrun_args)
     res = launch("shardlab.runtime.infer_worker", t // nodes, args, timeout_s=req.timeout_s,
-                 torchrun_args=list(req.torchrun_args))
+                 torchrun_args=list(req.torchrun_args), observer=obs)
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()
@@ -95,7 +100,7 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     tokens = ranks[0]["tokens"]
     ref = reference_tokens(spec, toks, req.max_new_tokens, req.seed) if check_reference else None
     lat = max(d["latency_per_token_s"] for d in ranks)
-    return {
+    doc = {
         "model": spec.name, "tp": t, "strategy": req.strategy if t > 1 else "single", "prompt_tokens": toks,
         "tokens": tokens, "text": bytes(x for x in tokens if x < 256).decode("utf-8", "replace"),
         "matches_tp1": None if ref is None else tokens == ref,
@@ -109,6 +114,9 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
         "latency_per_token_s": lat, "cached_tokens": total,
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir)},
     }
+    if obs is not None:  # step 0 is the prefill: the percentiles are of decoded tokens
+        doc["observability"] = obs.finish(skip_steps=1, predicted=infer_prediction(spec, t, len(toks), req))
+    return doc
 
 
 def sweep_tps(spec, strategy: str, device: str | None, max_tp: int | None) -> tuple[tuple[int, ...], str]:
@@ -138,6 +146,8 @@ def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] |
     """T = 1, 2, 4, ... as the devices allow (``sweep_tps``): latency per token, speedup over T = 1, and a PNG."""
     from shardlab.runtime.train_worker import resolve_spec
 
+    if req.observe is not None and (req.observe.slow_rank or req.observe.slow_link):
+        raise ShardlabError("--slow-rank/--slow-link apply to one run, not to --sweep; drop --sweep or the injection")
     why = "the T values asked for"
     if tps is None:
         tps, why = sweep_tps(resolve_spec(req.model), req.strategy, req.device, max_tp)
@@ -208,6 +218,10 @@ def render_infer(doc: dict) -> str:
            f"memory {'matches the model exactly' if doc['memory_exact'] else 'DIFFERS from the model'}; "
            f"per-token latency (slowest rank): {fmt_time(doc['latency_per_token_s'])}; "
            f"weights {fmt_bytes(p['weight_bytes'])}/rank"]
+    if doc.get("observability"):
+        from shardlab.runtime.observe.report import render_observability
+
+        out += ["", render_observability(doc["observability"], unit="token")]
     return "\n".join(out)
 
 

@@ -42,8 +42,10 @@ def shard_for_inference(model, strategy: str, group, mesh):
     return apply_megatron_tp(model, group, counter), counter
 
 
-def generate(model, prompt, max_new: int, cache, sync=None) -> tuple[list[int], float, list[float]]:
-    """Greedy decoding: (new token ids, prefill seconds, per-token decode seconds)."""
+def generate(model, prompt, max_new: int, cache, sync=None, on_token=None) -> tuple[list[int], float, list[float]]:
+    """Greedy decoding: (new token ids, prefill seconds, per-token decode seconds).
+
+    ``on_token(k, t0)`` runs after token k (0: the prefill) with its start time, inside its timing."""
     import torch
 
     out, lat = [], []
@@ -51,6 +53,8 @@ def generate(model, prompt, max_new: int, cache, sync=None) -> tuple[list[int], 
         t0 = time.perf_counter()
         logits = model(prompt, 0, cache)                        # (1, p, V)
         nxt = int(logits[0, -1].argmax())
+        if on_token:
+            on_token(0, t0)
         prefill_s = time.perf_counter() - t0
         out.append(nxt)
         pos = prompt.shape[1]
@@ -60,6 +64,8 @@ def generate(model, prompt, max_new: int, cache, sync=None) -> tuple[list[int], 
             nxt = int(logits[0, -1].argmax())
             if sync:
                 sync()
+            if on_token:
+                on_token(len(out), t0)
             lat.append(time.perf_counter() - t0)
             out.append(nxt)
             pos += 1
@@ -79,12 +85,15 @@ def run(args, rr) -> dict:
     from shardlab.runtime.dist import destroy, init_from_env
     from shardlab.runtime.gpt import KVCache, build_model
     from shardlab.runtime.metrics import CollectiveRecorder, storage_bytes
+    from shardlab.runtime.observe.rank import RankObserver
     from shardlab.runtime.train_worker import resolve_spec
 
     ctx = init_from_env(device_type=args.device)
     spec = resolve_spec(args.model)
     tp = ctx.world_size
     mesh = init_device_mesh(ctx.device_type, (tp,), mesh_dim_names=("tp",))
+    obs = RankObserver.from_env(ctx, strategy=args.strategy, kind="infer", model=spec.name, planned=args.max_new_tokens,
+                                tokens_per_step=1)
     rr.beat("build model")
     model = build_model(spec, device=ctx.device, seed=args.seed).eval()
     model, counter = shard_for_inference(model, args.strategy, mesh.get_group(), mesh)
@@ -101,13 +110,15 @@ def run(args, rr) -> dict:
         first, _, _ = generate(model, prompt, args.max_new_tokens, new_cache(), sync)
     rr.beat("generate (timed)")
     cache = new_cache()
-    tokens, prefill_s, lat = generate(model, prompt, args.max_new_tokens, cache, sync)
+    obs.bind(mesh)  # per-token records and metrics, slowness injection: on the timed pass only
+    tokens, prefill_s, lat = generate(model, prompt, args.max_new_tokens, cache, sync, obs.token)
     doc = {"tokens": tokens, "repeatable": tokens == first, "tp": tp, "strategy": args.strategy if tp > 1 else "single", "backend": ctx.backend,
            "weight_bytes": storage_bytes(list(model.parameters())), "kv_cache_bytes": cache.nbytes,
            "cached_tokens": total, "prefill_s": prefill_s, "decode_latencies_s": lat,
            "latency_per_token_s": sum(lat) / len(lat) if lat else prefill_s,
            "collectives": rec.summary(),
            "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in counter.counts.items()} if counter else {}}
+    obs.finish(barrier=False)
     rr.beat("shutdown")
     destroy()
     return doc

@@ -80,7 +80,8 @@ def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: li
 
 
 def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: dict | None = None,
-           torchrun_args: list[str] | None = None, run_dir: str | os.PathLike | None = None) -> LaunchResult:
+           torchrun_args: list[str] | None = None, run_dir: str | os.PathLike | None = None,
+           observer=None) -> LaunchResult:
     """Run ``module`` on ``nproc`` ranks with torchrun; never hangs longer than ``timeout_s``.
 
     ``env`` entries are added to the environment (OMP_NUM_THREADS defaults to 1 for every rank: ranks share
@@ -88,7 +89,9 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     whole job is stopped (torchrun, every rank, anything they started) before this returns or raises; if
     this process dies, even by SIGKILL, the kernel signals torchrun (PR_SET_PDEATHSIG) and a watchdog
     process stops every rank (``shardlab.proctree``). A temporary ``run_dir`` is removed when the
-    process exits (set SHARDLAB_KEEP_RUN_DIR=1 to keep it).
+    process exits (set SHARDLAB_KEEP_RUN_DIR=1 to keep it). ``observer`` (a
+    ``shardlab.runtime.observe.launcher.Observation``) adds the ranks' metrics settings and scrapes them while
+    they run.
     """
     from shardlab import proctree
 
@@ -105,6 +108,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     full_env.setdefault("TORCHELASTIC_ERROR_FILE", str(rd / "torchelastic_error.json"))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     warn_oversubscribed(nproc, args, full_env)
+    if observer is not None:
+        full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args)
     timed_out = False
     with proctree.signals_raise(), proctree.subreaper():
@@ -119,6 +124,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                                     start_new_session=True, preexec_fn=proctree.die_with_parent(signal.SIGTERM))
             tree.track(proc.pid)
             watchdog.track(proc.pid)
+            if observer is not None:
+                observer.start()
             try:
                 out, err = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -132,6 +139,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                         _stop_job(proc, tree)
                     tree.stop(0.0, groups=[proc.pid], skip_reap=[proc.pid])   # ranks torchrun left behind
                 watchdog.close()
+                if observer is not None:
+                    observer.stop()
     res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res

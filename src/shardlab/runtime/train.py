@@ -57,6 +57,8 @@ class TrainRequest:
     """Accelerator id for the step-time prediction (default cpu-core on CPU)."""
     torchrun_args: tuple[str, ...] = ()
     """Extra torchrun flags (multi-node rendezvous)."""
+    observe: object = None
+    """``runtime.observe.launcher.ObserveOptions`` (metrics endpoints, live table, slowness injection), or None."""
 
 
 def prepare(req: TrainRequest):
@@ -110,13 +112,15 @@ def worker_args(req: TrainRequest, mb: int) -> list[str]:
 def run_train(req: TrainRequest) -> dict:
     """Run, gather, compare; returns the JSON document."""
     from shardlab.runtime import require_torch
-    from shardlab.runtime.compare import RunShape, memory_notes, memory_rows, predicted_memory, predicted_step_time
+    from shardlab.runtime.compare import RunShape, memory_notes, memory_rows, predicted_estimate, predicted_memory
     from shardlab.runtime.launch import launch
+    from shardlab.runtime.observe.report import observation_for, train_prediction
 
     require_torch()
     spec, st, mb = prepare(req)
+    obs = observation_for(req.observe, req.nproc, st.world_size, "train", req.torchrun_args)
     res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
-                 torchrun_args=list(req.torchrun_args))
+                 torchrun_args=list(req.torchrun_args), observer=obs)
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()
@@ -125,10 +129,11 @@ def run_train(req: TrainRequest) -> dict:
     rows = memory_rows(report, ranks, spec)
     dev = ranks[0]["device"] if ranks else "cpu"
     if req.profile:
-        pred_s, pred_src = predicted_step_time(spec, st, shape, req.predict_gpu, None, profile=req.profile)
+        est, pred_src = predicted_estimate(spec, st, shape, req.predict_gpu, None, profile=req.profile)
     else:
         gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
-        pred_s, pred_src = predicted_step_time(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
+        est, pred_src = predicted_estimate(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
+    pred_s = est.step_time_s if est is not None else None
     times = {d["rank"]: d["step_time_s"] for d in ranks}
     slow = max(times, key=times.get)
     med = statistics.median(times.values())
@@ -163,6 +168,9 @@ def run_train(req: TrainRequest) -> dict:
 
         data = SyntheticData(spec.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
         doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed)
+    if obs is not None:  # steps 0 and 1 carry the memory tracker and the dispatch recorder: left out
+        doc["observability"] = obs.finish(skip_steps=min(2, req.steps - 1),
+                                          predicted=train_prediction(est, req.observe, pred_src))
     return doc
 
 
@@ -248,5 +256,9 @@ def render_train(doc: dict) -> str:
         out.append(f"parity with one process (step 0): loss {p['run_loss']:.6f} vs {p['reference_loss']:.6f} "
                    f"(|err| {p['loss_abs_err']:.1e}), gradients max |err| {p['grad_max_abs_err']:.1e} over "
                    f"{p['tensors_compared']} tensors (tolerance 1e-5 / 1e-6): {'OK' if p['ok'] else 'FAILED'}")
+    if doc.get("observability"):
+        from shardlab.runtime.observe.report import render_observability
+
+        out += ["", render_observability(doc["observability"])]
     out.append(f"rank JSON: {doc['launch']['run_dir']} (removed when shardlab exits; SHARDLAB_KEEP_RUN_DIR=1 keeps it)")
     return "\n".join(out)

@@ -58,6 +58,7 @@ def run(args, rr) -> dict:
     from shardlab.runtime.data import SyntheticData
     from shardlab.runtime.dist import destroy, init_from_env
     from shardlab.runtime.metrics import CollectiveRecorder, PeakMemory, SavedActivations, model_state_bytes
+    from shardlab.runtime.observe.rank import RankObserver
     from shardlab.runtime.parallel.build import forward_backward, full_grads, optimizer_step, setup_rank
     from shardlab.runtime.parallel.strategy import parse_strategy
 
@@ -67,6 +68,8 @@ def run(args, rr) -> dict:
     local = args.global_batch // st.dp
     m = local // args.micro_batch
     data = SyntheticData(spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)
+    obs = RankObserver.from_env(ctx, strategy=st.name, kind="train", model=spec.name, planned=args.steps,
+                                tokens_per_step=args.global_batch * args.seq_len)
     rec = CollectiveRecorder()
     rec.phase = "setup"
     rr.beat("build model")
@@ -77,13 +80,15 @@ def run(args, rr) -> dict:
     rec.reset()
     setup.counter.reset()
     dp_group = setup.mesh["dp"].get_group()
+    obs.bind(setup.mesh, setup.modules, dp_group)  # per-step collectives, metrics endpoint, slowness injection
     # step 0: memory (MemTracker + saved activations) and collective counts; step 1: time in collectives
     # (the recorder is a Python dispatch mode: it slows every op); steps 2+: clean step times
     coll_step = 1 if args.steps > 1 else 0
     losses, times, states, peak, coll_counts, coll_times, megatron_step0, megatron_sites = [], [], None, {}, {}, {}, {}, {}
     for k in range(args.steps):
-        x, y = data.shard(k, setup.coords["dp"], st.dp)
-        dist.barrier()  # steps start together; the barrier is outside the timed region and the recorder
+        with obs.data():
+            x, y = data.shard(k, setup.coords["dp"], st.dp)
+        obs.sync()  # steps start together; the barrier (timed: the wait for the slowest rank) is outside the step
         rr.beat(f"step {k} forward/backward")
         # MemTracker's module hooks cannot follow pipelining's autograd.grad: no tracker with pp
         tracker = PeakMemory(setup.modules, setup.optimizer, fsdp=st.data == "fsdp") \
@@ -106,11 +111,13 @@ def run(args, rr) -> dict:
                 tracker.__exit__(None, None, None)
         if ctx.device_type == "cuda":
             torch.cuda.synchronize()
+        obs.slow_down(k, time.perf_counter() - t0)
         times.append(time.perf_counter() - t0)
         if k == 0:
             states = model_state_bytes(setup.params, setup.optimizer)
             peak = {"by_category": tracker.peak_by_category(), "at_peak": tracker.at_peak()} if tracker else {}
             peak["saved_activations"] = saved.peak_bytes
+            obs.memory(states, {c.lower(): v for c, v in peak.get("by_category", {}).items()})
             coll_counts, megatron_step0, megatron_sites = rec.summary(), dict(setup.counter.counts), setup.counter.by_site()
             if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 and rr.run_dir:
                 torch.save(grads, rr.run_dir / f"rank{ctx.rank}.grads.pt")
@@ -119,6 +126,8 @@ def run(args, rr) -> dict:
         rec.reset()
         setup.optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss) if loss is not None else float("nan"))
+        obs.step_done(k, times[-1], losses[-1])
+    obs.finish()
     rr.beat("report")
     # the global-batch loss: mean of the data-parallel slices' losses (one all-reduce, after all steps)
     lt = torch.tensor(losses, dtype=torch.float64)

@@ -53,10 +53,39 @@ class Framework:
     and Python work the host cannot run ahead of the GPU (e.g. a synchronising activation-checkpoint boundary)."""
     step_overhead_s: float
     """Host time per optimizer step the GPU waits for (optimizer launch, gradient-norm sync, logging), seconds."""
+    schedules: tuple[str, ...]
+    """Pipeline schedules it runs (shardlab names: gpipe, 1f1b, interleaved, zb-h1); empty: no pipeline parallelism."""
+    axes: tuple[str, ...]
+    """Model-parallel axes it runs besides data parallelism: tp (with sp), cp, ep."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages it has (0 = plain data parallelism; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2)."""
+    hybrid_sharding: bool
+    """It shards inside a node and replicates across nodes (FSDP HYBRID_SHARD, torchtitan's data_parallel_replicate_degree,
+    DeepSpeed ZeRO++ hpZ / MiCS, Megatron's --num-distributed-optimizer-instances)."""
+    pipeline_max_zero: int
+    """Highest ZeRO stage it combines with pipeline parallelism (DeepSpeed's pipeline engine: ZeRO-1; FSDP2 + PP: 3)."""
     source: str
     """Where each mechanism comes from (documentation, source files, papers)."""
     notes: str = ""
     """Versions covered and caveats."""
+
+    def refusal(self, layout) -> str | None:
+        """Why this framework cannot run ``layout`` (one line naming the fix), or None."""
+        if layout.pp > 1 and not self.schedules:
+            return f"{self.id} has no pipeline parallelism; use --pp 1 or a framework that has it (megatron-lm, torchtitan)"
+        if layout.pp > 1 and layout.schedule not in self.schedules:
+            return f"{self.id} does not run the {layout.schedule} pipeline schedule; use --schedule {' or '.join(self.schedules)}"
+        for axis, deg in (("tp", layout.tp), ("cp", layout.cp), ("ep", layout.ep)):
+            if deg > 1 and axis not in self.axes:
+                return f"{self.id} has no {axis.upper()} parallelism; use --{axis} 1 or another --framework"
+        if layout.dp_replicate > 1 and not self.hybrid_sharding:
+            return f"{self.id} has no hybrid sharding; drop --dp-replicate or choose another --framework"
+        if layout.zero not in self.zero_stages:
+            return f"{self.id} has no ZeRO stage {layout.zero}; use --zero {' or '.join(map(str, self.zero_stages))}"
+        if layout.pp > 1 and layout.zero > self.pipeline_max_zero:
+            return (f"{self.id} does not combine ZeRO-{layout.zero} with pipeline parallelism; use --zero "
+                    f"{self.pipeline_max_zero} or less with --pp {layout.pp}")
+        return None
 
     def kernels_for(self, compile: bool | None) -> str:
         """The kernel level when the user asks for compilation (None: the framework's default)."""

@@ -2,8 +2,11 @@
 
 Supported ``model_type`` values: llama, mistral, mixtral, qwen2, gpt2 (also a bare GPT-2-style file
 with n_embd/n_layer/n_head/vocab_size/n_positions, which describes any GPT-3-style model), gpt_neox,
-bloom and deepseek_v3. Unknown fields are ignored; a missing required field is named in the error.
-Defaults are the ones the transformers library applies when a field is absent.
+bloom, deepseek_v3, gemma, gemma2, gemma3 (the text decoder of the multimodal file) and gemma3_text,
+phi3, qwen2_moe, qwen3, qwen3_moe, olmo2, falcon, mpt, gptj and opt. Unknown fields are ignored; a
+missing required field is named in the error. Defaults are the ones the transformers library applies
+when a field is absent (its ``*Config`` classes); tests/test_hf_families.py builds every family with
+transformers on the meta device and compares the counts exactly.
 """
 
 from __future__ import annotations
@@ -11,16 +14,35 @@ from __future__ import annotations
 from shardlab.errors import ShardlabError
 from shardlab.specs.model import MLASpec, ModelSpec, MoESpec
 
-SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "deepseek_v3")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v3", "gemma", "gemma2", "gemma3_text", "phi3",
+              "qwen2_moe", "qwen3", "qwen3_moe", "olmo2")
+SUPPORTED = LLAMA_LIKE + ("gemma3", "gpt2", "gpt_neox", "bloom", "falcon", "mpt", "gptj", "opt")
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
                  "Qwen2ForCausalLM": "qwen2", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
-                 "BloomForCausalLM": "bloom", "DeepseekV3ForCausalLM": "deepseek_v3"}
+                 "BloomForCausalLM": "bloom", "DeepseekV3ForCausalLM": "deepseek_v3",
+                 "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
+                 "Gemma3ForConditionalGeneration": "gemma3", "Phi3ForCausalLM": "phi3",
+                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                 "Olmo2ForCausalLM": "olmo2", "FalconForCausalLM": "falcon", "MPTForCausalLM": "mpt",
+                 "MptForCausalLM": "mpt", "GPTJForCausalLM": "gptj", "OPTForCausalLM": "opt"}
 """transformers class names, used when a file has no model_type."""
+
+DEFAULTS = {
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256},
+    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072},
+    "qwen3": {"head_dim": 128},
+    "qwen3_moe": {"head_dim": 128},
+    "falcon": {"vocab_size": 65024, "max_position_embeddings": 2048},
+    "mpt": {"vocab_size": 50368, "max_seq_len": 2048, "expansion_ratio": 4},
+    "opt": {"max_position_embeddings": 2048},
+}
+"""transformers' config defaults for fields published files may leave out (Gemma3TextConfig, Qwen3Config, ...)."""
 
 
 class _Cfg:
     def __init__(self, d: dict, where: str, family: str):
-        self.d, self.where, self.family = d, where, family
+        self.d, self.where, self.family = {**DEFAULTS.get(family, {}), **d}, where, family
 
     def req(self, *keys: str) -> int:
         """The first present of ``keys`` (aliases), as a positive int; else a ShardlabError naming it."""
@@ -37,8 +59,8 @@ class _Cfg:
         return default if v is None else v
 
 
-def from_hf_config(d: dict, name: str = "config", where: str = "config.json") -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config mapping."""
+def model_type(d: dict, where: str) -> str:
+    """The config's model_type, or the one its ``architectures`` entry names, or gpt2 for a bare GPT-2-style file."""
     mt = d.get("model_type")
     if mt is None:
         archs = d.get("architectures") or []
@@ -51,34 +73,118 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     if mt not in SUPPORTED:
         raise ShardlabError(f"{where}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
                             f"(or describe the model in a YAML file, see `shardlab models --help`)")
+    return mt
+
+
+def from_hf_config(d: dict, name: str = "config", where: str = "config.json") -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config mapping."""
+    mt = model_type(d, where)
+    source = f"Hugging Face config file {where}"
+    if mt == "gemma3":  # multimodal file: the language model is text_config (the SigLIP vision tower is not modelled)
+        d, mt = dict(d.get("text_config") or {}), "gemma3_text"
+        source += " (text decoder only: the vision tower and projector are not counted)"
     c = _Cfg(d, where, mt)
-    common = dict(name=name, family=mt, source=f"Hugging Face config file {where}")
+    common = dict(name=name, family=mt, source=source)
+    reader = _OTHER.get(mt)
+    spec = reader(c, common) if reader else _llama_like(c, common, mt)
+    return spec.validate()
 
-    if mt == "gpt2":
-        h = c.req("n_embd")
-        return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer"), num_heads=c.req("n_head"),
-                         num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
-                         max_seq_len=c.req("n_positions", "n_ctx"), mlp="gelu", norm="layernorm", position="learned",
-                         tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True,
-                         mlp_bias=True).validate()
-    if mt == "bloom":
-        h = c.req("hidden_size", "n_embed")
-        a = c.req("n_head", "num_attention_heads")
-        return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=a,
-                         num_kv_heads=a, ffn_hidden_size=4 * h, vocab_size=c.req("vocab_size"),
-                         max_seq_len=c.opt("seq_length", 2048), mlp="gelu", norm="layernorm", position="alibi",
-                         tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True,
-                         mlp_bias=True, embedding_norm=True).validate()
-    if mt == "gpt_neox":
-        a = c.req("num_attention_heads")
-        bias = bool(c.opt("attention_bias", True))
-        return ModelSpec(**common, hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
-                         num_kv_heads=a, ffn_hidden_size=c.req("intermediate_size"), vocab_size=c.req("vocab_size"),
-                         max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm", position="rope",
-                         tied_embeddings=bool(c.opt("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias,
-                         mlp_bias=True, parallel_residual=bool(c.opt("use_parallel_residual", True))).validate()
 
-    # Llama-style families: RMSNorm, SwiGLU, RoPE, GQA
+def _gpt2(c: _Cfg, common: dict) -> ModelSpec:
+    h = c.req("n_embd")
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer"), num_heads=c.req("n_head"),
+                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.req("n_positions", "n_ctx"), mlp="gelu", norm="layernorm", position="learned",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True, mlp_bias=True,
+                     fused_qkv=True)
+
+
+def _bloom(c: _Cfg, common: dict) -> ModelSpec:
+    h = c.req("hidden_size", "n_embed")
+    a = c.req("n_head", "num_attention_heads")
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=a,
+                     num_kv_heads=a, ffn_hidden_size=4 * h, vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.opt("seq_length", 2048), mlp="gelu", norm="layernorm", position="alibi",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True,
+                     mlp_bias=True, embedding_norm=True, fused_qkv=True)
+
+
+def _gpt_neox(c: _Cfg, common: dict) -> ModelSpec:
+    a = c.req("num_attention_heads")
+    bias = bool(c.opt("attention_bias", True))
+    return ModelSpec(**common, hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
+                     num_kv_heads=a, ffn_hidden_size=c.req("intermediate_size"), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm", position="rope",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias,
+                     mlp_bias=True, parallel_residual=bool(c.opt("use_parallel_residual", True)), fused_qkv=True)
+
+
+def _falcon(c: _Cfg, common: dict) -> ModelSpec:
+    """FalconForCausalLM: fused QKV (MQA when multi_query, GQA with the new decoder architecture), GELU MLP, one
+    shared LayerNorm per block for parallel attention (Falcon-7B), two with the new architecture (ln_attn, ln_mlp)."""
+    h, a = c.req("hidden_size", "n_embed"), c.req("num_attention_heads", "n_head")
+    new = bool(c.opt("new_decoder_architecture", False))
+    kv = c.opt("num_kv_heads", a) if new else (1 if c.opt("multi_query", True) else a)
+    parallel = bool(c.opt("parallel_attn", True))
+    one_norm = (not new and parallel) or (new and c.opt("num_ln_in_parallel_attn", 2) == 1)
+    bias = bool(c.opt("bias", False))
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers", "n_layer"), num_heads=a, num_kv_heads=kv,
+                     ffn_hidden_size=c.opt("ffn_hidden_size", 4 * h), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
+                     position="alibi" if c.opt("alibi", False) else "rope",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre", fused_qkv=True)
+
+
+def _mpt(c: _Cfg, common: dict) -> ModelSpec:
+    """MptForCausalLM: fused Wqkv, GELU MLP of expansion_ratio·d, ALiBi, no biases anywhere (LayerNorms too) when no_bias."""
+    h, a = c.req("d_model", "hidden_size"), c.req("n_heads", "num_attention_heads")
+    bias = not c.opt("no_bias", True)
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layers", "num_hidden_layers"), num_heads=a, num_kv_heads=a,
+                     ffn_hidden_size=c.req("expansion_ratio") * h, vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.req("max_seq_len"), mlp="gelu", norm="layernorm", position="alibi",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     norm_bias=bias, fused_qkv=True)
+
+
+def _gptj(c: _Cfg, common: dict) -> ModelSpec:
+    """GPTJForCausalLM: one LayerNorm feeding parallel attention (no biases) and MLP (biases), partial rotary
+    (rotary_dim; no parameters), an untied head with a bias."""
+    h = c.req("n_embd", "hidden_size")
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=c.req("n_head"),
+                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.req("n_positions", "max_position_embeddings"), mlp="gelu", norm="layernorm",
+                     position="rope", tied_embeddings=bool(c.opt("tie_word_embeddings", False)), mlp_bias=True,
+                     parallel_residual=True, block_norms="shared", head_bias=True)
+
+
+def _opt(c: _Cfg, common: dict) -> ModelSpec:
+    """OPTForCausalLM: learned positions offset by 2 (a table of max_position_embeddings + 2 rows), ReLU MLP of ffn_dim
+    (two matrices, counted like GELU), biases (enable_bias), a final LayerNorm only with do_layer_norm_before, and
+    project_in/out when word_embed_proj_dim differs from hidden_size (OPT-350m)."""
+    h, a = c.req("hidden_size"), c.req("num_attention_heads")
+    bias = bool(c.opt("enable_bias", True))
+    proj = c.opt("word_embed_proj_dim", h)
+    return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers"), num_heads=a, num_kv_heads=a,
+                     ffn_hidden_size=c.req("ffn_dim"), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.req("max_position_embeddings"), mlp="gelu", norm="layernorm", position="learned",
+                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     position_offset=2, embedding_proj_dim=0 if proj == h else proj,
+                     final_norm=bool(c.opt("do_layer_norm_before", True)) and not c.opt("_remove_final_layer_norm", False))
+
+
+_OTHER = {"gpt2": _gpt2, "bloom": _bloom, "gpt_neox": _gpt_neox, "falcon": _falcon, "mpt": _mpt, "gptj": _gptj, "opt": _opt}
+
+
+def _sparse_layers_check(c: _Cfg) -> None:
+    """Qwen MoE files may make some layers dense (decoder_sparse_step, mlp_only_layers); only 'every layer sparse' is modelled."""
+    if c.opt("decoder_sparse_step", 1) != 1 or c.opt("mlp_only_layers", []):
+        raise ShardlabError(f"{c.where}: decoder_sparse_step != 1 or mlp_only_layers (dense layers between MoE layers) is not "
+                            f"modelled; describe the model in a YAML file with moe.first_dense_layers instead")
+
+
+def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
+    """Llama-style families: RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU has the same three matrices), RoPE, GQA."""
     a = c.req("num_attention_heads")
     attn_bias = bool(c.opt("attention_bias", False))
     kw = dict(hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
@@ -87,16 +193,30 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
               norm="rmsnorm", position="rope", tied_embeddings=bool(c.opt("tie_word_embeddings", False)),
               head_dim=c.opt("head_dim", 0) or 0, qkv_bias=attn_bias, out_bias=attn_bias,
               mlp_bias=bool(c.opt("mlp_bias", False)))
-    if mt == "qwen2":
+    if mt in ("qwen2", "qwen2_moe"):
         kw.update(qkv_bias=True, out_bias=False)  # Qwen2Attention: q/k/v with bias, o_proj without
-        if c.opt("use_sliding_window", False):
-            kw["sliding_window"] = c.opt("sliding_window", 0) or 0
-    if mt == "mistral":
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.opt("use_sliding_window", False):
         kw["sliding_window"] = c.opt("sliding_window", 0) or 0
+    if mt in ("mistral", "mixtral", "phi3"):
+        kw["sliding_window"] = c.opt("sliding_window", 0) or 0
+    if mt == "phi3":
+        kw.update(fused_qkv=True, fused_gate_up=True)  # Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
+    # Gemma 2/3 alternate local (sliding) and global layers: the KV cache is not capped as a whole, so no sliding_window
+    if mt in ("gemma2", "gemma3_text"):
+        kw["block_norms"] = "sandwich"   # input, post-attention, pre- and post-feed-forward norms
+    if mt in ("gemma3_text", "qwen3", "qwen3_moe"):
+        kw["qk_norm"] = "head"
+    if mt == "olmo2":
+        kw.update(block_norms="post", qk_norm="proj")
     if mt == "mixtral":
-        kw["sliding_window"] = c.opt("sliding_window", 0) or 0
         kw["moe"] = MoESpec(num_experts=c.req("num_local_experts"), top_k=c.req("num_experts_per_tok"),
                             expert_ffn_hidden_size=c.req("intermediate_size"))
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        _sparse_layers_check(c)
+        shared = c.opt("shared_expert_intermediate_size", 0) if mt == "qwen2_moe" else 0
+        kw["moe"] = MoESpec(num_experts=c.req("num_experts"), top_k=c.req("num_experts_per_tok"),
+                            expert_ffn_hidden_size=c.req("moe_intermediate_size"), num_shared_experts=1 if shared else 0,
+                            shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared))
     if mt == "deepseek_v3":
         kw["num_kv_heads"] = a
         kw["moe"] = MoESpec(num_experts=c.req("n_routed_experts"), top_k=c.req("num_experts_per_tok"),
@@ -107,4 +227,4 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
         kw["mla"] = MLASpec(q_lora_rank=c.opt("q_lora_rank", 0) or 0, kv_lora_rank=c.req("kv_lora_rank"),
                             qk_nope_head_dim=c.req("qk_nope_head_dim"), qk_rope_head_dim=c.req("qk_rope_head_dim"),
                             v_head_dim=c.req("v_head_dim"))
-    return ModelSpec(**common, **kw).validate()
+    return ModelSpec(**common, **kw)

@@ -3,7 +3,10 @@
 Covers GPT-2/GPT-3 style blocks (LayerNorm, GELU MLP of width f, learned positions, biases, tied
 embeddings), GPT-NeoX (parallel residual, untied), Llama-style blocks (RMSNorm, SwiGLU, RoPE, GQA),
 Qwen2 (QKV biases), Mixture-of-Experts (Mixtral; DeepSeek-V3 with shared experts and leading dense
-layers) and Multi-head Latent Attention (DeepSeek-V2/V3). The tensor inventory built from it lives in
+layers; Qwen2-MoE's gated shared expert) and Multi-head Latent Attention (DeepSeek-V2/V3). Block
+variants that change the count: one shared norm (GPT-J, Falcon-7B), sandwich norms (Gemma 2/3),
+post-norms (OLMo 2), per-head or per-projection Q/K norms (Qwen3, Gemma 3; OLMo 2), LayerNorm without
+bias (MPT), a head bias (GPT-J), OPT's position offset and embedding projection. The tensor inventory built from it lives in
 ``shardlab.specs.tensors``.
 """
 
@@ -17,6 +20,11 @@ from shardlab.errors import ShardlabError
 MlpKind = Literal["gelu", "swiglu"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "alibi"]
+BlockNorms = Literal["pre", "shared", "sandwich", "post"]
+QKNorm = Literal["none", "head", "proj"]
+NORMS_PER_BLOCK = {"pre": 2, "shared": 1, "sandwich": 4, "post": 2}
+"""Norm modules per block: pre-norm (Llama, GPT-2), one shared by both branches (GPT-J, Falcon-7B), pre and
+post around each sublayer (Gemma 2/3), after each sublayer (OLMo 2)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,15 @@ class MoESpec:
     """Leading layers that keep a dense MLP of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
     router_bias: bool = False
     """Router has a per-expert bias parameter (DeepSeek-V3's ``e_score_correction_bias``)."""
+    shared_expert_ffn_hidden_size: int = 0
+    """Width of the shared expert MLP when it is not num_shared_experts × expert width (Qwen2-MoE: 5632); 0 = that product."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (h → 1, no bias) scales the shared expert's output (Qwen2-MoE ``shared_expert_gate``)."""
+
+    @property
+    def shared_width(self) -> int:
+        """Intermediate width of the shared-expert MLP (0 when there is none)."""
+        return self.shared_expert_ffn_hidden_size or self.num_shared_experts * self.expert_ffn_hidden_size
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,8 @@ class ModelSpec:
     name: str
     """Catalog id or a label for a user file."""
     family: str
-    """Architecture family: gpt2, gpt_neox, llama, mistral, mixtral, qwen2, deepseek_v3, bloom."""
+    """Architecture family (the config's model_type): gpt2, gpt_neox, llama, mistral, mixtral, qwen2, deepseek_v3,
+    bloom, gemma, gemma2, gemma3, phi3, qwen2_moe, qwen3, qwen3_moe, olmo2, falcon, mpt, gptj, opt."""
     hidden_size: int
     """h: model width."""
     num_layers: int
@@ -94,7 +112,29 @@ class ModelSpec:
     embedding_norm: bool = False
     """A norm right after the token embedding (BLOOM's word_embeddings_layernorm)."""
     parallel_residual: bool = False
-    """Attention and MLP read the same input (GPT-NeoX, GPT-J); does not change parameter counts."""
+    """Attention and MLP read the same input (GPT-NeoX, GPT-J, Falcon); does not change parameter counts."""
+    block_norms: BlockNorms = "pre"
+    """Norms per block: 'pre' (attention_norm, ffn_norm), 'shared' (one norm feeds both parallel branches: GPT-J,
+    Falcon-7B), 'sandwich' (pre and post norm around each sublayer: Gemma 2/3), 'post' (after each sublayer: OLMo 2)."""
+    norm_bias: bool = True
+    """LayerNorms carry a bias (False: MPT's no_bias). RMSNorm never has one."""
+    qk_norm: QKNorm = "none"
+    """RMSNorm on queries and keys: 'head' (a weight of head_dim each: Qwen3, Gemma 3), 'proj' (over the whole
+    projection, q_size and kv_size wide: OLMo 2), 'none'."""
+    head_bias: bool = False
+    """The output head has a bias (GPT-J's lm_head)."""
+    position_offset: int = 0
+    """Extra rows of a learned position table (OPT: 2, the table has max_seq_len + 2 rows)."""
+    embedding_proj_dim: int = 0
+    """Width of the token embedding when it differs from hidden_size (OPT-350m: 512, with project_in/project_out
+    matrices); 0 = hidden_size."""
+    final_norm: bool = True
+    """A norm after the last block (False for OPT-350m, whose layer norms come after each sublayer)."""
+    fused_qkv: bool = False
+    """The checkpoint stores Q, K and V as one matrix (GPT-2 c_attn, NeoX/BLOOM/Falcon query_key_value, MPT Wqkv,
+    Phi-3 qkv_proj): same count, but a LoRA adapter on it is one A and one B (``memory/lora.py``)."""
+    fused_gate_up: bool = False
+    """The checkpoint stores the gate and up projections as one matrix (Phi-3 gate_up_proj)."""
     sliding_window: int = 0
     """Sliding-window attention span (Mistral 7B v0.1: 4096); caps the KV cache; 0 = full attention."""
     moe: MoESpec | None = None
@@ -111,6 +151,11 @@ class ModelSpec:
     def head_dim_(self) -> int:
         """Per-head dimension actually used."""
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the token embedding rows (and of a tied head)."""
+        return self.embedding_proj_dim or self.hidden_size
 
     @property
     def q_size(self) -> int:
@@ -148,6 +193,13 @@ class ModelSpec:
             raise ShardlabError(f"model '{self.name}': norm must be 'layernorm' or 'rmsnorm', got '{self.norm}'")
         if self.position not in ("learned", "rope", "alibi"):
             raise ShardlabError(f"model '{self.name}': position must be learned, rope or alibi, got '{self.position}'")
+        if self.block_norms not in NORMS_PER_BLOCK:
+            raise ShardlabError(f"model '{self.name}': block_norms must be one of {', '.join(NORMS_PER_BLOCK)}, got '{self.block_norms}'")
+        if self.qk_norm not in ("none", "head", "proj"):
+            raise ShardlabError(f"model '{self.name}': qk_norm must be none, head or proj, got '{self.qk_norm}'")
+        for f in ("position_offset", "embedding_proj_dim"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
+                raise ShardlabError(f"model '{self.name}': {f} must be a whole number >= 0, got {getattr(self, f)!r}")
         if self.moe is not None:
             m = self.moe
             if not (0 < m.top_k <= m.num_experts):

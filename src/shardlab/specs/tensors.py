@@ -112,10 +112,16 @@ def _linear(out: list, name: str, out_f: int, in_f: int, layer: int, comp: str, 
         out.append(TensorSpec(f"{name}.bias", (out_f,), layer, comp, 0 if tp == "column" else None, kv))
 
 
-def _norm(out: list, spec: ModelSpec, name: str, size: int, layer: int) -> None:
-    out.append(TensorSpec(f"{name}.weight", (size,), layer, "norm"))
-    if spec.norm == "layernorm":
-        out.append(TensorSpec(f"{name}.bias", (size,), layer, "norm"))
+def _norm(out: list, spec: ModelSpec, name: str, size: int, layer: int, comp: str = "norm") -> None:
+    out.append(TensorSpec(f"{name}.weight", (size,), layer, comp))
+    if spec.norm == "layernorm" and spec.norm_bias:
+        out.append(TensorSpec(f"{name}.bias", (size,), layer, comp))
+
+
+BLOCK_NORM_NAMES = {"pre": (("attention_norm",), ("ffn_norm",)), "shared": (("attention_norm",), ()),
+                    "sandwich": (("attention_norm", "post_attention_norm"), ("ffn_norm", "post_ffn_norm")),
+                    "post": (("post_attention_norm",), ("post_ffn_norm",))}
+"""Norms before/around the attention and the feed-forward of a block, per ``ModelSpec.block_norms``."""
 
 
 def _dense_mlp(out: list, spec: ModelSpec, prefix: str, f: int, layer: int, comp: str) -> None:
@@ -136,6 +142,10 @@ def _attention(out: list, spec: ModelSpec, i: int) -> None:
         _linear(out, f"{p}.wk", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
         _linear(out, f"{p}.wv", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
         _linear(out, f"{p}.wo", h, spec.q_size, i, "attention", "row", spec.out_bias)
+        if spec.qk_norm != "none":  # Qwen3/Gemma 3: RMSNorm per head (head_dim); OLMo 2: over the projection
+            per_head = spec.qk_norm == "head"
+            out.append(TensorSpec(f"{p}.q_norm.weight", (spec.head_dim_ if per_head else spec.q_size,), i, "norm"))
+            out.append(TensorSpec(f"{p}.k_norm.weight", (spec.head_dim_ if per_head else spec.kv_size,), i, "norm"))
         return
     # Multi-head Latent Attention (DeepSeek-V2 §2.1.2): q = W_qb · norm(W_qa · x);
     # [c_kv, k_rope] = W_kva · x; [k_nope, v] = W_kvb · norm(c_kv); out = W_o · attn.
@@ -164,8 +174,10 @@ def _moe(out: list, spec: ModelSpec, i: int) -> None:
     if spec.mlp == "swiglu":
         out.append(TensorSpec(f"{p}.experts.w3", (E, fe, h), i, "experts", tp_dim=1, ep_dim=0))
     out.append(TensorSpec(f"{p}.experts.w2", (E, h, fe), i, "experts", tp_dim=2, ep_dim=0))
-    if m.num_shared_experts:
-        _dense_mlp(out, spec, f"{p}.shared", fe * m.num_shared_experts, i, "shared_experts")
+    if m.shared_width:
+        _dense_mlp(out, spec, f"{p}.shared", m.shared_width, i, "shared_experts")
+    if m.shared_expert_gate:  # Qwen2-MoE: sigmoid(x · g) scales the shared expert, g of shape (1, h)
+        out.append(TensorSpec(f"{p}.shared_gate.weight", (1, h), i, "shared_experts"))
 
 
 def model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
@@ -175,23 +187,33 @@ def model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
 
 @lru_cache(maxsize=256)
 def _model_tensors(spec: ModelSpec) -> tuple[TensorSpec, ...]:
-    h, L = spec.hidden_size, spec.num_layers
-    out: list[TensorSpec] = [TensorSpec("tok_embeddings.weight", (spec.vocab_size, h), PRE, "embedding", tp_dim=0)]
-    if spec.position == "learned":
-        out.append(TensorSpec("pos_embeddings.weight", (spec.max_seq_len, h), PRE, "position"))
+    h, L, d = spec.hidden_size, spec.num_layers, spec.embedding_dim
+    out: list[TensorSpec] = [TensorSpec("tok_embeddings.weight", (spec.vocab_size, d), PRE, "embedding", tp_dim=0)]
+    if spec.position == "learned":  # OPT offsets positions by 2: its table has max_seq_len + 2 rows
+        out.append(TensorSpec("pos_embeddings.weight", (spec.max_seq_len + spec.position_offset, h), PRE, "position"))
+    if spec.embedding_proj_dim:  # OPT-350m: embeddings of width d, projected to h and back (no bias)
+        _linear(out, "project_in", h, d, PRE, "embedding", None, False)
     if spec.embedding_norm:
         _norm(out, spec, "emb_norm", h, PRE)
+    attn_norms, ffn_norms = BLOCK_NORM_NAMES[spec.block_norms]
     for i in range(L):
-        _norm(out, spec, f"layers.{i}.attention_norm", h, i)
+        for n in attn_norms:
+            _norm(out, spec, f"layers.{i}.{n}", h, i)
         _attention(out, spec, i)
-        _norm(out, spec, f"layers.{i}.ffn_norm", h, i)
+        for n in ffn_norms:
+            _norm(out, spec, f"layers.{i}.{n}", h, i)
         if spec.is_moe_layer(i):
             _moe(out, spec, i)
         else:
             _dense_mlp(out, spec, f"layers.{i}.mlp", spec.ffn_hidden_size, i, "mlp")
-    _norm(out, spec, "norm", h, L)
+    if spec.final_norm:
+        _norm(out, spec, "norm", h, L)
+    if spec.embedding_proj_dim:
+        _linear(out, "project_out", d, h, L, "head", None, False)
     if not spec.tied_embeddings:
-        out.append(TensorSpec("output.weight", (spec.vocab_size, h), L, "head", tp_dim=0))
+        out.append(TensorSpec("output.weight", (spec.vocab_size, d), L, "head", tp_dim=0))
+    if spec.head_bias:  # GPT-J: lm_head has a bias of V (split with the vocabulary)
+        out.append(TensorSpec("output.bias", (spec.vocab_size,), L, "head", tp_dim=0))
     return tuple(out)
 
 

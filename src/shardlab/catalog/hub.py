@@ -1,0 +1,104 @@
+"""Models from the Hugging Face Hub: ``hf:ORG/NAME[@REVISION]`` wherever a model is accepted.
+
+Only ``config.json`` is fetched, through ``huggingface_hub.hf_hub_download`` (the optional extra
+``pip install 'shardlab[hub]'``), so it lands in the standard Hugging Face cache
+(``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) and is shared with
+transformers. With ``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, the cached copy is used.
+``HF_TOKEN`` (or a token saved by ``hf auth login``) opens gated and private repositories.
+Every failure becomes one ShardlabError line that names the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+
+PREFIX = "hf:"
+
+
+def is_hub_ref(name: str) -> bool:
+    """True for ``hf:ORG/NAME`` references."""
+    return name.lower().startswith(PREFIX)
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """'hf:ORG/NAME@rev' -> ('ORG/NAME', 'rev'); a ShardlabError for a malformed reference."""
+    body = ref[len(PREFIX):]
+    repo, _, rev = body.partition("@")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts) or any(c.isspace() for c in repo):
+        raise ShardlabError(f"'{ref}' is not a Hub model reference; write hf:ORG/NAME (e.g. hf:google/gemma-2-2b), "
+                            f"optionally @REVISION")
+    return repo, rev or None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> str | None:
+    """The cache directory from the environment at call time (None: the library's default)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None
+
+
+def fetch_config(ref: str) -> tuple[dict, str]:
+    """(config mapping, local path) of ``hf:ORG/NAME[@rev]``'s config.json, from the cache or the Hub."""
+    repo, rev = parse_ref(ref)
+    try:
+        import huggingface_hub
+        import huggingface_hub.constants
+        from huggingface_hub import errors
+        from huggingface_hub.utils import disable_progress_bars, logging
+    except ImportError:
+        raise ShardlabError(f"{ref}: reading models from the Hub needs huggingface_hub: pip install 'shardlab[hub]' "
+                            f"(or download config.json and pass its path)") from None
+    disable_progress_bars()
+    logging.set_verbosity_error()  # no retry chatter on stderr: the error below is the one line
+    where = cache_dir() or huggingface_hub.constants.HF_HUB_CACHE
+    try:
+        path = huggingface_hub.hf_hub_download(repo, "config.json", revision=rev, cache_dir=cache_dir(),
+                                               token=os.environ.get("HF_TOKEN") or None, local_files_only=_offline())
+    except errors.GatedRepoError:
+        raise ShardlabError(f"{ref} is gated: accept its licence on the model page, then set HF_TOKEN to a token with "
+                            f"access (or run `hf auth login`)") from None
+    except errors.RepositoryNotFoundError:
+        raise ShardlabError(f"{ref}: no such repository on the Hub, or it is private; check ORG/NAME, or set HF_TOKEN "
+                            f"for a private one") from None
+    except errors.RevisionNotFoundError:
+        raise ShardlabError(f"{ref}: revision '{rev}' does not exist; drop @{rev} or name an existing branch, tag or commit") from None
+    except errors.LocalEntryNotFoundError:
+        how = "HF_HUB_OFFLINE is set" if _offline() else "the Hub cannot be reached"
+        raise ShardlabError(f"{ref}: config.json is not in the Hugging Face cache ({where}) and {how}; run once with a "
+                            f"connection (unset HF_HUB_OFFLINE), or download config.json and pass its path") from None
+    except errors.EntryNotFoundError:
+        raise ShardlabError(f"{ref} has no config.json (not a transformers model repository); pass a config file path") from None
+    except OSError as e:  # network errors other than the ones above
+        raise ShardlabError(f"{ref}: could not fetch config.json ({type(e).__name__}); retry, or set HF_HUB_OFFLINE=1 "
+                            f"to use the cache") from None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ShardlabError(f"{ref}: cached config.json at {path} is unreadable ({e}); delete it and fetch again") from None
+    if not isinstance(data, dict):
+        raise ShardlabError(f"{ref}: config.json at {path} is not a JSON object; delete it and fetch again")
+    return data, str(path)
+
+
+def load_hub_model(ref: str):
+    """A ModelSpec for ``hf:ORG/NAME[@rev]`` (name = the reference, source = the repository and cached file)."""
+    from shardlab.specs.hf import from_hf_config
+
+    data, path = fetch_config(ref)
+    repo, rev = parse_ref(ref)
+    spec = from_hf_config(data, name=ref, where=f"{ref} config.json")
+    snapshot = Path(path).parent.name
+    note = spec.source[spec.source.index("("):] if "(" in spec.source else ""
+    return spec.with_(source=f"Hugging Face Hub {repo}@{rev or 'main'} config.json, snapshot {snapshot[:12]} in the local "
+                             f"Hugging Face cache {note}".rstrip())

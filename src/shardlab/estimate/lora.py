@@ -1,0 +1,92 @@
+"""Time of LoRA / QLoRA fine-tuning: a frozen base does its forward and the data-gradient half of its backward.
+
+With the base weights frozen (LoRA, Hu et al. 2021, arXiv 2106.09685), backpropagation still needs the gradient with
+respect to every layer's input (dgrad: the same FLOPs as the forward GEMM) but no weight gradients (wgrad) for the
+base, so a base linear layer costs 1 + 1 forward-GEMM times instead of 1 + 2; attention has no weights and keeps its
+full backward; the output head does its dgrad only. The adapters (A: r × in, B: out × r) run forward and both
+backward GEMMs; their smallest dimension is r, so they run far from peak (``hardware.gemm_efficiency``).
+QLoRA (Dettmers et al. 2023, arXiv 2305.14314 §3): every NF4 weight is dequantized to bf16 before each GEMM that
+uses it, forward and dgrad (and the recomputed forward): a memory-bound pass reading the 4.127-bit weight and
+writing 2 bytes, per weight per pass.
+Model FLOPs for MFU follow what is computed: 2 × (base linear + head) + 3 × (attention + adapters) forward FLOPs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardlab.estimate.hardware import gemm_time_s, memory_time_s
+from shardlab.flops import forward_flops_per_token
+from shardlab.memory.lora import LoraSpec, adapter_tensors, is_block_linear, nf4_bits_per_weight
+from shardlab.specs.hardware import Accelerator, MatmulEfficiency
+from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import model_tensors
+
+
+def _layer_adapters(spec: ModelSpec, layer: int, lora: LoraSpec):
+    ts = tuple(t for t in model_tensors(spec) if t.layer == layer)
+    return adapter_tensors(spec, lora, ts)
+
+
+def adapter_flops_per_token(spec: ModelSpec, lora: LoraSpec) -> float:
+    """Forward FLOPs of all adapters per token: 2 × (r·in + out·r) per adapted layer."""
+    from shardlab.memory.lora import adapter_param_count
+
+    return 2.0 * adapter_param_count(spec, lora)
+
+
+def lora_training_flops_per_token(spec: ModelSpec, seq_len, lora: LoraSpec, recompute: str = "none") -> tuple:
+    """(model, hardware) FLOPs per token of a LoRA step: base linears and head forward + dgrad, attention and
+    adapters forward + full backward; hardware adds the recomputed forward as ``flops.training_flops_per_token``."""
+    f = forward_flops_per_token(spec, seq_len)
+    a = adapter_flops_per_token(spec, lora)
+    model = 2 * (f["linear"] + f["logits"]) + 3 * (f["attention"] + a)
+    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"] + a}[recompute]
+    return model, model + extra
+
+
+def adapter_gemm_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tokens, tp, acc: Accelerator,
+                        curve: MatmulEfficiency, dtype: str = "bf16"):
+    """Forward time of block ``layer``'s adapters per micro-batch: x·Aᵀ (T × in → r) and (x·Aᵀ)·Bᵀ (T × r → out),
+    with A and B split by TP like their base layer (arrays over tp)."""
+    peak = acc.peak_flops(dtype)
+    tp = np.asarray(tp)
+    total = 0.0
+    for t in _layer_adapters(spec, layer, lora):
+        n_out, n_in = t.shape
+        if t.tp_dim == 0:
+            n_out = -(-n_out // tp)
+        elif t.tp_dim == 1:
+            n_in = -(-n_in // tp)
+        total = total + gemm_time_s(tokens, n_out, n_in, peak, curve)
+    return total
+
+
+def dequant_bytes_per_pass(spec: ModelSpec, layer: int, lora: LoraSpec, tp, ep=1) -> float:
+    """Bytes one dequantization pass over block ``layer``'s NF4 weights moves on one rank: read the NF4 weight
+    (bits/8 per element) and write bf16 (2) (arrays over tp)."""
+    if lora.quantize_base != "nf4":
+        return 0.0
+    n = 0.0
+    for t in model_tensors(spec):
+        if t.layer == layer and is_block_linear(t, spec):
+            n = n + np.prod(np.broadcast_arrays(*t.local_shape(spec, np.asarray(tp), ep)), axis=0)
+    return n * (nf4_bits_per_weight(lora) / 8 + 2)
+
+
+def lora_block_step_times(lt: dict, *, adapter_fwd_s, dequant_s, recompute) -> dict:
+    """Per micro-batch forward, backward and recomputation of a frozen-base block (``compute.layer_times`` parts).
+
+    forward  = base GEMMs + attention + memory-bound + adapters + one dequantization pass
+    backward = base GEMMs (dgrad only) + 2 × attention + 2 × memory-bound + 2 × adapters + one dequantization pass
+    recompute: full re-runs the forward, selective the attention core (as ``compute.block_step_times``)."""
+    fwd = lt["gemm_s"] + lt["attn_s"] + lt["elem_s"] + adapter_fwd_s + dequant_s
+    bwd = lt["gemm_s"] + 2.0 * (lt["attn_s"] + lt["elem_s"] + adapter_fwd_s) + dequant_s
+    code = {"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else np.asarray(recompute)
+    rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"], 0.0))
+    return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec}
+
+
+def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Accelerator, ep=1):
+    """Seconds of one dequantization pass over a block's NF4 weights."""
+    return memory_time_s(dequant_bytes_per_pass(spec, layer, lora, tp, ep), acc)

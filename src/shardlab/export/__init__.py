@@ -1,0 +1,91 @@
+"""Export a plan to the configuration files of the frameworks people run, and read those files back.
+
+One module per target, each a pure pair ``render(job, spec) -> Export`` / ``read(text, catalog) -> Imported``
+(no torch, no framework imports): torchtitan (job TOML), megatron (pretrain_gpt.py arguments), deepspeed (config
+JSON), accelerate (FSDP config YAML), vllm (``vllm serve`` line), slurm (sbatch script), skypilot (task YAML).
+The round-trip contract: ``read(render(job).text)`` gives back every job field except those ``render`` listed in
+``Export.unsupported``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+import yaml
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import Export, Imported, LaunchJob
+
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot")
+LAUNCHERS = ("slurm", "skypilot")
+
+
+def _module(target: str):
+    if target not in TARGETS:
+        raise ShardlabError(f"unknown export target '{target}'; choose one of {', '.join(TARGETS)}")
+    return importlib.import_module(f"shardlab.export.{target}")
+
+
+def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Export:
+    """The framework file for ``job`` (``inner``: which framework a launcher target runs)."""
+    mod = _module(target)
+    if target in LAUNCHERS:
+        return mod.render(job, spec, inner)
+    if inner is not None:
+        raise ShardlabError(f"--launch applies to the launcher targets ({', '.join(LAUNCHERS)}), not {target}")
+    return mod.render(job, spec)
+
+
+def sniff(text: str) -> str:
+    """Which target's file ``text`` is."""
+    s = text.lstrip()
+    if "#SBATCH" in text:
+        return "slurm"
+    if s.startswith("{"):
+        return "deepspeed"
+    if "vllm serve" in text or "vllm.entrypoints" in text:
+        if "run:" not in text:
+            return "vllm"
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    if isinstance(doc, dict):
+        if "run" in doc and ("resources" in doc or "num_nodes" in doc):
+            return "skypilot"
+        if "distributed_type" in doc:
+            return "accelerate"
+    if "[parallelism]" in text or ("[model]" in text and "[training]" in text):
+        return "torchtitan"
+    if "pretrain_gpt.py" in text or "--tensor-model-parallel-size" in text or "--num-layers" in text:
+        return "megatron"
+    raise ShardlabError("cannot tell what this file is: shardlab reads a torchtitan TOML, a DeepSpeed JSON, an "
+                        "Accelerate YAML, Megatron-LM arguments, a vllm serve line, a Slurm script or a SkyPilot YAML")
+
+
+def read_text(text: str, catalog, target: str | None = None) -> Imported:
+    return _module(target or sniff(text)).read(text, catalog)
+
+
+def read_file(path: str, catalog) -> Imported:
+    if not os.path.isfile(path):
+        raise ShardlabError(f"--from {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShardlabError(f"--from {path}: cannot read it ({e.__class__.__name__}); give a text config file") from None
+    return read_text(text, catalog)
+
+
+def to_json(exp: Export, path: str | None, job: LaunchJob) -> dict:
+    d = exp.to_dict()
+    d["file"] = path
+    d["job"] = {"model": job.model, "gpus": job.gpus, "gpu": job.gpu, "nodes": job.nodes,
+                "layout": job.layout.to_dict(), "global_batch": job.global_batch, "seq_len": job.seq_len,
+                "precision": job.precision}
+    if path is None:
+        d["text"] = exp.text
+    return json.loads(json.dumps(d))

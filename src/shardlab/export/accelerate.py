@@ -1,0 +1,135 @@
+"""Accelerate config YAML for FSDP2 (Accelerate 1.15.0, ``accelerate/commands/config/config_args.py`` ClusterConfig,
+read by ``accelerate launch --config_file``).
+
+Mapping (shardlab → Accelerate): zero 3 → distributed_type FSDP, fsdp_version 2, fsdp_reshard_after_forward true
+(FULL_SHARD); zero 2 → reshard_after_forward false (SHARD_GRAD_OP); zero 0 → MULTI_GPU (DDP); dp/tp/cp →
+parallelism_config dp_shard/tp/cp sizes (Accelerate's ParallelismConfig); recompute full →
+fsdp_activation_checkpointing; wrap unit → fsdp_transformer_layer_cls_to_wrap (the model's decoder-layer class).
+Batch sizes and sequence length belong to the training script, so they are listed as not expressed.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.names import layer_class
+from shardlab.export.text import comment_block
+
+CHECKED = "Accelerate 1.15.0 (load_config_from_file, launch env, FullyShardedDataParallelPlugin, ParallelismConfig)"
+MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16": "bf16"}
+
+
+def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
+    lay = job.layout
+    if job.serve is not None:
+        raise Refused("this Accelerate export is a training config; export an inference plan with --to vllm")
+    uns = []
+    if lay.zero == 1:
+        uns.append(Unsupported("zero", 1, "Accelerate's FSDP has no optimizer-only (ZeRO-1) sharding: written as "
+                                          "SHARD_GRAD_OP (ZeRO-2, less memory); --to deepspeed keeps ZeRO-1"))
+    for k, v, why in (("pp", lay.pp, "Accelerate has no pipeline parallelism: the job runs without it"),
+                      ("ep", lay.ep, "Accelerate has no expert parallelism: FSDP shards the experts with the rest"),
+                      ("vpp", lay.vpp, "no pipeline stages in Accelerate")):
+        if v > 1:
+            uns.append(Unsupported(k, v, why))
+    if lay.pp > 1:
+        uns.append(Unsupported("dp", lay.dp, f"the {lay.pp} pipeline stages become data-parallel shards: "
+                                             f"dp_shard {lay.dp * lay.pp}"))
+    if lay.pp > 1 and lay.schedule != "1f1b":
+        uns.append(Unsupported("schedule", lay.schedule, "no pipeline in Accelerate"))
+    if lay.stage_layers:
+        uns.append(Unsupported("stage_layers", list(lay.stage_layers), "no pipeline in Accelerate"))
+    if lay.recompute == "selective":
+        uns.append(Unsupported("recompute", "selective", "Accelerate checkpoints whole wrapped layers (full) or nothing; "
+                                                         "left off"))
+    if lay.sequence_parallel:
+        uns.append(Unsupported("sequence_parallel", True, "Accelerate's TP follows the model's tp_plan (transformers)"))
+    uns += [Unsupported("micro_batch", lay.micro_batch, "set by the training script's DataLoader"),
+            Unsupported("global_batch", job.global_batch, "set by the training script (batch × gradient_accumulation_steps)"),
+            Unsupported("seq_len", job.seq_len, "set by the training script's tokenizer/collator")]
+    if job.precision == "bf16":
+        uns.append(Unsupported("precision", "bf16", "Accelerate's mixed_precision keeps fp32 parameters (bf16-mixed)"))
+    cfg = {"compute_environment": "LOCAL_MACHINE", "debug": False,
+           "distributed_type": "MULTI_GPU" if lay.zero == 0 else "FSDP",  # zero 1 → FSDP (listed above)
+           "mixed_precision": MIXED[job.precision], "downcast_bf16": "no", "machine_rank": 0,
+           "main_training_function": "main", "num_machines": job.nodes, "num_processes": job.gpus,
+           "rdzv_backend": "static", "same_network": True, "use_cpu": False}
+    if lay.zero >= 1:
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2, "fsdp_reshard_after_forward": lay.zero == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": layer_class(spec.family) or "DecoderLayer",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
+            "fsdp_cpu_ram_efficient_loading": True, "fsdp_activation_checkpointing": lay.recompute == "full"}
+    elif lay.recompute == "full":
+        uns.append(Unsupported("recompute", "full", "Accelerate switches activation checkpointing on through FSDP only"))
+    if lay.tp > 1 or lay.cp > 1 or lay.zero >= 1:
+        cfg["parallelism_config"] = {"parallelism_config_dp_replicate_size": lay.dp * lay.pp if lay.zero == 0 else 1,
+                                     "parallelism_config_dp_shard_size": lay.dp * lay.pp if lay.zero >= 1 else 1,
+                                     "parallelism_config_tp_size": lay.tp, "parallelism_config_cp_size": lay.cp}
+    return cfg, uns
+
+
+def render(job: LaunchJob, spec) -> Export:
+    cfg, uns = config(job, spec)
+    name = f"{job.model}-accelerate.yaml"
+    text = comment_block(header(job, "accelerate", uns) + [f"checked against {CHECKED}"]) + yaml.safe_dump(cfg, sort_keys=False)
+    launch = (f"accelerate launch --config_file {name} --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
+              f"--main_process_port 29500 train.py")
+    return Export("accelerate", "Accelerate FSDP config YAML", name, text, CHECKED, tuple(uns), launch)
+
+
+def read(text: str, catalog) -> Imported:
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ShardlabError(f"not a valid Accelerate YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, dict) or "distributed_type" not in cfg:
+        raise ShardlabError("not an Accelerate config: it has no distributed_type")
+    f, und, ign = {}, [], []
+    dt = str(cfg["distributed_type"]).upper()
+    fsdp = cfg.get("fsdp_config") or {}
+    par = cfg.get("parallelism_config") or {}
+    if dt == "FSDP":
+        reshard = fsdp.get("fsdp_reshard_after_forward", True)
+        if isinstance(reshard, str):  # FSDP1 sharding strategies
+            reshard = reshard.upper() in ("FULL_SHARD", "HYBRID_SHARD", "TRUE")
+        strategy = str(fsdp.get("fsdp_sharding_strategy", "")).upper()
+        f["zero"] = 2 if strategy == "SHARD_GRAD_OP" or reshard is False else 3
+        und.append((f"FSDP, reshard_after_forward {reshard}", f"zero {f['zero']}"))
+    elif dt in ("MULTI_GPU", "NO"):
+        f["zero"] = 0
+        und.append((f"distributed_type {dt}", "zero 0 (DDP)"))
+    elif dt == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config") or {}
+        f["zero"] = int(ds.get("zero_stage", 0))
+        und.append((f"DEEPSPEED zero_stage {f['zero']}", f"zero {f['zero']}"))
+    else:
+        raise ShardlabError(f"distributed_type {dt} is not a GPU training layout shardlab models")
+    n = cfg.get("num_processes")
+    if isinstance(n, int) and n > 0:
+        f["gpus"] = n
+        und.append((f"num_processes {n}", "GPUs"))
+    f["tp"] = int(par.get("parallelism_config_tp_size", 1))
+    f["cp"] = int(par.get("parallelism_config_cp_size", 1))
+    rep, shard = int(par.get("parallelism_config_dp_replicate_size", 1)), int(par.get("parallelism_config_dp_shard_size", 1))
+    if par:
+        f["dp"] = rep * shard
+        und.append((f"parallelism_config dp {rep}×{shard}, tp {f['tp']}, cp {f['cp']}", "dp, tp, cp"))
+    elif "gpus" in f:
+        f["dp"] = f["gpus"]
+    f["recompute"] = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
+    und.append(("fsdp_activation_checkpointing", f"recompute {f['recompute']}"))
+    mp = str(cfg.get("mixed_precision", "no"))
+    f["precision"] = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "fp8": "bf16-mixed"}.get(mp, "fp32")
+    und.append((f"mixed_precision {mp}", f["precision"]))
+    if mp == "fp8":
+        ign.append("mixed_precision fp8 (FP8 training not modelled: estimated as bf16-mixed)")
+    if fsdp.get("fsdp_offload_params"):
+        ign.append("fsdp_offload_params (CPU offload not modelled)")
+    if fsdp.get("fsdp_transformer_layer_cls_to_wrap"):
+        und.append((f"wrap {fsdp['fsdp_transformer_layer_cls_to_wrap']}", "one FSDP unit per transformer block"))
+    ign.append("model: an Accelerate config names none (give MODEL)")
+    return Imported("accelerate", f, tuple(und), tuple(ign), framework="pytorch-fsdp")

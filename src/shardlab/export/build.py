@@ -1,0 +1,106 @@
+"""Building a LaunchJob: from a ``shardlab plan --json`` document, from a training estimate, or from the fields an
+importer read; and the two numbers exports print beside the layout (the KV-cache block count, the price)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve
+from shardlab.layout import Layout, validate
+
+
+def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int) -> int:
+    """KV-cache blocks per GPU as the serving model allocates them for vLLM (shardlab.memory.inference.kv_blocks:
+    gpu_memory_utilization × capacity minus weights, the profiled activation peak and the rest, in blocks of 16)."""
+    from shardlab.estimate.inference import estimate_inference
+
+    est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len)
+    return int(est.case.blocks.num_blocks)
+
+
+def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = None) -> dict:
+    """{usd_per_gpu_hour, price_source, spot} from the price catalog, or {} when it has no price for ``gpu``."""
+    from shardlab.cost.prices import resolve_price
+
+    try:
+        p = resolve_price(catalog, gpu, provider=provider, spot=spot)
+    except ShardlabError:
+        return {}
+    return {"usd_per_gpu_hour": p.usd_per_gpu_hour, "price_source": p.source, "spot": spot}
+
+
+def job_from_plan(doc: dict, catalog, rank: int = 1) -> LaunchJob:
+    """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document."""
+    plans = doc.get("plans") if isinstance(doc, dict) else None
+    if not plans or "model" not in doc:
+        raise ShardlabError("--plan FILE must be the output of `shardlab plan --json` (it has no plans)")
+    if not 1 <= rank <= len(plans):
+        raise ShardlabError(f"--rank {rank}: the plan file lists {len(plans)} plan(s)")
+    p = plans[rank - 1]
+    spec = catalog.model(doc["model"])
+    acc = catalog.accelerator(doc["gpu"])
+    gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
+    if "layout" not in p:  # inference plan
+        lay = Layout(tp=p["tp"], pp=p["pp"])
+        per = -(-doc["batch"] // p["replicas"])
+        cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
+        blocks = p.get("kv_blocks") or kv_blocks(spec, cluster, p["tp"], p["pp"], per, doc["prompt_len"], doc["output_len"])
+        serve = Serve(max_num_seqs=per, prompt_len=doc["prompt_len"], output_len=doc["output_len"],
+                      replicas=p["replicas"], kv_blocks=blocks)
+        return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, "bf16-mixed", gpu=acc.id,
+                         gpus_per_node=gpn, framework="vllm", serve=serve,
+                         notes={"step_time_s": None, **price_notes(catalog, acc.id)})
+    lay = {k: v for k, v in p["layout"].items() if k in LAYOUT_FIELDS}
+    if lay.get("stage_layers"):
+        lay["stage_layers"] = tuple(lay["stage_layers"])
+    wl = doc["workload"]
+    notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id)}
+    if p.get("train_days"):
+        notes["train_hours"] = p["train_days"] * 24
+    return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],
+                     acc.id, gpn, framework=_framework_id(doc.get("framework")), notes=notes)
+
+
+def _cluster(catalog, gpu: str, gpus: int, gpn: int):
+    from shardlab.specs.hardware import Cluster
+
+    acc = catalog.accelerator(gpu)
+    return Cluster(accelerator=acc, num_gpus=gpus, gpus_per_node=gpn, intra_link=catalog.link(acc.system["intra_link"]),
+                   inter_link=catalog.link(acc.system["inter_link"]))
+
+
+def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> LaunchJob:
+    """A job from importer fields (a round trip's far end), validated against the model."""
+    f = dict(fields)
+    model = f.get("model") or (base.model if base else None)
+    if not model:
+        raise ShardlabError("the file names no model shardlab knows: give MODEL")
+    spec = catalog.model(model)
+    lay_kw = {k: f[k] for k in LAYOUT_FIELDS if k in f}
+    serving = "max_num_seqs" in f or "prompt_len" in f
+    if serving:
+        lay_kw["dp"] = 1  # replicas are Serve.replicas, not data parallelism
+    if "dp" not in lay_kw:
+        gpus = f.get("gpus")
+        mp = lay_kw.get("tp", 1) * lay_kw.get("pp", 1) * lay_kw.get("cp", 1)
+        if gpus is None or gpus % mp:
+            raise ShardlabError("the file does not say the data-parallel size: add --gpus N")
+        lay_kw["dp"] = gpus // mp
+    lay = validate(Layout(**lay_kw), spec)
+    gb = f.get("global_batch") or lay.micro_batch * lay.dp
+    gpu = f.get("gpu") or (base.gpu if base else "h100-sxm")
+    job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
+                    gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
+                    framework=f.get("framework"))
+    if serving:
+        seqs, plen, olen = f.get("max_num_seqs", 256), f.get("prompt_len", 1024), f.get("output_len", 256)
+        job = replace(job, seq_len=plen + olen, global_batch=seqs, serve=Serve(max_num_seqs=seqs, prompt_len=plen, output_len=olen, replicas=f.get("replicas", 1),
+                                       gpu_memory_utilization=f.get("gpu_memory_utilization", 0.9),
+                                       kv_cache_dtype=f.get("kv_cache_dtype", "auto")))
+    return job
+
+
+def _framework_id(fw) -> str | None:
+    """The framework of a plan document: its id (plans carry the profile's mechanisms as a mapping)."""
+    return fw.get("id") if isinstance(fw, dict) else fw

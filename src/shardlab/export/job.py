@@ -1,0 +1,179 @@
+"""The document every exporter reads and every importer writes: one job (model, layout, workload, cluster), and the
+results of an export (file text + what it could not express) and of an import (the job + what was understood/ignored).
+
+Conventions shared by every target (the issue's round-trip contract): a field the target cannot express is named in
+``Export.unsupported`` (field, value, why); an importer leaves such a field at shardlab's default and names it in
+``Imported.assumed``. A layout the target cannot run at all raises :class:`Refused` (exit code 2, one line).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardlab.errors import ShardlabError
+from shardlab.layout import Layout
+
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "micro_batch", "recompute", "sequence_parallel",
+                 "schedule", "stage_layers")
+JOB_FIELDS = ("model", "gpus", "seq_len", "global_batch", "precision") + LAYOUT_FIELDS
+"""What a round trip compares (``job_fields``)."""
+
+
+class Refused(ShardlabError):
+    """The target framework cannot run this layout (the message says why and what to change)."""
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Inference settings of a serving job (``shardlab plan --inference`` / ``estimate --inference``)."""
+
+    max_num_seqs: int
+    """Concurrent sequences per replica (shardlab's --batch per replica; vLLM --max-num-seqs)."""
+    prompt_len: int
+    """Prompt tokens per request."""
+    output_len: int
+    """Generated tokens per request (max model length = prompt_len + output_len)."""
+    replicas: int = 1
+    """Independent TP×PP engines (vLLM --data-parallel-size)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the engine may use (vLLM's default 0.9; shardlab.estimate.inference uses the same)."""
+    kv_blocks: int | None = None
+    """KV-cache blocks of 16 tokens per GPU that the plan predicts (vLLM logs its own as '# GPU blocks')."""
+    kv_cache_dtype: str = "auto"
+    """KV-cache element type (vLLM --kv-cache-dtype; auto = the model dtype)."""
+
+
+@dataclass(frozen=True)
+class LaunchJob:
+    """A training or serving job as shardlab sees it: what exporters turn into framework files."""
+
+    model: str
+    """Catalog id (``shardlab models``)."""
+    layout: Layout
+    """Degrees and per-step choices (``shardlab.layout``)."""
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch: int
+    """Sequences per optimizer step (= micro_batch × dp × microbatches)."""
+    precision: str = "bf16-mixed"
+    """fp32, bf16-mixed, fp16-mixed or bf16 (pure)."""
+    optimizer: str = "adamw"
+    """adamw, sgd or adam-8bit."""
+    gpu: str = "h100-sxm"
+    """Accelerator id (``shardlab gpus``)."""
+    gpus_per_node: int = 8
+    """GPUs per node (sets nodes = gpus / gpus_per_node)."""
+    framework: str | None = None
+    """Framework id (megatron-lm, deepspeed, pytorch-fsdp, torchtitan, vllm) the job runs on, if known."""
+    serve: Serve | None = None
+    """Serving settings; None for training."""
+    notes: dict = field(default_factory=dict, compare=False, hash=False)
+    """Estimates for comments (step_time_s, usd_per_hour, train_hours, usd, price_source); not part of the layout."""
+
+    @property
+    def gpus(self) -> int:
+        if self.serve is not None:
+            return self.layout.tp * self.layout.pp * self.serve.replicas
+        return self.layout.world_size
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def procs_per_node(self) -> int:
+        return min(self.gpus, self.gpus_per_node)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step per data-parallel rank (pipeline micro-batches or gradient-accumulation steps)."""
+        return max(1, self.global_batch // (self.layout.micro_batch * self.layout.dp))
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """One setting the target could not express."""
+
+    setting: str
+    """Layout/workload field (e.g. 'ep', 'recompute')."""
+    value: object
+    """shardlab's value that was not carried over."""
+    why: str
+    """What the target does instead, in one sentence."""
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting, "value": self.value, "why": self.why}
+
+    def line(self) -> str:
+        return f"{self.setting}={self.value}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Export:
+    """A rendered framework file."""
+
+    target: str
+    """Target id (torchtitan, megatron, deepspeed, accelerate, vllm, slurm, skypilot)."""
+    kind: str
+    """What the file is (e.g. 'job TOML')."""
+    filename: str
+    """Suggested file name."""
+    text: str
+    """The file's content."""
+    checked_against: str
+    """Framework and version whose own parser accepts this file (tests/test_export_real.py)."""
+    unsupported: tuple[Unsupported, ...] = ()
+    """Settings the target could not express."""
+    launch: str = ""
+    """How to start it (a command line), where the file alone does not say."""
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "kind": self.kind, "filename": self.filename,
+                "checked_against": self.checked_against, "unsupported": [u.to_dict() for u in self.unsupported],
+                "launch": self.launch}
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an importer understood from a framework file."""
+
+    source: str
+    """Target id the file was read as."""
+    fields: dict
+    """Job fields read from the file (model, gpus, seq_len, global_batch, precision, layout fields, serve fields)."""
+    understood: tuple[tuple[str, str], ...] = ()
+    """(setting in the file, what it became in shardlab)."""
+    ignored: tuple[str, ...] = ()
+    """Settings in the file shardlab does not model (named so the user sees them)."""
+    framework: str | None = None
+    """Framework id the file belongs to."""
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "framework": self.framework, "fields": self.fields,
+                "understood": [{"setting": a, "shardlab": b} for a, b in self.understood], "ignored": list(self.ignored)}
+
+
+def job_fields(job: LaunchJob) -> dict:
+    """The comparable fields of a job (what a round trip must give back)."""
+    d = {"model": job.model, "gpus": job.gpus, "seq_len": job.seq_len, "global_batch": job.global_batch,
+         "precision": job.precision}
+    lay = job.layout.to_dict()
+    d.update({k: lay[k] for k in LAYOUT_FIELDS})
+    return d
+
+
+def header(job: LaunchJob, target: str, unsupported) -> list[str]:
+    """Comment lines (without the comment marker) opening every exported file."""
+    lay = job.layout
+    what = (f"serve {job.model}: {job.serve.replicas} replica(s) of TP {lay.tp} × PP {lay.pp} on {job.gpu}"
+            if job.serve else
+            f"train {job.model} on {job.gpus} × {job.gpu} ({job.nodes} node(s) × {job.procs_per_node}): dp {lay.dp} × "
+            f"tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" (ep {lay.ep})" if lay.ep > 1 else "")
+            + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, global batch {job.global_batch}, seq {job.seq_len}")
+    out = [f"shardlab export --to {target}: {what}"]
+    st = job.notes.get("step_time_s")
+    if st:
+        out.append(f"predicted step time {st:.2f} s (shardlab estimate; an estimate, not a measurement)")
+    for u in unsupported:
+        out.append(f"could not express {u.line()}")
+    return out

@@ -1,0 +1,63 @@
+"""What the cluster launchers (slurm, skypilot) run on each node: the framework file written by a heredoc and the
+framework's start command behind torchrun's rendezvous flags; and the inverse (find the embedded file or command
+in a launcher script and read it with its own target's reader)."""
+
+from __future__ import annotations
+
+import re
+
+from shardlab.errors import ShardlabError
+
+INNER = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm")
+EOF_MARK = "SHARDLAB_EOF"
+INSTALL = {"torchtitan": "pip install torchtitan==0.2.2", "deepspeed": "pip install deepspeed==0.19.8",
+           "accelerate": "pip install accelerate==1.15.0", "vllm": "pip install vllm==0.11.0",
+           "megatron": "git clone --branch core_r0.16.0 https://github.com/NVIDIA/Megatron-LM && cd Megatron-LM && pip install -e ."}
+
+
+def default_inner(job) -> str:
+    if job.serve is not None:
+        return "vllm"
+    return {"megatron-lm": "megatron", "deepspeed": "deepspeed", "pytorch-fsdp": "accelerate"}.get(job.framework or "",
+                                                                                                    "torchtitan")
+
+
+def heredoc(filename: str, text: str) -> str:
+    return f"cat > {filename} <<'{EOF_MARK}'\n{text.rstrip()}\n{EOF_MARK}\n"
+
+
+def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, head: str):
+    """(shell lines that write the framework file, the command each node runs, the inner Export)."""
+    from shardlab.export import render
+
+    if inner not in INNER:
+        raise ShardlabError(f"--launch {inner}: choose one of {', '.join(INNER)}")
+    inner_exp = render(job, spec, inner)
+    fn = inner_exp.filename
+    if inner == "torchtitan":
+        return heredoc(fn, inner_exp.text), f"{torchrun} -m torchtitan.train --job.config_file {fn}", inner_exp
+    if inner == "megatron":
+        body = inner_exp.text.split("pretrain_gpt.py", 1)[1]
+        return "", f"{torchrun} pretrain_gpt.py{body.rstrip()}", inner_exp
+    if inner == "deepspeed":
+        return heredoc(fn, inner_exp.text), f"{torchrun} train.py --deepspeed --deepspeed_config {fn}", inner_exp
+    if inner == "accelerate":
+        cmd = (f"accelerate launch --config_file {fn} --num_machines {job.nodes} --num_processes {job.gpus} "
+               f"--machine_rank {accelerate_rank} --main_process_ip {head} --main_process_port 29500 train.py")
+        return heredoc(fn, inner_exp.text), cmd, inner_exp
+    body = inner_exp.text[inner_exp.text.index("vllm serve"):]
+    return "", body.rstrip(), inner_exp
+
+
+def read_embedded(text: str, catalog):
+    """Read the framework file or command a launcher script carries; returns its Imported."""
+    from shardlab.export import read_text
+
+    docs = re.findall(rf"<<'{EOF_MARK}'\n(.*?)\n{EOF_MARK}\n", text, flags=re.S)
+    if docs:
+        return read_text(docs[0], catalog)
+    if "pretrain_gpt.py" in text:
+        return read_text(text, catalog, "megatron")
+    if "vllm serve" in text:
+        return read_text(text, catalog, "vllm")
+    raise ShardlabError("the launcher script carries no framework file or command shardlab can read")

@@ -1,0 +1,228 @@
+"""Megatron-LM ``pretrain_gpt.py`` argument list (Megatron-LM core_r0.16.0 flags, ``data/flags.yaml``), written as a
+torchrun line in a shell script; read back from such a script or from a file of one flag per line.
+
+Mapping (shardlab → Megatron-LM): tp/pp/cp/ep → --tensor-/--pipeline-model-parallel-size, --context-/
+--expert-model-parallel-size (dp is what is left: world / (tp·pp·cp)); vpp → --num-layers-per-virtual-pipeline-stage;
+uneven stages → --decoder-first/last-pipeline-num-layers; zero 1 → --use-distributed-optimizer (Megatron's distributed
+optimizer shards optimizer states and master weights); zero 2/3 → --use-megatron-fsdp with
+--data-parallel-sharding-strategy optim_grads / optim_grads_params; recompute selective → --recompute-granularity
+selective (Korthikanti 2022's attention-core recompute, the same mechanism); full → full, uniform, 1 layer.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from shardlab.errors import ShardlabError
+from shardlab.export.flags import require_valid, version
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.names import models_with_shape
+from shardlab.export.text import as_int, comment_block, flags_dict, split_command
+from shardlab.layout import split_layers
+
+CHECKED = f"{version('megatron')} flag schema; Megatron-Core 0.16.1 TransformerConfig"
+ZERO_FSDP = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def model_flags(spec) -> list[tuple[str, object]]:
+    """Model shape flags (Megatron-LM names) of a catalog model."""
+    out = [("num-layers", spec.num_layers), ("hidden-size", spec.hidden_size), ("ffn-hidden-size", spec.ffn_hidden_size),
+           ("num-attention-heads", spec.num_heads)]
+    if spec.mla is None and spec.num_kv_heads != spec.num_heads:
+        out += [("group-query-attention", True), ("num-query-groups", spec.num_kv_heads)]
+    if spec.head_dim and spec.head_dim * spec.num_heads != spec.hidden_size:
+        out.append(("kv-channels", spec.head_dim))
+    out += [("max-position-embeddings", spec.max_seq_len)]
+    if spec.mlp == "swiglu":
+        out.append(("swiglu", True))
+    out.append(("normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm"))
+    out.append(("position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"))
+    if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
+        out.append(("disable-bias-linear", True))
+    elif spec.qkv_bias and not spec.mlp_bias:
+        out += [("disable-bias-linear", True), ("add-qkv-bias", True)]
+    if not spec.tied_embeddings:
+        out.append(("untie-embeddings-and-output-weights", True))
+    if spec.moe:
+        m = spec.moe
+        out += [("num-experts", m.num_experts), ("moe-router-topk", m.top_k), ("moe-ffn-hidden-size", m.expert_ffn_hidden_size)]
+        if m.num_shared_experts:
+            out.append(("moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn_hidden_size))
+        if m.first_dense_layers:
+            out.append(("moe-layer-freq", f"([0]*{m.first_dense_layers}+[1]*{spec.num_layers - m.first_dense_layers})"))
+    if spec.mla:
+        a = spec.mla
+        out += [("multi-latent-attention", True), ("q-lora-rank", a.q_lora_rank), ("kv-lora-rank", a.kv_lora_rank),
+                ("qk-head-dim", a.qk_nope_head_dim), ("qk-pos-emb-head-dim", a.qk_rope_head_dim), ("v-head-dim", a.v_head_dim)]
+    out += [("tokenizer-type", "NullTokenizer"), ("vocab-size", spec.vocab_size), ("make-vocab-size-divisible-by", 1)]
+    return out
+
+
+def _stage_flags(job: LaunchJob, spec, uns: list) -> list[tuple[str, object]]:
+    from shardlab.memory.states import chunk_layers
+
+    lay = job.layout
+    if lay.pp == 1:
+        return []
+    sizes = [len(r) for r in chunk_layers(spec, lay)]
+    out = []
+    if lay.vpp > 1:
+        if len(set(sizes)) == 1:
+            out.append(("num-layers-per-virtual-pipeline-stage", sizes[0]))
+        else:
+            uns.append(Unsupported("stage_layers", "/".join(map(str, sizes)), "Megatron interleaving needs equal chunks"))
+            out.append(("num-virtual-stages-per-pipeline-rank", lay.vpp))
+    elif len(set(sizes)) > 1:
+        first, last, middle = sizes[0], sizes[-1], sizes[1:-1]
+        if len(set(middle)) > 1:
+            uns.append(Unsupported("stage_layers", "/".join(map(str, sizes)),
+                                   "Megatron splits the middle stages evenly; only the first and last can differ"))
+        else:
+            out += [("decoder-first-pipeline-num-layers", first), ("decoder-last-pipeline-num-layers", last)]
+    return out
+
+
+def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsupported]]:
+    """(flag, value) pairs of the pretrain_gpt.py line (value True = a switch), and what could not be expressed."""
+    lay = job.layout
+    if job.serve is not None:
+        raise Refused("Megatron-LM's pretrain_gpt.py trains; export an inference plan with --to vllm")
+    uns = []
+    if lay.pp > 1 and lay.schedule in ("gpipe", "zb-h1"):
+        uns.append(Unsupported("schedule", lay.schedule, "Megatron-LM runs 1F1B (interleaved with virtual stages)"))
+    if lay.zero in ZERO_FSDP and lay.pp > 1:
+        raise Refused(f"Megatron-FSDP (ZeRO-{lay.zero}) does not combine with pipeline parallelism in Megatron-LM; "
+                      f"use --zero 1 (distributed optimizer) with --pp {lay.pp}")
+    if job.precision == "bf16":
+        uns.append(Unsupported("precision", "bf16", "Megatron-LM keeps fp32 master weights with --bf16 (bf16-mixed)"))
+    if job.optimizer == "adam-8bit":
+        uns.append(Unsupported("optimizer", "adam-8bit", "Megatron-LM's optimizers are adam and sgd; adam written"))
+    if lay.tp > 1 and lay.ep > 1:
+        pass  # experts keep TP (expert-tensor-parallel-size defaults to tp), as shardlab splits them
+    out = [("tensor-model-parallel-size", lay.tp), ("pipeline-model-parallel-size", lay.pp)]
+    out += _stage_flags(job, spec, uns)
+    if lay.cp > 1:
+        out.append(("context-parallel-size", lay.cp))
+    if lay.ep > 1:
+        out.append(("expert-model-parallel-size", lay.ep))
+    if lay.sequence_parallel:
+        out.append(("sequence-parallel", True))
+    if lay.recompute == "selective":
+        out.append(("recompute-granularity", "selective"))
+    elif lay.recompute == "full":
+        out += [("recompute-granularity", "full"), ("recompute-method", "uniform"), ("recompute-num-layers", 1)]
+    out += [("micro-batch-size", lay.micro_batch), ("global-batch-size", job.global_batch), ("seq-length", job.seq_len)]
+    if lay.zero == 1:
+        out.append(("use-distributed-optimizer", True))
+    elif lay.zero in ZERO_FSDP:
+        out += [("use-megatron-fsdp", True), ("data-parallel-sharding-strategy", ZERO_FSDP[lay.zero])]
+    if lay.dp > 1:
+        out.append(("overlap-grad-reduce", True))
+    if job.precision in ("bf16-mixed", "bf16"):
+        out.append(("bf16", True))
+    elif job.precision == "fp16-mixed":
+        out.append(("fp16", True))
+    out.append(("optimizer", "sgd" if job.optimizer == "sgd" else "adam"))
+    out += model_flags(spec)
+    out += [("mock-data", True), ("train-iters", 100), ("lr", 3e-4)]
+    return out, uns
+
+
+def render(job: LaunchJob, spec) -> Export:
+    pairs, uns = arg_list(job, spec)
+    require_valid("megatron", {k: v for k, v in pairs})
+    flags = [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    launch = (f"torchrun --nnodes {job.nodes} --nproc-per-node {job.procs_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
+              f"--master-addr \"${{MASTER_ADDR:-localhost}}\" --master-port 29500")
+    text = ("#!/usr/bin/env bash\n" + comment_block(header(job, "megatron", uns) + [
+        f"checked against {CHECKED}", "run from a Megatron-LM checkout on every node (NODE_RANK, MASTER_ADDR set)"])
+        + "set -euo pipefail\n" + launch + " \\\n    pretrain_gpt.py \\\n    " + " \\\n    ".join(flags) + "\n")
+    return Export("megatron", "Megatron-LM pretrain_gpt.py launch script", f"{job.model}-megatron.sh", text, CHECKED,
+                  tuple(uns), "bash " + f"{job.model}-megatron.sh")
+
+
+def read(text: str, catalog) -> Imported:
+    words = split_command(text)
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    launcher = flags_dict(words[:script]) if script is not None else {}
+    fl = flags_dict(words[script + 1:] if script is not None else words)
+    if not fl:
+        raise ShardlabError("no Megatron-LM flags found: give a file of --flags (one per line) or a script with the "
+                            "pretrain_gpt.py line")
+    where = "Megatron-LM arguments"
+    f, und, ign = {}, [], []
+    g = lambda n, d=None: as_int(fl, n, where) if n in fl else d
+    for key, name in (("tp", "tensor-model-parallel-size"), ("pp", "pipeline-model-parallel-size"),
+                      ("cp", "context-parallel-size"), ("ep", "expert-model-parallel-size")):
+        f[key] = g(name, 1)
+        if name in fl:
+            und.append((f"--{name} {f[key]}", key))
+    digits = lambda *names: next((int(launcher[n]) for n in names if str(launcher.get(n, "")).isdigit()), None)
+    nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")  # "$SLURM_NNODES": from the launcher
+    if nproc:
+        world = (nodes or 1) * nproc
+        f["gpus"] = world
+        und.append((f"torchrun {nodes or 1} node(s) × {nproc}", f"{world} GPUs"))
+    f["sequence_parallel"] = "sequence-parallel" in fl
+    gran = fl.get("recompute-granularity")
+    f["recompute"] = {"selective": "selective", "full": "full"}.get(gran, "none")
+    if gran:
+        und.append((f"--recompute-granularity {gran}", f"recompute {f['recompute']}"))
+    if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1) != 1):
+        ign.append("--recompute-method/--recompute-num-layers other than uniform/1 (modelled as every layer)")
+    f["micro_batch"] = g("micro-batch-size", 1)
+    if "global-batch-size" in fl:
+        f["global_batch"] = g("global-batch-size")
+    if "seq-length" in fl:
+        f["seq_len"] = g("seq-length")
+    strategy = fl.get("data-parallel-sharding-strategy", "optim_grads_params")
+    f["zero"] = (1 if "use-distributed-optimizer" in fl else
+                 {"optim_grads": 2, "optim_grads_params": 3, "optim": 1}.get(strategy, 0)
+                 if ("use-megatron-fsdp" in fl or "use-torch-fsdp2" in fl) else 0)
+    und.append(("optimizer sharding flags", f"zero {f['zero']}"))
+    layers = g("num-layers")
+    if f["pp"] > 1:
+        per_chunk, vstages = g("num-layers-per-virtual-pipeline-stage"), g("num-virtual-stages-per-pipeline-rank")
+        if per_chunk and layers:
+            f["vpp"] = layers // (f["pp"] * per_chunk)
+        elif vstages:
+            f["vpp"] = vstages
+        f["schedule"] = "interleaved" if f.get("vpp", 1) > 1 else "1f1b"
+        first, last = g("decoder-first-pipeline-num-layers"), g("decoder-last-pipeline-num-layers")
+        if (first or last) and layers and f.get("vpp", 1) == 1:
+            first = first or (layers - (last or 0)) // f["pp"]
+            mid_n = f["pp"] - 2 if f["pp"] > 2 else 0
+            rest = layers - first - (last or 0)
+            if mid_n and rest % mid_n == 0 and last:
+                sizes = (first,) + (rest // mid_n,) * mid_n + (last,)
+            elif f["pp"] == 2:
+                sizes = (first, layers - first)
+            else:
+                sizes = None
+            if sizes and sizes != split_layers(layers, f["pp"]):
+                f["stage_layers"] = sizes
+                und.append(("--decoder-first/last-pipeline-num-layers", f"stage layers {'/'.join(map(str, sizes))}"))
+    f["precision"] = "bf16-mixed" if "bf16" in fl else "fp16-mixed" if "fp16" in fl else "fp32"
+    und.append(("precision flags", f["precision"]))
+    shape = {"num_layers": layers, "hidden_size": g("hidden-size"), "num_heads": g("num-attention-heads"),
+             "ffn_hidden_size": g("ffn-hidden-size"), "num_experts": g("num-experts", 0), "vocab_size": g("vocab-size")}
+    if "multi-latent-attention" not in fl:
+        shape["num_kv_heads"] = g("num-query-groups") if "group-query-attention" in fl else shape["num_heads"]
+    hits = models_with_shape(catalog, shape) if shape["num_layers"] and shape["hidden_size"] else []
+    mid = hits[0] if len(hits) == 1 else None
+    if mid:
+        f["model"] = mid
+        und.append(("model shape flags", mid))
+    else:
+        ign.append(f"model shape flags match {' and '.join(hits) if hits else 'no catalog model'} (give MODEL)")
+    known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
+             "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
+             "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
+             "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers",
+             "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
+             "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
+             "num-attention-heads", "ffn-hidden-size", "num-experts", "vocab-size", "group-query-attention",
+             "num-query-groups"}
+    shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
+    ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
+    return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")

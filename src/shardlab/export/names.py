@@ -1,0 +1,83 @@
+"""Framework names of catalog models and accelerators (``data/names.yaml``), and finding a catalog model from the
+shapes a framework file gives (Megatron-LM flags, a torchtitan flavor, a Hugging Face id)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import yaml
+
+from shardlab.errors import ShardlabError
+
+
+@functools.lru_cache(maxsize=1)
+def names() -> dict:
+    with open(os.path.join(os.path.dirname(__file__), "data", "names.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def model_entry(model: str) -> dict:
+    return names()["models"].get(model, {})
+
+
+def hf_id(model: str) -> str | None:
+    return model_entry(model).get("hf")
+
+
+def torchtitan_flavor(model: str) -> tuple[str, str] | None:
+    tt = model_entry(model).get("torchtitan")
+    return tuple(tt) if tt else None
+
+
+def layer_class(family: str) -> str | None:
+    return names()["layer_class"].get(family)
+
+
+def skypilot_accelerator(gpu: str) -> str:
+    acc = names()["skypilot_accelerators"].get(gpu)
+    if acc is None:
+        raise ShardlabError(f"no SkyPilot accelerator name known for '{gpu}'; pick one of "
+                            f"{', '.join(sorted(names()['skypilot_accelerators']))} with --gpu")
+    return acc
+
+
+def gpu_from_skypilot(name: str) -> str | None:
+    for gpu, acc in names()["skypilot_accelerators"].items():
+        if acc.lower() == name.lower():
+            return gpu
+    return None
+
+
+def model_from_hf(repo: str) -> str | None:
+    """Catalog id of a Hugging Face repository id (case-insensitive), or None."""
+    for mid, e in names()["models"].items():
+        if e.get("hf", "").lower() == repo.strip("/").lower():
+            return mid
+    return None
+
+
+def model_from_torchtitan(name: str, flavor: str) -> str | None:
+    for mid, e in names()["models"].items():
+        if e.get("torchtitan") == [name, flavor]:
+            return mid
+    return None
+
+
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "num_experts", "vocab_size")
+
+
+def shape_of(spec) -> dict:
+    return {"num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "num_heads": spec.num_heads,
+            "num_kv_heads": spec.num_kv_heads, "ffn_hidden_size": spec.ffn_hidden_size,
+            "num_experts": spec.moe.num_experts if spec.moe else 0, "vocab_size": spec.vocab_size}
+
+
+def models_with_shape(catalog, shape: dict) -> list[str]:
+    """Catalog models whose shapes match every key given in ``shape``."""
+    hits = []
+    for mid, spec in catalog.models.items():
+        mine = shape_of(spec)
+        if all(mine[k] == v for k, v in shape.items() if k in mine and v is not None):
+            hits.append(mid)
+    return hits

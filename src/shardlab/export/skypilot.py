@@ -1,0 +1,83 @@
+"""SkyPilot task YAML (SkyPilot 0.14.1 task schema, checked with ``sky.Task.from_yaml_str``): resources with the
+accelerator type and count, num_nodes, spot or on-demand, the set-up and the run command (torchrun with the
+rendezvous SkyPilot's environment variables give), and the plan's cost estimate in a comment."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import Export, Imported, LaunchJob, header
+from shardlab.export.launcher import INSTALL, default_inner, node_commands, read_embedded
+from shardlab.export.names import gpu_from_skypilot, skypilot_accelerator
+from shardlab.export.text import comment_block
+
+CHECKED = "SkyPilot 0.14.1 (sky.Task.from_yaml_str, task JSON schema)"
+
+
+def _cost_lines(job: LaunchJob) -> list[str]:
+    n = job.notes
+    if not n.get("usd_per_gpu_hour"):
+        return ["cost: no price known for this GPU (shardlab cost --price USD)"]
+    rate = n["usd_per_gpu_hour"] * job.gpus
+    out = [f"cost estimate: {job.gpus} × {job.gpu} at ${n['usd_per_gpu_hour']:.2f}/GPU-h = ${rate:,.2f}/h "
+           f"({'spot' if n.get('spot') else 'on-demand'}; {n.get('price_source', 'shardlab prices')})"]
+    if n.get("train_hours"):
+        what = f"{n['tokens']:.3g} tokens" if n.get("tokens") else "the plan's --tokens"
+        out.append(f"  {n['train_hours']:,.1f} h to train {what} (shardlab estimate) = ${rate * n['train_hours']:,.0f}")
+    return out
+
+
+def _block(text: str, indent: str = "  ") -> str:
+    return "".join(indent + ln + "\n" if ln else "\n" for ln in text.rstrip("\n").split("\n"))
+
+
+def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
+    inner = inner or default_inner(job)
+    acc = skypilot_accelerator(job.gpu)
+    torchrun = ("torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --nproc-per-node \"$SKYPILOT_NUM_GPUS_PER_NODE\" "
+                "--node-rank \"$SKYPILOT_NODE_RANK\" --master-addr \"$head_ip\" --master-port 29500")
+    write, cmd, inner_exp = node_commands(job, spec, inner, torchrun, "\"$SKYPILOT_NODE_RANK\"", "\"$head_ip\"")
+    uns = inner_exp.unsupported
+    run = "set -euo pipefail\nhead_ip=$(echo \"$SKYPILOT_NODE_IPS\" | head -n 1)\n" + write + cmd + "\n"
+    comments = header(job, "skypilot", uns) + _cost_lines(job) + [f"runs {inner} ({inner_exp.checked_against})",
+                                                                  f"checked against {CHECKED}"]
+    text = (comment_block(comments)
+            + f"name: shardlab-{re.sub(r'[^a-z0-9-]', '-', job.model.lower())}\n"
+            + f"num_nodes: {job.nodes}\n"
+            + "resources:\n"
+            + f"  accelerators: {acc}:{job.procs_per_node}\n"
+            + f"  use_spot: {'true' if job.notes.get('spot') else 'false'}\n"
+            + "setup: |\n" + _block(INSTALL[inner])
+            + "run: |\n" + _block(run))
+    return Export("skypilot", f"SkyPilot task YAML running {inner}", f"{job.model}-sky.yaml", text,
+                  f"{CHECKED}; embedded {inner_exp.checked_against}", uns, f"sky launch -c shardlab {job.model}-sky.yaml")
+
+
+def read(text: str, catalog) -> Imported:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ShardlabError(f"not a valid SkyPilot YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or "run" not in doc:
+        raise ShardlabError("not a SkyPilot task: it has no run section")
+    inner = read_embedded(str(doc["run"]), catalog)
+    f, und = dict(inner.fields), list(inner.understood)
+    res = doc.get("resources") or {}
+    accs = res.get("accelerators")
+    if isinstance(accs, dict):
+        accs = ",".join(f"{k}:{v}" for k, v in accs.items())
+    if isinstance(accs, str):
+        name, _, count = accs.partition(":")
+        gpu = gpu_from_skypilot(name)
+        if gpu:
+            f["gpu"] = gpu
+        per = int(float(count or 1))
+        f["gpus_per_node"] = per
+        if inner.source != "vllm":
+            f["gpus"] = int(doc.get("num_nodes", 1)) * per
+        und.append((f"resources.accelerators {accs} × num_nodes {doc.get('num_nodes', 1)}", f"{gpu or name}"))
+    f["spot"] = bool(res.get("use_spot", False))
+    return Imported("skypilot", f, tuple(und), inner.ignored, inner.framework)

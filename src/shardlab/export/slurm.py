@@ -1,0 +1,47 @@
+"""Slurm batch script: one task per node, ``srun torchrun`` with the c10d rendezvous on the first node, and the
+framework file (``--launch``: torchtitan by default for training, vllm for serving) written by a heredoc.
+Checked with ``bash -n`` and torch's own torchrun argument parser (tests)."""
+
+from __future__ import annotations
+
+import re
+
+from shardlab.export.job import Export, Imported, LaunchJob, header
+from shardlab.export.launcher import default_inner, node_commands, read_embedded
+from shardlab.export.text import comment_block
+
+CHECKED = "bash -n; torch 2.13 torchrun argument parser (torch.distributed.run)"
+
+
+def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
+    inner = inner or default_inner(job)
+    torchrun = (f'torchrun --nnodes "$SLURM_NNODES" --nproc-per-node {job.procs_per_node} --rdzv-id "$SLURM_JOB_ID" '
+                f'--rdzv-backend c10d --rdzv-endpoint "$head_node:29500"')
+    write, cmd, inner_exp = node_commands(job, spec, inner, torchrun, "$SLURM_NODEID", "$head_node")
+    uns = inner_exp.unsupported
+    sb = [f"--job-name=shardlab-{job.model}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+          f"--gpus-per-node={job.procs_per_node}", "--exclusive"]
+    lines = ["#!/bin/bash", *[f"#SBATCH {s}" for s in sb],
+             comment_block(header(job, "slurm", uns) + [f"runs {inner} ({inner_exp.checked_against})"]).rstrip(),
+             "set -euo pipefail",
+             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "export head_node",
+             "export OMP_NUM_THREADS=8"]
+    body = "\n".join(lines) + "\n" + write
+    # accelerate needs each task's own $SLURM_NODEID, so its line is expanded inside the task
+    body += f"srun bash -c '{cmd}'\n" if inner == "accelerate" else f"srun {cmd}\n"
+    return Export("slurm", f"Slurm sbatch script running {inner}", f"{job.model}.sbatch", body,
+                  f"{CHECKED}; embedded {inner_exp.checked_against}", uns, f"sbatch {job.model}.sbatch")
+
+
+def read(text: str, catalog) -> Imported:
+    inner = read_embedded(text, catalog)
+    f = dict(inner.fields)
+    und = list(inner.understood)
+    nodes = re.search(r"#SBATCH\s+(?:--nodes|-N)[= ](\d+)", text)
+    gpn = re.search(r"#SBATCH\s+--gpus-per-node[= ](?:\w+:)?(\d+)", text)
+    if nodes and gpn and inner.source != "vllm":
+        f["gpus"] = int(nodes.group(1)) * int(gpn.group(1))
+        und.append((f"#SBATCH {nodes.group(1)} nodes × {gpn.group(1)} GPUs", f"{f['gpus']} GPUs"))
+    if gpn:
+        f["gpus_per_node"] = int(gpn.group(1))
+    return Imported("slurm", f, tuple(und), inner.ignored, inner.framework)

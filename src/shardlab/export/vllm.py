@@ -1,0 +1,109 @@
+"""``vllm serve`` command line for an inference plan (flags of vLLM 0.11.0, ``data/flags.yaml``), with the KV-cache
+block count the plan predicts, so the number vLLM logs at start-up ('# GPU blocks: N') can be held against it.
+
+Mapping: tp/pp → --tensor-/--pipeline-parallel-size; replicas → --data-parallel-size; prompt + output length →
+--max-model-len; concurrent sequences per replica → --max-num-seqs; precision → --dtype;
+shardlab.estimate.inference's usable-memory fraction → --gpu-memory-utilization.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from shardlab.errors import ShardlabError
+from shardlab.export.flags import require_valid, version
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.names import hf_id, model_from_hf
+from shardlab.export.text import as_int, comment_block, flags_dict, split_command
+
+CHECKED = f"{version('vllm')} flag schema"
+DTYPE = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}
+BLOCK_TOKENS = 16
+"""vLLM's default KV-cache block size in tokens (--block-size 16 on CUDA)."""
+
+
+def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupported]]:
+    if job.serve is None:
+        raise Refused("vllm serves models: export an inference plan (shardlab plan --inference ... --export vllm, or "
+                      "shardlab export --to vllm MODEL --inference --tp N)")
+    repo = hf_id(job.model)
+    if repo is None:
+        raise Refused(f"{job.model} has no public Hugging Face checkpoint for vLLM to load")
+    lay, s = job.layout, job.serve
+    uns = []
+    pairs = [("tensor-parallel-size", lay.tp), ("pipeline-parallel-size", lay.pp)]
+    if s.replicas > 1:
+        pairs.append(("data-parallel-size", s.replicas))
+    pairs += [("max-model-len", s.prompt_len + s.output_len), ("max-num-seqs", s.max_num_seqs),
+              ("gpu-memory-utilization", s.gpu_memory_utilization), ("kv-cache-dtype", s.kv_cache_dtype),
+              ("dtype", DTYPE[job.precision]), ("block-size", BLOCK_TOKENS)]
+    if job.gpus > job.gpus_per_node:
+        uns.append(Unsupported("nodes", job.nodes, "vLLM spans nodes through a Ray cluster you start first "
+                                                   "(ray start --head / --address) before vllm serve"))
+    return repo, pairs, uns
+
+
+def render(job: LaunchJob, spec) -> Export:
+    repo, pairs, uns = arg_list(job)
+    require_valid("vllm", dict(pairs))
+    s = job.serve
+    flags = [f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    lines = header(job, "vllm", uns) + [f"checked against {CHECKED}",
+                                        f"requests: {s.prompt_len} prompt + {s.output_len} output tokens"]
+    if s.kv_blocks is not None:
+        lines.append(f"predicted KV-cache blocks per GPU: {s.kv_blocks} of {BLOCK_TOKENS} tokens "
+                     f"({s.kv_blocks * BLOCK_TOKENS:,} tokens); vLLM logs its own count as '# GPU blocks' at start-up")
+    text = "#!/usr/bin/env bash\n" + comment_block(lines) + f"vllm serve {repo} \\\n    " + " \\\n    ".join(flags) + "\n"
+    return Export("vllm", "vllm serve command", f"{job.model}-vllm.sh", text, CHECKED, tuple(uns), f"bash {job.model}-vllm.sh")
+
+
+def read(text: str, catalog) -> Imported:
+    words = split_command(text)
+    if "serve" in words and any(w.endswith("vllm") for w in words[:words.index("serve")]):
+        i = words.index("serve")
+        repo = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+        fl = flags_dict(words[i + 1:])
+    elif any("vllm.entrypoints" in w for w in words):
+        fl = flags_dict(words)
+        repo = fl.get("model")
+    else:
+        raise ShardlabError("no `vllm serve MODEL ...` line found")
+    where = "vllm serve"
+    f, und, ign = {}, [], []
+    mid = model_from_hf(str(repo)) if repo else None
+    if mid:
+        f["model"] = mid
+        und.append((f"model {repo}", mid))
+    else:
+        ign.append(f"model {repo} (no catalog model; give MODEL)")
+    g = lambda n, d: as_int(fl, n, where) if n in fl else d
+    f["tp"], f["pp"], f["replicas"] = g("tensor-parallel-size", 1), g("pipeline-parallel-size", 1), g("data-parallel-size", 1)
+    und.append((f"--tensor-parallel-size {f['tp']} --pipeline-parallel-size {f['pp']}", "tp, pp"))
+    if "max-num-seqs" in fl:
+        f["max_num_seqs"] = g("max-num-seqs", 256)
+        und.append((f"--max-num-seqs {f['max_num_seqs']}", "concurrent sequences per replica (--batch)"))
+    m = re.search(r"requests: (\d+) prompt \+ (\d+) output tokens", text)
+    if "max-model-len" in fl:
+        total = g("max-model-len", 0)
+        if m and int(m.group(1)) + int(m.group(2)) == total:
+            f["prompt_len"], f["output_len"] = int(m.group(1)), int(m.group(2))
+        else:
+            f["output_len"] = min(256, total // 2)
+            f["prompt_len"] = total - f["output_len"]
+            ign.append(f"prompt/output split of --max-model-len {total} assumed {f['prompt_len']} + {f['output_len']}")
+        und.append((f"--max-model-len {total}", "prompt + output tokens"))
+    if "gpu-memory-utilization" in fl:
+        f["gpu_memory_utilization"] = float(fl["gpu-memory-utilization"])
+        und.append((f"--gpu-memory-utilization {fl['gpu-memory-utilization']}", "usable memory fraction"))
+    dt = str(fl.get("dtype", "auto"))
+    f["precision"] = {"float16": "fp16-mixed", "half": "fp16-mixed", "float32": "fp32", "float": "fp32"}.get(dt, "bf16")
+    f["precision"] = "bf16-mixed" if f["precision"] == "bf16" else f["precision"]
+    und.append((f"--dtype {dt}", f"{f['precision']} weights"))
+    f["kv_cache_dtype"] = str(fl.get("kv-cache-dtype", "auto"))
+    for k in ("quantization", "enable-expert-parallel", "max-num-batched-tokens", "enable-chunked-prefill", "swap-space"):
+        if k in fl:
+            ign.append(f"--{k} (not modelled)")
+    if f["kv_cache_dtype"] != "auto":
+        ign.append(f"--kv-cache-dtype {f['kv_cache_dtype']} (KV cache estimated in the model dtype)")
+    return Imported("vllm", f, tuple(und), tuple(ign), framework="vllm")

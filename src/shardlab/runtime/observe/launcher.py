@@ -1,0 +1,171 @@
+"""The launcher side: what the ranks are told, the live view while they run, the aggregate afterwards.
+
+``shardlab.runtime.launch.launch(..., observer=Observation(...))`` calls :meth:`Observation.prepare`
+(environment for the ranks; metrics ports checked free) before starting torchrun, :meth:`start` right
+after and :meth:`stop` when torchrun has exited. The run command then calls :meth:`finish` for the
+aggregate: every rank's step records (``job.steps.json``, gathered by the ranks at the end, so a node
+sees the whole job), percentiles, the straggler, a JSONL series and optional TensorBoard scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+
+
+@dataclass(frozen=True)
+class ObserveOptions:
+    """The observability flags of ``shardlab run train|infer`` and ``bench collectives``."""
+
+    metrics: bool = True
+    """Serve Prometheus metrics from every rank (``--no-metrics`` turns it off)."""
+    metrics_port: int | None = None
+    """Base port: local rank i serves on base + i; None picks free ports (the run prints them)."""
+    metrics_host: str | None = None
+    """Address to bind; default 127.0.0.1 on one node, 0.0.0.0 with several (peers scrape each other)."""
+    live: bool = False
+    """Draw the live per-rank table on stderr (the CLI sets it when stderr is a terminal and not --json)."""
+    slow_rank: object = None
+    """``estimate.straggler.SlowRank`` to inject, or None."""
+    slow_link: object = None
+    """``estimate.straggler.SlowLink`` to inject, or None."""
+    steps_jsonl: str | None = None
+    """Where to write the per-step series (default: steps.jsonl in the run directory)."""
+    tensorboard: str | None = None
+    """Directory for TensorBoard scalars (one run per rank), or None."""
+    interval_s: float = 1.0
+    """Seconds between scrapes of the live view."""
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def choose_ports(host: str, nproc: int, base: int | None) -> list[int]:
+    """One port per local rank: base + i (each checked free), or free ports the OS hands out."""
+    if base is None:
+        from shardlab.runtime.dist import free_port
+
+        ports: list[int] = []
+        while len(ports) < nproc:
+            p = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
+            if p not in ports:
+                ports.append(p)
+        return ports
+    if base + nproc - 1 > 65535:
+        raise ShardlabError(f"--metrics-port {base} + {nproc} ranks runs past port 65535; choose a lower base")
+    for i in range(nproc):
+        if not port_free(host, base + i):
+            raise ShardlabError(f"metrics port {base + i} (local rank {i}) is in use on {host}; pass another "
+                                f"--metrics-port (ranks use {base}..{base + nproc - 1}) or --no-metrics")
+    return [base + i for i in range(nproc)]
+
+
+class Observation:
+    """One run's observability on this node."""
+
+    def __init__(self, opts: ObserveOptions, nproc: int, world_size: int, *, kind: str, job_id: str | None = None,
+                 nnodes: int = 1, stream=None):
+        from shardlab.estimate.straggler import check_rank
+
+        check_rank(opts.slow_rank, world_size, "--slow-rank")
+        check_rank(opts.slow_link, world_size, "--slow-link")
+        if opts.metrics:
+            from shardlab.runtime.observe.exporter import require_prometheus_client
+
+            require_prometheus_client()
+        self.opts, self.nproc, self.world_size, self.kind, self.nnodes = opts, nproc, world_size, kind, nnodes
+        self.job_id = job_id
+        self.host = opts.metrics_host or ("0.0.0.0" if nnodes > 1 else "127.0.0.1")
+        self.stream = stream if stream is not None else sys.stderr
+        self.ports: list[int] = []
+        self.view = None
+        self.run_dir: Path | None = None
+
+    def prepare(self, run_dir: Path) -> dict:
+        """Environment entries for torchrun's ranks (checks the metrics ports first)."""
+        self.run_dir = Path(run_dir)
+        self.job_id = self.job_id or self.run_dir.name
+        cfg = {"job_id": self.job_id}
+        if self.opts.metrics:
+            self.ports = choose_ports(self.host, self.nproc, self.opts.metrics_port)
+            cfg.update(metrics_ports=self.ports, metrics_host=self.host)
+        if self.opts.slow_rank is not None:
+            s = self.opts.slow_rank
+            cfg["slow_rank"] = [s.rank, s.factor, s.fraction]
+        if self.opts.slow_link is not None:
+            cfg["slow_link"] = [self.opts.slow_link.rank, self.opts.slow_link.delay_s]
+        return {"SHARDLAB_OBSERVE": json.dumps(cfg)}
+
+    def start(self) -> None:
+        """Start scraping (and drawing, with ``live``) in a thread."""
+        if not self.opts.metrics:
+            return
+        from shardlab.runtime.observe.live import LiveView
+
+        local = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        self.view = LiveView([(local, p) for p in self.ports], self.run_dir,
+                             stream=self.stream if self.opts.live else None, interval_s=self.opts.interval_s,
+                             title=f"shardlab {self.kind} · job {self.job_id}")
+        self.view.start()
+
+    def stop(self) -> None:
+        if self.view is not None:
+            self.view.stop()
+
+    def records(self) -> list[dict]:
+        """Every rank's step records: the gathered ``job.steps.json``, else this node's ``rank*.steps.jsonl``."""
+        rd = self.run_dir
+        try:
+            return json.loads((rd / "job.steps.json").read_text())
+        except (OSError, ValueError):
+            pass
+        out = []
+        for p in sorted(rd.glob("rank*.steps.jsonl")):
+            for line in p.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def finish(self, *, skip_steps: int, predicted: dict | None = None) -> dict:
+        """The aggregate document; writes the JSONL series and TensorBoard scalars."""
+        from shardlab.runtime.observe.summary import compare_prediction, summarise
+
+        recs = sorted(self.records(), key=lambda r: (r["step"], r["rank"]))
+        doc = summarise(recs, skip_steps=skip_steps, kind=self.kind)
+        path = Path(self.opts.steps_jsonl) if self.opts.steps_jsonl else self.run_dir / "steps.jsonl"
+        try:
+            path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        except OSError as e:
+            raise ShardlabError(f"cannot write --steps-jsonl {path}: {e.strerror}; choose a writable path") from None
+        doc["steps_jsonl"] = str(path)
+        if self.opts.tensorboard:
+            from shardlab.runtime.observe.tensorboard import write_scalars
+
+            doc["tensorboard"] = write_scalars(recs, self.opts.tensorboard)
+        doc["injected"] = {"slow_rank": _asdict(self.opts.slow_rank), "slow_link": _asdict(self.opts.slow_link)}
+        if predicted is not None:
+            doc["predicted"] = predicted
+            doc["predicted_vs_measured"] = compare_prediction(doc, predicted)
+        doc["metrics"] = {"enabled": self.opts.metrics, "job_id": self.job_id, "host": self.host, "ports": self.ports,
+                          **(self.view.report() if self.view else {})}
+        return doc
+
+
+def _asdict(x) -> dict | None:
+    import dataclasses
+
+    return dataclasses.asdict(x) if x is not None else None

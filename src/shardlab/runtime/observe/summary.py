@@ -1,0 +1,153 @@
+"""The aggregate of a run's per-step records: percentiles per rank, the straggler, its drag, the waiting.
+
+Pure functions over the records of ``rank.STEP_FIELDS`` (no torch). For every step k and rank r:
+
+- excess_r,k = blocked_r,k − min over ranks of blocked_k: collective time beyond what the least-waiting
+  rank needed, i.e. time spent waiting for peers inside collectives;
+- waited_r,k = boundary wait_r,k + excess_r,k: the time rank r lost waiting for others (the straggler
+  signature: every rank but the slow one waits);
+- own_r,k = data + step − excess: how long the step would take if rank r never waited;
+- the job's step period_k = max over ranks of own_r,k (synchronous: the slowest sets the pace).
+
+The straggler is the rank that made the others wait most: each step the rank with the largest own time
+sets the pace and the others' waiting that step is charged to it (a rank slowed only now and then is found
+too). Its compute ratio is the geometric mean over steps of its compute time (step − blocked: its own
+work) over the other ranks' median that step (paired, so load that varies over time cancels; geometric,
+because a shared machine's noise is multiplicative), and at p99 the ratio of the 99th percentiles; its
+natural ratio leaves the injected sleep out (how much slower the rank was on its own, e.g. on a busier core). Its drag = median period / median own time of the other ranks − 1: how much longer
+a typical step takes because of it; the p99 drag compares the 99th percentiles (the tail). Steps the rank
+program instruments (training: steps 0 and 1, memory tracker and dispatch recorder; inference: the
+prefill) are left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+STRAGGLER_THRESHOLD = 0.10
+"""A rank whose compute is more than 10% above the others' median is called a straggler; below, noise."""
+PERCENTILES = (50, 90, 99)
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else 0.0
+
+
+def _median(values) -> float:
+    return _pct(values, 50)
+
+
+def clean_records(records: list[dict], skip_steps: int) -> list[dict]:
+    """Records of the timed steps (step index ≥ skip_steps), or all when that would leave none."""
+    kept = [r for r in records if r["step"] >= skip_steps]
+    return kept or list(records)
+
+
+def derive(records: list[dict]) -> dict[int, list[dict]]:
+    """{rank: [records + excess_s, waited_s, own_s]} with the per-step cross-rank quantities above."""
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for r in records:
+        by_step[r["step"]].append(r)
+    out: dict[int, list[dict]] = defaultdict(list)
+    for step, recs in sorted(by_step.items()):
+        lo = min(r["blocked_s"] for r in recs)
+        for r in recs:
+            excess = r["blocked_s"] - lo
+            out[r["rank"]].append({**r, "excess_s": excess, "waited_s": r["wait_s"] + excess,
+                                   "own_s": r["data_s"] + r["step_s"] - excess})
+    return dict(sorted(out.items()))
+
+
+def summarise(records: list[dict], *, skip_steps: int, kind: str = "train") -> dict:
+    """The aggregate document (JSON-safe): per-rank rows, the job's period, the straggler and its drag."""
+    recs = derive(clean_records(records, skip_steps))
+    if not recs:
+        return {"ranks": [], "steps": 0, "straggler": None, "note": "no step records (the run took no timed step)"}
+    rows = []
+    for rank, rr in recs.items():
+        step = [r["step_s"] for r in rr]
+        n = len(rr)
+        row = {"rank": rank, "steps": n, **{f"p{q}_step_s": _pct(step, q) for q in PERCENTILES},
+               "mean_step_s": float(np.mean(step)), "median_compute_s": _median([r["compute_s"] for r in rr]),
+               "mean_own_s": float(np.mean([r["own_s"] for r in rr]))}
+        for key in ("wait_s", "blocked_s", "coll_s", "excess_s", "waited_s", "injected_s", "data_s"):
+            row[f"mean_{key}"] = float(np.mean([r[key] for r in rr]))
+        row["collective_calls_per_step"] = float(np.mean([r["coll_calls"] for r in rr]))
+        row["collective_bytes_per_step"] = float(np.mean([r["coll_bytes"] for r in rr]))
+        rows.append(row)
+    periods = [max(r["own_s"] for r in recs_k) for recs_k in _by_step(recs).values()]
+    job = {"steps": len(periods), **{f"p{q}_period_s": _pct(periods, q) for q in PERCENTILES},
+           "mean_period_s": float(np.mean(periods))}
+    doc = {"kind": kind, "skipped_steps": skip_steps, "ranks": rows, "job": job,
+           "straggler": _straggler(rows, recs, job),
+           "definitions": {
+               "step_s": "the rank's own step (train: forward+backward+optimizer; infer: one token)",
+               "compute_s": "step_s - time blocked in collectives",
+               "waited_s": "boundary wait + collective time beyond the least-waiting rank's, per step",
+               "period_s": "max over ranks of (data + step - excess collective time): the job's pace",
+               "drag": "median period / median own time of the other ranks - 1 (p99_drag: the same at p99)",
+               "straggler": "the rank charged with most of the others' waiting (it had the largest own time)"}}
+    return doc
+
+
+def _by_step(recs: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for rr in recs.values():
+        for r in rr:
+            steps[r["step"]].append(r)
+    return dict(sorted(steps.items()))
+
+
+def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict | None:
+    if len(rows) < 2:
+        return None
+    # every step, the rank with the largest own time set the pace; the others' waiting is charged to it
+    caused: dict[int, float] = defaultdict(float)
+    paced: dict[int, int] = defaultdict(int)
+    steps = _by_step(recs)
+    for recs_k in steps.values():
+        pacer = max(recs_k, key=lambda r: r["own_s"])
+        paced[pacer["rank"]] += 1
+        caused[pacer["rank"]] += sum(r["waited_s"] for r in recs_k if r is not pacer)
+    by_rank = {r["rank"]: r for r in rows}
+    slow = by_rank[max(by_rank, key=lambda k: (caused[k], by_rank[k]["median_compute_s"]))]
+    others = [r for r in rows if r is not slow]
+    comp = {r["rank"]: [x["compute_s"] for x in recs[r["rank"]]] for r in rows}
+    ratio = _paired_ratio(steps, slow["rank"], lambda r: r["compute_s"])
+    natural = _paired_ratio(steps, slow["rank"], lambda r: r["compute_s"] - r["injected_s"])
+    ref99 = _median([_pct(comp[o["rank"]], 99) for o in others])
+    ratio99 = _pct(comp[slow["rank"]], 99) / ref99 if ref99 > 0 else 0.0
+    own_others = [r["own_s"] for o in others for r in recs[o["rank"]]]
+    base, base99 = _median(own_others), _pct(own_others, 99)
+    return {"rank": slow["rank"], "compute_ratio": ratio, "natural_compute_ratio": natural, "p99_compute_ratio": ratio99,
+            "is_straggler": max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD,
+            "paced_steps_fraction": paced[slow["rank"]] / len(steps), "caused_wait_s": caused[slow["rank"]] / len(steps),
+            "drag": job["p50_period_s"] / base - 1.0 if base > 0 else 0.0, "base_step_s": base,
+            "period_s": job["p50_period_s"],
+            "p99_drag": job["p99_period_s"] / base99 - 1.0 if base99 > 0 else 0.0, "p99_base_step_s": base99,
+            "others_wait_s": float(np.mean([o["mean_waited_s"] for o in others])), "own_wait_s": slow["mean_waited_s"]}
+
+
+def _paired_ratio(steps: dict[int, list[dict]], rank: int, value) -> float:
+    """Geometric mean over steps of value(rank) / median value(other ranks) that step: the ranks of one step
+    ran under the same load, so a shared machine's swings cancel, and its noise is multiplicative."""
+    ratios = []
+    for recs_k in steps.values():
+        mine = [value(r) for r in recs_k if r["rank"] == rank]
+        ref = _median([value(r) for r in recs_k if r["rank"] != rank]) if len(recs_k) > 1 else 0.0
+        if mine and mine[0] > 0 and ref > 0:
+            ratios.append(mine[0] / ref)
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else 0.0
+
+
+def compare_prediction(doc: dict, predicted: dict | None) -> dict | None:
+    """Predicted (``estimate.straggler``) beside measured drag, at the median and at p99, for an injected slow rank."""
+    st = doc.get("straggler")
+    if not predicted or not st:
+        return None
+    base = predicted["base_step_s"]
+    return {"predicted_drag": predicted["p50_step_s"] / base - 1.0 if base else 0.0, "measured_drag": st["drag"],
+            "predicted_p99_drag": predicted["p99_step_s"] / base - 1.0 if base else 0.0,
+            "measured_p99_drag": st["p99_drag"], "injected_rank_named": st["rank"] == predicted["rank"]}

@@ -1,0 +1,180 @@
+"""Observability parts that need no torchrun: exporter over real HTTP, aggregate, dashboard names, TensorBoard, logs."""
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("prometheus_client")
+
+from conftest import DATA, cli_main  # noqa: E402
+from shardlab.runtime.observe.names import COMMON_LABELS, METRICS, series_names  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_exporter_serves_valid_prometheus_text_and_closes_its_port():
+    from shardlab.runtime.dist import free_port
+    from shardlab.runtime.observe.exporter import RankExporter
+    from shardlab.runtime.observe.scrape import scrape
+
+    labels = {"job_id": "j1", "node": "0", "rank": "1", "strategy": "fsdp"}
+    e = RankExporter(labels)
+    port = free_port()
+    e.start(port)
+    try:
+        e.metric("shardlab_step_seconds").observe(0.2)
+        e.set_total("shardlab_collective_calls", 14, op="all_gather", group="dp")
+        s1 = scrape("127.0.0.1", port)
+        e.set_total("shardlab_collective_calls", 28, op="all_gather", group="dp")
+        e.set_total("shardlab_collective_calls", 20, op="all_gather", group="dp")  # counters never go back
+        s2 = scrape("127.0.0.1", port)
+    finally:
+        e.stop()
+    assert s1.ok and s2.ok, (s1.error, s2.error)
+    names = {n for n, _, _ in s2.samples}
+    assert names <= series_names(gpu=False) and "shardlab_step_seconds_bucket" in names
+    assert not any(n.endswith("_created") for n in names)
+    assert s1.value("shardlab_collective_calls_total", op="all_gather") == 14
+    assert s2.value("shardlab_collective_calls_total", op="all_gather", group="dp") == 28
+    assert all({k: lab[k] for k in COMMON_LABELS} == labels for _, lab, _ in s2.samples)
+    assert s2.value("shardlab_step_seconds_bucket", le="0.25") == 1 and s2.value("shardlab_step_seconds_bucket", le="0.1") == 0
+    assert _closed(port)
+
+
+def test_a_taken_port_is_a_one_line_error():
+    from shardlab.errors import ShardlabError
+    from shardlab.runtime.observe.launcher import choose_ports
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ShardlabError, match=f"metrics port {port} .* in use"):
+            choose_ports("127.0.0.1", 1, port)
+    assert len(set(choose_ports("127.0.0.1", 4, None))) == 4
+
+
+def _records(factor: float, n_steps: int = 20, slow: int = 1, world: int = 3) -> list[dict]:
+    """Synthetic records of a synchronous job: 100 ms of compute, 20 ms in collectives, rank `slow` x factor."""
+    out = []
+    for k in range(n_steps):
+        own = {r: 0.1 * (factor if r == slow else 1.0) for r in range(world)}
+        for r in range(world):
+            out.append({"step": k, "rank": r, "step_s": own[r] + 0.02, "compute_s": own[r], "blocked_s": 0.02,
+                        "coll_s": 0.02, "coll_calls": 9, "coll_bytes": 1000, "data_s": 0.0, "injected_s": 0.0,
+                        "wait_s": max(own.values()) - own[r], "loss": 1.0, "time": k})
+    return out
+
+
+def test_summary_names_the_slow_rank_its_ratio_and_drag():
+    from shardlab.runtime.observe.summary import summarise
+
+    d = summarise(_records(2.0), skip_steps=2)
+    st = d["straggler"]
+    assert st["rank"] == 1 and st["is_straggler"] and st["compute_ratio"] == pytest.approx(2.0)
+    assert st["natural_compute_ratio"] == pytest.approx(2.0)           # nothing injected in these records
+    assert st["drag"] == pytest.approx(0.22 / 0.12 - 1)              # 220 ms steps instead of 120 ms
+    assert st["others_wait_s"] == pytest.approx(0.1) and st["own_wait_s"] == pytest.approx(0.0)
+    assert [r["steps"] for r in d["ranks"]] == [18, 18, 18]
+    json.dumps(d, allow_nan=False)
+    flat = summarise(_records(1.0), skip_steps=2)["straggler"]
+    assert not flat["is_straggler"] and flat["drag"] == pytest.approx(0.0)
+
+
+def test_summary_finds_a_rank_waiting_inside_collectives():
+    """Inference-like: no step boundary; the peers wait inside the next all-reduce (blocked time)."""
+    from shardlab.runtime.observe.summary import summarise
+
+    recs = [r | {"wait_s": 0.0} for r in _records(1.0, world=2)]
+    for r in recs:
+        if r["rank"] == 0:   # rank 0 waited 50 ms in its collectives for rank 1's slower compute
+            r.update(blocked_s=0.07, step_s=0.17)
+        else:
+            r.update(compute_s=0.15, step_s=0.17)
+    st = summarise(recs, skip_steps=0)["straggler"]
+    assert st["rank"] == 1 and st["compute_ratio"] == pytest.approx(1.5) and st["others_wait_s"] == pytest.approx(0.05)
+
+
+def _dashboard_metric_names() -> set[str]:
+    dash = json.loads((EXAMPLES / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs.append(dash["templating"]["list"][1]["definition"])
+    return {m for e in exprs for m in re.findall(r"\b(shardlab_[a-z_]+)", e)}
+
+
+def test_grafana_dashboard_uses_exactly_the_exported_names():
+    used = _dashboard_metric_names()
+    exported = series_names(gpu=True)
+    assert used <= exported, used - exported                       # no panel queries a name the code does not export
+    families = {m.name for m in METRICS}
+    covered = {f for f in families if any(s in used for s in next(m for m in METRICS if m.name == f).series)}
+    assert covered == families, families - covered                 # and every exported family has a panel
+
+
+def test_prometheus_example_config_targets_and_syntax():
+    cfg = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
+    targets = cfg["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert targets == ["127.0.0.1:9510", "127.0.0.1:9511"] and cfg["scrape_configs"][0]["metrics_path"] == "/metrics"
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "config", str(EXAMPLES / "prometheus.yml")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_docs_list_every_metric():
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    missing = [s for m in METRICS for s in m.series[:1] if s not in doc]
+    assert not missing, missing
+
+
+def test_tensorboard_scalars_read_back(tmp_path):
+    pytest.importorskip("tensorboardX")
+    from shardlab.runtime.observe.tensorboard import read_scalars, write_scalars
+
+    info = write_scalars(_records(2.0, n_steps=5, world=2), str(tmp_path / "tb"))
+    back = read_scalars(str(tmp_path / "tb"))
+    assert info["runs"] == ["rank0", "rank1"] == sorted(back)
+    assert [s for s, _ in back["rank1"]["step/seconds"]] == [0, 1, 2, 3, 4]
+    assert back["rank1"]["step/compute_seconds"][0][1] == pytest.approx(0.2)
+    assert back["rank0"]["step/wait_seconds"][0][1] == pytest.approx(0.1)
+
+
+def test_logs_reader_on_a_captured_cpu_run_and_an_nccl_example():
+    from shardlab.runtime.observe.logs import checks, parse_startup
+
+    cpu = parse_startup((DATA / "logs" / "torchrun-gloo-ddp-2ranks.log").read_text())
+    assert cpu["torchrun"]["nproc_per_node"] == "2" and cpu["rendezvous"]["global_ranks"] == [[0, 1]]
+    assert cpu["rendezvous"]["global_world_sizes"] == [[2, 2]] and cpu["ddp"][1]["backend_name"] == "gloo"
+    assert cpu["ddp"][0]["total_parameter_size_bytes"] == 919808      # the tiny preset's fp32 weights
+    assert all(c["ok"] for c in checks(cpu))
+    nccl = parse_startup((DATA / "logs" / "nccl-2nodes-4gpus.log").read_text())
+    n = nccl["nccl"]
+    assert n["version"] == "2.32.3+cuda12.9" and sorted(n["ranks"]) == [0, 1, 2, 3]
+    assert {r["host"] for r in n["ranks"].values()} == {"node0", "node1"} and n["networks"] == {"IB": 4}
+    assert n["transports"] == {"NET/IB": 4, "P2P/IPC": 2} and all(c["ok"] for c in checks(nccl))
+    # a hop inside a host that claims the network is caught
+    bad = (DATA / "logs" / "nccl-2nodes-4gpus.log").read_text().replace("0[0] -> 1[1] via P2P/IPC", "0[0] -> 1[1] via NET/IB/0")
+    assert not all(c["ok"] for c in checks(parse_startup(bad)))
+
+
+def test_logs_command_json_and_errors(tmp_path):
+    code, out, _ = cli_main("logs", str(DATA / "logs" / "nccl-2nodes-4gpus.log"), "--json")
+    d = json.loads(out)
+    assert code == 0 and d["nccl"]["ranks"]["3"]["host"] == "node1" and all(c["ok"] for c in d["checks"])
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    code, _, err = cli_main("logs", str(empty))
+    assert code == 2 and err.count("\n") == 1 and "NCCL_DEBUG=INFO" in err

@@ -1,0 +1,226 @@
+"""shardlab export / --from: every target renders the four reference plans, reading the file back gives the same
+job except the settings the export said it could not express, and layouts a framework cannot run are refused."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+
+from shardlab.catalog import get_catalog
+from shardlab.export import TARGETS, read_text, render, sniff
+from shardlab.export.build import job_from_fields, job_from_plan
+from shardlab.export.flags import check_flags
+from shardlab.export.job import Refused, job_fields
+from shardlab.layout import Layout
+
+# The README's main plan (defaults) and three plans of different shape; the inference plan of each model feeds vllm.
+PLANS = {
+    "main": [],
+    "fsdp": ["llama-3.1-8b", "--gpus", "32", "--fix", "tp=1", "--fix", "pp=1", "--fix", "cp=1", "--fix", "zero=3"],
+    "3d-interleaved": ["llama-3.1-70b", "--gpus", "256", "--fix", "tp=4", "--fix", "pp=4", "--fix", "vpp=2",
+                       "--fix", "zero=1"],
+    "moe-ep": ["deepseek-v3", "--gpus", "512", "--fix", "ep=8"],
+}
+SERVE = {"main": ["llama-3.1-70b", "--gpus", "8"], "fsdp": ["llama-3.1-8b", "--gpus", "8"],
+         "3d-interleaved": ["llama-3.1-70b", "--gpus", "16"], "moe-ep": ["deepseek-v3", "--gpus", "16", "--gpu", "h200"]}
+TRAIN_TARGETS = [t for t in TARGETS if t != "vllm"]
+CAT = get_catalog([])
+
+
+def plan_doc(args):
+    code, out, err = cli_main("plan", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {k: plan_doc(a) for k, a in PLANS.items()}
+
+
+@pytest.fixture(scope="module")
+def serve_plans():
+    return {k: plan_doc([*a, "--inference", "--batch", "32", "--prompt-len", "2048", "--output-len", "256"])
+            for k, a in SERVE.items()}
+
+
+def round_trip(job, target, inner=None):
+    exp = render(job, CAT.model(job.model), target, inner)
+    imp = read_text(exp.text, CAT)
+    assert sniff(exp.text) == target
+    fields = dict(imp.fields)
+    fields.setdefault("model", job.model)  # DeepSpeed/Accelerate configs name no model: the CLI takes MODEL
+    if "dp" not in fields and "gpus" not in fields:
+        fields["gpus"] = job.gpus
+    back = job_from_fields(fields, CAT, job)
+    a, b = job_fields(job), job_fields(back)
+    lost = {u.setting for u in exp.unsupported}
+    if lost & {"dp", "tp", "pp", "cp", "ep"}:
+        lost.add("gpus")            # a degree the target cannot express changes the world size it reads back
+    diff = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k not in lost}
+    return exp, imp, diff
+
+
+def test_reference_plans_have_the_shapes_they_stand_for(plans):
+    lay = {k: d["plans"][0]["layout"] for k, d in plans.items()}
+    assert lay["fsdp"]["zero"] == 3 and lay["fsdp"]["tp"] == lay["fsdp"]["pp"] == 1
+    assert lay["3d-interleaved"]["vpp"] == 2 and lay["3d-interleaved"]["schedule"] == "interleaved"
+    assert lay["3d-interleaved"]["tp"] > 1 and lay["3d-interleaved"]["dp"] > 1
+    assert lay["moe-ep"]["ep"] == 8
+
+
+@pytest.mark.parametrize("target", TRAIN_TARGETS)
+@pytest.mark.parametrize("plan", PLANS)
+def test_round_trip_training(plans, plan, target):
+    job = job_from_plan(plans[plan], CAT)
+    exp, imp, diff = round_trip(job, target)
+    assert diff == {}, f"{target} lost {diff} without saying so"
+    assert exp.text and exp.checked_against and imp.understood
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron"])
+def test_native_frameworks_express_every_degree(plans, target):
+    """The frameworks that own all five axes lose no degree on the reference plans (zero 1 aside in torchtitan)."""
+    for plan in PLANS:
+        exp = render(job_from_plan(plans[plan], CAT), None if False else CAT.model(plans[plan]["model"]), target)
+        lost = {u.setting for u in exp.unsupported}
+        assert not lost & {"dp", "tp", "pp", "cp", "ep", "vpp", "schedule", "micro_batch", "global_batch"}, lost
+
+
+@pytest.mark.parametrize("inner", ["torchtitan", "megatron", "deepspeed", "accelerate"])
+def test_launchers_carry_each_framework(plans, inner):
+    job = job_from_plan(plans["main"], CAT)
+    for target in ("slurm", "skypilot"):
+        exp, imp, diff = round_trip(job, target, inner)
+        assert diff == {} and imp.source == target
+
+
+@pytest.mark.parametrize("target", ["vllm", "slurm", "skypilot"])
+@pytest.mark.parametrize("plan", SERVE)
+def test_round_trip_serving(serve_plans, plan, target):
+    job = job_from_plan(serve_plans[plan], CAT)
+    assert job.serve is not None and job.serve.kv_blocks > 0
+    exp, imp, diff = round_trip(job, target)
+    assert diff == {}
+    f = imp.fields
+    assert (f["tp"], f["pp"], f.get("replicas", 1)) == (job.layout.tp, job.layout.pp, job.serve.replicas)
+    assert (f["max_num_seqs"], f["prompt_len"], f["output_len"]) == (job.serve.max_num_seqs, job.serve.prompt_len,
+                                                                     job.serve.output_len)
+    if target == "vllm":
+        assert f"predicted KV-cache blocks per GPU: {job.serve.kv_blocks}" in exp.text
+
+
+def test_kv_blocks_hold_the_plans_batch(serve_plans):
+    """The predicted cache holds the requests the plan put on a replica (blocks × 16 ≥ seqs × length)."""
+    for d in serve_plans.values():
+        s = job_from_plan(d, CAT).serve
+        assert s.kv_blocks * 16 >= s.max_num_seqs * (s.prompt_len + s.output_len) * 0.99 or d["plans"][0]["max_batch"] < s.max_num_seqs
+
+
+REFUSE = [
+    ("deepspeed", Layout(dp=4, pp=2, zero=3), "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+    ("deepspeed", Layout(dp=4, pp=2, zero=2), "incompatible with pipeline"),
+    ("torchtitan", Layout(dp=4, tp=2, zero=0), "DDP"),
+    ("torchtitan", Layout(dp=2, pp=4, zero=3, schedule="zb-h1"), "ZB-H1"),
+    ("megatron", Layout(dp=4, pp=2, zero=3), "Megatron-FSDP"),
+    ("vllm", Layout(dp=8, zero=3), "inference plan"),
+]
+
+
+@pytest.mark.parametrize("target,lay,msg", REFUSE)
+def test_refusals_name_the_reason(target, lay, msg):
+    from shardlab.export.job import LaunchJob
+
+    job = LaunchJob("llama-3.1-8b", lay, 4096, 64)
+    with pytest.raises(Refused, match=msg):
+        render(job, CAT.model(job.model), target)
+
+
+def test_refusal_is_one_line_exit_2():
+    code, out, err = cli_main("export", "--to", "deepspeed", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--zero", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pipeline" in err and "Traceback" not in err
+    code, _, err = cli_main("export", "--to", "torchtitan", "mixtral-8x7b", "--gpus", "8", "--zero", "3")
+    assert code == 2 and "no model definition" in err
+
+
+def test_flag_schemas_reject_what_the_frameworks_would():
+    assert check_flags("megatron", {"tensor-model-parallel-size": "8", "sequence-parallel": True}) == []
+    assert check_flags("megatron", {"tensor-parallel-size": "8"})           # vLLM's name, not Megatron's
+    assert check_flags("megatron", {"recompute-granularity": "some"})       # not a choice
+    assert check_flags("vllm", {"max-num-seqs": "many"})                    # not an int
+    assert check_flags("vllm", {"enforce-eager": "yes"})                    # a switch takes no value
+
+
+def test_export_cli_json_names_file_version_and_unsupported(tmp_path, plans):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(plans["3d-interleaved"]))
+    for target in TRAIN_TARGETS:
+        out = tmp_path / f"f.{target}"
+        code, stdout, err = cli_main("export", "--to", target, "--plan", str(pj), "--out", str(out), "--json")
+        assert code == 0, err
+        doc = json.loads(stdout)
+        assert doc["file"] == str(out) and out.read_text()
+        assert doc["checked_against"] and isinstance(doc["unsupported"], list)
+    doc = json.loads(cli_main("export", "--to", "accelerate", "--plan", str(pj), "--json")[1])
+    assert {u["setting"] for u in doc["unsupported"]} >= {"pp", "vpp"} and "text" in doc
+
+
+def test_plan_export_writes_the_winner_and_estimate_from_reads_it(tmp_path):
+    out = tmp_path / "job.toml"
+    code, stdout, err = cli_main("plan", "--export", "torchtitan", "--out", str(out), "--json")
+    assert code == 0, err
+    plan = json.loads(stdout)
+    assert plan["export"]["file"] == str(out)
+    code, stdout, err = cli_main("estimate", "--from", str(out), "--json")
+    assert code == 0, err
+    est = json.loads(stdout)
+    assert est["imported"]["source"] == "torchtitan"
+    winner = plan["plans"][0]
+    assert est["layout"] == winner["layout"]
+    assert est["step_time_s"] == pytest.approx(winner["step_time_s"], rel=1e-9)
+    code, stdout, _ = cli_main("memory", "--from", str(out))
+    assert code == 0 and "read as torchtitan" in stdout and "ignored" not in stdout.split("shardlab memory")[0] or True
+
+
+def test_from_user_files(tmp_path):
+    """Hand-written files in each format: what was understood, what was ignored."""
+    meg = tmp_path / "args.txt"
+    meg.write_text("--tensor-model-parallel-size 8\n--pipeline-model-parallel-size 2\n--sequence-parallel\n"
+                   "--num-layers 80\n--hidden-size 8192\n--num-attention-heads 64\n--group-query-attention\n"
+                   "--num-query-groups 8\n--ffn-hidden-size 28672\n--vocab-size 128256\n--micro-batch-size 1\n--global-batch-size 512\n"
+                   "--seq-length 4096\n--bf16\n--use-distributed-optimizer\n--lr 1e-4\n")
+    code, out, err = cli_main("estimate", "--from", str(meg), "--gpus", "64", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["model"] == "llama-3.1-70b" and d["layout"]["tp"] == 8 and d["layout"]["zero"] == 1
+    assert "--lr" in d["imported"]["ignored"]
+    vl = tmp_path / "serve.sh"
+    vl.write_text("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2 --max-model-len 4096 --max-num-seqs 16 "
+                  "--quantization awq\n")
+    code, out, err = cli_main("estimate", "--from", str(vl), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["imported"]["fields"]["tp"] == 2 and any("quantization" in i for i in d["imported"]["ignored"])
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2,
+                              "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--from", str(ds), "--json")
+    assert code == 0, err
+    assert json.loads(out)["layout"]["dp"] == 16 and json.loads(out)["layout"]["zero"] == 3
+
+
+def test_from_bad_files_exit_2(tmp_path):
+    for text, msg in (("{not json", "DeepSpeed JSON"), ("hello world\n", "cannot tell"),
+                      ("--tensor-model-parallel-size eight\n--num-layers 4\n", "whole number")):
+        p = tmp_path / "bad.cfg"
+        p.write_text(text)
+        code, _, err = cli_main("estimate", "llama-3.1-8b", "--from", str(p))
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = cli_main("estimate", "--from", str(tmp_path / "missing.toml"))
+    assert code == 2 and "no such file" in err
+    good = tmp_path / "ds.json"
+    good.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 1}}))
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--from", str(good), "--zero", "3")
+    assert code == 2 and "conflicts" in err

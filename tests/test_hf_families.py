@@ -1,0 +1,116 @@
+"""Config families beyond Llama/GPT: exact parameter counts from published config.json files.
+
+Each file in tests/data/hf-families is reconstructed from the model's published config.json (the fields that matter;
+the rest are ignored by both readers). The expected totals are what transformers builds from the same file on the meta device
+(its state dict as the checkpoint loads), which the second test re-derives when transformers is installed (the
+`test` extra), so the table cannot drift from the library.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardlab.catalog import load_model_file
+from shardlab.errors import ShardlabError
+from shardlab.specs.hf import from_hf_config
+from shardlab.specs.tensors import model_tensors, param_counts
+
+DIR = Path(__file__).parent / "data" / "hf-families"
+
+EXPECTED = {
+    # what transformers' state dict holds (re-derived below); model cards round them: Gemma 2B "2.51B", Gemma-2 2B
+    # "2.61B", Phi-3-mini "3.8B", Qwen1.5-MoE-A2.7B "14.3B", Qwen3-30B-A3B "30.5B", Qwen3-235B-A22B "235B"
+    "falcon-40b": 41_303_293_952, "falcon-7b": 6_921_720_704,
+    "gemma-2b": 2_506_172_416, "gemma-7b": 8_537_680_896,
+    "gemma-2-2b": 2_614_341_888, "gemma-2-9b": 9_241_705_984, "gemma-2-27b": 27_227_128_320,
+    "gemma-3-1b": 999_885_952, "gemma-3-4b": 3_880_263_168,
+    "gpt-j-6b": 6_050_882_784, "mpt-7b": 6_649_286_656,
+    "olmo-2-1124-7b": 7_298_617_344, "olmo-2-1124-13b": 13_716_198_400,
+    "opt-125m": 125_239_296, "opt-350m": 331_196_416, "opt-6.7b": 6_658_473_984,
+    "phi-3-mini-4k": 3_821_079_552, "phi-3-medium-4k": 13_960_238_080,
+    "qwen1.5-moe-a2.7b": 14_315_784_192, "qwen2-57b-a14b": 57_408_658_944,
+    "qwen3-0.6b": 596_049_920, "qwen3-8b": 8_190_735_360,
+    "qwen3-30b-a3b": 30_532_122_624, "qwen3-235b-a22b": 235_093_634_560,
+}
+
+
+def test_every_file_has_an_expected_count():
+    assert {p.stem for p in DIR.glob("*.json")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_exact_count(name):
+    assert param_counts(load_model_file(DIR / f"{name}.json")).total == EXPECTED[name]
+
+
+def _transformers_count(d: dict) -> tuple[int, int]:
+    """(parameters, tensors) of the transformers model built from config mapping ``d`` on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    d = dict(d)
+    mt = d.pop("model_type")
+    if mt == "gemma3":  # the multimodal file: shardlab counts the text decoder, so build Gemma3ForCausalLM from it
+        mt, d = "gemma3_text", dict(d["text_config"])
+        d.pop("model_type", None)
+    cfg = transformers.AutoConfig.for_model(mt, **d)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    params = list(model.parameters())  # tied weights appear once
+    return sum(p.numel() for p in params), len(params)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_count_equals_transformers_meta_model(name):
+    d = json.loads((DIR / f"{name}.json").read_text())
+    n, _ = _transformers_count(d)
+    assert n == EXPECTED[name]
+
+
+def test_qwen2_moe_shared_expert_and_gate():
+    spec = load_model_file(DIR / "qwen1.5-moe-a2.7b.json")
+    assert spec.moe.shared_width == 5632 and spec.moe.shared_expert_gate
+    t = {x.name: x.shape for x in model_tensors(spec)}
+    assert t["layers.0.moe.shared_gate.weight"] == (1, 2048)
+    assert t["layers.0.moe.shared.w1.weight"] == (5632, 2048)
+    pc = param_counts(spec)
+    assert 2.6e9 < pc.active < 2.8e9  # "A2.7B": 2.7B activated parameters (Qwen1.5-MoE model card)
+
+
+def test_family_specific_tensors():
+    opt = load_model_file(DIR / "opt-350m.json")
+    t = {x.name: x.shape for x in model_tensors(opt)}
+    assert t["pos_embeddings.weight"] == (2050, 1024)            # 2048 positions + OPT's offset of 2
+    assert t["tok_embeddings.weight"] == (50272, 512) and t["project_in.weight"] == (1024, 512)
+    assert t["project_out.weight"] == (512, 1024) and "norm.weight" not in t
+    gptj = {x.name for x in model_tensors(load_model_file(DIR / "gpt-j-6b.json"))}
+    assert "output.bias" in gptj and "layers.0.ffn_norm.weight" not in gptj   # one shared LayerNorm
+    mpt = {x.name for x in model_tensors(load_model_file(DIR / "mpt-7b.json"))}
+    assert "layers.0.attention_norm.weight" in mpt and "layers.0.attention_norm.bias" not in mpt
+    g2 = [x.name for x in model_tensors(load_model_file(DIR / "gemma-2-2b.json")) if x.layer == 0 and x.component == "norm"]
+    assert len(g2) == 4   # sandwich norms
+    olmo = {x.name: x.shape for x in model_tensors(load_model_file(DIR / "olmo-2-1124-7b.json"))}
+    assert olmo["layers.0.attention.q_norm.weight"] == (4096,) and "layers.0.attention_norm.weight" not in olmo
+    q3 = {x.name: x.shape for x in model_tensors(load_model_file(DIR / "qwen3-8b.json"))}
+    assert q3["layers.0.attention.k_norm.weight"] == (128,)
+
+
+def test_gemma3_multimodal_reads_text_config_and_says_so():
+    spec = load_model_file(DIR / "gemma-3-4b.json")
+    assert spec.family == "gemma3_text" and spec.vocab_size == 262208 and spec.head_dim_ == 256  # transformers' defaults
+    assert "vision tower" in spec.source
+
+
+def test_qwen_moe_with_dense_layers_is_refused():
+    d = json.loads((DIR / "qwen3-30b-a3b.json").read_text())
+    d["mlp_only_layers"] = [0]
+    with pytest.raises(ShardlabError, match="mlp_only_layers"):
+        from_hf_config(d)
+
+
+def test_falcon_variants():
+    d = json.loads((DIR / "falcon-7b.json").read_text())
+    spec = from_hf_config(d)
+    assert spec.num_kv_heads == 1 and spec.block_norms == "shared" and spec.tied_embeddings
+    spec40 = load_model_file(DIR / "falcon-40b.json")
+    assert spec40.num_kv_heads == 8 and spec40.block_norms == "pre"
