@@ -3,7 +3,7 @@ with the contract of tests/cli_fuzz.py checked on each (exit code 0/2/3, no trac
 strict JSON, no nan/inf in the output, no hang), and a report: calls per command and exit code, findings
 grouped by cause with one example each, and the time per call (median, 99th percentile, slowest).
 
-Usage: OMP_NUM_THREADS=1 python benchmarks/fuzz_cli.py [N=5000] [--seed S] [--limit-s 20] [--slow-s 2]
+Usage: OMP_NUM_THREADS=1 python benchmarks/fuzz_cli.py [N=5000] [--seed S] [--limit-s 60] [--slow-s 2]
        [--max-memory-gb 8]
 Exit code 1 when anything was found.
 """
@@ -26,7 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", nargs="?", type=int, default=5000, help="invocations (default 5000)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: a new one, printed)")
-    ap.add_argument("--limit-s", type=float, default=20.0, help="a call longer than this is a hang (default 20)")
+    ap.add_argument("--limit-s", type=float, default=60.0, help="a call longer than this is a hang (default 60)")
     ap.add_argument("--slow-s", type=float, default=2.0, help="report calls longer than this (default 2)")
     ap.add_argument("--max-memory-gb", type=float, default=8.0,
                     help="address-space limit of this process, so that a runaway allocation is a finding (MemoryError), "

@@ -111,6 +111,7 @@ class Files:
         self.root.mkdir(parents=True, exist_ok=True)
         self.counter = itertools.count()
         self.hostile = self._hostile()
+        self.plan_doc: dict | None = None
 
     def _hostile(self) -> list[str]:
         r = self.root
@@ -309,13 +310,56 @@ def answers_file(draw, files: Files) -> str:
     return files.write("\n".join(draw(st.lists(words, max_size=12))) + "\n", ".txt")
 
 
+@st.composite
+def plan_file(draw, files: Files) -> str:
+    """A `shardlab plan --json` document (made once, in-process), mutated."""
+    if files.plan_doc is None:
+        from shardlab.cli import main
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["plan", "llama-3.1-8b", "--gpus", "16", "--top", "2", "--json"])
+        files.plan_doc = json.loads(out.getvalue())
+    doc = _mutate(draw, {k: files.plan_doc[k] for k in ("model", "gpus", "gpu", "plans", "workload")})
+    if isinstance(doc.get("plans"), list) and doc["plans"] and draw(st.booleans()):
+        plan = _mutate(draw, doc["plans"][0])
+        if isinstance(plan.get("layout"), dict) and draw(st.booleans()):
+            plan["layout"] = _mutate(draw, plan["layout"])
+        doc["plans"] = [plan] + doc["plans"][1:]
+    return files.write(json.dumps(doc), ".json")
+
+
+@st.composite
+def framework_config_file(draw, files: Files) -> str:
+    """A config of another framework for `--from` (DeepSpeed JSON or Megatron-LM arguments), mutated."""
+    if draw(st.booleans()):
+        ds = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+              "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
+        return files.write(json.dumps(_mutate(draw, ds)), ".json")
+    flags = {"--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 2, "--num-layers": 32,
+             "--hidden-size": 4096, "--num-attention-heads": 32, "--seq-length": 4096, "--micro-batch-size": 1,
+             "--global-batch-size": 512}
+    flags = _mutate(draw, flags)
+    return files.write("torchrun pretrain_gpt.py " + " ".join(f"{k} {v}" for k, v in flags.items()) + "\n", ".sh")
+
+
+@st.composite
+def log_file(draw, files: Files) -> str:
+    lines = ["INFO:torch.distributed.run:Using nproc_per_node=2.", "NCCL INFO NCCL version 2.21.5+cuda12.4",
+             "NCCL INFO Channel 00/02 :    0   1", "[W socket.cpp:663] [c10d] The client socket has failed to connect",
+             "INFO:torch.distributed.elastic.agent.server.api:[default] Starting worker group", "x" * 5000, "\x00\xff"]
+    return files.write("\n".join(draw(st.lists(st.sampled_from(lines), max_size=30))) + "\n", ".log")
+
+
 INPUT_FILES = {"catalog": catalog_file, "profile": catalog_file, "overheads": overheads_file,
-               "from_matmul": bench_file, "from_collectives": bench_file, "answers": answers_file}
+               "from_matmul": bench_file, "from_collectives": bench_file, "answers": answers_file,
+               "plan": plan_file, "from_file": framework_config_file}
 TEACH_KEYS = ["params", "gpus", "stage", "tokens", "days", "p", "m", "v", "tp", "pp", "batch", "seq", "size", "ranks",
               "hours", "setup", "max_bubble", "slow_stage", "grad", "max_grad", "output", "model", "gpu", "link", "nope"]
 """Keys `shardlab explain TOPIC key=value` topics take (and one they do not)."""
-OUTPUT_SUFFIXES = {"mermaid": [".md", ".mmd", ""], "plot": [".png", ".svg", ".pdf", ".txt"], "out": [".yaml", ".yml"],
-                   "markdown": [".md"]}
+OUTPUT_SUFFIXES = {"mermaid": [".md", ".mmd", ""], "plot": [".png", ".svg", ".pdf", ".txt"],
+                   "out": [".yaml", ".yml", ".html", ".json", ".toml", ".sh"], "markdown": [".md"],
+                   "html": [".html", ".htm", ".txt"], "steps_jsonl": [".jsonl"], "tensorboard": [""]}
 
 
 VALID_NUMBERS = {
@@ -363,6 +407,9 @@ def value_strategy(action: argparse.Action, files: Files) -> st.SearchStrategy[l
         if dest == "mermaid" and action.nargs == "?":
             outs = outs | st.just("-")
         return _mix(outs, special, 2).map(lambda v: [v])
+    if dest == "files" and action.nargs == "+":               # `logs FILE...`
+        one = _mix(log_file(files), st.sampled_from(files.hostile + ["-"]))
+        return st.lists(one, min_size=1, max_size=2)
     if dest in INPUT_FILES:
         return _mix(INPUT_FILES[dest](files), st.sampled_from(files.hostile)).map(lambda v: [v])
     if dest == "ledger":

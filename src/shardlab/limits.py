@@ -104,6 +104,9 @@ MAX_FILE_BYTES = 2**20
 """Config, catalog, profile and benchmark files: 1 MiB. A Hugging Face config.json is a few KB, the whole
 built-in catalog 60 KB; a larger file is the wrong file (a checkpoint, a log)."""
 
+MAX_LOG_BYTES = 64 * 2**20
+"""Log files `shardlab logs` reads: 64 MiB; the start-up lines it looks for are in the first few thousand."""
+
 MAX_NESTING = 64
 """Nesting depth of a YAML/JSON document: real configs nest 2-4 levels; parsers recurse per level (30,000
 levels crashed the YAML parser), so deeper input is refused before parsing."""

@@ -96,11 +96,9 @@ def _write(exp, job, out: str | None, as_json: bool):
     from shardlab.report.table import table
 
     if out:
-        try:
-            with open(out, "w", encoding="utf-8") as f:
-                f.write(exp.text)
-        except OSError as e:
-            raise ShardlabError(f"--out {out}: cannot write it ({e.strerror}); pick a writable path") from None
+        from shardlab.safeio import write_text
+
+        write_text(out, exp.text, "--out")
     if out:
         from dataclasses import replace
 
@@ -125,13 +123,9 @@ def cmd_export(args):
     if args.plan:
         if args.model:
             raise ShardlabError("give MODEL and layout flags, or --plan FILE, not both")
-        try:
-            with open(args.plan, encoding="utf-8") as f:
-                doc = json.load(f)
-        except FileNotFoundError:
-            raise ShardlabError(f"--plan {args.plan}: no such file; write one with `shardlab plan --json > plan.json`") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ShardlabError(f"--plan {args.plan} is not JSON; write it with `shardlab plan --json > plan.json`") from None
+        from shardlab.safeio import load_json
+
+        doc = load_json(args.plan, "--plan (a `shardlab plan --json` document)")
         job = job_from_plan(doc, cat, args.rank)
         if args.spot and job.notes:
             from shardlab.export.build import price_notes

@@ -27,13 +27,12 @@ def register(sub) -> None:
 def _read(path: str) -> str:
     from shardlab.errors import ShardlabError
 
+    from shardlab.limits import MAX_LOG_BYTES
+    from shardlab.safeio import read_bytes
+
     if path == "-":
-        return sys.stdin.read()
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError as e:
-        raise ShardlabError(f"cannot read log file {path}: {e.strerror}; give a readable file or '-' for stdin") from None
+        return sys.stdin.read(MAX_LOG_BYTES)
+    return read_bytes(path, "log file", max_bytes=MAX_LOG_BYTES).decode("utf-8", "replace")
 
 
 def cmd_logs(args):

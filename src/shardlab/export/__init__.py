@@ -70,14 +70,11 @@ def read_text(text: str, catalog, target: str | None = None) -> Imported:
 
 
 def read_file(path: str, catalog) -> Imported:
-    if not os.path.isfile(path):
+    from shardlab.safeio import check_name, read_text as safe_read
+
+    if not os.path.lexists(check_name(path, "--from")):
         raise ShardlabError(f"--from {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ShardlabError(f"--from {path}: cannot read it ({e.__class__.__name__}); give a text config file") from None
-    return read_text(text, catalog)
+    return read_text(safe_read(path, "--from"), catalog)
 
 
 def to_json(exp: Export, path: str | None, job: LaunchJob) -> dict:
