@@ -45,6 +45,19 @@ def int_list(text: str) -> tuple[int, ...]:
     return vals
 
 
+def wrap_policy(text: str) -> int:
+    """'block' -> 1, 'N-blocks' (or N) -> N, 'model' -> 0: blocks per ZeRO-3/FSDP unit."""
+    t = text.strip().lower()
+    if t in ("block", "1-block", "1-blocks"):
+        return 1
+    if t == "model":
+        return 0
+    n = t.removesuffix("-blocks").removesuffix("-block")
+    if n.isdigit() and int(n) >= 1:
+        return int(n)
+    raise argparse.ArgumentTypeError(f"'{text}' is not a wrap policy: use block, N-blocks (e.g. 4-blocks) or model")
+
+
 def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.add_argument("--catalog", action="append", default=[], metavar="FILE",
@@ -77,6 +90,8 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
                         "op = torchtitan's per-operator checkpointing")
     g.add_argument("--recompute-fraction", type=positive_float, default=1.0, metavar="F",
                    help="share of the blocks checkpointed (torchtitan's 'every k-th layer' = 1/k; default 1)")
+    g.add_argument("--wrap", type=wrap_policy, default=1, metavar="POLICY",
+                   help="ZeRO-3/FSDP wrap unit: block (default), N-blocks (e.g. 4-blocks) or model (one unit, no overlap)")
     g.add_argument("--dp-replicate", type=positive_int, default=1, metavar="R",
                    help="hybrid sharding (HSDP): ZeRO shards over dp·cp/R ranks and R replicas all-reduce gradients")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
@@ -132,7 +147,8 @@ def layout_from_args(args, num_gpus: int | None = None):
     return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
                   micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                   schedule=args.schedule, stage_layers=args.stage_layers,
-                  recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1))
+                  recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1),
+                  wrap=getattr(args, "wrap", 1))
 
 
 def resolve_gpu(args, catalog) -> str:

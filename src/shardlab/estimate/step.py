@@ -42,8 +42,8 @@ SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
 """Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
 matters where the accelerator has a dispatch overhead (CPUs)."""
-CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep")
-CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1}
+CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep", "wrap")
+CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s",
@@ -241,13 +241,17 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         bt = block_step_times(lt, rc, c["rf"]) if wl.recipe.lora is None else \
             _lora_bt(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
-        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=dense,
-                                      expert_params=expert, grad_bytes=gbytes * recipe.trainable,
+        # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
+        nb = np.where(c["wrap"] > 0, c["wrap"], 1)
+        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=nb * dense,
+                                      expert_params=nb * expert, grad_bytes=gbytes * recipe.trainable,
                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
-        z3, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
-                                          regathers=regathers, overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch,
-                                          eta=overlap)
+        z3_unit, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=nb * bt["fwd_s"],
+                                               bwd_unit_s=nb * (bt["bwd_s"] + bt["recompute_s"]), regathers=regathers,
+                                               overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch, eta=overlap)
+        # per block; one unit for the whole model hides nothing: gathered before the forward, reduced after the backward
+        z3 = np.where(c["wrap"] > 0, z3_unit / nb, coll["ag"] + coll["rs"] + coll["ar"])
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc),
@@ -256,7 +260,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0),
-            z3_first=np.where(zero == 3, ct.zero3_edges_s(coll), 0.0),
+            z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)
             dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T),
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)

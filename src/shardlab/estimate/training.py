@@ -154,7 +154,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
              "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
              "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
-             "rf": [layout.recompute_fraction], "rep": [layout.dp_replicate],
+             "rf": [layout.recompute_fraction], "rep": [layout.dp_replicate], "wrap": [layout.wrap],
              "sched": [SCHEDULE_CODES[layout.schedule if layout.pp > 1 else "1f1b"]]}
     r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
     mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,

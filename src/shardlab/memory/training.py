@@ -237,26 +237,34 @@ def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationConte
     ``layers``: the block indices on the stage. Blocks of the same kind (dense or MoE) save the same
     bytes; ``per_kind`` may pass {is_moe: layer_activation_bytes(...)} computed once for many stages.
     """
+    parts = stage_activation_parts(spec, layers, layout, ctx, n_in_flight, holds_embedding=holds_embedding,
+                                   holds_head=holds_head, per_kind=per_kind)
+    return sum(v for k, v in parts.items() if not k.startswith("per_layer"))
+
+
+def stage_activation_parts(spec: ModelSpec, layers, layout, ctx: ActivationContext, n_in_flight, *,
+                           holds_embedding: bool, holds_head: bool, per_kind: dict | None = None) -> dict:
+    """The terms of ``stage_activation_bytes``: 'blocks' (what every block keeps × blocks × micro-batches in flight),
+    'working_set' (one block re-materialised under full/op recomputation), 'embedding_mask', 'head_inputs'; plus
+    'per_layer:<kind>' (what one block of each kind keeps for one micro-batch) for explanations."""
     e = ctx.elem_bytes
     tsh = _tsh(layout)
     sbh = ctx.seq_len / layout.cp * layout.micro_batch * spec.hidden_size
     code = recompute_code(layout.recompute)
     frac = getattr(layout, "recompute_fraction", 1.0)
     full_in = layer_input_bytes(spec, layout, ctx)
-    saved = 0.0
-    working = 0.0
+    out = {"blocks": 0.0, "working_set": 0.0}
     for layer, count in layer_kinds(spec, layers).items():
         tot, sc = per_kind[spec.is_moe_layer(layer)] if per_kind else layer_activation_bytes(spec, layer, layout, ctx)
         op = op_saved_bytes(spec, layer, layout, ctx)
         kept = xp.where(code == 2, full_in, xp.where(code == 1, tot - sc, xp.where(code == 3, op, tot)))
-        saved = saved + count * (frac * kept + (1 - frac) * tot)  # a fraction of the blocks is checkpointed
-        working = xp.maximum(working, xp.where(code >= 2, tot, 0.0))  # one block re-materialised (full / op)
-    acts = saved * n_in_flight + working
-    if holds_embedding and ctx.dropout:
-        acts = acts + sbh / tsh * n_in_flight           # embedding dropout mask (1 byte)
-    if holds_head:
-        acts = acts + 2 * e * sbh / tsh * n_in_flight   # final-norm input and head input
-    return acts
+        kept = frac * kept + (1 - frac) * tot            # a fraction of the blocks is checkpointed
+        out[f"per_layer:{'moe' if spec.is_moe_layer(layer) else 'dense'}"] = kept
+        out["blocks"] = out["blocks"] + count * kept * n_in_flight
+        out["working_set"] = xp.maximum(out["working_set"], xp.where(code >= 2, tot, 0.0))  # one block re-materialised
+    out["embedding_mask"] = sbh / tsh * n_in_flight if holds_embedding and ctx.dropout else 0.0   # 1-byte mask
+    out["head_inputs"] = 2 * e * sbh / tsh * n_in_flight if holds_head else 0.0                   # final norm, head
+    return out
 
 
 def layer_kinds(spec: ModelSpec, layers) -> dict[int, int]:
@@ -305,14 +313,18 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
     other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
     other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
+    prefetch = 1 if getattr(layout, "wrap", 1) == 0 else ov.fsdp_prefetch_units   # one unit: nothing to prefetch
     other["fsdp_buffers"] = xp.where((z == 3) & (D > 1),
-                                     ov.fsdp_prefetch_units * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
+                                     prefetch * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
     other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
     other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
     kv_w = kv_width_local(spec, t)  # K and V together
     other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * e * s_l * layout.micro_batch * kv_w, 0)  # double-buffered
     if has_moe:
         other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
+    if not ov.working_buffers:
+        for k in ("logits_and_loss", "pp_p2p", "tp_sp_gather", "cp_kv_blocks", "ep_all_to_all"):
+            other.pop(k, None)
     dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
     other["fragmentation"] = ov.fragmentation * (acts + dynamic)
     return other
@@ -350,11 +362,19 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
 
 
 def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:
-    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit (a block, or the embedding/head)."""
-    units: dict[int, int] = {}
+    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit: a block, ``layout.wrap`` consecutive
+    blocks, or (wrap 0) the whole stage; the embedding and the head are units of their own."""
+    per_layer: dict[int, int] = {}
     for t in st.tensors:
-        units[t.layer] = units.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
-    biggest = max(units.values(), default=0)
+        per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
+    blocks = [per_layer[i] for i in sorted(per_layer) if 0 <= i < spec.num_layers]
+    edges = [v for i, v in per_layer.items() if not 0 <= i < spec.num_layers]
+    n = getattr(layout, "wrap", 1)
+    if n == 0:
+        units = [sum(per_layer.values())]
+    else:
+        units = [sum(blocks[i:i + n]) for i in range(0, len(blocks), n)] + edges
+    biggest = max(units, default=0)
     return biggest * sb.weights, biggest * sb.gradients
 
 
@@ -385,19 +405,23 @@ def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int, expert
 def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext) -> dict[str, str]:
     w, lay = rep.worst, rep.layout
     out = _explain_states(rep, sb, w.params, w.expert_params)
-    per_layer = [layer_activation_bytes(spec, i, lay, ctx) for i in range(spec.num_layers)]
-    tot, sc = per_layer[0]
+    st = next(t for t in stage_tensors(spec, lay) if t.stage == w.stage)
+    parts = stage_activation_parts(spec, st.layers, lay, ctx, w.in_flight, holds_embedding=st.holds_embedding,
+                                   holds_head=st.holds_head)
     kind = "GPT block (Korthikanti 2022 Table 2)" if spec.mlp == "gelu" and spec.norm == "layernorm" else \
-        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA blocks"
-    if lay.recompute == "full":
-        one = layer_input_bytes(spec, lay, ctx)
-        out["activations"] = (f"full recomputation: block input {fmt_bytes(one)} × {w.layers} layers × {w.in_flight:g} in flight "
-                              f"+ one block re-materialised ({fmt_bytes(max(t for t, _ in per_layer))}) = {fmt_bytes(w.activations)}")
-    else:
-        per = tot - (sc if lay.recompute == "selective" else 0)
-        out["activations"] = (f"{fmt_bytes(per)} per layer per micro-batch [{kind}; s={ctx.seq_len}, b={lay.micro_batch}, "
-                              f"tp={lay.tp}{', SP' if lay.sequence_parallel else ''}"
-                              f"{', flash attention' if ctx.flash_attention else ''}{', selective recompute' if lay.recompute == 'selective' else ''}]"
-                              f" × {w.layers} layers × {w.in_flight:g} micro-batches in flight = {fmt_bytes(w.activations)}")
+        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA/MoE blocks"
+    mode = {"none": "no recomputation", "selective": "selective recomputation (attention core)",
+            "full": "full recomputation (block input only)", "op": "per-op checkpointing (every other matmul output)"}
+    per = " + ".join(f"{fmt_bytes(v)} ({k.split(':')[1]})" for k, v in parts.items() if k.startswith("per_layer"))
+    terms = [f"[{per} per block per micro-batch: {kind}; s={ctx.seq_len}, b={lay.micro_batch}, tp={lay.tp}"
+             f"{', SP' if lay.sequence_parallel else ''}{', flash attention' if ctx.flash_attention else ''}, "
+             f"{mode[lay.recompute]}" + (f" on {lay.recompute_fraction:.0%} of the blocks" if lay.recompute_fraction < 1
+                                         and lay.recompute != "none" else "")
+             + f"] × {w.layers} blocks × {w.in_flight:g} micro-batches in flight = {fmt_bytes(parts['blocks'])}"]
+    for key, label in (("working_set", "one block re-materialised in backward"), ("embedding_mask", "embedding dropout mask"),
+                       ("head_inputs", "final-norm and head inputs")):
+        if parts[key]:
+            terms.append(f"{label} {fmt_bytes(parts[key])}")
+    out["activations"] = " + ".join(terms) + f" = {fmt_bytes(w.activations)}"
     out["other"] = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.other.items())
     return out
