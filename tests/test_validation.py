@@ -75,6 +75,14 @@ def test_zero3_throughput_collapses_at_fixed_global_batch():
         assert abs(byid[f"zero3-175b-{n}"].error) < 0.10
 
 
+def test_every_published_run_fits_in_memory():
+    """Each of these runs really ran, so shardlab's memory estimate of it (with the framework's mechanisms: fused
+    loss, compiled activations, DeepSpeed's module-wise gathers) must fit the GPU."""
+    for c in in_sample():
+        mem = c.estimate.memory
+        assert mem.fits, f"{c.run.id}: {mem.worst.total / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.1f}"
+
+
 def test_gpt3_175b_megatron_readme():
     """GPT-3 175B, TP 8, PP 16, 1024 A100-80GB, batch 1536, seq 2048: 138 TFLOP/s per GPU, ~32 s per iteration."""
     c = next(c for c in in_sample() if c.run.id == "gpt3-175b-1024")

@@ -336,17 +336,15 @@ def _assumptions(args) -> dict:
 
 def _winner_detail(res, args) -> dict:
     """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
-    from shardlab.memory import load_overheads, training_memory
+    from shardlab.estimate.step import workload_memory
+    from shardlab.memory import load_overheads
     from shardlab.planner.detail import layout_detail
     from shardlab.planner.search import layout_of
 
     best, wl = res.plans[0], res.workload
     lay = layout_of(res.cands, best["index"])
     m = best["layout"]["microbatches"]
-    mem = training_memory(lay, model=res.model, accelerator=res.cluster.accelerator, seq_len=wl.seq_len,
-                          precision=wl.precision, optimizer=wl.optimizer, microbatches=m,
-                          overheads=load_overheads(args.overheads, args.no_overheads),
-                          flash_attention=wl.flash_attention, dropout=wl.dropout)
+    mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
     return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
                          breakdown=best["breakdown"], precision=wl.precision)
 
