@@ -26,7 +26,7 @@ from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
 USER_SECTIONS = ("models", "accelerators", "links", "frameworks", "prices", "profile")
-PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap"}
+PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap", "framework"}
 
 
 def load_yaml(path: Path) -> object:
@@ -239,7 +239,8 @@ class Catalog:
             if sec == "profile":
                 if set(entries) - PROFILE_KEYS:
                     raise ShardlabError(f"{where}: section 'profile' allows keys {sorted(PROFILE_KEYS)}")
-                self.profile = dict(entries)
+                # a later file's keys override an earlier one's (a framework profile on top of a hardware profile)
+                self.profile = {**(self.profile or {}), **entries}
                 continue
             for name, d in entries.items():
                 name = str(name).lower()
@@ -342,6 +343,8 @@ def get_catalog(extra_files: tuple[str, ...] | list[str] = ()) -> Catalog:
         for key in ("intra_link", "inter_link"):
             if key in cat.profile:
                 cat.link(str(cat.profile[key]))
+        if "framework" in cat.profile:
+            cat.framework(str(cat.profile["framework"]))
     return cat
 
 
