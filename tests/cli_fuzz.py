@@ -353,13 +353,14 @@ def log_file(draw, files: Files) -> str:
 
 INPUT_FILES = {"catalog": catalog_file, "profile": catalog_file, "overheads": overheads_file,
                "from_matmul": bench_file, "from_collectives": bench_file, "answers": answers_file,
-               "plan": plan_file, "from_file": framework_config_file}
+               "plan": plan_file, "from_file": framework_config_file, "from_run": bench_file}
 TEACH_KEYS = ["params", "gpus", "stage", "tokens", "days", "p", "m", "v", "tp", "pp", "batch", "seq", "size", "ranks",
               "hours", "setup", "max_bubble", "slow_stage", "grad", "max_grad", "output", "model", "gpu", "link", "nope"]
 """Keys `shardlab explain TOPIC key=value` topics take (and one they do not)."""
 OUTPUT_SUFFIXES = {"mermaid": [".md", ".mmd", ""], "plot": [".png", ".svg", ".pdf", ".txt"],
                    "out": [".yaml", ".yml", ".html", ".json", ".toml", ".sh"], "markdown": [".md"],
-                   "html": [".html", ".htm", ".txt"], "steps_jsonl": [".jsonl"], "tensorboard": [""]}
+                   "html": [".html", ".htm", ".txt"], "steps_jsonl": [".jsonl"], "tensorboard": [""],
+                   "model_out": [".yaml"]}
 
 
 VALID_NUMBERS = {

@@ -213,3 +213,186 @@ def test_estimate_and_inventory_agree_on_communication(lay, gb):
         if e == 0 and i == 0:
             continue
         assert 0.6 < e / i < 1.67, (name, e, i)
+
+
+def test_mixtral_expert_gathers_priced_alike_by_estimate_and_inventory():
+    """dp32 ep8 ZeRO-3 on 4 nodes: the experts' weights shard over the 4 ranks holding the same experts, one per node,
+    so each gather crosses one NIC per rank. The estimate and `comm plan` price the same group on the same link."""
+    from dataclasses import asdict
+
+    from shardlab.comm.inventory import layout_collectives
+    from shardlab.estimate import comm_time as ct
+
+    spec = CAT.models["mixtral-8x7b"]
+    lay = Layout(dp=32, ep=8, zero=3)
+    cl = cluster(A100, n=32, intra="nvlink3", inter="ib-hdr")
+    items = [asdict(i) for i in layout_collectives(spec, lay, cl, seq_len=4096, microbatches=1)]
+    experts = next(i for i in items if i["op"] == "all-gather" and "experts" in i["note"])
+    assert experts["group_size"] == 4 and experts["link_id"] == "ib-hdr"
+    units = spec.num_layers + 1
+    from shardlab.specs.tensors import model_tensors
+
+    expert_params = sum(t.numel for t in model_tensors(spec) if t.component == "experts") // 8 // spec.num_layers
+    coll = ct.zero3_collectives_s(cl, tp=1, cp=1, dp=32, ep=8, rep=1, dense_params=0, expert_params=expert_params,
+                                  grad_bytes=2, weight_bytes=2)
+    # the inventory splits the same bytes over blocks + the embedding unit; per block both price one NIC per rank
+    per_block_inventory = experts["time_per_call_s"] * units / spec.num_layers
+    assert float(coll["ag"]) == pytest.approx(per_block_inventory, rel=0.05)
+
+
+def test_hsdp_shards_inside_a_node_and_all_reduces_across():
+    """HSDP on 4 nodes × 8: gathers stay on NVLink; only the shard all-reduce (1/8 of the gradients) crosses nodes."""
+    spec = CAT.models["llama-2-7b"]
+    kw = dict(seq_len=4096, global_batch=64)
+    full = estimate_training(spec, Layout(dp=32, zero=3), cluster(A100, n=32, intra="nvlink3", inter="ethernet-10g"), **kw)
+    hsdp = estimate_training(spec, Layout(dp=32, zero=3, dp_replicate=4), cluster(A100, n=32, intra="nvlink3",
+                                                                                   inter="ethernet-10g"), **kw)
+    assert hsdp.step_time_s < full.step_time_s          # on a slow network the hybrid layout wins
+    assert hsdp.memory.worst.optimizer > 3.9 * full.memory.worst.optimizer   # states shard over 8, not 32
+
+
+def test_framework_capabilities_and_what_if_notes():
+    from shardlab.catalog import get_catalog
+
+    cat = get_catalog()
+    spec = gpt(4096, 16, 32)
+    est = estimate_training(spec, Layout(dp=1, pp=4, schedule="zb-h1"), cluster(n=4), seq_len=2048, global_batch=16,
+                            framework=cat.framework("megatron-lm"))
+    assert any("does not run the zb-h1" in n for n in est.notes)
+    assert cat.framework("pytorch-fsdp").refusal(Layout(tp=2)) is not None
+    assert cat.framework("deepspeed").refusal(Layout(pp=2, zero=3)) is not None
+    assert cat.framework("torchtitan").refusal(Layout(pp=2, zero=3, schedule="interleaved", vpp=2)) is None
+
+
+def test_no_overheads_reports_states_and_layer_activations_only():
+    from shardlab.memory import training_memory
+    from shardlab.memory.overheads import NONE as NONE_OVERHEADS
+
+    spec = CAT.models["llama-3.1-8b"]
+    lay = Layout(dp=4, tp=2, pp=2, sequence_parallel=True)
+    rep = training_memory(lay, model=spec, seq_len=4096, overheads=NONE_OVERHEADS, microbatches=8)
+    assert all(s.other_total == 0 for s in rep.stages)
+    dflt = training_memory(lay, model=spec, seq_len=4096, microbatches=8)
+    assert dflt.stages[-1].other["logits_and_loss"] > 0          # the last stage holds the head
+
+
+def test_memory_and_estimate_agree_on_the_same_layout():
+    """`memory` and `estimate` build the same worst rank for the same flags (dropout off in both unless asked)."""
+    from shardlab.cli import main as cli
+
+    args = ["gpt3-175b", "--gpus", "64", "--gpu", "a100-80gb", "--tp", "8", "--pp", "8", "--seq-len", "2048",
+            "--microbatches", "16", "--json"]
+    import contextlib
+    import io
+    import json
+
+    out1, out2 = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out1):
+        assert cli(["memory", *args]) == 0
+    with contextlib.redirect_stdout(out2):
+        assert cli(["estimate", *args]) == 0
+    mem, est = json.loads(out1.getvalue()), json.loads(out2.getvalue())
+    assert mem["per_gpu"]["total"] == est["memory"]["per_gpu"]["total"]
+    assert "+ one block re-materialised" not in mem["explain"]["activations"]
+
+
+def test_fsdp_wrap_unit_trades_memory_for_overlap():
+    """Per block (the default), every 4 blocks, or the whole model as one unit: larger units gather more at once
+    (memory) and hide less (the first unit's gather and the last reduce-scatter grow; one unit hides nothing)."""
+    spec = CAT.models["llama-3.1-8b"]
+    kw = dict(seq_len=4096, global_batch=128)
+    cl = cluster(n=64)
+    est = {w: estimate_training(spec, Layout(dp=64, zero=3, wrap=w), cl, **kw) for w in (1, 4, 0)}
+    z3 = {w: e.breakdown["zero3_comm_s"] for w, e in est.items()}
+    assert z3[1] < z3[4] < z3[0]
+    buf = {w: e.memory.worst.other["fsdp_buffers"] for w, e in est.items()}
+    assert buf[1] < buf[4] < buf[0]
+    # one unit: the whole model's weights gathered once, plus its gradients (bf16-mixed: 2 + 2 bytes per parameter)
+    from shardlab.memory.precision import state_bytes
+    from shardlab.specs.tensors import model_tensors
+
+    sb = state_bytes("bf16-mixed", "adamw")
+    params = sum(t.numel for t in model_tensors(spec))
+    assert buf[0] == pytest.approx(params * (sb.weights + sb.gradients), rel=1e-6)
+
+
+def test_compiled_blocks_keep_only_the_mlps_matmul_outputs():
+    """torch.compile's min-cut partitioner recomputes SiLU(gate)·up in backward: a SwiGLU block saves gate and up
+    (2 f-wide tensors) instead of gate, up, SiLU(gate) and the product (4)."""
+    from shardlab.memory.activations import ActivationContext, layer_activation_bytes
+
+    spec = CAT.models["llama-3.1-8b"]
+    lay = Layout(micro_batch=2)
+    eager = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=4096, elem_bytes=2))[0]
+    comp = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=4096, elem_bytes=2, compiled=True))[0]
+    assert eager - comp == 2 * 2 * 4096 * 2 * spec.ffn_hidden_size
+    # and the estimate uses it when the framework compiles
+    kw = dict(seq_len=4096, global_batch=64)
+    tt = CAT.framework("torchtitan")
+    e0 = estimate_training(spec, Layout(dp=8, zero=3, micro_batch=2), cluster(), framework=tt, **kw)
+    e1 = estimate_training(spec, Layout(dp=8, zero=3, micro_batch=2), cluster(), framework=tt, compile=True, **kw)
+    assert e0.memory.worst.activations - e1.memory.worst.activations == 32 * (eager - comp)
+
+
+def test_deepspeed_zero3_gathers_module_by_module():
+    """DeepSpeed keeps at most stage3_max_live_parameters (1e9) gathered, at least the largest module, and reduces
+    through reduce_bucket_size (5e8) buckets; FSDP holds two whole blocks and one block's gradients."""
+    from shardlab.memory.training import largest_module_params
+
+    spec = gpt(20480, 8, 128)                      # a 530B-wide block: 12·h² = 5.0e9 parameters
+    lay = Layout(dp=64, zero=3, recompute="full")
+    kw = dict(seq_len=2048, global_batch=64)
+    big = largest_module_params(spec)
+    assert big == 4 * 20480 * 20480                # the MLP's up projection (above the embedding's 51200·h)
+    ds = estimate_training(spec, lay, cluster(A100, 64), framework=CAT.framework("deepspeed"), precision="fp16-mixed", **kw)
+    fs = estimate_training(spec, lay, cluster(A100, 64), framework=CAT.framework("pytorch-fsdp"), precision="fp16-mixed", **kw)
+    assert ds.memory.worst.other["fsdp_buffers"] == pytest.approx(2 * big + 2 * big, rel=1e-9)
+    block = 12 * 20480**2 + 13 * 20480             # weights, biases and norms of one block: FSDP's unit
+    assert fs.memory.worst.other["fsdp_buffers"] == pytest.approx(2 * 2 * block + 2 * block, rel=1e-3)
+    # the planner's vectorised memory agrees with the exact report under both frameworks
+    for est in (ds, fs):
+        assert est.memory.worst.total == pytest.approx(_planner_memory(spec, lay, est), rel=1e-6)
+
+
+def _planner_memory(spec, lay, est):
+    from shardlab.estimate.step import evaluate, workload_for
+
+    wl = est.workload
+    cands = {"dp": [lay.dp], "tp": [1], "pp": [1], "cp": [1], "ep": [1], "zero": [3], "vpp": [1], "mb": [1], "rc": [2],
+             "sp": [False], "sched": [0]}
+    return float(evaluate(spec, est.cluster, wl, {k: np.asarray(v) for k, v in cands.items()})["memory_bytes"][0])
+
+
+@pytest.mark.parametrize("extra", [["--framework", "deepspeed", "--zero", "3", "--recompute", "full"],
+                                   ["--framework", "torchtitan", "--compile", "--zero", "3"],
+                                   ["--framework", "pytorch-fsdp", "--zero", "3", "--dp-replicate", "2"]])
+def test_memory_and_estimate_agree_under_each_framework(extra):
+    import contextlib
+    import io
+    import json
+
+    from shardlab.cli import main as cli
+
+    args = ["llama-3.1-8b", "--gpus", "16", "--seq-len", "4096", "--microbatches", "2", "--json", *extra]
+    outs = []
+    for cmd in ("memory", "estimate"):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli([cmd, *args]) == 0
+        outs.append(json.loads(buf.getvalue()))
+    mem, est = outs
+    assert mem["framework"] == est["framework"]["id"] == extra[1]
+    assert mem["per_gpu"]["total"] == est["memory"]["per_gpu"]["total"]
+
+
+def test_comm_plan_follows_the_framework():
+    """DeepSpeed's ZeRO-3 re-gathers the weights for a recomputed forward: `comm plan --framework deepspeed` lists
+    that gather, as the estimate prices it."""
+    from shardlab.comm.inventory import layout_collectives
+
+    spec = CAT.models["llama-3.1-8b"]
+    lay = Layout(dp=16, zero=3, recompute="full")
+    kw = dict(seq_len=4096, microbatches=1)
+    gathers = {fw: sum(i.calls_per_step for i in layout_collectives(spec, lay, cluster(n=16), framework=CAT.framework(fw), **kw)
+                       if i.op == "all-gather") for fw in ("deepspeed", "pytorch-fsdp")}
+    assert gathers["deepspeed"] == 3 * gathers["pytorch-fsdp"] / 2

@@ -52,6 +52,10 @@ class Layout:
     recompute_fraction: float = 1.0
     """Share of the blocks the recomputation applies to (torchtitan's selective 'layer' option checkpoints every k-th
     block: 1/k; fms-fsdp's selective_checkpointing fraction); the other blocks keep everything."""
+    wrap: int = 1
+    """ZeRO-3/FSDP wrap unit in transformer blocks: 1 = each block its own unit (transformer_auto_wrap_policy,
+    torchtitan's per-block fully_shard), N = every N blocks together, 0 = the whole model as one unit (no
+    overlap: gathered before the forward, held through the backward)."""
     dp_replicate: int = 1
     """Hybrid sharding (HSDP; torchtitan data_parallel_replicate_degree): ZeRO/FSDP shards model states over
     dp·cp / dp_replicate ranks (typically one node) and the replicas all-reduce gradients. 1 = shard over all of dp·cp."""
@@ -118,6 +122,8 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
         raise ShardlabError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
     if layout.recompute not in RECOMPUTE:
         raise ShardlabError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got '{layout.recompute}'")
+    if not isinstance(layout.wrap, int) or layout.wrap < 0:
+        raise ShardlabError(f"--wrap must be block, N-blocks or model, got {layout.wrap}")
     if not 0 < layout.recompute_fraction <= 1:
         raise ShardlabError(f"--recompute-fraction must be in (0, 1], got {layout.recompute_fraction}")
     if layout.dp % layout.dp_replicate:
@@ -276,7 +282,7 @@ def group_span_nodes(layout: Layout, axis: str, gpus_per_node: int) -> int:
     a multiple of it) the group stays inside one node; otherwise it spans
     ceil(size / members-per-node) nodes.
     """
-    size = {"ep": layout.ep, "dp_shard": layout.dp * layout.cp}.get(axis) or axis_sizes(layout)[axis]
+    size = {"ep": layout.ep, "dp_shard": layout.dp_shard}.get(axis) or axis_sizes(layout)[axis]
     stride = layout.tp if axis == "dp_shard" else axis_stride(layout, axis)
     if size == 1:
         return 1

@@ -66,6 +66,7 @@ def _bounded():
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
         "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),
+        "gbit": number_arg(integer=False, maximum=1e6, reason="a petabit per second", smallest=L.MIN_SHARE),
         "port": number_arg(integer=True, maximum=65535 - L.MAX_RANKS_PER_NODE, reason="TCP ports, one per local rank"),
         "requests": number_arg(integer=True, maximum=L.MAX_SIM_REQUESTS, reason="requests simulated"),
         "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
@@ -95,6 +96,19 @@ def int_list(text: str) -> tuple[int, ...]:
         return tuple(parse_number(x, "each value", integer=True, maximum=limits.MAX_MODEL_DIM) for x in parts)
     except ShardlabError as e:
         raise argparse.ArgumentTypeError(f"'{text[:60]}': {e}") from None
+
+
+def wrap_policy(text: str) -> int:
+    """'block' -> 1, 'N-blocks' (or N) -> N, 'model' -> 0: blocks per ZeRO-3/FSDP unit."""
+    t = text.strip().lower()
+    if t in ("block", "1-block", "1-blocks"):
+        return 1
+    if t == "model":
+        return 0
+    n = t.removesuffix("-blocks").removesuffix("-block")
+    if n.isdigit() and 1 <= int(n) <= 10_000:           # limits.MAX_LAYERS: a unit of more blocks is the model
+        return int(n)
+    raise argparse.ArgumentTypeError(f"'{text}' is not a wrap policy: use block, N-blocks (e.g. 4-blocks) or model")
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -129,6 +143,8 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
                         "op = torchtitan's per-operator checkpointing")
     g.add_argument("--recompute-fraction", type=BOUNDED["share"], default=1.0, metavar="F",
                    help="share of the blocks checkpointed (torchtitan's 'every k-th layer' = 1/k; default 1)")
+    g.add_argument("--wrap", type=wrap_policy, default=1, metavar="POLICY",
+                   help="ZeRO-3/FSDP wrap unit: block (default), N-blocks (e.g. 4-blocks) or model (one unit, no overlap)")
     g.add_argument("--dp-replicate", type=gpus_int, default=1, metavar="R",
                    help="hybrid sharding (HSDP): ZeRO shards over dp·cp/R ranks and R replicas all-reduce gradients")
     g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
@@ -149,6 +165,9 @@ def add_cluster_args(p: argparse.ArgumentParser, gpu_default: str = "h100-sxm") 
     g.add_argument("--gpus-per-node", type=BOUNDED["gpus_per_node"], default=None, help="GPUs per node (default: the GPU's usual server)")
     g.add_argument("--intra-link", default=None, help="link inside a node (default: the GPU's usual server)")
     g.add_argument("--inter-link", default=None, help="link between nodes (default: the GPU's usual server)")
+    g.add_argument("--inter-node-gbit", type=BOUNDED["gbit"], default=None, metavar="GBIT",
+                   help="inter-node bandwidth per node in Gb/s, as clusters are often described (e.g. 1600 = 8 × 200 Gb/s); "
+                        "sets the --inter-link's per-GPU rate to GBIT / 8 / GPUs per node")
 
 
 def resolve_model(args, catalog):
@@ -186,7 +205,8 @@ def layout_from_args(args, num_gpus: int | None = None):
     return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
                   micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                   schedule=args.schedule, stage_layers=args.stage_layers,
-                  recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1))
+                  recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1),
+                  wrap=getattr(args, "wrap", 1))
 
 
 def resolve_gpu(args, catalog) -> str:
@@ -208,8 +228,17 @@ def cluster_from_args(args, catalog, num_gpus: int):
     gpn = args.gpus_per_node or prof.get("gpus_per_node") or acc.system["gpus_per_node"]
     intra = catalog.link(args.intra_link or prof.get("intra_link") or acc.system["intra_link"])
     inter = catalog.link(args.inter_link or prof.get("inter_link") or acc.system["inter_link"])
+    if getattr(args, "inter_node_gbit", None):
+        inter = per_node_rate(inter, args.inter_node_gbit, gpn)
     return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
                    intra_link=intra, inter_link=inter)
+
+
+def per_node_rate(link, gbit_per_node: float, gpus_per_node: int):
+    """``link`` at a stated inter-node rate per node (Gb/s), spread over the node's GPUs."""
+    from dataclasses import replace
+
+    return replace(link, id=f"{link.id}@{gbit_per_node:g}gbit-per-node", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)
 
 
 def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:

@@ -91,7 +91,6 @@ def job_from_args(args, cat):
 
 
 def _write(exp, job, out: str | None, as_json: bool):
-    from shardlab.errors import ShardlabError
     from shardlab.export import to_json
     from shardlab.report.table import table
 

@@ -25,8 +25,6 @@ def register(sub) -> None:
 
 
 def _read(path: str) -> str:
-    from shardlab.errors import ShardlabError
-
     from shardlab.limits import MAX_LOG_BYTES
     from shardlab.safeio import read_bytes
 

@@ -94,13 +94,15 @@ def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note) -> Comm
 
 
 def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
-                       precision: str = "bf16-mixed") -> list[CommItem]:
+                       precision: str = "bf16-mixed", framework=None) -> list[CommItem]:
     """Every collective of one training step for ``layout`` on ``cluster`` (see the module doc for sources).
 
     Counts are per rank for the busiest pipeline stage (most layers / most parameters). Activation
     messages carry b·(s/cp)·h elements of the compute dtype; gradients and parameters use the precision's
     bytes (``memory.precision.state_bytes``). Links come from the rank grid: a group whose members span
-    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically.
+    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically. ``framework`` (a
+    Framework profile, or an estimate's Workload built from one) adds its mechanisms: DeepSpeed ZeRO-3 gathers the
+    weights again for a recomputed forward.
     """
     validate(layout, spec, seq_len=seq_len)
     sb = state_bytes(precision, "adamw")
@@ -181,7 +183,8 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         ex = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component == "experts")
         if d + ex > dense_n + expert_n:
             dense_n, expert_n = d, ex
-    units = L + 1                                   # FSDP wraps each block, plus the embedding/head unit
+    wrap = layout.wrap                              # FSDP wraps every `wrap` blocks (0: the model is one unit)
+    units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the embedding/head unit
     for label, numel, n in (("", dense_n, layout.dp_shard), (" (experts)", expert_n, layout.expert_dp)):
         if numel == 0 or n == 1:
             continue
@@ -200,13 +203,31 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
                              "(Megatron's --overlap-param-gather hides it behind the next forward)"))
         else:
-            out.append(_item("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, "overlappable",
-                             f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward (prefetched)"))
-            out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, "overlappable",
-                             f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
+            ov = "overlappable" if units > 1 else "critical"
+            out.append(_item("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, ov,
+                             f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward"
+                             + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
+            if units > 1:
+                out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
+                                 f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
+            if framework is not None and framework.zero3_regather_for_recompute and recompute_fwd:
+                out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
+                                 f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the recomputed forward (weights released "
+                                 f"after each module's forward){label}"))
             out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
                              f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} in every micro-batch's backward "
                              "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))
+
+    # ---- hybrid sharding: replicas all-reduce their gradient shards ----------------------------------------
+    rep = layout.dp_replicate
+    if rep > 1 and layout.zero >= 1:
+        shard_bytes = (dense_n / max(layout.dp_shard, 1) + expert_n / max(layout.expert_dp, 1)) * sb.gradients
+        per_unit = layout.zero == 3
+        calls = units * m if per_unit else max(1, math.ceil(shard_bytes / DDP_BUCKET_BYTES)) * (m if layout.zero == 2 else 1)
+        out.append(_item("HSDP", "all-reduce", "backward", shard_bytes / (units if per_unit else calls), calls, rep,
+                         min(rep, cluster.num_nodes), cluster, "overlappable",
+                         f"hybrid sharding: {rep} replicas all-reduce each gradient shard after its reduce-scatter "
+                         "(FSDP HYBRID_SHARD, torchtitan data_parallel_replicate_degree)"))
 
     # ---- expert parallel -------------------------------------------------------------------------
     if layout.ep > 1 and moe_L:

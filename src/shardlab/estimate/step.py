@@ -18,7 +18,7 @@ composition (dense/MoE block counts, embedding, head) are evaluated once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -42,8 +42,8 @@ SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
 """Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
 matters where the accelerator has a dispatch overhead (CPUs)."""
-CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep")
-CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1}
+CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep", "wrap")
+CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s",
@@ -85,6 +85,10 @@ class Workload:
     """Full recomputation gathers each unit's weights once more (DeepSpeed ZeRO-3)."""
     zero3_comm_per_gpu_nic: bool = False
     """ZeRO-3 traffic crosses each rank's own NIC without node aggregation (DeepSpeed ZeRO-3 of 2021)."""
+    zero3_live_params: float = 0.0
+    """Module-wise ZeRO-3 (DeepSpeed): gathered parameters kept at once (0: whole FSDP units)."""
+    zero3_reduce_bucket_params: float = 0.0
+    """Module-wise ZeRO-3: gradient elements held for the reduce-scatter."""
     layer_host_s: float = 0.0
     """Host time per block and pass the GPU waits for, seconds."""
     step_overhead_s: float = 0.0
@@ -109,8 +113,29 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
                     zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
                     zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
+                    zero3_live_params=fw.zero3_live_params, zero3_reduce_bucket_params=fw.zero3_reduce_bucket_params,
                     layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
                     **({"recipe": recipe} if recipe is not None else {}))
+
+
+def workload_overheads(wl, ov: Overheads) -> Overheads:
+    """The memory overheads with the framework's ZeRO-3 buffer mechanism (none when overheads are switched off).
+    ``wl``: a Workload or a Framework profile (both carry zero3_live_params and zero3_reduce_bucket_params)."""
+    if not ov.fsdp_prefetch_units or not wl.zero3_live_params:
+        return ov
+    return replace(ov, zero3_live_params=wl.zero3_live_params, zero3_reduce_bucket_params=wl.zero3_reduce_bucket_params)
+
+
+def workload_memory(layout, spec: ModelSpec, accelerator, wl: Workload, microbatches: int,
+                    overheads: Overheads = Overheads()):
+    """``training_memory`` of ``layout`` under the workload's settings and framework mechanisms (fused loss,
+    compiled activations, module-wise ZeRO-3 buffers): the one memory report estimate, plan and memory share."""
+    from shardlab.memory.training import training_memory
+
+    return training_memory(layout, model=spec, accelerator=accelerator, seq_len=wl.seq_len, precision=wl.precision,
+                           optimizer=wl.optimizer, microbatches=microbatches, overheads=workload_overheads(wl, overheads),
+                           flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
+                           recipe=wl.recipe, compiled=wl.kernels == "compiled")
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -163,6 +188,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
     ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly).
     ``memory=False`` skips activations and overheads (model states only): the fit of efficiencies needs times."""
     n = len(cands["dp"])
+    overheads = workload_overheads(wl, overheads)
     c = {k: np.asarray(cands[k]) if k in cands else np.full(n, CANDIDATE_DEFAULTS[k]) for k in CANDIDATE_KEYS}
     g = _global_terms(spec, cluster, wl, c, memory)
     out = {k: np.zeros(n) for k in OUTPUT_KEYS}
@@ -228,7 +254,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
                           recompute_fraction=rf)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
+                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=wl.kernels == "compiled")
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
     recipe = recipe_factors(spec, wl.recipe, sb)
     params = _unit_params(spec, tp, ep)
@@ -241,13 +268,17 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         bt = block_step_times(lt, rc, c["rf"]) if wl.recipe.lora is None else \
             _lora_bt(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
-        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=dense,
-                                      expert_params=expert, grad_bytes=gbytes * recipe.trainable,
+        # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
+        nb = np.where(c["wrap"] > 0, c["wrap"], 1)
+        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=nb * dense,
+                                      expert_params=nb * expert, grad_bytes=gbytes * recipe.trainable,
                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
-        z3, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=bt["fwd_s"], bwd_unit_s=bt["bwd_s"] + bt["recompute_s"],
-                                          regathers=regathers, overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch,
-                                          eta=overlap)
+        z3_unit, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=nb * bt["fwd_s"],
+                                               bwd_unit_s=nb * (bt["bwd_s"] + bt["recompute_s"]), regathers=regathers,
+                                               overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch, eta=overlap)
+        # per block; one unit for the whole model hides nothing: gathered before the forward, reduced after the backward
+        z3 = np.where(c["wrap"] > 0, z3_unit / nb, coll["ag"] + coll["rs"] + coll["ar"])
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc),
@@ -256,7 +287,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0),
-            z3_first=np.where(zero == 3, ct.zero3_edges_s(coll), 0.0),
+            z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)
             dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T),
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)
@@ -282,7 +313,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     lay = SimpleNamespace(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
                           sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"])
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                            fused_loss=wl.fused_loss)
+                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=wl.kernels == "compiled")
     K = g["kinds"]
     per_kind_act = {k: v["act"] for k, v in K.items()}
     zeros = np.zeros_like(m, dtype=float)
@@ -328,7 +360,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                      + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else []) + [zeros])
             other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
                                     unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
-                                    holds_head=last, has_moe=counts[1] > 0)
+                                    holds_head=last, has_moe=counts[1] > 0, unit_params=unit)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
                                 weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,

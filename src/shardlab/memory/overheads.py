@@ -38,6 +38,17 @@ class Overheads:
     FSDP2 default forward/backward prefetch of one unit)."""
     fsdp_reduce_scatter_units: int = 1
     """ZeRO-3/FSDP: unsharded gradient units alive at once while being reduce-scattered (FSDP2: one)."""
+    zero3_live_params: float = 0.0
+    """ZeRO-3 that gathers module by module (DeepSpeed): parameters kept gathered at once, at least the largest
+    module (DeepSpeed stage3_max_live_parameters, default 1e9: deepspeed/runtime/zero/config.py). 0: whole wrap units
+    (FSDP). Set from the framework profile."""
+    zero3_reduce_bucket_params: float = 0.0
+    """With ``zero3_live_params``: gradient elements held for the reduce-scatter, at least the largest module's
+    (DeepSpeed reduce_bucket_size, default 5e8). Set from the framework profile."""
+    working_buffers: bool = True
+    """The logits and loss of the last stage, and communication staging buffers (pipeline sends, sequence-parallel
+    gathers, ring-attention K/V blocks, expert all-to-all): real memory outside the layer activations, counted here
+    so that --no-overheads reports model states and layer activations only."""
     fragmentation: float = 0.10
     """Caching-allocator fragmentation as a share of the dynamic memory (activations, logits, communication
     buffers). Estimate: 5-15% is typical for PyTorch's caching allocator without expandable segments."""
@@ -48,7 +59,7 @@ class Overheads:
 
 NONE = Overheads(cuda_context_bytes=0, library_workspace_bytes=0, nccl_bytes_per_group=0, ddp_bucket_copy=False,
                  zero_bucket_layers=0.0, fsdp_prefetch_units=0, fsdp_reduce_scatter_units=0,
-                 fragmentation=0.0)
+                 working_buffers=False, fragmentation=0.0)
 """No overheads: model states and activations only, as most other estimators report."""
 
 
@@ -68,8 +79,9 @@ def load_overheads(path: str | None, disabled: bool = False) -> Overheads:
     if not isinstance(data, dict) or set(data) - set(allowed):
         raise ShardlabError(f"{path}: an overheads file maps fields {sorted(allowed)} to values")
     for k, v in data.items():
-        if isinstance(v, bool) != (k == "ddp_bucket_copy"):
-            raise ShardlabError(f"{path}: overhead '{k}' must be a non-negative number (ddp_bucket_copy: true/false), got {v!r}")
+        if isinstance(v, bool) != (k in ("ddp_bucket_copy", "working_buffers")):
+            raise ShardlabError(f"{path}: overhead '{k}' must be a non-negative number (ddp_bucket_copy, working_buffers: "
+                                f"true/false), got {v!r}")
         if not isinstance(v, bool):
             whole = k.endswith(("_bytes", "_per_group", "_units"))
             check_number(v, f"{path}: overhead '{k}'", integer=whole, allow_min=True,

@@ -22,7 +22,7 @@ from shardlab.memory.recipe import DEFAULT, Recipe, check_recipe, count_states, 
 from shardlab.memory.states import StageTensors, stage_tensors, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_width_local, param_counts
+from shardlab.specs.tensors import PRE, kv_width_local, model_tensors, param_counts
 from shardlab.units import fmt_bytes, fmt_count
 
 
@@ -170,6 +170,7 @@ def training_memory(
     num_gpus: int | None = None,
     fused_loss: bool = False,
     recipe: Recipe = DEFAULT,
+    compiled: bool = False,
 ) -> MemoryReport:
     """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``; ``recipe`` adds
     offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``)."""
@@ -191,7 +192,8 @@ def training_memory(
     if seq_len is None:
         notes.append(f"--seq-len not given: assumed {s}")
     ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
-                            fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
+                            fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=compiled)
     pc = param_counts(model)
     stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads, recipe, precision) for st in stage_tensors(model, layout)]
     rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
@@ -237,26 +239,34 @@ def stage_activation_bytes(spec: ModelSpec, layers, layout, ctx: ActivationConte
     ``layers``: the block indices on the stage. Blocks of the same kind (dense or MoE) save the same
     bytes; ``per_kind`` may pass {is_moe: layer_activation_bytes(...)} computed once for many stages.
     """
+    parts = stage_activation_parts(spec, layers, layout, ctx, n_in_flight, holds_embedding=holds_embedding,
+                                   holds_head=holds_head, per_kind=per_kind)
+    return sum(v for k, v in parts.items() if not k.startswith("per_layer"))
+
+
+def stage_activation_parts(spec: ModelSpec, layers, layout, ctx: ActivationContext, n_in_flight, *,
+                           holds_embedding: bool, holds_head: bool, per_kind: dict | None = None) -> dict:
+    """The terms of ``stage_activation_bytes``: 'blocks' (what every block keeps × blocks × micro-batches in flight),
+    'working_set' (one block re-materialised under full/op recomputation), 'embedding_mask', 'head_inputs'; plus
+    'per_layer:<kind>' (what one block of each kind keeps for one micro-batch) for explanations."""
     e = ctx.elem_bytes
     tsh = _tsh(layout)
     sbh = ctx.seq_len / layout.cp * layout.micro_batch * spec.hidden_size
     code = recompute_code(layout.recompute)
     frac = getattr(layout, "recompute_fraction", 1.0)
     full_in = layer_input_bytes(spec, layout, ctx)
-    saved = 0.0
-    working = 0.0
+    out = {"blocks": 0.0, "working_set": 0.0}
     for layer, count in layer_kinds(spec, layers).items():
         tot, sc = per_kind[spec.is_moe_layer(layer)] if per_kind else layer_activation_bytes(spec, layer, layout, ctx)
         op = op_saved_bytes(spec, layer, layout, ctx)
         kept = xp.where(code == 2, full_in, xp.where(code == 1, tot - sc, xp.where(code == 3, op, tot)))
-        saved = saved + count * (frac * kept + (1 - frac) * tot)  # a fraction of the blocks is checkpointed
-        working = xp.maximum(working, xp.where(code >= 2, tot, 0.0))  # one block re-materialised (full / op)
-    acts = saved * n_in_flight + working
-    if holds_embedding and ctx.dropout:
-        acts = acts + sbh / tsh * n_in_flight           # embedding dropout mask (1 byte)
-    if holds_head:
-        acts = acts + 2 * e * sbh / tsh * n_in_flight   # final-norm input and head input
-    return acts
+        kept = frac * kept + (1 - frac) * tot            # a fraction of the blocks is checkpointed
+        out[f"per_layer:{'moe' if spec.is_moe_layer(layer) else 'dense'}"] = kept
+        out["blocks"] = out["blocks"] + count * kept * n_in_flight
+        out["working_set"] = xp.maximum(out["working_set"], xp.where(code >= 2, tot, 0.0))  # one block re-materialised
+    out["embedding_mask"] = sbh / tsh * n_in_flight if holds_embedding and ctx.dropout else 0.0   # 1-byte mask
+    out["head_inputs"] = 2 * e * sbh / tsh * n_in_flight if holds_head else 0.0                   # final norm, head
+    return out
 
 
 def layer_kinds(spec: ModelSpec, layers) -> dict[int, int]:
@@ -282,10 +292,12 @@ def recompute_code(recompute):
 
 
 def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
-                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool) -> dict:
+                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool,
+                    unit_params=None) -> dict:
     """Named overheads of a stage's rank (see Overheads for each default and its source). Array-safe.
 
-    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers).
+    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers). ``unit_params``
+    (parameters of the largest unit) lets a module-wise ZeRO-3 (``ov.zero3_live_params``) cap its gathered buffers.
     """
     e, t = ctx.elem_bytes, layout.tp
     tsh = _tsh(layout)
@@ -305,14 +317,25 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
     other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
     other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
-    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1),
-                                     ov.fsdp_prefetch_units * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
+    prefetch = 1 if getattr(layout, "wrap", 1) == 0 else ov.fsdp_prefetch_units   # one unit: nothing to prefetch
+    gathered, reducing = prefetch * unit_weight_bytes, ov.fsdp_reduce_scatter_units * unit_grad_bytes
+    if ov.zero3_live_params > 0 and unit_params is not None:
+        # DeepSpeed gathers module by module and releases past max_live_parameters (partitioned_param_coordinator.py);
+        # a module is gathered whole, so the largest one sets a floor
+        big = largest_module_params(spec, layout.tp, layout.ep)
+        per_w, per_g = unit_weight_bytes / xp.maximum(unit_params, 1), unit_grad_bytes / xp.maximum(unit_params, 1)
+        gathered = xp.minimum(gathered, xp.maximum(ov.zero3_live_params, big) * per_w)
+        reducing = xp.minimum(reducing, xp.maximum(ov.zero3_reduce_bucket_params, big) * per_g)
+    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1), gathered + reducing, 0)
     other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
     other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
     kv_w = kv_width_local(spec, t)  # K and V together
     other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * e * s_l * layout.micro_batch * kv_w, 0)  # double-buffered
     if has_moe:
         other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
+    if not ov.working_buffers:
+        for k in ("logits_and_loss", "pp_p2p", "tp_sp_gather", "cp_kv_blocks", "ep_all_to_all"):
+            other.pop(k, None)
     dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
     other["fragmentation"] = ov.fragmentation * (acts + dynamic)
     return other
@@ -332,6 +355,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
         acts = acts + n * sum(lora_activation_bytes(spec, i, layout, ctx, recipe.lora) for i in st.layers)
     unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
+    unit_p = unit_w / sb.weights
     if precision == "fp8-mixed":  # gathered units hold FP8 copies too (or are gathered in FP8)
         unit_w = unit_w / sb.weights * fsdp_unit_weight_bytes(recipe.fp8)
     if recipe.lora is not None:  # frozen base: gathered NF4/bf16 weights, adapter gradients only
@@ -339,7 +363,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
         unit_g = 0.0
     other = stage_overheads(spec, layout, ctx, ov, n_in_flight=n, acts=acts, gradient_bytes=states.gradients,
                             unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=st.holds_head,
-                            has_moe=any(spec.is_moe_layer(i) for i in st.layers))
+                            has_moe=any(spec.is_moe_layer(i) for i in st.layers), unit_params=unit_p)
     other = {k: int(v) for k, v in other.items() if v > 0}
     other.update(rs.other)
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
@@ -349,12 +373,34 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                        holds_embedding=st.holds_embedding, holds_head=st.holds_head, host=rs.host)
 
 
+def largest_module_params(spec: ModelSpec, tp=1, ep=1):
+    """Parameters per rank of the largest single weight tensor (≈ module) of the model: what a module-wise ZeRO-3
+    must gather at once. Array-safe in tp and ep."""
+    kinds: dict[bool, int] = {}
+    for i in range(spec.num_layers):
+        kinds.setdefault(spec.is_moe_layer(i), i)
+    wanted = {PRE, spec.num_layers, *kinds.values()}
+    big = 0
+    for t in model_tensors(spec):
+        if t.layer in wanted:
+            big = xp.maximum(big, t.local_numel(spec, tp, ep))
+    return big
+
+
 def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:
-    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit (a block, or the embedding/head)."""
-    units: dict[int, int] = {}
+    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit: a block, ``layout.wrap`` consecutive
+    blocks, or (wrap 0) the whole stage; the embedding and the head are units of their own."""
+    per_layer: dict[int, int] = {}
     for t in st.tensors:
-        units[t.layer] = units.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
-    biggest = max(units.values(), default=0)
+        per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
+    blocks = [per_layer[i] for i in sorted(per_layer) if 0 <= i < spec.num_layers]
+    edges = [v for i, v in per_layer.items() if not 0 <= i < spec.num_layers]
+    n = getattr(layout, "wrap", 1)
+    if n == 0:
+        units = [sum(per_layer.values())]
+    else:
+        units = [sum(blocks[i:i + n]) for i in range(0, len(blocks), n)] + edges
+    biggest = max(units, default=0)
     return biggest * sb.weights, biggest * sb.gradients
 
 
@@ -385,19 +431,23 @@ def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int, expert
 def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext) -> dict[str, str]:
     w, lay = rep.worst, rep.layout
     out = _explain_states(rep, sb, w.params, w.expert_params)
-    per_layer = [layer_activation_bytes(spec, i, lay, ctx) for i in range(spec.num_layers)]
-    tot, sc = per_layer[0]
+    st = next(t for t in stage_tensors(spec, lay) if t.stage == w.stage)
+    parts = stage_activation_parts(spec, st.layers, lay, ctx, w.in_flight, holds_embedding=st.holds_embedding,
+                                   holds_head=st.holds_head)
     kind = "GPT block (Korthikanti 2022 Table 2)" if spec.mlp == "gelu" and spec.norm == "layernorm" else \
-        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA blocks"
-    if lay.recompute == "full":
-        one = layer_input_bytes(spec, lay, ctx)
-        out["activations"] = (f"full recomputation: block input {fmt_bytes(one)} × {w.layers} layers × {w.in_flight:g} in flight "
-                              f"+ one block re-materialised ({fmt_bytes(max(t for t, _ in per_layer))}) = {fmt_bytes(w.activations)}")
-    else:
-        per = tot - (sc if lay.recompute == "selective" else 0)
-        out["activations"] = (f"{fmt_bytes(per)} per layer per micro-batch [{kind}; s={ctx.seq_len}, b={lay.micro_batch}, "
-                              f"tp={lay.tp}{', SP' if lay.sequence_parallel else ''}"
-                              f"{', flash attention' if ctx.flash_attention else ''}{', selective recompute' if lay.recompute == 'selective' else ''}]"
-                              f" × {w.layers} layers × {w.in_flight:g} micro-batches in flight = {fmt_bytes(w.activations)}")
+        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA/MoE blocks"
+    mode = {"none": "no recomputation", "selective": "selective recomputation (attention core)",
+            "full": "full recomputation (block input only)", "op": "per-op checkpointing (every other matmul output)"}
+    per = " + ".join(f"{fmt_bytes(v)} ({k.split(':')[1]})" for k, v in parts.items() if k.startswith("per_layer"))
+    terms = [f"[{per} per block per micro-batch: {kind}; s={ctx.seq_len}, b={lay.micro_batch}, tp={lay.tp}"
+             f"{', SP' if lay.sequence_parallel else ''}{', flash attention' if ctx.flash_attention else ''}, "
+             f"{mode[lay.recompute]}" + (f" on {lay.recompute_fraction:.0%} of the blocks" if lay.recompute_fraction < 1
+                                         and lay.recompute != "none" else "")
+             + f"] × {w.layers} blocks × {w.in_flight:g} micro-batches in flight = {fmt_bytes(parts['blocks'])}"]
+    for key, label in (("working_set", "one block re-materialised in backward"), ("embedding_mask", "embedding dropout mask"),
+                       ("head_inputs", "final-norm and head inputs")):
+        if parts[key]:
+            terms.append(f"{label} {fmt_bytes(parts[key])}")
+    out["activations"] = " + ".join(terms) + f" = {fmt_bytes(w.activations)}"
     out["other"] = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.other.items())
     return out
