@@ -57,8 +57,9 @@ def test_accuracy_by_family_in_sample_and_out_of_sample():
     """The figures docs/validation.md and the README quote (recomputed from the committed fit and folds)."""
     acc = {f.family: f for f in family_accuracy(in_sample(), out_of_sample())}
     for f in acc.values():
-        assert f.in_sample_mean < 0.08, f.to_dict()
-    for fam in ("megatron-lm × ampere", "torchtitan × ampere", "pytorch-fsdp × ampere"):
+        assert f.in_sample_mean < (0.08 if f.target_applies else 0.12), f.to_dict()
+    for fam in ("megatron-lm × ampere", "torchtitan × ampere", "pytorch-fsdp × ampere", "pytorch-fsdp × hopper",
+                "torchtitan × hopper"):
         assert acc[fam].loso_mean <= 0.07, acc[fam].to_dict()
     assert acc["megatron-lm × ampere"].loso_max <= 0.10
     # leaving a source out can only hurt on average: the out-of-sample errors are not the in-sample ones
