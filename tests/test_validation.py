@@ -147,3 +147,14 @@ def test_validate_run_shows_one_run(tmp_path, capsys):
     assert "hidden_size: 4096" in out.read_text()
     assert cli(["validate", "--run", "no-such-run"]) == 2
     assert "no published run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_docs_tables_are_current():
+    """docs/validation.md's generated tables equal a fresh rendering (rerun benchmarks/validation_docs.py)."""
+    from pathlib import Path
+
+    from shardlab.validation.markdown import blocks, render_into
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
+    text = page.read_text()
+    assert render_into(text, blocks(in_sample(), out_of_sample())) == text, "run python benchmarks/validation_docs.py"

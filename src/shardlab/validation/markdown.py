@@ -50,8 +50,8 @@ def blocks(ins: list, loso: list) -> dict[str, str]:
 def render_into(text: str, new: dict[str, str]) -> str:
     """``text`` with each ``<!-- begin NAME -->...<!-- end NAME -->`` block replaced by ``new[NAME]``."""
     for name, body in new.items():
-        pat = re.compile(rf"(<!-- begin {name} -->\n).*?(\n<!-- end {name} -->)", re.S)
+        pat = re.compile(rf"(<!-- begin {name} -->\n).*?(<!-- end {name} -->)", re.S)
         if not pat.search(text):
             raise ValueError(f"no '<!-- begin {name} -->' block in the page")
-        text = pat.sub(lambda m: m.group(1) + body + m.group(2), text)
+        text = pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
     return text
