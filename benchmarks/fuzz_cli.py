@@ -70,12 +70,18 @@ def main() -> int:
             found[key] += 1
             examples.setdefault(key, (argv, p, (o.error or o.stderr)[-800:]))
 
+    harness_error = None
     with F.environment(tmp):
-        one()
+        try:
+            one()
+        except Exception as e:                      # a bug of the generator, not of shardlab: report what ran
+            harness_error = f"{type(e).__name__}: {e}"[:300]
     wall = time.monotonic() - t_start
     total = sum(calls.values())
     print(f"shardlab CLI fuzz campaign: {total} invocations over {len(commands)} commands in {wall:.0f} s "
           f"(seed {s}; files in {tmp})")
+    if harness_error:
+        print(f"THE GENERATOR STOPPED EARLY: {harness_error}")
     print(f"findings: {sum(found.values())} ({len(found)} distinct causes); hangs (> {a.limit_s:g} s): "
           f"{sum(v for k, v in found.items() if k.startswith('hang'))}; process/measurement stubs reached: {reached}")
     for key, n in found.most_common():
@@ -97,7 +103,7 @@ def main() -> int:
           f"max {every[-1]:.2f} s; {len(slow)} call(s) over {a.slow_s:g} s")
     for t, argv in sorted(slow, reverse=True)[:10]:
         print(f"  {t:.2f} s  shardlab {' '.join(map(repr, argv))[:200]}")
-    return 1 if found else 0
+    return 1 if found or harness_error else 0
 
 
 if __name__ == "__main__":

@@ -175,6 +175,8 @@ BAD_VALUES = [-4537, -1, 0, 1, 3, 7, 2**31, 2**62, 10**30, 1e308, float("nan"), 
 
 
 def _mutate(draw, base: dict, keys: list[str] | None = None, extra_keys: tuple[str, ...] = ("colour",)) -> dict:
+    if not isinstance(base, dict):          # an earlier mutation replaced the mapping: mutate what is there
+        return draw(st.sampled_from(BAD_VALUES)) if draw(st.booleans()) else base
     d = dict(base)
     keys = keys or list(d)
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2, 3]))):
@@ -265,7 +267,7 @@ def bench_file(draw, files: Files) -> str:
                  "busbw_gbps": 1.0} for op in ("all-reduce", "all-gather") for s in (1024, 65536, 2**20)]
         doc = {"world_size": 2, "backend": "gloo", "rows": rows}
     doc = _mutate(draw, doc)
-    if isinstance(doc.get("rows"), list) and doc["rows"] and draw(st.booleans()):
+    if isinstance(doc, dict) and isinstance(doc.get("rows"), list) and doc["rows"] and draw(st.booleans()):
         doc["rows"] = [_mutate(draw, doc["rows"][0])] + doc["rows"][1:]
     return files.write(json.dumps(doc), ".json")
 
@@ -321,7 +323,7 @@ def plan_file(draw, files: Files) -> str:
             main(["plan", "llama-3.1-8b", "--gpus", "16", "--top", "2", "--json"])
         files.plan_doc = json.loads(out.getvalue())
     doc = _mutate(draw, {k: files.plan_doc[k] for k in ("model", "gpus", "gpu", "plans", "workload")})
-    if isinstance(doc.get("plans"), list) and doc["plans"] and draw(st.booleans()):
+    if isinstance(doc, dict) and isinstance(doc.get("plans"), list) and doc["plans"] and draw(st.booleans()):
         plan = _mutate(draw, doc["plans"][0])
         if isinstance(plan.get("layout"), dict) and draw(st.booleans()):
             plan["layout"] = _mutate(draw, plan["layout"])
