@@ -61,5 +61,6 @@ def test_check_flags_what_the_contract_forbids():
     assert F.check(F.Outcome(["memory", "--json"], 0, '{"x": NaN}', "", 0.1))
     assert F.check(F.Outcome(["memory"], 0, "total inf GiB", "", 0.1))
     assert F.check(F.Outcome(["memory"], 0, "uses InfiniBand", "", 0.1)) == []
+    assert F.check(F.Outcome(["explain"], 0, "a dynamic scaler halves on inf/NaN", "", 0.1)) == []
     assert F.check(F.Outcome(["guard"], 124, "", "", 0.1)) == [] and F.check(F.Outcome(["memory"], 124, "", "", 0.1))
     assert F.check(F.Outcome(["plan"], None, "", "", 9.0, error="timeout")) == ["hang: no answer within the time limit"]
