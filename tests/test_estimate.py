@@ -314,3 +314,85 @@ def test_fsdp_wrap_unit_trades_memory_for_overlap():
     sb = state_bytes("bf16-mixed", "adamw")
     params = sum(t.numel for t in model_tensors(spec))
     assert buf[0] == pytest.approx(params * (sb.weights + sb.gradients), rel=1e-6)
+
+
+def test_compiled_blocks_keep_only_the_mlps_matmul_outputs():
+    """torch.compile's min-cut partitioner recomputes SiLU(gate)·up in backward: a SwiGLU block saves gate and up
+    (2 f-wide tensors) instead of gate, up, SiLU(gate) and the product (4)."""
+    from shardlab.memory.activations import ActivationContext, layer_activation_bytes
+
+    spec = CAT.models["llama-3.1-8b"]
+    lay = Layout(micro_batch=2)
+    eager = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=4096, elem_bytes=2))[0]
+    comp = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=4096, elem_bytes=2, compiled=True))[0]
+    assert eager - comp == 2 * 2 * 4096 * 2 * spec.ffn_hidden_size
+    # and the estimate uses it when the framework compiles
+    kw = dict(seq_len=4096, global_batch=64)
+    tt = CAT.framework("torchtitan")
+    e0 = estimate_training(spec, Layout(dp=8, zero=3, micro_batch=2), cluster(), framework=tt, **kw)
+    e1 = estimate_training(spec, Layout(dp=8, zero=3, micro_batch=2), cluster(), framework=tt, compile=True, **kw)
+    assert e0.memory.worst.activations - e1.memory.worst.activations == 32 * (eager - comp)
+
+
+def test_deepspeed_zero3_gathers_module_by_module():
+    """DeepSpeed keeps at most stage3_max_live_parameters (1e9) gathered, at least the largest module, and reduces
+    through reduce_bucket_size (5e8) buckets; FSDP holds two whole blocks and one block's gradients."""
+    from shardlab.memory.training import largest_module_params
+
+    spec = gpt(20480, 8, 128)                      # a 530B-wide block: 12·h² = 5.0e9 parameters
+    lay = Layout(dp=64, zero=3, recompute="full")
+    kw = dict(seq_len=2048, global_batch=64)
+    big = largest_module_params(spec)
+    assert big == 4 * 20480 * 20480                # the MLP's up projection (above the embedding's 51200·h)
+    ds = estimate_training(spec, lay, cluster(A100, 64), framework=CAT.framework("deepspeed"), precision="fp16-mixed", **kw)
+    fs = estimate_training(spec, lay, cluster(A100, 64), framework=CAT.framework("pytorch-fsdp"), precision="fp16-mixed", **kw)
+    assert ds.memory.worst.other["fsdp_buffers"] == pytest.approx(2 * big + 2 * big, rel=1e-9)
+    block = 12 * 20480**2 + 13 * 20480             # weights, biases and norms of one block: FSDP's unit
+    assert fs.memory.worst.other["fsdp_buffers"] == pytest.approx(2 * 2 * block + 2 * block, rel=1e-3)
+    # the planner's vectorised memory agrees with the exact report under both frameworks
+    for est in (ds, fs):
+        assert est.memory.worst.total == pytest.approx(_planner_memory(spec, lay, est), rel=1e-6)
+
+
+def _planner_memory(spec, lay, est):
+    from shardlab.estimate.step import evaluate, workload_for
+
+    wl = est.workload
+    cands = {"dp": [lay.dp], "tp": [1], "pp": [1], "cp": [1], "ep": [1], "zero": [3], "vpp": [1], "mb": [1], "rc": [2],
+             "sp": [False], "sched": [0]}
+    return float(evaluate(spec, est.cluster, wl, {k: np.asarray(v) for k, v in cands.items()})["memory_bytes"][0])
+
+
+@pytest.mark.parametrize("extra", [["--framework", "deepspeed", "--zero", "3", "--recompute", "full"],
+                                   ["--framework", "torchtitan", "--compile", "--zero", "3"],
+                                   ["--framework", "pytorch-fsdp", "--zero", "3", "--dp-replicate", "2"]])
+def test_memory_and_estimate_agree_under_each_framework(extra):
+    import contextlib
+    import io
+    import json
+
+    from shardlab.cli import main as cli
+
+    args = ["llama-3.1-8b", "--gpus", "16", "--seq-len", "4096", "--microbatches", "2", "--json", *extra]
+    outs = []
+    for cmd in ("memory", "estimate"):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli([cmd, *args]) == 0
+        outs.append(json.loads(buf.getvalue()))
+    mem, est = outs
+    assert mem["framework"] == est["framework"]["id"] == extra[1]
+    assert mem["per_gpu"]["total"] == est["memory"]["per_gpu"]["total"]
+
+
+def test_comm_plan_follows_the_framework():
+    """DeepSpeed's ZeRO-3 re-gathers the weights for a recomputed forward: `comm plan --framework deepspeed` lists
+    that gather, as the estimate prices it."""
+    from shardlab.comm.inventory import layout_collectives
+
+    spec = CAT.models["llama-3.1-8b"]
+    lay = Layout(dp=16, zero=3, recompute="full")
+    kw = dict(seq_len=4096, microbatches=1)
+    gathers = {fw: sum(i.calls_per_step for i in layout_collectives(spec, lay, cluster(n=16), framework=CAT.framework(fw), **kw)
+                       if i.op == "all-gather") for fw in ("deepspeed", "pytorch-fsdp")}
+    assert gathers["deepspeed"] == 3 * gathers["pytorch-fsdp"] / 2

@@ -75,6 +75,14 @@ def test_zero3_throughput_collapses_at_fixed_global_batch():
         assert abs(byid[f"zero3-175b-{n}"].error) < 0.10
 
 
+def test_every_published_run_fits_in_memory():
+    """Each of these runs really ran, so shardlab's memory estimate of it (with the framework's mechanisms: fused
+    loss, compiled activations, DeepSpeed's module-wise gathers) must fit the GPU."""
+    for c in in_sample():
+        mem = c.estimate.memory
+        assert mem.fits, f"{c.run.id}: {mem.worst.total / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.1f}"
+
+
 def test_gpt3_175b_megatron_readme():
     """GPT-3 175B, TP 8, PP 16, 1024 A100-80GB, batch 1536, seq 2048: 138 TFLOP/s per GPU, ~32 s per iteration."""
     c = next(c for c in in_sample() if c.run.id == "gpt3-175b-1024")
@@ -103,3 +111,38 @@ def test_fitter_recovers_known_values_and_falls_back_to_priors():
     full, folds = cross_validate(synthetic, CAT, iterations=3)
     assert folds["bloom2022"].values["deepspeed.layer_host_s"] == 0.0      # no DeepSpeed run left: the prior
     assert isinstance(synthetic[0], PublishedRun)
+
+
+def test_every_run_replays_through_shardlab_estimate(tmp_path):
+    """`shardlab estimate` with the flags `validate --run` prints (and the run's model file) reproduces the
+    validation's prediction exactly, for every published run: any row can be rerun and varied from the CLI."""
+    import contextlib
+    import io
+    import json
+
+    from shardlab.cli import main as cli
+    from shardlab.validation.replay import estimate_argv, metric_from_estimate_doc, run_model_yaml
+
+    for c in in_sample():
+        yml = run_model_yaml(c.run, CAT)
+        path = None
+        if yml:
+            path = tmp_path / f"{c.run.id}.yaml"
+            path.write_text(yml)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli(["estimate", *estimate_argv(c.run, CAT, str(path) if path else None), "--json"]) == 0, c.run.id
+        got = metric_from_estimate_doc(c.run, json.loads(buf.getvalue()))
+        assert got == pytest.approx(c.predicted, rel=1e-9), c.run.id
+
+
+def test_validate_run_shows_one_run(tmp_path, capsys):
+    from shardlab.cli import main as cli
+
+    out = tmp_path / "m.yaml"
+    assert cli(["validate", "--run", "mpt-7b-a10080gb-8", "--model-out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "shardlab estimate " + str(out) in text and "--framework pytorch-fsdp" in text and "out of sample" in text
+    assert "hidden_size: 4096" in out.read_text()
+    assert cli(["validate", "--run", "no-such-run"]) == 2
+    assert "no published run 'no-such-run'" in capsys.readouterr().err

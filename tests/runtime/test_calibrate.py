@@ -95,3 +95,60 @@ def test_measured_profile_on_this_machine(tmp_path):
                                   "--catalog", str(out), "--gpu", prof["gpu"], "--json")
     assert code == 0, err
     assert json.loads(out_txt)
+
+
+def _run_doc(model, layout, global_batch, seq_len, measured):
+    """A `shardlab run train --json` document with the fields calibrate --from-run reads."""
+    return {"model_ref": model, "layout": layout.to_dict(), "step_time": {"measured_median_s": measured},
+            "workload": {"seq_len": seq_len, "global_batch": global_batch, "optimizer": "adamw", "precision": "fp32"},
+            "ranks": [{"device": "cpu"}]}
+
+
+def test_framework_host_times_fitted_from_runs(tmp_path):
+    """Runs measured at a known host time per block pass (2 ms) and per step (30 ms) give those back, and the written
+    profile makes the calibrated framework the default of `estimate --profile`."""
+    from dataclasses import replace
+
+    from shardlab.estimate import estimate_training
+    from shardlab.layout import Layout
+    from shardlab.runtime.framework_fit import calibrate_framework, fit_host_times
+    from shardlab.specs.hardware import Cluster
+
+    cat = get_catalog()
+    truth = replace(cat.framework("torchtitan"), layer_host_s=2e-3, step_overhead_s=30e-3)
+    from shardlab.runtime.train_worker import resolve_spec
+
+    spec = resolve_spec("tiny")
+    docs = []
+    for i, (dp, gb, rc) in enumerate(((2, 8, "none"), (2, 32, "full"), (1, 16, "none"), (4, 8, "none"))):
+        lay = Layout(dp=dp, micro_batch=2 if gb > 8 else 1, recompute=rc)
+        acc, ln = cat.accelerator("cpu-core"), cat.link("loopback")
+        cl = Cluster(accelerator=acc, num_gpus=dp, gpus_per_node=dp, intra_link=ln, inter_link=ln)
+        t = estimate_training(spec, lay, cl, seq_len=64, global_batch=gb, precision="fp32", framework=truth).step_time_s
+        docs.append((f"run{i}.json", _run_doc("tiny", lay, gb, 64, t)))
+    out, fit = calibrate_framework(docs, cat, base="torchtitan", suffix="mine")
+    assert fit.step_fitted and fit.rel_rms_after < 1e-9
+    assert fit.layer_host_s == pytest.approx(2e-3, rel=1e-6) and fit.step_overhead_s == pytest.approx(30e-3, rel=1e-6)
+    entry = out["frameworks"]["torchtitan-mine"]
+    assert entry["kernels"] == "eager" and "shardlab calibrate" in entry["source"]
+    # one run cannot separate the two terms; a negative solution is clamped
+    assert fit_host_times([(1.0, 100.0, 1.0, 1.2)])[2] is False
+    assert fit_host_times([(1.0, 100.0, 1.0, 0.9), (2.0, 300.0, 1.0, 1.9)])[0] == 0.0
+    path = tmp_path / "fw.yaml"
+    from shardlab.runtime.calibrate import write_profile
+
+    write_profile(out, path)
+    code, out_text, _ = cli_main("estimate", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--profile", str(path), "--json")
+    doc = json.loads(out_text)
+    assert code == 0 and doc["framework"]["id"] == "torchtitan-mine" and doc["framework"]["layer_host_s"] == 0.002
+
+
+def test_from_run_bad_input_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = run_cli("calibrate", "--from-run", str(bad), "--out", str(tmp_path / "o.yaml"))
+    assert r.returncode == 2 and "is not JSON" in r.stderr and "Traceback" not in r.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    r = run_cli("calibrate", "--from-run", str(other), "--out", str(tmp_path / "o.yaml"))
+    assert r.returncode == 2 and "run train --json" in r.stderr

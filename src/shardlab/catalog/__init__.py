@@ -26,7 +26,7 @@ from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
 USER_SECTIONS = ("models", "accelerators", "links", "frameworks", "prices", "profile")
-PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap"}
+PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap", "framework"}
 
 
 def load_yaml(path: Path) -> object:
@@ -120,7 +120,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
-_FW_OPTIONAL = {"notes"}
+_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -149,8 +149,9 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d[key]!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
         raise ShardlabError(f"{where}: framework '{name}' grad_reduce_bytes must be 0 (gradient dtype), 2 or 4")
-    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60)):
-        v = d[key]
+    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("zero3_live_params", 0, 1e15),
+                        ("zero3_reduce_bucket_params", 0, 1e15)):
+        v = d.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")
     if d["pipeline_max_zero"] not in (0, 1, 2, 3):
@@ -162,7 +163,9 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         if not isinstance(v, list) or any(x not in allowed for x in v):
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a list of {list(allowed)}, got {v!r}")
         lists[key] = tuple(v)
-    return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists}, notes=str(d.get("notes", "")))
+    live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params")}
+    return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists, **live},
+                     notes=str(d.get("notes", "")))
 
 
 @dataclass
@@ -236,7 +239,8 @@ class Catalog:
             if sec == "profile":
                 if set(entries) - PROFILE_KEYS:
                     raise ShardlabError(f"{where}: section 'profile' allows keys {sorted(PROFILE_KEYS)}")
-                self.profile = dict(entries)
+                # a later file's keys override an earlier one's (a framework profile on top of a hardware profile)
+                self.profile = {**(self.profile or {}), **entries}
                 continue
             for name, d in entries.items():
                 name = str(name).lower()
@@ -339,6 +343,8 @@ def get_catalog(extra_files: tuple[str, ...] | list[str] = ()) -> Catalog:
         for key in ("intra_link", "inter_link"):
             if key in cat.profile:
                 cat.link(str(cat.profile[key]))
+        if "framework" in cat.profile:
+            cat.framework(str(cat.profile["framework"]))
     return cat
 
 

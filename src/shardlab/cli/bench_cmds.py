@@ -104,6 +104,14 @@ def register(sub) -> None:
     cal.add_argument("--from-collectives", metavar="FILE",
                      help="use `shardlab bench collectives --json` output instead of measuring")
     cal.add_argument("--skip-collectives", action="store_true", help="matmul only (keep the catalog's link)")
+    cal.add_argument("--from-run", nargs="+", metavar="RUN.json", default=None,
+                     help="fit a framework profile instead: the host times of --framework to these `shardlab run train "
+                          "--json` outputs (measured step times); writes a frameworks: entry and profile.framework")
+    cal.add_argument("--framework", default=None, metavar="NAME",
+                     help="with --from-run: the framework whose other mechanisms the profile keeps (default: the "
+                          "hardware profile's, else megatron-lm, as `run train` predicts)")
+    cal.add_argument("--profile", default=None, metavar="FILE",
+                     help="with --from-run: the hardware profile the runs are predicted with (from `shardlab calibrate`)")
     add_output_args(cal)
     add_html_arg(cal, "calibrate")
     cal.set_defaults(func=cmd_calibrate)
@@ -248,6 +256,8 @@ def cmd_calibrate(args):
 
     if not Path(args.out).resolve().parent.is_dir():
         raise ShardlabError(f"--out {args.out}: directory {Path(args.out).parent} does not exist; create it first")
+    if args.from_run:
+        return _calibrate_framework(args)
     cat = get_catalog(args.catalog)
     if args.link_fit != "joint":
         bc.parse_ops(args.link_fit)
@@ -268,6 +278,45 @@ def cmd_calibrate(args):
         set_status("shardlab calibrate: measuring collectives")
         coll = _collectives(args, device) if coll is None else bc.analyse(coll)
     return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name)
+
+
+def _calibrate_framework(args):
+    """`calibrate --from-run`: fit a framework's host times to measured runs and write the profile."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from shardlab.catalog import get_catalog
+    from shardlab.estimate.training import DEFAULT_FRAMEWORK
+    from shardlab.report.table import kv_lines
+    from shardlab.runtime.calibrate import write_profile
+    from shardlab.runtime.framework_fit import calibrate_framework
+
+    cat = get_catalog(list(args.catalog) + ([args.profile] if args.profile else []))
+    docs = []
+    for path in args.from_run:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ShardlabError(f"cannot read --from-run {path}: {getattr(e, 'strerror', None) or e}; check the path") from None
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise ShardlabError(f"--from-run {path} is not JSON; save it with `shardlab run train ... --json > {path}`") from None
+        for i, d in enumerate(doc if isinstance(doc, list) else doc.get("runs", [doc]) if isinstance(doc, dict) else [doc]):
+            docs.append((f"{path}[{i}]" if isinstance(doc, list) else path, d))
+    base = args.framework or (cat.profile or {}).get("framework") or DEFAULT_FRAMEWORK
+    command = "shardlab calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "shardlab calibrate --from-run"
+    out, fit = calibrate_framework(docs, cat, base=base, gpu=args.gpu, link=args.link, suffix=args.name, command=command)
+    path = write_profile(out, args.out, f"framework host times fitted to {fit.runs} measured run(s); use with the hardware "
+                                        "profile they were predicted with: --catalog HW.yaml --profile THIS_FILE")
+    fid = next(iter(out["frameworks"]))
+    pairs = [("profile", str(path)), ("framework", f"{fid} (from {base})"),
+             ("host per block and pass", f"{fit.layer_host_s * 1e3:.4g} ms"),
+             ("host per step", f"{fit.step_overhead_s * 1e3:.4g} ms" + ("" if fit.step_fitted else " (held: the runs cannot separate it)")),
+             ("runs", fit.runs), ("relative RMS error", f"{fit.rel_rms_before:.1%} with {base} -> {fit.rel_rms_after:.1%} fitted"),
+             ("use it", f"shardlab estimate MODEL ... " + (f"--catalog {args.profile} " if args.profile else "") + f"--profile {path}")]
+    return {"profile_path": str(path), "profile": out, "fit": fit.__dict__, "base_framework": base}, kv_lines(pairs)
 
 
 def cmd_shard_check(args):

@@ -47,6 +47,9 @@ def register(sub) -> None:
     add_model_args(p, default="llama-3.1-8b")
     add_layout_args(p)
     add_cluster_args(p)
+    p.add_argument("--framework", default=None, metavar="NAME",
+                   help="training framework whose mechanisms apply (default megatron-lm; deepspeed re-gathers ZeRO-3 "
+                        "weights for a recomputed forward)")
     add_output_args(p)
     p.set_defaults(func=cmd_plan)
     p = csub.add_parser("inference", help="TP decode vs prefill: communication against compute and memory",
@@ -144,8 +147,11 @@ def cmd_plan(args):
     m = args.microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
-    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision)
-    doc = {"model": spec.name, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
+    from shardlab.cli.common import resolve_framework
+
+    fw = resolve_framework(args, cat)
+    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw)
+    doc = {"model": spec.name, "framework": fw.id, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
            "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
                        "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},
            "items": [asdict(i) for i in items], "summary": summarize(items)}

@@ -112,6 +112,9 @@ def add_cluster_args(p: argparse.ArgumentParser, gpu_default: str = "h100-sxm") 
     g.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: the GPU's usual server)")
     g.add_argument("--intra-link", default=None, help="link inside a node (default: the GPU's usual server)")
     g.add_argument("--inter-link", default=None, help="link between nodes (default: the GPU's usual server)")
+    g.add_argument("--inter-node-gbit", type=positive_float, default=None, metavar="GBIT",
+                   help="inter-node bandwidth per node in Gb/s, as clusters are often described (e.g. 1600 = 8 × 200 Gb/s); "
+                        "sets the --inter-link's per-GPU rate to GBIT / 8 / GPUs per node")
 
 
 def resolve_model(args, catalog):
@@ -165,8 +168,17 @@ def cluster_from_args(args, catalog, num_gpus: int):
     gpn = args.gpus_per_node or prof.get("gpus_per_node") or acc.system["gpus_per_node"]
     intra = catalog.link(args.intra_link or prof.get("intra_link") or acc.system["intra_link"])
     inter = catalog.link(args.inter_link or prof.get("inter_link") or acc.system["inter_link"])
+    if getattr(args, "inter_node_gbit", None):
+        inter = per_node_rate(inter, args.inter_node_gbit, gpn)
     return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
                    intra_link=intra, inter_link=inter)
+
+
+def per_node_rate(link, gbit_per_node: float, gpus_per_node: int):
+    """``link`` at a stated inter-node rate per node (Gb/s), spread over the node's GPUs."""
+    from dataclasses import replace
+
+    return replace(link, id=f"{link.id}@{gbit_per_node:g}gbit-per-node", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)
 
 
 def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:

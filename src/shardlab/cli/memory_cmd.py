@@ -31,12 +31,15 @@ def register(sub) -> None:
     g = p.add_argument_group("assumptions")
     g.add_argument("--no-flash-attention", action="store_true", help="store the s×s attention scores (no flash attention)")
     g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto",
-                   help="dropout masks in activations (auto: on for GPT-2/GPT-3 family, off otherwise)")
+                   help="dropout masks in activations (auto = off, as estimate and plan assume; on: GPT-3-era training)")
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
     from shardlab.cli.recipe_args import add_recipe_args
 
     add_recipe_args(p)
+    from shardlab.cli.common import add_framework_args
+
+    add_framework_args(p)
     p.add_argument("--finetune-ladder", action="store_true",
                    help="on one GPU: every catalog model under full training, LoRA and QLoRA, and where each stops fitting")
     add_output_args(p)
@@ -60,20 +63,31 @@ def cmd_memory(args):
     layout = layout_from_args(args)
     from shardlab.cli.common import resolve_gpu
 
+    from shardlab.cli.common import resolve_framework
+    from shardlab.estimate.step import workload_overheads
+
     acc = cat.accelerator(resolve_gpu(args, cat))
+    fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
+    compiled = fw.kernels_for(args.compile) == "compiled"
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=args.microbatches,
-        overheads=load_overheads(args.overheads, args.no_overheads), flash_attention=not args.no_flash_attention,
-        dropout=None if args.dropout == "auto" else args.dropout == "on", num_gpus=args.gpus, recipe=recipe_from_args(args))
+        overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
+        flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", num_gpus=args.gpus,
+        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled)
+    mech = [m for m, on in (("fused cross-entropy", fw.fused_loss), ("compiled blocks keep only matmul outputs", compiled),
+                            ("ZeRO-3 gathers module by module", fw.zero3_live_params > 0)) if on]
+    rep.notes.append(f"framework {fw.id}" + (f": {', '.join(mech)}" if mech else "") + " (--framework to change)")
     doc = rep.to_dict()
-    hints = _hints(rep, args, cat) if rep.fits is False and spec is not None else []
+    doc["framework"] = fw.id
+    hints = _hints(rep, args, spec, fw) if rep.fits is False and spec is not None else []
     doc["hints"] = hints
     return doc, render(rep, hints)
 
 
-def _hints(rep, args, cat) -> list[str]:
+def _hints(rep, args, spec, fw) -> list[str]:
     """When the layout does not fit, try the usual remedies and say what each would give."""
+    from shardlab.estimate.step import workload_overheads
     from shardlab.memory import load_overheads, training_memory
 
     out = []
@@ -93,11 +107,11 @@ def _hints(rep, args, cat) -> list[str]:
     if rep.recipe.offload.what == "none" and rep.recipe.lora is None:  # ZeRO-Offload / FSDP CPU offload (host memory)
         recipes.append(("--zero 3 --offload both", lay.with_(zero=3), replace(rep.recipe, offload=Offload("both"))))
     for label, alt, recipe in recipes:
-        r = training_memory(alt, model=cat.model(args.model), accelerator=rep.accelerator, seq_len=rep.seq_len,
+        r = training_memory(alt, model=spec, accelerator=rep.accelerator, seq_len=rep.seq_len,
                             precision=rep.precision, optimizer=rep.optimizer, microbatches=rep.microbatches,
-                            overheads=load_overheads(args.overheads, args.no_overheads),
-                            flash_attention=not args.no_flash_attention,
-                            dropout=None if args.dropout == "auto" else args.dropout == "on", recipe=recipe)
+                            overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
+                            flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", recipe=recipe,
+                            fused_loss=fw.fused_loss, compiled=fw.kernels_for(args.compile) == "compiled")
         gib = r.worst.total / 2**30
         host = f", {r.worst.host_total / 2**30:.1f} GiB per GPU in host memory" if r.worst.host_total else ""
         out.append(f"{label}: {gib:.1f} GiB per GPU{host} ({'fits' if r.fits else 'still too large'})")

@@ -36,7 +36,18 @@ def _add_assumption_args(p) -> None:
     g.add_argument("--no-flash-attention", action="store_true", help="attention stores and computes the full s×s scores")
     g.add_argument("--dropout", action="store_true", help="dropout in the blocks (GPT-3-era training)")
     g.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction starts after the backward (no overlap)")
-    g.add_argument("--grad-reduce-fp32", action="store_true", help="reduce gradients in fp32 (Megatron bf16 default)")
+    red = g.add_mutually_exclusive_group()
+    red.add_argument("--grad-reduce-fp32", action="store_true", help="reduce gradients in fp32 (Megatron bf16 default)")
+    red.add_argument("--grad-reduce-bf16", action="store_true",
+                     help="reduce gradients in bf16/fp16 (FSDP 'PURE' mixed precision; the framework's default otherwise)")
+    g.add_argument("--attention-kernel", choices=("flash1", "flash2", "native"), default=None,
+                   help="attention kernel (default: the framework's): FlashAttention v1, FlashAttention-2, or the GPU "
+                        "generation's own (FlashAttention-3 / cuDNN on Hopper)")
+    loss = g.add_mutually_exclusive_group()
+    loss.add_argument("--fused-loss", dest="fused_loss", action="store_const", const=True, default=None,
+                      help="the cross-entropy works in place on the logits (flash-attn's, Megatron's fused loss)")
+    loss.add_argument("--no-fused-loss", dest="fused_loss", action="store_const", const=False,
+                      help="the loss keeps an fp32 copy and log-softmax of the logits (plain PyTorch)")
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the memory-overhead defaults")
     g.add_argument("--no-overheads", action="store_true", help="memory: model states and activations only")
 
@@ -161,10 +172,12 @@ def _refuse_recipe_flags(args) -> None:
 
 def _overrides(args, catalog) -> dict:
     """Mechanisms the user's flags override (None: the framework's): --no-dp-overlap, a profile that measured no
-    overlap, --grad-reduce-fp32."""
+    overlap, --grad-reduce-fp32/-bf16, --attention-kernel, --fused-loss/--no-fused-loss."""
     no_overlap = getattr(args, "no_dp_overlap", False) or (catalog.profile or {}).get("comm_overlap", True) is False
     return {"dp_overlap": False if no_overlap else None,
-            "grad_reduce_bytes": 4 if getattr(args, "grad_reduce_fp32", False) else None}
+            "grad_reduce_bytes": 4 if getattr(args, "grad_reduce_fp32", False) else
+            2 if getattr(args, "grad_reduce_bf16", False) else None,
+            "attention_kernel": getattr(args, "attention_kernel", None), "fused_loss": getattr(args, "fused_loss", None)}
 
 
 def framework_doc(fw, wl) -> dict:
@@ -208,7 +221,7 @@ def estimate_comm(est) -> list[dict]:
 
     lay, wl, cl = est.layout, est.workload, est.cluster
     items = [asdict(c) for c in layout_collectives(est.model, lay, cl, seq_len=wl.seq_len, microbatches=est.microbatches,
-                                                   precision=wl.precision)]
+                                                   precision=wl.precision, framework=wl)]
     layers = max(lay.stage_layers or split_layers(est.model.num_layers, lay.pp * lay.vpp)) * lay.vpp
     inp = RiskInputs(layout={**lay.to_dict(), "microbatches": est.microbatches}, step_time_s=est.step_time_s,
                      breakdown=est.breakdown, comm=tuple(items), intra_link=cl.intra_link, inter_link=cl.inter_link,
@@ -329,24 +342,26 @@ def cmd_plan(args):
 def _assumptions(args) -> dict:
     """The modelling switches behind the numbers (shown on the report's inputs section)."""
     return {"flash_attention": not args.no_flash_attention, "dropout": bool(args.dropout),
-            "dp_overlap": not args.no_dp_overlap, "grad_reduce": "fp32" if args.grad_reduce_fp32 else "precision's",
+            "dp_overlap": not args.no_dp_overlap,
+            "grad_reduce": "fp32" if args.grad_reduce_fp32 else "bf16/fp16" if getattr(args, "grad_reduce_bf16", False)
+            else "the framework's",
+            "attention_kernel": getattr(args, "attention_kernel", None) or "the framework's",
+            "fused_loss": {None: "the framework's", True: "yes", False: "no"}[getattr(args, "fused_loss", None)],
             "overheads": "none" if args.no_overheads else (args.overheads or "documented defaults (docs/memory.md)"),
             "profile": getattr(args, "profile", None)}
 
 
 def _winner_detail(res, args) -> dict:
     """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
-    from shardlab.memory import load_overheads, training_memory
+    from shardlab.estimate.step import workload_memory
+    from shardlab.memory import load_overheads
     from shardlab.planner.detail import layout_detail
     from shardlab.planner.search import layout_of
 
     best, wl = res.plans[0], res.workload
     lay = layout_of(res.cands, best["index"])
     m = best["layout"]["microbatches"]
-    mem = training_memory(lay, model=res.model, accelerator=res.cluster.accelerator, seq_len=wl.seq_len,
-                          precision=wl.precision, optimizer=wl.optimizer, microbatches=m,
-                          overheads=load_overheads(args.overheads, args.no_overheads),
-                          flash_attention=wl.flash_attention, dropout=wl.dropout)
+    mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
     return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
                          breakdown=best["breakdown"], precision=wl.precision)
 

@@ -11,6 +11,12 @@ def add_validate_args(p) -> None:
                         "using the committed fit (catalog/data/fitted.yaml) and folds (validation/crossval.yaml)")
     g.add_argument("--plot", metavar="FILE.png", default=None,
                    help="predicted vs measured, log-log, one colour per family (needs matplotlib)")
+    g.add_argument("--run", metavar="ID", default=None,
+                   help="one run in detail: its source and settings, the `shardlab estimate` command that states them, "
+                        "and that estimate's breakdown (ids: `shardlab validate --json`)")
+    g.add_argument("--model-out", metavar="FILE.yaml", default=None,
+                   help="with --run: write the run's model (a shape from its source, not a catalog id) to this file, "
+                        "for the printed command")
 
 
 def cmd_validate_training(args, catalog):
@@ -21,6 +27,10 @@ def cmd_validate_training(args, catalog):
         load_folds, loso_comparisons
 
     runs = load_runs()
+    if args.run:
+        return _one_run(args, catalog, runs)
+    if args.model_out:
+        raise ShardlabError("--model-out goes with --run ID (it writes that run's model)")
     folds, full = None, None
     if args.refit:
         from shardlab.validation.fit import cross_validate
@@ -70,3 +80,54 @@ def cmd_validate_training(args, catalog):
         doc["plot"] = args.plot
         text += f"\nplot: {args.plot}"
     return doc, text
+
+
+def _one_run(args, catalog, runs):
+    """`validate --run ID`: the run, the estimate command that states its settings, its breakdown, measured vs predicted."""
+    import shlex
+
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate.report import render_estimate
+    from shardlab.report.table import kv_lines
+    from shardlab.validation import compare
+    from shardlab.validation.replay import estimate_argv, run_model_yaml
+    from shardlab.validation.report import load_folds, loso_comparisons
+
+    byid = {r.id: r for r in runs}
+    run = byid.get(args.run)
+    if run is None:
+        close = sorted(i for i in byid if args.run.lower() in i.lower())[:8]
+        raise ShardlabError(f"no published run '{args.run}' in the validation set; "
+                            + (f"did you mean {', '.join(close)}?" if close else "`shardlab validate --json` lists the ids"))
+    c = compare([run], catalog)[0]
+    lo = None if run.informational else loso_comparisons([run], catalog, load_folds())[0]
+    yml = run_model_yaml(run, catalog)
+    if yml and args.model_out:
+        from pathlib import Path
+
+        try:
+            Path(args.model_out).write_text(yml)
+        except OSError as e:
+            raise ShardlabError(f"cannot write --model-out {args.model_out}: {e.strerror}; choose a writable file path") from None
+    argv = estimate_argv(run, catalog, args.model_out)
+    command = "shardlab estimate " + " ".join(shlex.quote(a) for a in argv)
+    unit = "tokens/s per GPU" if run.metric == "tokens_per_s_per_gpu" else f"TFLOP/s per GPU ({run.convention} FLOPs)"
+    doc = {"id": run.id, "source": run.source, "citation": run.citation, "framework": run.framework,
+           "family": c.family, "settings": {k: v for k, v in run.config.items() if k not in ("assumed", "id")},
+           "assumed": run.config.get("assumed", ""), "metric": run.metric, "measured": run.measured,
+           "predicted": c.predicted, "error": c.error, "in_target": not run.informational,
+           "loso_predicted": lo.predicted if lo else None, "loso_error": lo.error if lo else None,
+           "command": command, "model_yaml": yml, "model_file": args.model_out, "estimate": c.estimate.to_dict()}
+    lines = [f"published run {run.id} ({c.family}{'' if not run.informational else ', informational'})",
+             kv_lines([("source", run.citation), ("assumed", run.config.get("assumed", "") or "nothing beyond the source")],
+                      indent="  "), "",
+             "the same estimate from the command line:", f"  {command}"]
+    if yml:
+        lines += ["", f"its model ({'written to ' + args.model_out if args.model_out else 'save as ' + run.id + '.yaml, or pass --model-out FILE'}):",
+                  *("  " + ln for ln in yml.rstrip().splitlines())]
+    lines += ["", render_estimate(c.estimate), "",
+              kv_lines([("measured", f"{run.measured:,.4g} {unit}"),
+                        ("predicted", f"{c.predicted:,.4g} ({100 * c.error:+.1f}%), with the committed fit"),
+                        ("out of sample", f"{lo.predicted:,.4g} ({100 * lo.error:+.1f}%), fit without source {run.source}"
+                         if lo else "- (informational run: outside the target and the fit)")])]
+    return doc, "\n".join(lines)

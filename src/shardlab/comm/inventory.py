@@ -94,13 +94,15 @@ def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note) -> Comm
 
 
 def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
-                       precision: str = "bf16-mixed") -> list[CommItem]:
+                       precision: str = "bf16-mixed", framework=None) -> list[CommItem]:
     """Every collective of one training step for ``layout`` on ``cluster`` (see the module doc for sources).
 
     Counts are per rank for the busiest pipeline stage (most layers / most parameters). Activation
     messages carry b·(s/cp)·h elements of the compute dtype; gradients and parameters use the precision's
     bytes (``memory.precision.state_bytes``). Links come from the rank grid: a group whose members span
-    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically.
+    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically. ``framework`` (a
+    Framework profile, or an estimate's Workload built from one) adds its mechanisms: DeepSpeed ZeRO-3 gathers the
+    weights again for a recomputed forward.
     """
     validate(layout, spec, seq_len=seq_len)
     sb = state_bytes(precision, "adamw")
@@ -208,6 +210,10 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
             if units > 1:
                 out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
                                  f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
+            if framework is not None and framework.zero3_regather_for_recompute and recompute_fwd:
+                out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
+                                 f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the recomputed forward (weights released "
+                                 f"after each module's forward){label}"))
             out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
                              f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} in every micro-batch's backward "
                              "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))

@@ -98,7 +98,7 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"--framework to change, catalog/data/frameworks.yaml for the sources)",
         "",
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
-        table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl"),
+        table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl", wrap=100),
         "",
         f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.3g} model TFLOP/s per GPU "
         f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.3g} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",

@@ -18,7 +18,7 @@ composition (dense/MoE block counts, embedding, head) are evaluated once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -85,6 +85,10 @@ class Workload:
     """Full recomputation gathers each unit's weights once more (DeepSpeed ZeRO-3)."""
     zero3_comm_per_gpu_nic: bool = False
     """ZeRO-3 traffic crosses each rank's own NIC without node aggregation (DeepSpeed ZeRO-3 of 2021)."""
+    zero3_live_params: float = 0.0
+    """Module-wise ZeRO-3 (DeepSpeed): gathered parameters kept at once (0: whole FSDP units)."""
+    zero3_reduce_bucket_params: float = 0.0
+    """Module-wise ZeRO-3: gradient elements held for the reduce-scatter."""
     layer_host_s: float = 0.0
     """Host time per block and pass the GPU waits for, seconds."""
     step_overhead_s: float = 0.0
@@ -109,8 +113,29 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
                     zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
                     zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
+                    zero3_live_params=fw.zero3_live_params, zero3_reduce_bucket_params=fw.zero3_reduce_bucket_params,
                     layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
                     **({"recipe": recipe} if recipe is not None else {}))
+
+
+def workload_overheads(wl, ov: Overheads) -> Overheads:
+    """The memory overheads with the framework's ZeRO-3 buffer mechanism (none when overheads are switched off).
+    ``wl``: a Workload or a Framework profile (both carry zero3_live_params and zero3_reduce_bucket_params)."""
+    if not ov.fsdp_prefetch_units or not wl.zero3_live_params:
+        return ov
+    return replace(ov, zero3_live_params=wl.zero3_live_params, zero3_reduce_bucket_params=wl.zero3_reduce_bucket_params)
+
+
+def workload_memory(layout, spec: ModelSpec, accelerator, wl: Workload, microbatches: int,
+                    overheads: Overheads = Overheads()):
+    """``training_memory`` of ``layout`` under the workload's settings and framework mechanisms (fused loss,
+    compiled activations, module-wise ZeRO-3 buffers): the one memory report estimate, plan and memory share."""
+    from shardlab.memory.training import training_memory
+
+    return training_memory(layout, model=spec, accelerator=accelerator, seq_len=wl.seq_len, precision=wl.precision,
+                           optimizer=wl.optimizer, microbatches=microbatches, overheads=workload_overheads(wl, overheads),
+                           flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
+                           recipe=wl.recipe, compiled=wl.kernels == "compiled")
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -163,6 +188,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
     ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly).
     ``memory=False`` skips activations and overheads (model states only): the fit of efficiencies needs times."""
     n = len(cands["dp"])
+    overheads = workload_overheads(wl, overheads)
     c = {k: np.asarray(cands[k]) if k in cands else np.full(n, CANDIDATE_DEFAULTS[k]) for k in CANDIDATE_KEYS}
     g = _global_terms(spec, cluster, wl, c, memory)
     out = {k: np.zeros(n) for k in OUTPUT_KEYS}
@@ -228,7 +254,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
                           recompute_fraction=rf)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
+                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=wl.kernels == "compiled")
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
     recipe = recipe_factors(spec, wl.recipe, sb)
     params = _unit_params(spec, tp, ep)
@@ -286,7 +313,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     lay = SimpleNamespace(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
                           sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"])
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                            fused_loss=wl.fused_loss)
+                            fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=wl.kernels == "compiled")
     K = g["kinds"]
     per_kind_act = {k: v["act"] for k, v in K.items()}
     zeros = np.zeros_like(m, dtype=float)
@@ -332,7 +360,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                      + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else []) + [zeros])
             other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
                                     unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
-                                    holds_head=last, has_moe=counts[1] > 0)
+                                    holds_head=last, has_moe=counts[1] > 0, unit_params=unit)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
                                 weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,

@@ -8,10 +8,10 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.estimate.hardware import matmul_curve
-from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_for
+from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_for, workload_memory
 from shardlab.flops import six_psi_d, training_flops_per_token
 from shardlab.layout import Layout, default_microbatches, validate
-from shardlab.memory import MemoryReport, Overheads, training_memory
+from shardlab.memory import MemoryReport, Overheads
 from shardlab.memory.training import recompute_code
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -157,9 +157,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
              "rf": [layout.recompute_fraction], "rep": [layout.dp_replicate], "wrap": [layout.wrap],
              "sched": [SCHEDULE_CODES[layout.schedule if layout.pp > 1 else "1f1b"]]}
     r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
-    mem = training_memory(layout, model=spec, accelerator=cluster.accelerator, seq_len=seq_len, precision=precision,
-                          optimizer=optimizer, microbatches=m, overheads=overheads, flash_attention=flash_attention,
-                          dropout=dropout, fused_loss=wl.fused_loss, recipe=wl.recipe)
+    mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")
     val = lambda k: float(r[k][0])

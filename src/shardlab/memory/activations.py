@@ -12,6 +12,7 @@ We count each saved tensor by name so the same derivation covers other blocks:
   Q, K and V (GQA: K and V are kv_heads·head_dim wide), the attention output (out-proj input); SwiGLU stores
   its input, the gate and up outputs, SiLU(gate), and the product (down input) - four f-wide tensors;
 - flash attention (Dao et al. 2022) stores no s×s matrix, only the fp32 log-sum-exp (4·a·s·b bytes);
+- torch.compile'd blocks (``compiled``) keep only the matmul outputs of the MLP (min-cut rematerialisation);
 - MoE layers store the router logits and probabilities (fp32, s·b·E each), the k dispatched copies of each
   token and the expert outputs (e·k·s·b·h each), and the experts' intermediates for k·s·b tokens;
 - context parallelism splits the sequence: s becomes s/cp for every term (attention keys stay s long).
@@ -46,6 +47,12 @@ class ActivationContext:
     linear_input_bytes: float = 0
     """Bytes per element of the inputs linear layers save for their weight gradient: 1 under FP8 training (TE
     saves the FP8 cast, ``memory/fp8.py``); 0 means elem_bytes."""
+    compiled: bool = False
+    """torch.compile'd blocks: AOTAutograd's min-cut partitioner saves the inputs of each fused elementwise chain
+    and recomputes its outputs in backward, so the MLP keeps only the tensors its matmuls produce (SwiGLU: gate and
+    up, not SiLU(gate) or the product; GELU: its input, not its output). Source: H. He, "Min-cut optimal(*)
+    recomputation (i.e. activation checkpointing) with AOTAutograd", dev-discuss.pytorch.org, 2022;
+    torch/_functorch/partitioners.py (min_cut_rematerialization_partition)."""
 
     @property
     def lin_bytes(self) -> float:
@@ -107,6 +114,8 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     # f-wide tensors saved per token: SwiGLU gate, up, silu(gate) and the product (= down input); GELU its input
     # and output (= down input). The down projection's input is a linear input (FP8 under fp8-mixed).
     inter = (3 * e + li) if spec.mlp == "swiglu" else (e + li)
+    if ctx.compiled:   # the elementwise outputs (SiLU(gate)·up, GELU(x)) are recomputed from the matmul outputs
+        inter = 2 * e if spec.mlp == "swiglu" else e
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k, fe = moe.top_k, moe.expert_ffn_hidden_size

@@ -38,6 +38,13 @@ class Overheads:
     FSDP2 default forward/backward prefetch of one unit)."""
     fsdp_reduce_scatter_units: int = 1
     """ZeRO-3/FSDP: unsharded gradient units alive at once while being reduce-scattered (FSDP2: one)."""
+    zero3_live_params: float = 0.0
+    """ZeRO-3 that gathers module by module (DeepSpeed): parameters kept gathered at once, at least the largest
+    module (DeepSpeed stage3_max_live_parameters, default 1e9: deepspeed/runtime/zero/config.py). 0: whole wrap units
+    (FSDP). Set from the framework profile."""
+    zero3_reduce_bucket_params: float = 0.0
+    """With ``zero3_live_params``: gradient elements held for the reduce-scatter, at least the largest module's
+    (DeepSpeed reduce_bucket_size, default 5e8). Set from the framework profile."""
     working_buffers: bool = True
     """The logits and loss of the last stage, and communication staging buffers (pipeline sends, sequence-parallel
     gathers, ring-attention K/V blocks, expert all-to-all): real memory outside the layer activations, counted here

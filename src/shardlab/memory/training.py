@@ -22,7 +22,7 @@ from shardlab.memory.recipe import DEFAULT, Recipe, check_recipe, count_states, 
 from shardlab.memory.states import StageTensors, stage_tensors, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_width_local, param_counts
+from shardlab.specs.tensors import PRE, kv_width_local, model_tensors, param_counts
 from shardlab.units import fmt_bytes, fmt_count
 
 
@@ -170,6 +170,7 @@ def training_memory(
     num_gpus: int | None = None,
     fused_loss: bool = False,
     recipe: Recipe = DEFAULT,
+    compiled: bool = False,
 ) -> MemoryReport:
     """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``; ``recipe`` adds
     offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``)."""
@@ -191,7 +192,8 @@ def training_memory(
     if seq_len is None:
         notes.append(f"--seq-len not given: assumed {s}")
     ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
-                            fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0)
+                            fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
+                            compiled=compiled)
     pc = param_counts(model)
     stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads, recipe, precision) for st in stage_tensors(model, layout)]
     rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
@@ -290,10 +292,12 @@ def recompute_code(recompute):
 
 
 def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
-                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool) -> dict:
+                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool,
+                    unit_params=None) -> dict:
     """Named overheads of a stage's rank (see Overheads for each default and its source). Array-safe.
 
-    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers).
+    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers). ``unit_params``
+    (parameters of the largest unit) lets a module-wise ZeRO-3 (``ov.zero3_live_params``) cap its gathered buffers.
     """
     e, t = ctx.elem_bytes, layout.tp
     tsh = _tsh(layout)
@@ -314,8 +318,15 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
     other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
     prefetch = 1 if getattr(layout, "wrap", 1) == 0 else ov.fsdp_prefetch_units   # one unit: nothing to prefetch
-    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1),
-                                     prefetch * unit_weight_bytes + ov.fsdp_reduce_scatter_units * unit_grad_bytes, 0)
+    gathered, reducing = prefetch * unit_weight_bytes, ov.fsdp_reduce_scatter_units * unit_grad_bytes
+    if ov.zero3_live_params > 0 and unit_params is not None:
+        # DeepSpeed gathers module by module and releases past max_live_parameters (partitioned_param_coordinator.py);
+        # a module is gathered whole, so the largest one sets a floor
+        big = largest_module_params(spec, layout.tp, layout.ep)
+        per_w, per_g = unit_weight_bytes / xp.maximum(unit_params, 1), unit_grad_bytes / xp.maximum(unit_params, 1)
+        gathered = xp.minimum(gathered, xp.maximum(ov.zero3_live_params, big) * per_w)
+        reducing = xp.minimum(reducing, xp.maximum(ov.zero3_reduce_bucket_params, big) * per_g)
+    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1), gathered + reducing, 0)
     other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
     other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
     kv_w = kv_width_local(spec, t)  # K and V together
@@ -344,6 +355,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
         acts = acts + n * sum(lora_activation_bytes(spec, i, layout, ctx, recipe.lora) for i in st.layers)
     unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
+    unit_p = unit_w / sb.weights
     if precision == "fp8-mixed":  # gathered units hold FP8 copies too (or are gathered in FP8)
         unit_w = unit_w / sb.weights * fsdp_unit_weight_bytes(recipe.fp8)
     if recipe.lora is not None:  # frozen base: gathered NF4/bf16 weights, adapter gradients only
@@ -351,7 +363,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
         unit_g = 0.0
     other = stage_overheads(spec, layout, ctx, ov, n_in_flight=n, acts=acts, gradient_bytes=states.gradients,
                             unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=st.holds_head,
-                            has_moe=any(spec.is_moe_layer(i) for i in st.layers))
+                            has_moe=any(spec.is_moe_layer(i) for i in st.layers), unit_params=unit_p)
     other = {k: int(v) for k, v in other.items() if v > 0}
     other.update(rs.other)
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),
@@ -359,6 +371,20 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                        optimizer=states.optimizer, master_weights=states.master, moments=states.moments,
                        activations=int(acts), in_flight=float(n), other=other,
                        holds_embedding=st.holds_embedding, holds_head=st.holds_head, host=rs.host)
+
+
+def largest_module_params(spec: ModelSpec, tp=1, ep=1):
+    """Parameters per rank of the largest single weight tensor (≈ module) of the model: what a module-wise ZeRO-3
+    must gather at once. Array-safe in tp and ep."""
+    kinds: dict[bool, int] = {}
+    for i in range(spec.num_layers):
+        kinds.setdefault(spec.is_moe_layer(i), i)
+    wanted = {PRE, spec.num_layers, *kinds.values()}
+    big = 0
+    for t in model_tensors(spec):
+        if t.layer in wanted:
+            big = xp.maximum(big, t.local_numel(spec, tp, ep))
+    return big
 
 
 def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:

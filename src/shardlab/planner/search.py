@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate
+from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_memory
 from shardlab.layout import Layout
-from shardlab.memory import Overheads, training_memory
+from shardlab.memory import Overheads
 from shardlab.planner.space import enumerate_space
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -135,10 +135,7 @@ def _plan_dict(spec, cluster, wl, c, r, i, overheads, exact: bool) -> dict:
                                                      "host_overhead_s", "offload_s")},
          "memory_bytes_approx": int(r["memory_bytes"][i])}
     if exact:
-        mem = training_memory(lay, model=spec, accelerator=cluster.accelerator, seq_len=wl.seq_len, precision=wl.precision,
-                              optimizer=wl.optimizer, microbatches=m, overheads=overheads,
-                              flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
-                              recipe=wl.recipe)
+        mem = workload_memory(lay, spec, cluster.accelerator, wl, m, overheads)
         d["memory_bytes"] = mem.worst.total
         d["memory_worst_rank"] = {"rank": mem.worst.rank, "reason": mem.worst_reason()}
         d["fits"] = bool(mem.fits)

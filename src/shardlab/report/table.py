@@ -6,10 +6,21 @@ from collections.abc import Sequence
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None,
-          align: str | None = None) -> str:
-    """Render rows as an aligned table. ``align``: one char per column, 'l' or 'r' (default: numbers right)."""
+          align: str | None = None, wrap: int | None = None) -> str:
+    """Render rows as an aligned table. ``align``: one char per column, 'l' or 'r' (default: numbers right).
+    ``wrap``: break the last column's text into lines of at most this many characters (long explanations)."""
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
     n = len(headers)
+    if wrap:
+        import textwrap
+
+        wrapped = []
+        for row in cells:
+            last = row[n - 1] if len(row) >= n else ""
+            parts = textwrap.wrap(last, wrap, break_on_hyphens=False) or [""]
+            wrapped.append(row[:n - 1] + [parts[0]])
+            wrapped.extend([""] * (n - 1) + [p] for p in parts[1:])
+        cells = wrapped
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row[:n]):

@@ -95,9 +95,10 @@ def predicted_estimate(spec, strategy: Strategy, shape: RunShape, accelerator: s
         ln = cat.link(link or prof.get("intra_link") or "loopback")
         n = strategy.world_size
         cluster = Cluster(accelerator=acc, num_gpus=n, gpus_per_node=n, intra_link=ln, inter_link=ln)
+        fw = cat.framework(prof["framework"]) if prof.get("framework") else None   # `calibrate --from-run`
         est = estimate_training(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
                                 global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer,
-                                dp_overlap=prof.get("comm_overlap", True) is not False)
+                                dp_overlap=prof.get("comm_overlap", True) is not False, framework=fw)
         return est, f"shardlab.estimate on {n} × {acc.id} over {ln.id}" + (f" (profile {profile})" if profile else "")
     except Exception as e:  # the estimator is another module's: report, never crash the run
         return None, f"no step-time prediction ({type(e).__name__}: {e})"

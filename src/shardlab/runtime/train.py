@@ -136,7 +136,7 @@ def run_train(req: TrainRequest) -> dict:
     med = statistics.median(times.values())
     loss_rank = next((d for d in ranks if d.get("losses")), None)
     doc = {
-        "strategy": st.name, "world_size": st.world_size, "model": spec.name,
+        "strategy": st.name, "world_size": st.world_size, "model": spec.name, "model_ref": req.model,
         "layout": st.layout(mb).to_dict(), "microbatches": shape.microbatches(st),
         "workload": {"seq_len": req.seq_len, "global_batch": req.global_batch, "micro_batch": mb, "steps": req.steps,
                      "optimizer": req.optimizer, "precision": "fp32"},

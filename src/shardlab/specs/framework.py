@@ -46,6 +46,11 @@ class Framework:
     zero3_comm_per_gpu_nic: bool
     """ZeRO-3 collectives move each rank's whole share through its own inter-node NIC (no aggregation of a
     node's NICs across its GPUs' traffic), as measured for DeepSpeed ZeRO-3 of 2021 (docs/validation.md)."""
+    zero3_live_params: float
+    """ZeRO-3 gathers module by module and keeps at most this many parameters gathered (at least the largest module):
+    DeepSpeed stage3_max_live_parameters. 0: whole wrap units, the current and the prefetched one (FSDP)."""
+    zero3_reduce_bucket_params: float
+    """With module-wise ZeRO-3: gradient elements held for the reduce-scatter (DeepSpeed reduce_bucket_size)."""
     grad_reduce_bytes: int
     """Bytes per gradient element on the wire; 0 = the gradient dtype (fp32 reduction = 4)."""
     layer_host_s: float

@@ -125,8 +125,6 @@ def model_from_shorthand(m: dict, seq: int, label: str = "", source: str = ""):
 
 def run_cluster(run: PublishedRun, catalog):
     """The run's cluster; ``inter_node_gbit`` (per node, as sources state it) sets the per-GPU inter-node rate."""
-    from dataclasses import replace
-
     from shardlab.specs.hardware import Cluster
 
     c = run.config
@@ -134,8 +132,9 @@ def run_cluster(run: PublishedRun, catalog):
     gpn = c.get("gpus_per_node", acc.system["gpus_per_node"])
     inter = catalog.link(c.get("inter_link", acc.system["inter_link"]))
     if c.get("inter_node_gbit"):
-        inter = replace(inter, id=f"{inter.id}@{c['inter_node_gbit']}gbit-per-node",
-                        bandwidth_gbps=c["inter_node_gbit"] / 8 / gpn)
+        from shardlab.cli.common import per_node_rate
+
+        inter = per_node_rate(inter, c["inter_node_gbit"], gpn)
     return Cluster(acc, c["gpus"], gpn, catalog.link(c.get("intra_link", acc.system["intra_link"])), inter)
 
 
