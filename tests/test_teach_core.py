@@ -20,13 +20,14 @@ def _json(*args: str) -> dict:
 def test_fsdp_wrap_prices_each_policy_with_memory_comm_and_estimate():
     n = explain("fsdp-wrap", ["model=llama-3.1-8b", "gpus=8", "gpu=h100-sxm"]).numbers["policies"]
     assert list(n) == ["block", "4-blocks", "model"]
-    base = ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu", "h100-sxm", "--seq-len", "4096")
+    base = ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu", "h100-sxm", "--seq-len", "4096", "--framework",
+            "pytorch-fsdp")
     for wrap, p in n.items():
         mem = _json("memory", *base, "--wrap", wrap)["per_gpu"]
         assert p["total_bytes"] == mem["total"] and p["fsdp_buffers_bytes"] == mem["other_breakdown"]["fsdp_buffers"]
         items = [i for i in _json("comm", "plan", *base, "--wrap", wrap)["items"] if i["axis"] == "FSDP"]
         assert p["calls_per_step"] == sum(i["calls_per_step"] for i in items)
-        est = _json("estimate", *base, "--wrap", wrap, "--framework", "pytorch-fsdp")
+        est = _json("estimate", *base, "--wrap", wrap)
         assert p["zero3_exposed_s"] == pytest.approx(est["breakdown"]["zero3_comm_s"])
         assert p["step_time_s"] == pytest.approx(est["step_time_s"])
     # what the policies must show: fewer, larger units -> fewer calls, a higher gathered peak, more exposed time
@@ -45,7 +46,7 @@ def test_fsdp_wrap_refuses_more_blocks_than_the_model_has():
 
 def test_finetune_memory_equals_memory_with_the_recipe_and_the_ladder():
     ex = explain("finetune-memory", ["model=llama-2-7b", "gpu=rtx-4090", "seq=2048"]).numbers
-    args = ("llama-2-7b", "--gpus", "1", "--gpu", "rtx-4090", "--seq-len", "2048")
+    args = ("llama-2-7b", "--gpus", "1", "--gpu", "rtx-4090", "--seq-len", "2048", "--framework", "pytorch-fsdp")
     assert ex["full"]["total_bytes"] == _json("memory", *args)["per_gpu"]["total"]
     assert ex["lora"]["total_bytes"] == _json("memory", *args, "--lora-rank", "16")["per_gpu"]["total"]
     q = _json("memory", *args, "--lora-rank", "16", "--quantize-base", "nf4")
@@ -55,6 +56,7 @@ def test_finetune_memory_equals_memory_with_the_recipe_and_the_ladder():
     assert not ex["full"]["fits"] and ex["qlora"]["fits"]
     ladder = _json("memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048")
     assert ex["largest_fitting"] == ladder["largest_fitting"]
+    assert ex["qlora"]["total_bytes"] == next(r for r in ladder["rows"] if r["model"] == "llama-2-7b")["qlora"]
     assert ex["largest_fitting"]["qlora"] == "llama-3.1-8b"      # QLoRA on a 24 GB GPU stops near 7-8B
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, gib, gpu, model
+from shardlab.teach.topics._common import catalog, cluster, gib, gpu, model
 from shardlab.units import fmt_count
 
 LABELS = {"full": "full fine-tuning", "lora": "LoRA (bf16 base)", "qlora": "QLoRA (NF4 base)"}
@@ -20,8 +20,8 @@ LABELS = {"full": "full fine-tuning", "lora": "LoRA (bf16 base)", "qlora": "QLoR
 def finetune_memory(v: dict) -> Explanation:
     """Weights, gradients, optimizer state and activations of full training, LoRA and QLoRA on one GPU."""
     from shardlab.cli.finetune_ladder import ladder
+    from shardlab.estimate import estimate_training
     from shardlab.layout import Layout
-    from shardlab.memory import training_memory
     from shardlab.memory.lora import LoraSpec, adapter_param_count, nf4_bits_per_weight
     from shardlab.memory.overheads import Overheads
     from shardlab.memory.precision import state_bytes
@@ -29,11 +29,13 @@ def finetune_memory(v: dict) -> Explanation:
     from shardlab.specs.tensors import model_tensors
 
     cat = catalog()
-    spec, acc = cat.model(v["model"]), cat.accelerator(v["gpu"])
+    spec, cl, fw = cat.model(v["model"]), cluster(v["gpu"], 1), cat.framework(v["framework"])
+    acc = cl.accelerator
     seq, r = min(v["seq"], spec.max_seq_len), v["rank"]
     lay = Layout(recompute=v["recompute"])
     recipes = {"full": Recipe(), "lora": Recipe(lora=LoraSpec(r)), "qlora": Recipe(lora=LoraSpec(r, quantize_base="nf4"))}
-    reps = {k: training_memory(lay, model=spec, accelerator=acc, seq_len=seq, recipe=rec).worst for k, rec in recipes.items()}
+    reps = {k: estimate_training(spec, lay, cl, seq_len=seq, global_batch=1, framework=fw, recipe=rec).memory.worst
+            for k, rec in recipes.items()}
     sb = state_bytes("bf16-mixed", "adamw")
     parts = rank_states(model_tensors(spec), spec, lay, sb, recipes["qlora"], "bf16-mixed").parts
     lparts = rank_states(model_tensors(spec), spec, lay, sb, recipes["lora"], "bf16-mixed").parts
@@ -78,15 +80,18 @@ def finetune_memory(v: dict) -> Explanation:
            "largest_fitting": {k: (x["model"] if x else None) for k, x in largest.items()}},
         table=(["method", "weights", "grads", "optimizer", "activations", "other", "total", "fits", "largest that fits"], rows),
         sources=["lora", "qlora", "zero"], code=["peft-lora", "peft-layer"],
-        commands=[f"memory {spec.name} --gpus 1 --gpu {acc.id} --seq-len {seq} --lora-rank {r} --quantize-base nf4",
+        commands=[f"memory {spec.name} --gpus 1 --gpu {acc.id} --seq-len {seq} --lora-rank {r} --quantize-base nf4 "
+                  f"--framework {fw.id}" + (f" --recompute {v['recompute']}" if v["recompute"] != "none" else ""),
                   f"memory --finetune-ladder --gpu {acc.id} --seq-len {v['seq']} --lora-rank {r}"],
-        notes=["AdamW with bf16 weights and fp32 master/moments for what trains; LoRA on all linear layers with dropout 0; "
-               "the ladder checks every catalog model of at least 100M parameters (memory --finetune-ladder)"])
+        notes=[f"AdamW with bf16 weights and fp32 master/moments for what trains; LoRA on all linear layers with dropout 0; "
+               f"{fw.id}'s memory mechanisms (catalog/data/frameworks.yaml); the ladder checks every catalog model of at "
+               "least 100M parameters (memory --finetune-ladder)"])
 
 
 TOPICS = [
     Topic("finetune-memory", "Fine-tuning memory", "full vs LoRA vs QLoRA on one GPU, and where each stops", (21,),
           (model("llama-2-7b"), gpu("rtx-4090"), Param("rank", "int", 16, "LoRA rank r"),
            Param("seq", "int", 2048, "tokens per sequence"),
-           Param("recompute", "str", "none", "activation recomputation", ("none", "selective", "full"))), finetune_memory),
+           Param("recompute", "str", "none", "activation recomputation", ("none", "selective", "full")),
+           Param("framework", "str", "pytorch-fsdp", "framework profile (catalog/data/frameworks.yaml)")), finetune_memory),
 ]

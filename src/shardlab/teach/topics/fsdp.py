@@ -29,7 +29,7 @@ def price_policy(spec, cl, n_blocks: int, *, seq: int, framework, recompute: str
 
     lay = Layout(dp=cl.num_gpus, zero=3, wrap=n_blocks, recompute=recompute)
     est = estimate_training(spec, lay, cl, seq_len=seq, global_batch=cl.num_gpus, framework=framework)
-    items = [i for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1) if i.axis == "FSDP"]
+    items = [i for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1, framework=framework) if i.axis == "FSDP"]
     gather = next(i for i in items if i.op == "all-gather" and i.phase == "forward")
     w = est.memory.worst
     return {"wrap": wrap_word(n_blocks), "units": gather.calls_per_step, "unit_bytes": gather.bytes_per_call,
@@ -61,7 +61,7 @@ def fsdp_wrap(v: dict) -> Explanation:
              f"{p['zero3_exposed_s'] * 1e3:,.1f} ms", f"{p['step_time_s']:.3f} s"] for p in res.values()]
     verdict = (f"'{fastest['wrap']}' is the fastest policy that fits ({fastest['step_time_s']:.3f} s per step, "
                f"{gib(fastest['total_bytes'])} per GPU)" if fastest else "no policy fits: shard over more GPUs or recompute")
-    cmd = f"{spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id} --seq-len {seq}" + (
+    cmd = f"{spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id} --seq-len {seq} --framework {fw.id}" + (
         f" --recompute {v['recompute']}" if v["recompute"] != "none" else "")
     return Explanation(
         "fsdp-wrap", "FSDP wrap policies: one block, N blocks or the whole model per unit",
@@ -101,7 +101,7 @@ def fsdp_wrap(v: dict) -> Explanation:
                 "ZeRO-3 exposed", "step"], rows),
         sources=["fsdp", "zero"], code=["pt-fsdp1-wrap", "pt-fsdp2", "pt-fsdp2-group", "pt-fsdp2-coll", "ds-zero3"],
         commands=[f"memory {cmd} --wrap {wrap_word(n)}", f"comm plan {cmd} --wrap model",
-                  f"estimate {cmd} --wrap model --framework {fw.id}"],
+                  f"estimate {cmd} --wrap model"],
         notes=[f"one sequence of {seq} tokens per GPU per step (micro-batch 1), recompute {v['recompute']}; {fw.id}'s mechanisms "
                "(catalog/data/frameworks.yaml); bytes per call average the units, the peak uses the largest "
                "(often the embedding or head)"])
