@@ -75,6 +75,20 @@ def test_eager_and_compiled_traffic_by_hand():
     assert T * compiled < float(block_elementwise_bytes(spec, 0, "fused", **kw)) * 1.3 < T * eager
 
 
+def test_shared_expert_traffic_uses_its_own_width():
+    """Qwen2-MoE's shared expert is shared_expert_intermediate_size wide, not num_shared × the routed width."""
+    from dataclasses import replace
+
+    from shardlab.estimate.kernels import block_elementwise_bytes
+
+    spec = CAT.models["mixtral-8x7b"]
+    kw = dict(tokens=1000, tp=1, tsh=1, elem_bytes=2, dropout=False, flash_attention=True, seq_len=4096)
+    with_shared = {w: spec.with_(moe=replace(spec.moe, num_shared_experts=1, shared_expert_ffn_hidden_size=w))
+                   for w in (5632, 11264)}
+    a, b = (float(block_elementwise_bytes(m, 0, "eager", **kw)) for m in with_shared.values())
+    assert b - a == pytest.approx(5 * 2 * 1000 * 5632, rel=1e-12)     # SwiGLU eager: 5 f-wide passes of 2 bytes
+
+
 def test_efficiency_curve():
     c = H100.efficiency
     assert gemm_efficiency(c.half_size, c) == pytest.approx(c.max_fraction / 2)

@@ -57,8 +57,9 @@ def test_accuracy_by_family_in_sample_and_out_of_sample():
     """The figures docs/validation.md and the README quote (recomputed from the committed fit and folds)."""
     acc = {f.family: f for f in family_accuracy(in_sample(), out_of_sample())}
     for f in acc.values():
-        assert f.in_sample_mean < 0.08, f.to_dict()
-    for fam in ("megatron-lm × ampere", "torchtitan × ampere", "pytorch-fsdp × ampere"):
+        assert f.in_sample_mean < (0.08 if f.target_applies else 0.12), f.to_dict()
+    for fam in ("megatron-lm × ampere", "torchtitan × ampere", "pytorch-fsdp × ampere", "pytorch-fsdp × hopper",
+                "torchtitan × hopper"):
         assert acc[fam].loso_mean <= 0.07, acc[fam].to_dict()
     assert acc["megatron-lm × ampere"].loso_max <= 0.10
     # leaving a source out can only hurt on average: the out-of-sample errors are not the in-sample ones
@@ -146,3 +147,14 @@ def test_validate_run_shows_one_run(tmp_path, capsys):
     assert "hidden_size: 4096" in out.read_text()
     assert cli(["validate", "--run", "no-such-run"]) == 2
     assert "no published run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_docs_tables_are_current():
+    """docs/validation.md's generated tables equal a fresh rendering (rerun benchmarks/validation_docs.py)."""
+    from pathlib import Path
+
+    from shardlab.validation.markdown import blocks, render_into
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
+    text = page.read_text()
+    assert render_into(text, blocks(in_sample(), out_of_sample())) == text, "run python benchmarks/validation_docs.py"

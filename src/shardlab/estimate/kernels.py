@@ -86,8 +86,8 @@ def block_elementwise_bytes(spec: ModelSpec, layer: int, kernels: str, *, tokens
         k = moe.top_k
         total = total + T * (8 * moe.num_experts + 4 * e * k * h + 2 * e * h)   # router (fp32), dispatch, combine
         total = total + act * e * T * k * moe.expert_ffn_hidden_size / tp
-        if moe.num_shared_experts:
-            total = total + act * e * T * moe.expert_ffn_hidden_size * moe.num_shared_experts / tp
+        if moe.shared_width:   # Qwen2-MoE's shared expert has its own width (shared_expert_intermediate_size)
+            total = total + act * e * T * moe.shared_width / tp
     else:
         total = total + act * e * T * spec.ffn_hidden_size / tp
     return total

@@ -30,7 +30,8 @@ from shardlab.memory.offload import Offload
 CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
 """Measured CPU-Adam throughput: 10 billion parameters updated in 2.57 s (ZeRO-Offload, Ren et al. 2021,
 arXiv 2101.06840, Table 3: DeepSpeed's vectorized CPU-Adam on the paper's DGX-2 host; PyTorch's CPU Adam took
-14.76 s). A host with less memory bandwidth is slower."""
+14.76 s). A host with less memory bandwidth is slower. The two figures are quoted from the paper's Table 3 and have
+not been re-checked against a second source; `tests/test_estimate_recipes.py` pins the arithmetic, not the rate."""
 NVME_GBPS = 7.0
 """NVMe bandwidth per GPU, GB/s, an estimate: one PCIe 4.0 ×4 drive per GPU, whose link carries 16 GT/s × 4 lanes ×
 128/130 ≈ 7.9 GB/s (PCIe 4.0 base specification); sequential transfers reach somewhat less."""

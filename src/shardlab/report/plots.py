@@ -170,9 +170,12 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
             ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+        lo, hi = float(min(xs)), float(max(xs))
         for axis in (ax.xaxis, ax.yaxis):
+            if hi / lo < 100:   # under two decades: label 1-2-5 steps, not only the powers of ten
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"measured {label}")

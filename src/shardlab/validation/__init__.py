@@ -20,7 +20,7 @@ _RUN_KEYS = {"id", "source", "framework", "model", "gpu", "gpus", "gpus_per_node
              "precision", "recompute", "recompute_fraction", "dropout", "flash_attention", "dp_overlap", "compile",
              "schedule", "sequence_parallel", "grad_reduce_bytes", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu",
              "convention", "measured_step_time_s", "reported_mfu", "assumed", "informational", "attention_kernel",
-             "fused_loss"}
+             "fused_loss", "fp8_all_gather"}
 _FILE_KEYS = {"sources", "defaults", "runs"}
 
 
@@ -156,6 +156,11 @@ def predict_inputs(run: PublishedRun, catalog):
               flash_attention=c.get("flash_attention", True), dropout=c.get("dropout", False),
               dp_overlap=c.get("dp_overlap"), grad_reduce_bytes=c.get("grad_reduce_bytes"), compile=c.get("compile"),
               attention_kernel=c.get("attention_kernel"), fused_loss=c.get("fused_loss"))
+    if c.get("fp8_all_gather"):   # torchtitan enable_fsdp_float8_all_gather
+        from shardlab.memory.fp8 import Fp8Recipe
+        from shardlab.memory.recipe import Recipe
+
+        kw["recipe"] = Recipe(fp8=Fp8Recipe(all_gather=True))
     return run_spec(run, catalog), lay, cluster, kw
 
 

@@ -47,6 +47,8 @@ def estimate_argv(run: PublishedRun, catalog, model_path: str | None = None) -> 
         argv += ["--recompute-fraction", f"{lay.recompute_fraction:g}"]
     if kw["compile"]:
         argv.append("--compile")
+    if "recipe" in kw and kw["recipe"].fp8.all_gather:
+        argv.append("--fp8-all-gather")
     if kw["attention_kernel"]:
         argv += ["--attention-kernel", kw["attention_kernel"]]
     if kw["fused_loss"] is not None:
