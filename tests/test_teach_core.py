@@ -54,7 +54,7 @@ def test_finetune_memory_equals_memory_with_the_recipe_and_the_ladder():
     assert ex["trainable_params"] == q["recipe"]["lora"]["trainable_params"]
     assert ex["nf4_bits_per_weight"] == pytest.approx(4 + 8 / 64 + 32 / (64 * 256))        # QLoRA §3
     assert not ex["full"]["fits"] and ex["qlora"]["fits"]
-    ladder = _json("memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048")
+    ladder = _json("memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048", "--framework", "pytorch-fsdp")
     assert ex["largest_fitting"] == ladder["largest_fitting"]
     assert ex["qlora"]["total_bytes"] == next(r for r in ladder["rows"] if r["model"] == "llama-2-7b")["qlora"]
     assert ex["largest_fitting"]["qlora"] == "llama-3.1-8b"      # QLoRA on a 24 GB GPU stops near 7-8B

@@ -19,7 +19,7 @@ LABELS = {"full": "full fine-tuning", "lora": "LoRA (bf16 base)", "qlora": "QLoR
 
 def finetune_memory(v: dict) -> Explanation:
     """Weights, gradients, optimizer state and activations of full training, LoRA and QLoRA on one GPU."""
-    from shardlab.cli.finetune_ladder import ladder
+    from shardlab.memory.ladder import ladder
     from shardlab.estimate import estimate_training
     from shardlab.layout import Layout
     from shardlab.memory.lora import LoraSpec, adapter_param_count, nf4_bits_per_weight
@@ -42,7 +42,7 @@ def finetune_memory(v: dict) -> Explanation:
     trainable = adapter_param_count(spec, recipes["lora"].lora)
     bits = nf4_bits_per_weight(recipes["qlora"].lora)
     cap = acc.memory_bytes
-    rows_all = ladder(cat, acc, lay, seq_len=v["seq"], rank=r, targets=("all-linear",), overheads=Overheads())
+    rows_all = ladder(cat, acc, lay, seq_len=v["seq"], rank=r, targets=("all-linear",), overheads=Overheads(), framework=fw)
     largest = {k: max((x for x in rows_all if x[k] <= cap), key=lambda x: x["params"], default=None) for k in LABELS}
     stop = {k: (f"{x['model']} ({fmt_count(x['params'])})" if x else "none") for k, x in largest.items()}
     f, lo, q = reps["full"], reps["lora"], reps["qlora"]
@@ -82,7 +82,7 @@ def finetune_memory(v: dict) -> Explanation:
         sources=["lora", "qlora", "zero"], code=["peft-lora", "peft-layer"],
         commands=[f"memory {spec.name} --gpus 1 --gpu {acc.id} --seq-len {seq} --lora-rank {r} --quantize-base nf4 "
                   f"--framework {fw.id}" + (f" --recompute {v['recompute']}" if v["recompute"] != "none" else ""),
-                  f"memory --finetune-ladder --gpu {acc.id} --seq-len {v['seq']} --lora-rank {r}"],
+                  f"memory --finetune-ladder --gpu {acc.id} --seq-len {v['seq']} --lora-rank {r} --framework {fw.id}"],
         notes=[f"AdamW with bf16 weights and fp32 master/moments for what trains; LoRA on all linear layers with dropout 0; "
                f"{fw.id}'s memory mechanisms (catalog/data/frameworks.yaml); the ladder checks every catalog model of at "
                "least 100M parameters (memory --finetune-ladder)"])
