@@ -1,4 +1,4 @@
-"""Planner speed: the full search for a 1T-parameter model on 3072 GPUs (target: under 2 s on one core).
+"""Planner speed: the full search for a 1T-parameter model on 3072 GPUs (target: under 1 s on one core).
 
 The model is Megatron-LM's 1T configuration (Narayanan 2021 Table 1: h 25600, 128 layers, 160 heads) on
 3072 A100-80GB. Prints the combinations generated, the configurations scored and rejected, the wall time

@@ -410,3 +410,34 @@ def test_comm_plan_follows_the_framework():
     gathers = {fw: sum(i.calls_per_step for i in layout_collectives(spec, lay, cluster(n=16), framework=CAT.framework(fw), **kw)
                        if i.op == "all-gather") for fw in ("deepspeed", "pytorch-fsdp")}
     assert gathers["deepspeed"] == 3 * gathers["pytorch-fsdp"] / 2
+
+
+def test_user_framework_from_a_catalog_file(tmp_path):
+    """A framework added in a catalog YAML (--catalog) is estimated with its own mechanisms; a bad field is one line."""
+    import contextlib
+    import io
+    import json
+    from dataclasses import asdict
+
+    import yaml
+
+    from shardlab.cli import main as cli
+
+    base = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(CAT.framework("pytorch-fsdp")).items() if k != "id"}
+    good = tmp_path / "fw.yaml"
+    good.write_text(yaml.safe_dump({"frameworks": {"my-fsdp": {**base, "layer_host_s": 0.02, "source": "our own"}}}))
+    args = ["llama-3.1-8b", "--gpus", "8", "--zero", "3", "--seq-len", "4096", "--global-batch", "16", "--json"]
+    docs = {}
+    for fw in ("pytorch-fsdp", "my-fsdp"):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli(["estimate", *args, "--catalog", str(good), "--framework", fw]) == 0
+        docs[fw] = json.loads(buf.getvalue())
+    assert docs["my-fsdp"]["framework"]["id"] == "my-fsdp"
+    assert docs["my-fsdp"]["breakdown"]["host_overhead_s"] > 5 * docs["pytorch-fsdp"]["breakdown"]["host_overhead_s"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"frameworks": {"x": {**base, "kernels": "magic"}}}))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli(["estimate", *args, "--catalog", str(bad), "--framework", "x"]) == 2
+    assert "kernels must be one of" in err.getvalue() and err.getvalue().count("\n") == 1

@@ -34,7 +34,10 @@ HERE = os.path.abspath(__file__)
 
 
 def have(mod: str) -> bool:
-    return importlib.util.find_spec(mod) is not None
+    try:   # a dotted name imports its parent: a missing parent raises instead of returning None
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def need(mod: str, pkg: str):

@@ -150,7 +150,8 @@ def _cost_text(line, est, price, plan, acc, alternatives) -> str:
                        + (" (an ESTIMATE: inferred, not quoted)" if price.estimate else "")),
              ("price source", price.source)]
     if plan is not None:
-        pairs.append(("hours", f"{fmt_hours(est.run_hours)} to train: the estimate's time to train (an estimate)"))
+        pairs.append(("hours", f"{fmt_hours(est.run_hours)} to train: the estimate's time to train (an estimate, "
+                               f"{getattr(getattr(plan, 'workload', None), 'framework', 'megatron-lm')} framework; --framework to change)"))
     if est.setup_hours:
         pairs.append(("set-up", f"{fmt_hours(est.setup_hours)} paid before the work starts"))
     lines = [line, "", kv_lines(pairs)]

@@ -6,31 +6,7 @@ and rank: the peak memory of each model under each method, and the largest model
 
 from __future__ import annotations
 
-METHODS = (("full", "full fine-tuning (bf16-mixed AdamW, 16 B/param)"), ("lora", "LoRA, frozen bf16 base"),
-           ("qlora", "QLoRA, frozen NF4 base"))
-
-
-def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...], overheads, min_params: float = 1e8):
-    """Rows {model, params, full, lora, qlora (bytes)} for catalog models of at least ``min_params``, smallest first."""
-    from shardlab.memory import training_memory
-    from shardlab.memory.lora import LoraSpec
-    from shardlab.memory.recipe import Recipe
-    from shardlab.specs.tensors import param_counts
-
-    recipes = {"full": Recipe(), "lora": Recipe(lora=LoraSpec(rank, targets)),
-               "qlora": Recipe(lora=LoraSpec(rank, targets, quantize_base="nf4"))}
-    rows = []
-    for mid, spec in cat.models.items():
-        n = param_counts(spec).total
-        if n < min_params:
-            continue
-        s = min(seq_len, spec.max_seq_len)
-        row = {"model": mid, "params": n, "seq_len": s}
-        for key, rec in recipes.items():
-            rep = training_memory(layout, model=spec, accelerator=acc, seq_len=s, overheads=overheads, recipe=rec)
-            row[key] = rep.worst.total
-        rows.append(row)
-    return sorted(rows, key=lambda r: r["params"])
+from shardlab.memory.ladder import METHODS, ladder  # noqa: F401 (re-exported for callers of the CLI module)
 
 
 def cmd_ladder(args, cat):
@@ -53,8 +29,11 @@ def cmd_ladder(args, cat):
     acc = cat.accelerator(resolve_gpu(args, cat))
     rank = args.lora_rank or 16
     seq = args.seq_len or 2048
+    from shardlab.cli.common import resolve_framework
+
+    fw = resolve_framework(args, cat)   # the mechanisms `shardlab memory` assumes for one model
     rows = ladder(cat, acc, layout, seq_len=seq, rank=rank, targets=tuple(args.lora_targets or ('all-linear',)),
-                  overheads=load_overheads(args.overheads, args.no_overheads))
+                  overheads=load_overheads(args.overheads, args.no_overheads), framework=fw)
     cap = acc.memory_bytes
     largest = {k: max((r for r in rows if r[k] <= cap), key=lambda r: r["params"], default=None) for k, _ in METHODS}
     cell = lambda b: f"{b / 2**30:,.1f} {'fits' if b <= cap else '-'}"
@@ -70,7 +49,7 @@ def cmd_ladder(args, cat):
     text += ["", "each cell: peak memory per GPU = weights + gradients + optimizer + activations + overheads "
                  "(`shardlab memory MODEL --lora-rank R [--quantize-base nf4]` shows one model's derivation); "
                  "--recompute full or a shorter --seq-len moves every boundary up"]
-    doc = {"gpu": acc.id, "capacity_bytes": cap, "seq_len": seq, "lora_rank": rank, "lora_targets": list(args.lora_targets or ("all-linear",)),
+    doc = {"gpu": acc.id, "capacity_bytes": cap, "framework": fw.id, "seq_len": seq, "lora_rank": rank, "lora_targets": list(args.lora_targets or ("all-linear",)),
            "layout": layout.to_dict(), "rows": rows,
            "largest_fitting": {k: (v["model"] if v else None) for k, v in largest.items()}}
     return doc, "\n".join(text)

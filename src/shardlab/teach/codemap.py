@@ -2,7 +2,7 @@
 items 4 and 9: reading the Megatron-LM and FSDP source with a map in hand).
 
 Paths are relative to each project's repository root and were checked against megatron-core 0.16.1,
-torch 2.13.0 and deepspeed 0.19.8 (file and class / function names; line numbers drift, names rarely do).
+torch 2.13.0, deepspeed 0.19.8 and peft 0.21.2 (file and class / function names; line numbers drift, names rarely do).
 The shardlab column names the module and symbol that implements or models the same thing here.
 """
 
@@ -30,6 +30,7 @@ class CodeRef:
 MEG = "Megatron-LM"
 PT = "PyTorch"
 DS = "DeepSpeed"
+PEFT = "PEFT"
 CODE = {
     # ---- tensor parallel --------------------------------------------------------------------------------
     "meg-column": CodeRef("column-parallel linear (split output features)", MEG, "megatron/core/tensor_parallel/layers.py",
@@ -120,6 +121,13 @@ CODE = {
                              "memory/training.py: stage_activation_bytes"),
     "meg-ckpt-fn": CodeRef("Megatron's checkpoint function (keeps the RNG state for dropout)", MEG,
                            "megatron/core/tensor_parallel/random.py", "CheckpointFunction", "memory/activations.py"),
+    # ---- fine-tuning ---------------------------------------------------------------------------------------
+    "peft-lora": CodeRef("LoRA: wrap the target linears, freeze the base, count trainable parameters", PEFT,
+                         "src/peft/tuners/lora/model.py", "LoraModel",
+                         "memory/lora.py: adapter_tensors, adapter_param_count"),
+    "peft-layer": CodeRef("one adapted linear: lora_A (r × in), lora_B (out × r); Linear4bit over an NF4 base", PEFT,
+                          "src/peft/tuners/lora/layer.py, src/peft/tuners/lora/bnb.py", "LoraLayer.update_layer, Linear4bit",
+                          "memory/lora.py: nf4_bytes, lora_state_report"),
     # ---- precision -------------------------------------------------------------------------------------------
     "pt-autocast": CodeRef("mixed precision: run matmuls in fp16/bf16", PT, "torch/amp/autocast_mode.py", "autocast",
                            "runtime/precision.py: run_precision"),

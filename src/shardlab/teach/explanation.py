@@ -53,7 +53,8 @@ def render(ex: Explanation, width: int = 110) -> str:
     from shardlab.teach.codemap import code_refs
     from shardlab.teach.sources import citations
 
-    wrap = lambda s, ind="  ": textwrap.fill(s, width, initial_indent=ind, subsequent_indent=ind + "   ")  # noqa: E731
+    wrap = lambda s, ind="  ": textwrap.fill(s, width, initial_indent=ind, subsequent_indent=ind + "   ",  # noqa: E731
+                                             break_on_hyphens=False)
     inputs = ", ".join(f"{k}={v}" for k, v in ex.inputs.items())
     out = [f"{ex.title}  [shardlab explain {ex.topic}]", wrap(ex.question, ""),
            f"with: {inputs}" if inputs else "", "", "derivation:"]

@@ -79,6 +79,16 @@ PAPERS = {
     "llama3": Paper("Llama Team 2024, \"The Llama 3 Herd of Models\", arXiv 2407.21783",
                     "4D parallelism at 16k GPUs: TP 8 inside a node, PP and FSDP across; fewer layers on the first and "
                     "last pipeline stage (§3.3.2)"),
+    "tail-at-scale": Paper("Dean & Barroso 2013, \"The Tail at Scale\", Communications of the ACM 56(2)",
+                           "a fan-out waits for its slowest member: rare slowness on one part sets the p99 of the whole"),
+    "sync-sgd": Paper("Chen et al. 2016, \"Revisiting Distributed Synchronous SGD\", arXiv 1604.00981",
+                      "synchronous data parallelism runs at the pace of its slowest worker (stragglers, §2)"),
+    "lora": Paper("Hu et al. 2021, \"LoRA: Low-Rank Adaptation of Large Language Models\", arXiv 2106.09685",
+                  "frozen base weights; trainable r-rank adapters A (r × in) and B (out × r): only they have gradients "
+                  "and optimizer state (§4)"),
+    "qlora": Paper("Dettmers et al. 2023, \"QLoRA: Efficient Finetuning of Quantized LLMs\", arXiv 2305.14314",
+                   "4-bit NormalFloat base weights in blocks of 64 with double-quantized scales (about 4.127 bits per "
+                   "weight), bf16 adapters; a 65B model fine-tuned on one 48 GB GPU (§3)"),
     "shardlab-runtime": Paper("shardlab's own measurements (docs/runtime.md, docs/teach.md)",
                               "real torch.distributed runs on CPU: collective counts, bytes per rank, step times"),
 }

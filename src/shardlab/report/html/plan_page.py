@@ -29,6 +29,11 @@ def _inputs(doc: dict, cluster: dict, extra: list[tuple[str, str]]) -> str:
              ("sequence length", f"{wl['seq_len']:,} tokens"), ("global batch",
                                                                 f"{wl['global_batch']:,} sequences ({fmt_count(wl['tokens_per_step'])} tokens per step)"),
              ("precision", wl["precision"]), ("optimizer", wl["optimizer"]), *extra]
+    fw = doc.get("framework")
+    if isinstance(fw, dict) and fw.get("id"):
+        pairs.append(("framework", f"{fw['id']}: {fw.get('kernels', '?')} kernels, {fw.get('attention_kernel', '?')} attention, "
+                                   f"host {1e3 * (fw.get('layer_host_s') or 0):.1f} ms per block pass "
+                                   "(catalog/data/frameworks.yaml has the sources)"))
     assume = doc.get("assumptions") or {}
     pairs += [(k.replace("_", " "), num(v) if not isinstance(v, str) else v) for k, v in assume.items() if v is not None]
     return kv_table([(k, esc(v)) for k, v in pairs])

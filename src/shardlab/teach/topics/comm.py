@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, cluster, gib, gpu, link, model, pct
+from shardlab.teach.topics._common import catalog, cluster, gpu, link, model, pct
 from shardlab.units import fmt_bytes, fmt_count, fmt_time
 
 

@@ -177,5 +177,5 @@ TOPICS = [
           (model("llama-3.1-70b"), Param("gpus", "int", 64, "GPUs (multiple of 16)", minimum=16), gpu("h100-sxm")), myths),
     Topic("reading-notes", "Reading notes", "the papers behind each formula, by topic", (9,), (), reading_notes),
     Topic("source-map", "Source map", "Megatron-LM / PyTorch / DeepSpeed classes mapped to shardlab's layers", (4,),
-          (Param("project", "str", "all", "which project", ("all", "megatron", "pytorch", "deepspeed")),), source_map),
+          (Param("project", "str", "all", "which project", ("all", "megatron", "pytorch", "deepspeed", "peft")),), source_map),
 ]

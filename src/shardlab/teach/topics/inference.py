@@ -10,38 +10,53 @@ from shardlab.units import fmt_bytes, fmt_time
 
 
 def kv_cache(v: dict) -> Explanation:
-    """Weights and KV cache per rank, whether they fit, and the KV blocks a paged engine would report."""
+    """Weights and KV cache per rank, whether they fit, and the KV blocks the serving engine allocates (its own count)."""
     from shardlab.estimate.inference import estimate_inference
 
-    spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["tp"])
-    acc = cl.accelerator
+    spec = catalog().model(v["model"])
     seq = min(v["seq"], spec.max_seq_len)
-    est = estimate_inference(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=seq // 2, output_len=seq - seq // 2)
+    per_tp = {}
+    for t in sorted({1, v["tp"]}):
+        per_tp[t] = estimate_inference(spec, cluster(v["gpu"], t), tp=t, batch=v["batch"], prompt_len=seq // 2,
+                                       output_len=seq - seq // 2)
+    est = per_tp[v["tp"]]
+    kb, eng, acc = est.case.blocks, est.case.engine, est.case.cluster.accelerator
     kv_tok = est.kv_cache_bytes_per_token
-    usable = est.usable_bytes
-    GPU_MEMORY_UTILIZATION = usable / acc.memory_bytes
-    blocks = est.case.blocks.num_blocks
     kv_heads = max(1, spec.num_kv_heads // v["tp"])
+    logged = f"'# GPU blocks: {kb.num_blocks}'" if eng.id.startswith("vllm") else f"{kb.num_blocks:,} blocks"
+    rows = [[t, gib(e.weights_bytes), f"{e.kv_cache_bytes_per_token:,}", gib(e.kv_cache_bytes), f"{e.case.blocks.num_blocks:,}",
+             f"{e.case.blocks.tokens:,}", e.max_batch, "yes" if e.fits else "no"] for t, e in per_tp.items()]
     return Explanation(
-        "kv-cache", "Serving memory: weights + KV cache",
+        "kv-cache", "Serving memory: weights + KV cache, in the engine's blocks",
         f"Serving {spec.name} in bf16 on {v['tp']} × {acc.id} with {v['batch']} sequence(s) of {seq} tokens: per-GPU "
-        f"weights, KV cache, and the KV blocks a paged engine would get?",
+        f"weights, KV cache, and the KV blocks the engine ({eng.id}) allocates?",
         dict(v),
-        [f"weights per GPU: this rank's TP shard × 2 B = {gib(est.weights_bytes)}",
+        [f"weights per GPU: this rank's TP shard at 2 B = {gib(est.weights_bytes)} [memory/inference.py: weight_bytes_per_rank]",
          f"KV cache per token per GPU: 2 (K and V) × {spec.num_layers} layers × {kv_heads} KV heads × {spec.head_dim_} × 2 B "
-         f"= {kv_tok:,} B",
-         f"for {v['batch']} × {seq} tokens: {kv_tok:,} × {v['batch'] * seq:,} = {gib(est.kv_cache_bytes)}",
-         f"total with workspace ({gib(est.workspace_bytes)}): {gib(est.total_bytes)} of {gib(usable)} usable "
-         f"({GPU_MEMORY_UTILIZATION:.0%} of {gib(acc.memory_bytes)}): {'fits' if est.fits else 'does NOT fit'}",
-         f"a paged engine (vLLM) fills what is left with blocks of 16 tokens: ({gib(usable)} − {gib(est.weights_bytes)} − "
-         f"{gib(est.workspace_bytes)}) / (16 × {kv_tok:,} B) = {blocks:,} blocks = {16 * blocks:,} tokens of cache, "
-         f"{est.max_batch} sequences of {seq}"],
+         f"= {kv_tok:,} B [kv_cache_bytes_per_token]",
+         f"for {v['batch']} × {seq} tokens, in whole blocks of {kb.block_size}: {gib(est.kv_cache_bytes)}",
+         f"total with the activation peak and CUDA context ({gib(est.workspace_bytes)}): {gib(est.total_bytes)}: "
+         f"{'fits' if est.fits else 'does NOT fit'}",
+         f"the engine's rule ({eng.id}, '{eng.kv_memory_rule}'): it reserves gpu_memory_utilization {eng.gpu_memory_utilization:g} × "
+         f"{gib(kb.capacity_bytes)} = {gib(kb.reserved_bytes)}, takes out weights {gib(kb.weights_bytes)}, activation peak "
+         f"{gib(kb.activation_bytes)} and context {gib(kb.other_bytes)}, and cuts the rest into blocks of {kb.block_size} × "
+         f"{kv_tok:,} B = {kb.bytes_per_block:,} B: {kb.num_blocks:,} blocks = {kb.tokens:,} tokens of cache "
+         f"[memory/inference.py: kv_blocks]",
+         f"as the engine reports it at start-up: {logged}; {est.max_batch} sequences of {seq} tokens fit at once",
+         *([f"per rank, TP {v['tp']} holds 1/{v['tp']} of the weights and of the KV heads: {gib(per_tp[1].weights_bytes)} → "
+            f"{gib(est.weights_bytes)} of weights, {per_tp[1].kv_cache_bytes_per_token:,} → {kv_tok:,} B per token; "
+            f"blocks {per_tp[1].case.blocks.num_blocks:,} → {kb.num_blocks:,} per GPU"] if v["tp"] > 1 else [])],
         f"Inference memory is the weights plus the KV cache. The weights are fixed: {gib(est.weights_bytes)} per GPU here. "
         f"The cache grows with every token of every sequence: {kv_tok:,} bytes per token, so {v['batch']} sequence(s) of "
-        f"{seq} tokens take {gib(est.kv_cache_bytes)}. A serving engine gives the rest of the GPU to the cache in 16-token "
-        f"blocks ({blocks:,} here), and that number, not the weights, decides how many requests it can hold at once.",
+        f"{seq} tokens take {gib(est.kv_cache_bytes)}. A serving engine gives what is left of its share of the GPU to the "
+        f"cache in {kb.block_size}-token blocks ({kb.num_blocks:,} here, the number it prints at start-up), and that "
+        f"number, not the weights, decides how many requests it can hold at once.",
         {"weights_bytes": est.weights_bytes, "kv_bytes_per_token": kv_tok, "kv_cache_bytes": est.kv_cache_bytes,
-         "total_bytes": est.total_bytes, "fits": est.fits, "kv_blocks": blocks, "max_batch": est.max_batch},
+         "total_bytes": est.total_bytes, "fits": est.fits, "kv_blocks": kb.num_blocks, "block_size": kb.block_size,
+         "max_batch": est.max_batch, "engine": eng.id,
+         "per_tp": {t: {"weights_bytes": e.weights_bytes, "kv_bytes_per_token": e.kv_cache_bytes_per_token,
+                        "kv_blocks": e.case.blocks.num_blocks} for t, e in per_tp.items()}},
+        table=(["TP", "weights/GPU", "KV B/token/GPU", "KV of the batch", "KV blocks", "cache tokens", "max batch", "fits"], rows),
         sources=["vllm", "eleuther-math"], code=[],
         commands=[f"estimate {spec.name} --inference --tp {v['tp']} --gpu {acc.id} --batch {v['batch']}",
                   "run infer --tp 2 --max-new-tokens 8"])
@@ -121,6 +136,57 @@ def tp_vs_replicas(v: dict) -> Explanation:
                   f"plan {spec.name} --inference --gpus {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}"])
 
 
+def pp_inference(v: dict) -> Explanation:
+    """Pipelined micro-batches: throughput grows with the stages, the time per token does not fall; one request starves them."""
+    from shardlab.estimate.inference import estimate_inference, static_batch
+
+    spec = catalog().model(v["model"])
+    stages = [p for p in (1, 2, 4, 8, 16, 32) if p <= v["pp"]]
+    res, alone = {}, {}
+    for p in stages:
+        cl = cluster(v["gpu"], p)
+        res[p] = estimate_inference(spec, cl, pp=p, batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"])
+        alone[p] = static_batch(spec, cl, tp=1, pp=p, in_flight=1, prompt_len=v["prompt"], output_len=v["output"])[1]
+    one, top = res[1], res[stages[-1]]
+    rows = [[p, e.in_flight, gib(e.weights_bytes), "yes" if e.fits else "no", f"{e.decode_s_per_token * 1e3:.2f} ms",
+             f"{e.request_latency_s:.2f} s", f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / one.tokens_per_s:.2f}×",
+             f"{alone[p]['output_tokens_per_s']:,.0f}"] for p, e in res.items()]
+    P = stages[-1]
+    return Explanation(
+        "pp-inference", "Pipeline parallelism in serving: throughput, not latency",
+        f"Serving {spec.name} on 1 to {P} pipeline stages of {top.case.cluster.accelerator.id}, {v['batch']} request(s) per "
+        f"micro-batch, {v['prompt']} + {v['output']} tokens: what happens to tokens/s and to the time per token?",
+        dict(v),
+        [f"p stages keep p micro-batches of {v['batch']} in flight, each stage working on a different one: "
+         f"{one.in_flight} → {top.in_flight} sequences [estimate/inference.py: estimate_inference]",
+         f"a token still crosses every stage in turn: the time per output token goes {one.decode_s_per_token * 1e3:.2f} → "
+         f"{top.decode_s_per_token * 1e3:.2f} ms (it does not fall; the sends between stages and each stage's "
+         f"per-step engine overhead make it grow)",
+         f"throughput: {one.tokens_per_s:,.0f} → {top.tokens_per_s:,.0f} tokens/s "
+         f"({top.tokens_per_s / one.tokens_per_s:.2f}× with {P}× the GPUs); each stage also holds 1/p of the weights, "
+         f"{gib(one.weights_bytes)} → {gib(top.weights_bytes)}, which leaves room for more KV blocks",
+         f"low traffic: with one request in flight only one stage works at a time, the other p − 1 wait: "
+         f"{alone[1]['output_tokens_per_s']:,.0f} tokens/s on 1 stage, {alone[P]['output_tokens_per_s']:,.0f} on {P} "
+         f"(PP starves without enough concurrent requests)",
+         f"request latency {one.request_latency_s:.2f} → {top.request_latency_s:.2f} s: the pipeline adds throughput, "
+         f"not latency; for lower latency split each layer instead (TP) or use a faster GPU"],
+        f"A pipeline splits the model's layers over GPUs. For training it keeps every stage busy with micro-batches; for "
+        f"serving it does the same with requests: {P} stages work on {P} batches at once, so throughput grows "
+        f"({top.tokens_per_s / one.tokens_per_s:.1f}× here). But every token still passes through all the layers one after "
+        f"the other, so each token takes as long as before, a little longer for the sends between stages. And with a "
+        f"single request the stages take turns: throughput stays at {alone[P]['output_tokens_per_s']:,.0f} tokens/s. Pipeline "
+        f"parallelism is for fitting a big model and serving many requests, not for answering one faster.",
+        {"stages": {p: {"tokens_per_s": e.tokens_per_s, "decode_s_per_token": e.decode_s_per_token,
+                        "request_latency_s": e.request_latency_s, "in_flight": e.in_flight, "fits": e.fits,
+                        "one_request_tokens_per_s": alone[p]["output_tokens_per_s"]} for p, e in res.items()}},
+        table=(["PP", "in flight", "weights/GPU", "fits", "per token", "request", "tokens/s", "vs PP 1", "1 request tokens/s"],
+               rows),
+        sources=["gpipe", "narayanan", "vllm"], code=["pt-pipe", "ds-pipe"],
+        commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch']} --gpu {top.case.cluster.accelerator.id}",
+                  f"plan {spec.name} --inference --gpus {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}"],
+        notes=["static batches through the serving model (serving/steady.py: fluid); stages on one node's link"])
+
+
 TOPICS = [
     Topic("kv-cache", "KV cache and serving memory", "weights + KV per GPU, fits or not, KV blocks of 16 tokens", (14, 33),
           (model("llama-2-7b"), gpu("rtx-4090"), Param("tp", "int", 1, "tensor-parallel GPUs"),
@@ -129,6 +195,10 @@ TOPICS = [
           (model("llama-2-7b"), gpu("h100-sxm"), Param("tp", "int", 2, "tensor-parallel GPUs", minimum=2),
            Param("batch", "int", 1, "sequences"), Param("prompt", "int", 2048, "prompt tokens"),
            Param("links", "str", "nvlink4,pcie4,ethernet-10g", "comma-separated links")), decode_vs_prefill),
+    Topic("pp-inference", "PP in serving", "pipelined micro-batches: throughput grows with stages, latency does not fall",
+          (36, 37), (model("llama-3.1-8b"), gpu("h100-sxm"), Param("pp", "int", 8, "most pipeline stages (powers of 2 up to it)"),
+                     Param("batch", "int", 8, "requests per micro-batch"), Param("prompt", "int", 1024, "prompt tokens"),
+                     Param("output", "int", 256, "generated tokens")), pp_inference),
     Topic("tp-vs-replicas", "TP vs replicas", "one TP group or several smaller replicas for the same GPUs", (8, 33),
           (model("llama-3.1-8b"), gpu("h100-sxm"), Param("tp", "int", 2, "GPUs in the TP group", minimum=2),
            Param("batch", "int", 16, "concurrent requests"), Param("prompt", "int", 1024, "prompt tokens"),

@@ -1,10 +1,12 @@
-"""Memory topics: the two pressures, bytes per parameter, ZeRO stages, FSDP wrap units, activation checkpointing."""
+"""Memory topics: the two pressures, bytes per parameter, ZeRO stages, FSDP wrap units (topics/fsdp.py), activation
+checkpointing."""
 
 from __future__ import annotations
 
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
+from shardlab.teach.topics.fsdp import fsdp_wrap
 from shardlab.teach.topics._common import (OPTIMIZERS, PRECISIONS, catalog, cluster, gb, gib, gpu, model, num,
                                            optimizer, pct, precision)
 from shardlab.units import fmt_count
@@ -171,53 +173,6 @@ def zero_stages(v: dict) -> Explanation:
         notes=["GB = 1e9 bytes (the paper's unit); traffic counts the bytes each rank sends, ring algorithms"])
 
 
-def fsdp_wrap(v: dict) -> Explanation:
-    """FSDP units: each unit is gathered whole before use; the unit size sets the gathered-memory peak."""
-    from dataclasses import asdict
-
-    from shardlab.comm.inventory import layout_collectives
-    from shardlab.layout import Layout
-    from shardlab.memory import training_memory
-
-    spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])
-    lay = Layout(dp=v["gpus"], zero=3)
-    seq = min(spec.max_seq_len, 4096)
-    mem = training_memory(lay, model=spec, accelerator=cl.accelerator, seq_len=seq, num_gpus=v["gpus"])
-    w = mem.worst
-    items = [asdict(i) for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1) if i.axis == "FSDP"]
-    ag = next(i for i in items if i["op"] == "all-gather" and i["phase"] == "forward")
-    units = ag["calls_per_step"]
-    per_unit = ag["bytes_per_call"]
-    buffers = w.other.get("fsdp_buffers", 0)
-    comm_s = sum(i["time_per_step_s"] for i in items)
-    return Explanation(
-        "fsdp-wrap", "FSDP wrap units: what a unit is and what its size costs",
-        f"FSDP (ZeRO-3) over {v['gpus']} × {cl.accelerator.id} for {spec.name} with one unit per block: how big is a unit, "
-        f"how much gathered memory does it hold, and how many collectives does a step issue?",
-        dict(v),
-        [f"each GPU stores 1/{v['gpus']} of every tensor: weights {gib(w.weights)}, gradients {gib(w.gradients)}, "
-         f"optimizer {gib(w.optimizer)}",
-         f"a unit (one block, or the embedding/head) is all-gathered before its forward and again before its backward: "
-         f"{units} units × about {gib(per_unit)} each per step",
-         f"gathered parameters in flight (the current unit, the prefetched next one, and the gradient buffer) = "
-         f"{gib(buffers)}: the peak grows with the unit size",
-         f"collectives per step: {sum(i['calls_per_step'] for i in items)} (all-gather forward, all-gather backward, "
-         f"reduce-scatter per unit), {comm_s * 1e3:.1f} ms over {ag['link_id']}, overlapped with compute by prefetching",
-         "bigger units (N blocks, or the whole model) mean fewer, larger collectives but a peak that holds N blocks' "
-         "full weights; the whole model as one unit holds every weight at once, which undoes ZeRO-3's saving"],
-        f"FSDP keeps only a shard of each unit and gathers the whole unit just before it is used, then frees it. The wrap "
-        f"policy decides what a unit is. One block per unit (the usual transformer policy) keeps the gathered peak at about "
-        f"{gib(buffers)} for {spec.name} while issuing {units} gathers per pass; wrapping several blocks together issues "
-        f"fewer, larger collectives at a higher peak, and wrapping the whole model gathers everything at once.",
-        {"units": units, "unit_bytes": per_unit, "gathered_buffer_bytes": buffers, "comm_s": comm_s,
-         "total_bytes": w.total},
-        sources=["fsdp", "zero"], code=["pt-fsdp2", "pt-fsdp2-group", "pt-fsdp1-wrap", "ds-zero3"],
-        commands=[f"memory {spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id}",
-                  f"comm plan {spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id}"],
-        notes=["per-block units as shardlab's runtime wraps them (runtime/parallel/fsdp.py); other wrap policies are "
-               "compared by `--wrap block|N-blocks|model` when that option is available"])
-
-
 def checkpointing(v: dict) -> Explanation:
     """Activation checkpointing: activation bytes saved and recompute time paid, none vs selective vs full."""
     from shardlab.estimate import estimate_training
@@ -278,8 +233,12 @@ TOPICS = [
           _ZERO_PARAMS, zero_stages),
     *[Topic(f"zero-{s}", f"ZeRO stage {s}", f"alias: zero stage={s}", (25,), tuple(p for p in _ZERO_PARAMS if p.name != "stage"),
             zero_stages, {"stage": s}) for s in (1, 2, 3)],
-    Topic("fsdp-wrap", "FSDP wrap units", "what a unit is, its gathered-memory peak and its collectives", (26,),
-          (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs sharding the model", minimum=2), gpu("h100-sxm")), fsdp_wrap),
+    Topic("fsdp-wrap", "FSDP wrap policies", "block / N-blocks / model units: gathered-memory peak, calls, exposed time",
+          (26,), (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs sharding the model", minimum=2), gpu("h100-sxm"),
+                  Param("blocks", "int", 4, "blocks per unit of the N-blocks policy", minimum=2),
+                  Param("seq", "int", 4096, "tokens per sequence"),
+                  Param("recompute", "str", "none", "activation recomputation", ("none", "selective", "full")),
+                  Param("framework", "str", "pytorch-fsdp", "framework profile (catalog/data/frameworks.yaml)")), fsdp_wrap),
     Topic("activation-checkpointing", "Activation checkpointing", "memory saved vs recompute time, none/selective/full", (29,),
           (model("llama-3.1-8b"), Param("gpus", "int", 8, "GPUs (FSDP)"), gpu("h100-sxm"),
            Param("seq", "int", 8192, "tokens per sequence"), Param("batch", "int", 2, "sequences per GPU")), checkpointing),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, gib, model, pct
+from shardlab.teach.topics._common import catalog, gib, gpu, model, pct
 
 
 def bubble(v: dict) -> Explanation:
@@ -120,33 +120,63 @@ def interleaving(v: dict) -> Explanation:
 
 
 def stragglers(v: dict) -> Explanation:
-    """A slow stage sets the pipeline's pace; a slow data-parallel rank sets everyone's step."""
+    """A slow stage sets the pipeline's pace; a slow data-parallel or TP rank sets everyone's step (estimate/straggler.py)."""
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate import estimate_training
+    from shardlab.estimate.inference import estimate_inference
+    from shardlab.estimate.straggler import SlowRank, effect_of_estimate, straggler_effect
+    from shardlab.layout import Layout
     from shardlab.pipeline import simulate
+    from shardlab.teach.topics._common import cluster
 
-    p, m, s, x = v["p"], v["m"], v["slow_stage"], v["slowdown"]
+    p, m, s, x, f = v["p"], v["m"], v["slow_stage"], v["slowdown"], v["fraction"]
+    if not 0 < f <= 1:
+        raise ShardlabError(f"fraction={f:g}: the share of slowed steps must be in (0, 1]")
     base = simulate("1f1b", p, m)
     slow = simulate("1f1b", p, m, stage_slowdown={s: x})
+    spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])
+    seq = min(spec.max_seq_len, 4096)
+    est = estimate_training(spec, Layout(dp=v["gpus"]), cl, seq_len=seq, global_batch=v["gpus"])
+    dp = straggler_effect(est.breakdown, est.step_time_s, SlowRank(1, x))
+    tail = straggler_effect(est.breakdown, est.step_time_s, SlowRank(1, x, f))
+    tp = effect_of_estimate(estimate_inference(spec, cluster(v["gpu"], 2), tp=2).to_dict(), SlowRank(1, x))
+    ms = lambda t: f"{t * 1e3:,.1f} ms"  # noqa: E731
     return Explanation(
         "stragglers", "Stragglers: the slowest rank sets the pace",
-        f"1F1B with p = {p}, m = {m}: what happens to the step when stage {s} runs {x:g}× slower? And to data "
-        f"parallelism when one replica does?",
+        f"What happens when one GPU runs {x:g}× slower: stage {s} of a 1F1B pipeline (p = {p}, m = {m}), one of "
+        f"{v['gpus']} data-parallel replicas of {spec.name}, one of 2 TP ranks decoding, and when it is slow on only "
+        f"{f:.0%} of the steps?",
         dict(v),
-        [f"pipeline: every micro-batch must pass stage {s}; the schedule runs at its pace",
-         f"simulated step: {base.step_time_s:g} → {slow.step_time_s:g} time units ({slow.step_time_s / base.step_time_s:.2f}×); "
-         f"bubble {pct(base.bubble_fraction)} → {pct(slow.bubble_fraction)}: the other stages wait",
-         f"data parallelism: the gradient all-reduce is a barrier, so a step lasts as long as the slowest replica: one "
-         f"rank {x:g}× slower makes every rank {x:g}× slower; the p99 step time of the ensemble is the slowest rank's",
-         "tensor parallelism: the same, per layer: every all-reduce waits for the last rank"],
+        [f"pipeline: every micro-batch must pass stage {s}; simulated step {base.step_time_s:g} → {slow.step_time_s:g} time "
+         f"units ({slow.step_time_s / base.step_time_s:.2f}×), bubble {pct(base.bubble_fraction)} → "
+         f"{pct(slow.bubble_fraction)}: the other stages wait [pipeline/simulate.py]",
+         f"data parallelism: the gradient all-reduce is a barrier. The slow rank's own work (compute, recomputation, "
+         f"optimizer: {ms(dp.scaled_s)} of the {ms(dp.base_step_s)} step) grows {x:g}×, communication does not: slowed "
+         f"step = {ms(dp.base_step_s)} + ({x:g} − 1) × {ms(dp.scaled_s)} = {ms(dp.slow_step_s)} for every rank; the "
+         f"others wait {ms(dp.wait_s)} ({dp.drag:+.0%}) [estimate/straggler.py: straggler_effect]",
+         f"tensor parallelism, decoding: every all-reduce waits for the last rank, so each token takes "
+         f"{ms(tp.base_step_s)} → {ms(tp.slow_step_s)} ({tp.drag:+.0%}) [inference_straggler]",
+         f"slow on {f:.0%} of the steps only: mean {ms(tail.mean_step_s)} ({tail.mean_step_s / tail.base_step_s - 1:+.1%}), "
+         f"p50 {ms(tail.percentile_step_s(50))}, p99 {ms(tail.percentile_step_s(99))}: the tail grows long before the "
+         "mean does, which is why runs report per-rank p50/p99 and not only the mean",
+         "finding it: the straggler is the rank whose own compute is longest while the others wait in their "
+         "collectives; per-rank p50/p90/p99 with an injected slow rank are measured by `shardlab run train "
+         "--slow-rank R:FACTOR`, and `shardlab logs` checks from a start-up log that every rank joined as expected"],
         f"Distributed training moves in lock step. In a pipeline every micro-batch passes through every stage, so one "
-        f"stage running {x:g}× slower stretches the whole step {slow.step_time_s / base.step_time_s:.2f}×, and the healthy "
-        f"stages spend the difference idle. In data parallelism the all-reduce at the end of each step waits for the "
-        f"slowest replica. So one slow GPU (thermal throttling, a noisy neighbour, a bad link) drags everyone, and you look "
+        f"stage running {x:g}× slower stretches the whole step {slow.step_time_s / base.step_time_s:.2f}×. In data "
+        f"parallelism the all-reduce at the end of each step waits for the slowest replica: its compute grows {x:g}×, the "
+        f"others sit idle for {ms(dp.wait_s)} per step. A rank that is slow only now and then hardly moves the mean, but "
+        f"sets the p99. So one slow GPU (thermal throttling, a noisy neighbour, a bad link) drags everyone, and you look "
         f"for it in per-rank step times and their p99.",
         {"step_time_base": base.step_time_s, "step_time_slow": slow.step_time_s,
-         "bubble_base": base.bubble_fraction, "bubble_slow": slow.bubble_fraction},
-        sources=["narayanan", "ddp"], code=["meg-1f1b"],
+         "bubble_base": base.bubble_fraction, "bubble_slow": slow.bubble_fraction,
+         "data_parallel": dp.to_dict(), "tail": tail.to_dict(), "tp_decode": tp.to_dict()},
+        sources=["narayanan", "ddp", "tail-at-scale", "sync-sgd"], code=["meg-1f1b"],
         commands=[f"pipeline --schedule 1f1b --stages {p} --microbatches {m} --slow-stage {s} --slowdown {x:g}",
-                  "run train --strategy ddp --nproc 2"])
+                  f"estimate {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id} --slow-rank 1:{x:g}:{f:g}",
+                  f"run train --strategy ddp --nproc 2 --steps 20 --slow-rank 1:{x:g}"],
+        notes=["cross-node TP and PP starving at low traffic: `shardlab explain tp-in-node` and `shardlab explain "
+               "pp-inference`; start-up logs: docs/observability.md"])
 
 
 _PM = (Param("p", "int", 8, "pipeline stages"), Param("m", "int", 32, "micro-batches per step"))
@@ -162,6 +192,7 @@ TOPICS = [
            Param("v", "int", 2, "chunks per rank", minimum=2)), interleaving),
     Topic("stragglers", "Stragglers", "a slow stage or replica sets everyone's pace", (35, 37),
           (Param("p", "int", 4, "pipeline stages"), Param("m", "int", 16, "micro-batches"),
-           Param("slow_stage", "int", 1, "the slow stage", minimum=0), Param("slowdown", "float", 1.5, "how much slower")),
-          stragglers),
+           Param("slow_stage", "int", 1, "the slow stage", minimum=0), Param("slowdown", "float", 1.5, "how much slower"),
+           Param("fraction", "float", 0.05, "share of the steps a rank is slow on", minimum=0.001), model("llama-3.1-8b"),
+           Param("gpus", "int", 16, "data-parallel GPUs", minimum=2), gpu("h100-sxm")), stragglers),
 ]

@@ -1,0 +1,93 @@
+"""The explain topics built on the merged core give the same numbers as the commands they point at:
+fsdp-wrap (memory / comm plan / estimate --wrap), finetune-memory (memory --lora-rank --quantize-base nf4 and
+--finetune-ladder), pp-inference and kv-cache (estimate --inference), stragglers (estimate --slow-rank)."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+
+from shardlab.teach.registry import explain
+
+
+def _json(*args: str) -> dict:
+    code, out, err = cli_main(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_fsdp_wrap_prices_each_policy_with_memory_comm_and_estimate():
+    n = explain("fsdp-wrap", ["model=llama-3.1-8b", "gpus=8", "gpu=h100-sxm"]).numbers["policies"]
+    assert list(n) == ["block", "4-blocks", "model"]
+    base = ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu", "h100-sxm", "--seq-len", "4096", "--framework",
+            "pytorch-fsdp")
+    for wrap, p in n.items():
+        mem = _json("memory", *base, "--wrap", wrap)["per_gpu"]
+        assert p["total_bytes"] == mem["total"] and p["fsdp_buffers_bytes"] == mem["other_breakdown"]["fsdp_buffers"]
+        items = [i for i in _json("comm", "plan", *base, "--wrap", wrap)["items"] if i["axis"] == "FSDP"]
+        assert p["calls_per_step"] == sum(i["calls_per_step"] for i in items)
+        est = _json("estimate", *base, "--wrap", wrap)
+        assert p["zero3_exposed_s"] == pytest.approx(est["breakdown"]["zero3_comm_s"])
+        assert p["step_time_s"] == pytest.approx(est["step_time_s"])
+    # what the policies must show: fewer, larger units -> fewer calls, a higher gathered peak, more exposed time
+    b, g, m = n["block"], n["4-blocks"], n["model"]
+    assert b["units"] == 33 and g["units"] == 9 and m["units"] == 1                  # 32 blocks (+ embedding/head unit)
+    assert b["calls_per_step"] > g["calls_per_step"] > m["calls_per_step"] == 2     # the whole model: no backward gather
+    assert b["unit_bytes"] < g["unit_bytes"] < m["unit_bytes"]
+    assert b["fsdp_buffers_bytes"] < g["fsdp_buffers_bytes"] < m["fsdp_buffers_bytes"]
+    assert b["zero3_exposed_s"] < g["zero3_exposed_s"] < m["zero3_exposed_s"]
+
+
+def test_fsdp_wrap_refuses_more_blocks_than_the_model_has():
+    code, _, err = cli_main("explain", "fsdp-wrap", "blocks=40")
+    assert code == 2 and "has 32 blocks" in err and len(err.strip().splitlines()) == 1
+
+
+def test_finetune_memory_equals_memory_with_the_recipe_and_the_ladder():
+    ex = explain("finetune-memory", ["model=llama-2-7b", "gpu=rtx-4090", "seq=2048"]).numbers
+    args = ("llama-2-7b", "--gpus", "1", "--gpu", "rtx-4090", "--seq-len", "2048", "--framework", "pytorch-fsdp")
+    assert ex["full"]["total_bytes"] == _json("memory", *args)["per_gpu"]["total"]
+    assert ex["lora"]["total_bytes"] == _json("memory", *args, "--lora-rank", "16")["per_gpu"]["total"]
+    q = _json("memory", *args, "--lora-rank", "16", "--quantize-base", "nf4")
+    assert ex["qlora"]["total_bytes"] == q["per_gpu"]["total"]
+    assert ex["trainable_params"] == q["recipe"]["lora"]["trainable_params"]
+    assert ex["nf4_bits_per_weight"] == pytest.approx(4 + 8 / 64 + 32 / (64 * 256))        # QLoRA §3
+    assert not ex["full"]["fits"] and ex["qlora"]["fits"]
+    ladder = _json("memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048", "--framework", "pytorch-fsdp")
+    assert ex["largest_fitting"] == ladder["largest_fitting"]
+    assert ex["qlora"]["total_bytes"] == next(r for r in ladder["rows"] if r["model"] == "llama-2-7b")["qlora"]
+    assert ex["largest_fitting"]["qlora"] == "llama-3.1-8b"      # QLoRA on a 24 GB GPU stops near 7-8B
+
+
+def test_pp_inference_grows_throughput_not_latency_and_starves_one_request():
+    st = explain("pp-inference").numbers["stages"]
+    pps = sorted(st)
+    assert pps == [1, 2, 4, 8]
+    tps = [st[p]["tokens_per_s"] for p in pps]
+    tpot = [st[p]["decode_s_per_token"] for p in pps]
+    alone = [st[p]["one_request_tokens_per_s"] for p in pps]
+    assert all(b > a for a, b in zip(tps, tps[1:]))
+    assert all(b >= a for a, b in zip(tpot, tpot[1:]))
+    assert max(alone) / min(alone) < 1.01              # one request: the extra stages add nothing
+    est = _json("estimate", "llama-3.1-8b", "--inference", "--pp", "8", "--batch", "8", "--gpu", "h100-sxm")
+    assert st[8]["tokens_per_s"] == pytest.approx(est["tokens_per_s"])
+
+
+def test_kv_cache_blocks_are_the_serving_engines():
+    n = explain("kv-cache", ["tp=2"]).numbers
+    est = _json("estimate", "llama-2-7b", "--inference", "--tp", "2", "--gpu", "rtx-4090", "--batch", "1",
+                "--prompt-len", "2048", "--output-len", "2048")
+    assert n["kv_blocks"] == est["kv_blocks"]["num_blocks"] and n["block_size"] == est["kv_blocks"]["block_size"]
+    assert n["per_tp"][1]["kv_bytes_per_token"] == 2 * n["per_tp"][2]["kv_bytes_per_token"]
+    code, out, _ = cli_main("explain", "kv-cache", "tp=2")
+    assert f"'# GPU blocks: {n['kv_blocks']}'" in out
+
+
+def test_stragglers_use_the_straggler_model_of_estimate():
+    n = explain("stragglers", ["slowdown=1.5", "fraction=0.05"]).numbers
+    est = _json("estimate", "llama-3.1-8b", "--gpus", "16", "--gpu", "h100-sxm", "--slow-rank", "1:1.5:0.05")["straggler"]
+    for k in ("base_step_s", "wait_s", "mean_step_s", "p50_step_s", "p99_step_s"):
+        assert n["tail"][k] == pytest.approx(est[k]), k
+    assert n["tail"]["p50_step_s"] == n["tail"]["base_step_s"] < n["tail"]["p99_step_s"]   # the tail grows first
+    assert n["step_time_slow"] > n["step_time_base"] and n["tp_decode"]["drag"] > 0
