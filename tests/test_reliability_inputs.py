@@ -220,3 +220,15 @@ def test_launch_run_folders_are_removed_at_exit(monkeypatch):
     kept = launch._temp_run_dir()
     assert kept not in launch._TEMP_DIRS
     kept.rmdir()
+
+
+def test_findings_of_the_fuzz_campaign(tmp_path):
+    """What benchmarks/fuzz_cli.py found in other commands, kept fixed."""
+    answers = tmp_path / "answers.txt"
+    answers.write_text("1e400\nnan\n")
+    code, out, _ = cli_main("quiz", "--questions", "2", "--seed", "1", "--answers", str(answers))
+    assert code == 0 and "too large to be an answer" in out + " " and " inf" not in out
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": 1}))
+    one_line_error(["memory", "--from", str(ds)], "deepspeed config has a field of the wrong type")
+    one_line_error(["validate", "--refit", "--plot", "/dev/full"], "cannot save a picture")

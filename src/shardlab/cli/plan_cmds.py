@@ -370,6 +370,14 @@ def _winner_detail(res, args) -> dict:
 def cmd_validate(args):
     from shardlab.cli.validate_cmd import cmd_validate_training
 
+    if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
+        from shardlab.report.plots import check_picture_path
+
+        check_picture_path(args.plot)
+    if getattr(args, "model_out", None):
+        from shardlab.safeio import check_output_path
+
+        check_output_path(args.model_out, "--model-out")
     if args.inference:
         from shardlab.cli.inference_cmds import validate_inference_cmd
 

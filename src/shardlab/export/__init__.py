@@ -66,7 +66,15 @@ def sniff(text: str) -> str:
 
 
 def read_text(text: str, catalog, target: str | None = None) -> Imported:
-    return _module(target or sniff(text)).read(text, catalog)
+    target = target or sniff(text)
+    try:
+        return _module(target).read(text, catalog)
+    except ShardlabError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
+        # a field of the wrong type or value (text where a number or a section belongs): one line, never a traceback
+        raise ShardlabError(f"this {target} config has a field of the wrong type or value ({type(e).__name__}: "
+                            f"{str(e)[:120]}); fix the file") from None
 
 
 def read_file(path: str, catalog) -> Imported:

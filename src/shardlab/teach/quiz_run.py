@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 
@@ -33,6 +34,8 @@ def check(q: Question, given: str | None) -> tuple[bool, str]:
     if not m:
         return False, f"'{g}' is not a number"
     x = float(m.group())
+    if not math.isfinite(x):                 # '1e400' overflows: no quiz answer is that large
+        return False, f"'{g}' is too large to be an answer"
     return abs(x - q.answer) <= q.tolerance + 1e-9 * max(1.0, abs(q.answer)), f"you answered {x:g}"
 
 

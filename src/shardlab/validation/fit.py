@@ -204,7 +204,8 @@ def family_weights(runs, catalog) -> np.ndarray:
 def _to_theta(params, u):
     lo = np.array([p.lo for p in params])
     hi = np.array([p.hi for p in params])
-    return lo + (hi - lo) / (1 + np.exp(-u))
+    with np.errstate(over="ignore"):            # exp(-u) = inf for u ≪ 0 is the sigmoid's limit, lo: not an error
+        return lo + (hi - lo) / (1 + np.exp(-u))
 
 
 def _to_u(params, theta):
