@@ -278,6 +278,17 @@ class Watchdog:
         except OSError:
             pass
 
+    def remove_on_death(self, path: str | os.PathLike) -> None:
+        """Ask the helper to delete ``path`` (a temporary ``shardlab-run-*`` folder of this job) if the root
+        dies without calling ``close()``: nothing else would, since a SIGKILLed root runs no exit handler."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write(f"remove {os.fspath(path)}\n".encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass
+
     def close(self) -> None:
         """Tell the helper the job is over; it exits without stopping anything."""
         if self.proc is None:
@@ -346,7 +357,7 @@ def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:
     for s in (signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     tree = ProcessTree(root, exclude | {os.getpid()}, marker=marker)
-    fd, pending = sys.stdin.fileno(), b""
+    fd, pending, remove = sys.stdin.fileno(), b"", []
     while True:
         tree.scan()
         ready, _, _ = select.select([fd], [], [], SCAN_INTERVAL_S)
@@ -362,9 +373,25 @@ def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:
                 return 0
             if line.startswith(b"track "):
                 tree.track(int(line.split()[1]))
+            elif line.startswith(b"remove "):
+                remove.append(os.fsdecode(line[len(b"remove "):]))
     tree.scan()
     tree.stop(grace_s)
+    _remove_temp_dirs(remove)
     return 0
+
+
+def _remove_temp_dirs(paths: Iterable[str]) -> None:
+    """Delete the dead root's temporary run folders: only ``shardlab-run-*`` folders directly inside the
+    temporary directory, never a folder the user named (``--run-dir``)."""
+    import shutil
+    import tempfile
+
+    tmp = os.path.realpath(tempfile.gettempdir())
+    for p in paths:
+        real = os.path.realpath(p)
+        if os.path.dirname(real) == tmp and os.path.basename(real).startswith("shardlab-run-"):
+            shutil.rmtree(real, ignore_errors=True)
 
 
 if __name__ == "__main__":

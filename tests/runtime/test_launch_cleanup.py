@@ -69,7 +69,9 @@ def test_driver_signals_stop_every_rank(tmp_path, how, code):
 
 
 def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tmp = tmp_path / "tmp"                          # the run's temporary folder goes here, so we can see it go
+    tmp.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "100000",
            "--timeout", "600"]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -85,6 +87,8 @@ def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
         p.kill()
         p.wait(timeout=60)
     wait_for(lambda: not any(_alive(q) for q in seen), 20, "torchrun and the ranks to stop after SIGKILL of the driver")
+    # a SIGKILLed driver runs no exit handler: its watchdog removes the temporary run folder
+    wait_for(lambda: not list(tmp.glob("shardlab-run-*")), 20, "the temporary run folder to be removed")
 
 
 def _cmdline(pid: int) -> bytes:

@@ -89,7 +89,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     whole job is stopped (torchrun, every rank, anything they started) before this returns or raises; if
     this process dies, even by SIGKILL, the kernel signals torchrun (PR_SET_PDEATHSIG) and a watchdog
     process stops every rank (``shardlab.proctree``). A temporary ``run_dir`` is removed when the
-    process exits (set SHARDLAB_KEEP_RUN_DIR=1 to keep it). ``observer`` (a
+    process exits, or by the watchdog when it is killed (set SHARDLAB_KEEP_RUN_DIR=1 to keep it). ``observer`` (a
     ``shardlab.runtime.observe.launcher.Observation``) adds the ranks' metrics settings and scrapes them while
     they run.
     """
@@ -97,6 +97,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
 
     if nproc < 1:
         raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
+    temporary = not run_dir and not os.environ.get("SHARDLAB_KEEP_RUN_DIR")
     rd = Path(run_dir) if run_dir else _temp_run_dir()
     rd.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
@@ -117,6 +118,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
         tree = proctree.ProcessTree(exclude=before)
         watchdog = proctree.Watchdog(tree.marker, exclude=before, grace_s=STOP_GRACE_S)
         tree.exclude |= {watchdog.pid} if watchdog.pid else set()
+        if temporary:                       # a SIGKILLed driver runs no atexit: the watchdog removes the folder
+            watchdog.remove_on_death(rd)
         t0 = time.monotonic()
         proc = None
         try:
