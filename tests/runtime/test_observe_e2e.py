@@ -133,7 +133,16 @@ def test_a_prometheus_server_scrapes_a_live_job(tmp_path):
     server = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
                                f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    job = _start("train", "--strategy", "ddp", "--nproc", "2", "--steps", "30", "--metrics-port", str(base),
+    end = time.monotonic() + 60                    # the server first: a job that ends before its first scrape
+    while time.monotonic() < end and server.poll() is None:   # leaves nothing to query
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{web}/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    job = _start("train", "--strategy", "ddp", "--nproc", "2", "--steps", "60", "--metrics-port", str(base),
                  "--slow-link", "0:0.002", seed=seed)
     try:
         q = urllib.parse.quote('sum by (rank, job_id) (shardlab_collective_calls_total{job="shardlab"})')
