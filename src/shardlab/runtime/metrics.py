@@ -39,11 +39,12 @@ OP_NAMES = {
 """Dispatcher op -> collective name used in reports."""
 
 
-def _tensor_bytes(obj) -> int:
+def tensor_bytes(obj) -> int:
+    """Bytes of a tensor, or of the tensors in a (nested) list or tuple; 0 for anything else."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o) for o in obj)
     return 0
 
 
@@ -86,7 +87,7 @@ class CollectiveRecorder(TorchDispatchMode):
         key = (op, phase)
         with self._lock:
             self.counts[key] += 1
-            self.bytes[key] += _tensor_bytes(args[0] if args else None)
+            self.bytes[key] += tensor_bytes(args[0] if args else None)
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
         if name.startswith("_c10d_functional"):

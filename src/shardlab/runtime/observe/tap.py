@@ -29,6 +29,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
+from shardlab.runtime.metrics import tensor_bytes
+
 C10D_OPS = {
     "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
     "all_gather": "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
@@ -48,16 +50,6 @@ FUNCOL_OPS = {
 
 WORLD = "world"
 """Group label of the default process group."""
-
-
-def _tensor_bytes(obj) -> int:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
-    return 0
 
 
 class CollectiveTap:
@@ -119,7 +111,9 @@ class CollectiveTap:
             with self._lock:
                 self.injected_s += self.delay_s
 
-    def _wrap_c10d(self, fn, op: str):
+    def _wrap(self, fn, op: str, record):
+        """``fn`` wrapped: outside paused or nested calls, bind its arguments, time the call (with any injected
+        delay) and hand ``(key, bound arguments, result, t0, seconds)`` to ``record``."""
         sig = inspect.signature(fn)
         tap = self
 
@@ -139,18 +133,22 @@ class CollectiveTap:
                 out = fn(*args, **kwargs)
             finally:
                 tap._local.depth = 0
-            dt = time.perf_counter() - t0
-            with tap._lock:
-                tap.calls[key] += 1
-                tap.bytes[key] += max((_tensor_bytes(v) for v in bound.values()), default=0)
-                tap.blocked[key] += dt
-            if hasattr(out, "get_future"):  # async_op=True, isend, irecv: a Work
-                tap._track(out, key, t0)
-            else:
-                tap._add(tap.seconds, key, dt)
+            record(key, bound, out, t0, time.perf_counter() - t0)
             return out
 
         return wrapper
+
+    def _wrap_c10d(self, fn, op: str):
+        def record(key, bound, out, t0, dt):
+            with self._lock:
+                self.calls[key] += 1
+                self.bytes[key] += max((tensor_bytes(v) for v in bound.values()), default=0)
+                self.blocked[key] += dt
+            if hasattr(out, "get_future"):  # async_op=True, isend, irecv: a Work
+                self._track(out, key, t0)
+            else:
+                self._add(self.seconds, key, dt)
+        return self._wrap(fn, op, record)
 
     def _track(self, work, key, t0: float) -> None:
         """An async op: seconds end when its future completes; a later ``wait()`` adds blocked time."""
@@ -162,36 +160,14 @@ class CollectiveTap:
             self._add(self.seconds, key, time.perf_counter() - t0)
 
     def _wrap_funcol(self, fn, op: str):
-        sig = inspect.signature(fn)
-        tap = self
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if tap._paused or getattr(tap._local, "depth", 0):
-                return fn(*args, **kwargs)
-            try:
-                bound = sig.bind_partial(*args, **kwargs).arguments
-            except TypeError:
-                bound = {}
-            group = bound.get("group")
-            key = (op, tap._label(group))
-            tap._local.depth = 1
-            t0 = time.perf_counter()
-            try:
-                tap._delay()
-                out = fn(*args, **kwargs)
-            finally:
-                tap._local.depth = 0
-            dt = time.perf_counter() - t0
-            n = _group_size(group) if op == "all_gather" else 1
-            with tap._lock:
-                tap.calls[key] += 1
-                tap.bytes[key] += n * _tensor_bytes(bound.get("self", bound.get("tensors")))
-                tap.blocked[key] += dt
-                tap.seconds[key] += dt
-            return out
-
-        return wrapper
+        def record(key, bound, out, t0, dt):
+            n = _group_size(bound.get("group")) if op == "all_gather" else 1
+            with self._lock:
+                self.calls[key] += 1
+                self.bytes[key] += n * tensor_bytes(bound.get("self", bound.get("tensors")))
+                self.blocked[key] += dt
+                self.seconds[key] += dt
+        return self._wrap(fn, op, record)
 
     def _wrap_wait(self, wait):
         tap = self
