@@ -13,7 +13,7 @@ import time
 
 def main(repeats: int = 3) -> None:
     from shardlab.catalog import get_catalog
-    from shardlab.estimate.step import Workload
+    from shardlab.estimate.workload import Workload
     from shardlab.planner.search import plan_training
     from shardlab.specs.hardware import Cluster
     from shardlab.specs.model import ModelSpec

@@ -1,7 +1,5 @@
 """Step-time model: each component against hand-computed cases, conventions, invariants, JSON contract."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -351,7 +349,7 @@ def test_compiled_blocks_keep_only_the_mlps_matmul_outputs():
 def test_deepspeed_zero3_gathers_module_by_module():
     """DeepSpeed keeps at most stage3_max_live_parameters (1e9) gathered, at least the largest module, and reduces
     through reduce_bucket_size (5e8) buckets; FSDP holds two whole blocks and one block's gradients."""
-    from shardlab.memory.training import largest_module_params
+    from shardlab.memory.buffers import largest_module_params
 
     spec = gpt(20480, 8, 128)                      # a 530B-wide block: 12·h² = 5.0e9 parameters
     lay = Layout(dp=64, zero=3, recompute="full")
@@ -369,7 +367,7 @@ def test_deepspeed_zero3_gathers_module_by_module():
 
 
 def _planner_memory(spec, lay, est):
-    from shardlab.estimate.step import evaluate, workload_for
+    from shardlab.estimate.step import evaluate
 
     wl = est.workload
     cands = {"dp": [lay.dp], "tp": [1], "pp": [1], "cp": [1], "ep": [1], "zero": [3], "vpp": [1], "mb": [1], "rc": [2],

@@ -7,10 +7,8 @@ import pytest
 
 from conftest import cli_main
 from shardlab.catalog import get_catalog
-from shardlab.estimate.step import Workload
-from shardlab.layout import Layout
-from shardlab.memory import training_memory
-from shardlab.planner.search import NOT_FIT, layout_of, plan_training
+from shardlab.estimate.workload import Workload
+from shardlab.planner.search import NOT_FIT, plan_training
 from shardlab.planner.space import enumerate_space
 from shardlab.specs.hardware import Cluster
 
@@ -122,8 +120,6 @@ def test_fixed_axes_are_respected():
 
 def test_vectorized_memory_agrees_with_exact_report_for_moe():
     """The planner's flat-partition memory vs the exact per-tensor report, on a MoE model with expert parallelism."""
-    from shardlab.planner.search import layout_of
-
     spec = CAT.models["mixtral-8x7b"]
     res = plan_training(spec, cl(n=32), Workload(seq_len=4096, global_batch=128), top=3, exact_check=3,
                         fixed={"ep": 8})

@@ -7,7 +7,7 @@ import sys
 
 from conftest import run_cli
 from shardlab.catalog import get_catalog
-from shardlab.estimate.step import Workload
+from shardlab.estimate.workload import Workload
 from shardlab.planner.search import plan_training
 from shardlab.specs.hardware import Cluster
 

@@ -314,12 +314,11 @@ def _calibrate_framework(args):
              ("host per block and pass", f"{fit.layer_host_s * 1e3:.4g} ms"),
              ("host per step", f"{fit.step_overhead_s * 1e3:.4g} ms" + ("" if fit.step_fitted else " (held: the runs cannot separate it)")),
              ("runs", fit.runs), ("relative RMS error", f"{fit.rel_rms_before:.1%} with {base} -> {fit.rel_rms_after:.1%} fitted"),
-             ("use it", f"shardlab estimate MODEL ... " + (f"--catalog {args.profile} " if args.profile else "") + f"--profile {path}")]
+             ("use it", "shardlab estimate MODEL ... " + (f"--catalog {args.profile} " if args.profile else "") + f"--profile {path}")]
     return {"profile_path": str(path), "profile": out, "fit": fit.__dict__, "base_framework": base}, kv_lines(pairs)
 
 
 def cmd_shard_check(args):
-    from shardlab.catalog import get_catalog
     from shardlab.cli import emit
     from shardlab.layout import Layout, validate
     from shardlab.runtime import require_torch
@@ -348,7 +347,6 @@ def cmd_shard_check(args):
     if (len(ranks) if isinstance(ranks, list) else world if ranks == "all" else 0) > MAX_CHECKED_RANKS:
         raise ShardlabError(f"shard-check runs one process per rank checked: at most {MAX_CHECKED_RANKS} "
                             f"(about a second each); use --ranks auto (one rank per shard class) or a shorter list")
-    cat = get_catalog(args.catalog)
     require_torch()
     spec = resolve_spec(args.model, args.catalog)
     layout = validate(Layout(dp=dp, tp=tp, zero=zero), spec, num_gpus=world)

@@ -152,7 +152,7 @@ def with_export(fn):
         if not getattr(args, "export", None):
             return doc, text
         from shardlab.cli.plan_cmds import _catalog
-        from shardlab.export import render, to_json
+        from shardlab.export import render
         from shardlab.export.build import job_from_plan
 
         cat = _catalog(args)

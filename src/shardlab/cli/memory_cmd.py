@@ -64,7 +64,7 @@ def cmd_memory(args):
     from shardlab.cli.common import resolve_gpu
 
     from shardlab.cli.common import resolve_framework
-    from shardlab.estimate.step import workload_overheads
+    from shardlab.estimate.workload import workload_overheads
 
     acc = cat.accelerator(resolve_gpu(args, cat))
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
@@ -87,7 +87,7 @@ def cmd_memory(args):
 
 def _hints(rep, args, spec, fw) -> list[str]:
     """When the layout does not fit, try the usual remedies and say what each would give."""
-    from shardlab.estimate.step import workload_overheads
+    from shardlab.estimate.workload import workload_overheads
     from shardlab.memory import load_overheads, training_memory
 
     out = []
@@ -121,7 +121,7 @@ def _hints(rep, args, spec, fw) -> list[str]:
 
 def render(rep, hints: list[str] = ()) -> str:
     from shardlab.report.table import table
-    from shardlab.units import fmt_bytes, fmt_count
+    from shardlab.units import fmt_count
 
     lay, w = rep.layout, rep.worst
     gib = lambda b: f"{b / 2**30:,.2f}"

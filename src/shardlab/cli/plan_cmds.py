@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli import export_cmds
-from shardlab.cli.common import (BOUNDED, add_cluster_args, add_estimate_args, add_output_args, int_list, positive_int,
+from shardlab.cli.common import (BOUNDED, add_estimate_args, add_output_args, positive_int,
                                  resolve_framework)
 from shardlab.cli.report_cmd import add_html_arg
 
@@ -259,7 +259,7 @@ def _parse_fix(items: list[str]) -> dict:
 def cmd_plan(args):
     from shardlab.cli.common import cluster_from_args, resolve_model
     from shardlab.errors import ShardlabError
-    from shardlab.estimate.step import workload_for
+    from shardlab.estimate.workload import workload_for
     from shardlab.memory import load_overheads
     from shardlab.planner.explain import axis_reasons, comm_table, runner_up
     from shardlab.planner.report import render_plan
@@ -353,7 +353,7 @@ def _assumptions(args) -> dict:
 
 def _winner_detail(res, args) -> dict:
     """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
-    from shardlab.estimate.step import workload_memory
+    from shardlab.estimate.workload import workload_memory
     from shardlab.memory import load_overheads
     from shardlab.planner.detail import layout_detail
     from shardlab.planner.search import layout_of

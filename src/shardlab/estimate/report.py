@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from shardlab.estimate.hardware import attention_efficiency, matmul_curve, memory_efficiency, overlap_efficiency
 from shardlab.estimate.training import TrainingEstimate
-from shardlab.flops import training_flops_per_token
 from shardlab.memory.precision import state_bytes
 from shardlab.report.table import table
 from shardlab.units import fmt_count, fmt_time
@@ -25,7 +24,6 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
     sb = state_bytes(wl.precision, wl.optimizer)
     peak = acc.peak_flops(sb.compute_dtype)
     curve, default = matmul_curve(acc)
-    tokens = wl.global_batch * wl.seq_len
     stage_flops = est.model_tflops_per_gpu * 1e12 * est.step_time_s  # model FLOPs of the average GPU per step
     achieved = stage_flops / (b["compute_s"] * peak) if b["compute_s"] else 0.0
     m = est.microbatches
@@ -56,7 +54,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                          + (f"; HSDP: {lay.dp_replicate} replicas all-reduce gradient shards" if lay.dp_replicate > 1 else "")),
         "host_overhead_s": (f"host time the GPUs wait for: {1e3 * wl.layer_host_s:.2g} ms per block and pass "
                             f"+ {wl.step_overhead_s:.2g} s per step ({wl.framework}, fitted: docs/validation.md)"),
-        "pp_bubble_s": ({"interleaved": f"interleaved: (p−1)/v × the slowest stage's time",
+        "pp_bubble_s": ({"interleaved": "interleaved: (p−1)/v × the slowest stage's time",
                          "zb-h1": "ZB-H1: (p−1)(t−W) − (min(m,p)−1)·W, W = weight-gradient time",
                          }.get(lay.schedule, f"{lay.schedule}: fill and drain, Σ stage times − the slowest "
                                              f"(= (p−1) stage times when stages are equal)")

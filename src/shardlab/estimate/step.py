@@ -18,7 +18,6 @@ composition (dense/MoE block counts, embedding, head) are evaluated once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -27,13 +26,14 @@ import numpy as np
 from shardlab.estimate import comm_time as ct
 from shardlab.estimate.compute import block_step_times, head_times, layer_times
 from shardlab.estimate.hardware import matmul_curve, memory_time_s, overlap_efficiency
+from shardlab.estimate.workload import Workload, workload_overheads
 from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
-from shardlab.memory.recipe import DEFAULT as DEFAULT_RECIPE, Recipe
-from shardlab.memory.training import stage_activation_bytes, stage_overheads
+from shardlab.memory.buffers import stage_overheads
+from shardlab.memory.training import stage_activation_bytes
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import PRE, kv_width_local, model_tensors
@@ -48,94 +48,6 @@ CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s",
                "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What is being trained, independent of the layout."""
-
-    seq_len: int
-    """Tokens per sequence."""
-    global_batch: int
-    """Sequences per optimizer step."""
-    precision: str = "bf16-mixed"
-    """fp32, bf16-mixed, fp16-mixed or bf16."""
-    optimizer: str = "adamw"
-    """adamw, sgd or adam-8bit."""
-    flash_attention: bool = True
-    """Fused attention kernel: no s×s scores stored, causal blocks skipped."""
-    dropout: bool = False
-    """Dropout in the blocks (GPT-3-era training)."""
-    dp_overlap: bool = True
-    """Data-parallel communication overlaps compute: gradient reduction under the last backward (PyTorch
-    DDP/FSDP, Megatron --overlap-grad-reduce) and ZeRO-3 gathers under the previous block (prefetch)."""
-    grad_reduce_bytes: int = 0
-    """Bytes per gradient element on the wire (0: the gradient dtype; Megatron bf16 runs often use 4)."""
-    framework: str = "megatron-lm"
-    """Id of the framework profile the mechanisms below come from (specs/framework.py)."""
-    kernels: str = "fused"
-    """Memory-bound kernels: 'fused', 'eager' or 'compiled' (estimate/kernels.py derives their bytes)."""
-    fused_loss: bool = False
-    """The loss works in place on the logits (framework profile, or the run's own loss kernel)."""
-    attention_kernel: str = "flash2"
-    """'flash2' (FlashAttention-2) or 'native' (the generation's own kernel: FlashAttention-3 / cuDNN on Hopper)."""
-    zero3_prefetch: bool = True
-    """ZeRO-3/FSDP gathers the next unit while the current one computes."""
-    zero3_regather_for_recompute: bool = False
-    """Full recomputation gathers each unit's weights once more (DeepSpeed ZeRO-3)."""
-    zero3_comm_per_gpu_nic: bool = False
-    """ZeRO-3 traffic crosses each rank's own NIC without node aggregation (DeepSpeed ZeRO-3 of 2021)."""
-    zero3_live_params: float = 0.0
-    """Module-wise ZeRO-3 (DeepSpeed): gathered parameters kept at once (0: whole FSDP units)."""
-    zero3_reduce_bucket_params: float = 0.0
-    """Module-wise ZeRO-3: gradient elements held for the reduce-scatter."""
-    layer_host_s: float = 0.0
-    """Host time per block and pass the GPU waits for, seconds."""
-    step_overhead_s: float = 0.0
-    """Host time per step the GPUs wait for, seconds."""
-    recipe: Recipe = DEFAULT_RECIPE
-    """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
-
-
-def workload_for(framework, *, seq_len: int, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
-                 flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
-                 grad_reduce_bytes: int | None = None, compile: bool | None = None,
-                 attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None) -> Workload:
-    """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
-    (not None) overriding the matching mechanism."""
-    fw = framework
-    return Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
-                    flash_attention=flash_attention, dropout=dropout,
-                    dp_overlap=fw.dp_overlap if dp_overlap is None else dp_overlap,
-                    grad_reduce_bytes=fw.grad_reduce_bytes if grad_reduce_bytes is None else grad_reduce_bytes,
-                    framework=fw.id, kernels=fw.kernels_for(compile),
-                    attention_kernel=attention_kernel or fw.attention_kernel,
-                    fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
-                    zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
-                    zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
-                    zero3_live_params=fw.zero3_live_params, zero3_reduce_bucket_params=fw.zero3_reduce_bucket_params,
-                    layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
-                    **({"recipe": recipe} if recipe is not None else {}))
-
-
-def workload_overheads(wl, ov: Overheads) -> Overheads:
-    """The memory overheads with the framework's ZeRO-3 buffer mechanism (none when overheads are switched off).
-    ``wl``: a Workload or a Framework profile (both carry zero3_live_params and zero3_reduce_bucket_params)."""
-    if not ov.fsdp_prefetch_units or not wl.zero3_live_params:
-        return ov
-    return replace(ov, zero3_live_params=wl.zero3_live_params, zero3_reduce_bucket_params=wl.zero3_reduce_bucket_params)
-
-
-def workload_memory(layout, spec: ModelSpec, accelerator, wl: Workload, microbatches: int,
-                    overheads: Overheads = Overheads()):
-    """``training_memory`` of ``layout`` under the workload's settings and framework mechanisms (fused loss,
-    compiled activations, module-wise ZeRO-3 buffers): the one memory report estimate, plan and memory share."""
-    from shardlab.memory.training import training_memory
-
-    return training_memory(layout, model=spec, accelerator=accelerator, seq_len=wl.seq_len, precision=wl.precision,
-                           optimizer=wl.optimizer, microbatches=microbatches, overheads=workload_overheads(wl, overheads),
-                           flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
-                           recipe=wl.recipe, compiled=wl.kernels == "compiled")
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:

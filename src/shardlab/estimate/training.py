@@ -8,8 +8,9 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.estimate.hardware import matmul_curve
-from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_for, workload_memory
-from shardlab.flops import six_psi_d, training_flops_per_token
+from shardlab.estimate.step import SCHEDULE_CODES, evaluate
+from shardlab.estimate.workload import Workload, workload_for, workload_memory
+from shardlab.flops import six_psi_d
 from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory import MemoryReport, Overheads
 from shardlab.memory.training import recompute_code

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from shardlab.errors import ShardlabError
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"
 

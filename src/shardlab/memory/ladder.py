@@ -15,7 +15,7 @@ def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...
     """Rows {model, params, full, lora, qlora (bytes)} for catalog models of at least ``min_params``, smallest first.
     ``framework`` (a Framework profile) adds its memory mechanisms (fused loss, compiled blocks, module-wise ZeRO-3
     buffers), as `shardlab memory --framework` does; None: none of them."""
-    from shardlab.estimate.step import workload_overheads
+    from shardlab.estimate.workload import workload_overheads
     from shardlab.memory import training_memory
     from shardlab.memory.lora import LoraSpec
     from shardlab.memory.recipe import Recipe

@@ -15,6 +15,8 @@ from shardlab.layout import Layout, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import Overheads
+from shardlab.memory.buffers import largest_unit_bytes, stage_overheads
+from shardlab.memory.explain import explain_report, explain_states
 from shardlab.memory.fp8 import fsdp_unit_weight_bytes
 from shardlab.memory.lora import lora_activation_bytes, nf4_bits_per_weight
 from shardlab.memory.precision import StateBytes, state_bytes
@@ -22,8 +24,8 @@ from shardlab.memory.recipe import DEFAULT, Recipe, check_recipe, count_states, 
 from shardlab.memory.states import StageTensors, stage_tensors, state_report_from_count
 from shardlab.specs.hardware import Accelerator
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, kv_width_local, model_tensors, param_counts
-from shardlab.units import fmt_bytes, fmt_count
+from shardlab.specs.tensors import param_counts
+from shardlab.units import fmt_count
 
 
 @dataclass
@@ -225,7 +227,7 @@ def _from_count(params, layout, accelerator, sb, precision, optimizer, m, ov, no
     notes.append("parameter count only: model states are exact, activations are not estimated (give a model for them)")
     rep = MemoryReport(f"{fmt_count(params)} params", params, params, layout, m, precision, optimizer, None, accelerator, [stage], {}, notes,
                        recipe=recipe)
-    rep.explain = _explain_states(rep, sb, st.params_local)
+    rep.explain = explain_states(rep, sb, st.params_local)
     from shardlab.memory.recipe_report import recipe_summary
 
     rep.recipe_summary = recipe_summary(rep, None, sb)
@@ -291,60 +293,6 @@ def recompute_code(recompute):
     return recompute
 
 
-def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
-                    gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool,
-                    unit_params=None) -> dict:
-    """Named overheads of a stage's rank (see Overheads for each default and its source). Array-safe.
-
-    Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers). ``unit_params``
-    (parameters of the largest unit) lets a module-wise ZeRO-3 (``ov.zero3_live_params``) cap its gathered buffers.
-    """
-    e, t = ctx.elem_bytes, layout.tp
-    tsh = _tsh(layout)
-    s_l = ctx.seq_len / layout.cp
-    sbh = s_l * layout.micro_batch * spec.hidden_size
-    D = layout.dp * layout.cp
-    z = layout.zero
-    other: dict = {"cuda_context": ov.cuda_context_bytes, "library_workspace": ov.library_workspace_bytes}
-    if holds_head:
-        vocab_local = -(-spec.vocab_size // t)
-        n_last = n_in_flight if not _scalar_eq(layout.pp, 1) else 1.0
-        # fp32 log-softmax kept per micro-batch in flight, plus the logits and their fp32 gradient; a fused loss
-        # writes the gradient into the logits' own buffer
-        per_logit = e if ctx.fused_loss else 4 * n_last + e + 4
-        other["logits_and_loss"] = s_l * layout.micro_batch * vocab_local * per_logit
-    groups = [t, layout.cp, D, layout.pp, layout.ep]
-    other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
-    other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
-    other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
-    prefetch = 1 if getattr(layout, "wrap", 1) == 0 else ov.fsdp_prefetch_units   # one unit: nothing to prefetch
-    gathered, reducing = prefetch * unit_weight_bytes, ov.fsdp_reduce_scatter_units * unit_grad_bytes
-    if ov.zero3_live_params > 0 and unit_params is not None:
-        # DeepSpeed gathers module by module and releases past max_live_parameters (partitioned_param_coordinator.py);
-        # a module is gathered whole, so the largest one sets a floor
-        big = largest_module_params(spec, layout.tp, layout.ep)
-        per_w, per_g = unit_weight_bytes / xp.maximum(unit_params, 1), unit_grad_bytes / xp.maximum(unit_params, 1)
-        gathered = xp.minimum(gathered, xp.maximum(ov.zero3_live_params, big) * per_w)
-        reducing = xp.minimum(reducing, xp.maximum(ov.zero3_reduce_bucket_params, big) * per_g)
-    other["fsdp_buffers"] = xp.where((z == 3) & (D > 1), gathered + reducing, 0)
-    other["pp_p2p"] = xp.where(layout.pp > 1, 2 * e * sbh / tsh, 0)
-    other["tp_sp_gather"] = xp.where((t > 1) & (layout.sequence_parallel == True), e * sbh, 0)  # noqa: E712 (arrays)
-    kv_w = kv_width_local(spec, t)  # K and V together
-    other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * e * s_l * layout.micro_batch * kv_w, 0)  # double-buffered
-    if has_moe:
-        other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
-    if not ov.working_buffers:
-        for k in ("logits_and_loss", "pp_p2p", "tp_sp_gather", "cp_kv_blocks", "ep_all_to_all"):
-            other.pop(k, None)
-    dynamic = sum(v for k, v in other.items() if k not in ("cuda_context", "library_workspace", "nccl_buffers"))
-    other["fragmentation"] = ov.fragmentation * (acts + dynamic)
-    return other
-
-
-def _scalar_eq(x, v) -> bool:
-    return not xp.is_array(x) and x == v
-
-
 def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes, ctx: ActivationContext,
                   m: int, ov: Overheads, recipe: Recipe = DEFAULT, precision: str = "bf16-mixed") -> StageMemory:
     rs = rank_states(st.tensors, spec, layout, sb, recipe, precision)
@@ -354,7 +302,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                                   holds_head=st.holds_head)
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
         acts = acts + n * sum(lora_activation_bytes(spec, i, layout, ctx, recipe.lora) for i in st.layers)
-    unit_w, unit_g = _largest_unit_bytes(spec, layout, st, sb)
+    unit_w, unit_g = largest_unit_bytes(spec, layout, st, sb)
     unit_p = unit_w / sb.weights
     if precision == "fp8-mixed":  # gathered units hold FP8 copies too (or are gathered in FP8)
         unit_w = unit_w / sb.weights * fsdp_unit_weight_bytes(recipe.fp8)
@@ -373,81 +321,11 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                        holds_embedding=st.holds_embedding, holds_head=st.holds_head, host=rs.host)
 
 
-def largest_module_params(spec: ModelSpec, tp=1, ep=1):
-    """Parameters per rank of the largest single weight tensor (≈ module) of the model: what a module-wise ZeRO-3
-    must gather at once. Array-safe in tp and ep."""
-    kinds: dict[bool, int] = {}
-    for i in range(spec.num_layers):
-        kinds.setdefault(spec.is_moe_layer(i), i)
-    wanted = {PRE, spec.num_layers, *kinds.values()}
-    big = 0
-    for t in model_tensors(spec):
-        if t.layer in wanted:
-            big = xp.maximum(big, t.local_numel(spec, tp, ep))
-    return big
-
-
-def _largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:
-    """Unsharded weight and gradient bytes of the largest FSDP/bucket unit: a block, ``layout.wrap`` consecutive
-    blocks, or (wrap 0) the whole stage; the embedding and the head are units of their own."""
-    per_layer: dict[int, int] = {}
-    for t in st.tensors:
-        per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
-    blocks = [per_layer[i] for i in sorted(per_layer) if 0 <= i < spec.num_layers]
-    edges = [v for i, v in per_layer.items() if not 0 <= i < spec.num_layers]
-    n = getattr(layout, "wrap", 1)
-    if n == 0:
-        units = [sum(per_layer.values())]
-    else:
-        units = [sum(blocks[i:i + n]) for i in range(0, len(blocks), n)] + edges
-    biggest = max(units, default=0)
-    return biggest * sb.weights, biggest * sb.gradients
-
-
-def _explain_states(rep: MemoryReport, sb: StateBytes, params_local: int, expert_params: int = 0) -> dict[str, str]:
-    """The model-state lines: parameters × bytes per parameter ÷ the ZeRO group, dense and expert terms apart."""
-    lay = rep.layout
-    w = rep.worst
-    mp = f" after TP {lay.tp} × PP {lay.pp}" + (f" × EP {lay.ep}" if lay.ep > 1 else "") if lay.tp * lay.pp * lay.ep > 1 else ""
-
-    def term(z: int) -> str:
-        D, De = lay.dp_shard, lay.expert_dp
-        dense = params_local - expert_params
-        dense_s = f"{fmt_count(dense)}{f' / {D}' if lay.zero >= z and D > 1 else ''}"
-        if not expert_params:
-            return f"{fmt_count(params_local)} params{mp}" + (f" / {D} (ZeRO-{lay.zero} over dp·cp)" if lay.zero >= z and D > 1 else "")
-        exp_s = f"{fmt_count(expert_params)} expert{f' / {De}' if lay.zero >= z and De > 1 else ''}"
-        return f"({dense_s} dense + {exp_s}) params{mp}" + (f" (ZeRO-{lay.zero} over dp·cp = {D}, experts over dp·cp/ep = {De})"
-                                                              if lay.zero >= z else "")
-    return {
-        "model_states": f"= {w.model_states / 1e9:,.2f} GB (1e9 bytes, the ZeRO paper's unit)",
-        "weights": f"{term(3)} × {sb.weights} B = {fmt_bytes(w.weights)}" + (" (FSDP2 shards padded per tensor)" if lay.zero >= 3 else ""),
-        "gradients": f"{term(2)} × {sb.gradients} B = {fmt_bytes(w.gradients)}",
-        "optimizer": (f"{term(1)} × ({sb.master} B fp32 master + {sb.moments:g} B moments) = {fmt_bytes(w.optimizer)}  "
-                      f"[ZeRO paper §3.1: K = {sb.optimizer:g}]"),
-    }
 
 
 def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext) -> dict[str, str]:
     w, lay = rep.worst, rep.layout
-    out = _explain_states(rep, sb, w.params, w.expert_params)
     st = next(t for t in stage_tensors(spec, lay) if t.stage == w.stage)
     parts = stage_activation_parts(spec, st.layers, lay, ctx, w.in_flight, holds_embedding=st.holds_embedding,
                                    holds_head=st.holds_head)
-    kind = "GPT block (Korthikanti 2022 Table 2)" if spec.mlp == "gelu" and spec.norm == "layernorm" else \
-        "derived like Korthikanti 2022 Table 2 for RMSNorm/SwiGLU/GQA/MoE blocks"
-    mode = {"none": "no recomputation", "selective": "selective recomputation (attention core)",
-            "full": "full recomputation (block input only)", "op": "per-op checkpointing (every other matmul output)"}
-    per = " + ".join(f"{fmt_bytes(v)} ({k.split(':')[1]})" for k, v in parts.items() if k.startswith("per_layer"))
-    terms = [f"[{per} per block per micro-batch: {kind}; s={ctx.seq_len}, b={lay.micro_batch}, tp={lay.tp}"
-             f"{', SP' if lay.sequence_parallel else ''}{', flash attention' if ctx.flash_attention else ''}, "
-             f"{mode[lay.recompute]}" + (f" on {lay.recompute_fraction:.0%} of the blocks" if lay.recompute_fraction < 1
-                                         and lay.recompute != "none" else "")
-             + f"] × {w.layers} blocks × {w.in_flight:g} micro-batches in flight = {fmt_bytes(parts['blocks'])}"]
-    for key, label in (("working_set", "one block re-materialised in backward"), ("embedding_mask", "embedding dropout mask"),
-                       ("head_inputs", "final-norm and head inputs")):
-        if parts[key]:
-            terms.append(f"{label} {fmt_bytes(parts[key])}")
-    out["activations"] = " + ".join(terms) + f" = {fmt_bytes(w.activations)}"
-    out["other"] = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.other.items())
-    return out
+    return explain_report(rep, spec, sb, ctx, parts)

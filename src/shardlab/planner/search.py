@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.estimate.step import SCHEDULE_CODES, Workload, evaluate, workload_memory
+from shardlab.estimate.step import SCHEDULE_CODES, evaluate
+from shardlab.estimate.workload import Workload, workload_memory
 from shardlab.layout import Layout
 from shardlab.memory import Overheads
 from shardlab.planner.space import enumerate_space

@@ -12,7 +12,7 @@ bias (MPT), a head bias (GPT-J), OPT's position offset and embedding projection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from shardlab.errors import ShardlabError

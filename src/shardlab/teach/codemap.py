@@ -92,7 +92,7 @@ CODE = {
                               "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", "FSDPParamGroup (unshard, post_backward)",
                               "comm/inventory.py: layout_collectives (FSDP rows)"),
     "pt-fsdp2-coll": CodeRef("FSDP2's batched collectives", PT, "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py",
-                             "foreach_all_gather, foreach_reduce", "memory/training.py: stage_overheads (fsdp_buffers)"),
+                             "foreach_all_gather, foreach_reduce", "memory/buffers.py: stage_overheads (fsdp_buffers)"),
     "pt-fsdp1-wrap": CodeRef("FSDP1 wrapping policies: which modules become units", PT, "torch/distributed/fsdp/wrap.py",
                              "ModuleWrapPolicy, transformer_auto_wrap_policy, size_based_auto_wrap_policy",
                              "runtime/parallel/fsdp.py: apply_fsdp (one unit per block, then the root)"),

@@ -133,7 +133,8 @@ class _Prepared:
 
 
 def _prepare(run, catalog) -> _Prepared:
-    from shardlab.estimate.step import SCHEDULE_CODES, workload_for
+    from shardlab.estimate.step import SCHEDULE_CODES
+    from shardlab.estimate.workload import workload_for
     from shardlab.memory.training import recompute_code
     from shardlab.validation import predict_inputs
 

@@ -164,8 +164,8 @@ def tp_in_node(v: dict) -> Explanation:
         f"{spec.name} on {v['gpus']} × {cl.accelerator.id} ({gpn} per node): TP {gpn} on {cl.intra_link.id} vs TP "
         f"{2 * gpn} across two nodes on {cl.inter_link.id}?",
         dict(v),
-        [f"TP issues 4 all-reduces of b·s·h per block per micro-batch (2 forward, 2 backward), on the critical path: "
-         f"the next matmul needs the result",
+        ["TP issues 4 all-reduces of b·s·h per block per micro-batch (2 forward, 2 backward), on the critical path: "
+         "the next matmul needs the result",
          f"TP {gpn} (inside a node, {cl.intra_link.id} {cl.intra_link.bandwidth_gbps:g} GB/s): TP communication "
          f"{a.breakdown['tp_comm_s']:.3f} s of a {a.step_time_s:.3f} s step ({pct(a.breakdown['tp_comm_s'] / a.step_time_s)})",
          f"TP {2 * gpn} (across nodes, {cl.inter_link.id} {cl.inter_link.bandwidth_gbps:g} GB/s): TP communication "

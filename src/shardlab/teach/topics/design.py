@@ -47,7 +47,7 @@ def cost(v: dict) -> Explanation:
 def myths(v: dict) -> Explanation:
     """'64 GPUs means DP = 64', 'PP across nodes is free' and the textbook DP×TP8×PP4, each against the planner."""
     from shardlab.estimate import estimate_training
-    from shardlab.estimate.step import Workload
+    from shardlab.estimate.workload import Workload
     from shardlab.layout import Layout
     from shardlab.memory import training_memory
     from shardlab.planner.report import _layout_str

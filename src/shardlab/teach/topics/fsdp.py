@@ -81,7 +81,7 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"gathered-memory peak (fsdp_buffers) = {ov.fsdp_prefetch_units} gathered units (the current one and the "
          f"prefetched next) + {ov.fsdp_reduce_scatter_units} unit of gradients being reduce-scattered, of the largest "
          f"unit: {gib(b['fsdp_buffers_bytes'])} → {gib(g['fsdp_buffers_bytes'])}; the whole model is one unit gathered "
-         f"once and held through the backward: {gib(m['fsdp_buffers_bytes'])} [memory/training.py: stage_overheads]",
+         f"once and held through the backward: {gib(m['fsdp_buffers_bytes'])} [memory/buffers.py: stage_overheads]",
          f"peak per GPU: {gib(b['total_bytes'])} → {gib(g['total_bytes'])} → {gib(m['total_bytes'])} of "
          f"{gib(cl.accelerator.memory_bytes)}",
          f"exposed ZeRO-3 time (what prefetching cannot hide under the unit's compute, plus the first gather and the "

@@ -25,8 +25,8 @@ def bubble(v: dict) -> Explanation:
         f"{s} with p = {p} stages and m = {m} micro-batches: what share of the step do GPUs sit idle, and how many "
         f"micro-batches keep the bubble under {pct(v['max_bubble'])}?",
         dict(v),
-        [f"fill and drain: stage i waits i stage-times before its first forward and i after its last backward, "
-         f"(p−1)(F+B) idle per rank against m(F+B) of work",
+        ["fill and drain: stage i waits i stage-times before its first forward and i after its last backward, "
+         "(p−1)(F+B) idle per rank against m(F+B) of work",
          f"closed form: {closed_form_text(s, p, m, vv)}",
          f"event simulation of the schedule (F = 1, B = 2): bubble {100 * sim.bubble_fraction:.2f}% over a step of "
          f"{sim.step_time_s:g} time units: {'the same' if abs(sim.bubble_fraction - cf) < 1e-9 else 'DIFFERENT'}",

@@ -45,15 +45,15 @@ def tp_mlp(v: dict) -> Explanation:
          f"partial sum; Z = Σ_i Y_i·B_i needs ONE all-reduce (Megatron's g) of b·s·h = {v['batch']}·{v['seq']}·{h} "
          f"elements = {fmt_bytes(size)}",
          *shapes,
-         f"backward mirrors it: the input gradient of the column linear is a partial sum → one all-reduce (Megatron's f); "
-         f"so one all-reduce forward and one backward per MLP, the same again per attention",
+         "backward mirrors it: the input gradient of the column linear is a partial sum → one all-reduce (Megatron's f); "
+         "so one all-reduce forward and one backward per MLP, the same again per attention",
          f"one all-reduce over {ln.id} on {t} ranks: {fmt_time(ar.time_s)} ({ar.regime}-bound)",
          "counted for real: `shardlab run train --strategy tp-megatron --nproc 2` reports the f/g counter per attention "
          "and per MLP, forward and backward"],
-        f"Split the first matrix by columns and each GPU gets whole output features, so the nonlinearity can run on its own "
-        f"slice without talking to anyone. Split the second matrix by rows to match and each GPU produces a partial sum of "
-        f"the final output; one all-reduce adds them up. Nothing is communicated between the two matmuls: the communication "
-        f"was designed out, not optimized out. That gives one all-reduce per MLP in forward and one in backward.",
+        "Split the first matrix by columns and each GPU gets whole output features, so the nonlinearity can run on its own "
+        "slice without talking to anyone. Split the second matrix by rows to match and each GPU produces a partial sum of "
+        "the final output; one all-reduce adds them up. Nothing is communicated between the two matmuls: the communication "
+        "was designed out, not optimized out. That gives one all-reduce per MLP in forward and one in backward.",
         {"tp": t, "all_reduce_bytes": size, "all_reduce_s": ar.time_s, "forward_all_reduces_per_mlp": 1,
          "backward_all_reduces_per_mlp": 1, "rows": mlp},
         sources=["megatron"], code=["meg-column", "meg-row", "meg-f", "meg-g", "meg-mlp", "pt-tp"],
@@ -111,7 +111,7 @@ def sequence_parallel(v: dict) -> Explanation:
         f"{spec.name} with T = {t}, {v['batch']} × {v['seq']} tokens: what does sequence parallelism change in "
         f"communication and activation memory?",
         dict(v),
-        [f"without SP, norms and dropout run on the full (b, s, h) tensor on every TP rank: replicated activations",
+        ["without SP, norms and dropout run on the full (b, s, h) tensor on every TP rank: replicated activations",
          f"with SP they run on s/T = {v['seq'] // t} tokens; before attention/MLP an all-gather rebuilds the sequence, "
          f"after them a reduce-scatter replaces the all-reduce",
          f"ring all-reduce = reduce-scatter + all-gather: {fmt_time(ar.time_s)} vs {fmt_time(rs.time_s)} + "
