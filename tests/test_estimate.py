@@ -188,6 +188,20 @@ def test_json_contract():
     assert d["memory"]["per_gpu"]["total"] > 0 and isinstance(d["fits"], bool)
 
 
+def test_unfused_attention_is_named_as_priced():
+    """With flash attention off the output names unfused attention (priced as GEMMs), never the fused kernel."""
+    from shardlab.estimate.report import render_estimate
+
+    spec, lay = CAT.models["llama-3.1-8b"], Layout(dp=8)
+    fused = estimate_training(spec, lay, cluster(), seq_len=4096, global_batch=64)
+    plain = estimate_training(spec, lay, cluster(), seq_len=4096, global_batch=64, flash_attention=False)
+    assert fused.to_dict()["framework"]["attention_kernel"] in ("flash2", "native")
+    assert plain.to_dict()["framework"]["attention_kernel"] == "unfused"
+    text = render_estimate(plain)
+    assert "unfused attention" in text and "attention kernel (" not in text
+    assert plain.breakdown["compute_s"] > fused.breakdown["compute_s"]
+
+
 def test_bad_batch():
     spec = CAT.models["llama-3.1-8b"]
     with pytest.raises(ShardlabError, match="not divisible"):

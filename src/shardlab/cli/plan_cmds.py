@@ -182,7 +182,7 @@ def _overrides(args, catalog) -> dict:
 
 def framework_doc(fw, wl) -> dict:
     """What the estimate assumed of the framework (every estimate and plan prints it)."""
-    return {"id": fw.id, "name": fw.name, "kernels": wl.kernels, "attention_kernel": wl.attention_kernel,
+    return {"id": fw.id, "name": fw.name, "kernels": wl.kernels, "attention_kernel": wl.attention_label,
             "dp_overlap": wl.dp_overlap, "zero3_prefetch": wl.zero3_prefetch,
             "zero3_regather_for_recompute": wl.zero3_regather_for_recompute,
             "grad_reduce_bytes": wl.grad_reduce_bytes,

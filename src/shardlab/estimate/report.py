@@ -32,8 +32,9 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"the average GPU's {stage_flops:.3g} model FLOP over this time is {100 * achieved:.0f}% of "
                       f"{peak / 1e12:g} TFLOP/s while computing (MFU, which counts the whole step, is lower) "
                       f"[GEMMs: {curve.max_fraction:.3g}·d/(d+{curve.half_size:.3g}) of peak{' (default curve, estimate)' if default else ''}; "
-                      f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * (acc.attention_native_speedup if wl.attention_kernel == 'native' else 1):.0%}; "
-                      f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
+                      + (f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * (acc.attention_native_speedup if wl.attention_kernel == 'native' else 1):.0%}; "
+                       if wl.flash_attention else "unfused attention: QKᵀ and PV as batched GEMMs on the GEMM curve, softmax streamed through HBM; ")
+                      + f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
                       f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"
                       + (f"; fp8-mixed: linear-layer GEMMs at the FP8 peak {acc.peak_flops('fp8') / 1e12:g} TFLOP/s with "
                          f"their casts as memory traffic (MFU stays against the bf16 peak)" if sb.gemm_dtype == "fp8" else "")
@@ -90,7 +91,7 @@ def render_estimate(est: TrainingEstimate) -> str:
         + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
         f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences ({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
         f"{wl.precision}, {wl.optimizer}",
-        f"framework: {wl.framework} ({wl.kernels} kernels, {wl.attention_kernel} attention, gradient reduction "
+        f"framework: {wl.framework} ({wl.kernels} kernels, {wl.attention_label} attention, gradient reduction "
         f"{'overlapped' if wl.dp_overlap else 'after the backward'}"
         f"{', DeepSpeed-style re-gather under recomputation' if wl.zero3_regather_for_recompute else ''}; "
         f"--framework to change, catalog/data/frameworks.yaml for the sources)",

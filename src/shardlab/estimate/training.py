@@ -90,7 +90,7 @@ class TrainingEstimate:
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu, "hfu": self.hfu,
             "framework": {"id": self.workload.framework, "kernels": self.workload.kernels,
-                          "attention_kernel": self.workload.attention_kernel, "dp_overlap": self.workload.dp_overlap,
+                          "attention_kernel": self.workload.attention_label, "dp_overlap": self.workload.dp_overlap,
                           "zero3_prefetch": self.workload.zero3_prefetch,
                           "zero3_regather_for_recompute": self.workload.zero3_regather_for_recompute,
                           "grad_reduce_bytes": self.workload.grad_reduce_bytes,

@@ -56,6 +56,12 @@ class Workload:
     recipe: Recipe = DEFAULT_RECIPE
     """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
 
+    @property
+    def attention_label(self) -> str:
+        """The attention the estimate priced: the fused kernel's name, or 'unfused' (QKᵀ and PV as batched GEMMs with
+        a materialised softmax) when flash attention is off."""
+        return self.attention_kernel if self.flash_attention else "unfused"
+
 
 def workload_for(framework, *, seq_len: int, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
                  flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
