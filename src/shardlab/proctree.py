@@ -13,8 +13,8 @@ that no process outlives its job (Linux; elsewhere only the process group is sig
   (``prctl(PR_SET_PDEATHSIG)``).
 - ``Watchdog`` starts a small helper process (``python -m shardlab.proctree``) in its own session that
   tracks the root's descendants too; if the root dies, even by SIGKILL, the helper stops them all.
-- ``Interrupted`` is raised in the driver for SIGTERM/SIGHUP (SIGINT raises KeyboardInterrupt), so the
-  driver's ``finally`` blocks stop the job before it exits.
+- ``Interrupted`` is raised in the driver for SIGINT/SIGTERM/SIGHUP, so the driver's ``finally`` blocks stop
+  the job before it exits; the signal is also recorded, for waits that must not miss it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SCAN_INTERVAL_S = 0.2
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP received by a driver that has a job to stop (SIGINT raises KeyboardInterrupt)."""
+    """SIGINT, SIGTERM or SIGHUP received by a driver that has a job to stop (``signum`` says which)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -312,22 +312,36 @@ class Watchdog:
         self.close()
 
 
+class Caught:
+    """The last signal a ``signals_raise`` handler received (None: none yet)."""
+
+    signum: int | None = None
+
+
 @contextmanager
-def signals_raise(signums=(signal.SIGTERM, signal.SIGHUP)):
-    """While active, SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (no-op in other threads)."""
+def signals_raise(signums=(signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
+    """While active, the signals raise ``Interrupted`` in the main thread (no-op in other threads); yields a
+    ``Caught`` that also records the signal, because an exception raised while the main thread runs a finaliser
+    (``__del__``) is printed and dropped by Python: a waiting loop checks ``Caught.signum`` and raises itself.
+    SIGINT is taken only where Python's own Ctrl-C handler is installed (a process started with SIGINT ignored,
+    such as a background job of a non-interactive shell, keeps ignoring it)."""
     import threading
 
+    caught = Caught()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield caught
         return
 
     def handler(signum, frame):
+        caught.signum = signum
         raise Interrupted(signum)
     old = {}
     for s in signums:
+        if s == signal.SIGINT and signal.getsignal(s) is not signal.default_int_handler:
+            continue
         old[s] = signal.signal(s, handler)
     try:
-        yield
+        yield caught
     finally:
         for s, h in old.items():
             signal.signal(s, h)

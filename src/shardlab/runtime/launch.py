@@ -113,7 +113,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
         full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args)
     timed_out = False
-    with proctree.signals_raise(), proctree.subreaper():
+    with proctree.signals_raise() as caught, proctree.subreaper():
         before = proctree.children_of(os.getpid())
         tree = proctree.ProcessTree(exclude=before)
         watchdog = proctree.Watchdog(tree.marker, exclude=before, grace_s=STOP_GRACE_S)
@@ -129,10 +129,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
             watchdog.track(proc.pid)
             if observer is not None:
                 observer.start()
-            try:
-                out, err = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+            out, err, timed_out = wait_job(proc, t0 + timeout_s, caught)
+            if timed_out:
                 _stop_job(proc, tree)
                 out, err = proc.communicate()
         finally:
@@ -144,11 +142,35 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                 watchdog.close()
                 if observer is not None:
                     observer.stop()
+    if caught.signum is not None:               # a signal whose exception was dropped after the job ended
+        raise proctree.Interrupted(caught.signum)
     res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res
 
 
+def wait_job(proc: subprocess.Popen, deadline: float, caught) -> tuple[str | None, str | None, bool]:
+    """Collect the job's output until it exits or ``deadline`` (monotonic) passes: (stdout, stderr, timed out).
+
+    Waits in slices of POLL_S and checks ``caught`` (``proctree.signals_raise``) between them: a Ctrl-C or SIGTERM
+    whose exception Python dropped (raised while a finaliser ran) still ends the wait, as ``Interrupted``."""
+    from shardlab import proctree
+
+    while True:
+        if caught.signum is not None:
+            raise proctree.Interrupted(caught.signum)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, None, True
+        try:
+            out, err = proc.communicate(timeout=min(POLL_S, left))
+            return out, err, False
+        except subprocess.TimeoutExpired:
+            continue
+
+
+POLL_S = 0.5
+"""Longest slice of ``wait_job``: how late a dropped signal can be noticed."""
 STOP_GRACE_S = 5.0
 """Seconds torchrun gets after SIGTERM to stop its ranks before everything left is SIGKILLed."""
 _TEMP_DIRS: list[Path] = []
