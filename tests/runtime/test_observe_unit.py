@@ -26,14 +26,13 @@ def _closed(port: int) -> bool:
 
 
 def test_exporter_serves_valid_prometheus_text_and_closes_its_port():
-    from shardlab.runtime.dist import free_port
     from shardlab.runtime.observe.exporter import RankExporter
     from shardlab.runtime.observe.scrape import scrape
 
     labels = {"job_id": "j1", "node": "0", "rank": "1", "strategy": "fsdp"}
     e = RankExporter(labels)
-    port = free_port()
-    e.start(port)
+    port = e.start(0)                     # the OS picks the port at bind time; start says which
+    assert port > 0 and not _closed(port)
     try:
         e.metric("shardlab_step_seconds").observe(0.2)
         e.set_total("shardlab_collective_calls", 14, op="all_gather", group="dp")
@@ -64,7 +63,42 @@ def test_a_taken_port_is_a_one_line_error():
         port = s.getsockname()[1]
         with pytest.raises(ShardlabError, match=f"metrics port {port} .* in use"):
             choose_ports("127.0.0.1", 1, port)
-    assert len(set(choose_ports("127.0.0.1", 4, None))) == 4
+
+
+def test_ranks_bind_os_picked_ports_and_the_run_reports_them(tmp_path):
+    """Without --metrics-port the launcher hands each rank port 0 (a port chosen in advance could be taken by the
+    job's own connections before the rank binds it) and reports the ports the ranks published."""
+    import json
+
+    from shardlab.runtime.observe.launcher import ObserveOptions, Observation, choose_ports
+
+    assert choose_ports("127.0.0.1", 3, None) == [0, 0, 0]
+    obs = Observation(ObserveOptions(), 2, 2, kind="train")
+    env = obs.prepare(tmp_path)
+    assert json.loads(env["SHARDLAB_OBSERVE"])["metrics_ports"] == [0, 0]
+    assert obs.bound_ports() == []                         # nothing published yet
+    (tmp_path / "endpoints.json").write_text(json.dumps([{"rank": 0, "node": "0", "port": 41001, "host": "127.0.0.1"},
+                                                         {"rank": 1, "node": "0", "port": 41002, "host": "127.0.0.1"}]))
+    assert obs.bound_ports() == [41001, 41002]
+
+
+def test_a_series_in_a_temporary_run_folder_is_not_reported_as_kept(tmp_path, monkeypatch):
+    """The temporary run folder goes when the command exits: its steps.jsonl is not named as where the series is."""
+    from shardlab.runtime import launch
+    from shardlab.runtime.observe.launcher import ObserveOptions, Observation
+
+    monkeypatch.setattr(launch, "_TEMP_DIRS", [tmp_path])
+    obs = Observation(ObserveOptions(metrics=False), 1, 1, kind="train")
+    obs.prepare(tmp_path)
+    assert obs.finish(skip_steps=0)["steps_jsonl"] is None
+    kept = tmp_path / "kept.jsonl"
+    obs = Observation(ObserveOptions(metrics=False, steps_jsonl=str(kept)), 1, 1, kind="train")
+    obs.prepare(tmp_path)
+    assert obs.finish(skip_steps=0)["steps_jsonl"] == str(kept) and kept.exists()
+    monkeypatch.setattr(launch, "_TEMP_DIRS", [])
+    obs = Observation(ObserveOptions(metrics=False), 1, 1, kind="train")
+    obs.prepare(tmp_path)
+    assert obs.finish(skip_steps=0)["steps_jsonl"] == str(tmp_path / "steps.jsonl")
 
 
 def _records(factor: float, n_steps: int = 20, slow: int = 1, world: int = 3) -> list[dict]:

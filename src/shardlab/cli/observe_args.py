@@ -17,7 +17,8 @@ def add_observe_args(p: argparse.ArgumentParser, injection: bool = True) -> None
     g.add_argument("--no-metrics", action="store_true", help="no per-rank endpoints and no live table")
     g.add_argument("--no-live", action="store_true", help="no live per-rank table on the terminal (stderr)")
     g.add_argument("--steps-jsonl", default=None, metavar="FILE",
-                   help="write every rank's per-step records here (default: steps.jsonl in the run directory)")
+                   help="keep every rank's per-step records in FILE (default: steps.jsonl in the run directory, which is "
+                        "temporary unless SHARDLAB_KEEP_RUN_DIR=1)")
     g.add_argument("--tensorboard", default=None, metavar="DIR", help="also write TensorBoard scalars (one run per rank)")
     if injection:
         g.add_argument("--slow-rank", default=None, metavar="R:FACTOR[:FRACTION]",

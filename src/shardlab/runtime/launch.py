@@ -189,6 +189,11 @@ def _temp_run_dir() -> Path:
     return d
 
 
+def removed_at_exit(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` is a temporary run folder this process removes when it exits."""
+    return path is not None and Path(path) in _TEMP_DIRS
+
+
 def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> bool:
     """On CPU, more ranks than cores time-slice: say that timings will be meaningless (stderr). Returns
     whether it warned."""

@@ -61,14 +61,16 @@ class RankExporter:
             self.metric(name, **extra)  # expose the series at 0
             self._totals[key] = prev
 
-    def start(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serve /metrics on host:port in a daemon thread; a port in use is a one-line error."""
+    def start(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on host:port (0: a port the OS picks now) in a daemon thread; returns the port bound. A
+        port in use is a one-line error."""
         pc = require_prometheus_client()
         try:
             self.server, self.thread = pc.start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:
             raise ShardlabError(f"cannot serve metrics on {host}:{port} ({e.strerror}); pass another --metrics-port "
                                 f"or --no-metrics") from None
+        return int(self.server.server_address[1])
 
     def stop(self) -> None:
         """Close the listening socket and end the server thread."""

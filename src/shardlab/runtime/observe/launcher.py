@@ -25,7 +25,7 @@ class ObserveOptions:
     metrics: bool = True
     """Serve Prometheus metrics from every rank (``--no-metrics`` turns it off)."""
     metrics_port: int | None = None
-    """Base port: local rank i serves on base + i; None picks free ports (the run prints them)."""
+    """Base port: local rank i serves on base + i; None lets each rank bind a free port (the run prints them)."""
     metrics_host: str | None = None
     """Address to bind; default 127.0.0.1 on one node, 0.0.0.0 with several (peers scrape each other)."""
     live: bool = False
@@ -53,16 +53,11 @@ def port_free(host: str, port: int) -> bool:
 
 
 def choose_ports(host: str, nproc: int, base: int | None) -> list[int]:
-    """One port per local rank: base + i (each checked free), or free ports the OS hands out."""
+    """One port per local rank: base + i (each checked free), or 0 for each when ``base`` is None: the rank binds a
+    port the OS picks at that moment and publishes it (``endpoints.json``). A port picked here and bound seconds later
+    by the rank could be taken in between, by the job's own gloo connections among others."""
     if base is None:
-        from shardlab.runtime.dist import free_port
-
-        ports: list[int] = []
-        while len(ports) < nproc:
-            p = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
-            if p not in ports:
-                ports.append(p)
-        return ports
+        return [0] * nproc
     if base + nproc - 1 > 65535:
         raise ShardlabError(f"--metrics-port {base} + {nproc} ranks runs past port 65535; choose a lower base")
     for i in range(nproc):
@@ -115,7 +110,7 @@ class Observation:
         from shardlab.runtime.observe.live import LiveView
 
         local = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        self.view = LiveView([(local, p) for p in self.ports], self.run_dir,
+        self.view = LiveView([(local, p) for p in self.ports if p], self.run_dir,
                              stream=self.stream if self.opts.live else None, interval_s=self.opts.interval_s,
                              title=f"shardlab {self.kind} · job {self.job_id}")
         self.view.start()
@@ -123,6 +118,16 @@ class Observation:
     def stop(self) -> None:
         if self.view is not None:
             self.view.stop()
+
+    def bound_ports(self) -> list[int]:
+        """The ports the ranks serve on: the chosen ones, or (OS-picked) those the ranks published in endpoints.json."""
+        if all(self.ports):
+            return list(self.ports)
+        try:
+            eps = json.loads((self.run_dir / "endpoints.json").read_text())
+            return [int(e["port"]) for e in eps if isinstance(e, dict)]
+        except (OSError, ValueError, TypeError, KeyError):
+            return []
 
     def records(self) -> list[dict]:
         """Every rank's step records: the gathered ``job.steps.json``, else this node's ``rank*.steps.jsonl``."""
@@ -151,7 +156,10 @@ class Observation:
             path.write_text("".join(json.dumps(r) + "\n" for r in recs))
         except OSError as e:
             raise ShardlabError(f"cannot write --steps-jsonl {path}: {e.strerror}; choose a writable path") from None
-        doc["steps_jsonl"] = str(path)
+        from shardlab.runtime.launch import removed_at_exit
+
+        # in a temporary run folder the series goes with the folder when the command exits: report no path then
+        doc["steps_jsonl"] = None if not self.opts.steps_jsonl and removed_at_exit(self.run_dir) else str(path)
         if self.opts.tensorboard:
             from shardlab.runtime.observe.tensorboard import write_scalars
 
@@ -160,7 +168,7 @@ class Observation:
         if predicted is not None:
             doc["predicted"] = predicted
             doc["predicted_vs_measured"] = compare_prediction(doc, predicted)
-        doc["metrics"] = {"enabled": self.opts.metrics, "job_id": self.job_id, "host": self.host, "ports": self.ports,
+        doc["metrics"] = {"enabled": self.opts.metrics, "job_id": self.job_id, "host": self.host, "ports": self.bound_ports(),
                           **(self.view.report() if self.view else {})}
         return doc
 

@@ -76,8 +76,7 @@ class RankObserver:
             self.exporter.metric("shardlab_run_info", kind=kind, model=model, backend=ctx.backend,
                                  device=ctx.device_type, world_size=ctx.world_size).set(1)
             self.exporter.metric("shardlab_steps_planned").set(planned)
-            port = int(cfg["metrics_ports"][ctx.local_rank])
-            self.exporter.start(port, cfg.get("metrics_host", "127.0.0.1"))
+            port = self.exporter.start(int(cfg["metrics_ports"][ctx.local_rank]), cfg.get("metrics_host", "127.0.0.1"))
             self._publish_endpoint(port)
         self._jsonl = open(self.run_dir / f"rank{self.rank}.steps.jsonl", "w") if self.run_dir else None
 

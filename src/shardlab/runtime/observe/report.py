@@ -81,7 +81,8 @@ def render_observability(doc: dict, unit: str = "step") -> str:
                        f"{_t(link['delay_s'] * r['collective_calls_per_step'])} predicted; measured in collectives: "
                        + ", ".join(f"rank {x['rank']} {_t(x['mean_blocked_s'])}" for x in doc["ranks"]))
     m = doc.get("metrics") or {}
-    where = [f"per-{unit} series: {doc['steps_jsonl']}"]
+    where = [f"per-{unit} series: {doc['steps_jsonl']}" if doc.get("steps_jsonl") else
+             f"per-{unit} series: not kept (the run folder is temporary; --steps-jsonl FILE keeps it)"]
     if doc.get("tensorboard"):
         where.append(f"TensorBoard: {doc['tensorboard']['logdir']}")
     if m.get("enabled"):
