@@ -13,8 +13,7 @@ that no process outlives its job (Linux; elsewhere only the process group is sig
   (``prctl(PR_SET_PDEATHSIG)``).
 - ``Watchdog`` starts a small helper process (``python -m shardlab.proctree``) in its own session that
   tracks the root's descendants too; if the root dies, even by SIGKILL, the helper stops them all.
-- ``Interrupted`` is raised in the driver for SIGINT/SIGTERM/SIGHUP, so the driver's ``finally`` blocks stop
-  the job before it exits; the signal is also recorded, for waits that must not miss it.
+- How a driver turns SIGINT/SIGTERM/SIGHUP into its clean-up is in ``shardlab.interrupts``.
 """
 
 from __future__ import annotations
@@ -31,14 +30,6 @@ LINUX = sys.platform.startswith("linux")
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 1, 36, 37
 SCAN_INTERVAL_S = 0.2
 """How often the guard and the watchdog look for new descendants."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP received by a driver that has a job to stop (``signum`` says which)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def _prctl():
@@ -268,26 +259,24 @@ class Watchdog:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def track(self, pid: int) -> None:
-        """Tell the helper about a child just started (before its first scan could see it)."""
+    def _send(self, line: str) -> None:
+        """One line to the helper (nothing when there is no helper or it is gone)."""
         if self.proc is None:
             return
         try:
-            self.proc.stdin.write(f"track {pid}\n".encode())
+            self.proc.stdin.write(f"{line}\n".encode())
             self.proc.stdin.flush()
         except OSError:
             pass
 
+    def track(self, pid: int) -> None:
+        """Tell the helper about a child just started (before its first scan could see it)."""
+        self._send(f"track {pid}")
+
     def remove_on_death(self, path: str | os.PathLike) -> None:
         """Ask the helper to delete ``path`` (a temporary ``shardlab-run-*`` folder of this job) if the root
         dies without calling ``close()``: nothing else would, since a SIGKILLed root runs no exit handler."""
-        if self.proc is None:
-            return
-        try:
-            self.proc.stdin.write(f"remove {os.fspath(path)}\n".encode())
-            self.proc.stdin.flush()
-        except OSError:
-            pass
+        self._send(f"remove {os.fspath(path)}")
 
     def close(self) -> None:
         """Tell the helper the job is over; it exits without stopping anything."""
@@ -310,58 +299,6 @@ class Watchdog:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class Caught:
-    """The last signal a ``signals_raise`` handler received (None: none yet)."""
-
-    signum: int | None = None
-
-
-@contextmanager
-def signals_raise(signums=(signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
-    """While active, the signals raise ``Interrupted`` in the main thread (no-op in other threads); yields a
-    ``Caught`` that also records the signal, because an exception raised while the main thread runs a finaliser
-    (``__del__``) is printed and dropped by Python: a waiting loop checks ``Caught.signum`` and raises itself.
-    SIGINT is taken only where Python's own Ctrl-C handler is installed (a process started with SIGINT ignored,
-    such as a background job of a non-interactive shell, keeps ignoring it)."""
-    import threading
-
-    caught = Caught()
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-
-    def handler(signum, frame):
-        caught.signum = signum
-        raise Interrupted(signum)
-    old = {}
-    for s in signums:
-        if s == signal.SIGINT and signal.getsignal(s) is not signal.default_int_handler:
-            continue
-        old[s] = signal.signal(s, handler)
-    try:
-        yield caught
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextmanager
-def shielded(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
-    """While cleaning up, ignore further SIGINT/SIGTERM/SIGHUP (a second Ctrl-C must not cut the clean-up
-    short); no-op outside the main thread."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in signums}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:

@@ -114,7 +114,7 @@ def _heartbeat(pid: int) -> bytes:
 def test_a_signal_whose_exception_was_dropped_still_ends_the_wait():
     """Python prints and drops an exception raised while a finaliser runs, so a Ctrl-C landing there used to leave
     the driver waiting for the job's time limit; the recorded signal ends the wait within one poll slice."""
-    from shardlab.proctree import Caught, Interrupted
+    from shardlab.interrupts import Caught, Interrupted
     from shardlab.runtime.launch import POLL_S, wait_job
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -134,16 +134,16 @@ def test_a_signal_whose_exception_was_dropped_still_ends_the_wait():
 
 def test_ctrl_c_is_left_alone_where_it_was_ignored():
     """A driver started with SIGINT ignored (a background job) keeps ignoring it while it runs a job."""
-    from shardlab import proctree
+    from shardlab import interrupts
 
-    code = ("import signal\nfrom shardlab import proctree\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "with proctree.signals_raise() as c:\n    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+    code = ("import signal\nfrom shardlab import interrupts\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "with interrupts.signals_raise() as c:\n    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
             "    term = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)\n"
             "print(ignored, term)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
     before = signal.getsignal(signal.SIGINT)
-    with proctree.signals_raise() as c:             # taken over only from Python's own Ctrl-C handler
+    with interrupts.signals_raise() as c:           # taken over only from Python's own Ctrl-C handler
         assert (signal.getsignal(signal.SIGINT) is before) == (before is not signal.default_int_handler)
         assert c.signum is None
     assert signal.getsignal(signal.SIGINT) is before

@@ -93,7 +93,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     ``shardlab.runtime.observe.launcher.Observation``) adds the ranks' metrics settings and scrapes them while
     they run.
     """
-    from shardlab import proctree
+    from shardlab import interrupts, proctree
 
     if nproc < 1:
         raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
@@ -113,7 +113,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
         full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args)
     timed_out = False
-    with proctree.signals_raise() as caught, proctree.subreaper():
+    with interrupts.signals_raise() as caught, proctree.subreaper():
         before = proctree.children_of(os.getpid())
         tree = proctree.ProcessTree(exclude=before)
         watchdog = proctree.Watchdog(tree.marker, exclude=before, grace_s=STOP_GRACE_S)
@@ -134,7 +134,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                 _stop_job(proc, tree)
                 out, err = proc.communicate()
         finally:
-            with proctree.shielded():
+            with interrupts.shielded():
                 if proc is not None:
                     if proc.poll() is None:             # interrupted (Ctrl-C, SIGTERM): stop the whole job
                         _stop_job(proc, tree)
@@ -143,7 +143,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                 if observer is not None:
                     observer.stop()
     if caught.signum is not None:               # a signal whose exception was dropped after the job ended
-        raise proctree.Interrupted(caught.signum)
+        raise interrupts.Interrupted(caught.signum)
     res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res
@@ -152,13 +152,13 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
 def wait_job(proc: subprocess.Popen, deadline: float, caught) -> tuple[str | None, str | None, bool]:
     """Collect the job's output until it exits or ``deadline`` (monotonic) passes: (stdout, stderr, timed out).
 
-    Waits in slices of POLL_S and checks ``caught`` (``proctree.signals_raise``) between them: a Ctrl-C or SIGTERM
+    Waits in slices of POLL_S and checks ``caught`` (``interrupts.signals_raise``) between them: a Ctrl-C or SIGTERM
     whose exception Python dropped (raised while a finaliser ran) still ends the wait, as ``Interrupted``."""
-    from shardlab import proctree
+    from shardlab import interrupts
 
     while True:
         if caught.signum is not None:
-            raise proctree.Interrupted(caught.signum)
+            raise interrupts.Interrupted(caught.signum)
         left = deadline - time.monotonic()
         if left <= 0:
             return None, None, True
