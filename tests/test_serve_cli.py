@@ -104,3 +104,14 @@ def test_validate_inference_meets_the_throughput_goal():
         assert ins[g]["mean_abs_error"] <= GOALS[g]
     errs = [r["error"] for r in d["rows"] if r["target"] == "throughput" and r["error"] is not None]
     assert len(errs) > 200 and np.median(np.abs(errs)) < 0.1
+    # the committed engine values are what a refit on every row gives, and docs/inference.md shows this result
+    for eng, vals in d["refit"].items():
+        for k, v in vals.items():
+            assert abs(v / d["engines"][eng][k] - 1) < 0.02, f"{eng}.{k}: rerun python benchmarks/fit_engines.py"
+    from pathlib import Path
+
+    from shardlab.validation.inference_markdown import blocks
+    from shardlab.validation.markdown import render_into
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text()
+    assert render_into(page, blocks(d)) == page, "rerun python benchmarks/fit_engines.py"

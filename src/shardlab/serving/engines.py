@@ -2,9 +2,10 @@
 
 ``catalog/data/engines.yaml`` holds one entry per engine. Scheduler and memory settings are the engines'
 documented defaults (each with the file or page it comes from); the kernel rates and overheads are
-fitted to published measurements by ``shardlab validate --inference`` (``shardlab.validation.inference``)
-and say so in their source. The loader is strict: every field is required, carries a source, and is
-range-checked; unknown keys are errors.
+fitted to published measurements (``shardlab.validation.inference``; ``python benchmarks/fit_engines.py``
+writes them here, and ``shardlab validate --inference`` says when a refit would move them) and say so in
+their source. The loader is strict: every field is required, carries a source, and is range-checked;
+unknown keys are errors.
 """
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""docs/inference.md's generated tables: the engines' fitted values and ``validate --inference``'s errors.
+
+``python benchmarks/fit_engines.py`` refits the engines and rewrites the blocks between ``<!-- begin NAME -->`` and
+``<!-- end NAME -->``; ``tests/test_serve_cli.py`` checks that the committed page equals a fresh rendering of
+``shardlab validate --inference --json``.
+"""
+
+from __future__ import annotations
+
+from shardlab.serving.engines import FITTED
+
+ENGINE_ORDER = ("vllm", "tensorrt-llm", "sglang")
+GROUPS = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
+_HEAD = {"weight_bandwidth_efficiency": ("η weights", "{:.3f}", 1), "kv_bandwidth_efficiency": ("η KV", "{:.3f}", 1),
+         "gemm_efficiency": ("η GEMM 16", "{:.3f}", 1), "gemm8_efficiency": ("η GEMM 8", "{:.3f}", 1),
+         "attention_efficiency": ("η attention", "{:.3f}", 1), "step_overhead_us": ("step µs", "{:.1f}", 1),
+         "seq_overhead_us": ("seq µs", "{:.2f}", 1), "layer_overhead_us": ("layer µs", "{:.1f}", 1),
+         "request_overhead_us": ("request ms", "{:.1f}", 1e-3)}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def engines_md(values: dict) -> str:
+    """The fitted kernel numbers per engine (``values``: engine -> FITTED field -> value)."""
+    lines = [_row(["engine", *(_HEAD[k][0] for k in FITTED)]), _row(["---"] * (len(FITTED) + 1))]
+    for e in (e for e in ENGINE_ORDER if e in values):
+        lines.append(_row([e, *(_HEAD[k][1].format(values[e][k] * _HEAD[k][2]) for k in FITTED)]))
+    return "\n".join(lines)
+
+
+def targets_md(ins: dict, loso: dict, goals: dict) -> str:
+    """One row per target group: measurements, in-sample and leave-one-source-out mean |error|, goal."""
+    lines = [_row(["target", "measurements", "in sample", "leave-one-source-out", "goal"]), _row(["---"] * 5)]
+    for g, name in GROUPS.items():
+        if g in ins["by_group"]:
+            a, b = ins["by_group"][g], loso["by_group"][g]
+            lines.append(_row([name, a["n"], _pct(a["mean_abs_error"]), _pct(b["mean_abs_error"]),
+                               f"{100 * goals[g]:.0f}%"]))
+    return "\n".join(lines)
+
+
+def by_engine_md(ins: dict, loso: dict) -> str:
+    """One row per engine: in-sample / leave-one-source-out mean |error| (measurements) per target group."""
+    lines = [_row(["engine", "per-token (in / LOSO)", "first-token (in / LOSO)", "throughput (in / LOSO)"]),
+             _row(["---"] * 4)]
+    order = [e for e in ENGINE_ORDER if e in ins["by_engine"]] + sorted(set(ins["by_engine"]) - set(ENGINE_ORDER))
+    for e in order:
+        cells = []
+        for g in GROUPS:
+            a, b = ins["by_engine"][e].get(g), loso["by_engine"][e].get(g)
+            cells.append(f"{_pct(a['mean_abs_error'])} / {_pct(b['mean_abs_error'])} ({a['n']})" if a else "–")
+        lines.append(_row([e, *cells]))
+    return "\n".join(lines)
+
+
+def blocks(doc: dict) -> dict[str, str]:
+    """The generated blocks from ``validate --inference --json``'s document."""
+    s = doc["summary"]
+    return {"engine-values": engines_md(doc["engines"]),
+            "inference-targets": targets_md(s["in_sample"], s["leave_one_source_out"], s["goals"]),
+            "inference-engines": by_engine_md(s["in_sample"], s["leave_one_source_out"])}
