@@ -31,6 +31,11 @@ def test_data_set_size_families_and_sources():
     for r in RUNS:
         assert r.citation and r.framework in CAT.frameworks
         assert not r.informational or r.config.get("assumed"), f"{r.id}: an informational run says why"
+    from shardlab.catalog import load_yaml
+    from shardlab.validation import RUNS_DIR
+
+    declared = {s for f in RUNS_DIR.glob("*.yaml") for s in load_yaml(f)["sources"]}
+    assert declared == {r.source for r in RUNS}, "a declared source without runs, or a run without a source"
 
 
 def test_committed_folds_cover_every_in_target_source():
