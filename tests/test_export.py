@@ -211,12 +211,17 @@ def test_from_user_files(tmp_path):
 
 
 def test_from_bad_files_exit_2(tmp_path):
+    deep = (("[" * 30000 + "]" * 30000, "nests too deeply"),                      # YAML flow sequences (sniffed)
+            ('{"a":' * 30000 + "1" + "}" * 30000, "nests too deeply"),          # a DeepSpeed-looking JSON
+            ("run: x\nresources: " + "[" * 100 + "]" * 100, "nests too deeply"),  # SkyPilot-looking, past the limit
+            ("- " * 30000 + "x\n", "nests too deeply"))                         # block sequences
     for text, msg in (("{not json", "DeepSpeed JSON"), ("hello world\n", "cannot tell"),
-                      ("--tensor-model-parallel-size eight\n--num-layers 4\n", "whole number")):
+                      ("--tensor-model-parallel-size eight\n--num-layers 4\n", "whole number"), *deep):
         p = tmp_path / "bad.cfg"
         p.write_text(text)
-        code, _, err = cli_main("estimate", "llama-3.1-8b", "--from", str(p))
-        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+        for cmd in ("estimate", "memory"):
+            code, _, err = cli_main(cmd, "llama-3.1-8b", "--from", str(p))
+            assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     code, _, err = cli_main("estimate", "--from", str(tmp_path / "missing.toml"))
     assert code == 2 and "no such file" in err
     good = tmp_path / "ds.json"

@@ -104,3 +104,15 @@ def test_missing_extra_names_the_install(monkeypatch):
 def test_malformed_reference(bad):
     with pytest.raises(ShardlabError, match="hf:ORG/NAME"):
         parse_ref(bad)
+
+
+@pytest.mark.parametrize("config, msg", [(b'{"a":' * 30000 + b"1" + b"}" * 30000, "nests"),
+                                         (b'{"hidden_size": NaN}', "not JSON"), (b"\xff\xfe", "UTF-8")])
+def test_tampered_cache_entry_is_one_line(tmp_path, monkeypatch, capsys, config, msg):
+    """A cache entry is read like any user file (nesting, NaN, encoding): one line naming it and the fix."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _cache_repo(tmp_path, "acme/broken", config)
+    assert main(["models", "hf:acme/broken"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and msg in err and "delete it and fetch again" in err, err

@@ -10,7 +10,6 @@ Every failure becomes one ShardlabError line that names the fix.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -82,10 +81,12 @@ def fetch_config(ref: str) -> tuple[dict, str]:
     except OSError as e:  # network errors other than the ones above
         raise ShardlabError(f"{ref}: could not fetch config.json ({type(e).__name__}); retry, or set HF_HUB_OFFLINE=1 "
                             f"to use the cache") from None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ShardlabError(f"{ref}: cached config.json at {path} is unreadable ({e}); delete it and fetch again") from None
+    from shardlab.safeio import load_json
+
+    try:                        # size, file kind, nesting and NaN checks: a cache entry is a file like any other
+        data = load_json(path, "cached config.json")
+    except ShardlabError as e:
+        raise ShardlabError(f"{ref}: {e}; delete it and fetch again") from None
     if not isinstance(data, dict):
         raise ShardlabError(f"{ref}: config.json at {path} is not a JSON object; delete it and fetch again")
     return data, str(path)
