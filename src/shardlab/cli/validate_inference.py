@@ -54,7 +54,8 @@ def validate_inference(args):
         f"outside the targets (moderate load, variable-length offline runs): {len(outside)} measurements, mean |error| "
         f"{_pct(float(np.mean([abs(r['error']) for r in outside])) if outside else None)} (in the --json rows)",
         "leave-one-source-out: the engine's " + ", ".join(FITTED) + " refitted without the source, then the source predicted",
-        *([f"a refit moves {e}'s " + ", ".join(f"{k} to {v:.4g}" for k, v in vals.items()) + " (python benchmarks/fit_engines.py writes them into catalog/data/engines.yaml)"
+        *([f"a refit moves {e}'s " + ", ".join(f"{k} to {v:.4g}" for k, v in vals.items())
+           + " (python benchmarks/fit_engines.py writes them into catalog/data/engines.yaml)"
            for e, vals in drift.items() if vals] or ["engines.yaml holds the values a refit on all rows gives"]),
     ])
     doc = {"summary": {"in_sample": d["in_sample"], "leave_one_source_out": d["loso"], "goals": GOALS},

@@ -38,13 +38,6 @@ def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Expor
     return mod.render(job, spec)
 
 
-def _too_deep() -> ShardlabError:
-    from shardlab.limits import MAX_NESTING
-
-    return ShardlabError(f"this file nests too deeply to read (config files nest a few levels; shardlab's limit is "
-                         f"{MAX_NESTING}); is it the right file?")
-
-
 def sniff(text: str) -> str:
     """Which target's file ``text`` is."""
     s = text.lstrip()
@@ -59,8 +52,6 @@ def sniff(text: str) -> str:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         doc = None
-    except RecursionError:
-        raise _too_deep() from None
     if isinstance(doc, dict):
         if "run" in doc and ("resources" in doc or "num_nodes" in doc):
             return "skypilot"
@@ -78,15 +69,14 @@ def read_text(text: str, catalog, target: str | None = None) -> Imported:
     from shardlab.limits import MAX_NESTING
     from shardlab.safeio import scan_yaml
 
-    if scan_yaml(text)[0] > MAX_NESTING:     # checked before any parser recurses into it
-        raise _too_deep()
+    if scan_yaml(text)[0] > MAX_NESTING:     # checked before any parser (sniff's included) recurses into it
+        raise ShardlabError(f"this file nests too deeply to read (config files nest a few levels; shardlab's limit is "
+                            f"{MAX_NESTING}); is it the right file?")
     target = target or sniff(text)
     try:
         return _module(target).read(text, catalog)
     except ShardlabError:
         raise
-    except RecursionError:
-        raise _too_deep() from None
     except (AttributeError, TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
         # a field of the wrong type or value (text where a number or a section belongs): one line, never a traceback
         raise ShardlabError(f"this {target} config has a field of the wrong type or value ({type(e).__name__}: "

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from shardlab.serving.engines import FITTED
+from shardlab.validation.markdown import _pct
 
 ENGINE_ORDER = ("vllm", "tensorrt-llm", "sglang")
 GROUPS = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
@@ -16,10 +17,6 @@ _HEAD = {"weight_bandwidth_efficiency": ("η weights", "{:.3f}", 1), "kv_bandwid
          "attention_efficiency": ("η attention", "{:.3f}", 1), "step_overhead_us": ("step µs", "{:.1f}", 1),
          "seq_overhead_us": ("seq µs", "{:.2f}", 1), "layer_overhead_us": ("layer µs", "{:.1f}", 1),
          "request_overhead_us": ("request ms", "{:.1f}", 1e-3)}
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 def _row(cells) -> str:
