@@ -1,0 +1,92 @@
+"""The figures the README and docs quote from worked examples are what the commands print now.
+
+Each claim names the doc, the command (run in process with --json) and the text the current value formats to; a
+model or default that moves a figure fails here until the doc is updated (an audit found six stale figures).
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+def _doc(name: str) -> str:
+    return re.sub(r"\s+", " ", (ROOT / name).read_text(encoding="utf-8"))
+
+
+def _json(*args: str) -> dict:
+    code, out, err = cli_main(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _total_gib(*args: str) -> float:
+    return _json("memory", *args)["per_gpu"]["total"] / GIB
+
+
+QLORA_7B = ("llama-2-7b", "--gpu", "rtx-4090", "--seq-len", "2048", "--lora-rank", "16")
+V100_13B = ("llama-2-13b", "--gpu", "v100", "--zero", "2", "--precision", "fp16-mixed", "--recompute", "full",
+            "--seq-len", "1024")
+OFFLOAD_8B = ("llama-3.1-8b", "--gpus", "8", "--zero", "2", "--seq-len", "8192", "--global-batch", "64")
+
+
+def _assert_quoted(doc: str, *claims: str) -> None:
+    text = _doc(doc)
+    for claim in claims:
+        assert claim in text, f"{doc} should say {claim!r}"
+
+
+def test_qlora_and_lora_worked_example():
+    qlora, lora = _total_gib(*QLORA_7B, "--quantize-base", "nf4"), _total_gib(*QLORA_7B)
+    _assert_quoted("docs/modern.md", f"{qlora:.2f} GiB: it fits a 24 GB RTX 4090",
+                   f"LoRA on a bf16 base needs {lora:.2f} GiB")
+    _assert_quoted("README.md", f"# QLoRA: {qlora:.2f} GiB, fits")
+
+
+def test_finetune_ladder_boundaries():
+    rows = {r["model"]: r for r in _json("memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048")["rows"]}
+    q8, q13 = rows["llama-3.1-8b"]["qlora"] / GIB, rows["llama-2-13b"]["qlora"] / GIB
+    _assert_quoted("docs/modern.md", f"QLoRA at Llama-3.1-8B ({q8:.1f} GiB; Llama-2-13B needs {q13:.1f} GiB)")
+
+
+def test_zero_offload_headline():
+    with_offload, without = _total_gib(*V100_13B, "--offload", "optimizer"), _total_gib(*V100_13B)
+    _assert_quoted("docs/modern.md", f"needs {with_offload:.1f} GiB on one 32 GB V100",
+                   f"without offload needs {without:.1f} GiB.")
+
+
+def test_offload_step_time_example():
+    off, on = _json("estimate", *OFFLOAD_8B, "--offload", "optimizer"), _json("estimate", *OFFLOAD_8B)
+    claim = (f"step {off['step_time_s']:.2f} s instead of {on['step_time_s']:.2f} s, for "
+             f"{off['memory']['per_gpu']['total'] / GIB:.1f} instead of {on['memory']['per_gpu']['total'] / GIB:.1f} GiB")
+    _assert_quoted("docs/modern.md", claim)
+
+
+@pytest.mark.parametrize("link", ["nvlink4", "pcie5", "ethernet-10g"])
+def test_tp_inference_comm_table(link):
+    d = _json("comm", "inference", "llama-2-7b", "--tp", "2", "--link", link)
+    row = next(line for line in (ROOT / "docs/comm.md").read_text().splitlines() if line.startswith(f"| {link} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{d['decode']['comm_fraction'] * 100:.1f}%"
+    assert cells[3].startswith(f"{d['prefill']['comm_fraction'] * 100:.1f}%")
+
+
+def test_readme_validation_summary():
+    """The README's one-line accuracy summary: runs, families and the leave-one-source-out range per family."""
+    from shardlab.catalog import get_catalog
+    from shardlab.validation import compare, load_runs
+    from shardlab.validation.report import family_accuracy, load_folds, loso_comparisons
+
+    runs, cat = load_runs(), get_catalog()
+    fams = family_accuracy(compare(runs, cat), loso_comparisons(runs, cat, load_folds()))
+    big = [f.loso_mean * 100 for f in fams if f.target_applies]
+    small = sorted(f"{f.loso_mean * 100:.1f}%" for f in fams if not f.target_applies)
+    claim = (f"`shardlab validate` ({len(runs)} published runs, {len(fams)} framework × GPU families; leave-one-source-out "
+             f"mean error {min(big):.1f}-{max(big):.1f}% per family of 5 or more runs, {' and '.join(small)} for the two "
+             f"smaller ones")
+    _assert_quoted("README.md", claim)
