@@ -8,6 +8,7 @@ import pytest
 from conftest import cli_main
 
 from shardlab.catalog import get_catalog
+from shardlab.errors import ShardlabError
 from shardlab.export import TARGETS, read_text, render, sniff
 from shardlab.export.build import job_from_fields, job_from_plan
 from shardlab.export.flags import check_flags
@@ -229,3 +230,82 @@ def test_from_bad_files_exit_2(tmp_path):
                                 "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 1}}))
     code, _, err = cli_main("estimate", "llama-3.1-8b", "--from", str(good), "--zero", "3")
     assert code == 2 and "conflicts" in err
+
+
+def test_export_to_another_framework_reestimates_the_file(tmp_path, plans):
+    """A plan scored for Megatron-LM exported as a torchtitan job: the header, the JSON and the output give the time
+    torchtitan takes (what `estimate --from` the file says), beside the plan's own; the same framework adds nothing."""
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(plans["main"]))
+    assert plans["main"]["framework"]["id"] == "megatron-lm"
+    scored = plans["main"]["plans"][0]["step_time_s"]
+    out = tmp_path / "job.toml"
+    code, stdout, err = cli_main("export", "--to", "torchtitan", "--plan", str(pj), "--out", str(out), "--json")
+    assert code == 0, err
+    r = json.loads(stdout)["retarget"]
+    back = json.loads(cli_main("estimate", "--from", str(out), "--json")[1])
+    assert back["framework"]["id"] == r["framework"] == "torchtitan" and r["scored_for"] == "megatron-lm"
+    assert r["step_time_s"] == pytest.approx(back["step_time_s"], rel=1e-9)
+    assert r["scored_step_time_s"] == pytest.approx(scored) and abs(r["step_time_s"] / scored - 1) > 0.05
+    assert f"predicted step time {r['step_time_s']:.2f} s as torchtitan runs it" in out.read_text()
+    text = cli_main("export", "--to", "torchtitan", "--plan", str(pj), "--out", str(out))[1]
+    assert "estimated at under megatron-lm" in text and "shardlab plan --framework torchtitan" in text
+    for args in (["--to", "megatron"], ["--to", "slurm"]):          # slurm runs the plan's framework by default
+        doc = json.loads(cli_main("export", *args, "--plan", str(pj), "--json")[1])
+        assert "retarget" not in doc and f"predicted step time {scored:.2f} s (" in doc["text"]
+    doc = json.loads(cli_main("export", "--to", "slurm", "--launch", "accelerate", "--plan", str(pj), "--json")[1])
+    assert doc["retarget"]["framework"] == "pytorch-fsdp"
+
+
+def test_export_from_flags_reprices_a_launcher_task(tmp_path):
+    """Flags estimated under the default framework, launched as torchtitan by SkyPilot: the task's hours and cost
+    follow torchtitan's step time."""
+    args = ["llama-3.1-8b", "--gpus", "16", "--zero", "3", "--global-batch", "64", "--tokens", "1e10"]
+    est = json.loads(cli_main("estimate", *args, "--json")[1])
+    doc = json.loads(cli_main("export", "--to", "skypilot", "--launch", "torchtitan", *args, "--json")[1])
+    r = doc["retarget"]
+    assert r["scored_for"] == est["framework"]["id"] and r["scored_step_time_s"] == pytest.approx(est["step_time_s"])
+    tt = json.loads(cli_main("estimate", *args, "--framework", "torchtitan", "--json")[1])
+    assert r["step_time_s"] == pytest.approx(tt["step_time_s"], rel=1e-6)
+    hours = est["train_time_s"] / 3600 * r["step_time_s"] / r["scored_step_time_s"]
+    assert f"{hours:,.1f}" in doc["text"]
+
+
+def test_megatron_pipeline_layout_round_trip_and_user_strings():
+    """Uneven virtual chunks (DeepSeek-V3's 61 layers over pp 8 × vpp 4) go out as Megatron-Core's
+    --pipeline-model-parallel-layout and come back unchanged; hand-written layouts in Megatron's syntax are read."""
+    job = job_from_plan(plan_doc(PLANS["moe-ep"]), CAT)
+    assert job.layout.vpp > 1 and CAT.model(job.model).num_layers % (job.layout.pp * job.layout.vpp)
+    exp, _, diff = round_trip(job, "megatron")
+    assert "--pipeline-model-parallel-layout" in exp.text and not exp.unsupported and not diff
+    from shardlab.export.megatron import read
+
+    base = ("pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --num-layers 80 "
+            "--hidden-size 8192 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
+            "--ffn-hidden-size 28672 --vocab-size 128256 ")
+    f = read(base + "--pipeline-model-parallel-layout 'Et*19|(t*21|)*2,t*19L'", CAT).fields
+    assert f["stage_layers"] == (19, 21, 21, 19) and f["vpp"] == 1 and f["model"] == "llama-3.1-70b"
+    f = read(base + "--pipeline-model-parallel-layout 'E(t*10|)*7,t*10L'", CAT).fields
+    assert f["vpp"] == 2 and f["schedule"] == "interleaved" and "stage_layers" not in f
+    for bad, msg in (("'E(t*10|)*3,L'", "places 30 decoder layers"), ("'E(t|)*4,t*75L'", "not a multiple"),
+                     ("'E(t|)*99999999L'", "at most"), ("'Ext*80|L'", "takes E, t")):
+        with pytest.raises(ShardlabError, match=msg):
+            read(base + f"--pipeline-model-parallel-layout {bad}", CAT)
+
+
+def test_launch_page_shows_what_the_commands_print_now(tmp_path):
+    """docs/launch.md shows each command's output and file: they equal a fresh run (benchmarks/launch_docs.py), and the
+    plans it makes are the ones the page's "Plans used" paragraph names."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "launch_docs.py"
+    spec = importlib.util.spec_from_file_location("launch_docs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.PAGE.read_text(encoding="utf-8")
+    flat = re.sub(r"\s+", " ", text)
+    for name, cmd in mod.PLANS.items():
+        assert f"`{name}` = `{cmd}`" in flat, name
+    assert mod.render(text, tmp_path) == text, "docs/launch.md is stale: run python benchmarks/launch_docs.py"

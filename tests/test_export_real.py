@@ -26,6 +26,7 @@ import pytest
 from shardlab.catalog import get_catalog
 from shardlab.export import render
 from shardlab.export.build import job_from_plan
+from shardlab.memory.states import chunk_layers
 
 from test_export import PLANS, SERVE, plan_doc
 
@@ -141,6 +142,10 @@ def test_megatron_core_transformer_config(files):
         assert (r["tp"], r["pp"], r["cp"], r["ep"]) == (job.layout.tp, job.layout.pp, job.layout.cp, job.layout.ep), name
         assert r["num_layers"] == spec.num_layers and r["hidden_size"] == spec.hidden_size
         assert r["vpp"] == (job.layout.vpp if job.layout.vpp > 1 else None)
+        sizes = [len(c) for c in chunk_layers(spec, job.layout)]
+        assert r["chunks"] in (None, sizes), name
+        if len(set(sizes)) > 1 and job.layout.vpp > 1:
+            assert r["chunks"] == sizes, name      # uneven virtual chunks go through --pipeline-model-parallel-layout
 
 
 def test_slurm_scripts_parse(files):
@@ -312,9 +317,16 @@ def check_megatron(path: str) -> dict:
         kw["qk_head_dim"] = int(fl["qk-head-dim"])
     kw = {k: v for k, v in kw.items() if k in {f.name for f in dataclasses.fields(TransformerConfig)}}
     c = TransformerConfig(**kw)
+    chunks = None
+    if c.pipeline_model_parallel_layout is not None:   # Megatron-Core's own parse: decoder layers per chunk, model order
+        from megatron.core.transformer.enums import LayerType
+
+        lay = c.pipeline_model_parallel_layout
+        chunks = [lay.layout[r][v].count(LayerType.decoder) for v in range(lay.virtual_pipeline_model_parallel_size)
+                  for r in range(lay.pipeline_model_parallel_size)]
     return {"tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size, "cp": c.context_parallel_size,
             "ep": c.expert_model_parallel_size, "vpp": c.virtual_pipeline_model_parallel_size,
-            "num_layers": c.num_layers, "hidden_size": c.hidden_size}
+            "num_layers": c.num_layers, "hidden_size": c.hidden_size, "chunks": chunks}
 
 
 def check_slurm(path: str) -> dict:

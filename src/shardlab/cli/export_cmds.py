@@ -45,7 +45,8 @@ def register(sub) -> None:
 def add_export_file_args(g) -> None:
     g.add_argument("--out", metavar="PATH", default=None, help="write the file here (default: print it)")
     g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm"), default=None,
-                   help="slurm/skypilot: the framework each node runs (default: torchtitan to train, vllm to serve)")
+                   help="slurm/skypilot: the framework each node runs (default: the one the plan was scored for, torchtitan "
+                        "when that is none of these; vllm to serve)")
 
 
 # ---- building the job ----------------------------------------------------------------------------
@@ -82,7 +83,7 @@ def job_from_args(args, cat):
                          serve=Serve(per, args.prompt_len, args.output_len, replicas, kv_blocks=blocks),
                          notes=price_notes(cat, cluster.accelerator.id, spot))
     est = training_estimate_from_args(args, cat)
-    notes = {"step_time_s": est.step_time_s, **price_notes(cat, resolve_gpu(args, cat), spot)}
+    notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework, **price_notes(cat, resolve_gpu(args, cat), spot)}
     if getattr(est, "train_time_s", None):
         notes.update(train_hours=est.train_time_s / 3600, tokens=est.tokens)
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,
@@ -90,8 +91,30 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes)
 
 
+def _render(job, cat, target: str, inner: str | None, cluster):
+    """(the job with its notes for the framework the file runs, the rendered Export)."""
+    from shardlab.export import render
+    from shardlab.export.retarget import retarget
+
+    spec = cat.model(job.model)
+    if job.serve is None and cluster is not None:
+        job = retarget(job, spec, target, inner, cat, cluster)
+    return job, render(job, spec, target, inner)
+
+
+def _plan_cluster(doc: dict, cat, job):
+    """The plan document's cluster (its GPUs and links) for re-estimating its winner."""
+    from shardlab.specs.hardware import Cluster
+
+    acc = cat.accelerator(job.gpu)
+    return Cluster(accelerator=acc, num_gpus=job.gpus, gpus_per_node=job.gpus_per_node,
+                   intra_link=cat.link(doc.get("intra_link") or acc.system["intra_link"]),
+                   inter_link=cat.link(doc.get("inter_link") or acc.system["inter_link"]))
+
+
 def _write(exp, job, out: str | None, as_json: bool):
     from shardlab.export import to_json
+    from shardlab.export.retarget import retarget_line
     from shardlab.report.table import table
 
     if out:
@@ -103,11 +126,18 @@ def _write(exp, job, out: str | None, as_json: bool):
 
         exp = replace(exp, launch=exp.launch.replace(exp.filename, out))
     doc = to_json(exp, out, job)
+    note = retarget_line(job)
+    if note:
+        doc["retarget"] = job.notes["retarget"]
     if not out and not as_json:
+        if note:
+            import sys
+
+            sys.stderr.write(note + "\n")
         return doc, exp.text.rstrip("\n")
     rows = [[u.setting, str(u.value), u.why] for u in exp.unsupported] or [["(none)", "", "every setting carried over"]]
     text = "\n".join([f"wrote {out} ({exp.kind}; checked against {exp.checked_against})" if out else exp.kind,
-                      f"launch: {exp.launch}", "",
+                      f"launch: {exp.launch}", *([note] if note else []), "",
                       table(["could not express", "value", "why / what the framework does instead"], rows, align="lll")])
     return doc, text
 
@@ -115,7 +145,6 @@ def _write(exp, job, out: str | None, as_json: bool):
 def cmd_export(args):
     from shardlab.cli.plan_cmds import _catalog
     from shardlab.errors import ShardlabError
-    from shardlab.export import render
     from shardlab.export.build import job_from_plan
 
     cat = _catalog(args)
@@ -130,9 +159,13 @@ def cmd_export(args):
             from shardlab.export.build import price_notes
 
             job.notes.update(price_notes(cat, job.gpu, True))
+        cluster = None if job.serve else _plan_cluster(doc, cat, job)
     else:
+        from shardlab.cli.common import cluster_from_args
+
         job = job_from_args(args, cat)
-    exp = render(job, cat.model(job.model), args.to, args.launch)
+        cluster = None if job.serve else cluster_from_args(args, cat, job.gpus)
+    job, exp = _render(job, cat, args.to, args.launch, cluster)
     return _write(exp, job, args.out, args.json)
 
 
@@ -152,12 +185,12 @@ def with_export(fn):
         if not getattr(args, "export", None):
             return doc, text
         from shardlab.cli.plan_cmds import _catalog
-        from shardlab.export import render
         from shardlab.export.build import job_from_plan
 
         cat = _catalog(args)
-        job = job_from_plan(json.loads(json.dumps(doc, default=str)), cat, 1)
-        exp = render(job, cat.model(job.model), args.export, args.launch)
+        plan = json.loads(json.dumps(doc, default=str))
+        job = job_from_plan(plan, cat, 1)
+        job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job))
         out = args.out or exp.filename
         edoc, etext = _write(exp, job, out, True)
         doc["export"] = edoc

@@ -171,9 +171,14 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
             f"tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" (ep {lay.ep})" if lay.ep > 1 else "")
             + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, global batch {job.global_batch}, seq {job.seq_len}")
     out = [f"shardlab export --to {target}: {what}"]
-    st = job.notes.get("step_time_s")
-    if st:
-        out.append(f"predicted step time {st:.2f} s (shardlab estimate; an estimate, not a measurement)")
+    st, r = job.notes.get("step_time_s"), job.notes.get("retarget") or {}
+    if st and "step_time_s" in r:
+        out.append(f"predicted step time {st:.2f} s as {r['framework']} runs it (shardlab estimate; "
+                   f"{r['scored_step_time_s']:.2f} s under {r['scored_for']}, which the layout was chosen for; an "
+                   f"estimate, not a measurement)")
+    elif st:
+        scored = f" under {r['scored_for']}, not {r['framework']}" if r else ""
+        out.append(f"predicted step time {st:.2f} s{scored} (shardlab estimate; an estimate, not a measurement)")
     for u in unsupported:
         out.append(f"could not express {u.line()}")
     return out

@@ -11,6 +11,7 @@ selective (Korthikanti 2022's attention-core recompute, the same mechanism); ful
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from shardlab.errors import ShardlabError
@@ -58,6 +59,40 @@ def model_flags(spec) -> list[tuple[str, object]]:
     return out
 
 
+MAX_LAYOUT_CHARS = 1_000_000
+"""Bound on an unrolled --pipeline-model-parallel-layout (a real one has a few hundred layers)."""
+
+
+def layout_string(sizes) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for chunks of ``sizes`` decoder layers in model order (chunk c
+    on pipeline rank c mod p, as Megatron's PipelineParallelLayerLayout reads them): E = embedding, t = a decoder
+    layer, L = loss, stages split by '|' (megatron/core/transformer/pipeline_parallel_layer_layout.py)."""
+    last = len(sizes) - 1
+    return "|".join(("E" if i == 0 else "") + "t" * n + ("L" if i == last else "") for i, n in enumerate(sizes))
+
+
+def parse_layout(text: str) -> list[str]:
+    """The chunks of a --pipeline-model-parallel-layout string, unrolled as Megatron-Core does ('(tt|)*3', 't*4')."""
+    bad = ShardlabError(f"--pipeline-model-parallel-layout {text[:60]!r}: Megatron-Core's layout takes E, t, m, L, "
+                        f"'|', '(...)*n' and commas, for at most {MAX_LAYOUT_CHARS:,} layers and stages")
+
+    s = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        grown = len(s)
+
+        def unroll(m):
+            nonlocal grown
+            grown += len(m.group(1)) * (int(m.group(2)) - 1) if len(m.group(2)) < 8 else MAX_LAYOUT_CHARS
+            if grown > MAX_LAYOUT_CHARS:      # checked before the text is built
+                raise bad
+            return m.group(1) * int(m.group(2))
+
+        s = re.sub(pattern, unroll, s)
+    if set(s) - set("EtLm|"):
+        raise bad
+    return s.split("|")
+
+
 def _stage_flags(job: LaunchJob, spec, uns: list) -> list[tuple[str, object]]:
     from shardlab.memory.states import chunk_layers
 
@@ -65,21 +100,11 @@ def _stage_flags(job: LaunchJob, spec, uns: list) -> list[tuple[str, object]]:
     if lay.pp == 1:
         return []
     sizes = [len(r) for r in chunk_layers(spec, lay)]
-    out = []
-    if lay.vpp > 1:
-        if len(set(sizes)) == 1:
-            out.append(("num-layers-per-virtual-pipeline-stage", sizes[0]))
-        else:
-            uns.append(Unsupported("stage_layers", "/".join(map(str, sizes)), "Megatron interleaving needs equal chunks"))
-            out.append(("num-virtual-stages-per-pipeline-rank", lay.vpp))
-    elif len(set(sizes)) > 1:
-        first, last, middle = sizes[0], sizes[-1], sizes[1:-1]
-        if len(set(middle)) > 1:
-            uns.append(Unsupported("stage_layers", "/".join(map(str, sizes)),
-                                   "Megatron splits the middle stages evenly; only the first and last can differ"))
-        else:
-            out += [("decoder-first-pipeline-num-layers", first), ("decoder-last-pipeline-num-layers", last)]
-    return out
+    if len(set(sizes)) == 1:
+        return [("num-layers-per-virtual-pipeline-stage", sizes[0])] if lay.vpp > 1 else []
+    if lay.vpp == 1 and len(set(sizes[1:-1])) <= 1:
+        return [("decoder-first-pipeline-num-layers", sizes[0]), ("decoder-last-pipeline-num-layers", sizes[-1])]
+    return [("pipeline-model-parallel-layout", layout_string(sizes))]   # uneven middle stages or virtual chunks
 
 
 def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsupported]]:
@@ -181,7 +206,9 @@ def read(text: str, catalog) -> Imported:
                  if ("use-megatron-fsdp" in fl or "use-torch-fsdp2" in fl) else 0)
     und.append(("optimizer sharding flags", f"zero {f['zero']}"))
     layers = g("num-layers")
-    if f["pp"] > 1:
+    if f["pp"] > 1 and "pipeline-model-parallel-layout" in fl:
+        _read_layout(fl["pipeline-model-parallel-layout"], f, layers, und, ign)
+    elif f["pp"] > 1:
         per_chunk, vstages = g("num-layers-per-virtual-pipeline-stage"), g("num-virtual-stages-per-pipeline-rank")
         if per_chunk and layers:
             f["vpp"] = layers // (f["pp"] * per_chunk)
@@ -221,8 +248,34 @@ def read(text: str, catalog) -> Imported:
              "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
+             "pipeline-model-parallel-layout",
              "num-attention-heads", "ffn-hidden-size", "num-experts", "vocab-size", "group-query-attention",
              "num-query-groups"}
     shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
     ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
     return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")
+
+
+def _read_layout(text: str, f: dict, layers: int | None, und: list, ign: list) -> None:
+    """--pipeline-model-parallel-layout into vpp, schedule and stage layers (what shardlab's Layout can hold)."""
+    chunks = parse_layout(str(text))
+    pp = f["pp"]
+    if len(chunks) % pp:
+        raise ShardlabError(f"--pipeline-model-parallel-layout has {len(chunks)} stages, not a multiple of "
+                            f"--pipeline-model-parallel-size {pp}")
+    f["vpp"] = len(chunks) // pp
+    f["schedule"] = "interleaved" if f["vpp"] > 1 else "1f1b"
+    sizes = tuple(c.count("t") for c in chunks)
+    if layers and sum(sizes) != layers:
+        raise ShardlabError(f"--pipeline-model-parallel-layout places {sum(sizes)} decoder layers; --num-layers is {layers}")
+    if any(n == 0 for n in sizes) or any("m" in c for c in chunks):
+        ign.append("--pipeline-model-parallel-layout stages without decoder layers or with MTP layers (modelled as an "
+                   "even split)")
+    elif sizes != split_layers(sum(sizes), len(sizes)):
+        if f["vpp"] == 1:
+            f["stage_layers"] = sizes
+        else:
+            ign.append("--pipeline-model-parallel-layout: uneven virtual chunks other than an even split with the "
+                       "remainder in the middle (modelled as that split)")
+    und.append((f"--pipeline-model-parallel-layout ({len(chunks)} chunks)",
+                f"vpp {f['vpp']}, layers per chunk {'/'.join(map(str, sizes))}"))

@@ -1,5 +1,6 @@
 """Slurm batch script: one task per node, ``srun torchrun`` with the c10d rendezvous on the first node, and the
-framework file (``--launch``: torchtitan by default for training, vllm for serving) written by a heredoc.
+framework file (``--launch``; by default the framework the plan was scored for, else torchtitan, and vllm for
+serving) written by a heredoc.
 Checked with ``bash -n`` and torch's own torchrun argument parser (tests)."""
 
 from __future__ import annotations

@@ -1,0 +1,72 @@
+"""The step time of an exported file as the framework that runs it would take, when the plan was scored for another.
+
+A plan scored for Megatron-LM and exported as a torchtitan job runs torchtitan's kernels, host time and FSDP
+schedule, not Megatron-LM's: the same layout can be much slower (or faster). The exported file is read back as
+``shardlab estimate --from FILE`` reads it, estimated under the target's framework profile, and that time (with the
+plan's own beside it) goes into the file's header, the cost of a SkyPilot task and the command's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import LaunchJob
+
+RUNS_AS = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed", "accelerate": "pytorch-fsdp"}
+"""Export target (or launcher --launch) -> the catalog framework profile that describes how it trains."""
+
+
+def runs_as(job: LaunchJob, target: str, inner: str | None) -> str | None:
+    """The framework profile of what the exported file runs (None for serving or an unknown inner target)."""
+    from shardlab.export import LAUNCHERS
+    from shardlab.export.launcher import default_inner
+
+    if job.serve is not None:
+        return None
+    return RUNS_AS.get((inner or default_inner(job)) if target in LAUNCHERS else target)
+
+
+def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, cluster) -> LaunchJob:
+    """``job`` with its notes re-estimated for the framework the file runs, when the plan was scored for another one
+    of the exportable frameworks; otherwise ``job`` unchanged. ``cluster``: the plan's GPUs and links."""
+    from shardlab.estimate.training import DEFAULT_FRAMEWORK, estimate_training
+    from shardlab.export import read_text, render
+    from shardlab.export.build import job_from_fields
+
+    fw, before = runs_as(job, target, inner), job.notes.get("step_time_s")
+    scored = job.notes.get("scored_for") or job.framework or DEFAULT_FRAMEWORK
+    if fw is None or fw == scored or scored not in RUNS_AS.values() or not before:
+        return job
+    try:
+        imp = read_text(render(job, spec, target, inner).text, catalog, target)   # what `estimate --from FILE` reads
+        back = job_from_fields({"gpus": job.gpus, **imp.fields}, catalog, base=job)
+        if back.layout.world_size != job.gpus:
+            raise ShardlabError(f"the file's layout spans {back.layout.world_size} GPUs, not {job.gpus}")
+        # the batch and sequence are the training script's where the file cannot carry them (Accelerate, DeepSpeed)
+        est = estimate_training(spec, back.layout, cluster, seq_len=job.seq_len, global_batch=job.global_batch,
+                                precision=back.precision, optimizer=job.optimizer, framework=catalog.framework(fw))
+    except ShardlabError as e:
+        notes = {**job.notes, "retarget": {"framework": fw, "scored_for": scored, "error": str(e)}}
+        return replace(job, notes=notes)
+    ratio = est.step_time_s / before
+    notes = {**job.notes, "step_time_s": est.step_time_s,
+             "retarget": {"framework": fw, "scored_for": scored, "scored_step_time_s": before,
+                          "step_time_s": est.step_time_s}}
+    if notes.get("train_hours"):
+        notes["train_hours"] *= ratio
+    return replace(job, notes=notes)
+
+
+def retarget_line(job: LaunchJob) -> str | None:
+    """One line for the command's output (None when the plan's framework is the file's)."""
+    r = job.notes.get("retarget")
+    if not r:
+        return None
+    if "error" in r:
+        return (f"note: this file runs {r['framework']}, which shardlab could not estimate ({r['error']}); the step time "
+                f"given is {r['scored_for']}'s")
+    return (f"note: this file runs {r['framework']}: an estimated {r['step_time_s']:.2f} s/step, "
+            f"{r['step_time_s'] / r['scored_step_time_s']:.2f}× the {r['scored_step_time_s']:.2f} s the layout was estimated "
+            f"at under {r['scored_for']}; `shardlab plan --framework {r['framework']}` searches the layouts "
+            f"{r['framework']} runs best")
