@@ -90,3 +90,19 @@ def test_readme_validation_summary():
              f"mean error {min(big):.1f}-{max(big):.1f}% per family of 5 or more runs, {' and '.join(small)} for the two "
              f"smaller ones")
     _assert_quoted("README.md", claim)
+
+
+def test_report_risk_examples_are_what_plan_says():
+    """docs/report.md quotes risk sentences from two plans; each is one the plans print now, word for word."""
+    text = (ROOT / "docs/report.md").read_text(encoding="utf-8")
+    section = text.split("## The risk column", 1)[1].split("\n## ", 1)[0]
+    quoted = [re.sub(r"\s+", " ", q) for q in re.findall(r"^- `([^`]+)`", section, flags=re.M)]
+    quoted += [re.sub(r"\s+", " ", q) for q in re.findall(r"^- a collective: `([^`]+)`", section, flags=re.M)]
+    assert len(quoted) == 4
+    said = set()
+    for args in ([], ["llama-3.1-405b", "--gpus", "1024", "--seq-len", "8192", "--global-batch", "2048",
+                      "--fix", "tp=8", "--fix", "pp=16"]):
+        d = _json("plan", *args)
+        said |= {w.get("risk") for w in d["worksheet"]} | {c.get("risk") for c in d["communication"]}
+    for q in quoted:
+        assert q in said, f"docs/report.md quotes a risk no plan says now: {q!r}"

@@ -45,6 +45,16 @@ def test_from_saved_bench_output_reproduces_known_parameters(tmp_path):
     assert link.latency_s == pytest.approx(400e-6, rel=1e-3) and link.bytes_per_s == pytest.approx(0.8e9, rel=1e-3)
     assert "all-reduce" in link.source and "per op" in link.source
     assert out.read_text().startswith("# shardlab hardware profile")
+    # the printed command works as given (a CPU profile has an fp32 peak only: it names --precision fp32), and
+    # leaving the precision out is one line naming the flag
+    use = cli_main("calibrate", "--out", str(out), "--from-matmul", m_json, "--from-collectives", c_json)[1]
+    cmd = next(ln for ln in use.splitlines() if "shardlab estimate MODEL" in ln).split("shardlab estimate MODEL", 1)[1]
+    assert "--precision fp32" in cmd and "--precision fp32" in out.read_text().splitlines()[1]
+    flags = cmd.split("(")[0].replace("...", "").split()
+    code, _, err = cli_main("estimate", "gpt2", "--gpus", "2", "--seq-len", "128", *flags)
+    assert code == 0, err
+    code, _, err = cli_main("estimate", "gpt2", "--gpus", "2", "--seq-len", "128", "--profile", str(out))
+    assert code == 2 and "pass --precision fp32" in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("args,words", [

@@ -139,7 +139,7 @@ def write_profile(doc: dict, path: str | Path, header: str = "") -> Path:
 
     p = Path(path)
     lines = ["# shardlab hardware profile (catalog YAML), written by `shardlab calibrate`.",
-             "# Use: shardlab estimate ... --profile THIS_FILE   (or --catalog THIS_FILE and --gpu <accelerator id>)"]
+             f"# Use: {use_command(doc, 'THIS_FILE')}"]
     lines += [f"# {ln}" for ln in header.splitlines() if ln.strip()]
     body = yaml.safe_dump(doc, sort_keys=False, width=200, allow_unicode=True)
     try:
@@ -269,7 +269,7 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
         pairs.append(("overlap", describe(overlap).split(": ", 1)[1]))
     pairs += [("inter link", f"{prof['inter_link']} (catalog: one host cannot measure it)"),
               ("gpus per node", prof["gpus_per_node"]),
-              ("use it", f"shardlab estimate MODEL ... --profile {path}   (or --catalog {path} --gpu {prof['gpu']})")]
+              ("use it", use_command(doc, str(path)))]
     result = {"profile_path": str(path), "profile": doc, "matmul": mm, "collectives": coll}
     return result, kv_lines(pairs)
 
@@ -283,3 +283,14 @@ def gpus_per_node(device: str) -> int:
     import os
 
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def use_command(doc: dict, path: str) -> str:
+    """How to estimate with the profile; a CPU profile measures fp32 only, so it names that precision."""
+    from shardlab.specs.hardware import TRAINING_PRECISION
+
+    gpu = doc["profile"]["gpu"]
+    peaks = doc["accelerators"][gpu]["peak_tflops"]
+    prec = "" if peaks.get("bf16") else next((f" --precision {TRAINING_PRECISION[k]}" for k in ("fp16", "fp32")
+                                              if peaks.get(k)), "")
+    return f"shardlab estimate MODEL{prec} ... --profile {path}   (or --catalog {path} --gpu {gpu})"

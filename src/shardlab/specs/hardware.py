@@ -25,6 +25,10 @@ class MatmulEfficiency:
     """Where the two numbers come from (fit to published runs, or a user calibration)."""
 
 
+TRAINING_PRECISION = {"fp32": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed", "fp8": "fp8-mixed"}
+"""Peak dtype -> the --precision value that computes in it."""
+
+
 @dataclass(frozen=True)
 class Accelerator:
     """One GPU (or accelerator) model."""
@@ -90,7 +94,9 @@ class Accelerator:
         v = self.peak_tflops.get(dtype)
         if v is None:
             have = [k for k, x in self.peak_tflops.items() if x]
-            raise ShardlabError(f"{self.id} has no {dtype} peak in the catalog; use a precision with one of: {', '.join(have)}")
+            flags = [TRAINING_PRECISION[k] for k in have if k in TRAINING_PRECISION]
+            fix = f"pass --precision {' or '.join(flags)}" if flags else f"use a precision with one of: {', '.join(have)}"
+            raise ShardlabError(f"{self.id} has no {dtype} peak in the catalog; {fix}")
         return float(v) * 1e12
 
 
