@@ -289,7 +289,9 @@ def use_command(doc: dict, path: str) -> str:
     """How to estimate with the profile; a CPU profile measures fp32 only, so it names that precision."""
     from shardlab.specs.hardware import TRAINING_PRECISION
 
-    gpu = doc["profile"]["gpu"]
+    gpu = (doc.get("profile") or {}).get("gpu")
+    if gpu not in (doc.get("accelerators") or {}):      # a framework-only profile (calibrate --from-run)
+        return f"shardlab estimate MODEL ... --profile {path}"
     peaks = doc["accelerators"][gpu]["peak_tflops"]
     prec = "" if peaks.get("bf16") else next((f" --precision {TRAINING_PRECISION[k]}" for k in ("fp16", "fp32")
                                               if peaks.get(k)), "")
