@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("
 
 SLEEPER = "import os, time\nopen(os.environ['SHARDLAB_RUN_DIR'] + f\"/up{os.environ['RANK']}\", 'w')\n" \
           "while True: time.sleep(0.05)\n"
-DRIVER = ("import sys\nfrom shardlab.runtime.launch import launch\ntry:\n"
+DRIVER = ("import faulthandler, signal, sys\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+          "from shardlab.runtime.launch import launch\ntry:\n"
           "    launch('sleeper', 2, [], timeout_s=120, run_dir=sys.argv[1])\n"
           "except KeyboardInterrupt as e:\n    raise SystemExit(128 + getattr(e, 'signum', 2))\n")
 
@@ -54,7 +55,17 @@ def _interrupt(p, how):
         p.send_signal(signal.SIGTERM)
     else:
         p.kill()
-    return p.wait(timeout=60)
+    try:
+        return p.wait(timeout=60)
+    except subprocess.TimeoutExpired:     # say where the driver is stuck (its stacks, via faulthandler), then fail
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        for q in [*_descendants(p.pid), p.pid]:     # leave nothing running behind the failure
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail(f"the driver did not exit within 60 s of {how}; its stacks:\n{p.communicate()[1].decode()[-4000:]}")
 
 
 @pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])

@@ -43,7 +43,7 @@ def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, clus
         back = job_from_fields({"gpus": job.gpus, **imp.fields}, catalog, base=job)
         if back.layout.world_size != job.gpus:
             raise ShardlabError(f"the file's layout spans {back.layout.world_size} GPUs, not {job.gpus}")
-        # the batch and sequence are the training script's where the file cannot carry them (Accelerate, DeepSpeed)
+        # the batch and sequence are the training script's where the file cannot carry them (an Accelerate config)
         est = estimate_training(spec, back.layout, cluster, seq_len=job.seq_len, global_batch=job.global_batch,
                                 precision=back.precision, optimizer=job.optimizer, framework=catalog.framework(fw))
     except ShardlabError as e:
