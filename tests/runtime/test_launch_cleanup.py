@@ -35,9 +35,17 @@ def _descendants(pid: int) -> set[int]:
     return ProcessTree(root=pid).scan()
 
 
+def _as_from_a_terminal() -> None:
+    """A driver typed at a terminal has Python's Ctrl-C handler; one started with SIGINT ignored (pytest run as a
+    background job of a non-interactive shell, as some CI runners do) keeps ignoring it by design
+    (interrupts.signals_raise), so the driver is given the default disposition a terminal's foreground job has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(cmd, env, ready):
     """Start ``cmd`` in a session of its own; return (driver, every process below it once ``ready()``)."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=_as_from_a_terminal)
     seen: set[int] = set()
 
     def up():
