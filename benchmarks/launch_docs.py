@@ -31,16 +31,27 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 FILE_LABEL = re.compile(r"`([\w.-]+)`:\n\n$")
 
 
-def _env() -> dict:
-    """The CLI as a user runs it: this checkout's package and the venv's `shardlab` first on PATH."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", PYTHONPATH=str(ROOT / "src"))
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+def _env(work: Path) -> dict:
+    """The CLI as a user runs it: `shardlab` is this checkout's package under this interpreter (a wrapper first on
+    PATH), with no SHARDLAB_* setting of the caller's (an extra catalog, progress lines) leaking into the page."""
+    bin_dir = work / ".bin"
+    if not bin_dir.is_dir():
+        bin_dir.mkdir()
+        (bin_dir / "shardlab").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m shardlab "$@"\n')
+        (bin_dir / "shardlab").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLAB_")}
+    env.update(OMP_NUM_THREADS="1", COLUMNS="200", PYTHONPATH=str(ROOT / "src"), SHARDLAB_PROGRESS="0",
+               PYTHONIOENCODING="utf-8", PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}")
     return env
 
 
 def _sh(cmd: str, cwd: Path) -> str:
-    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=300)
+    """The command's output as a terminal shows it (stdout and stderr interleaved); a failure that the command does
+    not report itself (`; echo "exit code $?"`) stops the rendering."""
+    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, encoding="utf-8", timeout=300)
+    if r.returncode and "exit code" not in cmd:
+        raise SystemExit(f"`{cmd[:80]}` exited {r.returncode}:\n{r.stdout[-2000:]}")
     return r.stdout
 
 

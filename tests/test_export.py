@@ -309,3 +309,37 @@ def test_launch_page_shows_what_the_commands_print_now(tmp_path):
     for name, cmd in mod.PLANS.items():
         assert f"`{name}` = `{cmd}`" in flat, name
     assert mod.render(text, tmp_path) == text, "docs/launch.md is stale: run python benchmarks/launch_docs.py"
+
+
+def test_export_names_what_no_file_carries_and_when_it_reestimates(tmp_path):
+    """LoRA (and offload, NF4) are listed as not expressed and stop the re-estimate; a plan scored for a framework
+    that no target is (kempnerforge) is re-estimated for the file's; a layout that no longer fits says so; --spot
+    reaches the SkyPilot task even without a spot price; plan --export slurm --launch megatron plans for Megatron-LM."""
+    doc = json.loads(cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--lora-rank", "16",
+                              "--json")[1])
+    assert {"setting": "lora_rank", "value": 16} in [{k: u[k] for k in ("setting", "value")} for u in doc["unsupported"]]
+    assert "could not express lora_rank=16" in doc["text"] and "lora_rank" in doc["retarget"]["error"]
+    pj = tmp_path / "k.json"
+    pj.write_text(json.dumps(plan_doc(["--framework", "kempnerforge"])))
+    r = json.loads(cli_main("export", "--to", "megatron", "--plan", str(pj), "--json")[1])["retarget"]
+    assert r["scored_for"] == "kempnerforge" and r["framework"] == "megatron-lm" and r["step_time_s"] > 0
+    main = tmp_path / "main.json"
+    main.write_text(json.dumps(plan_doc([])))
+    r = json.loads(cli_main("export", "--to", "deepspeed", "--plan", str(main), "--json")[1])["retarget"]
+    assert r["fits"] is False              # DeepSpeed drops sequence parallelism: the activations no longer fit
+    code, out, err = cli_main("export", "--to", "deepspeed", "--plan", str(main))
+    assert code == 0 and "does not fit in GPU memory" in err + out
+    text = json.loads(cli_main("export", "--to", "skypilot", "--plan", str(main), "--spot", "--json")[1])["text"]
+    assert "use_spot: true" in text and "on-demand" not in text
+    plan = json.loads(cli_main("plan", "--export", "slurm", "--launch", "megatron", "--out", str(tmp_path / "j.sbatch"),
+                               "--json")[1])
+    assert plan["framework"]["id"] == "megatron-lm" and "retarget" not in plan["export"]
+
+
+def test_megatron_layout_text_is_bounded_before_parsing():
+    from shardlab.export.megatron import MAX_LAYOUT_TEXT, parse_layout
+
+    for hostile in ("(" * (MAX_LAYOUT_TEXT + 1), "t" * (MAX_LAYOUT_TEXT + 1)):
+        with pytest.raises(ShardlabError, match="at most"):
+            parse_layout(hostile)
+    assert len(parse_layout("E" + "(t|)*60," + "t*4L")) == 61

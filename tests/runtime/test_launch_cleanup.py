@@ -56,7 +56,7 @@ def _start(cmd, env, ready):
     return p, seen
 
 
-def _interrupt(p, how):
+def _interrupt(p, how, seen=()):
     if how == "ctrl-c":
         os.killpg(p.pid, signal.SIGINT)
     elif how == "sigterm":
@@ -68,12 +68,17 @@ def _interrupt(p, how):
     except subprocess.TimeoutExpired:     # say where the driver is stuck (its stacks, via faulthandler), then fail
         p.send_signal(signal.SIGUSR1)
         time.sleep(2)
-        for q in [*_descendants(p.pid), p.pid]:     # leave nothing running behind the failure
-            try:
-                os.kill(q, signal.SIGKILL)
-            except OSError:
-                pass
-        pytest.fail(f"the driver did not exit within 60 s of {how}; its stacks:\n{p.communicate()[1].decode()[-4000:]}")
+        for q in {*seen, *_descendants(p.pid), p.pid}:     # leave nothing running behind the failure
+            if _alive(q):
+                try:
+                    os.kill(q, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            stacks = p.communicate(timeout=10)[1].decode()[-4000:]
+        except subprocess.TimeoutExpired:
+            stacks = "(stderr still held open)"
+        pytest.fail(f"the driver did not exit within 60 s of {how}; its stacks:\n{stacks}")
 
 
 @pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])
@@ -84,7 +89,7 @@ def test_driver_signals_stop_every_rank(tmp_path, how, code):
     driver = [sys.executable, "-c", DRIVER, str(run_dir)]
     p, seen = _start(driver, env, lambda: (run_dir / "up0").exists() and (run_dir / "up1").exists())
     assert len(seen) >= 3                          # torchrun and two ranks
-    assert _interrupt(p, how) == code
+    assert _interrupt(p, how, seen) == code
     wait_for(lambda: not any(_alive(q) for q in seen), 20, f"torchrun and the ranks to stop after {how}")
 
 

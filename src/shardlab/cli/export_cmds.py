@@ -45,7 +45,7 @@ def register(sub) -> None:
 def add_export_file_args(g) -> None:
     g.add_argument("--out", metavar="PATH", default=None, help="write the file here (default: print it)")
     g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm"), default=None,
-                   help="slurm/skypilot: the framework each node runs (default: the one the plan was scored for, torchtitan "
+                   help="slurm/skypilot: the framework each node runs (default: the plan's, or --framework's; torchtitan "
                         "when that is none of these; vllm to serve)")
 
 
@@ -83,7 +83,11 @@ def job_from_args(args, cat):
                          serve=Serve(per, args.prompt_len, args.output_len, replicas, kv_blocks=blocks),
                          notes=price_notes(cat, cluster.accelerator.id, spot))
     est = training_estimate_from_args(args, cat)
-    notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework, **price_notes(cat, resolve_gpu(args, cat), spot)}
+    from shardlab.export.job import recipe_notes
+
+    notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework, **price_notes(cat, resolve_gpu(args, cat), spot),
+             **recipe_notes(getattr(args, "offload", "none"), getattr(args, "lora_rank", None),
+                            getattr(args, "quantize_base", "none"))}
     if getattr(est, "train_time_s", None):
         notes.update(train_hours=est.train_time_s / 3600, tokens=est.tokens)
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,
@@ -96,10 +100,15 @@ def _render(job, cat, target: str, inner: str | None, cluster):
     from shardlab.export import render
     from shardlab.export.retarget import retarget
 
+    from dataclasses import replace
+
+    from shardlab.export.job import recipe_unsupported
+
     spec = cat.model(job.model)
     if job.serve is None and cluster is not None:
         job = retarget(job, spec, target, inner, cat, cluster)
-    return job, render(job, spec, target, inner)
+    exp = render(job, spec, target, inner)
+    return job, replace(exp, unsupported=exp.unsupported + recipe_unsupported(job))
 
 
 def _plan_cluster(doc: dict, cat, job):
@@ -158,6 +167,8 @@ def cmd_export(args):
         if args.spot and job.notes:
             from shardlab.export.build import price_notes
 
+            for k in ("usd_per_gpu_hour", "price_source"):     # the plan's on-demand price is not the spot price
+                job.notes.pop(k, None)
             job.notes.update(price_notes(cat, job.gpu, True))
         cluster = None if job.serve else _plan_cluster(doc, cat, job)
     else:

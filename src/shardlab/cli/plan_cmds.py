@@ -12,7 +12,8 @@ from shardlab.cli.report_cmd import add_html_arg
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
 EXPORT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed",
                     "accelerate": "pytorch-fsdp", "slurm": "torchtitan", "skypilot": "torchtitan"}
-"""The framework `plan --export TARGET` searches with when --framework is not given (slurm/skypilot launch torchtitan)."""
+"""The framework `plan --export TARGET` searches with when --framework is not given (slurm/skypilot: --launch's, else
+torchtitan)."""
 PLAN_DEFAULT_GPUS = 64
 
 PLAN_EXAMPLES = """examples:
@@ -286,7 +287,7 @@ def cmd_plan(args):
     seq = _seq_len(args, spec)
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
     if getattr(args, "export", None) and not args.framework:   # search what the export target runs
-        args.framework = EXPORT_FRAMEWORK.get(args.export)
+        args.framework = EXPORT_FRAMEWORK.get(getattr(args, "launch", None) or "") or EXPORT_FRAMEWORK.get(args.export)
     fw = resolve_framework(args, cat)
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,

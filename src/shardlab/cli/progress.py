@@ -50,10 +50,9 @@ def status(args, label: str) -> Iterator[None]:
         return
     stop = threading.Event()
     _state.update(enabled=True, label=label, stop=stop)
+    from tqdm import tqdm     # here, not in the thread: importing while the main thread imports can fail half-way
 
     def run() -> None:
-        from tqdm import tqdm
-
         t0 = time.monotonic()
         if stop.wait(DELAY_S):
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shardlab.errors import ShardlabError
-from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve
+from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve, recipe_notes
 from shardlab.layout import Layout, validate
 
 
@@ -26,7 +26,7 @@ def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = No
     try:
         p = resolve_price(catalog, gpu, provider=provider, spot=spot)
     except ShardlabError:
-        return {}
+        return {"spot": True} if spot else {}      # still asked for spot; the cost says no price is known
     return {"usd_per_gpu_hour": p.usd_per_gpu_hour, "price_source": p.source, "spot": spot}
 
 
@@ -55,7 +55,8 @@ def job_from_plan(doc: dict, catalog, rank: int = 1) -> LaunchJob:
     if lay.get("stage_layers"):
         lay["stage_layers"] = tuple(lay["stage_layers"])
     wl = doc["workload"]
-    notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id)}
+    notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id),
+             **recipe_notes(wl.get("offload"), wl.get("lora_rank"), wl.get("quantize_base"))}
     if p.get("train_days"):
         notes["train_hours"] = p["train_days"] * 24
     return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],

@@ -162,6 +162,26 @@ def job_fields(job: LaunchJob) -> dict:
     return d
 
 
+RECIPE_WHY = {
+    "lora_rank": "the file trains every weight; LoRA adapters (PEFT) are set up in the training script",
+    "quantize_base": "the frozen NF4 base (QLoRA) is set up in the training script",
+    "offload": "CPU/NVMe offload is not written; turn it on in the framework's own settings",
+}
+"""The training recipe settings (shardlab.memory.recipe) that no exported file carries, and what to do instead."""
+
+
+def recipe_unsupported(job: LaunchJob) -> tuple[Unsupported, ...]:
+    """The job's recipe settings (``notes['recipe']``) as what the file could not express."""
+    return tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
+
+
+def recipe_notes(offload, lora_rank, quantize_base) -> dict:
+    """``{'recipe': {...}}`` for the settings that differ from plain training, else {}."""
+    r = {k: v for k, v in (("lora_rank", lora_rank), ("quantize_base", quantize_base), ("offload", offload))
+         if v not in (None, "none", 0)}
+    return {"recipe": r} if r else {}
+
+
 def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     lay = job.layout
@@ -173,12 +193,13 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     out = [f"shardlab export --to {target}: {what}"]
     st, r = job.notes.get("step_time_s"), job.notes.get("retarget") or {}
     if st and "step_time_s" in r:
+        fits = "" if r.get("fits", True) else "; as written it does not fit in GPU memory"
         out.append(f"predicted step time {st:.2f} s as {r['framework']} runs it (shardlab estimate; "
-                   f"{r['scored_step_time_s']:.2f} s under {r['scored_for']}, which the layout was chosen for; an "
-                   f"estimate, not a measurement)")
+                   f"{r['scored_step_time_s']:.2f} s under {r['scored_for']}, the framework it was estimated with{fits}; "
+                   f"an estimate, not a measurement)")
     elif st:
         scored = f" under {r['scored_for']}, not {r['framework']}" if r else ""
         out.append(f"predicted step time {st:.2f} s{scored} (shardlab estimate; an estimate, not a measurement)")
-    for u in unsupported:
+    for u in (*unsupported, *recipe_unsupported(job)):
         out.append(f"could not express {u.line()}")
     return out

@@ -61,6 +61,8 @@ def model_flags(spec) -> list[tuple[str, object]]:
 
 MAX_LAYOUT_CHARS = 1_000_000
 """Bound on an unrolled --pipeline-model-parallel-layout (a real one has a few hundred layers)."""
+MAX_LAYOUT_TEXT = 10_000
+"""Bound on the layout as written (with '(...)*n' a real one is a few dozen characters; unrolled, a few hundred)."""
 
 
 def layout_string(sizes) -> str:
@@ -76,8 +78,10 @@ def parse_layout(text: str) -> list[str]:
     bad = ShardlabError(f"--pipeline-model-parallel-layout {text[:60]!r}: Megatron-Core's layout takes E, t, m, L, "
                         f"'|', '(...)*n' and commas, for at most {MAX_LAYOUT_CHARS:,} layers and stages")
 
+    if len(text) > MAX_LAYOUT_TEXT:                 # before any regex runs on it
+        raise bad
     s = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+    for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
         grown = len(s)
 
         def unroll(m):

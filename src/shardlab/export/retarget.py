@@ -36,9 +36,11 @@ def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, clus
 
     fw, before = runs_as(job, target, inner), job.notes.get("step_time_s")
     scored = job.notes.get("scored_for") or job.framework or DEFAULT_FRAMEWORK
-    if fw is None or fw == scored or scored not in RUNS_AS.values() or not before:
+    if fw is None or not before or scored == fw or scored.startswith(fw + "-"):   # the same, or calibrated from it
         return job
     try:
+        if job.notes.get("recipe"):
+            raise ShardlabError(f"the file does not carry the plan's {', '.join(job.notes['recipe'])}")
         imp = read_text(render(job, spec, target, inner).text, catalog, target)   # what `estimate --from FILE` reads
         back = job_from_fields({"gpus": job.gpus, **imp.fields}, catalog, base=job)
         if back.layout.world_size != job.gpus:
@@ -52,7 +54,7 @@ def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, clus
     ratio = est.step_time_s / before
     notes = {**job.notes, "step_time_s": est.step_time_s,
              "retarget": {"framework": fw, "scored_for": scored, "scored_step_time_s": before,
-                          "step_time_s": est.step_time_s}}
+                          "step_time_s": est.step_time_s, "fits": bool(est.memory.fits)}}
     if notes.get("train_hours"):
         notes["train_hours"] *= ratio
     return replace(job, notes=notes)
@@ -64,9 +66,10 @@ def retarget_line(job: LaunchJob) -> str | None:
     if not r:
         return None
     if "error" in r:
-        return (f"note: this file runs {r['framework']}, which shardlab could not estimate ({r['error']}); the step time "
+        return (f"note: this file runs {r['framework']}, but its step time was not re-estimated ({r['error']}); the time "
                 f"given is {r['scored_for']}'s")
+    fits = "" if r["fits"] else " and, as the file reads back, does not fit in GPU memory"
     return (f"note: this file runs {r['framework']}: an estimated {r['step_time_s']:.2f} s/step, "
             f"{r['step_time_s'] / r['scored_step_time_s']:.2f}× the {r['scored_step_time_s']:.2f} s the layout was estimated "
-            f"at under {r['scored_for']}; `shardlab plan --framework {r['framework']}` searches the layouts "
+            f"at under {r['scored_for']}{fits}; `shardlab plan --framework {r['framework']}` searches the layouts "
             f"{r['framework']} runs best")
