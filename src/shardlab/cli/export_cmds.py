@@ -85,7 +85,8 @@ def job_from_args(args, cat):
     est = training_estimate_from_args(args, cat)
     from shardlab.export.job import recipe_notes
 
-    notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework, **price_notes(cat, resolve_gpu(args, cat), spot),
+    notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework,
+             **price_notes(cat, resolve_gpu(args, cat), spot),
              **recipe_notes(getattr(args, "offload", "none"), getattr(args, "lora_rank", None),
                             getattr(args, "quantize_base", "none"))}
     if getattr(est, "train_time_s", None):
@@ -97,12 +98,11 @@ def job_from_args(args, cat):
 
 def _render(job, cat, target: str, inner: str | None, cluster):
     """(the job with its notes for the framework the file runs, the rendered Export)."""
-    from shardlab.export import render
-    from shardlab.export.retarget import retarget
-
     from dataclasses import replace
 
+    from shardlab.export import render
     from shardlab.export.job import recipe_unsupported
+    from shardlab.export.retarget import retarget
 
     spec = cat.model(job.model)
     if job.serve is None and cluster is not None:

@@ -8,10 +8,10 @@ from shardlab.cli import export_cmds
 from shardlab.cli.common import (BOUNDED, add_estimate_args, add_output_args, positive_int,
                                  resolve_framework)
 from shardlab.cli.report_cmd import add_html_arg
+from shardlab.export.launcher import RUNS_AS
 
 PLAN_DEFAULT_MODEL = "llama-3.1-70b"
-EXPORT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed",
-                    "accelerate": "pytorch-fsdp", "slurm": "torchtitan", "skypilot": "torchtitan"}
+EXPORT_FRAMEWORK = {**RUNS_AS, "slurm": "torchtitan", "skypilot": "torchtitan"}
 """The framework `plan --export TARGET` searches with when --framework is not given (slurm/skypilot: --launch's, else
 torchtitan)."""
 PLAN_DEFAULT_GPUS = 64

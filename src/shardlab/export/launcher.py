@@ -15,11 +15,15 @@ INSTALL = {"torchtitan": "pip install torchtitan==0.2.2", "deepspeed": "pip inst
            "megatron": "git clone --branch core_r0.16.0 https://github.com/NVIDIA/Megatron-LM && cd Megatron-LM && pip install -e ."}
 
 
+RUNS_AS = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed", "accelerate": "pytorch-fsdp"}
+"""Training target (or launcher --launch) -> the catalog framework profile that describes how it trains."""
+
+
 def default_inner(job) -> str:
+    """What a launcher runs by default: the target of the job's framework (torchtitan when none is), vllm to serve."""
     if job.serve is not None:
         return "vllm"
-    return {"megatron-lm": "megatron", "deepspeed": "deepspeed", "pytorch-fsdp": "accelerate"}.get(job.framework or "",
-                                                                                                    "torchtitan")
+    return {fw: target for target, fw in RUNS_AS.items()}.get(job.framework or "", "torchtitan")
 
 
 def heredoc(filename: str, text: str) -> str:

@@ -12,15 +12,12 @@ from dataclasses import replace
 
 from shardlab.errors import ShardlabError
 from shardlab.export.job import LaunchJob
-
-RUNS_AS = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed", "accelerate": "pytorch-fsdp"}
-"""Export target (or launcher --launch) -> the catalog framework profile that describes how it trains."""
+from shardlab.export.launcher import RUNS_AS, default_inner
 
 
 def runs_as(job: LaunchJob, target: str, inner: str | None) -> str | None:
     """The framework profile of what the exported file runs (None for serving or an unknown inner target)."""
     from shardlab.export import LAUNCHERS
-    from shardlab.export.launcher import default_inner
 
     if job.serve is not None:
         return None
@@ -28,8 +25,9 @@ def runs_as(job: LaunchJob, target: str, inner: str | None) -> str | None:
 
 
 def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, cluster) -> LaunchJob:
-    """``job`` with its notes re-estimated for the framework the file runs, when the plan was scored for another one
-    of the exportable frameworks; otherwise ``job`` unchanged. ``cluster``: the plan's GPUs and links."""
+    """``job`` with its notes re-estimated for the framework the file runs, when the plan was scored for another
+    framework (not a variant calibrated from the file's); otherwise ``job`` unchanged. ``cluster``: the plan's GPUs
+    and links."""
     from shardlab.estimate.training import DEFAULT_FRAMEWORK, estimate_training
     from shardlab.export import read_text, render
     from shardlab.export.build import job_from_fields

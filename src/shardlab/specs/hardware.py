@@ -25,8 +25,8 @@ class MatmulEfficiency:
     """Where the two numbers come from (fit to published runs, or a user calibration)."""
 
 
-TRAINING_PRECISION = {"fp32": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed", "fp8": "fp8-mixed"}
-"""Peak dtype -> the --precision value that computes in it."""
+TRAINING_PRECISION = {"fp32": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed"}
+"""Peak dtype -> the --precision value whose GEMMs run at it (fp8-mixed also needs the bf16 peak)."""
 
 
 @dataclass(frozen=True)
