@@ -5,7 +5,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from shardlab.catalog import get_catalog  # noqa: E402
-from shardlab.runtime.parallel.megatron import CollectiveCounter, per_block_summary  # noqa: E402
+from shardlab.runtime.parallel.megatron import CollectiveCounter  # noqa: E402
+from shardlab.runtime.train import per_block_summary  # noqa: E402
 
 
 def test_counter_by_site_and_per_block_summary():

@@ -53,7 +53,16 @@ def test_interleaved_pipeline_with_tied_embeddings_matches_one_process():
 
 
 def test_megatron_tp_issues_one_all_reduce_per_attention_and_mlp_on_gloo():
-    d = run_json("run", "train", "--strategy", "tp-megatron", "--nproc", "2", "--global-batch", "2", "--steps", "2")
+    # the launching process never imports torch without --check-parity (only the ranks do: ~3 s saved per run)
+    probe = ("import atexit, sys; atexit.register(lambda: print('driver imported torch:', 'torch' in sys.modules, "
+             "file=sys.stderr)); from shardlab.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", probe, "run", "train", "--strategy", "tp-megatron", "--nproc", "2",
+                        "--global-batch", "2", "--steps", "2", "--json"], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "driver imported torch: False" in r.stderr
+    d = json.loads(r.stdout)
+    assert d["megatron_breakdown"]["mlp"]["per_instance_per_microbatch"]["all_reduce/forward"] == 1
     for r in d["ranks"]:
         ar = r["collectives"]["all_reduce"]
         # seen by the dispatcher (real gloo) and by the f/g operators' own counter: 2 per block + embedding / head

@@ -43,8 +43,22 @@ def check_host_memory(spec, bytes_per_param: int, what: str, device: str | None 
                             f"`shardlab shard-check` for a large model's shards on the meta device")
 
 
-def require_torch():
-    """Import and return torch, or raise a one-line ShardlabError saying how to install it."""
+def require_torch(load: bool = True):
+    """Import and return torch, or raise a one-line ShardlabError saying how to install it.
+
+    ``load=False`` only checks that torch is installed (returns None): the process that starts a torchrun job
+    does not compute with torch, and importing it (about 3 s on a 2-core CPU) would delay every rank's start.
+    A broken install then surfaces as the ranks' own import error in the job's failure summary."""
+    if not load:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):   # a parent package missing, or a module without __spec__
+            found = False
+        if not found:
+            raise ShardlabError(f"the runtime needs PyTorch, which is not installed: {INSTALL_HINT}")
+        return None
     try:
         import torch
     except ImportError:  # ModuleNotFoundError, or a broken install

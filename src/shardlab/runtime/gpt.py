@@ -181,6 +181,16 @@ class Block(nn.Module):
         return x + ff(self.ffn_norm(x))
 
 
+class _Embedding(nn.Embedding):
+    """``nn.Embedding`` without its default N(0, 1) init: ``build_model`` builds on the meta device, where
+    ``normal_`` runs through torch's Python reference ops and imports TorchDynamo (2-3 s per process on a CPU), and
+    ``init_weights`` then fills every tensor anyway. Same parameters, same state-dict names."""
+
+    def reset_parameters(self) -> None:
+        if self.weight.device.type != "meta":
+            super().reset_parameters()
+
+
 class GPT(nn.Module):
     """Embeddings, blocks, final norm and head; a pipeline stage is a GPT with some parts set to None."""
 
@@ -188,9 +198,9 @@ class GPT(nn.Module):
         super().__init__()
         self.spec = spec
         h = spec.hidden_size
-        self.tok_embeddings = nn.Embedding(spec.vocab_size, h)
+        self.tok_embeddings = _Embedding(spec.vocab_size, h)
         if spec.position == "learned":
-            self.pos_embeddings = nn.Embedding(spec.max_seq_len, h)
+            self.pos_embeddings = _Embedding(spec.max_seq_len, h)
         if spec.embedding_norm:
             self.emb_norm = _norm(spec, h)
         self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers)})

@@ -116,7 +116,7 @@ def run_train(req: TrainRequest) -> dict:
     from shardlab.runtime.launch import launch
     from shardlab.runtime.observe.report import observation_for, train_prediction
 
-    require_torch()
+    require_torch(load=False)   # the ranks import torch; this process only for --check-parity, after the job
     spec, st, mb = prepare(req)
     obs = observation_for(req.observe, req.nproc, st.world_size, "train", req.torchrun_args)
     res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
@@ -188,10 +188,23 @@ def _colls(c: dict) -> str:
     return ", ".join(parts) or "none"
 
 
+def per_block_summary(sites: dict[str, dict[str, int]], microbatches: int = 1) -> dict[str, dict]:
+    """Collapse ``by_site`` into one row per kind (attention, mlp, embedding, head): calls per instance per
+    micro-batch for each op/phase, the number of instances, and whether every instance issued the same."""
+    kinds: dict[str, list[dict[str, int]]] = {}
+    for site, ops in sites.items():
+        kinds.setdefault(site.rsplit(".", 1)[-1], []).append(ops)
+    out = {}
+    for kind, insts in kinds.items():
+        keys = sorted({k for d in insts for k in d}, key=lambda k: (k.split("/")[1] != "forward", k))
+        per = {k: sorted({d.get(k, 0) for d in insts}) for k in keys}
+        out[kind] = {"instances": len(insts), "uniform": all(len(v) == 1 for v in per.values()),
+                     "per_instance_per_microbatch": {k: v[0] / microbatches for k, v in per.items() if len(v) == 1}}
+    return out
+
+
 def megatron_breakdown(doc: dict) -> dict | None:
     """Rank 0's f/g counter per kind of site (attention, mlp, embedding, head), per instance per micro-batch."""
-    from shardlab.runtime.parallel.megatron import per_block_summary
-
     sites = next((r.get("megatron_sites") for r in doc["ranks"] if r.get("megatron_sites")), None)
     return per_block_summary(sites, doc["microbatches"]) if sites else None
 

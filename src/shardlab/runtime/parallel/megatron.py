@@ -73,21 +73,6 @@ class _SiteCounter:
         self.parent.add(op, phase, self.site)
 
 
-def per_block_summary(sites: dict[str, dict[str, int]], microbatches: int = 1) -> dict[str, dict]:
-    """Collapse ``by_site`` into one row per kind (attention, mlp, embedding, head): calls per instance per
-    micro-batch for each op/phase, the number of instances, and whether every instance issued the same."""
-    kinds: dict[str, list[dict[str, int]]] = {}
-    for site, ops in sites.items():
-        kinds.setdefault(site.rsplit(".", 1)[-1], []).append(ops)
-    out = {}
-    for kind, insts in kinds.items():
-        keys = sorted({k for d in insts for k in d}, key=lambda k: (k.split("/")[1] != "forward", k))
-        per = {k: sorted({d.get(k, 0) for d in insts}) for k in keys}
-        out[kind] = {"instances": len(insts), "uniform": all(len(v) == 1 for v in per.values()),
-                     "per_instance_per_microbatch": {k: v[0] / microbatches for k, v in per.items() if len(v) == 1}}
-    return out
-
-
 class CopyToTensorParallel(torch.autograd.Function):
     """``f`` of Megatron-LM (arXiv 1909.08053 §3): identity forward, all-reduce of the gradient backward."""
 
