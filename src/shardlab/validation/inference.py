@@ -169,7 +169,8 @@ def _kernels(values: dict, steps: np.ndarray) -> tuple[Kernels, np.ndarray]:
 
 def predict(prep: Prepared, values: dict | None = None, index: np.ndarray | None = None) -> dict:
     """Predicted metrics (arrays over runs, or over ``index``), with the engines' fitted values or ``values``
-    (one engine's FITTED fields, applied to every run given)."""
+    (one engine's FITTED fields, applied to every run given; each field a number, or an array with one value per
+    entry of ``index``)."""
     from shardlab.serving.steady import fluid, take
 
     idx = np.arange(len(prep.runs)) if index is None else index
@@ -198,7 +199,9 @@ def _to_x(values: dict) -> np.ndarray:
 
 
 def _from_x(x: np.ndarray) -> dict:
-    return {k: float(1 / (1 + np.exp(-v)) if k in FRACTIONS else np.exp(v)) for k, v in zip(FITTED, x)}
+    """Inverse of ``_to_x``; ``x`` of shape (fields,) gives floats, (fields, k) gives arrays of k values."""
+    conv = {k: 1 / (1 + np.exp(-v)) if k in FRACTIONS else np.exp(v) for k, v in zip(FITTED, x)}
+    return {k: float(v) if np.ndim(v) == 0 else v for k, v in conv.items()}
 
 
 def prior_centre(values: dict, engine: str) -> dict:
@@ -223,21 +226,29 @@ def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, itera
     w = np.array([np.sqrt(len(groups) / (len(set(groups)) * groups.count(g))) for g in groups])
     x0 = _to_x(prior)
 
-    def resid(x):
-        out = predict(prep, _from_x(x), idx)
-        pred = np.array([out[m][p] for p, m in zip(pos, met)])
+    n = len(idx)
+    met_ix = {m: np.array([k for k, mm in enumerate(met) if mm == m]) for m in set(met)}
+
+    def resids(X):
+        """Residuals of every row of X (candidate parameter vectors) in one vectorised prediction: the model is
+        elementwise over cases, so stacking the candidates' copies of the runs gives each the same numbers as a
+        call of its own, for one call's interpreter overhead (the Jacobian's columns cost one evaluation)."""
+        vals = _from_x(X.T)                                    # field -> (candidates,)
+        out = predict(prep, {k: np.repeat(v, n) for k, v in vals.items()}, np.tile(idx, len(X)))
+        pred = np.empty((len(X), len(met)))
+        for m, ks in met_ix.items():
+            pred[:, ks] = out[m].reshape(len(X), n)[:, pos[ks]]
         data = w * np.log(np.clip(pred, 1e-12, 1e12) / meas)
-        return np.concatenate([np.where(np.isfinite(data), data, 10.0), (x - x0) / PRIOR_SIGMA])
+        return np.concatenate([np.where(np.isfinite(data), data, 10.0), (X - x0) / PRIOR_SIGMA], axis=1)
+
+    def resid(x):
+        return resids(x[None, :])[0]
 
     x = _to_x(start or prior)
     r = resid(x)
     lam = 1e-2
     for _ in range(iterations):
-        J = np.empty((len(r), len(x)))
-        for j in range(len(x)):
-            dx = np.zeros_like(x)
-            dx[j] = 1e-4
-            J[:, j] = (resid(x + dx) - r) / 1e-4
+        J = ((resids(x + 1e-4 * np.eye(len(x))) - r) / 1e-4).T
         A, g = J.T @ J, J.T @ r
         improved = False
         for _ in range(8):
