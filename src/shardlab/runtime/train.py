@@ -157,7 +157,9 @@ def run_train(req: TrainRequest) -> dict:
                       "fastest_s": min(times.values()),
                       "spread": (times[slow] - min(times.values())) / med if med else None,
                       "predicted_s": pred_s, "predicted_from": pred_src,
-                      "error": (med - pred_s) / pred_s if pred_s else None},
+                      "error": (med - pred_s) / pred_s if pred_s else None,
+                      "timed_steps": min(d.get("timed_steps", 0) for d in ranks),
+                      "instrumented": any(d.get("step_time_instrumented") for d in ranks)},
         "tokens_per_s": req.global_batch * req.seq_len / times[slow],
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary},
     }
@@ -224,6 +226,24 @@ def _megatron_lines(doc: dict) -> list[str]:
     return ["Megatron f/g collectives per micro-batch (our operators' counter): " + "; ".join(parts)]
 
 
+def step_time_notes(doc: dict) -> list[str]:
+    """What the measured-vs-predicted line needs beside it: a timed step that carried instrumentation, and on a
+    CPU, that the catalog's generic core is not this machine."""
+    st, notes = doc["step_time"], []
+    if st.get("instrumented"):
+        notes.append(f"  measured on an instrumented step: with --steps {doc['workload']['steps']}, step 0 carries the "
+                     f"memory tracker and step 1 the collective recorder (a dispatch mode on every operator); "
+                     f"--steps 3 or more gives clean step times")
+    cpu = all(r.get("device") == "cpu" for r in doc["ranks"])
+    if cpu and st.get("error") is not None and abs(st["error"]) > 0.5 and "cpu-core" in st["predicted_from"] \
+            and "(profile " not in st["predicted_from"]:
+        notes.append("  the prediction uses the catalog's generic cpu-core, not this machine, and no host time per "
+                     "operator: `shardlab calibrate --out hw.yaml` measures this machine (then --profile hw.yaml), "
+                     "and `shardlab calibrate --from-run RUN.json --framework BASE` fits the host time a run spends "
+                     "(docs/calibration.md)")
+    return notes
+
+
 def render_train(doc: dict) -> str:
     """The human report: losses, per-rank measurements, predicted vs measured memory and step time, parity."""
     from shardlab.report.table import table
@@ -264,6 +284,7 @@ def render_train(doc: dict) -> str:
                    f"{fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
     else:
         out.append(f"step time: measured {fmt_time(st['measured_median_s'])}; {st['predicted_from']}")
+    out += step_time_notes(doc)
     if "parity" in doc:
         p = doc["parity"]
         out.append(f"parity with one process (step 0): loss {p['run_loss']:.6f} vs {p['reference_loss']:.6f} "
