@@ -59,14 +59,13 @@ def test_fp16_without_scaling_loses_small_gradients_that_scaling_and_bf16_keep()
 def test_step_time_notes_name_an_instrumented_step_and_the_uncalibrated_cpu():
     from shardlab.runtime.train import step_time_notes
 
-    def doc(steps, instrumented, error, source, device="cpu"):
+    def doc(steps, instrumented, error, gpu, device="cpu"):
         return {"workload": {"steps": steps}, "ranks": [{"device": device}] * 2,
-                "step_time": {"instrumented": instrumented, "error": error, "predicted_from": source}}
+                "step_time": {"instrumented": instrumented, "error": error, "predicted_catalog_gpu": gpu}}
 
-    catalog = "shardlab.estimate on 2 × cpu-core over loopback"
-    both = step_time_notes(doc(2, True, 4.9, catalog))
+    both = step_time_notes(doc(2, True, 4.9, "cpu-core"))
     assert len(both) == 2 and "--steps 2" in both[0] and "--steps 3 or more" in both[0]
     assert "shardlab calibrate --out" in both[1]
-    assert step_time_notes(doc(6, False, 0.3, catalog)) == []                       # close enough: no hint
-    assert step_time_notes(doc(6, False, 4.9, catalog + " (profile hw.yaml)")) == []  # already calibrated
-    assert step_time_notes(doc(6, False, 4.9, "shardlab.estimate on 2 × h100-sxm over nvlink4", "cuda")) == []
+    assert step_time_notes(doc(6, False, 0.3, "cpu-core")) == []                    # close enough: no hint
+    assert step_time_notes(doc(6, False, 4.9, None)) == []                          # a --profile: already calibrated
+    assert step_time_notes(doc(6, False, 4.9, "h100-sxm", "cuda")) == []

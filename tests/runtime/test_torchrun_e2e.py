@@ -42,6 +42,7 @@ def test_fsdp_train_json_contract_parity_and_exact_memory():
     st = d["step_time"]
     assert st["slowest_rank"] in (0, 1) and st["spread"] >= 0
     assert st["instrumented"] is False and st["timed_steps"] == 1   # step 2: no tracker, no recorder
+    assert st["predicted_catalog_gpu"] == "cpu-core"
 
 
 def test_interleaved_pipeline_with_tied_embeddings_matches_one_process():

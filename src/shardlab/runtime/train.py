@@ -128,6 +128,7 @@ def run_train(req: TrainRequest) -> dict:
     report = predicted_memory(spec, st, shape)
     rows = memory_rows(report, ranks, spec)
     dev = ranks[0]["device"] if ranks else "cpu"
+    gpu = None   # a profile names its own accelerator
     if req.profile:
         est, pred_src = predicted_estimate(spec, st, shape, req.predict_gpu, None, profile=req.profile)
     else:
@@ -158,6 +159,7 @@ def run_train(req: TrainRequest) -> dict:
                       "spread": (times[slow] - min(times.values())) / med if med else None,
                       "predicted_s": pred_s, "predicted_from": pred_src,
                       "error": (med - pred_s) / pred_s if pred_s else None,
+                      "predicted_catalog_gpu": gpu,
                       "timed_steps": min(d.get("timed_steps", 0) for d in ranks),
                       "instrumented": any(d.get("step_time_instrumented") for d in ranks)},
         "tokens_per_s": req.global_batch * req.seq_len / times[slow],
@@ -235,8 +237,7 @@ def step_time_notes(doc: dict) -> list[str]:
                      f"memory tracker and step 1 the collective recorder (a dispatch mode on every operator); "
                      f"--steps 3 or more gives clean step times")
     cpu = all(r.get("device") == "cpu" for r in doc["ranks"])
-    if cpu and st.get("error") is not None and abs(st["error"]) > 0.5 and "cpu-core" in st["predicted_from"] \
-            and "(profile " not in st["predicted_from"]:
+    if cpu and st.get("predicted_catalog_gpu") == "cpu-core" and st.get("error") is not None and abs(st["error"]) > 0.5:
         notes.append("  the prediction uses the catalog's generic cpu-core, not this machine, and no host time per "
                      "operator: `shardlab calibrate --out hw.yaml` measures this machine (then --profile hw.yaml), "
                      "and `shardlab calibrate --from-run RUN.json --framework BASE` fits the host time a run spends "
