@@ -48,6 +48,21 @@ def test_numbers_come_from_the_core_functions():
     assert explain("bytes-per-param", ["params=500K"]).numbers["model_states_bytes"] == 8_000_000
 
 
+def test_derivations_agree_with_their_own_printed_inputs():
+    """A learner redoing the arithmetic from the printed lines gets the printed answers."""
+    two = explain("two-pressures").numbers
+    assert two["tokens_per_s"] == pytest.approx(two["model_flops_per_s"] / two["model_flops_per_token"])
+    assert two["one_gpu_days"] == pytest.approx(two["model_flops"] / two["model_flops_per_s"] / 86400)
+    assert two["model_flops"] > two["flops"]           # attention and logits on top of 6Ψ (minus the embedding)
+    ddp = explain("ddp-buckets").numbers
+    last = ddp["all_reduce_s"] / ddp["buckets"]
+    assert ddp["bucketed_exposed_s"] == pytest.approx(max(last, ddp["all_reduce_s"] - ddp["overlap_efficiency"] * ddp["backward_s"]))
+    assert ddp["bucketed_exposed_s"] >= last > 0        # the last bucket is never hidden
+    myth = explain("design-myths").numbers
+    code, out, _ = cli_main("plan", "llama-3.1-70b", "--gpus", "64", "--top", "1", "--json")
+    assert code == 0 and json.loads(out)["plans"][0]["step_time_s"] == pytest.approx(myth["best_step_time_s"])
+
+
 def test_explanations_name_their_sources_and_the_upstream_code():
     doc = explain("tp-mlp").to_dict()
     assert any("arXiv 1909.08053" in s["citation"] for s in doc["sources"])

@@ -70,7 +70,7 @@ def training_flops_per_token(spec: ModelSpec, seq_len, recompute: str = "none", 
 
     model = 3 × forward (Korthikanti Eq. 7 convention); hardware adds the recomputed forward of the
     blocks under full recomputation (Narayanan Eq. 3 counts this; logits are not recomputed), of the
-    attention core under selective recomputation (Korthikanti §4.2), or of every other matmul under per-op
+    attention core under selective recomputation (Korthikanti §5), or of every other matmul under per-op
     checkpointing ('op'); ``fraction`` of the blocks are checkpointed.
     """
     f = forward_flops_per_token(spec, seq_len)

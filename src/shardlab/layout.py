@@ -46,7 +46,7 @@ class Layout:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel rank."""
     recompute: str = "none"
-    """Activation recomputation: none, selective (attention core; Korthikanti 2022 §4.2), full (keep block inputs) or
+    """Activation recomputation: none, selective (attention core; Korthikanti 2022 §5), full (keep block inputs) or
     op (torchtitan's per-operator selective checkpointing: keep every other matmul output and the attention outputs,
     re-run the rest; torchtitan/models/llama3/infra/parallelize.py _save_list)."""
     recompute_fraction: float = 1.0

@@ -33,7 +33,7 @@ PAPERS = {
                        "(§2.2); TP inside a node, PP across (§3); FLOPs per step (Eq. 3)"),
     "korthikanti": Paper("Korthikanti et al. 2022, \"Reducing Activation Recomputation in Large Transformer Models\", "
                          "arXiv 2205.05198", "activation bytes per layer (Table 2); sequence parallelism (§4.2.2); selective "
-                         "recomputation (§4.3); model FLOPs (Eq. 7)"),
+                         "recomputation (§5); first-stage memory of interleaved pipelines (§4.3); model FLOPs (Eq. 7)"),
     "gpipe": Paper("Huang et al. 2019, \"GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism\", "
                    "arXiv 1811.06965", "micro-batched pipelines; the fill-and-drain bubble; GPipe holds every micro-batch's "
                    "activations"),

@@ -59,6 +59,7 @@ def ddp_buckets(v: dict) -> Explanation:
     from shardlab.comm.collectives import collective_time
     from shardlab.comm.inventory import DDP_BUCKET_BYTES, layout_collectives
     from shardlab.estimate import estimate_training
+    from shardlab.estimate.hardware import overlap_efficiency
     from shardlab.layout import Layout
 
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])
@@ -71,29 +72,42 @@ def ddp_buckets(v: dict) -> Explanation:
     whole = collective_time("all-reduce", grads, v["gpus"], cl.intra_link if v["gpus"] <= cl.gpus_per_node else cl.inter_link)
     backward = est.breakdown["compute_s"] * 2 / 3
     exposed = est.breakdown["dp_comm_s"]
+    eta = overlap_efficiency(cl.accelerator)
+    # bucket by bucket: the reductions hide under η of the backward, but the last bucket is ready only when backward ends
+    bucketed = max(item.time_per_call_s, total - eta * backward)
     return Explanation(
         "ddp-buckets", "DDP: gradient buckets and overlap with backward",
         f"DDP of {spec.name} on {v['gpus']} × {cl.accelerator.id}: how many buckets, how many bytes, how long, and how "
         f"much of it hides behind backward?",
         dict(v),
-        [f"gradients: {fmt_count(grads / 2)} params × 2 B (bf16) = {fmt_bytes(grads)}",
+        [f"gradients: {fmt_count(grads / 2)} params × 2 B (bf16-mixed keeps bf16 gradients, as Megatron-LM's DDP; "
+         f"PyTorch DDP under autocast keeps fp32 parameters and reduces 4-byte gradients, twice the bytes) = "
+         f"{fmt_bytes(grads)}",
          f"buckets: ⌈{fmt_bytes(grads)} / {DDP_BUCKET_BYTES // 2**20} MiB⌉ = {item.calls_per_step} all-reduces of "
-         f"{fmt_bytes(item.bytes_per_call)} per step (PyTorch DDP bucket_cap_mb = 25; the first bucket is capped at 1 MiB)",
+         f"{fmt_bytes(item.bytes_per_call)} per step (PyTorch DDP bucket_cap_mb = 25; DDP also caps its first bucket "
+         f"at 1 MiB, one small extra call left out here)",
          f"each bucket: ring all-reduce over {item.group_size} ranks on {item.link_id}: {fmt_time(item.time_per_call_s)}; "
          f"all buckets {fmt_time(total)} (one all-reduce of everything would take {fmt_time(whole.time_s)}: "
          f"bucketing adds {item.calls_per_step - 1} × the latency term but lets communication start early)",
-         f"a bucket is reduced as soon as backward has produced all its gradients, so the reduction runs under the "
-         f"remaining backward ({fmt_time(backward)}); exposed after backward: {fmt_time(exposed)} "
-         f"({pct(exposed / est.step_time_s)} of the {fmt_time(est.step_time_s)} step)",
+         f"a bucket is reduced as soon as backward has produced all its gradients, so the reductions run under the "
+         f"remaining backward ({fmt_time(backward)}); overlapped communication hides under η = {eta:.0%} of that "
+         f"compute (the {cl.accelerator.id}'s overlap share: docs/validation.md), and the last bucket is ready only when "
+         f"backward ends: exposed ≈ max(last bucket {fmt_time(item.time_per_call_s)}, {fmt_time(total)} − {eta:.2f} × "
+         f"{fmt_time(backward)}) = {fmt_time(bucketed)}",
+         f"the step model (`shardlab estimate`) prices the gradients as one all-reduce of {fmt_time(whole.time_s)} under "
+         f"the same η: max(0, {fmt_time(whole.time_s)} − {eta:.2f} × {fmt_time(backward)}) = {fmt_time(exposed)} "
+         f"exposed ({pct(exposed / est.step_time_s)} of the {fmt_time(est.step_time_s)} step); the bucket-level figure "
+         f"differs by the latency terms and the last bucket",
          "the bottleneck: the all-reduce moves 2(n−1)/n × the whole gradient every step whatever the GPU count; when it "
          "outlasts backward, adding GPUs stops helping"],
         f"Data parallelism keeps a full model on every GPU and averages gradients with an all-reduce each step. DDP does "
         f"not wait for backward to finish: it groups gradients into 25 MiB buckets and starts reducing each bucket as soon "
         f"as it is ready. {spec.name} has {item.calls_per_step} buckets taking {fmt_time(total)} in total, of which "
-        f"{fmt_time(exposed)} is left once backward is done. The bytes per step are fixed by the model, not by the number of "
+        f"about {fmt_time(bucketed)} is left once backward is done (at least the last bucket, which nothing can hide). The bytes per step are fixed by the model, not by the number of "
         f"GPUs, so the all-reduce bandwidth is DDP's bottleneck.",
         {"gradient_bytes": grads, "buckets": item.calls_per_step, "bucket_bytes": item.bytes_per_call,
-         "all_reduce_s": total, "exposed_s": exposed, "backward_s": backward, "step_time_s": est.step_time_s},
+         "all_reduce_s": total, "exposed_s": exposed, "bucketed_exposed_s": bucketed, "overlap_efficiency": eta,
+         "whole_all_reduce_s": whole.time_s, "backward_s": backward, "step_time_s": est.step_time_s},
         sources=["ddp", "ring"], code=["pt-ddp", "pt-reducer", "meg-ddp"],
         commands=[f"comm plan {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id}",
                   "run train --strategy ddp --nproc 2 --check-parity"],

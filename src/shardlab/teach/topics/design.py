@@ -47,7 +47,8 @@ def cost(v: dict) -> Explanation:
 def myths(v: dict) -> Explanation:
     """'64 GPUs means DP = 64', 'PP across nodes is free' and the textbook DP×TP8×PP4, each against the planner."""
     from shardlab.estimate import estimate_training
-    from shardlab.estimate.workload import Workload
+    from shardlab.estimate.training import DEFAULT_FRAMEWORK
+    from shardlab.estimate.workload import workload_for
     from shardlab.layout import Layout
     from shardlab.memory import training_memory
     from shardlab.planner.report import _layout_str
@@ -58,7 +59,8 @@ def myths(v: dict) -> Explanation:
     seq = min(spec.max_seq_len, 4096)
     gb = max(1, 4 * 2**20 // seq)                      # 4M tokens per step, as `shardlab plan` assumes
     dp_mem = training_memory(Layout(dp=n), model=spec, accelerator=cl.accelerator, seq_len=seq, num_gpus=n).worst
-    plans = plan_training(spec, cl, Workload(seq_len=seq, global_batch=gb), top=1).plans
+    fw = catalog().framework(DEFAULT_FRAMEWORK)        # the framework `shardlab plan` and `estimate` assume by default
+    plans = plan_training(spec, cl, workload_for(fw, seq_len=seq, global_batch=gb), top=1, framework=fw).plans
     if not plans:
         from shardlab.errors import ShardlabError
 
@@ -91,8 +93,8 @@ def myths(v: dict) -> Explanation:
          f"{small.microbatches} micro-batches ({dp_t * 2 * pp} sequences per step) they cost {pct(small_share)} of the step"],
         f"A GPU count is not a design. {n} full copies of {spec.name} do not fit at all. The textbook answer, tensor "
         f"parallelism inside each node and a pipeline across nodes, works, but it is not automatically best: for this "
-        f"model and batch the search prefers {_layout_str(lay)}, {100 * (text.step_time_s / best['step_time_s'] - 1):+.1f}% "
-        f"faster per step. And the pipeline is free only with a huge batch: at {small.microbatches} micro-batches its bubble and "
+        f"model and batch the search prefers {_layout_str(lay)}, and the textbook layout takes "
+        f"{100 * (text.step_time_s / best['step_time_s'] - 1):.1f}% longer per step. And the pipeline is free only with a huge batch: at {small.microbatches} micro-batches its bubble and "
         f"sends take {pct(small_share)} of the step. Each choice buys something and costs something; the numbers say which.",
         {"dp_only_bytes": dp_mem.total, "dp_only_fits": False, "best_layout": lay, "best_step_time_s": best["step_time_s"],
          "textbook_step_time_s": text.step_time_s, "textbook_pp_cost_s": pp_cost,

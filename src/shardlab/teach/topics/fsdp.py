@@ -73,7 +73,7 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"a unit is gathered whole before its forward and, resharded after it, again before its backward; its gradients "
          f"are reduce-scattered after its backward. Units per step: block {b['units']} (one per block + the embedding/head "
          f"unit), {n}-blocks {g['units']}, model {m['units']} [comm/inventory.py: layout_collectives]",
-         f"bytes per call = the unit's bf16 weights: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
+         f"bytes per call = the units' bf16 weights, averaged over the units: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
          f"{fmt_bytes(m['unit_bytes'])}; calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
          f"{m['calls_per_step']}; a unit moves its weights twice (forward and backward gathers) and its gradients once, "
          f"the whole model, gathered once and held, its weights once: {b['comm_s'] * 1e3:,.0f}, {g['comm_s'] * 1e3:,.0f} "
@@ -104,4 +104,6 @@ def fsdp_wrap(v: dict) -> Explanation:
                   f"estimate {cmd} --wrap model"],
         notes=[f"one sequence of {seq} tokens per GPU per step (micro-batch 1), recompute {v['recompute']}; {fw.id}'s mechanisms "
                "(catalog/data/frameworks.yaml); bytes per call average the units, the peak uses the largest "
-               "(often the embedding or head)"])
+               "(often the embedding or head); the call count takes the embedding and head as one root unit (FSDP1's "
+               "root, as shardlab's runtime wraps them), the peak takes each as a unit of its own (as torchtitan wraps "
+               "them), the smaller of the two peaks"])

@@ -15,7 +15,7 @@ from shardlab.units import fmt_count
 def two_pressures(v: dict) -> Explanation:
     """Memory pressure: does one GPU hold the training state? Time pressure: how long on one GPU vs the deadline?"""
     from shardlab.estimate import estimate_training
-    from shardlab.flops import six_psi_d
+    from shardlab.flops import six_psi_d, training_flops_per_token
     from shardlab.layout import Layout
     from shardlab.memory import training_memory
     from shardlab.memory.precision import state_bytes
@@ -36,6 +36,8 @@ def two_pressures(v: dict) -> Explanation:
                (False, True): "time pressure: the state fits, add data-parallel replicas (DDP) to finish in time",
                (False, False): "neither: one GPU holds it and finishes in time; do not distribute"}[(memory_p, time_p)]
     flops = six_psi_d(active, v["tokens"])
+    per_token, _ = training_flops_per_token(spec, seq)            # the FLOPs the step model counts (Korthikanti Eq. 7)
+    sustained = est.tokens_per_s * per_token                        # model FLOP/s of the one GPU
     return Explanation(
         "two-pressures", "The two reasons to distribute: memory and time",
         f"Does training {spec.name} on {fmt_count(v['tokens'])} tokens face memory pressure, time pressure, or both, "
@@ -48,9 +50,13 @@ def two_pressures(v: dict) -> Explanation:
          f"{gib(w.total)} against {gib(acc.memory_bytes)} on the {acc.id}: "
          + ("the states alone do not fit (memory pressure)" if memory_p else
             "the states fit" + ("" if mem.fits else ", though activations and overheads push it over: shard or recompute")),
-         f"compute: C ≈ 6ΨD = 6 × {fmt_count(active)} × {fmt_count(v['tokens'])} = {flops:.3g} FLOPs",
-         f"one {acc.id} trains {est.tokens_per_s:,.0f} tokens/s at the estimated MFU {pct(est.mfu)} "
-         f"→ {fmt_count(v['tokens'])} tokens take {one_gpu_days:,.1f} days",
+         f"compute: C ≈ 6ΨD = 6 × {fmt_count(active)} × {fmt_count(v['tokens'])} = {flops:.3g} FLOPs (Kaplan's rule "
+         f"of thumb); counted per token as the step model does (3 × forward: every matmul, attention over the "
+         f"{seq}-token context and the logits, Korthikanti Eq. 7) it is {per_token:.4g} FLOPs × {fmt_count(v['tokens'])} "
+         f"= {per_token * v['tokens']:.3g} FLOPs",
+         f"one {acc.id} sustains {sustained / 1e12:.1f} TFLOP/s of model FLOPs (the estimated MFU {pct(est.mfu)} of its "
+         f"peak) → {sustained:.3g} / {per_token:.4g} = {est.tokens_per_s:,.0f} tokens/s → {fmt_count(v['tokens'])} "
+         f"tokens take {one_gpu_days:,.1f} days",
          f"against a {v['days']:g}-day deadline: at least {gpus_needed:,.0f} GPUs at perfect scaling "
          + ("(time pressure)" if time_p else "(no time pressure)"),
          f"verdict: {verdict}"],
@@ -63,7 +69,8 @@ def two_pressures(v: dict) -> Explanation:
         + " Naming the pressure first is what picks the strategy.",
         {"model_states_bytes": w.model_states, "total_bytes": w.total, "capacity_bytes": acc.memory_bytes,
          "memory_pressure": memory_p, "one_gpu_days": one_gpu_days, "gpus_for_deadline": int(gpus_needed),
-         "time_pressure": time_p, "flops": flops},
+         "time_pressure": time_p, "flops": flops, "model_flops_per_token": per_token,
+         "model_flops": per_token * v["tokens"], "tokens_per_s": est.tokens_per_s, "model_flops_per_s": sustained},
         sources=["zero", "kaplan", "korthikanti"], code=[],
         commands=[f"memory {spec.name} --gpus 1 --gpu {acc.id} --precision {v['precision']}",
                   f"estimate {spec.name} --gpus 1 --gpu {acc.id} --tokens {num(v['tokens'])}"],
@@ -156,7 +163,8 @@ def zero_stages(v: dict) -> Explanation:
          f"ZeRO-{z} shards {shards[z]}: per GPU {formula} = {gb(st.total)} with Ψ = {fmt_count(n)}, N_d = {d} "
          f"(weights {gb(st.weights)}, gradients {gb(st.gradients)}, optimizer {gb(st.optimizer)})",
          f"versus no sharding: {gb(base.total)} per GPU, {base.total / st.total:.2f}× more",
-         f"traffic: DDP, ZeRO-1 and ZeRO-2 all-reduce (or reduce-scatter + all-gather) the gradients: "
+         f"traffic: DDP all-reduces the gradients; ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated "
+         f"weights, the same volume: "
          f"2(n−1)/n × {gb(g)} = {gb(traffic[0])} through each GPU's link per step",
          f"ZeRO-3 re-gathers the weights in forward and in backward and reduce-scatters gradients: "
          f"3 × (n−1)/n × {gb(g)} = {gb(traffic[3])} (1.5×) [ZeRO §7]"],
@@ -198,7 +206,8 @@ def checkpointing(v: dict) -> Explanation:
         f"(FSDP): what do selective and full recomputation save, and what do they cost?",
         dict(v),
         [f"no recomputation: every block keeps its activations for backward: {gib(a0)} per GPU",
-         f"selective (Korthikanti §4.3): drop only the attention scores/softmax and recompute them: {gib(asel)} "
+         f"selective (Korthikanti §5): drop only the attention core's activations (the s×s scores and softmax; with "
+         f"flash attention only its softmax statistics) and recompute them: {gib(asel)} "
          f"for +{rsel * 1e3:.0f} ms per step",
          f"full: keep only each block's input (2·s·b·h bytes with bf16) and re-run the whole forward in backward: "
          f"{gib(af)} for +{rf * 1e3:.0f} ms per step ({100 * (tf / t0 - 1):+.0f}% step time)",

@@ -110,7 +110,8 @@ def interleaving(v: dict) -> Explanation:
          f"cost 2: stage 0 holds {ni:g} stage-equivalents of activations instead of {n1:g} "
          f"(p·(1 + (p−1)/(p·v)), Korthikanti §4.3); and m must be a multiple of p"],
         f"Interleaving gives each GPU several thin slices of the model instead of one thick one, so the pipeline fills and "
-        f"drains in thinner steps: the bubble shrinks by v, from {pct(a.bubble_fraction)} to {pct(b.bubble_fraction)}. "
+        f"drains in thinner steps: the bubble's idle time shrinks by v (Narayanan's (p−1)/m becomes (1/v)(p−1)/m), and as a "
+        f"share of the step it falls from {pct(a.bubble_fraction)} to {pct(b.bubble_fraction)}. "
         f"The price is more traffic (each micro-batch passes every GPU v times) and slightly more activation memory on the "
         f"first stage.",
         {"bubble_1f1b": a.bubble_fraction, "bubble_interleaved": b.bubble_fraction, "sends_per_rank": m * vv,
