@@ -115,3 +115,56 @@ def test_validate_inference_meets_the_throughput_goal():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text()
     assert render_into(page, blocks(d)) == page, "rerun python benchmarks/fit_engines.py"
+
+
+def _replay_ids(runs):
+    """One run of each (mode, measured metrics, settings) kind: static batches, Poisson rates, closed loops, offline
+    sweeps, multi-step scheduling, a memory fraction, FP8."""
+    seen, out = set(), []
+    for r in runs:
+        key = (r.config["mode"], tuple(sorted(r.measured)), tuple(sorted(r.settings)), r.config.get("weights", "bf16"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def test_every_kind_of_serving_run_replays_from_its_printed_command():
+    """`validate --inference --run ID` prints an estimate command; that command's steady-state numbers are the
+    validation's predictions (the same model, the same settings), for every kind of run in the set."""
+    from shardlab.cli.validate_inference import inference_estimate_argv
+    from shardlab.validation.inference import predict, prepare_runs, run_case
+
+    cat, runs = get_catalog(), _replay_ids(load_inference_runs())
+    assert len(runs) >= 8 and {r.config["mode"] for r in runs} == {"batch", "rate", "concurrency", "offline"}
+    assert any("scheduler_steps" in r.settings for r in runs) and any(r.config.get("weights") == "fp8" for r in runs)
+    prep = prepare_runs(runs, cat)
+    pred = predict(prep)
+    for i, r in enumerate(runs):
+        argv = inference_estimate_argv(r, run_case(r, cat))
+        code, out, err = cli_main("estimate", *argv, *(["--requests", "12"] if "--serve" in argv else []), "--json")
+        assert code == 0, (r.id, err)
+        d = strict_json(out)
+        if "--serve" in argv:
+            got = d["steady_state"]
+        else:   # a static batch: one request's latency, the batch's output tokens/s
+            got = {"e2e_s": d["request_latency_s"], "output_tokens_per_s": d["tokens_per_s"], "ttft_s": d["prefill_s"],
+                   "tpot_s": d["decode_s_per_token"], "requests_per_s": d["tokens_per_s"] / d["output_len"]}
+        for m in r.measured:
+            assert got[m] == pytest.approx(float(pred[m][i]), rel=1e-9), (r.id, m, argv)
+
+
+def test_validate_inference_run_shows_one_measurement_and_refuses_training_flags():
+    rid = "trtllm-0.14-triton-online/h100-sxm/l70b/tp4/202-214/rate2"
+    code, out, err = cli_main("validate", "--inference", "--run", rid, "--json")
+    assert code == 0, err
+    d = strict_json(out)
+    assert d["id"] == rid and d["engine"] == "tensorrt-llm" and d["load"] == {"mode": "rate", "value": 2.0}
+    assert d["command"].startswith("shardlab estimate llama-3.1-70b --inference --framework tensorrt-llm")
+    by = {m["metric"]: m for m in d["metrics"]}
+    assert set(by) == {"ttft_s", "tpot_s"} and by["ttft_s"]["measured"] == 0.048
+    assert by["ttft_s"]["loso_error"] is not None and by["ttft_s"]["loso_error"] != by["ttft_s"]["error"]
+    code, _, err = cli_main("validate", "--inference", "--run", "202-214/rate2x")
+    assert code == 2 and err.count("\n") == 1 and "no published serving measurement" in err
+    code, _, err = cli_main("validate", "--inference", "--run", rid, "--framework", "vllm")
+    assert code == 2 and err.count("\n") == 1 and "--framework" in err and "training" in err

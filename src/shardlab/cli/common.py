@@ -69,6 +69,7 @@ def _bounded():
         "gbit": number_arg(integer=False, maximum=1e6, reason="a petabit per second", smallest=L.MIN_SHARE),
         "port": number_arg(integer=True, maximum=65535 - L.MAX_RANKS_PER_NODE, reason="TCP ports, one per local rank"),
         "requests": number_arg(integer=True, maximum=L.MAX_SIM_REQUESTS, reason="requests simulated"),
+        "scheduler_steps": number_arg(integer=True, maximum=1024, reason="decode steps per scheduling round"),
         "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
         "questions": number_arg(integer=True, maximum=1000, reason="questions in one quiz"),
         "binades": number_arg(integer=True, allow_zero=True, minimum=-100, maximum=100,

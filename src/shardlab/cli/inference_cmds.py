@@ -35,6 +35,8 @@ def add_inference_args(p) -> None:
     g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=BOUNDED["seq_len"], default=None, help="token budget per step (engine default)")
     g.add_argument("--chunked-prefill", action="store_true", help="split prompts into chunks that fill the token budget")
+    g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
+                   help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")
     g.add_argument("--seed", type=BOUNDED["seed"], default=0, help="--serve: seed of the simulated arrivals")
 
@@ -60,7 +62,7 @@ def engine_from_args(args):
         raise ShardlabError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     return get_engine(getattr(args, "framework", None)).with_settings(
         gpu_memory_utilization=util, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill=True if args.chunked_prefill else None)
+        chunked_prefill=True if args.chunked_prefill else None, scheduler_steps=getattr(args, "scheduler_steps", None))
 
 
 def precision_from_args(args, accelerator):
@@ -219,6 +221,7 @@ def add_validate_args(p) -> None:
 
 
 def validate_inference_cmd(args):
-    from shardlab.cli.validate_inference import validate_inference
+    from shardlab.cli.validate_inference import check_inference_flags, one_inference_run, validate_inference
 
-    return validate_inference(args)
+    check_inference_flags(args)
+    return one_inference_run(args) if getattr(args, "run", None) else validate_inference(args)

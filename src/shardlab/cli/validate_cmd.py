@@ -13,7 +13,9 @@ def add_validate_args(p) -> None:
                    help="predicted vs measured, log-log, one colour per family (needs matplotlib)")
     g.add_argument("--run", metavar="ID", default=None,
                    help="one run in detail: its source and settings, the `shardlab estimate` command that states them, "
-                        "and that estimate's breakdown (ids: `shardlab validate --json`)")
+                        "and that estimate's breakdown (ids: `shardlab validate --json`); with --inference, one serving "
+                        "measurement: measured vs predicted per metric, in sample and out of sample (ids: rows[].run of "
+                        "`shardlab validate --inference --json`)")
     g.add_argument("--model-out", metavar="FILE.yaml", default=None,
                    help="with --run: write the run's model (a shape from its source, not a catalog id) to this file, "
                         "for the printed command")

@@ -61,3 +61,98 @@ def validate_inference(args):
     doc = {"summary": {"in_sample": d["in_sample"], "leave_one_source_out": d["loso"], "goals": GOALS},
            "engines": d["values"], "refit": refit, "rows": d["rows"]}
     return finite(doc), text
+
+
+_TRAINING_ONLY = (("--framework", "framework"), ("--refit", "refit"), ("--plot", "plot"), ("--model-out", "model_out"))
+"""validate flags that belong to the training validation (under --inference every run is refitted anyway)."""
+
+
+def check_inference_flags(args) -> None:
+    """One line naming the training-only flags given with --inference."""
+    from shardlab.errors import ShardlabError
+
+    bad = [flag for flag, attr in _TRAINING_ONLY if getattr(args, attr, None)]
+    if bad:
+        raise ShardlabError(f"{', '.join(bad)} belong(s) to the training validation; `validate --inference` refits the "
+                            f"serving engines every time and takes --run ID for one measurement: drop {', '.join(bad)}")
+
+
+def inference_estimate_argv(run, case) -> list[str]:
+    """The `shardlab estimate` arguments that state a published serving run: its model, GPU, TP×PP, precision, lengths,
+    engine and stated settings, and its load (a static batch, a closed loop of clients, or Poisson arrivals) as
+    ``validation.inference.run_mode`` prices it."""
+    from shardlab.validation.inference import run_mode
+
+    c = run.config
+    argv = [c["model"], "--inference", "--framework", run.engine, "--gpu", c["gpu"], "--tp", str(c["tp"])]
+    if c.get("pp", 1) != 1:
+        argv += ["--pp", str(c["pp"])]
+    for key, flag, default in (("weights", "--weights", "bf16"), ("group_size", "--group-size", None),
+                               ("kv_cache", "--kv-cache-dtype", "bf16"), ("activations", "--activations", None)):
+        if c.get(key) not in (None, default):
+            argv += [flag, str(c[key])]
+    argv += ["--prompt-len", str(c["isl"]), "--output-len", str(c["osl"])]
+    mode, n = run_mode(run, case.capacity)
+    argv += (["--batch", str(int(n))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
+             else ["--serve", "--arrival-rate", f"{n:g}"])
+    for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"), ("max_num_seqs", "--max-num-seqs"),
+                      ("max_num_batched_tokens", "--max-num-batched-tokens"), ("scheduler_steps", "--scheduler-steps")):
+        if key in run.settings:
+            argv += [flag, f"{run.settings[key]:g}"]
+    if run.settings.get("chunked_prefill"):
+        argv.append("--chunked-prefill")
+    return argv
+
+
+def one_inference_run(args):
+    """`validate --inference --run ID`: the measurement's source and assumptions, the estimate command that states
+    it, and measured vs predicted per metric (committed engine values, and refitted without its source)."""
+    import shlex
+
+    from shardlab.catalog import get_catalog
+    from shardlab.errors import ShardlabError
+    from shardlab.report.table import kv_lines, table
+    from shardlab.validation.inference import load_inference_runs, run_case, run_mode, validate
+
+    from shardlab.cli.inference_cmds import finite
+
+    runs = load_inference_runs()
+    byid = {r.id: r for r in runs}
+    run = byid.get(args.run)
+    if run is None:
+        close = sorted(i for i in byid if args.run.lower() in i.lower())[:8]
+        raise ShardlabError(f"no published serving measurement '{args.run}' in the validation set; "
+                            + (f"did you mean {', '.join(close)}?" if close
+                               else "`shardlab validate --inference --json` lists the ids (rows[].run)"))
+    catalog = get_catalog(list(args.catalog))
+    case = run_case(run, catalog)
+    d = validate(catalog, runs)
+    rows = [r for r in d["rows"] if r["run"] == run.id]
+    command = "shardlab estimate " + " ".join(shlex.quote(a) for a in inference_estimate_argv(run, case))
+    mode, n = run_mode(run, case.capacity)
+    load = (f"a static batch of {n:g}" if mode == 0 else f"a closed loop of {n:g} clients" if mode == 1
+            else f"Poisson arrivals at {n:g} requests/s")
+    fmt = lambda m, x: "-" if x is None else (f"{x:,.4g} /s" if m.endswith("_per_s") else f"{1e3 * x:,.4g} ms")  # noqa: E731
+    pct = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
+    tab = [[r["metric"], r["stat"], fmt(r["metric"], r["measured"]), fmt(r["metric"], r["predicted"]), pct(r["error"]),
+            fmt(r["metric"], r["loso_predicted"]), pct(r["loso_error"])] for r in rows]
+    where = {"latency": "a latency target row (batch-1/small-batch: at most 16 requests in flight)",
+             "throughput": "a throughput target row (maximum throughput)",
+             "load": "outside the targets (moderate load)", "info": "informational (outside the targets and the fit)"}
+    doc = {"id": run.id, "source": run.source, "engine": run.engine, "citation": run.citation, "tag": run.tag,
+           "target": run.target, "settings": {k: v for k, v in run.config.items() if k not in ("id", "assumed")},
+           "engine_settings": run.settings, "assumed": run.assumed, "load": {"mode": ("batch", "concurrency", "rate")[mode],
+                                                                           "value": n},
+           "command": command, "metrics": rows}
+    text = "\n".join([
+        f"published serving measurement {run.id} ({run.engine}; {where[run.target]})",
+        kv_lines([("source", f"{run.citation} [{run.tag}]"), ("assumed", run.assumed or "nothing beyond the source"),
+                  ("priced as", f"one replica of TP {run.config['tp']} × PP {run.config.get('pp', 1)} under {load}; "
+                                f"{case.blocks.num_blocks:,} KV blocks, up to {case.capacity:,} sequences")], indent="  "),
+        "", ("the same estimate from the command line (its steady-state means are the predictions below):" if mode
+              else "the same estimate from the command line (its prefill, per-token and request times and tokens/s are "
+                   "the predictions below):"), f"  {command}",
+        "", table(["metric", "statistic", "measured", "predicted", "error", "out of sample", "error"], tab,
+                  title=f"measured vs predicted: with the committed engine values, and refitted without source {run.source}"),
+    ])
+    return finite(doc), text

@@ -3,7 +3,8 @@
 The steady-state model (``serving.steady``) gives means; percentiles need the order of events. This
 simulation steps the engine one scheduling cycle at a time with the same cycle time
 (``steady.cycle_time``) and the engine's rules (``serving.engines``):
-- admission at every k-th cycle (k = scheduler steps), first come first served, into the pipeline
+- admission at every k-th cycle (k = scheduler steps; at once when the micro-batch is idle), first come first
+  served, into the pipeline
   micro-batch (virtual engine) with the fewest sequences, while it holds fewer than max_num_seqs and the KV
   pool has the blocks: the whole sequence's for
   'reserve', the prompt's for 'on-demand', which then takes a block each time a sequence crosses a block
@@ -203,7 +204,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         t = ready[v]
         while pending and pending[0][0] <= t:
             queue.append(heapq.heappop(pending)[1])
-        if steps[v] % case.scheduler_steps == 0:
+        if steps[v] % case.scheduler_steps == 0 or not rep.engines[v]:   # an idle engine admits at once
             rep.admit(queue)
         d, ch = rep.compose(rep.engines[v])
         victims = rep.grow(d, queue)
