@@ -19,7 +19,7 @@ EXAMPLES_BENCH = """examples:
 """
 EXAMPLES_CALIBRATE = """examples:
   shardlab calibrate --out profile.yaml                   # matmul + collectives on 2 ranks
-  shardlab estimate llama-3.1-8b --gpus 8 --profile profile.yaml   # measured on a CPU: add --precision fp32
+  shardlab estimate llama-3.1-8b --gpus 8 --profile profile.yaml --precision fp32   # fp32: a CPU has no bf16 peak
   shardlab calibrate --out p.yaml --from-matmul m.json --from-collectives c.json   # reuse `bench ... --json` output
 """
 EXAMPLES_SHARD = """examples:

@@ -245,7 +245,8 @@ def cmd_ledger(args):
     path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
     if not setting and not os.path.lexists(path) and not args.ledger:
         return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
-                f"no ledger at {path} yet: `shardlab guard` creates it on its first run")
+                f"no ledger at {path} yet: `shardlab guard` creates it on its first run, or `shardlab ledger "
+                f"--budget-name NAME --set-ceiling USD`")
     with Ledger(path, create=setting) as led:
         change = led.set_budget(args.budget_name, args.set_ceiling, args.parent) if setting else None
         recovered = led.recover_unfinished()

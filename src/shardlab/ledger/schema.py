@@ -116,7 +116,8 @@ def check_file(path: Path, create: bool) -> None:
                               f"these files aside to start a new ledger")
     if st is None:
         if not create:
-            raise LedgerError(f"no ledger at {path}; `shardlab guard` creates it on first use, or pass --ledger PATH")
+            raise LedgerError(f"no ledger at {path}; `shardlab guard` or `shardlab ledger --budget-name NAME --set-ceiling "
+                              f"USD` creates it, or pass --ledger PATH")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -49,6 +49,8 @@ def recipe_summary(rep, model, sb: StateBytes) -> dict:
                                      + ("(the GPU holds only the all-gathered units, in fsdp_buffers)" if key == "weights" else
                                         "(the GPU holds only the reduction buckets)" if key == "gradients" else
                                         "(the optimizer step runs on the CPU)"))
-        rep.explain["offload"] = (f"{off.what} offloaded to {off.device}: {moved} per GPU leave the GPU "
+        node = (f"; × {out['offload']['gpus_per_node']} GPUs per node = {fmt_bytes(out['offload']['host_bytes_per_node'])} "
+                f"of {off.device} memory per node" if "host_bytes_per_node" in out["offload"] else "")
+        rep.explain["offload"] = (f"{off.what} offloaded to {off.device}: {moved} per GPU leave the GPU{node} "
                                   f"[ZeRO-Offload arXiv 2101.06840 §4; ZeRO-Infinity arXiv 2104.07857 §5]")
     return out
