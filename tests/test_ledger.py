@@ -228,3 +228,19 @@ def test_ledger_cli_json_markdown_and_missing(tmp_path):
 def test_markdown_report_without_runs():
     text = markdown_report("x.sqlite", [], [], "2026-01-01T00:00:00+00:00")
     assert "No budgets yet." in text and "No runs yet." in text
+
+
+def test_reports_never_overwrite_the_ledger_or_its_backup(tmp_path):
+    """`ledger --markdown` (or any output flag) pointed at an SQLite file: one line, exit 2, the database intact."""
+    led = tmp_path / "l.sqlite"
+    code, _, err = cli_main("ledger", "--ledger", str(led), "--budget-name", "a", "--set-ceiling", "5")
+    assert code == 0, err
+    before = hashlib.sha256(led.read_bytes()).hexdigest()
+    for target in (led, tmp_path / "l.sqlite.bak"):
+        if not target.exists():
+            continue
+        code, out, err = cli_main("ledger", "--ledger", str(led), "--markdown", str(target))
+        assert code == 2 and err.count("\n") == 1 and "SQLite database" in err
+    assert hashlib.sha256(led.read_bytes()).hexdigest() == before
+    code, out, _ = cli_main("ledger", "--ledger", str(led), "--json")
+    assert code == 0 and json.loads(out)["budgets"][0]["name"] == "a"

@@ -92,6 +92,8 @@ def hostile(tmp_path_factory):
         "fifo": fifo, "dir": tmp_path / "dir.yaml", "big": tmp_path / "big.json",
         "latin1": tmp_path / "latin1.yaml", "deep-flow": tmp_path / "deep.json", "deep-block": tmp_path / "deep.yaml",
         "deep-seq": tmp_path / "seq.yaml", "alias": tmp_path / "alias.yaml",
+        "quoted-deep": tmp_path / "quoted-deep.yaml", "quoted-flow": tmp_path / "quoted-flow.yaml",
+        "quoted-alias": tmp_path / "quoted-alias.yaml",
     }
     files["dir"].mkdir()
     files["big"].write_bytes(b" " * (2 * 2**20))
@@ -100,6 +102,11 @@ def hostile(tmp_path_factory):
     files["deep-block"].write_text("".join(" " * i + f"k{i}:\n" for i in range(1000)))      # 0.5 MB
     files["deep-seq"].write_text("- " * 30000 + "x\n")
     files["alias"].write_text("a: &x [1, 2]\nb: *x\n")
+    # a quote inside a plain scalar is not a string in YAML: what follows must still be counted (libyaml's composer
+    # recurses per level: 30,000 levels crashed the process; aliases expand)
+    files["quoted-deep"].write_text("model_type: llama\nnote: b 'c\nx: " + "[" * 30000 + "]" * 30000 + "\nz: d'\n")
+    files["quoted-flow"].write_text("a: [b 'c, " + "[" * 30000 + "]" * 30000 + "]\n")
+    files["quoted-alias"].write_text("note: b 'c\nl0: &a0 [x, x]\nl1: [*a0, *a0]\nz: d'\n")
     return files
 
 
@@ -109,6 +116,7 @@ def hostile(tmp_path_factory):
     ("fifo", "is a FIFO"), ("dir", "is a directory"), ("big", "over the 1,048,576-byte limit"), ("latin1", "not UTF-8"),
     ("deep-flow", "nests about 30001 levels"), ("deep-block", "nests about"), ("deep-seq", "nests about 30001"),
     ("alias", "aliases"), ("/dev/zero", "character device"), ("/dev/urandom", "character device"),
+    ("quoted-deep", "nests about 30001"), ("quoted-flow", "nests about 30002"), ("quoted-alias", "aliases"),
 ])
 def test_file_arguments_refuse_hostile_files(hostile, flag, kind, fragment):
     path = str(hostile.get(kind, kind))

@@ -133,3 +133,18 @@ def test_quiz_in_a_real_terminal_with_tmux(tmp_path):
         assert "score: 3/3 = 100% (pass mark 70%): PASS" in s
     finally:
         run("kill-server")
+
+
+def test_endless_standard_input_is_refused_not_read(monkeypatch):
+    """`quiz --answers - < /dev/zero` and a session fed an endless line: one line, exit 2, bounded memory."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\n" * 600_000))          # 1.2 MB: over the answers-file limit
+    code, _, err = cli_main("quiz", "--seed", "1", "--answers", "-")
+    assert code == 2 and err.count("\n") == 1 and "over the 1,048,576-character limit" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\0" * 100_000))          # one line with no end
+    code, _, err = cli_main("quiz", "--seed", "1", "--questions", "2")
+    assert code == 2 and err.count("\n") == 1 and "answers are one short line each" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("1\n"))                      # a normal pipe still works
+    code, out, _ = cli_main("quiz", "--seed", "1", "--questions", "2")
+    assert code == 0 and "stopped after 1 question(s)" in out

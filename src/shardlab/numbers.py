@@ -20,6 +20,8 @@ _NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?$")
 def _fmt(v: float | int) -> str:
     if isinstance(v, int) and abs(v) < 10**15:
         return f"{v:,}"
+    if isinstance(v, int) and v.bit_length() > 1000:          # beyond any float: say how many digits, never overflow
+        return f"{'-' if v < 0 else ''}a {len(str(abs(v))) if v.bit_length() < 14000 else 'more than 4,000'}-digit number"
     return f"{float(v):.4g}"
 
 

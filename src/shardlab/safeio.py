@@ -166,11 +166,52 @@ def scan_yaml(text: str) -> tuple[int, int | None]:
     return worst, alias
 
 
+def scan_yaml_tokens(text: str) -> tuple[int, int | None]:
+    """What ``scan_yaml`` estimates, exactly: the deepest nesting of collections and the line of the first anchor or
+    alias, from YAML's own token stream (libyaml's scanner when present). Scanning is iterative and expands nothing,
+    so it is safe where composing is not (the composer recurses per level and expands aliases). The quick line
+    scanner can be misled by a quote inside a plain scalar (``note: b 'c``), which YAML does not treat as a string;
+    the tokens cannot. A text the scanner rejects is left to the parser, which reports it."""
+    import yaml
+
+    opens = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+             yaml.FlowMappingStartToken)
+    closes = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    depth = worst = 0
+    try:
+        while loader.check_token():
+            tok = loader.get_token()
+            if isinstance(tok, opens):
+                depth += 1
+                worst = max(worst, depth)
+            elif isinstance(tok, closes):
+                depth -= 1
+            elif isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
+                return worst, tok.start_mark.line + 1
+    except yaml.YAMLError:
+        pass
+    finally:
+        loader.dispose()
+    return worst, None
+
+
+def _packaged(where: str) -> bool:
+    """A data file shipped inside the shardlab package (its own catalog and validation data)."""
+    try:
+        return Path(where).resolve().is_relative_to(Path(__file__).resolve().parent)
+    except (OSError, ValueError):
+        return False
+
+
 def parse_yaml(text: str, where: str) -> object:
-    """Parse YAML (or JSON) text from ``where`` with the nesting and alias rules above."""
+    """Parse YAML (or JSON) text from ``where`` with the nesting and alias rules above: the quick line scan, then,
+    for a user's file, the exact token scan (``scan_yaml_tokens``)."""
     import yaml
 
     depth, alias = scan_yaml(text)
+    if depth <= MAX_NESTING and alias is None and not _packaged(where):
+        depth, alias = scan_yaml_tokens(text)
     if depth > MAX_NESTING:
         raise ShardlabError(f"{where} nests about {depth} levels deep, over the limit of {MAX_NESTING} (config files "
                             f"nest a few levels); is it the right file?")
@@ -185,6 +226,8 @@ def parse_yaml(text: str, where: str) -> object:
         raise ShardlabError(f"{where} is not valid YAML/JSON{at}: {getattr(e, 'problem', None) or e}; fix the file") from None
     except RecursionError:
         raise ShardlabError(f"{where} nests too deeply to read (limit {MAX_NESTING} levels); is it the right file?") from None
+    except (ValueError, OverflowError) as e:       # e.g. an integer of more digits than Python converts
+        raise ShardlabError(f"{where} holds a value that cannot be read ({str(e)[:80]}); fix the file") from None
 
 
 def load_yaml(path: str | os.PathLike, what: str = "file") -> object:
@@ -231,7 +274,27 @@ def check_output_path(path: str | os.PathLike, what: str) -> Path:
     kind = _kind(st.st_mode)
     if kind:
         raise ShardlabError(f"{what} {p} is {kind}; give a regular file name to write")
+    if _is_sqlite(p):
+        raise ShardlabError(f"{what} {p} is an SQLite database (a ledger, or its backup?); shardlab never writes over "
+                            f"one: give another file name")
     return p
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _is_sqlite(p: Path) -> bool:
+    """Whether an existing regular file starts with SQLite's header (what a user recorded: never overwritten)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        return os.read(fd, len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str | os.PathLike, text: str, what: str = "output file") -> Path:

@@ -67,20 +67,46 @@ def sniff(text: str) -> str:
 
 def read_text(text: str, catalog, target: str | None = None) -> Imported:
     from shardlab.limits import MAX_NESTING
-    from shardlab.safeio import scan_yaml
+    from shardlab.safeio import scan_yaml, scan_yaml_tokens
 
     if scan_yaml(text)[0] > MAX_NESTING:     # checked before any parser (sniff's included) recurses into it
         raise ShardlabError(f"this file nests too deeply to read (config files nest a few levels; shardlab's limit is "
                             f"{MAX_NESTING}); is it the right file?")
     target = target or sniff(text)
+    if target in ("accelerate", "skypilot"):      # YAML: the exact token scan (a quote in a plain scalar misleads the quick one)
+        depth, alias = scan_yaml_tokens(text)
+        if depth > MAX_NESTING or alias is not None:
+            raise ShardlabError(f"this {target} YAML " + (f"nests {depth} levels deep (limit {MAX_NESTING})"
+                                                          if depth > MAX_NESTING else f"uses an anchor or alias (line {alias})")
+                                + "; write the values out")
     try:
-        return _module(target).read(text, catalog)
+        imported = _module(target).read(text, catalog)
     except ShardlabError:
         raise
     except (AttributeError, TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
         # a field of the wrong type or value (text where a number or a section belongs): one line, never a traceback
         raise ShardlabError(f"this {target} config has a field of the wrong type or value ({type(e).__name__}: "
                             f"{str(e)[:120]}); fix the file") from None
+    check_fields(imported.fields, f"this {target} config")
+    return imported
+
+
+def check_fields(fields: dict, where: str) -> None:
+    """The numbers a file gave, held to the same bounds as the flags they stand for (a file is input too)."""
+    from shardlab import limits as L
+    from shardlab.numbers import check_number
+
+    bounds = {"gpus": L.MAX_GPUS, "gpus_per_node": L.MAX_GPUS_PER_NODE, "seq_len": L.MAX_SEQ_LEN,
+              "global_batch": L.MAX_BATCH, "micro_batch": L.MAX_BATCH, "batch": L.MAX_BATCH,
+              "prompt_len": L.MAX_SEQ_LEN, "output_len": L.MAX_SEQ_LEN, "max_num_seqs": L.MAX_BATCH,
+              "max_num_batched_tokens": L.MAX_SEQ_LEN}
+    for key, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        check_number(value, f"{where}: {key}", integer=isinstance(value, int), minimum=0.0,
+                     allow_min=key in ("zero",) or not isinstance(value, int),
+                     maximum=bounds.get(key, L.MAX_GPUS if isinstance(value, int) else L.MAX_FLOAT),
+                     reason="the bound of the matching flag")
 
 
 def read_file(path: str, catalog) -> Imported:

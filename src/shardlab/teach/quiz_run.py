@@ -107,7 +107,7 @@ def run_quiz_command(args):
     qs = make_quiz(args.questions, seed, args.topic)
     head = f"shardlab quiz: {len(qs)} questions, seed {seed} (`--seed {seed}` repeats this quiz)"
     if args.answers is not None:
-        text = sys.stdin.read() if args.answers == "-" else _read(args.answers)
+        text = _read_stdin() if args.answers == "-" else _read(args.answers)
         doc = {"seed": seed, **grade(qs, parse_answers(text, len(qs)))}
         lines = [head, ""]
         for r, q in zip(doc["questions"], qs):
@@ -119,6 +119,39 @@ def run_quiz_command(args):
         return {"seed": seed, "questions": [{"number": i, **q.to_dict()} for i, q in enumerate(qs, 1)],
                 "pass_mark": PASS_MARK, "score": None}, ""
     return _session(qs, head)
+
+
+MAX_ANSWER_CHARS = 4096
+"""Longest answer line read in a session (an answer is a number, a word or a short list)."""
+
+
+def _read_stdin() -> str:
+    """``--answers -``: standard input, at most the file-size limit (an endless stream is refused, not read)."""
+    from shardlab.errors import ShardlabError
+    from shardlab.limits import MAX_FILE_BYTES
+
+    text = sys.stdin.read(MAX_FILE_BYTES + 1)
+    if len(text) > MAX_FILE_BYTES:
+        raise ShardlabError(f"--answers -: standard input is over the {MAX_FILE_BYTES:,}-character limit for an answers "
+                            f"file (one answer per line); is it the right input?")
+    return text
+
+
+def _answer_line(prompt: str) -> str:
+    """One answer: input() on a terminal (line editing); from a pipe or file, a line of at most MAX_ANSWER_CHARS
+    (EOFError at the end, as input() raises)."""
+    from shardlab.errors import ShardlabError
+
+    if sys.stdin.isatty():
+        return input(prompt)
+    print(prompt, end="", flush=True)
+    line = sys.stdin.readline(MAX_ANSWER_CHARS + 1)
+    if not line:
+        raise EOFError
+    if len(line) > MAX_ANSWER_CHARS and not line.endswith("\n"):
+        raise ShardlabError(f"an answer of over {MAX_ANSWER_CHARS:,} characters on standard input; answers are one short "
+                            f"line each (is it the right input?)")
+    return line.rstrip("\n")
 
 
 def _read(path: str) -> str:
@@ -135,7 +168,7 @@ def _session(qs: list[Question], head: str) -> int:
     for i, q in enumerate(qs, 1):
         print(ask_text(i, len(qs), q), flush=True)
         try:
-            given = input("your answer: ")
+            given = _answer_line("your answer: ")
         except EOFError:
             print(f"\nstopped after {i - 1} question(s)")
             qs = qs[: i - 1]
