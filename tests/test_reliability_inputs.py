@@ -240,3 +240,54 @@ def test_findings_of_the_fuzz_campaign(tmp_path):
     ds.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": 1}))
     one_line_error(["memory", "--from", str(ds)], "deepspeed config has a field of the wrong type")
     one_line_error(["validate", "--refit", "--plot", "/dev/full"], "cannot save a picture")
+
+
+@pytest.mark.parametrize("path, value, fragment", [
+    (("step_time", "measured_median_s"), True, "must be a number"),
+    (("step_time", "measured_median_s"), "inf", "must be a number"),
+    (("step_time", "measured_median_s"), 1e-300, "too small"),
+    (("workload",), [1], "workload must be an object"),
+    (("workload", "seq_len"), "64", "must be a whole number"),
+    (("workload", "seq_len"), 10**30, "above the limit"),
+    (("model_ref",), 5, "model_ref cannot be read"),
+])
+def test_calibrate_from_a_tampered_run_is_one_line(tmp_path, path, value, fragment):
+    """`calibrate --from-run` on a `run train --json` document edited by hand: one line naming the field, exit 2."""
+    import copy
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "data" / "run_train_fsdp_tp.json").read_text())
+    doc["model_ref"] = "tiny"                      # the field `run train --json` writes since calibrate --from-run
+    code, _, err = cli_main("calibrate", "--from-run", _write(tmp_path / "ok.json", doc), "--out", str(tmp_path / "ok.yaml"))
+    assert code == 0, err                          # the untouched document is accepted
+    doc = copy.deepcopy(doc)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    one_line_error(["calibrate", "--from-run", _write(tmp_path / "run.json", doc), "--out", str(tmp_path / "fw.yaml")],
+                   fragment)
+
+
+def _write(path, doc) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("framework", 5, "framework must be a name"), ("gpus_per_node", "8", "not a `shardlab plan --json` document"),
+    ("model", 7, "not a `shardlab plan --json` document"), ("workload.seq_len", 10**400, "above the limit"),
+    ("workload.global_batch", 0, "positive whole number"), ("workload.precision", ["x"], "precision must be a name"),
+])
+def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment):
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--top", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    *head, last = field.split(".")
+    node = doc
+    for key in head:
+        node = node[key]
+    node[last] = value
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(doc))
+    one_line_error(["export", "--to", "megatron", "--plan", str(bad)], fragment)

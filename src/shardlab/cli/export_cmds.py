@@ -163,14 +163,32 @@ def cmd_export(args):
         from shardlab.safeio import load_json
 
         doc = load_json(args.plan, "--plan (a `shardlab plan --json` document)")
-        job = job_from_plan(doc, cat, args.rank)
-        if args.spot and job.notes:
-            from shardlab.export.build import price_notes
+        try:     # a tampered or hand-edited plan: a field of the wrong type is one line, never a traceback
+            job = job_from_plan(doc, cat, args.rank)
+            if not job.serve:
+                from shardlab.export import check_fields
+                from shardlab.export.job import job_fields
 
-            for k in ("usd_per_gpu_hour", "price_source"):     # the plan's on-demand price is not the spot price
-                job.notes.pop(k, None)
-            job.notes.update(price_notes(cat, job.gpu, True))
-        cluster = None if job.serve else _plan_cluster(doc, cat, job)
+                check_fields(job_fields(job), f"--plan {args.plan}")
+            if args.spot and job.notes:
+                from shardlab.export.build import price_notes
+
+                for k in ("usd_per_gpu_hour", "price_source"):     # the plan's on-demand price is not the spot price
+                    job.notes.pop(k, None)
+                job.notes.update(price_notes(cat, job.gpu, True))
+            cluster = None if job.serve else _plan_cluster(doc, cat, job)
+            fw, prec = doc.get("framework"), (doc.get("workload") or {}).get("precision")
+            if not (fw is None or isinstance(fw, str) or isinstance(fw, dict) and isinstance(fw.get("id"), str)):
+                raise TypeError("framework must be a name, or an object with an id")
+            if prec is not None and not isinstance(prec, str):
+                raise TypeError("workload.precision must be a name")
+            job, exp = _render(job, cat, args.to, args.launch, cluster)
+            return _write(exp, job, args.out, args.json)
+        except ShardlabError:
+            raise
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError) as e:
+            raise ShardlabError(f"--plan {args.plan} is not a `shardlab plan --json` document as written "
+                                f"({type(e).__name__}: {str(e)[:100]}); regenerate it with shardlab plan --json") from None
     else:
         from shardlab.cli.common import cluster_from_args
 

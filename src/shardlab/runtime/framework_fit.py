@@ -68,14 +68,28 @@ def _run_inputs(doc: dict, where: str):
         ref = doc["model_ref"]
         lay = Layout(**{k: (tuple(v) if k == "stage_layers" and v else v) for k, v in doc["layout"].items()})
         wl = doc["workload"]
-        measured = float(doc["step_time"]["measured_median_s"])
+        measured = doc["step_time"]["measured_median_s"]
         device = (doc.get("ranks") or [{}])[0].get("device") or "cpu"
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         raise ShardlabError(f"{where} is not `shardlab run train --json` output of this version (needs model_ref, layout, "
                             "workload and step_time); rerun the job with --json") from None
-    if not measured > 0:
-        raise ShardlabError(f"{where}: the measured step time must be positive, got {measured!r}")
-    return resolve_spec(ref), lay, wl, measured, device
+    from shardlab import limits as L
+    from shardlab.numbers import check_number
+
+    measured = check_number(measured, f"{where}: step_time.measured_median_s", maximum=L.MAX_SECONDS, reason="31 years",
+                 smallest=L.MIN_SECONDS)
+    if not isinstance(wl, dict):
+        raise ShardlabError(f"{where}: workload must be an object (seq_len, global_batch, ...); rerun the job with --json")
+    for key, top in (("seq_len", L.MAX_SEQ_LEN), ("global_batch", L.MAX_BATCH)):
+        check_number(wl.get(key), f"{where}: workload.{key}", integer=True, maximum=top)
+    try:
+        spec = resolve_spec(ref)
+    except ShardlabError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError) as e:
+        raise ShardlabError(f"{where}: model_ref cannot be read ({type(e).__name__}: {str(e)[:80]}); rerun the job "
+                            f"with --json") from None
+    return spec, lay, wl, measured, device
 
 
 def calibrate_framework(docs: list[tuple[str, dict]], catalog, *, base: str, gpu: str | None = None,
