@@ -291,3 +291,30 @@ def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment)
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(doc))
     one_line_error(["export", "--to", "megatron", "--plan", str(bad)], fragment)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("tie_word_embeddings", "false", "must be true or false"), ("model_type", ["llama"], "model_type must be text"),
+    ("architectures", [["x"]], "no model_type"),
+])
+def test_hf_config_fields_of_the_wrong_type_are_one_line(tmp_path, field, value, fragment):
+    """A string "false" is not read as true (it would count the head twice); unhashable names do not crash."""
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "data" / "llama-2-7b.json").read_text())
+    doc[field] = value
+    if field == "architectures":
+        doc.pop("model_type", None)
+    one_line_error(["models", _write(tmp_path / "config.json", doc)], fragment)
+
+
+@pytest.mark.parametrize("moe_field, fragment", [("shared_expert_ffn_hidden_size: -1000000", "must be zero or more"),
+                                                 ("shared_expert_ffn_hidden_size: 1000000000000000000000000000000",
+                                                  "above the limit"),
+                                                 ("shared_expert_gate: 'x'", "must be true or false")])
+def test_every_model_field_is_checked_by_its_type(tmp_path, moe_field, fragment):
+    f = tmp_path / "moe.yaml"
+    f.write_text("family: qwen2-moe\nhidden_size: 64\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 4\nffn_hidden_size: 128\n"
+                 "vocab_size: 100\nmax_seq_len: 128\nmoe: {num_experts: 4, top_k: 2, expert_ffn_hidden_size: 32, "
+                 f"{moe_field}}}\n")
+    one_line_error(["models", str(f)], fragment)

@@ -58,18 +58,28 @@ class _Cfg:
         v = self.d.get(key)
         return default if v is None else v
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A true/false field: JSON's true or false (a string "false" is not read as true)."""
+        v = self.opt(key, default)
+        if not isinstance(v, bool):
+            raise ShardlabError(f"{self.where}: '{key}' must be true or false, got {v!r}; fix the config")
+        return v
+
 
 def model_type(d: dict, where: str) -> str:
     """The config's model_type, or the one its ``architectures`` entry names, or gpt2 for a bare GPT-2-style file."""
     mt = d.get("model_type")
     if mt is None:
         archs = d.get("architectures") or []
-        mt = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        archs = archs if isinstance(archs, list) else []
+        mt = next((ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
     if mt is None and "n_embd" in d:
         mt = "gpt2"  # a bare GPT-2-style file (n_embd, n_layer, n_head, vocab_size, n_positions): GPT-3-style models
     if mt is None:
         raise ShardlabError(f"{where}: no model_type (and no known architectures entry); add \"model_type\" "
                             f"(one of {', '.join(SUPPORTED)}) to the file")
+    if not isinstance(mt, str):
+        raise ShardlabError(f"{where}: model_type must be text, got {type(mt).__name__}; fix the file")
     if mt not in SUPPORTED:
         raise ShardlabError(f"{where}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
                             f"(or describe the model in a YAML file, see `shardlab models --help`)")
@@ -81,12 +91,19 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     mt = model_type(d, where)
     source = f"Hugging Face config file {where}"
     if mt == "gemma3":  # multimodal file: the language model is text_config (the SigLIP vision tower is not modelled)
-        d, mt = dict(d.get("text_config") or {}), "gemma3_text"
+        text = d.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ShardlabError(f"{where}: gemma3's text_config must be an object, got {type(text).__name__}; fix the file")
+        d, mt = dict(text), "gemma3_text"
         source += " (text decoder only: the vision tower and projector are not counted)"
     c = _Cfg(d, where, mt)
     common = dict(name=name, family=mt, source=source)
     reader = _OTHER.get(mt)
-    spec = reader(c, common) if reader else _llama_like(c, common, mt)
+    try:
+        spec = reader(c, common) if reader else _llama_like(c, common, mt)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+        raise ShardlabError(f"{where}: a {mt} config field has the wrong type or value ({type(e).__name__}: "
+                            f"{str(e)[:100]}); fix the file") from None
     return spec.validate()
 
 
@@ -95,7 +112,7 @@ def _gpt2(c: _Cfg, common: dict) -> ModelSpec:
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer"), num_heads=c.req("n_head"),
                      num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("n_positions", "n_ctx"), mlp="gelu", norm="layernorm", position="learned",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True, mlp_bias=True,
+                     tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
                      fused_qkv=True)
 
 
@@ -105,34 +122,34 @@ def _bloom(c: _Cfg, common: dict) -> ModelSpec:
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=a,
                      num_kv_heads=a, ffn_hidden_size=4 * h, vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("seq_length", 2048), mlp="gelu", norm="layernorm", position="alibi",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=True, out_bias=True,
+                     tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True,
                      mlp_bias=True, embedding_norm=True, fused_qkv=True)
 
 
 def _gpt_neox(c: _Cfg, common: dict) -> ModelSpec:
     a = c.req("num_attention_heads")
-    bias = bool(c.opt("attention_bias", True))
+    bias = c.flag("attention_bias", True)
     return ModelSpec(**common, hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
                      num_kv_heads=a, ffn_hidden_size=c.req("intermediate_size"), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm", position="rope",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", False)), qkv_bias=bias, out_bias=bias,
-                     mlp_bias=True, parallel_residual=bool(c.opt("use_parallel_residual", True)), fused_qkv=True)
+                     tied_embeddings=c.flag("tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
+                     mlp_bias=True, parallel_residual=c.flag("use_parallel_residual", True), fused_qkv=True)
 
 
 def _falcon(c: _Cfg, common: dict) -> ModelSpec:
     """FalconForCausalLM: fused QKV (MQA when multi_query, GQA with the new decoder architecture), GELU MLP, one
     shared LayerNorm per block for parallel attention (Falcon-7B), two with the new architecture (ln_attn, ln_mlp)."""
     h, a = c.req("hidden_size", "n_embed"), c.req("num_attention_heads", "n_head")
-    new = bool(c.opt("new_decoder_architecture", False))
+    new = c.flag("new_decoder_architecture", False)
     kv = c.opt("num_kv_heads", a) if new else (1 if c.opt("multi_query", True) else a)
-    parallel = bool(c.opt("parallel_attn", True))
+    parallel = c.flag("parallel_attn", True)
     one_norm = (not new and parallel) or (new and c.opt("num_ln_in_parallel_attn", 2) == 1)
-    bias = bool(c.opt("bias", False))
+    bias = c.flag("bias", False)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers", "n_layer"), num_heads=a, num_kv_heads=kv,
                      ffn_hidden_size=c.opt("ffn_hidden_size", 4 * h), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
                      position="alibi" if c.opt("alibi", False) else "rope",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre", fused_qkv=True)
 
 
@@ -143,7 +160,7 @@ def _mpt(c: _Cfg, common: dict) -> ModelSpec:
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layers", "num_hidden_layers"), num_heads=a, num_kv_heads=a,
                      ffn_hidden_size=c.req("expansion_ratio") * h, vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("max_seq_len"), mlp="gelu", norm="layernorm", position="alibi",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      norm_bias=bias, fused_qkv=True)
 
 
@@ -154,7 +171,7 @@ def _gptj(c: _Cfg, common: dict) -> ModelSpec:
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=c.req("n_head"),
                      num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("n_positions", "max_position_embeddings"), mlp="gelu", norm="layernorm",
-                     position="rope", tied_embeddings=bool(c.opt("tie_word_embeddings", False)), mlp_bias=True,
+                     position="rope", tied_embeddings=c.flag("tie_word_embeddings", False), mlp_bias=True,
                      parallel_residual=True, block_norms="shared", head_bias=True)
 
 
@@ -163,14 +180,14 @@ def _opt(c: _Cfg, common: dict) -> ModelSpec:
     (two matrices, counted like GELU), biases (enable_bias), a final LayerNorm only with do_layer_norm_before, and
     project_in/out when word_embed_proj_dim differs from hidden_size (OPT-350m)."""
     h, a = c.req("hidden_size"), c.req("num_attention_heads")
-    bias = bool(c.opt("enable_bias", True))
+    bias = c.flag("enable_bias", True)
     proj = c.opt("word_embed_proj_dim", h)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers"), num_heads=a, num_kv_heads=a,
                      ffn_hidden_size=c.req("ffn_dim"), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("max_position_embeddings"), mlp="gelu", norm="layernorm", position="learned",
-                     tied_embeddings=bool(c.opt("tie_word_embeddings", True)), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+                     tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      position_offset=2, embedding_proj_dim=0 if proj == h else proj,
-                     final_norm=bool(c.opt("do_layer_norm_before", True)) and not c.opt("_remove_final_layer_norm", False))
+                     final_norm=c.flag("do_layer_norm_before", True) and not c.opt("_remove_final_layer_norm", False))
 
 
 _OTHER = {"gpt2": _gpt2, "bloom": _bloom, "gpt_neox": _gpt_neox, "falcon": _falcon, "mpt": _mpt, "gptj": _gptj, "opt": _opt}
@@ -186,13 +203,13 @@ def _sparse_layers_check(c: _Cfg) -> None:
 def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
     """Llama-style families: RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU has the same three matrices), RoPE, GQA."""
     a = c.req("num_attention_heads")
-    attn_bias = bool(c.opt("attention_bias", False))
+    attn_bias = c.flag("attention_bias", False)
     kw = dict(hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
               num_kv_heads=c.opt("num_key_value_heads", a), ffn_hidden_size=c.req("intermediate_size"),
               vocab_size=c.req("vocab_size"), max_seq_len=c.opt("max_position_embeddings", 2048), mlp="swiglu",
-              norm="rmsnorm", position="rope", tied_embeddings=bool(c.opt("tie_word_embeddings", False)),
+              norm="rmsnorm", position="rope", tied_embeddings=c.flag("tie_word_embeddings", False),
               head_dim=c.opt("head_dim", 0) or 0, qkv_bias=attn_bias, out_bias=attn_bias,
-              mlp_bias=bool(c.opt("mlp_bias", False)))
+              mlp_bias=c.flag("mlp_bias", False))
     if mt in ("qwen2", "qwen2_moe"):
         kw.update(qkv_bias=True, out_bias=False)  # Qwen2Attention: q/k/v with bias, o_proj without
     if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.opt("use_sliding_window", False):

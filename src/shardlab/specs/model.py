@@ -242,6 +242,22 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
             whole(spec.mla, f)
         for f in ("q_lora_rank", "qk_rope_head_dim"):
             whole(spec.mla, f, minimum_zero=True)
+    # every other field by its declared type: whole numbers >= 0 up to a model dimension, booleans, text
+    done = {"hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "num_layers", "max_seq_len",
+            "head_dim", "sliding_window", "params_reference", "num_experts", "top_k", "expert_ffn_hidden_size",
+            "num_shared_experts", "first_dense_layers", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "q_lora_rank",
+            "qk_rope_head_dim"}
+    for obj in (spec, spec.moe, spec.mla):
+        for fld in fields(obj) if obj is not None else ():
+            v, kind = getattr(obj, fld.name), str(fld.type)
+            if fld.name in done:
+                continue
+            if kind == "int":
+                whole(obj, fld.name, minimum_zero=True)
+            elif kind == "bool" and not isinstance(v, bool):
+                raise ShardlabError(f"{what}: {fld.name} must be true or false, got {v!r}")
+            elif kind == "str" and not isinstance(v, str):
+                raise ShardlabError(f"{what}: {fld.name} must be text, got {type(v).__name__}")
 
 
 # Keys accepted in a catalog or YAML model entry, mapped to the dataclass (strict checking).
