@@ -318,3 +318,26 @@ def test_every_model_field_is_checked_by_its_type(tmp_path, moe_field, fragment)
                  "vocab_size: 100\nmax_seq_len: 128\nmoe: {num_experts: 4, top_k: 2, expert_ffn_hidden_size: 32, "
                  f"{moe_field}}}\n")
     one_line_error(["models", str(f)], fragment)
+
+
+def test_conflicting_or_ignored_flags_are_refused_not_dropped():
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--fix", "tp=8", "--tp", "2"], "disagree")
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--fix", "tp=8", "--fix", "tp=2"], "pin each axis once")
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--dp", "4"], "--dp")
+    one_line_error(["estimate", "llama-3.1-8b", "--serve"], "add --inference")
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--ttft-slo", "0.5"], "add --inference")
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--tp", "2", "--top", "2", "--json")
+    assert code == 0, err                           # a layout flag on plan pins its axis, as --fix does
+    assert {p["layout"]["tp"] for p in json.loads(out)["plans"]} == {2}
+
+
+@pytest.mark.skipif(not LINUX or not os.path.exists("/dev/full"), reason="/dev/full")
+def test_a_full_or_closed_stdout_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    for redirect in ("> /dev/full", ">&-"):
+        r = subprocess.run(f"{sys.executable} -m shardlab models {redirect}", shell=True, capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "could not write the output" in r.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 # Command modules in help order; a module that does not exist (yet) is skipped.
@@ -81,10 +82,40 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def emit(args, doc: dict, text: str) -> None:
-    if getattr(args, "json", False):
-        print(dumps(doc))
-    else:
-        print(text)
+    """Write the result whole: Ctrl-C is held off while it is written (a JSON document is never cut in two; the
+    interrupt is taken after it), and a failed write (a full disk, a closed descriptor) is one line, exit 2."""
+    import signal
+
+    out = (dumps(doc) if getattr(args, "json", False) else text) + "\n"
+    held = {signal.SIGINT, signal.SIGTERM}
+    block = hasattr(signal, "pthread_sigmask") and threading_main()
+    if block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        if sys.stdout is None:
+            raise OSError("standard output is closed")
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        from shardlab.errors import ShardlabError
+
+        try:                                       # drop what could not be written, so exit does not retry it
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        raise ShardlabError(f"could not write the output to standard output ({e.strerror or e}); write it elsewhere "
+                            f"(> FILE) or free space") from None
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def dumps(doc) -> str:
@@ -128,8 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     from shardlab.errors import ShardlabError
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:                      # Ctrl-C while the modules load: a line, not a traceback
+        sys.stderr.write("interrupted (SIGINT): stopped\n")
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

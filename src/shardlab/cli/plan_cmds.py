@@ -192,6 +192,18 @@ def framework_doc(fw, wl) -> dict:
 
 
 # ---- estimate --------------------------------------------------------------------------------------
+def _refuse_serving_flags(args) -> None:
+    """Serving flags on a training estimate or plan would be silently ignored: one line instead."""
+    from shardlab.errors import ShardlabError
+
+    given = [flag for flag, attr in (("--serve", "serve"), ("--concurrency", "concurrency"),
+                                     ("--arrival-rate", "arrival_rate"), ("--ttft-slo", "ttft_slo"),
+                                     ("--tpot-slo", "tpot_slo"), ("--scheduler-steps", "scheduler_steps"),
+                                     ("--chunked-prefill", "chunked_prefill")) if getattr(args, attr, None)]
+    if given:
+        raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")
+
+
 def cmd_estimate(args):
     from shardlab.estimate.straggler import with_slow_rank
 
@@ -200,6 +212,7 @@ def cmd_estimate(args):
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
         return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
+    _refuse_serving_flags(args)
     from shardlab.estimate.report import render_estimate
 
     from shardlab.planner.detail import layout_detail
@@ -254,7 +267,41 @@ def _parse_fix(items: list[str]) -> dict:
         if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
             raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
                                 f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
+        if key in out and out[key] != int(val):
+            raise ShardlabError(f"--fix {it} contradicts an earlier --fix of {key}; pin each axis once")
         out[key] = int(val)
+    return out
+
+
+def _layout_flags_as_fixes(args, fixed: dict) -> dict:
+    """Layout flags given to `plan` (--tp 2, --zero 3, ...) pin their axis, as --fix does; a flag and a --fix that
+    disagree are refused (a flag at its default pins nothing). Flags the search has no axis for are refused. Under
+    --from the flags hold the file's layout, which plan estimates beside an unpinned search."""
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate.step import SCHEDULE_CODES
+
+    if getattr(args, "from_file", None):        # plan --from: the file's layout is estimated beside the free search
+        return fixed
+    rc = {"none": 0, "selective": 1, "full": 2}
+    given = {"tp": (args.tp, 1), "pp": (args.pp, 1), "cp": (args.cp, 1), "ep": (args.ep, 1), "zero": (args.zero, 0),
+             "mb": (args.micro_batch, 1), "vpp": (args.vpp, 1),
+             "rc": (rc.get(args.recompute, -1), 0), "sp": (int(bool(args.sequence_parallel)), 0),
+             "sched": (SCHEDULE_CODES.get(args.schedule, -1), SCHEDULE_CODES.get("1f1b"))}
+    if args.recompute == "op":
+        raise ShardlabError("--recompute op is not among the recomputation settings plan searches (none, selective, "
+                            "full); estimate it with `shardlab estimate`")
+    unpinnable = [f for f, bad in (("--dp", args.dp is not None), ("--stage-layers", args.stage_layers is not None),
+                                   ("--microbatches", args.microbatches is not None)) if bad]
+    if unpinnable:
+        raise ShardlabError(f"{', '.join(unpinnable)}: plan derives these from --gpus and --global-batch; drop them, or "
+                            f"estimate one layout with `shardlab estimate`")
+    out = dict(fixed)
+    for axis, (value, default) in given.items():
+        if value == default:
+            continue
+        if axis in out and out[axis] != value:
+            raise ShardlabError(f"the layout flag for {axis} and --fix {axis}={out[axis]} disagree; give one of them")
+        out[axis] = value
     return out
 
 
@@ -277,6 +324,7 @@ def cmd_plan(args):
         return with_explanation(args, *plan_inference_cmd(args, cat))
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
+    _refuse_serving_flags(args)
     spec, _ = resolve_model(args, cat)
     if spec is None:
         raise ShardlabError("plan needs a model's shapes: give MODEL, not --params")
@@ -293,7 +341,7 @@ def cmd_plan(args):
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
                       recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
-    fixed = _parse_fix(args.fix)
+    fixed = _layout_flags_as_fixes(args, _parse_fix(args.fix))
     if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
         fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar

@@ -108,7 +108,8 @@ def register(sub) -> None:
     t.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
     t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
     t.add_argument("--steps", type=BOUNDED["steps"], default=4,
-                   help="optimizer steps: 0 measures memory, 1 times collectives, 2+ give the step time")
+                   help="optimizer steps (at least 1): step 0 measures memory, step 1 records the collectives, "
+                        "3 or more give uninstrumented step times")
     t.add_argument("--global-batch", type=BOUNDED["batch"], default=8, help="sequences per step")
     t.add_argument("--micro-batch", type=BOUNDED["batch"], default=None, help="sequences per micro-batch per DP rank")
     t.add_argument("--seq-len", type=BOUNDED["seq_len"], default=64, help="tokens per sequence")
