@@ -112,6 +112,7 @@ def test_schema_1_ledger_is_migrated(tmp_path):
     ("gpus", "'two'", "run 1 has an invalid gpus"),
     ("status", "'paused'", "run 1 has an invalid status"),
     ("reserved_usd", "-1", "run 1 has an invalid reserved_usd"),
+    ("actual_usd", "1.5e308", "run 1 has an invalid actual_usd (1.5e+308)"),      # totals would overflow to inf
 ])
 def test_tampered_rows_are_named_never_a_traceback(tmp_path, column, value, fragment):
     path = tmp_path / "l.sqlite"

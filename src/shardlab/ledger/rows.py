@@ -12,6 +12,7 @@ import datetime
 import math
 
 from shardlab.ledger.model import RUN_COLUMNS, STATUSES, LedgerError, RunRecord
+from shardlab.limits import MAX_USD
 
 _INT = ("id", "gpus", "guard_pid")
 _INT_OR_NULL = ("exit_code",)
@@ -43,7 +44,8 @@ def _number_ok(v: object, integer: bool) -> bool:
         return False
     if integer:
         return isinstance(v, int)
-    return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+    # at most a trillion (dollars, hours or seconds): larger is an edit, and would overflow the totals to inf
+    return isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= MAX_USD
 
 
 def check_run_row(path, row: tuple) -> RunRecord:
