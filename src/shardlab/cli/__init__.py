@@ -82,12 +82,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def emit(args, doc: dict, text: str) -> None:
-    """Write the result whole: Ctrl-C is held off while it is written (a JSON document is never cut in two; the
-    interrupt is taken after it), and a failed write (a full disk, a closed descriptor) is one line, exit 2."""
+    """Write the result whole: Ctrl-C is held off while it is written (a JSON document is never cut in two by it;
+    the interrupt is taken after it), and a failed write (a full disk, a closed descriptor) is one line, exit 2."""
     import signal
 
     out = (dumps(doc) if getattr(args, "json", False) else text) + "\n"
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = {signal.SIGINT}              # SIGTERM stays deliverable: a supervisor can always stop a blocked write
     block = hasattr(signal, "pthread_sigmask") and threading_main()
     if block:
         signal.pthread_sigmask(signal.SIG_BLOCK, held)
