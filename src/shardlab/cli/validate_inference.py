@@ -126,7 +126,7 @@ def one_inference_run(args):
                                else "`shardlab validate --inference --json` lists the ids (rows[].run)"))
     catalog = get_catalog(list(args.catalog))
     case = run_case(run, catalog)
-    d = validate(catalog, runs)
+    d = validate(catalog, runs, only_source=run.source)
     rows = [r for r in d["rows"] if r["run"] == run.id]
     command = "shardlab estimate " + " ".join(shlex.quote(a) for a in inference_estimate_argv(run, case))
     mode, n = run_mode(run, case.capacity)

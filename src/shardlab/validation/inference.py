@@ -298,10 +298,11 @@ def _summary(errs: list[dict], key: str) -> dict:
             "by_group": {g: stat(v) for g, v in out["by_group"].items()}}
 
 
-def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True) -> dict:
+def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None) -> dict:
     """Predict every run with the engines' values; refit them (two stages: each engine alone on PRIOR, then each
     with its prior centred on the others' stage-one values); and leave-one-source-out: for each source, refit its
-    engine on its other sources (same centre) and predict it. Returns rows, summaries, values and refits."""
+    engine on its other sources (same centre) and predict it. Returns rows, summaries, values and refits.
+    ``only_source``: hold out that source alone and skip the full refit (``validate --inference --run``)."""
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
     engines = sorted({r.engine for r in runs})
@@ -309,7 +310,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True)
     values = {e: engine_values(e) for e in engines}
     alone = {e: fit_engine(prep, idx_of[e], values[e]) for e in engines}
     centre = {e: prior_centre(alone, e) for e in engines}
-    refit = {e: fit_engine(prep, idx_of[e], values[e], prior=centre[e]) for e in engines}
+    refit = {} if only_source else {e: fit_engine(prep, idx_of[e], values[e], prior=centre[e]) for e in engines}
     rows = []
     for e in engines:
         rows += errors(prep, predict(prep, values[e], idx_of[e]), idx_of[e])
@@ -317,7 +318,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True)
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     if loso:
-        for src in sorted({r.source for r in runs}):
+        for src in [only_source] if only_source else sorted({r.source for r in runs}):
             eng = next(r.engine for r in runs if r.source == src)
             keep = np.array([i for i in idx_of[eng] if runs[i].source != src])
             held = np.array([i for i in idx_of[eng] if runs[i].source == src])
