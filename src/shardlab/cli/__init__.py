@@ -88,7 +88,7 @@ def emit(args, doc: dict, text: str) -> None:
 
     out = (dumps(doc) if getattr(args, "json", False) else text) + "\n"
     held = {signal.SIGINT}              # SIGTERM stays deliverable: a supervisor can always stop a blocked write
-    block = hasattr(signal, "pthread_sigmask") and threading_main()
+    block = hasattr(signal, "pthread_sigmask") and _on_main_thread()
     if block:
         signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
@@ -112,7 +112,7 @@ def emit(args, doc: dict, text: str) -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
-def threading_main() -> bool:
+def _on_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()

@@ -225,3 +225,15 @@ def validate_inference_cmd(args):
 
     check_inference_flags(args)
     return one_inference_run(args) if getattr(args, "run", None) else validate_inference(args)
+
+
+def refuse_serving_flags(args) -> None:
+    """Serving flags on a training estimate or plan would be silently ignored: one line instead."""
+    from shardlab.errors import ShardlabError
+
+    given = [flag for flag, attr in (("--serve", "serve"), ("--concurrency", "concurrency"),
+                                     ("--arrival-rate", "arrival_rate"), ("--ttft-slo", "ttft_slo"),
+                                     ("--tpot-slo", "tpot_slo"), ("--scheduler-steps", "scheduler_steps"),
+                                     ("--chunked-prefill", "chunked_prefill")) if getattr(args, attr, None)]
+    if given:
+        raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")

@@ -87,7 +87,7 @@ def register(sub) -> None:
                                    "in sample (the committed fit) and out of sample (leave-one-source-out), by family "
                                    "(framework × GPU generation); --inference for the serving runs.")
     from shardlab.cli.inference_cmds import add_validate_args as add_inference_validate_args
-    from shardlab.cli.validate_cmd import add_validate_args
+    from shardlab.cli.validate_cmd import add_validate_args, cmd_validate
 
     add_inference_validate_args(p)
     add_validate_args(p)
@@ -192,18 +192,6 @@ def framework_doc(fw, wl) -> dict:
 
 
 # ---- estimate --------------------------------------------------------------------------------------
-def _refuse_serving_flags(args) -> None:
-    """Serving flags on a training estimate or plan would be silently ignored: one line instead."""
-    from shardlab.errors import ShardlabError
-
-    given = [flag for flag, attr in (("--serve", "serve"), ("--concurrency", "concurrency"),
-                                     ("--arrival-rate", "arrival_rate"), ("--ttft-slo", "ttft_slo"),
-                                     ("--tpot-slo", "tpot_slo"), ("--scheduler-steps", "scheduler_steps"),
-                                     ("--chunked-prefill", "chunked_prefill")) if getattr(args, attr, None)]
-    if given:
-        raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")
-
-
 def cmd_estimate(args):
     from shardlab.estimate.straggler import with_slow_rank
 
@@ -212,7 +200,9 @@ def cmd_estimate(args):
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
         return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
-    _refuse_serving_flags(args)
+    from shardlab.cli.inference_cmds import refuse_serving_flags
+
+    refuse_serving_flags(args)
     from shardlab.estimate.report import render_estimate
 
     from shardlab.planner.detail import layout_detail
@@ -246,65 +236,6 @@ def estimate_comm(est) -> list[dict]:
 
 
 # ---- plan ------------------------------------------------------------------------------------------
-def _parse_fix(items: list[str]) -> dict:
-    from shardlab.errors import ShardlabError
-    from shardlab.estimate.step import SCHEDULE_CODES
-
-    out = {}
-    for it in items:
-        key, _, val = it.partition("=")
-        key = key.strip().replace("-", "_")
-        if key == "micro_batch":
-            key = "mb"
-        if key in ("rc", "recompute"):
-            key, val = "rc", str({"none": 0, "selective": 1, "full": 2}.get(val, val))
-        if key in ("schedule", "sched"):
-            if val not in SCHEDULE_CODES:
-                raise ShardlabError(f"--fix {it}: schedule is one of {', '.join(SCHEDULE_CODES)}")
-            key, val = "sched", str(SCHEDULE_CODES[val])
-        if key in ("hybrid", "hsdp"):
-            key = "hs"
-        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
-            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
-                                f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
-        if key in out and out[key] != int(val):
-            raise ShardlabError(f"--fix {it} contradicts an earlier --fix of {key}; pin each axis once")
-        out[key] = int(val)
-    return out
-
-
-def _layout_flags_as_fixes(args, fixed: dict) -> dict:
-    """Layout flags given to `plan` (--tp 2, --zero 3, ...) pin their axis, as --fix does; a flag and a --fix that
-    disagree are refused (a flag at its default pins nothing). Flags the search has no axis for are refused. Under
-    --from the flags hold the file's layout, which plan estimates beside an unpinned search."""
-    from shardlab.errors import ShardlabError
-    from shardlab.estimate.step import SCHEDULE_CODES
-
-    if getattr(args, "from_file", None):        # plan --from: the file's layout is estimated beside the free search
-        return fixed
-    rc = {"none": 0, "selective": 1, "full": 2}
-    given = {"tp": (args.tp, 1), "pp": (args.pp, 1), "cp": (args.cp, 1), "ep": (args.ep, 1), "zero": (args.zero, 0),
-             "mb": (args.micro_batch, 1), "vpp": (args.vpp, 1),
-             "rc": (rc.get(args.recompute, -1), 0), "sp": (int(bool(args.sequence_parallel)), 0),
-             "sched": (SCHEDULE_CODES.get(args.schedule, -1), SCHEDULE_CODES.get("1f1b"))}
-    if args.recompute == "op":
-        raise ShardlabError("--recompute op is not among the recomputation settings plan searches (none, selective, "
-                            "full); estimate it with `shardlab estimate`")
-    unpinnable = [f for f, bad in (("--dp", args.dp is not None), ("--stage-layers", args.stage_layers is not None),
-                                   ("--microbatches", args.microbatches is not None)) if bad]
-    if unpinnable:
-        raise ShardlabError(f"{', '.join(unpinnable)}: plan derives these from --gpus and --global-batch; drop them, or "
-                            f"estimate one layout with `shardlab estimate`")
-    out = dict(fixed)
-    for axis, (value, default) in given.items():
-        if value == default:
-            continue
-        if axis in out and out[axis] != value:
-            raise ShardlabError(f"the layout flag for {axis} and --fix {axis}={out[axis]} disagree; give one of them")
-        out[axis] = value
-    return out
-
-
 def cmd_plan(args):
     from shardlab.cli.common import cluster_from_args, resolve_model
     from shardlab.errors import ShardlabError
@@ -324,7 +255,10 @@ def cmd_plan(args):
         return with_explanation(args, *plan_inference_cmd(args, cat))
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
-    _refuse_serving_flags(args)
+    from shardlab.cli.inference_cmds import refuse_serving_flags
+    from shardlab.cli.plan_fix import layout_flags_as_fixes, parse_fix
+
+    refuse_serving_flags(args)
     spec, _ = resolve_model(args, cat)
     if spec is None:
         raise ShardlabError("plan needs a model's shapes: give MODEL, not --params")
@@ -341,7 +275,7 @@ def cmd_plan(args):
     wl = workload_for(fw, seq_len=seq, global_batch=gb, precision=args.precision, optimizer=args.optimizer,
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
                       recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
-    fixed = _layout_flags_as_fixes(args, _parse_fix(args.fix))
+    fixed = layout_flags_as_fixes(args, parse_fix(args.fix))
     if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
         fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar
@@ -414,22 +348,3 @@ def _winner_detail(res, args) -> dict:
     mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
     return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
                          breakdown=best["breakdown"], precision=wl.precision)
-
-
-# ---- validate --------------------------------------------------------------------------------------
-def cmd_validate(args):
-    from shardlab.cli.validate_cmd import cmd_validate_training
-
-    if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
-        from shardlab.report.plots import check_picture_path
-
-        check_picture_path(args.plot)
-    if getattr(args, "model_out", None):
-        from shardlab.safeio import check_output_path
-
-        check_output_path(args.model_out, "--model-out")
-    if args.inference:
-        from shardlab.cli.inference_cmds import validate_inference_cmd
-
-        return validate_inference_cmd(args)
-    return cmd_validate_training(args, _catalog(args))

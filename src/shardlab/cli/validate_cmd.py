@@ -84,23 +84,29 @@ def cmd_validate_training(args, catalog):
     return doc, text
 
 
+def find_run(runs, wanted: str, what: str, listing: str):
+    """The run whose id is ``wanted``, or one line naming up to 8 ids that contain it (or where the ids are listed)."""
+    from shardlab.errors import ShardlabError
+
+    byid = {r.id: r for r in runs}
+    if wanted in byid:
+        return byid[wanted]
+    close = sorted(i for i in byid if wanted.lower() in i.lower())[:8]
+    raise ShardlabError(f"no {what} '{wanted}' in the validation set; "
+                        + (f"did you mean {', '.join(close)}?" if close else listing))
+
+
 def _one_run(args, catalog, runs):
     """`validate --run ID`: the run, the estimate command that states its settings, its breakdown, measured vs predicted."""
     import shlex
 
-    from shardlab.errors import ShardlabError
     from shardlab.estimate.report import render_estimate
     from shardlab.report.table import kv_lines
     from shardlab.validation import compare
     from shardlab.validation.replay import estimate_argv, run_model_yaml
     from shardlab.validation.report import load_folds, loso_comparisons
 
-    byid = {r.id: r for r in runs}
-    run = byid.get(args.run)
-    if run is None:
-        close = sorted(i for i in byid if args.run.lower() in i.lower())[:8]
-        raise ShardlabError(f"no published run '{args.run}' in the validation set; "
-                            + (f"did you mean {', '.join(close)}?" if close else "`shardlab validate --json` lists the ids"))
+    run = find_run(runs, args.run, "published run", "`shardlab validate --json` lists the ids")
     c = compare([run], catalog)[0]
     lo = None if run.informational else loso_comparisons([run], catalog, load_folds())[0]
     yml = run_model_yaml(run, catalog)
@@ -130,3 +136,21 @@ def _one_run(args, catalog, runs):
                         ("out of sample", f"{lo.predicted:,.4g} ({100 * lo.error:+.1f}%), fit without source {run.source}"
                          if lo else "- (informational run: outside the target and the fit)")])]
     return doc, "\n".join(lines)
+
+
+def cmd_validate(args):
+    if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
+        from shardlab.report.plots import check_picture_path
+
+        check_picture_path(args.plot)
+    if getattr(args, "model_out", None):
+        from shardlab.safeio import check_output_path
+
+        check_output_path(args.model_out, "--model-out")
+    if args.inference:
+        from shardlab.cli.inference_cmds import validate_inference_cmd
+
+        return validate_inference_cmd(args)
+    from shardlab.cli.plan_cmds import _catalog
+
+    return cmd_validate_training(args, _catalog(args))

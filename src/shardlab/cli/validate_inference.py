@@ -110,20 +110,15 @@ def one_inference_run(args):
     import shlex
 
     from shardlab.catalog import get_catalog
-    from shardlab.errors import ShardlabError
     from shardlab.report.table import kv_lines, table
     from shardlab.validation.inference import load_inference_runs, run_case, run_mode, validate
 
     from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.validate_cmd import find_run
 
     runs = load_inference_runs()
-    byid = {r.id: r for r in runs}
-    run = byid.get(args.run)
-    if run is None:
-        close = sorted(i for i in byid if args.run.lower() in i.lower())[:8]
-        raise ShardlabError(f"no published serving measurement '{args.run}' in the validation set; "
-                            + (f"did you mean {', '.join(close)}?" if close
-                               else "`shardlab validate --inference --json` lists the ids (rows[].run)"))
+    run = find_run(runs, args.run, "published serving measurement",
+                   "`shardlab validate --inference --json` lists the ids (rows[].run)")
     catalog = get_catalog(list(args.catalog))
     case = run_case(run, catalog)
     d = validate(catalog, runs, only_source=run.source)

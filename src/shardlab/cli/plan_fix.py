@@ -1,0 +1,66 @@
+"""`shardlab plan`'s pins: --fix AXIS=VALUE and the layout flags (--tp 2, --zero 3, ...) as axes the search holds."""
+
+from __future__ import annotations
+
+from shardlab.memory.training import RECOMPUTE_CODES
+
+PLAN_RECOMPUTE = {k: v for k, v in RECOMPUTE_CODES.items() if k != "op"}
+"""Recomputation settings the planner searches, by their codes (per-op checkpointing is estimate-only)."""
+
+
+def parse_fix(items: list[str]) -> dict:
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate.step import SCHEDULE_CODES
+
+    out = {}
+    for it in items:
+        key, _, val = it.partition("=")
+        key = key.strip().replace("-", "_")
+        if key == "micro_batch":
+            key = "mb"
+        if key in ("rc", "recompute"):
+            key, val = "rc", str(PLAN_RECOMPUTE.get(val, val))
+        if key in ("schedule", "sched"):
+            if val not in SCHEDULE_CODES:
+                raise ShardlabError(f"--fix {it}: schedule is one of {', '.join(SCHEDULE_CODES)}")
+            key, val = "sched", str(SCHEDULE_CODES[val])
+        if key in ("hybrid", "hsdp"):
+            key = "hs"
+        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
+            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
+                                f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
+        if key in out and out[key] != int(val):
+            raise ShardlabError(f"--fix {it} contradicts an earlier --fix of {key}; pin each axis once")
+        out[key] = int(val)
+    return out
+
+
+def layout_flags_as_fixes(args, fixed: dict) -> dict:
+    """Layout flags given to `plan` (--tp 2, --zero 3, ...) pin their axis, as --fix does; a flag and a --fix that
+    disagree are refused (a flag at its default pins nothing). Flags the search has no axis for are refused. Under
+    --from the flags hold the file's layout, which plan estimates beside an unpinned search."""
+    from shardlab.errors import ShardlabError
+    from shardlab.estimate.step import SCHEDULE_CODES
+
+    if getattr(args, "from_file", None):        # plan --from: the file's layout is estimated beside the free search
+        return fixed
+    given = {"tp": (args.tp, 1), "pp": (args.pp, 1), "cp": (args.cp, 1), "ep": (args.ep, 1), "zero": (args.zero, 0),
+             "mb": (args.micro_batch, 1), "vpp": (args.vpp, 1),
+             "rc": (PLAN_RECOMPUTE.get(args.recompute, -1), 0), "sp": (int(bool(args.sequence_parallel)), 0),
+             "sched": (SCHEDULE_CODES.get(args.schedule, -1), SCHEDULE_CODES.get("1f1b"))}
+    if args.recompute == "op":
+        raise ShardlabError("--recompute op is not among the recomputation settings plan searches (none, selective, "
+                            "full); estimate it with `shardlab estimate`")
+    unpinnable = [f for f, bad in (("--dp", args.dp is not None), ("--stage-layers", args.stage_layers is not None),
+                                   ("--microbatches", args.microbatches is not None)) if bad]
+    if unpinnable:
+        raise ShardlabError(f"{', '.join(unpinnable)}: plan derives these from --gpus and --global-batch; drop them, or "
+                            f"estimate one layout with `shardlab estimate`")
+    out = dict(fixed)
+    for axis, (value, default) in given.items():
+        if value == default:
+            continue
+        if axis in out and out[axis] != value:
+            raise ShardlabError(f"the layout flag for {axis} and --fix {axis}={out[axis]} disagree; give one of them")
+        out[axis] = value
+    return out
