@@ -5,6 +5,7 @@ Used by tests/test_cli_fuzz.py (a small budget in the suite) and benchmarks/fuzz
 invocations, with a report). The contract checked for each call (``check``):
 - the exit code is 0, 2 or 3 (the guard also passes on its command's 124 at a time limit);
 - no Python traceback, no exception escaping ``main``; on exit 2 stderr is exactly one line;
+- with --json on exit 2, stdout is the error document {"error", "exit_code"};
 - with --json on exit 0, stdout is one strict JSON document (no NaN/Infinity), and no command ever needed
   the emitter's non-finite scrub (its warning on stderr);
 - no 'nan'/'inf' word in the human output of a successful call;
@@ -587,6 +588,14 @@ def check(o: Outcome) -> list[str]:
         problems.append(f"exit code {o.code}")
     if o.code == 2 and len([ln for ln in o.stderr.splitlines() if ln.strip()]) != 1:
         problems.append(f"exit 2 with {len(o.stderr.splitlines())} stderr lines")
+    own = o.argv[:o.argv.index("--")] if "--" in o.argv else o.argv      # the guard's command keeps its own flags
+    if o.code == 2 and "--json" in own and not o.reached:
+        try:
+            doc = json.loads(o.stdout)
+            if not (isinstance(doc, dict) and doc.get("exit_code") == 2 and isinstance(doc.get("error"), str)):
+                problems.append("exit 2 under --json without the error document on stdout")
+        except ValueError:
+            problems.append("exit 2 under --json: stdout is not one JSON document")
     if "non-finite number(s) written as null" in o.stderr:
         problems.append("the JSON emitter had to scrub a non-finite number")
     if o.code == 0 and not o.reached:

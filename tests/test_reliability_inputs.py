@@ -93,7 +93,7 @@ def hostile(tmp_path_factory):
         "latin1": tmp_path / "latin1.yaml", "deep-flow": tmp_path / "deep.json", "deep-block": tmp_path / "deep.yaml",
         "deep-seq": tmp_path / "seq.yaml", "alias": tmp_path / "alias.yaml",
         "quoted-deep": tmp_path / "quoted-deep.yaml", "quoted-flow": tmp_path / "quoted-flow.yaml",
-        "quoted-alias": tmp_path / "quoted-alias.yaml",
+        "quoted-alias": tmp_path / "quoted-alias.yaml", "duplicate": tmp_path / "duplicate.yaml",
     }
     files["dir"].mkdir()
     files["big"].write_bytes(b" " * (2 * 2**20))
@@ -107,6 +107,7 @@ def hostile(tmp_path_factory):
     files["quoted-deep"].write_text("model_type: llama\nnote: b 'c\nx: " + "[" * 30000 + "]" * 30000 + "\nz: d'\n")
     files["quoted-flow"].write_text("a: [b 'c, " + "[" * 30000 + "]" * 30000 + "]\n")
     files["quoted-alias"].write_text("note: b 'c\nl0: &a0 [x, x]\nl1: [*a0, *a0]\nz: d'\n")
+    files["duplicate"].write_text("hidden_size: 4096\nnum_layers: 2\nhidden_size: 8192\n")   # PyYAML keeps the last
     return files
 
 
@@ -117,6 +118,7 @@ def hostile(tmp_path_factory):
     ("deep-flow", "nests about 30001 levels"), ("deep-block", "nests about"), ("deep-seq", "nests about 30001"),
     ("alias", "aliases"), ("/dev/zero", "character device"), ("/dev/urandom", "character device"),
     ("quoted-deep", "nests about 30001"), ("quoted-flow", "nests about 30002"), ("quoted-alias", "aliases"),
+    ("duplicate", "line 3: key 'hidden_size' appears twice in one mapping (first at line 1)"),
 ])
 def test_file_arguments_refuse_hostile_files(hostile, flag, kind, fragment):
     path = str(hostile.get(kind, kind))
@@ -169,7 +171,8 @@ def test_config_values_are_type_and_range_checked(tmp_path, changes, fragment):
      "    source: me\n", "must be a finite number"),
     ("links:\n  x:\n    name: [X]\n    bandwidth_gbps: 1\n    latency_us: 1\n    efficiency: 0.5\n    scope: intra\n"
      "    source: me\n", "must be text"),
-    ("prices:\n  h100-sxm:\n    default: {on_demand: .nan, date: 2026-01-01, source: me}\n", "positive number of USD"),
+    ("prices:\n  h100-sxm:\n    default: {on_demand: .nan, date: 2026-01-01, source: me}\n", "number of USD per GPU-hour"),
+    ("prices:\n  h100-sxm:\n    default: {on_demand: 1e-300, date: 2026-01-01, source: me}\n", "from 1e-06"),
     ("profile:\n  gpus_per_node: many\n", "gpus_per_node must be a whole number"),
     ("models:\n  m:\n    family: llama\n    hidden_size: 64\n    num_layers: 2\n    num_heads: 4\n    num_kv_heads: 4\n"
      "    ffn_hidden_size: 128\n    vocab_size: 100\n    max_seq_len: 64\n    qkv_bias: 'yes'\n", "qkv_bias must be true or false"),
@@ -341,3 +344,40 @@ def test_a_full_or_closed_stdout_is_one_line_exit_2():
                            timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip().count("\n") == 0 and "could not write the output" in r.stderr
+
+
+def test_a_key_written_twice_is_refused_not_overwritten(tmp_path):
+    """YAML and JSON loaders keep the last of two equal keys; shardlab refuses the file and names both lines."""
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--top", "1", "--json")
+    assert code == 0, err
+    dup = tmp_path / "plan.json"
+    dup.write_text(out.replace('"framework":', '"framework": "x", "framework":', 1))
+    one_line_error(["export", "--to", "megatron", "--plan", str(dup)], "key 'framework' appears twice in one object")
+    cat = tmp_path / "cat.yaml"
+    cat.write_text("accelerators:\n  my-gpu: {peak_tflops: 100, peak_tflops: 200}\n")
+    one_line_error(["gpus", "--catalog", str(cat)], "line 2: key 'peak_tflops' appears twice")
+    acc = tmp_path / "accelerate.yaml"
+    acc.write_text("distributed_type: FSDP\nnum_processes: 8\nnum_processes: 16\n")
+    one_line_error(["estimate", "--from", str(acc), "llama-3.1-8b"], "key 'num_processes' appears twice")
+    ok = tmp_path / "nested.yaml"                  # the same key in two different mappings is fine
+    ok.write_text("models:\n  a: {hidden_size: 64}\n  b: {hidden_size: 64}\n")
+    assert "appears twice" not in cli_main("models", "--catalog", str(ok))[2]
+    ds = tmp_path / "ds_config.json"               # DeepSpeed's own reader refuses duplicate keys too
+    ds.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    one_line_error(["estimate", "--from", str(ds), "llama-3.1-8b"], "key 'train_batch_size' appears twice")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["estimate", "no-such-model", "--json"], "unknown model"),                 # the command's own error
+    (["estimate", "llama-3.1-8b", "--gpus", "x", "--json"], "--gpus"),          # argparse's
+    (["cost", "--gpus", "1", "--hours", "1", "--price", "nan", "--json"], "--price"),
+])
+def test_errors_under_json_are_one_document_on_stdout_too(args, fragment):
+    """With --json a program reading stdout always gets one JSON document: an error is {"error", "exit_code"},
+    the same line as on stderr."""
+    code, out, err = cli_main(*args)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    doc = json.loads(out)
+    assert doc == {"error": err.strip()[len("error: "):], "exit_code": 2} and fragment in doc["error"]
+    code, out, err = cli_main(*[a for a in args if a != "--json"])
+    assert code == 2 and out == ""                                             # without --json stdout stays empty

@@ -5,7 +5,8 @@ blocking and checked on the open descriptor before a byte is read: a FIFO, a dev
 /dev/urandom), a directory or a socket is refused, and so is a file over ``limits.MAX_FILE_BYTES``. The
 text must be UTF-8. YAML/JSON documents are refused before parsing when they nest deeper than
 ``limits.MAX_NESTING`` (deep nesting crashed the C parser), and parsed without aliases (``&a``/``*a``:
-they can build self-referencing or exponentially large documents). Output files (--mermaid, --markdown,
+they can build self-referencing or exponentially large documents), and a key that appears twice in one
+mapping is refused (YAML loaders keep the last silently; JSON objects the same). Output files (--mermaid, --markdown,
 --plot, --out) must be regular files or not exist yet, in an existing folder. Names longer than the
 filesystem allows and names with NUL bytes are refused up front. Every problem is a one-line
 ShardlabError naming the file and the fix.
@@ -196,6 +197,50 @@ def scan_yaml_tokens(text: str) -> tuple[int, int | None]:
     return worst, None
 
 
+_LOADER = None
+DuplicateKey = None
+"""The error class ``yaml_loader`` raises (a ``yaml.constructor.ConstructorError``), set when it is first built."""
+
+
+def yaml_loader():
+    """PyYAML's safe loader (libyaml's when present) that refuses a key appearing twice in one mapping: YAML says
+    keys are unique (YAML 1.2 §3.2.1.1) but PyYAML keeps the last one, so a catalog entry or a setting written twice
+    would silently replace the first. The error (``DuplicateKey``, a ConstructorError) marks the second key."""
+    global _LOADER, DuplicateKey
+    if _LOADER is None:
+        import yaml
+
+        class DuplicateKey(yaml.constructor.ConstructorError):
+            """A key written twice in one mapping."""
+
+        class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            def construct_mapping(self, node, deep=False):
+                seen = {}
+                for key_node, _ in node.value:
+                    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node)
+                    try:
+                        if key in seen:
+                            raise DuplicateKey(
+                                None, None, f"key {str(key)[:60]!r} appears twice in one mapping (first at line "
+                                f"{seen[key]}); keep one", key_node.start_mark)
+                        seen[key] = key_node.start_mark.line + 1
+                    except TypeError:                   # an unhashable key: the constructor reports it
+                        continue
+                return super().construct_mapping(node, deep)
+
+        _LOADER = StrictLoader
+    return _LOADER
+
+
+def yaml_load(text: str) -> object:
+    """``yaml.load`` with ``yaml_loader`` (duplicate keys refused)."""
+    import yaml
+
+    return yaml.load(text, Loader=yaml_loader())
+
+
 def _packaged(where: str) -> bool:
     """A data file shipped inside the shardlab package (its own catalog and validation data)."""
     try:
@@ -219,7 +264,7 @@ def parse_yaml(text: str, where: str) -> object:
         raise ShardlabError(f"{where} line {alias}: YAML anchors and aliases (&name, *name) are not accepted in "
                             f"shardlab files; write the values out")
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -235,20 +280,37 @@ def load_yaml(path: str | os.PathLike, what: str = "file") -> object:
     return parse_yaml(read_text(path, what), str(path))
 
 
-def load_json(path: str | os.PathLike, what: str = "file") -> object:
-    """Read and parse a JSON file with the same checks (NaN and Infinity literals are refused)."""
+def _json_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _json_unique(pairs: list) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k[:60]!r} appears twice in one object; keep one")
+        out[k] = v
+    return out
+
+
+def json_loads(text: str) -> object:
+    """``json.loads`` that refuses NaN/Infinity literals and a key written twice in one object (``json`` keeps the
+    last; DeepSpeed's own config reader refuses duplicates too: deepspeed/runtime/config.py,
+    dict_raise_error_on_duplicate_keys). Raises ValueError (json.JSONDecodeError for syntax)."""
     import json
 
+    return json.loads(text, parse_constant=_json_constant, object_pairs_hook=_json_unique)
+
+
+def load_json(path: str | os.PathLike, what: str = "file") -> object:
+    """Read and parse a JSON file with the same checks (``json_loads``: no NaN/Infinity, no key twice)."""
     text = read_text(path, what)
     depth, _ = scan_yaml(text)
     if depth > MAX_NESTING:
         raise ShardlabError(f"{what} {path} nests about {depth} levels deep, over the limit of {MAX_NESTING}; "
                             f"is it the right file?")
-
-    def constant(name: str):
-        raise ValueError(f"{name} is not a number JSON allows")
     try:
-        return json.loads(text, parse_constant=constant)
+        return json_loads(text)
     except (ValueError, RecursionError) as e:
         raise ShardlabError(f"{what} {path} is not JSON ({str(e)[:100]}); fix or regenerate it") from None
 

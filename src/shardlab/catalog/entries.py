@@ -17,13 +17,11 @@ _PACKAGE = str(Path(__file__).resolve().parent.parent)
 
 def load_yaml(path: Path, what: str = "file") -> object:
     """Read a YAML (or JSON) file. The user's files go through ``shardlab.safeio`` (regular files only, size and
-    nesting limits, UTF-8, no aliases); shardlab's own data files (which use YAML anchors) are read directly."""
+    nesting limits, UTF-8, no aliases); shardlab's own data files (which use YAML anchors) are read directly; duplicate keys are refused in both."""
     from shardlab import safeio
 
     if isinstance(path, Path) and path.is_absolute() and str(path).startswith(_PACKAGE):
-        import yaml
-
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return safeio.yaml_load(path.read_text(encoding="utf-8"))
     return safeio.load_yaml(path, what)
 
 

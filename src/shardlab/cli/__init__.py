@@ -50,8 +50,29 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: 'error: ... (see shardlab CMD --help)', exit code 2."""
 
     def error(self, message: str):  # noqa: D401
-        sys.stderr.write(f"error: {one_line(message)} (see `{self.prog} --help`)\n")
-        raise SystemExit(2)
+        line = f"{one_line(message)} (see `{self.prog} --help`)"
+        sys.stderr.write(f"error: {line}\n")
+        raise UsageError(line)
+
+
+class UsageError(SystemExit):
+    """A command line argparse refused (exit code 2); ``message`` is the line written to stderr."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+
+def json_error(message: str, exit_code: int) -> None:
+    """Under --json, an error is also one JSON document on stdout (``{"error": ..., "exit_code": ...}``), so that a
+    program reading stdout always gets one document; the line on stderr is the same."""
+    import json
+
+    try:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": exit_code}) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):   # stdout full, closed or None: stderr has the line already
+        pass
 
 
 def one_line(message: str) -> str:
@@ -162,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
         args = parser.parse_args(argv)
+    except UsageError as e:
+        if "--json" in (argv[:argv.index("--")] if "--" in argv else argv):    # not a guarded command's flag
+            json_error(e.message, 2)
+        raise
     except KeyboardInterrupt:                      # Ctrl-C while the modules load: a line, not a traceback
         sys.stderr.write("interrupted (SIGINT): stopped\n")
         return 130
@@ -184,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ShardlabError as e:
         sys.stderr.write(f"error: {one_line(str(e))}\n")
+        if getattr(args, "json", False) and not getattr(e, "json_reported", False):
+            json_error(one_line(str(e)), e.exit_code)
         return e.exit_code
     except BrokenPipeError:
         return 0

@@ -199,6 +199,7 @@ def cmd_guard(args) -> int:
     except Refusal as r:
         if args.json:
             print(dumps({"ledger": str(path), **r.to_dict()}))
+            r.json_reported = True                 # the refusal's document is the one on stdout
         raise
     run, b = out.run, out.budget
     wall = "-" if run.wall_s is None else f"{run.wall_s:.1f} s"

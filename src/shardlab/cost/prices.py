@@ -67,12 +67,13 @@ class Price:
 def _number(where: str, name: str, key: str, v: object) -> float:
     import math
 
-    from shardlab.limits import MAX_PRICE_USD_PER_GPU_HOUR
+    from shardlab.limits import MAX_PRICE_USD_PER_GPU_HOUR, MIN_USD
 
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v) \
-            or v > MAX_PRICE_USD_PER_GPU_HOUR:
-        raise ShardlabError(f"{where}: price '{name}' field '{key}' must be a positive number of USD per GPU-hour "
-                            f"(at most {MAX_PRICE_USD_PER_GPU_HOUR:,.0f}), got {v!r}; fix the file")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+            or not MIN_USD <= v <= MAX_PRICE_USD_PER_GPU_HOUR:
+        raise ShardlabError(f"{where}: price '{name}' field '{key}' must be a number of USD per GPU-hour from "
+                            f"{MIN_USD:g} (the --price flag's floor) to {MAX_PRICE_USD_PER_GPU_HOUR:,.0f}, got {v!r}; "
+                            f"fix the file")
     return float(v)
 
 

@@ -16,6 +16,8 @@ import os
 import yaml
 
 from shardlab.errors import ShardlabError
+from shardlab import safeio
+from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot")
@@ -49,8 +51,10 @@ def sniff(text: str) -> str:
         if "run:" not in text:
             return "vllm"
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
+        doc = yaml_load(text)
+    except yaml.YAMLError as e:
+        if isinstance(e, safeio.DuplicateKey):
+            raise ShardlabError(f"this file, line {e.problem_mark.line + 1}: {e.problem}; fix the file") from None
         doc = None
     if isinstance(doc, dict):
         if "run" in doc and ("resources" in doc or "num_nodes" in doc):

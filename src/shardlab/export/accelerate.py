@@ -13,6 +13,7 @@ from __future__ import annotations
 import yaml
 
 from shardlab.errors import ShardlabError
+from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import layer_class
 from shardlab.export.text import comment_block
@@ -83,7 +84,7 @@ def render(job: LaunchJob, spec) -> Export:
 
 def read(text: str, catalog) -> Imported:
     try:
-        cfg = yaml.safe_load(text)
+        cfg = yaml_load(text)
     except yaml.YAMLError as e:
         raise ShardlabError(f"not a valid Accelerate YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict) or "distributed_type" not in cfg:

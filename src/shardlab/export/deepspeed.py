@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from shardlab.errors import ShardlabError
+from shardlab.safeio import json_loads
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"
@@ -73,9 +74,11 @@ def render(job: LaunchJob, spec) -> Export:
 
 def read(text: str, catalog) -> Imported:
     try:
-        cfg = json.loads(text)
+        cfg = json_loads(text)
     except json.JSONDecodeError as e:
         raise ShardlabError(f"not a valid DeepSpeed JSON: {e.msg} at line {e.lineno}") from None
+    except ValueError as e:                      # NaN/Infinity, or a key written twice
+        raise ShardlabError(f"not a valid DeepSpeed JSON: {str(e)[:120]}") from None
     if not isinstance(cfg, dict):
         raise ShardlabError("a DeepSpeed config is a JSON object")
     f, und, ign = {}, [], []

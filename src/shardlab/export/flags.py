@@ -7,15 +7,14 @@ from __future__ import annotations
 import functools
 import os
 
-import yaml
-
 from shardlab.errors import ShardlabError
+from shardlab.safeio import yaml_load
 
 
 @functools.lru_cache(maxsize=1)
 def schemas() -> dict:
     with open(os.path.join(os.path.dirname(__file__), "data", "flags.yaml")) as f:
-        return yaml.safe_load(f)
+        return yaml_load(f.read())
 
 
 def version(target: str) -> str:

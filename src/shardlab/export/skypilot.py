@@ -9,6 +9,7 @@ import re
 import yaml
 
 from shardlab.errors import ShardlabError
+from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, header
 from shardlab.export.launcher import INSTALL, default_inner, node_commands, read_embedded
 from shardlab.export.names import gpu_from_skypilot, skypilot_accelerator
@@ -58,7 +59,7 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
 
 def read(text: str, catalog) -> Imported:
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml_load(text)
     except yaml.YAMLError as e:
         raise ShardlabError(f"not a valid SkyPilot YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or "run" not in doc:
