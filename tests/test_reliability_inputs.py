@@ -332,6 +332,14 @@ def test_conflicting_or_ignored_flags_are_refused_not_dropped():
     code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--tp", "2", "--top", "2", "--json")
     assert code == 0, err                           # a layout flag on plan pins its axis, as --fix does
     assert {p["layout"]["tp"] for p in json.loads(out)["plans"]} == {2}
+    for flags, key, value in ((["--tp", "1"], "tp", 1), (["--zero", "0"], "zero", 0),   # defaults pin too when written
+                              (["--recompute", "none"], "recompute", "none")):
+        code, out, err = cli_main("plan", "llama-3.1-70b", "--gpus", "64", *flags, "--top", "3", "--json")
+        assert code == 0, err
+        assert {p["layout"][key] for p in json.loads(out)["plans"]} == {value}, flags
+    for flags in (["--wrap", "model"], ["--recompute-fraction", "0.5"], ["--dp-replicate", "8"]):
+        one_line_error(["plan", "llama-3.1-8b", "--gpus", "64", *flags], flags[0], "shardlab estimate")
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "64", "--fix", "hs=2"], "hs is 0")
 
 
 @pytest.mark.skipif(not LINUX or not os.path.exists("/dev/full"), reason="/dev/full")

@@ -128,30 +128,56 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: 
                    help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates")
 
 
+class Given(argparse.Action):
+    """Stores the value like argparse's default action and notes the flag in ``namespace.given_flags``: `plan` pins
+    exactly the layout flags a user wrote, a default value (``--tp 1``, ``--zero 0``) included."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, "given_flags", set(getattr(namespace, "given_flags", None) or ()) | {self.dest})
+
+
+class GivenTrue(Given):
+    """``store_true`` that notes the flag like ``Given``."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, const=True, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, True, option_string)
+
+
+def given_flags(args) -> set[str] | None:
+    """The destinations of the layout flags written on the command line (None when args did not come from the
+    parser, e.g. a Namespace built in code)."""
+    return getattr(args, "given_flags", None)
+
+
 def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None) -> None:
+    p.set_defaults(given_flags=set())
     g = p.add_argument_group("layout")
     g.add_argument("--gpus", type=gpus_int, default=gpus_default, help="world size (default: the product of the degrees)")
     g.add_argument("--dp", type=gpus_int, default=None, help="data-parallel degree (default: gpus / (tp·pp·cp))")
-    g.add_argument("--tp", type=gpus_int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=gpus_int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--cp", type=gpus_int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", type=gpus_int, default=1, help="expert-parallel degree (divides dp)")
-    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
-    g.add_argument("--micro-batch", type=batch_int, default=1, help="sequences per micro-batch per DP rank")
+    g.add_argument("--tp", action=Given, type=gpus_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", action=Given, type=gpus_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", action=Given, type=gpus_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", action=Given, type=gpus_int, default=1, help="expert-parallel degree (divides dp)")
+    g.add_argument("--zero", action=Given, type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
+    g.add_argument("--micro-batch", action=Given, type=batch_int, default=1, help="sequences per micro-batch per DP rank")
     g.add_argument("--seq-len", type=seq_len_int, default=None, help="sequence length (default: min(model max, 4096))")
-    g.add_argument("--recompute", choices=("none", "selective", "full", "op"), default="none",
+    g.add_argument("--recompute", action=Given, choices=("none", "selective", "full", "op"), default="none",
                    help="activation recomputation: selective = attention core (Korthikanti 2022), full = whole blocks, "
                         "op = torchtitan's per-operator checkpointing")
-    g.add_argument("--recompute-fraction", type=BOUNDED["share"], default=1.0, metavar="F",
+    g.add_argument("--recompute-fraction", action=Given, type=BOUNDED["share"], default=1.0, metavar="F",
                    help="share of the blocks checkpointed (torchtitan's 'every k-th layer' = 1/k; default 1)")
-    g.add_argument("--wrap", type=wrap_policy, default=1, metavar="POLICY",
+    g.add_argument("--wrap", action=Given, type=wrap_policy, default=1, metavar="POLICY",
                    help="ZeRO-3/FSDP wrap unit: block (default), N-blocks (e.g. 4-blocks) or model (one unit, no overlap)")
-    g.add_argument("--dp-replicate", type=gpus_int, default=1, metavar="R",
+    g.add_argument("--dp-replicate", action=Given, type=gpus_int, default=1, metavar="R",
                    help="hybrid sharding (HSDP): ZeRO shards over dp·cp/R ranks and R replicas all-reduce gradients")
-    g.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp > 1)")
-    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b", help="pipeline schedule")
+    g.add_argument("--sequence-parallel", action=GivenTrue, help="Megatron sequence parallelism (with --tp > 1)")
+    g.add_argument("--schedule", action=Given, choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b", help="pipeline schedule")
     g.add_argument("--microbatches", type=microbatches_int, default=None, help="micro-batches per step (pipeline)")
-    g.add_argument("--vpp", type=BOUNDED["dim"], default=1, help="virtual stages per pipeline rank (interleaved)")
+    g.add_argument("--vpp", action=Given, type=BOUNDED["dim"], default=1, help="virtual stages per pipeline rank (interleaved)")
     g.add_argument("--stage-layers", type=int_list, default=None, metavar="N,N,...", help="layers per pipeline stage")
     g.add_argument("--precision", choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed"), default="bf16-mixed",
                    help="fp32; bf16/fp16 mixed (fp32 master weights); pure bf16; fp8-mixed (bf16-mixed states, FP8 GEMMs "

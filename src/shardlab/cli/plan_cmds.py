@@ -106,8 +106,9 @@ def add_plan_args(p) -> None:
                         "memory; latency (with --inference): lowest request latency")
     g.add_argument("--top", type=positive_int, default=5, help="plans to list")
     g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
-                   help="pin an axis: tp, pp, cp, ep, zero, mb (micro_batch), vpp, sp, hs (hybrid-shard replicas) as "
-                        "integers, rc=none|selective|full, schedule=NAME; e.g. --fix tp=8; repeatable")
+                   help="pin an axis: tp, pp, cp, ep, zero, mb (micro_batch), vpp as integers, sp=0|1, hs=0|1 "
+                        "(hybrid sharding off/on), rc=none|selective|full, schedule=NAME; e.g. --fix tp=8; repeatable. "
+                        "A layout flag written on the line pins its axis the same way (--tp 1 is --fix tp=1)")
     g.add_argument("--explain", action="store_true", help="add a paragraph that says the plan out loud (for learners)")
     _add_assumption_args(p)
     _add_inference_args(p)

@@ -26,9 +26,13 @@ def parse_fix(items: list[str]) -> dict:
             key, val = "sched", str(SCHEDULE_CODES[val])
         if key in ("hybrid", "hsdp"):
             key = "hs"
+        if key == "hs" and val.strip() not in ("0", "1"):
+            raise ShardlabError(f"--fix {it}: hs is 0 (no hybrid sharding) or 1 (shard inside a node, replicate across "
+                                f"nodes; the replica count follows from the layout)")
         if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
-            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp, sp, hs "
-                                f"(integers), recompute (none/selective/full) or schedule ({'/'.join(SCHEDULE_CODES)})")
+            raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp "
+                                f"(integers), sp, hs (0 or 1), recompute (none/selective/full) or schedule "
+                                f"({'/'.join(SCHEDULE_CODES)})")
         if key in out and out[key] != int(val):
             raise ShardlabError(f"--fix {it} contradicts an earlier --fix of {key}; pin each axis once")
         out[key] = int(val)
@@ -36,9 +40,11 @@ def parse_fix(items: list[str]) -> dict:
 
 
 def layout_flags_as_fixes(args, fixed: dict) -> dict:
-    """Layout flags given to `plan` (--tp 2, --zero 3, ...) pin their axis, as --fix does; a flag and a --fix that
-    disagree are refused (a flag at its default pins nothing). Flags the search has no axis for are refused. Under
-    --from the flags hold the file's layout, which plan estimates beside an unpinned search."""
+    """Layout flags written on `plan`'s command line (--tp 2, --zero 3, and --tp 1 or --zero 0 too) pin their axis,
+    as --fix does; a flag and a --fix that disagree are refused. Flags the search has no axis for are refused. Under
+    --from the flags hold the file's layout, which plan estimates beside an unpinned search. (Args built in code,
+    without the parser's record of what was written, pin the flags that differ from their defaults.)"""
+    from shardlab.cli.common import given_flags
     from shardlab.errors import ShardlabError
     from shardlab.estimate.step import SCHEDULE_CODES
 
@@ -56,9 +62,19 @@ def layout_flags_as_fixes(args, fixed: dict) -> dict:
     if unpinnable:
         raise ShardlabError(f"{', '.join(unpinnable)}: plan derives these from --gpus and --global-batch; drop them, or "
                             f"estimate one layout with `shardlab estimate`")
+    written = given_flags(args)
+    why = {"wrap": ("--wrap", "plan prices one block per FSDP unit"),
+           "recompute_fraction": ("--recompute-fraction", "plan searches recompute none, selective or full"),
+           "dp_replicate": ("--dp-replicate", "plan searches hybrid sharding itself (--fix hs=1 pins it on)")}
+    defaults = {"wrap": 1, "recompute_fraction": 1.0, "dp_replicate": 1}
+    unsearched = [why[d] for d in why if (d in written if written is not None else getattr(args, d) != defaults[d])]
+    if unsearched:
+        raise ShardlabError("; ".join(f"{flag}: {reason}" for flag, reason in unsearched)
+                            + "; drop it, or estimate this setting with `shardlab estimate`")
+    dest = {"mb": "micro_batch", "rc": "recompute", "sp": "sequence_parallel", "sched": "schedule"}
     out = dict(fixed)
     for axis, (value, default) in given.items():
-        if value == default:
+        if (dest.get(axis, axis) not in written) if written is not None else value == default:
             continue
         if axis in out and out[axis] != value:
             raise ShardlabError(f"the layout flag for {axis} and --fix {axis}={out[axis]} disagree; give one of them")

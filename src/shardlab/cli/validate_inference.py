@@ -36,6 +36,7 @@ def validate_inference(args):
     src_rows = [[s, names[g], len(v), _pct(float(np.mean([a for a, _ in v]))), _pct(float(np.mean([b for _, b in v])))]
                 for (s, g), v in sorted(by_src.items())]
     outside = [r for r in d["rows"] if r["target"] in ("load", "info") and r["error"] is not None]
+    unscored = sum(1 for r in d["rows"] if r["target"] in ("load", "info") and r["error"] is None)
     totals = []
     for g in ("tpot", "ttft", "throughput"):
         ins, lo = d["in_sample"]["by_group"].get(g), d["loso"]["by_group"].get(g)
@@ -52,7 +53,8 @@ def validate_inference(args):
         "", table(["source", "target", "n", "in sample", "leave-one-source-out"], src_rows, title="per source"),
         "", *totals,
         f"outside the targets (moderate load, variable-length offline runs): {len(outside)} measurements, mean |error| "
-        f"{_pct(float(np.mean([abs(r['error']) for r in outside])) if outside else None)} (in the --json rows)",
+        f"{_pct(float(np.mean([abs(r['error']) for r in outside])) if outside else None)}"
+        + (f", and {unscored} predicted overloaded (no prediction to score)" if unscored else "") + " (in the --json rows)",
         "leave-one-source-out: the engine's " + ", ".join(FITTED) + " refitted without the source, then the source predicted",
         *([f"a refit moves {e}'s " + ", ".join(f"{k} to {v:.4g}" for k, v in vals.items())
            + " (python benchmarks/fit_engines.py writes them into catalog/data/engines.yaml)"
