@@ -342,6 +342,46 @@ def check_output_path(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+OUTPUT_DESTS = ("out", "mermaid", "markdown", "plot", "html", "model_out", "steps_jsonl")
+"""The argparse destinations that name files shardlab writes."""
+
+
+def _identity(value: object) -> tuple[int, int] | None:
+    """(device, inode) of an existing regular file named by ``value``, else None."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value) or "\x00" in str(value):
+        return None
+    try:
+        st = os.stat(value)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def refuse_output_over_input(args) -> None:
+    """An output flag naming a file that the same command reads (``--mermaid m.json`` for model m.json, ``--out`` over
+    ``--from-matmul``, ``--markdown`` over ``--catalog``) is refused before anything is written: nothing a user passed
+    as input is overwritten."""
+    values = vars(args)
+    outs = {d: values[d] for d in OUTPUT_DESTS if values.get(d)}
+    if not outs:
+        return
+    inputs = {}
+    for dest, v in values.items():
+        if dest in OUTPUT_DESTS:
+            continue
+        for item in (v if isinstance(v, (list, tuple)) else [v]):
+            ident = _identity(item)
+            if ident:
+                inputs.setdefault(ident, (dest, item))
+    for dest, out in outs.items():
+        ident = _identity(out)
+        if ident in inputs:
+            src, name = inputs[ident]
+            raise ShardlabError(f"--{dest.replace('_', '-')} {out} is the file this command reads as "
+                                f"{'the model' if src == 'model' else '--' + src.replace('_', '-')} ({name}); write "
+                                f"the output to another file")
+
+
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 

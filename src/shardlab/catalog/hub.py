@@ -28,7 +28,7 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     body = ref[len(PREFIX):]
     repo, _, rev = body.partition("@")
     parts = repo.split("/")
-    if len(parts) != 2 or not all(parts) or any(c.isspace() for c in repo):
+    if len(parts) != 2 or not all(parts) or any(c.isspace() for c in repo) or len(repo) > 96:
         raise ShardlabError(f"'{ref}' is not a Hub model reference; write hf:ORG/NAME (e.g. hf:google/gemma-2-2b), "
                             f"optionally @REVISION")
     return repo, rev or None
@@ -78,9 +78,15 @@ def fetch_config(ref: str) -> tuple[dict, str]:
                             f"connection (unset HF_HUB_OFFLINE), or download config.json and pass its path") from None
     except errors.EntryNotFoundError:
         raise ShardlabError(f"{ref} has no config.json (not a transformers model repository); pass a config file path") from None
+    except errors.HFValidationError:         # a repo id or revision the library refuses ('org/na..me', '-org/x')
+        raise ShardlabError(f"'{ref}' is not a valid Hub repository id; write hf:ORG/NAME with letters, digits, '-', "
+                            f"'_' and '.' (not starting or ending with '-' or '.', no '--' or '..')") from None
     except OSError as e:  # network errors other than the ones above
-        raise ShardlabError(f"{ref}: could not fetch config.json ({type(e).__name__}); retry, or set HF_HUB_OFFLINE=1 "
-                            f"to use the cache") from None
+        fix = "check HF_HOME / HF_HUB_CACHE" if _offline() else "retry, or set HF_HUB_OFFLINE=1 to use the cache"
+        raise ShardlabError(f"{ref}: could not fetch config.json ({type(e).__name__}); {fix}") from None
+    except ValueError as e:   # a hand-edited cache (refs/main pointing outside the snapshot folder)
+        raise ShardlabError(f"{ref}: the Hugging Face cache at {where} is damaged ({str(e)[:80]}); delete this model's "
+                            f"folder there and fetch again") from None
     from shardlab.safeio import load_json
 
     try:                        # size, file kind, nesting and NaN checks: a cache entry is a file like any other

@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from shardlab.cli.progress import status
 
+        from shardlab.safeio import refuse_output_over_input
+
+        refuse_output_over_input(args)
         with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
             result = args.func(args)
         if isinstance(result, int):

@@ -63,6 +63,14 @@ MIGRATIONS = {
 }
 """Statements taking schema N to N + 1."""
 
+V1_COLUMNS = {
+    "budgets": {"name", "ceiling_usd", "created_at", "updated_at"},
+    "runs": {"id", "budget", "command", "shell", "gpus", "gpu", "price_per_gpu_hour", "price_source", "hours", "grace_s",
+             "estimate_usd", "reserved_usd", "actual_usd", "status", "started_at", "ended_at", "wall_s", "exit_code",
+             "note", "host", "guard_pid", "guard_start", "cwd"},
+}
+"""Columns a schema-1 ledger has: a file claiming schema 1 without them is not migrated (nor written)."""
+
 
 def corrupt(path: Path, why: str) -> LedgerError:
     return LedgerError(f"ledger {path} is unreadable or corrupt ({why}); it was left untouched: move it aside "
@@ -114,7 +122,7 @@ def check_file(path: Path, create: bool) -> None:
             raise LedgerError(f"ledger {path} {what} but {found} says it held records: it may have been deleted or "
                               f"truncated. Nothing was changed: restore it (e.g. cp {lost[0][0]} {path}) or move "
                               f"these files aside to start a new ledger")
-    if st is None:
+    if st is None or (st.st_size == 0 and not create):     # a read-only command leaves an empty file empty
         if not create:
             raise LedgerError(f"no ledger at {path}; `shardlab guard` or `shardlab ledger --budget-name NAME --set-ceiling "
                               f"USD` creates it, or pass --ledger PATH")

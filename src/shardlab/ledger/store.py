@@ -20,7 +20,8 @@ from shardlab.errors import ShardlabError
 from shardlab.ledger.model import (RUN_COLUMNS, BudgetSummary, LedgerError, Refusal, RunRecord, RunRequest, RunTerms,
                                    process_start_ticks)
 from shardlab.ledger.rows import check_budget_row, check_run_row, parse_time
-from shardlab.ledger.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, check_file, corrupt, write_backup
+from shardlab.ledger.schema import (MIGRATIONS, SCHEMA, SCHEMA_VERSION, V1_COLUMNS, check_file, corrupt,
+                                    write_backup)
 
 STALE_SLACK_S = 60.0
 """A 'running' row older than its time limit + grace + this slack cannot still be running."""
@@ -102,6 +103,12 @@ class Ledger:
             raise LedgerError(f"{self.path} is an SQLite database but not a shardlab ledger; it was left untouched: "
                               f"pass --ledger NEW_PATH")
         if version < SCHEMA_VERSION:
+            for table, needed in V1_COLUMNS.items():
+                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+                if not needed <= have:
+                    raise LedgerError(f"{self.path} says it is a schema-{version} shardlab ledger but its {table} table "
+                                      f"lacks {', '.join(sorted(needed - have)[:4])}; it was left untouched: pass "
+                                      f"--ledger NEW_PATH")
             self._migrate()
 
     def _migrate(self) -> None:
