@@ -38,3 +38,13 @@ def cli_main(*args: str):
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
+
+
+def pytest_collection_finish(session):
+    """torch.testing._internal.common_distributed (imported by the threaded tests at collection) sets
+    TORCH_SHOW_CPP_STACKTRACES=1 in this process; every torchrun job a later test starts would inherit it and
+    symbolize a C++ stack (addr2line over libtorch) for each exception torch raises and catches inside, about 20%
+    of those jobs' time. The tests do not read those stacks."""
+    import os
+
+    os.environ.pop("TORCH_SHOW_CPP_STACKTRACES", None)

@@ -107,7 +107,7 @@ prices:
 
 @pytest.mark.parametrize("body, fragment", [
     ("prices: {rtx-4090: {default: {on_demnd: 1, date: x, source: y}}}", "unknown field(s) ['on_demnd']"),
-    ("prices: {rtx-4090: {default: {on_demand: -1, date: x, source: y}}}", "positive number"),
+    ("prices: {rtx-4090: {default: {on_demand: -1, date: x, source: y}}}", "must be a number of USD per GPU-hour"),
     ("prices: {rtx-4090: {default: {on_demand: 1, date: x}}}", "missing ['source']"),
     ("prices: {rtx-4099: {default: {on_demand: 1, date: x, source: y}}}", "did you mean rtx-4090"),
     ("prices: {rtx-4090: {default: 1.0}}", "must be a mapping"),

@@ -172,7 +172,10 @@ def scan_yaml_tokens(text: str) -> tuple[int, int | None]:
     alias, from YAML's own token stream (libyaml's scanner when present). Scanning is iterative and expands nothing,
     so it is safe where composing is not (the composer recurses per level and expands aliases). The quick line
     scanner can be misled by a quote inside a plain scalar (``note: b 'c``), which YAML does not treat as a string;
-    the tokens cannot. A text the scanner rejects is left to the parser, which reports it."""
+    the tokens cannot. A text the scanner rejects is left to the parser, which reports it.
+
+    The scan stops at the first level past ``MAX_NESTING`` (the depth returned is then ``MAX_NESTING + 1``): the
+    scanner's work per token grows with the open flow levels, so a 1 MiB run of ``[`` would take minutes."""
     import yaml
 
     opens = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
@@ -186,6 +189,8 @@ def scan_yaml_tokens(text: str) -> tuple[int, int | None]:
             if isinstance(tok, opens):
                 depth += 1
                 worst = max(worst, depth)
+                if worst > MAX_NESTING:
+                    return worst, None
             elif isinstance(tok, closes):
                 depth -= 1
             elif isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
@@ -256,9 +261,10 @@ def parse_yaml(text: str, where: str) -> object:
 
     depth, alias = scan_yaml(text)
     if depth <= MAX_NESTING and alias is None and not _packaged(where):
-        depth, alias = scan_yaml_tokens(text)
+        depth, alias = scan_yaml_tokens(text)         # stops one level past the limit
     if depth > MAX_NESTING:
-        raise ShardlabError(f"{where} nests about {depth} levels deep, over the limit of {MAX_NESTING} (config files "
+        about = f"about {depth}" if depth > MAX_NESTING + 1 else f"more than {MAX_NESTING}"
+        raise ShardlabError(f"{where} nests {about} levels deep, over the limit of {MAX_NESTING} (config files "
                             f"nest a few levels); is it the right file?")
     if alias is not None:
         raise ShardlabError(f"{where} line {alias}: YAML anchors and aliases (&name, *name) are not accepted in "

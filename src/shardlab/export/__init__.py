@@ -80,7 +80,7 @@ def read_text(text: str, catalog, target: str | None = None) -> Imported:
     if target in ("accelerate", "skypilot"):      # YAML: the exact token scan (a quote in a plain scalar misleads the quick one)
         depth, alias = scan_yaml_tokens(text)
         if depth > MAX_NESTING or alias is not None:
-            raise ShardlabError(f"this {target} YAML " + (f"nests {depth} levels deep (limit {MAX_NESTING})"
+            raise ShardlabError(f"this {target} YAML " + (f"nests more than {MAX_NESTING} levels deep"
                                                           if depth > MAX_NESTING else f"uses an anchor or alias (line {alias})")
                                 + "; write the values out")
     try:
