@@ -175,11 +175,23 @@ def test_guard_bad_input(tmp_path, args, fragment):
     assert code == 2 and fragment in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_command_not_found_is_recorded_as_failed(tmp_path):
+def test_command_not_found_is_refused_before_anything_is_reserved(tmp_path):
     led = tmp_path / "l.sqlite"
-    r = guard(led, "--budget-name", "b", "--ceiling", "5", "--gpus", "1", "--price", "1", "--hours", "1",
-              "--", "shardlab-no-such-command", "--flag")
-    assert r.returncode == 127 and "No such file" in r.stderr
+    for prog, where in (("shardlab-no-such-command", "is not on PATH"), ("/nonexistent/prog", "is not an executable file"),
+                        (str(tmp_path), "is not an executable file")):
+        r = guard(led, "--budget-name", "b", "--ceiling", "5", "--gpus", "1", "--price", "1", "--hours", "1",
+                  "--", prog, "--flag")
+        assert r.returncode == 2 and f"command not found: '{prog}' {where}" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not os.path.exists(led)
+
+
+def test_command_that_cannot_start_is_recorded_as_failed(tmp_path):
+    """Found on PATH but not startable (no #! line, not a binary): the run is recorded as failed, exit 126/127."""
+    led, prog = tmp_path / "l.sqlite", tmp_path / "prog"
+    prog.write_bytes(b"\x7fELF not really")
+    prog.chmod(0o755)
+    r = guard(led, "--budget-name", "b", "--ceiling", "5", "--gpus", "1", "--price", "1", "--hours", "1", "--", str(prog))
+    assert r.returncode in (126, 127), r.stderr
     run, = ledger_doc(led)["runs"]
-    assert run["status"] == "failed" and run["exit_code"] == 127 and run["actual_usd"] == 0
-    assert os.path.exists(led)
+    assert run["status"] == "failed" and run["exit_code"] == r.returncode and run["actual_usd"] == 0

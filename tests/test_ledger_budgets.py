@@ -113,6 +113,8 @@ def test_schema_1_ledger_is_migrated(tmp_path):
     ("status", "'paused'", "run 1 has an invalid status"),
     ("reserved_usd", "-1", "run 1 has an invalid reserved_usd"),
     ("actual_usd", "1.5e308", "run 1 has an invalid actual_usd (1.5e+308)"),      # totals would overflow to inf
+    ("guard_pid", str(2**62), "run 1 has an invalid guard_pid"),                   # os.kill would overflow
+    ("guard_pid", "-1", "run 1 has an invalid guard_pid"),                         # -1 names every process
 ])
 def test_tampered_rows_are_named_never_a_traceback(tmp_path, column, value, fragment):
     path = tmp_path / "l.sqlite"

@@ -96,6 +96,10 @@ MAX_PIPELINE_PASSES = 400_000
 per pass on one core (plus numpy arrays of 10 numbers per pass), so 400k passes take about half a second
 and 30 MB. Larger steps are refused with their closed-form bubble (``pipeline.closed_form``) in the message."""
 
+MAX_PLOTTED_PASSES = 20_000
+"""Passes ``pipeline --plot`` draws, one box each: 20k boxes take about 3 s and a 4 MB SVG, and are already far
+past what a reader can tell apart (a plot of 8 stages × 32 micro-batches has 512)."""
+
 MAX_PIPELINE_STAGES = 1024
 """Pipeline ranks p: real pipelines use 2-128 stages (one per few layers); the timeline table has two lines a stage."""
 
@@ -106,6 +110,11 @@ built-in catalog 60 KB; a larger file is the wrong file (a checkpoint, a log).""
 
 MAX_LOG_BYTES = 64 * 2**20
 """Log files `shardlab logs` reads: 64 MiB; the start-up lines it looks for are in the first few thousand."""
+
+MAX_LOG_LINES = 500_000
+"""Non-blank lines `shardlab logs` reads: NCCL_DEBUG=INFO prints about 50 start-up lines per rank, so this covers
+the start-up of a 10,000-GPU job; an NCCL line costs about 16 µs to parse (a few regular expressions and the ring
+hop it names), so the largest accepted log takes about 8 s. Cut longer logs to their start-up part."""
 
 MAX_NESTING = 64
 """Nesting depth of a YAML/JSON document: real configs nest 2-4 levels; parsers recurse per level (30,000

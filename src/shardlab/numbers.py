@@ -14,7 +14,7 @@ import re
 
 from shardlab.errors import ShardlabError
 
-_NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?$")
+_NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?$", re.ASCII)   # digits 0-9 only (int() also reads other scripts' digits)
 
 
 def _fmt(v: float | int) -> str:
@@ -73,7 +73,7 @@ def parse_number(text, what: str, *, integer: bool = False, minimum: float = 0.0
         if not _NUMBER_RE.match(s) or "__" in s or s.endswith("_"):
             kind = "a whole number" if integer else "a number"
             raise ShardlabError(f"{what} '{text}' is not {kind} ({'e.g. 8 or 1e3' if integer else 'e.g. 8, 1e3 or 0.25'})")
-        if integer and scale == 1.0 and re.fullmatch(r"[+-]?\d[\d_]*", s):
+        if integer and scale == 1.0 and re.fullmatch(r"[+-]?\d[\d_]*", s, re.ASCII):
             raw = int(s)                              # exact, any size; the bound below refuses huge ones
         else:
             raw = float(s)

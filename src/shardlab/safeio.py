@@ -56,6 +56,16 @@ def check_name(path: str | os.PathLike, what: str) -> Path:
     return Path(text)
 
 
+def expand_user(path: str | os.PathLike, what: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded; a user that does not exist (or no home to expand to)
+    is one line naming ``what`` (the flag or variable the path came from), not the RuntimeError pathlib raises."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise ShardlabError(f"{what} '{os.fspath(path)[:200]}' starts with a ~ that names no user's home folder; "
+                            f"write the full path") from None
+
+
 def _os_error(what: str, path: Path, e: OSError, fix: str = "check the path") -> ShardlabError:
     why = e.strerror or str(e)
     if e.errno == errno.ENOENT:

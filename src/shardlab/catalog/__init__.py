@@ -89,6 +89,21 @@ class Catalog:
         raise ShardlabError(f"unknown model '{name}'{did_you_mean(name, self.models)}; see `shardlab models`, "
                             f"or pass hf:ORG/NAME, a Hugging Face config.json path or --params N")
 
+    def model_ref(self, name: str) -> str | None:
+        """How a later command finds the model ``name`` named, when it is not a catalog id: ``hf:ORG/NAME`` as
+        given, a file as its absolute path (a plan document keeps it so that `export --plan` reads the same
+        shapes); None for a catalog id."""
+        if name.lower() in self.models:
+            return None
+        from shardlab.catalog.hub import is_hub_ref
+
+        if is_hub_ref(name):
+            return name
+        try:
+            return str(Path(name).resolve())
+        except (OSError, RuntimeError, ValueError):
+            return name
+
     def add_file(self, path: Path) -> None:
         """Merge a user catalog file (sections models/accelerators/links/prices)."""
         data = load_yaml(path, "catalog file")

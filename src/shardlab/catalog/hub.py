@@ -81,7 +81,13 @@ def fetch_config(ref: str) -> tuple[dict, str]:
     except errors.HFValidationError:         # a repo id or revision the library refuses ('org/na..me', '-org/x')
         raise ShardlabError(f"'{ref}' is not a valid Hub repository id; write hf:ORG/NAME with letters, digits, '-', "
                             f"'_' and '.' (not starting or ending with '-' or '.', no '--' or '..')") from None
-    except OSError as e:  # network errors other than the ones above
+    except OSError as e:  # the cache folder on this disk (not a folder, not writable, full), else the network
+        import errno
+
+        if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EEXIST,
+                       errno.ENAMETOOLONG, errno.ELOOP):
+            raise ShardlabError(f"{ref}: the Hugging Face cache at {where} cannot be used ({e.strerror or type(e).__name__}); "
+                                f"check HF_HOME / HF_HUB_CACHE (a writable folder), or pass a config.json path") from None
         fix = "check HF_HOME / HF_HUB_CACHE" if _offline() else "retry, or set HF_HUB_OFFLINE=1 to use the cache"
         raise ShardlabError(f"{ref}: could not fetch config.json ({type(e).__name__}); {fix}") from None
     except ValueError as e:   # a hand-edited cache (refs/main pointing outside the snapshot folder)

@@ -76,8 +76,17 @@ def json_error(message: str, exit_code: int) -> None:
 
 
 def one_line(message: str) -> str:
-    """A message on one line: newlines (from the user's own text quoted back) shown as \\n."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
+    """A message on one line and inert on a terminal: line breaks and control or format characters (from the
+    user's own text quoted back: newlines, ESC sequences, U+2028, bidirectional overrides) shown as escapes."""
+    if message.isprintable():
+        return message
+    import unicodedata
+
+    def shown(ch: str) -> str:
+        if ch in "\n\r\t" or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return ch.encode("unicode_escape").decode("ascii")
+        return ch
+    return "".join(shown(ch) for ch in message)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -176,15 +185,25 @@ def _plain(o, path: str, bad: list[str]):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _asks_json(tokens: list[str]) -> bool:
+    """--json, or an abbreviation of it that argparse accepts (--js, --jso)."""
+    return any(len(t) >= 3 and "--json".startswith(t) for t in tokens if isinstance(t, str))
+
+
 def main(argv: list[str] | None = None) -> int:
     from shardlab.errors import ShardlabError
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):      # a path or name that is not UTF-8 (Python's lone surrogates) or
+        try:                                     # a character the locale cannot show is escaped, never a crash
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     try:
         parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
         args = parser.parse_args(argv)
     except UsageError as e:
-        if "--json" in (argv[:argv.index("--")] if "--" in argv else argv):    # not a guarded command's flag
+        if _asks_json(argv[:argv.index("--")] if "--" in argv else argv):   # not a guarded command's flag
             json_error(e.message, 2)
         raise
     except KeyboardInterrupt:                      # Ctrl-C while the modules load: a line, not a traceback

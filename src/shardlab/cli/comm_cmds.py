@@ -25,7 +25,7 @@ def register(sub) -> None:
                           description="α–β cost of one collective on a link (nccl-tests algbw/busbw), the collectives a "
                                       "training layout issues per step, and tensor-parallel decode vs prefill.",
                           epilog=COMM_EXAMPLES, formatter_class=fmt)
-    comm.set_defaults(func=lambda a: comm.print_help() or 0)
+    comm.set_defaults(func=lambda a: _need_op(comm))
     csub = comm.add_subparsers(dest="comm_op", metavar="OP")
     for op in OPS:
         p = csub.add_parser(op, help=f"time, algbw and busbw of one {op}", formatter_class=fmt, epilog=COMM_EXAMPLES)
@@ -71,8 +71,30 @@ def register(sub) -> None:
     register_pipeline(sub)
 
 
-def _links(cat, text: str):
-    return [cat.link(x.strip()) for x in text.split(",") if x.strip()]
+def _need_op(parser) -> int:
+    from shardlab.errors import ShardlabError
+
+    raise ShardlabError(f"choose what to price: a collective ({', '.join(OPS)}), plan (a training step's collectives) "
+                        f"or inference (see `{parser.prog} --help`)")
+
+
+MAX_LINKS = 16
+"""Links one --link/--compare list may name: the catalog holds about twenty, and a table or plot of more is unreadable."""
+
+
+def _links(cat, text: str, flag: str = "--link"):
+    from shardlab.errors import ShardlabError
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if len(names) > MAX_LINKS:
+        raise ShardlabError(f"{flag} names {len(names):,} links; give at most {MAX_LINKS} (see `shardlab links`)")
+    links = [cat.link(x) for x in names]
+    seen = set()
+    for ln in links:
+        if ln.id in seen:
+            raise ShardlabError(f"{flag} names link '{ln.id}' twice; name each link once")
+        seen.add(ln.id)
+    return links
 
 
 def cmd_collective(args):
@@ -189,7 +211,7 @@ def cmd_inference(args):
         return (decode_step(spec, context_len=ctx, link=ln, **kw), prefill_step(spec, prompt_len=args.prompt_len, link=ln, **kw))
     d, p = both(link)
     others = []
-    for ln in [link] + [x for x in _links(cat, args.compare) if x.id != link.id]:
+    for ln in [link] + [x for x in _links(cat, args.compare, "--compare") if x.id != link.id]:
         dd, pp = both(ln)
         others.append({"link": ln.id, "decode": asdict(dd), "prefill": asdict(pp)})
     verdict = [f"decode: {d.comm_calls} all-reduces of {d.comm_bytes_per_call:,} B (b·h·{DTYPE_BYTES[args.dtype]}) are "
@@ -310,6 +332,14 @@ def cmd_pipeline(args):
         if not 0 <= args.slow_stage < p:
             raise ShardlabError(f"--slow-stage {args.slow_stage} is outside the pipeline (stages 0..{p - 1})")
         slow = {args.slow_stage: args.slowdown}
+    if args.plot:
+        from shardlab.limits import MAX_PLOTTED_PASSES
+        from shardlab.pipeline.simulate import passes
+
+        if passes(args.schedule, p, m, v) > MAX_PLOTTED_PASSES:
+            raise ShardlabError(f"--plot draws one box per pass: p = {p}, m = {m}{f', v = {v}' if v > 1 else ''} has "
+                                f"{passes(args.schedule, p, m, v):,}, over the {MAX_PLOTTED_PASSES:,} a picture can show; "
+                                f"plot fewer stages or micro-batches (the bubble does not need the picture: drop --plot)")
     res = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, stage_slowdown=slow, **times)
     base = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, **times) if slow else None
     plot = save_timeline(res, args.plot, times, args.p2p_s, args.slow_stage if slow else None, args.slowdown) if args.plot else None

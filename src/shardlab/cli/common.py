@@ -107,7 +107,7 @@ def wrap_policy(text: str) -> int:
     if t == "model":
         return 0
     n = t.removesuffix("-blocks").removesuffix("-block")
-    if n.isdigit() and 1 <= int(n) <= 10_000:           # limits.MAX_LAYERS: a unit of more blocks is the model
+    if n.isascii() and n.isdigit() and 1 <= int(n) <= 10_000:           # limits.MAX_LAYERS: a unit of more blocks is the model
         return int(n)
     raise argparse.ArgumentTypeError(f"'{text}' is not a wrap policy: use block, N-blocks (e.g. 4-blocks) or model")
 

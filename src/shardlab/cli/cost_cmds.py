@@ -181,6 +181,12 @@ def cmd_guard(args) -> int:
     if not command or not any(c.strip() for c in command):
         raise ShardlabError("no command to run: put it after `--`, e.g. shardlab guard ... -- python train.py")
     _check_budget_names(args)
+    if not args.shell:
+        import shutil
+
+        if shutil.which(command[0]) is None:      # before anything is reserved: a typo is not a run
+            where = "is not an executable file" if "/" in command[0] else "is not on PATH"
+            raise ShardlabError(f"command not found: '{command[0]}' {where}; check its name (nothing was reserved)")
     if args.gpu is None and args.price is None:
         raise ShardlabError("no price: give --gpu GPU (its catalog price) or --price USD_PER_GPU_HOUR")
     cat = get_catalog(args.catalog)
@@ -192,7 +198,9 @@ def cmd_guard(args) -> int:
                      gpus=args.gpus, gpu=acc.id if acc else (args.gpu or "gpu"), price_per_gpu_hour=price.usd_per_gpu_hour,
                      price_source=price.source, hours=args.hours, grace_s=args.grace_s, setup_hours=args.setup_hours,
                      parent=args.parent)
-    path = args.ledger or default_ledger_path()
+    from shardlab.safeio import expand_user
+
+    path = expand_user(args.ledger, "--ledger") if args.ledger else default_ledger_path()
     log = lambda s: print(f"guard: {s}", file=sys.stderr, flush=True)   # noqa: E731
     try:
         out = run_guarded(req, command, path, stdout=2 if args.json else None, log=log)
@@ -217,33 +225,33 @@ def _check_budget_names(args) -> None:
     for flag, name in (("--budget-name", args.budget_name), ("--parent", getattr(args, "parent", None))):
         if name is None:
             continue
-        if not name.strip() or len(name) > 200 or any(ord(ch) < 32 for ch in name):
-            raise ShardlabError(f"{flag} must be a short name on one line (1-200 characters), got {name[:40]!r}")
+        if not name.strip() or len(name) > 200 or any(ord(ch) < 32 or 0xD800 <= ord(ch) < 0xE000 for ch in name):
+            raise ShardlabError(f"{flag} must be a short name on one line (1-200 characters of UTF-8 text), "
+                                f"got {name[:40]!r}")
     if args.parent is not None and args.parent == args.budget_name:
         raise ShardlabError("--parent must name another budget: a budget cannot be part of itself")
 
 
 def cmd_ledger(args):
     import os
-    from pathlib import Path
 
     from shardlab.errors import did_you_mean
     from shardlab.ledger import Ledger, default_ledger_path
     from shardlab.ledger.report import markdown_report, text_report
     from shardlab.ledger.store import now_iso
+    from shardlab.safeio import expand_user
 
     if args.json and args.markdown:
         raise ShardlabError("choose one of --json and --markdown FILE")
     setting = args.set_ceiling is not None or args.parent is not None
-    if setting:
-        if not args.budget_name:
-            raise ShardlabError("--set-ceiling and --parent need --budget-name NAME (the budget to set)")
-        _check_budget_names(args)
+    if setting and not args.budget_name:
+        raise ShardlabError("--set-ceiling and --parent need --budget-name NAME (the budget to set)")
+    _check_budget_names(args)
     if args.markdown:
         from shardlab.safeio import check_output_path
 
         check_output_path(args.markdown, "--markdown")
-    path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    path = expand_user(args.ledger, "--ledger") if args.ledger else default_ledger_path()
     if not setting and not os.path.lexists(path) and not args.ledger:
         return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
                 f"no ledger at {path} yet: `shardlab guard` creates it on its first run, or `shardlab ledger "

@@ -96,15 +96,16 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes)
 
 
-def _render(job, cat, target: str, inner: str | None, cluster):
-    """(the job with its notes for the framework the file runs, the rendered Export)."""
+def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
+    """(the job with its notes for the framework the file runs, the rendered Export). ``spec``: the model when it
+    came from a file or hf: id (``job.model`` is then its name, not a catalog id)."""
     from dataclasses import replace
 
     from shardlab.export import render
     from shardlab.export.job import recipe_unsupported
     from shardlab.export.retarget import retarget
 
-    spec = cat.model(job.model)
+    spec = spec or cat.model(job.model)
     if job.serve is None and cluster is not None:
         job = retarget(job, spec, target, inner, cat, cluster)
     exp = render(job, spec, target, inner)
@@ -164,7 +165,9 @@ def cmd_export(args):
 
         doc = load_json(args.plan, "--plan (a `shardlab plan --json` document)")
         try:     # a tampered or hand-edited plan: a field of the wrong type is one line, never a traceback
-            job = job_from_plan(doc, cat, args.rank)
+            spec = cat.model(doc["model_ref"] if isinstance(doc, dict) and isinstance(doc.get("model_ref"), str)
+                             else doc["model"]) if isinstance(doc, dict) and "model" in doc else None
+            job = job_from_plan(doc, cat, args.rank, spec)
             if not job.serve:
                 from shardlab.export import check_fields
                 from shardlab.export.job import job_fields
@@ -182,7 +185,7 @@ def cmd_export(args):
                 raise TypeError("framework must be a name, or an object with an id")
             if prec is not None and not isinstance(prec, str):
                 raise TypeError("workload.precision must be a name")
-            job, exp = _render(job, cat, args.to, args.launch, cluster)
+            job, exp = _render(job, cat, args.to, args.launch, cluster, spec)
             return _write(exp, job, args.out, args.json)
         except ShardlabError:
             raise
@@ -194,7 +197,7 @@ def cmd_export(args):
 
         job = job_from_args(args, cat)
         cluster = None if job.serve else cluster_from_args(args, cat, job.gpus)
-    job, exp = _render(job, cat, args.to, args.launch, cluster)
+    job, exp = _render(job, cat, args.to, args.launch, cluster, cat.model(args.model) if args.model else None)
     return _write(exp, job, args.out, args.json)
 
 
@@ -218,8 +221,9 @@ def with_export(fn):
 
         cat = _catalog(args)
         plan = json.loads(json.dumps(doc, default=str))
-        job = job_from_plan(plan, cat, 1)
-        job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job))
+        spec = cat.model(args.model) if getattr(args, "model", None) else None
+        job = job_from_plan(plan, cat, 1, spec)
+        job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
         edoc, etext = _write(exp, job, out, True)
         doc["export"] = edoc

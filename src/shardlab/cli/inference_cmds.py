@@ -195,7 +195,10 @@ def plan_inference_cmd(args, catalog):
                             f"add GPUs, quantize (--weights), or lower the batch")
     key = (lambda p: -p["tokens_per_s"]) if objective == "throughput" else (lambda p: p["request_latency_s"])
     plans.sort(key=key)
-    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "objective": objective,
+    from shardlab.cli.plan_cmds import _model_ref
+
+    doc = {"model": spec.name, **_model_ref(catalog, args), "gpus": gpus, "gpu": cluster.accelerator.id,
+           "engine": engine.id, "objective": objective,
            "batch": args.batch, "prompt_len": args.prompt_len, "output_len": args.output_len, "precision": prec.label,
            "evaluated": len(plans) + sum(rejected.values()), "rejected": rejected, "plans": plans[: args.top]}
     rows = [[p["tp"], p["pp"], f"{p['busy_replicas']}/{p['replicas']}", p["batch_per_replica"], f"{p['tokens_per_s']:,.0f}",

@@ -237,6 +237,12 @@ def estimate_comm(est) -> list[dict]:
 
 
 # ---- plan ------------------------------------------------------------------------------------------
+def _model_ref(cat, args) -> dict:
+    """``{"model_ref": ...}`` when MODEL was a file or an hf: id (how `export --plan` finds the same shapes)."""
+    ref = cat.model_ref(args.model) if getattr(args, "model", None) else None
+    return {"model_ref": ref} if ref else {}
+
+
 def cmd_plan(args):
     from shardlab.cli.common import cluster_from_args, resolve_model
     from shardlab.errors import ShardlabError
@@ -292,15 +298,19 @@ def cmd_plan(args):
         from shardlab.memory.offload import Offload
 
         wl_off = replace(wl, recipe=replace(wl.recipe, offload=Offload("both")))
-        res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top, fixed={**fixed, "zero": 3},
-                                overheads=load_overheads(args.overheads, args.no_overheads), framework=fw)
-        if res_off.plans:
+        try:         # ZeRO-3 has nothing to shard on one GPU (or the framework lacks it): the first search's reasons stand
+            res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top,
+                                    fixed={**fixed, "zero": 3}, framework=fw,
+                                    overheads=load_overheads(args.overheads, args.no_overheads))
+        except ShardlabError:
+            res_off = None
+        if res_off is not None and res_off.plans:
             res, wl = res_off, wl_off
             offload_note = ("no layout fits in GPU memory without offload: these plans keep parameters, gradients and "
                             "optimizer state in host memory (--zero 3 --offload both, FSDP CPU offload)")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
-    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
-           "framework": framework_doc(fw, wl),
+    doc = {"model": spec.name, **_model_ref(cat, args), "gpus": gpus, "gpu": cluster.accelerator.id,
+           "gpus_per_node": cluster.gpus_per_node, "framework": framework_doc(fw, wl),
            "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id, "objective": args.objective,
            "workload": {"seq_len": seq, "global_batch": gb, "precision": args.precision, "optimizer": args.optimizer,
                         "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,

@@ -29,7 +29,7 @@ def parse_fix(items: list[str]) -> dict:
         if key == "hs" and val.strip() not in ("0", "1"):
             raise ShardlabError(f"--fix {it}: hs is 0 (no hybrid sharding) or 1 (shard inside a node, replicate across "
                                 f"nodes; the replica count follows from the layout)")
-        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not val.strip().isdigit():
+        if key not in ("tp", "pp", "cp", "ep", "zero", "mb", "vpp", "rc", "sp", "sched", "hs") or not (val.strip().isascii() and val.strip().isdigit()):
             raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp "
                                 f"(integers), sp, hs (0 or 1), recompute (none/selective/full) or schedule "
                                 f"({'/'.join(SCHEDULE_CODES)})")

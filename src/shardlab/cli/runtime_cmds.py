@@ -96,10 +96,17 @@ def torchrun_args(args) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _need_what(args) -> int:
+    from shardlab.errors import ShardlabError
+
+    raise ShardlabError("choose what to run: train, infer or precision (see `shardlab run --help`)")
+
+
 def register(sub) -> None:
     run = sub.add_parser("run", help="run a layout for real with torch.distributed (train, infer)",
                          description="Run the same layouts for real (torchrun; gloo on CPU, NCCL on GPUs) and set the "
                                      "measurements beside the predictions.")
+    run.set_defaults(func=_need_what)
     rsub = run.add_subparsers(dest="run_command", metavar="{train,infer,precision}")
     t = rsub.add_parser("train", help="train a small GPT with a parallel strategy; measured vs predicted",
                         epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,7 +166,6 @@ def register(sub) -> None:
     pr.add_argument("--seed", type=BOUNDED["seed"], default=0, help="model seed")
     pr.add_argument("--json", action="store_true", help="print one JSON document")
     pr.set_defaults(func=cmd_precision)
-    run.set_defaults(func=lambda a: (run.print_help(), 0)[1])
 
 
 def cmd_train(args):

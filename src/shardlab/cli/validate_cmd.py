@@ -139,6 +139,10 @@ def _one_run(args, catalog, runs):
 
 
 def cmd_validate(args):
+    if getattr(args, "run", None) is not None and not args.run.strip():
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError("--run needs a run id (`shardlab validate --json` lists them); drop --run for all runs")
     if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
         from shardlab.report.plots import check_picture_path
 

@@ -69,7 +69,7 @@ def _number(text: str, what: str, flag: str, example: str) -> float:
 
 
 def _rank(text: str, flag: str, example: str) -> int:
-    if not text.strip().isdigit():
+    if not (text.strip().isascii() and text.strip().isdigit()):
         raise ShardlabError(f"{flag} rank '{text}' is not a rank number (0, 1, ...); use e.g. {flag} {example}")
     return int(text)
 

@@ -30,15 +30,20 @@ def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = No
     return {"usd_per_gpu_hour": p.usd_per_gpu_hour, "price_source": p.source, "spot": spot}
 
 
-def job_from_plan(doc: dict, catalog, rank: int = 1) -> LaunchJob:
-    """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document."""
+def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
+    """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document. The model is ``spec`` when
+    given, else the document's ``model_ref`` (a file or hf: id) or its catalog ``model``."""
     plans = doc.get("plans") if isinstance(doc, dict) else None
     if not plans or "model" not in doc:
         raise ShardlabError("--plan FILE must be the output of `shardlab plan --json` (it has no plans)")
     if not 1 <= rank <= len(plans):
         raise ShardlabError(f"--rank {rank}: the plan file lists {len(plans)} plan(s)")
     p = plans[rank - 1]
-    spec = catalog.model(doc["model"])
+    if spec is None:
+        ref = doc.get("model_ref")
+        if ref is not None and not isinstance(ref, str):
+            raise TypeError("model_ref must be a file path or hf: id")
+        spec = catalog.model(ref or doc["model"])
     acc = catalog.accelerator(doc["gpu"])
     gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
     if "layout" not in p:  # inference plan

@@ -186,7 +186,7 @@ def read(text: str, catalog) -> Imported:
         f[key] = g(name, 1)
         if name in fl:
             und.append((f"--{name} {f[key]}", key))
-    digits = lambda *names: next((int(launcher[n]) for n in names if str(launcher.get(n, "")).isdigit()), None)
+    digits = lambda *names: next((int(launcher[n]) for n in names if str(launcher.get(n, "")).isascii() and str(launcher.get(n, "")).isdigit()), None)
     nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")  # "$SLURM_NNODES": from the launcher
     if nproc:
         world = (nodes or 1) * nproc

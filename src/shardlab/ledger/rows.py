@@ -82,6 +82,8 @@ def check_run_row(path, row: tuple) -> RunRecord:
             raise _bad(path, what, col, d[col]) from None
     if d["gpus"] < 1:
         raise _bad(path, what, "gpus", d["gpus"])
+    if not 0 < d["guard_pid"] < 2**31:     # a process id (pid_t); 0 or below would name a process group to os.kill
+        raise _bad(path, what, "guard_pid", d["guard_pid"])
     d["shell"] = bool(d["shell"])
     return RunRecord(**d)
 

@@ -49,11 +49,27 @@ def _pid_alive(pid: int, start_ticks: str | None) -> bool:
     return start_ticks is None or len(fields) < 20 or fields[19] == start_ticks
 
 
+def storable_text(text: str) -> str:
+    """``text`` as valid UTF-8 for SQLite: bytes that are not UTF-8 (a command argument or a working folder named
+    in Latin-1, which Python carries as lone surrogates) are written as ``\\xe9`` escapes instead of failing."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = text.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "backslashreplace")
+
+
 class Ledger:
     """A ledger file, validated on open. Use as a context manager, or call ``close()``."""
 
     def __init__(self, path: str | os.PathLike, *, create: bool = True):
-        self.path = Path(path).expanduser()
+        from shardlab.safeio import expand_user
+
+        self.path = expand_user(path, "the ledger path")
         check_file(self.path, create)
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
@@ -248,6 +264,7 @@ class Ledger:
                 row.update(shell=int(req.shell), estimate_usd=req.estimate_usd, reserved_usd=req.reserved_usd,
                            status="running", started_at=now_iso(), note=note, host=socket.gethostname(),
                            guard_pid=os.getpid(), guard_start=process_start_ticks(os.getpid()), cwd=os.getcwd())
+                row = {k: storable_text(v) if isinstance(v, str) else v for k, v in row.items()}
                 cur = c.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                                 tuple(row.values()))
                 run_id = cur.lastrowid

@@ -141,14 +141,14 @@ def _falcon(c: _Cfg, common: dict) -> ModelSpec:
     shared LayerNorm per block for parallel attention (Falcon-7B), two with the new architecture (ln_attn, ln_mlp)."""
     h, a = c.req("hidden_size", "n_embed"), c.req("num_attention_heads", "n_head")
     new = c.flag("new_decoder_architecture", False)
-    kv = c.opt("num_kv_heads", a) if new else (1 if c.opt("multi_query", True) else a)
+    kv = c.opt("num_kv_heads", a) if new else (1 if c.flag("multi_query", True) else a)
     parallel = c.flag("parallel_attn", True)
     one_norm = (not new and parallel) or (new and c.opt("num_ln_in_parallel_attn", 2) == 1)
     bias = c.flag("bias", False)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers", "n_layer"), num_heads=a, num_kv_heads=kv,
                      ffn_hidden_size=c.opt("ffn_hidden_size", 4 * h), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
-                     position="alibi" if c.opt("alibi", False) else "rope",
+                     position="alibi" if c.flag("alibi", False) else "rope",
                      tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre", fused_qkv=True)
 
@@ -156,7 +156,7 @@ def _falcon(c: _Cfg, common: dict) -> ModelSpec:
 def _mpt(c: _Cfg, common: dict) -> ModelSpec:
     """MptForCausalLM: fused Wqkv, GELU MLP of expansion_ratio·d, ALiBi, no biases anywhere (LayerNorms too) when no_bias."""
     h, a = c.req("d_model", "hidden_size"), c.req("n_heads", "num_attention_heads")
-    bias = not c.opt("no_bias", True)
+    bias = not c.flag("no_bias", True)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layers", "num_hidden_layers"), num_heads=a, num_kv_heads=a,
                      ffn_hidden_size=c.req("expansion_ratio") * h, vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("max_seq_len"), mlp="gelu", norm="layernorm", position="alibi",
@@ -187,7 +187,7 @@ def _opt(c: _Cfg, common: dict) -> ModelSpec:
                      max_seq_len=c.req("max_position_embeddings"), mlp="gelu", norm="layernorm", position="learned",
                      tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      position_offset=2, embedding_proj_dim=0 if proj == h else proj,
-                     final_norm=c.flag("do_layer_norm_before", True) and not c.opt("_remove_final_layer_norm", False))
+                     final_norm=c.flag("do_layer_norm_before", True) and not c.flag("_remove_final_layer_norm", False))
 
 
 _OTHER = {"gpt2": _gpt2, "bloom": _bloom, "gpt_neox": _gpt_neox, "falcon": _falcon, "mpt": _mpt, "gptj": _gptj, "opt": _opt}
@@ -212,7 +212,7 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
               mlp_bias=c.flag("mlp_bias", False))
     if mt in ("qwen2", "qwen2_moe"):
         kw.update(qkv_bias=True, out_bias=False)  # Qwen2Attention: q/k/v with bias, o_proj without
-    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.opt("use_sliding_window", False):
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.flag("use_sliding_window", False):
         kw["sliding_window"] = c.opt("sliding_window", 0) or 0
     if mt in ("mistral", "mixtral", "phi3"):
         kw["sliding_window"] = c.opt("sliding_window", 0) or 0

@@ -53,14 +53,14 @@ def parse_startup(text: str) -> dict:
     while i < len(lines):
         line = lines[i]
         i += 1
-        if line.startswith("#"):
+        if not line or line.startswith("#"):
             continue
         if m := _CONFIG.match(line):
             launch[m["key"]] = m["val"].strip()
         elif m := _RDZV.match(line):
             key, val = m["key"], m["val"].strip()
             rdzv.setdefault(key, [])
-            rdzv[key].append(_int_list(val) if val.startswith("[") else (int(val) if val.isdigit() else val))
+            rdzv[key].append(_int_list(val) if val.startswith("[") else (int(val) if val.isascii() and val.isdigit() else val))
         elif m := _STORE.search(line):
             store_ports.append(int(m.group(1)))
         elif m := _DDP_HEAD.search(line):
@@ -69,7 +69,7 @@ def parse_startup(text: str) -> dict:
                 k, _, v = lines[i].partition(":")
                 if k.strip() in _DDP_KEYS:
                     v = v.strip()
-                    block[k.strip()] = int(v) if v.isdigit() else v
+                    block[k.strip()] = int(v) if v.isascii() and v.isdigit() else v
                 i += 1
             ddp[rank] = block
         elif m := re.match(r"^NCCL version (\S+)", line):
@@ -117,7 +117,7 @@ def checks(facts: dict) -> list[dict]:
         nodes = rz.get("group_world_size", [None])[0]
         nproc = facts["torchrun"].get("nproc_per_node")
         out.append({"check": "torchrun: world size = nodes × processes per node", "ok": len(sizes) == 1 and (
-            nodes is None or not str(nproc).isdigit() or sizes == {nodes * int(nproc)}),
+            nodes is None or not (str(nproc).isascii() and str(nproc).isdigit()) or sizes == {nodes * int(nproc)}),
                     "detail": f"world size {sorted(sizes)}, {nodes} node(s) × {nproc} processes"})
         out.append({"check": "torchrun: this node's global ranks are distinct", "ok": len(ranks) == len(set(ranks)),
                     "detail": f"global ranks {ranks}"})

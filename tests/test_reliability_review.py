@@ -1,0 +1,157 @@
+"""Regression tests for the second adversarial review: paths with an unknown ~user, bytes that are not UTF-8
+on their way to SQLite or a strict stdout, hand-edited process ids, work that grew past its input (a pipeline
+picture, a list of links, padded logs), control characters echoed in error lines, and misleading messages.
+Each case: exit code 2 and one line naming the problem and the fix (never a traceback)."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DATA, cli_main
+from test_reliability_inputs import one_line_error
+
+
+@pytest.mark.parametrize("var, value, fragment", [
+    ("SHARDLAB_LEDGER", "~shardlab_nouser/x.sqlite", "$SHARDLAB_LEDGER '~shardlab_nouser/x.sqlite' starts with a ~"),
+    ("XDG_DATA_HOME", "~shardlab_nobody", "$XDG_DATA_HOME '~shardlab_nobody' starts with a ~ that names no user"),
+])
+def test_a_tilde_naming_no_user_is_one_line(monkeypatch, var, value, fragment):
+    monkeypatch.delenv("SHARDLAB_LEDGER", raising=False)
+    monkeypatch.setenv(var, value)
+    one_line_error(["ledger"], fragment, "write the full path")
+    one_line_error(["ledger", "--ledger", "~shardlab_nouser/l.sqlite"], "--ledger '~shardlab_nouser/l.sqlite'")
+
+
+def test_bytes_that_are_not_utf8_reach_the_ledger_escaped(tmp_path):
+    """A command argument and a working folder named in Latin-1 are recorded as \\xe9 escapes; a budget name that is
+    not UTF-8 is refused. Run as a real process: the arguments arrive as bytes, as a shell passes them."""
+    led = tmp_path / "l.sqlite"
+    folder = tmp_path / "caf\udce9"          # the bytes b"caf\xe9" as Python names them
+    folder.mkdir()
+    r = subprocess.run([sys.executable, "-m", "shardlab", "ledger", "--ledger", str(led), "--budget-name", "\udcff\udcfe"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--budget-name must be a short name" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "shardlab", "guard", "--ledger", str(led), "--budget-name", "b",
+                        "--ceiling", "5", "--gpus", "1", "--price", "1", "--hours", "1", "--", "echo", "\udcff"],
+                       capture_output=True, text=True, errors="replace", timeout=60, cwd=folder)
+    assert r.returncode == 0, r.stderr
+    code, out, err = cli_main("ledger", "--ledger", str(led), "--json")
+    run, = json.loads(out)["runs"]
+    assert run["command"] == "echo '\\xff'" and run["cwd"].endswith("caf\\xe9"), run
+
+
+@pytest.mark.parametrize("pid", [2**62, -1, 0])
+def test_a_hand_edited_guard_pid_is_named(tmp_path, pid):
+    from shardlab.ledger import Ledger, RunRequest
+
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        led.reserve(RunRequest(budget="b", ceiling_usd=10.0, command="x", shell=False, gpus=1, gpu="gpu",
+                               price_per_gpu_hour=1.0, price_source="--price", hours=1.0, grace_s=1.0))
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET guard_pid = ? WHERE id = 1", (pid,))    # a 'running' row: recovery would probe it
+    con.commit()
+    con.close()
+    one_line_error(["ledger", "--ledger", str(path)], "run 1 has an invalid guard_pid")
+
+
+def test_a_strict_utf8_stdout_gets_escapes_not_a_crash(tmp_path):
+    model = tmp_path / "m\udce9.json"
+    model.write_bytes((DATA / "gpt2.json").read_bytes())
+    r = subprocess.run([sys.executable, "-m", "shardlab", "models", str(model)], capture_output=True, text=True,
+                       timeout=60, env={**__import__("os").environ, "PYTHONIOENCODING": "utf-8"})
+    assert r.returncode == 0 and "m\\udce9" in r.stdout and "Traceback" not in r.stderr, r.stderr
+
+
+def test_pipeline_plot_is_bounded(tmp_path):
+    pic = tmp_path / "pp.svg"
+    one_line_error(["pipeline", "--stages", "600", "--microbatches", "330", "--plot", str(pic)],
+                   "--plot draws one box per pass", "396,000, over the 20,000")
+    assert not pic.exists()
+
+
+@pytest.mark.parametrize("links, fragment", [
+    (",".join(["nvlink4"] * 21_000), "--link names 21,000 links; give at most 16"),
+    ("nvlink4,pcie5,nvlink4", "--link names link 'nvlink4' twice"),
+])
+def test_link_lists_are_bounded_and_unique(links, fragment):
+    one_line_error(["comm", "all-gather", "--ranks", "8", "--sweep", "--link", links], fragment)
+
+
+def test_logs_padded_with_blank_lines_parse_fast_and_long_logs_are_refused(tmp_path):
+    import time
+
+    padded = tmp_path / "padded.log"
+    padded.write_bytes(b"\n" * (16 * 2**20) + (DATA / "logs" / "torchrun-gloo-ddp-2ranks.log").read_bytes())
+    t0 = time.perf_counter()
+    code, out, err = cli_main("logs", str(padded), "--json")
+    assert code == 0, err
+    assert time.perf_counter() - t0 < 20 and json.loads(out)["torchrun"], "16 MiB of blank lines must cost little"
+    long = tmp_path / "long.log"
+    long.write_bytes(b"x\n" * 500_001)
+    one_line_error(["logs", str(long)], "more than 500,000 lines")
+    big = tmp_path / "big.log"
+    big.write_bytes(b"x " * (20 * 2**20))
+    one_line_error(["logs", str(big), str(big)], "more than 64 MiB in all")
+
+
+def test_control_characters_in_echoed_text_are_escaped():
+    err = one_line_error(["plan", "bad\x1b[31mred\u2028x\u202e"], "bad\\x1b[31mred\\u2028x\\u202e")
+    assert "\x1b" not in err and "\u2028" not in err and "\u202e" not in err
+
+
+def test_an_abbreviated_json_flag_still_gets_the_error_document():
+    code, out, err = cli_main("plan", "--gpus", "abc", "--js")
+    assert code == 2 and json.loads(out)["exit_code"] == 2
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["comm"], "choose what to price: a collective"),
+    (["run"], "choose what to run: train, infer or precision"),
+    (["validate", "--run", ""], "--run needs a run id"),
+    (["plan", "--fix", "tp=\u0662"], "--fix tp=\u0662: use AXIS=VALUE"),          # Arabic-Indic two
+    (["plan", "--fix", "tp=\u00b2"], "--fix tp=\u00b2: use AXIS=VALUE"),          # superscript two
+    (["plan", "--gpus", "\u0668"], "is not a whole number"),
+])
+def test_missing_subcommands_and_odd_values_are_refused(args, fragment):
+    one_line_error(args, fragment)
+
+
+def test_a_one_gpu_plan_that_does_not_fit_says_memory_not_redundancy():
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "1", "--gpu", "l4")
+    assert code == 0 and "NO LAYOUT FITS" in out and "does not fit in GPU memory" in out, (out, err)
+
+
+def test_a_file_model_is_exported_from_its_file_not_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bom.json").write_bytes((DATA / "llama-3.1-8b.json").read_bytes())
+    code, out, err = cli_main("export", "bom.json", "--to", "megatron", "--gpus", "8", "--json")
+    assert code == 0, err
+    code, out, err = cli_main("plan", "bom.json", "--gpus", "8", "--json")
+    assert code == 0 and json.loads(out)["model_ref"] == str(tmp_path / "bom.json"), err
+    (tmp_path / "p.json").write_text(out)
+    code, _, err = cli_main("export", "--plan", "p.json", "--to", "deepspeed", "--out", "ds.json")
+    assert code == 0 and "unknown model" not in err, err
+    code, _, err = cli_main("plan", "bom.json", "--gpus", "8", "--export", "megatron", "--out", "m.sh")
+    assert code == 0, err
+
+
+def test_a_mpt_flag_must_be_true_or_false(tmp_path):
+    cfg = {"model_type": "mpt", "d_model": 512, "n_heads": 8, "n_layers": 2, "expansion_ratio": 4, "max_seq_len": 512,
+           "vocab_size": 1000, "no_bias": "no"}
+    (tmp_path / "mpt.json").write_text(json.dumps(cfg))
+    one_line_error(["models", str(tmp_path / "mpt.json")], "'no_bias' must be true or false, got 'no'")
+
+
+def test_hf_home_that_is_a_file_is_named_as_the_cache(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    not_a_folder = tmp_path / "hf"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("HF_HOME", str(not_a_folder))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    code, out, err = cli_main("models", "hf:org/name")
+    assert code == 2 and "cache" in err and "set HF_HUB_OFFLINE=1" not in err, err
