@@ -155,3 +155,32 @@ def test_hf_home_that_is_a_file_is_named_as_the_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     code, out, err = cli_main("models", "hf:org/name")
     assert code == 2 and "cache" in err and "set HF_HUB_OFFLINE=1" not in err, err
+
+
+def test_a_pipeline_too_long_to_simulate_is_priced_by_its_closed_form(tmp_path):
+    """A large global batch through 8 stages: 40,000 micro-batches, 640,000 passes, past the simulation's limit.
+    plan and estimate (and their page) give the closed-form bubble instead of refusing the layout."""
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "16", "--global-batch", "160000", "--fix", "pp=8",
+                              "--json")
+    assert code == 0, err
+    pipe = json.loads(out)["detail"]["pipeline"]
+    assert pipe["simulated"] is False and pipe["bubble_fraction_closed_form"] < 1e-3 and "7/40007" in pipe["closed_form"]
+    page = tmp_path / "e.html"
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "16", "--pp", "8", "--global-batch", "160000",
+                              "--html", str(page))
+    assert code == 0, err
+    assert "by the closed form" in page.read_text(encoding="utf-8")
+
+
+def test_the_cost_objective_searches_a_bounded_spread_of_world_sizes():
+    from shardlab.layout import divisors
+    from shardlab.limits import MAX_COST_WORLDS
+    from shardlab.planner.search import _spread
+
+    every = [d for d in divisors(720_720) if d % 8 == 0 or 8 % d == 0]      # 99 sizes
+    some = _spread(every)
+    assert len(some) <= MAX_COST_WORLDS and some[-1] == 720_720 and some[0] == 1 and set(some) <= set(every)
+    ratios = [b / a for a, b in zip(some, some[1:])]
+    assert max(ratios) < 4, ratios                                        # spread, not bunched at one end
+    small = [d for d in divisors(3072) if d % 8 == 0 or 8 % d == 0]
+    assert _spread(small) == small                                        # real clusters: every size

@@ -96,6 +96,12 @@ MAX_PIPELINE_PASSES = 400_000
 per pass on one core (plus numpy arrays of 10 numbers per pass), so 400k passes take about half a second
 and 30 MB. Larger steps are refused with their closed-form bubble (``pipeline.closed_form``) in the message."""
 
+MAX_COST_WORLDS = 24
+"""World sizes `plan --objective cost` tries (it also searches fewer GPUs than given: whole nodes, or divisors of
+one node). Power-of-two clusters up to 2^20 GPUs and 3 × 2^k ones up to 12,288 have at most 24 such sizes; a highly
+composite count (55,440 or 720,720 GPUs) has 50-100, each a full search of up to a second. Past 24 the full count
+and 23 sizes spread evenly on a log scale are searched."""
+
 MAX_PLOTTED_PASSES = 20_000
 """Passes ``pipeline --plot`` draws, one box each: 20k boxes take about 3 s and a 4 MB SVG, and are already far
 past what a reader can tell apart (a plot of 8 stages × 32 micro-batches has 512)."""

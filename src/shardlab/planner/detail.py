@@ -107,6 +107,19 @@ def pipeline_detail(layout: Layout, microbatches: int, compute_s: float, p2p_s: 
 
     m = microbatches
     times = {"forward_s": compute_s / (3 * m), "backward_s": 2 * compute_s / (3 * m)}
+    from shardlab.limits import MAX_PIPELINE_PASSES
+    from shardlab.pipeline.simulate import passes
+
+    n = passes(layout.schedule, layout.pp, m, layout.vpp)
+    if n > MAX_PIPELINE_PASSES:          # a step too long to simulate quickly: the closed form alone
+        from shardlab.pipeline.closed_form import bubble_fraction_closed_form, closed_form_text
+
+        return {"schedule": layout.schedule, "stages": layout.pp, "microbatches": m, "vpp": layout.vpp,
+                "simulated": False,
+                "bubble_fraction_closed_form": bubble_fraction_closed_form(layout.schedule, layout.pp, m, layout.vpp, **times),
+                "closed_form": closed_form_text(layout.schedule, layout.pp, m, layout.vpp, **times),
+                "notes": [f"{n:,} passes, over the {MAX_PIPELINE_PASSES:,} shardlab simulates: the bubble is the closed "
+                          f"form's (uniform stages)"]}
     res = simulate(layout.schedule, layout.pp, m, layout.vpp, p2p_s=p2p_s, **times)
     doc = pipeline_doc(res, times)
     t = res.timeline

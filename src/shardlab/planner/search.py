@@ -62,6 +62,20 @@ def layout_of(c: dict, i: int) -> Layout:
                   dp_replicate=int(c["rep"][i]) if "rep" in c else 1)
 
 
+def _spread(worlds: list[int]) -> list[int]:
+    """At most ``limits.MAX_COST_WORLDS`` of the ascending ``worlds``: the largest, and the rest nearest to sizes spread
+    evenly on a log scale."""
+    from shardlab.limits import MAX_COST_WORLDS
+
+    if len(worlds) <= MAX_COST_WORLDS:
+        return worlds
+    logs = np.log(np.asarray(worlds, dtype=float))
+    picked = {len(worlds) - 1}
+    for t in np.linspace(logs[0], logs[-1], MAX_COST_WORLDS - 1, endpoint=False):
+        picked.add(int(np.argmin(np.abs(logs - t))))
+    return [worlds[i] for i in sorted(picked)]
+
+
 def _concat(parts: list[dict]) -> dict:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -80,7 +94,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
         gpn = cluster.gpus_per_node
         from shardlab.layout import divisors
 
-        worlds = [w for w in divisors(cluster.num_gpus) if w % gpn == 0 or gpn % w == 0]
+        worlds = _spread([w for w in divisors(cluster.num_gpus) if w % gpn == 0 or gpn % w == 0])
     cand_parts, score_parts, rejected, total = [], [], Counter(), 0
     steps = len(worlds) + exact_check
     for k, w in enumerate(worlds):

@@ -73,6 +73,12 @@ def pipeline_section(page: Page, pipe: dict | None) -> None:
         page.add("pipeline", "Pipeline timeline", "<p>No pipeline parallelism (pp = 1): every rank runs all layers, no bubble.</p>")
         return
     p = pipe["stages"]
+    if pipe.get("simulated") is False:      # too many passes to simulate: the closed form, no timeline
+        page.add("pipeline", "Pipeline timeline",
+                 f"<p>{esc(pipe['schedule'])}: {p} stages, {pipe['microbatches']} micro-batches; bubble "
+                 f"<b>{100 * pipe['bubble_fraction_closed_form']:.2f}%</b> of the step by the closed form.</p>"
+                 + "".join(f"<p class='note'>{esc(n)}</p>" for n in [pipe["closed_form"], *pipe["notes"]]))
+        return
     if pipe.get("events"):
         boxes = [(e["stage"], e["start_s"], e["end_s"], PASS_COLORS[e["kind"]],
                   f"stage {e['stage']} {e['kind']} micro-batch {e['microbatch']} chunk {e['chunk']}: "
