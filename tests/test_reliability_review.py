@@ -184,3 +184,10 @@ def test_the_cost_objective_searches_a_bounded_spread_of_world_sizes():
     assert max(ratios) < 4, ratios                                        # spread, not bunched at one end
     small = [d for d in divisors(3072) if d % 8 == 0 or 8 % d == 0]
     assert _spread(small) == small                                        # real clusters: every size
+
+
+def test_plan_export_when_nothing_fits_says_so(tmp_path):
+    out = tmp_path / "x.sh"
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "1", "--gpu", "l4", "--export", "megatron", "--out", str(out)],
+                   "no layout fits, so --export megatron wrote nothing")
+    assert not out.exists()

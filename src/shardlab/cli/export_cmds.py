@@ -219,6 +219,11 @@ def with_export(fn):
         from shardlab.cli.plan_cmds import _catalog
         from shardlab.export.build import job_from_plan
 
+        if not doc.get("plans"):
+            from shardlab.errors import ShardlabError
+
+            raise ShardlabError(f"no layout fits, so --export {args.export} wrote nothing; run the same plan without "
+                                f"--export to see why (rejections), then add GPUs or change the workload")
         cat = _catalog(args)
         plan = json.loads(json.dumps(doc, default=str))
         spec = cat.model(args.model) if getattr(args, "model", None) else None
