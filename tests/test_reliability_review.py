@@ -191,3 +191,10 @@ def test_plan_export_when_nothing_fits_says_so(tmp_path):
     one_line_error(["plan", "llama-3.1-8b", "--gpus", "1", "--gpu", "l4", "--export", "megatron", "--out", str(out)],
                    "no layout fits, so --export megatron wrote nothing")
     assert not out.exists()
+
+
+def test_report_draws_serving_under_load(tmp_path):
+    out = tmp_path / "serve.html"
+    code, _, err = cli_main("report", str(out), "llama-3.1-8b", "--inference", "--serve", "--concurrency", "8", "--tp", "2")
+    assert code == 0, err
+    assert "Steady state (continuous batching)" in out.read_text(encoding="utf-8")

@@ -117,6 +117,22 @@ def test_inference_estimate_page(browser, shots, tmp_path):
     assert errors == []
 
 
+@pytest.mark.parametrize("command, sections", [
+    (["estimate", "llama-3.1-8b", "--inference", "--serve", "--tp", "2", "--arrival-rate", "5", "--ttft-slo", "0.05"],
+     ("steady-state", "simulation", "kv-cache", "limits")),
+    (["plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--concurrency", "8"], ("plans", "simulation")),
+])
+def test_serving_under_load_pages(browser, shots, tmp_path, command, sections):
+    out = tmp_path / "load.html"
+    code, _, err = cli_main(*command, "--html", str(out))
+    assert code == 0, err
+    page, errors = open_page(browser, out)
+    check_sections(page, sections)
+    assert page.locator("svg rect").count() >= 4
+    page.screenshot(path=str(shots / f"serve-{command[0]}.png"), full_page=True)
+    assert errors == []
+
+
 @pytest.mark.slow
 def test_run_train_fsdp_tp_page(browser, shots, tmp_path):
     """The real thing: 4 ranks of FSDP + TP with torchrun, then its page."""

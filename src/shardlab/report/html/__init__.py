@@ -32,10 +32,16 @@ def build_page(kind: str, doc: dict):
     from shardlab.report.html import plan_page as pp
     from shardlab.report.html import run_pages as rp
 
+    from shardlab.report.html import serve_pages as sp
+
     if kind == "plan":
-        return rp.inference_plan_page(doc) if "prompt_len" in doc else pp.plan_page(doc)
+        if "prompt_len" in doc:
+            return sp.serve_plan_page(doc) if "load" in doc else rp.inference_plan_page(doc)
+        return pp.plan_page(doc)
     if kind == "estimate":
-        return rp.inference_page(doc) if "prompt_len" in doc else pp.estimate_page(doc)
+        if "prompt_len" in doc:
+            return sp.serve_estimate_page(doc) if "steady_state" in doc else rp.inference_page(doc)
+        return pp.estimate_page(doc)
     builders = {"memory": rp.memory_page, "run-train": rp.run_train_page, "run-infer": rp.run_infer_page,
                 "bench-collectives": rp.bench_page, "calibrate": rp.calibrate_page}
     if kind not in builders:

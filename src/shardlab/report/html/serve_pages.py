@@ -1,0 +1,98 @@
+"""Pages for serving under load: ``estimate --inference --serve`` (one layout: steady state, simulated
+percentiles, KV-cache blocks, where the load limit binds) and ``plan --inference --serve`` (the layouts searched,
+the best one simulated). Drawn from the JSON document; keys not shown here appear in the generic section."""
+
+from __future__ import annotations
+
+from shardlab.report.html import svg
+from shardlab.report.html.layout_sections import gib_short
+from shardlab.report.html.page import PALETTE, Page, esc, generic, gib, kv_table, num, table
+from shardlab.units import fmt_bytes, fmt_time
+
+
+def _load_text(load: dict) -> str:
+    if load.get("concurrency") is not None:
+        return f"{load['concurrency']:,} requests in flight (closed loop)"
+    if load.get("arrival_rate") is not None:
+        return f"{num(load['arrival_rate'])} requests/s arriving (Poisson)"
+    return "no load given"
+
+
+def _ms(v) -> str:
+    return "—" if v is None else fmt_time(v)
+
+
+def _target(slo_s, load, unit: str) -> str:
+    if slo_s is None:
+        return "none given (--ttft-slo / --tpot-slo)"
+    return f"{_ms(slo_s)}: met up to {num(load)} {esc(unit)}" if load is not None else f"{_ms(slo_s)}: not met at any load"
+
+
+def _percentiles(sim: dict | None) -> str:
+    """The simulation's mean / p50 / p99 of TTFT, TPOT and end-to-end latency, as a table and bars."""
+    if not sim:
+        return "<p>No simulation in this document.</p>"
+    rows, bars = [], []
+    for key, name, short in (("ttft_s", "time to first token", "TTFT"), ("tpot_s", "time per output token", "TPOT"),
+                             ("e2e_s", "end to end", "")):
+        d = sim.get(key) or {}
+        rows.append([name, _ms(d.get("mean")), _ms(d.get("p50")), _ms(d.get("p99"))])
+        if short:
+            bars += [(f"{short} {q}", d[q]) for q in ("p50", "p99") if isinstance(d.get(q), (int, float))]
+    note = (f"<p class='note'>{sim.get('requests', 0):,} simulated requests, {sim.get('cycles', 0):,} scheduling cycles, "
+            f"{sim.get('preemptions', 0):,} preemptions{'; truncated at its cycle bound' if sim.get('truncated') else ''}; "
+            f"{num(sim.get('output_tokens_per_s', 0))} output tokens/s.</p>")
+    return (table(["latency", "mean", "p50", "p99"], rows) + (svg.bars(bars, fmt_time, label_w=170) if bars else "")
+            + note)
+
+
+def serve_estimate_page(doc: dict) -> Page:
+    page = Page(f"shardlab estimate --inference --serve: {doc['model']} on TP {doc['tp']} × PP {doc['pp']} {doc['gpu']}",
+                f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
+                f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
+    ss = doc.get("steady_state") or {}
+    page.add("steady-state", "Steady state (continuous batching)", kv_table([
+        ("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
+        ("end to end", _ms(ss.get("e2e_s"))), ("output tokens/s", num(ss.get("output_tokens_per_s"))),
+        ("requests/s", num(ss.get("requests_per_s"))), ("in flight", num(ss.get("in_flight"))),
+        ("queueing", _ms(ss.get("queue_s"))), ("overloaded", esc(num(ss.get("overloaded"))))]))
+    page.add("simulation", "Simulated percentiles", _percentiles(doc.get("simulation")))
+    kv = doc.get("kv_blocks") or {}
+    if kv.get("capacity_bytes"):
+        cats = [(name, PALETTE[i]) for i, name in enumerate(("weights", "activations", "other", "KV cache", "held back"))]
+        parts = [kv.get("weights_bytes", 0), kv.get("activation_bytes", 0), kv.get("other_bytes", 0),
+                 kv.get("kv_bytes", 0), max(kv["capacity_bytes"] - kv.get("reserved_bytes", kv["capacity_bytes"]), 0)]
+        chart = svg.stacked_bars([("per GPU", parts)], cats, gib_short, capacity=kv["capacity_bytes"], scale=2**30)
+        page.add("kv-cache", "KV-cache blocks", chart + kv_table([
+            ("blocks", f"{kv.get('num_blocks', 0):,} of {kv.get('block_size', 0)} tokens ({fmt_bytes(kv.get('bytes_per_block', 0))} "
+                       f"each)"), ("the engine's share", f"{gib(kv.get('reserved_bytes', 0))} (the rest is held back: "
+                                                         f"gpu-memory-utilization)"), ("tokens cached", f"{kv.get('tokens', 0):,}"), ("KV cache", gib(kv.get("kv_bytes", 0))),
+            ("capacity", gib(kv["capacity_bytes"]))]))
+    lim, cap, slo = doc.get("limits") or {}, doc.get("capacity") or {}, doc.get("slo") or {}
+    page.add("limits", "Where the load limit binds", kv_table([
+        ("sequences a replica holds", f"{num(cap.get('sequences'))} (bound: {esc(cap.get('bound', ''))})"),
+        ("saturation", f"{num(lim.get('saturation_rate'))} {esc(lim.get('unit', ''))} (bound: {esc(lim.get('bound', ''))})"),
+        ("TTFT target", _target(slo.get("ttft_s"), lim.get("ttft_slo_load"), lim.get("unit", ""))),
+        ("TPOT target", _target(slo.get("tpot_s"), lim.get("tpot_slo_load"), lim.get("unit", ""))),
+        ("targets met", esc(num(slo.get("met"))))]))
+    rest = {k: v for k, v in doc.items() if k not in {"steady_state", "simulation", "kv_blocks", "limits", "capacity", "slo"}}
+    page.add("more", "Everything else in the document", generic(rest))
+    return page
+
+
+def serve_plan_page(doc: dict) -> Page:
+    page = Page(f"shardlab plan --inference --serve: {doc['model']} on {doc['gpus']} × {doc['gpu']}",
+                f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
+                f"{_load_text(doc.get('load') or {})}, objective {esc(doc['objective'])}; estimates")
+    plans = doc.get("plans") or []
+    rows = [[f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}", f"{p['max_num_seqs']:,}", num(p["in_flight_per_replica"]),
+             _ms(p["ttft_s"]), _ms(p["tpot_s"]), num(p["output_tokens_per_s"]), f"{p['kv_blocks_per_gpu']:,}",
+             "yes" if p.get("meets_slo") else "no"] for p in plans]
+    chart = svg.bars([(r[0], p["output_tokens_per_s"]) for r, p in zip(rows, plans)], lambda v: f"{v:,.0f} tok/s",
+                     label_w=200) if plans else "<p>No layout serves this load.</p>"
+    page.add("plans", "Layouts, best first", chart + table(
+        ["layout", "max seqs", "in flight", "TTFT", "TPOT", "output tokens/s", "KV blocks/GPU", "meets targets"], rows))
+    page.add("simulation", "The best layout, simulated", _percentiles(doc.get("best_simulated")))
+    rest = {k: v for k, v in doc.items() if k not in {"plans", "best_simulated"}}
+    page.add("more", "Everything else in the document", generic(rest))
+    return page
