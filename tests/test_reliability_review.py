@@ -198,3 +198,7 @@ def test_report_draws_serving_under_load(tmp_path):
     code, _, err = cli_main("report", str(out), "llama-3.1-8b", "--inference", "--serve", "--concurrency", "8", "--tp", "2")
     assert code == 0, err
     assert "Steady state (continuous batching)" in out.read_text(encoding="utf-8")
+
+
+def test_the_3d_layout_map_is_for_small_grids():
+    one_line_error(["explain", "3d-layout", "gpus=1048576"], "3d-layout draws one row per GPU: at most 1,024")

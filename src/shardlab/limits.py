@@ -87,8 +87,10 @@ MIN_TIMEOUT_S = 1e-6
 MIN_SHARE = 1e-6
 """The smallest positive share or factor (efficiencies, bubble bounds, slowdowns): below it times overflow."""
 
-MAX_SIM_REQUESTS = 100_000
-"""Requests the serving simulation plays for its percentiles (default 100-1,200): its work grows with them."""
+MAX_SIM_REQUESTS = 10_000
+"""Requests the serving simulation plays for its percentiles (default 100-1,200): its work grows with them (about
+0.25 ms per request, 0.5 ms under a closed loop of thousands of clients), so 10,000 take 2-5 s; a p99 needs a few
+hundred."""
 
 # ---- pipeline simulation -------------------------------------------------------------------------
 MAX_PIPELINE_PASSES = 400_000

@@ -129,6 +129,11 @@ def sequence_parallel(v: dict) -> Explanation:
         commands=[f"memory {spec.name} --gpus {t} --tp {t} --sequence-parallel", "run train --strategy tp+sp --nproc 2"])
 
 
+MAX_MAP_GPUS = 1024
+"""GPUs the 3d-layout map lists (one row each, and every TP/DP/PP group): a teaching grid, readable to about a
+thousand rows; a million-GPU map took over 30 s and a gigabyte."""
+
+
 def layout_3d(v: dict) -> Explanation:
     """A 3-D layout on a few GPUs: every rank's coordinates, layers and the groups it belongs to."""
     from shardlab.errors import ShardlabError
@@ -137,6 +142,9 @@ def layout_3d(v: dict) -> Explanation:
 
     spec = catalog().model(v["model"])
     g, t, p = v["gpus"], v["tp"], v["pp"]
+    if g > MAX_MAP_GPUS:
+        raise ShardlabError(f"3d-layout draws one row per GPU: at most {MAX_MAP_GPUS:,}, got gpus={g:,}; for a larger "
+                            f"cluster see `shardlab plan --gpus {g}` or `shardlab memory MODEL --gpus {g} --tp T --pp P`")
     if g % (t * p):
         raise ShardlabError(f"gpus={g} is not divisible by tp×pp = {t}×{p}; choose degrees whose product divides it")
     lay = validate(Layout(dp=g // (t * p), tp=t, pp=p), spec, g)
