@@ -202,3 +202,24 @@ def test_report_draws_serving_under_load(tmp_path):
 
 def test_the_3d_layout_map_is_for_small_grids():
     one_line_error(["explain", "3d-layout", "gpus=1048576"], "3d-layout draws one row per GPU: at most 1,024")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["validate", "--plot", ""], "--plot: the file name is empty; give a path"),
+    (["pipeline", "--stages", "4", "--microbatches", "8", "--plot", " "], "--plot: the file name is empty"),
+    (["validate", "--run", "zero3-175b-384", "--model-out", ""], "--model-out: the file name is empty"),
+])
+def test_an_empty_output_name_is_refused(args, fragment):
+    one_line_error(args, fragment)
+
+
+def test_two_outputs_into_one_file_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--export", "deepspeed", "--out", "same.html",
+                    "--html", "same.html"], "--out and --html both name same.html")
+    assert not (tmp_path / "same.html").exists()
+    (tmp_path / "gpt2.json").write_bytes((DATA / "gpt2.json").read_bytes())
+    (tmp_path / "link.html").symlink_to("gpt2.json")
+    one_line_error(["report", "link.html", "gpt2.json", "--gpus", "2", "--tp", "2"],
+                   "OUT.html link.html is the file this command reads as the model")
+    assert (tmp_path / "gpt2.json").read_bytes() == (DATA / "gpt2.json").read_bytes()

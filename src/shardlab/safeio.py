@@ -378,9 +378,26 @@ def refuse_output_over_input(args) -> None:
     ``--from-matmul``, ``--markdown`` over ``--catalog``) is refused before anything is written: nothing a user passed
     as input is overwritten."""
     values = vars(args)
+    flag = lambda dest: ("OUT.html" if dest == "out" and values.get("command") == "report"     # noqa: E731
+                         else f"--{dest.replace('_', '-')}")
+    for d in OUTPUT_DESTS:
+        if isinstance(values.get(d), str) and not values[d].strip():
+            raise ShardlabError(f"{flag(d)}: the file name is empty; give a path")
     outs = {d: values[d] for d in OUTPUT_DESTS if values.get(d)}
     if not outs:
         return
+    seen: dict[str, str] = {}
+    for dest, out in outs.items():            # two outputs of one command into one file: the first would be lost
+        if not isinstance(out, (str, os.PathLike)):
+            continue
+        try:
+            real = os.path.realpath(out)
+        except (OSError, ValueError):
+            continue
+        if real in seen:
+            raise ShardlabError(f"{flag(seen[real])} and {flag(dest)} both name {out}: the second would overwrite the "
+                                f"first; give each output its own file")
+        seen[real] = dest
     inputs = {}
     for dest, v in values.items():
         if dest in OUTPUT_DESTS:
@@ -393,7 +410,7 @@ def refuse_output_over_input(args) -> None:
         ident = _identity(out)
         if ident in inputs:
             src, name = inputs[ident]
-            raise ShardlabError(f"--{dest.replace('_', '-')} {out} is the file this command reads as "
+            raise ShardlabError(f"{flag(dest)} {out} is the file this command reads as "
                                 f"{'the model' if src == 'model' else '--' + src.replace('_', '-')} ({name}); write "
                                 f"the output to another file")
 
