@@ -223,3 +223,14 @@ def test_two_outputs_into_one_file_are_refused(tmp_path, monkeypatch):
     one_line_error(["report", "link.html", "gpt2.json", "--gpus", "2", "--tp", "2"],
                    "OUT.html link.html is the file this command reads as the model")
     assert (tmp_path / "gpt2.json").read_bytes() == (DATA / "gpt2.json").read_bytes()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["plan", "llama-3.1-8b", "--inference", "--gpus", "8", "--cp", "2", "--zero", "3", "--recompute", "full"],
+     "--cp, --zero, --recompute describe(s) training"),
+    (["estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--seq-len", "4096", "--microbatches", "4"],
+     "--microbatches, --seq-len describe(s) training"),
+    (["estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--recompute", "none"], "--recompute describe(s) training"),
+])
+def test_training_flags_are_refused_under_inference_not_ignored(args, fragment):
+    one_line_error(args, fragment)

@@ -160,6 +160,17 @@ def _recipe(args, catalog, cluster):
     return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
 
 
+TRAINING_LAYOUT_DESTS = ("cp", "ep", "zero", "micro_batch", "recompute", "recompute_fraction", "wrap", "dp_replicate",
+                         "sequence_parallel", "schedule", "vpp")
+"""Layout flags (recorded when written, even at their default) that --inference has no use for."""
+TRAINING_WORKLOAD_FLAGS = (("--microbatches", "microbatches", None), ("--stage-layers", "stage_layers", None),
+                           ("--seq-len", "seq_len", None), ("--global-batch", "global_batch", None),
+                           ("--tokens", "tokens", None), ("--optimizer", "optimizer", "adamw"),
+                           ("--compile", "compile", None), ("--attention-kernel", "attention_kernel", None),
+                           ("--fused-loss", "fused_loss", None), ("--dropout", "dropout", False))
+"""(flag, dest, default) of training workload flags --inference would ignore."""
+
+
 def _refuse_recipe_flags(args) -> None:
     """--inference estimates serving: the training recipe flags would be ignored, so they are refused."""
     from shardlab.errors import ShardlabError
@@ -169,8 +180,12 @@ def _refuse_recipe_flags(args) -> None:
                              ("--quantize-base", getattr(args, "quantize_base", "none") != "none"),
                              ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
                              ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
+    written = getattr(args, "given_flags", None) or set()
+    given += [f"--{d.replace('_', '-')}" for d in TRAINING_LAYOUT_DESTS if d in written]
+    given += [flag for flag, dest, default in TRAINING_WORKLOAD_FLAGS if getattr(args, dest, default) != default]
     if given:
-        raise ShardlabError(f"{', '.join(given)} describe(s) training; drop them with --inference")
+        raise ShardlabError(f"{', '.join(given)} describe(s) training; drop them with --inference (serving takes "
+                            f"--tp, --pp, --batch, --prompt-len, --output-len and the precision flags)")
 
 
 def _overrides(args, catalog) -> dict:
