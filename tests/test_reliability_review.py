@@ -234,3 +234,31 @@ def test_two_outputs_into_one_file_are_refused(tmp_path, monkeypatch):
 ])
 def test_training_flags_are_refused_under_inference_not_ignored(args, fragment):
     one_line_error(args, fragment)
+
+
+def test_quiz_answers_with_decimals_are_not_read_as_numbered_lines(tmp_path):
+    code, out, err = cli_main("quiz", "--topic", "interleaving", "--questions", "3", "--seed", "1", "--json")
+    assert code == 0, err
+    key = [q["answer"] for q in json.loads(out)["questions"]]
+    plain = tmp_path / "key.txt"
+    plain.write_text("\n".join(f"{a:g}" for a in key) + "\n")
+    numbered = tmp_path / "key2.txt"
+    numbered.write_text("".join(f"{i}. {a:g}\n" for i, a in enumerate(key, 1)))
+    for f in (plain, numbered):
+        code, out, err = cli_main("quiz", "--topic", "interleaving", "--questions", "3", "--seed", "1", "--answers", str(f))
+        assert code == 0 and "100%" in out, (out, err)
+
+
+def test_a_decimal_comma_is_not_read_as_thousands():
+    from shardlab.teach.quiz import Question
+    from shardlab.teach.quiz_run import check
+
+    q = Question.__new__(Question)
+    object.__setattr__(q, "kind", "number")
+    object.__setattr__(q, "answer", 17.95)
+    object.__setattr__(q, "tolerance", 0.01)
+    assert check(q, "17,95") == (False, "'17,95' is ambiguous: write decimals with a point (17.95) and group thousands "
+                                        "as 1,024")
+    assert check(q, "17.95")[0]
+    object.__setattr__(q, "answer", 1024.0)
+    assert check(q, "1,024")[0]

@@ -9,7 +9,8 @@ import sys
 from shardlab.errors import ShardlabError
 from shardlab.teach.quiz import PASS_MARK, Question, make_quiz
 
-_NUMBERED = re.compile(r"^\s*q?(\d+)\s*[:.)]\s*(.*)$", re.IGNORECASE)
+_NUMBERED = re.compile(r"^\s*q?(\d+)\s*(?:[:)]|\.(?!\d))\s*(.*)$", re.IGNORECASE)   # '3. 12.5', not '7.69'
+_GROUPED = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")    # '1,024' or '12,345.6': commas group thousands
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -30,7 +31,11 @@ def check(q: Question, given: str | None) -> tuple[bool, str]:
                 return False, f"'{g}' is not one of the letters {', '.join(letters)}"
             pick = matches[0]
         return pick == int(q.answer), f"you chose {letters[pick]}"
-    m = _NUMBER.search(g.replace(",", ""))
+    if "," in g:
+        if not _GROUPED.match(g.split()[0]):
+            return False, f"'{g}' is ambiguous: write decimals with a point (17.95) and group thousands as 1,024"
+        g = g.replace(",", "")
+    m = _NUMBER.search(g)
     if not m:
         return False, f"'{g}' is not a number"
     x = float(m.group())
