@@ -262,3 +262,22 @@ def test_a_decimal_comma_is_not_read_as_thousands():
     assert check(q, "17.95")[0]
     object.__setattr__(q, "answer", 1024.0)
     assert check(q, "1,024")[0]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ('accelerators:\n  evil-gpu:\n    name: "Evil \\e[2J\\e]0;pwned\\a GPU"\n', "field 'name' holds control characters"),
+    ('links:\n  "a\\e[31m": {}\n', "has the id 'a\\x1b[31m'; an id is 1-64 letters"),
+    ('links:\n  "": {}\n', "has the id ''"),
+    ('links:\n  null: {}\n', "has the id 'None'"),
+])
+def test_catalog_ids_and_names_cannot_carry_terminal_escapes(tmp_path, body, fragment):
+    cat = tmp_path / "esc.yaml"
+    if "evil-gpu" in body:                 # a complete entry but for the name
+        h100 = ("    vendor: nvidia\n    generation: hopper\n    peak_tflops: {fp32: 67, tf32: 495, bf16: 989, fp16: 989, "
+                "fp8: 1979, int8: 1979, int4: null}\n    memory_gib: 80\n    memory_bandwidth_gbps: 3350\n"
+                "    scale_up_link: nvlink4\n    host_link: pcie5\n    tdp_w: 700\n"
+                "    system: {gpus_per_node: 8, intra_link: nvlink4, inter_link: ib-ndr}\n    source: s\n")
+        body += h100
+    cat.write_text(body)
+    err = one_line_error(["gpus", "--catalog", str(cat)], fragment)
+    assert "\x1b" not in err

@@ -15,6 +15,7 @@ Keys are checked strictly (``catalog/entries.py``): a misspelt field is an error
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +30,10 @@ from shardlab.specs.model import ModelSpec, model_from_dict
 DATA_DIR = Path(__file__).parent / "data"
 USER_SECTIONS = ("models", "accelerators", "links", "frameworks", "prices", "profile")
 PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap", "framework"}
+
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+"""A catalog id: what a command line names (--gpu h100-sxm), printed as is in tables and messages."""
 
 
 @dataclass
@@ -121,7 +126,10 @@ class Catalog:
                 self.profile = {**(self.profile or {}), **_profile(where, entries)}
                 continue
             for name, d in entries.items():
-                name = str(name).lower()
+                if not isinstance(name, str) or not _ID.fullmatch(name):
+                    raise ShardlabError(f"{where}: section '{sec}' has the id {str(name)[:40]!r}; an id is 1-64 letters, "
+                                        f"digits and . _ + - (starting with a letter or digit), e.g. my-gpu")
+                name = name.lower()
                 if sec == "models":
                     self.models[name] = model_from_dict(name, d, where)
                 elif sec == "accelerators":

@@ -60,6 +60,8 @@ def _positive(where: str, name: str, key: str, v: object) -> float:
 def _text(where: str, name: str, key: str, v: object) -> str:
     if not isinstance(v, str):
         raise ShardlabError(f"{where}: entry '{name}' field '{key}' must be text, got {type(v).__name__} {str(v)[:40]!r}")
+    if not v.replace("\n", " ").isprintable():     # ESC sequences, bidi overrides: tables print this text as is
+        raise ShardlabError(f"{where}: entry '{name}' field '{key}' holds control characters ({v[:40]!r}); write plain text")
     return v
 
 
