@@ -281,3 +281,10 @@ def test_catalog_ids_and_names_cannot_carry_terminal_escapes(tmp_path, body, fra
     cat.write_text(body)
     err = one_line_error(["gpus", "--catalog", str(cat)], fragment)
     assert "\x1b" not in err
+
+
+def test_export_refuses_a_broken_price_section_as_cost_does(tmp_path):
+    cat = tmp_path / "badprice.yaml"
+    cat.write_text('prices:\n  h100-sxm:\n    default:\n      on_demand: .nan\n      date: "2026"\n      source: x\n')
+    one_line_error(["export", "llama-3.1-8b", "--to", "skypilot", "--gpus", "8", "--zero", "3", "--catalog", str(cat)],
+                   "field 'on_demand' must be a number of USD per GPU-hour")

@@ -21,8 +21,9 @@ def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, outp
 
 def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = None) -> dict:
     """{usd_per_gpu_hour, price_source, spot} from the price catalog, or {} when it has no price for ``gpu``."""
-    from shardlab.cost.prices import resolve_price
+    from shardlab.cost.prices import price_table, resolve_price
 
+    price_table(catalog)          # a broken 'prices:' section in --catalog is an error here too, as in `cost`
     try:
         p = resolve_price(catalog, gpu, provider=provider, spot=spot)
     except ShardlabError:
