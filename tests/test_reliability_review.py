@@ -288,3 +288,21 @@ def test_export_refuses_a_broken_price_section_as_cost_does(tmp_path):
     cat.write_text('prices:\n  h100-sxm:\n    default:\n      on_demand: .nan\n      date: "2026"\n      source: x\n')
     one_line_error(["export", "llama-3.1-8b", "--to", "skypilot", "--gpus", "8", "--zero", "3", "--catalog", str(cat)],
                    "field 'on_demand' must be a number of USD per GPU-hour")
+
+
+def test_lora_rank_is_bounded_by_the_adapted_weights_and_its_activations_add_up():
+    one_line_error(["memory", "llama-3.1-8b", "--gpus", "1", "--lora-rank", "100000"],
+                   "--lora-rank 100,000 is above the smallest adapted weight's dimension (1,024")
+    code, out, err = cli_main("memory", "llama-3.1-8b", "--gpus", "1", "--lora-rank", "16", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    line = doc["explain"]["activations"]
+    import re
+
+    def gib(text):
+        v, unit = re.match(r"([\d.,]+) (GiB|MiB|KiB)", text).groups()
+        return float(v.replace(",", "")) * {"GiB": 1, "MiB": 2**-10, "KiB": 2**-20}[unit]
+    terms = [gib(t) for t in re.findall(r"= ([\d.,]+ (?:GiB|MiB)) \+", line)]
+    terms += [gib(t) for t in re.findall(r"(?:inputs|intermediates) ([\d.,]+ (?:GiB|MiB))", line)]
+    total = gib(line.rsplit("= ", 1)[1])
+    assert "LoRA adapters' r-wide intermediates" in line and abs(sum(terms) - total) < 0.011, (terms, total, line)

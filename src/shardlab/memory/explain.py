@@ -49,8 +49,8 @@ def explain_report(rep, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext,
                                          and lay.recompute != "none" else "")
              + f"] × {w.layers} blocks × {w.in_flight:g} micro-batches in flight = {fmt_bytes(parts['blocks'])}"]
     for key, label in (("working_set", "one block re-materialised in backward"), ("embedding_mask", "embedding dropout mask"),
-                       ("head_inputs", "final-norm and head inputs")):
-        if parts[key]:
+                       ("head_inputs", "final-norm and head inputs"), ("adapters", "LoRA adapters' r-wide intermediates")):
+        if parts.get(key):
             terms.append(f"{label} {fmt_bytes(parts[key])}")
     out["activations"] = " + ".join(terms) + f" = {fmt_bytes(w.activations)}"
     out["other"] = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.other.items())

@@ -328,4 +328,6 @@ def _explain(rep: MemoryReport, spec: ModelSpec, sb: StateBytes, ctx: Activation
     st = next(t for t in stage_tensors(spec, lay) if t.stage == w.stage)
     parts = stage_activation_parts(spec, st.layers, lay, ctx, w.in_flight, holds_embedding=st.holds_embedding,
                                    holds_head=st.holds_head)
+    if rep.recipe.lora is not None:    # the adapters' r-wide intermediates, as _stage_memory adds them
+        parts["adapters"] = w.in_flight * sum(lora_activation_bytes(spec, i, lay, ctx, rep.recipe.lora) for i in st.layers)
     return explain_report(rep, spec, sb, ctx, parts)
