@@ -292,7 +292,7 @@ def test_export_refuses_a_broken_price_section_as_cost_does(tmp_path):
 
 def test_lora_rank_is_bounded_by_the_adapted_weights_and_its_activations_add_up():
     one_line_error(["memory", "llama-3.1-8b", "--gpus", "1", "--lora-rank", "100000"],
-                   "--lora-rank 100,000 is above the smallest adapted weight's dimension (1,024")
+                   "--lora-rank 100,000 is above the rank of every adapted weight (min(in, out) is at most 4,096)")
     code, out, err = cli_main("memory", "llama-3.1-8b", "--gpus", "1", "--lora-rank", "16", "--json")
     assert code == 0, err
     doc = json.loads(out)

@@ -121,11 +121,12 @@ def adapter_tensors(spec: ModelSpec, lora: LoraSpec, tensors: tuple[TensorSpec, 
         if is_target(t, spec, lora) or (_basename(t) in fused and _fused_targeted(t, spec, lora)):
             key = (t.layer, t.name.rsplit(".", 2)[0], fused.get(_basename(t), t.name))
             groups.setdefault(key, []).append(t)
-    smallest = min((min(sum(m.shape[0] for m in g), g[0].shape[1]), g[0].name) for g in groups.values()) if groups else None
-    if smallest and r > smallest[0]:
-        raise ShardlabError(f"--lora-rank {r:,} is above the smallest adapted weight's dimension ({smallest[0]:,}, "
-                            f"{smallest[1]}): a rank above min(in, out) adds parameters but no rank; use at most "
-                            f"{smallest[0]:,}")
+    # a rank above min(in, out) of every adapted weight adds parameters but no rank (PEFT still builds it, and a
+    # 1-row gate such as a shared-expert gate gets r = 8 as usual: only a rank past all of them is refused)
+    widest = max(min(sum(m.shape[0] for m in g), g[0].shape[1]) for g in groups.values()) if groups else None
+    if widest and r > widest:
+        raise ShardlabError(f"--lora-rank {r:,} is above the rank of every adapted weight (min(in, out) is at most "
+                            f"{widest:,}): it adds parameters but no rank; use at most {widest:,}")
     for members in groups.values():
         t = members[0]
         n_out, n_in = sum(m.shape[0] for m in members), t.shape[1]
