@@ -1,4 +1,6 @@
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,18 @@ def pytest_collection_finish(session):
     import os
 
     os.environ.pop("TORCH_SHOW_CPP_STACKTRACES", None)
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _cache_repo(cache: Path, repo: str, config: bytes, commit: str = COMMIT) -> None:
+    """The layout huggingface_hub writes: blobs/<sha256>, snapshots/<commit>/config.json -> blob, refs/main = commit."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    blob = hashlib.sha256(config).hexdigest()
+    (root / "blobs").mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "snapshots" / commit).mkdir(parents=True)
+    (root / "blobs" / blob).write_bytes(config)
+    (root / "refs" / "main").write_text(commit)
+    os.symlink(f"../../blobs/{blob}", root / "snapshots" / commit / "config.json")

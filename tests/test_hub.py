@@ -1,8 +1,6 @@
 """hf:ORG/NAME models through huggingface_hub, against a Hugging Face cache built in a temporary directory (no network)."""
 
-import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,19 +14,7 @@ from shardlab.errors import ShardlabError  # noqa: E402
 from shardlab.specs.tensors import param_counts  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hf-families"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def _cache_repo(cache: Path, repo: str, config: bytes, commit: str = COMMIT) -> None:
-    """The layout huggingface_hub writes: blobs/<sha256>, snapshots/<commit>/config.json -> blob, refs/main = commit."""
-    root = cache / f"models--{repo.replace('/', '--')}"
-    blob = hashlib.sha256(config).hexdigest()
-    (root / "blobs").mkdir(parents=True)
-    (root / "refs").mkdir()
-    (root / "snapshots" / commit).mkdir(parents=True)
-    (root / "blobs" / blob).write_bytes(config)
-    (root / "refs" / "main").write_text(commit)
-    os.symlink(f"../../blobs/{blob}", root / "snapshots" / commit / "config.json")
+from conftest import COMMIT, _cache_repo  # noqa: E402
 
 
 @pytest.fixture

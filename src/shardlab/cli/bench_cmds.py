@@ -279,11 +279,33 @@ def cmd_calibrate(args):
         set_status("shardlab calibrate: measuring matmuls")
         mm = _matmul(args, device, cat)
     else:
-        mm = bm.analyse(mm, cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"])))
+        acc = cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"]))
+        with _blaming(args.from_matmul, "matmul"):
+            mm = bm.analyse(mm, acc)
     if want_coll:
         set_status("shardlab calibrate: measuring collectives")
-        coll = _collectives(args, device) if coll is None else bc.analyse(coll)
-    return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name)
+        if coll is None:
+            coll = _collectives(args, device)
+        else:
+            with _blaming(args.from_collectives, "collectives"):
+                coll = bc.analyse(coll)
+    return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name,
+                            matmul_file=args.from_matmul, collectives_file=args.from_collectives)
+
+
+class _blaming:
+    """Context: a ShardlabError from fitting the rows of a saved `bench KIND --json` file names that file."""
+
+    def __init__(self, path: str, kind: str):
+        self.path, self.kind = path, kind
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if isinstance(e, ShardlabError) and not str(e).startswith(self.path):
+            raise ShardlabError(f"{self.path}: {e} (remeasure with `shardlab bench {self.kind} --json`)") from None
+        return False
 
 
 def _calibrate_framework(args):
@@ -294,21 +316,28 @@ def _calibrate_framework(args):
     from shardlab.estimate.training import DEFAULT_FRAMEWORK
     from shardlab.report.table import kv_lines
     from shardlab.runtime.calibrate import write_profile
-    from shardlab.runtime.framework_fit import calibrate_framework
+    from shardlab.runtime.framework_fit import MAX_FIT_RUNS, calibrate_framework, check_run_count
+    from shardlab.safeio import load_json
 
     cat = get_catalog(list(args.catalog) + ([args.profile] if args.profile else []))
     docs = []
-    from shardlab.safeio import load_json
-
     for path in args.from_run:
         doc = load_json(path, "--from-run (a `shardlab run train --json` document)")
-        for i, d in enumerate(doc if isinstance(doc, list) else doc.get("runs", [doc]) if isinstance(doc, dict) else [doc]):
-            docs.append((f"{path}[{i}]" if isinstance(doc, list) else path, d))
+        runs = doc if isinstance(doc, list) else doc.get("runs", [doc]) if isinstance(doc, dict) else [doc]
+        if not isinstance(runs, list):
+            raise ShardlabError(f"{path}: runs must be a list of `shardlab run train --json` documents, got "
+                                f"{type(runs).__name__}; rerun the jobs with --json")
+        for i, d in enumerate(runs):
+            docs.append((f"{path}[{i}]" if isinstance(doc, list) else
+                         f"{path}: runs[{i}]" if isinstance(doc, dict) and "runs" in doc else path, d))
+        if len(docs) > MAX_FIT_RUNS:     # before any estimate, and before reading the next file
+            check_run_count(len(docs), path if len(args.from_run) == 1 else "--from-run " + " ".join(args.from_run)[:200])
     base = args.framework or (cat.profile or {}).get("framework") or DEFAULT_FRAMEWORK
     command = "shardlab calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "shardlab calibrate --from-run"
     out, fit = calibrate_framework(docs, cat, base=base, gpu=args.gpu, link=args.link, suffix=args.name, command=command)
     path = write_profile(out, args.out, f"framework host times fitted to {fit.runs} measured run(s); use with the hardware "
-                                        "profile they were predicted with: --catalog HW.yaml --profile THIS_FILE")
+                                        "profile they were predicted with: --catalog HW.yaml --profile THIS_FILE",
+                         inputs=" and ".join(args.from_run)[:300])
     fid = next(iter(out["frameworks"]))
     pairs = [("profile", str(path)), ("framework", f"{fid} (from {base})"),
              ("host per block and pass", f"{fit.layer_host_s * 1e3:.4g} ms"),

@@ -131,8 +131,14 @@ def build_profile(base_acc: Accelerator, base_link: Link, eff_fit: EfficiencyFit
     return doc
 
 
-def write_profile(doc: dict, path: str | Path, header: str = "") -> Path:
-    """Write the profile YAML (a commented header, then the sections) and check that the catalog loads it."""
+def write_profile(doc: dict, path: str | Path, header: str = "", inputs: str = "") -> Path:
+    """Write the profile YAML (a commented header, then the sections), after checking that the catalog loads it: the
+    text goes to a temporary file beside ``path``, is loaded, and only then replaces ``path``. A profile that does not
+    load, or a failed write, leaves nothing behind (an existing file at ``path`` stays as it was). ``inputs`` names
+    the files the profile was fitted from (the message blames them)."""
+    import os
+    import tempfile
+
     import yaml
 
     from shardlab.catalog import get_catalog
@@ -142,12 +148,101 @@ def write_profile(doc: dict, path: str | Path, header: str = "") -> Path:
              f"# Use: {use_command(doc, 'THIS_FILE')}"]
     lines += [f"# {ln}" for ln in header.splitlines() if ln.strip()]
     body = yaml.safe_dump(doc, sort_keys=False, width=200, allow_unicode=True)
+    parent = p.parent if str(p.parent) else Path(".")
+    tmp = None
     try:
-        p.write_text("\n".join(lines) + "\n" + body)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n" + body)
+        try:   # strict schema check: a profile that does not load is never written
+            get_catalog([tmp])
+        except ShardlabError as e:
+            detail = str(e).replace(f"{tmp}: ", "").replace(tmp, "the profile")
+            raise ShardlabError(f"{inputs + ': ' if inputs else ''}the fitted profile would not load ({detail}); "
+                                f"nothing was written to {p}") from None
+        target = os.path.realpath(p)          # through a symbolic link, to the file it names
+        try:
+            mode = os.stat(target).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+        tmp = None
     except OSError as e:
-        raise ShardlabError(f"cannot write the profile to {p}: {e.strerror}; choose a writable --out path") from None
-    get_catalog([str(p)])  # strict schema check: a profile that does not load is never left unannounced
+        raise ShardlabError(f"cannot write the profile to {p}: {e.strerror or e}; choose a writable --out path") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return p
+
+
+def _check_fitted(doc: dict, dtype: str, matmul_src: str, coll_src: str) -> None:
+    """Every number the measurements put into the profile, against the catalog's bounds (``catalog.entries``): one line
+    that blames the input file and its field, before anything is written."""
+    from shardlab.catalog.entries import _FIELD_MAX
+
+    prof = doc["profile"]
+    a = doc["accelerators"][prof["gpu"]]
+    eff = a.get("efficiency") or {}
+    mm_fix = "remeasure with `shardlab bench matmul --json`"
+    checks = [
+        (a["peak_tflops"].get(dtype), _FIELD_MAX["peak_tflops"], matmul_src, "rows give a peak of {v:.4g} TFLOP/s "
+         f"{dtype}", "TFLOP/s", "check the rows' tflops, or " + mm_fix),
+        (eff.get("max_fraction"), 1.0, matmul_src, "rows reach only {v:.3g} of the peak", "", "check the rows' tflops, "
+         "or " + mm_fix),
+        (eff.get("half_size"), _FIELD_MAX["efficiency.half_size"], matmul_src, "rows give a half-efficiency GEMM size of "
+         "{v:.4g}", "", "check the rows' size and tflops, or " + mm_fix),
+        (a["memory_bandwidth_gbps"], _FIELD_MAX["memory_bandwidth_gbps"], matmul_src, "stream.gbps gives a memory "
+         "bandwidth of {v:.4g} GB/s", "GB/s", "check stream.gbps, or " + mm_fix),
+        (a.get("memory_efficiency"), 1.0, matmul_src, "stream.gbps gives a memory efficiency of {v:.3g}", "",
+         "check stream.gbps, or " + mm_fix),
+        (a.get("op_overhead_us"), _FIELD_MAX["op_overhead_us"], matmul_src, "op_overhead.op_overhead_us gives "
+         "{v:.4g} us per operator", "us", "check op_overhead, or " + mm_fix),
+    ]
+    lk = (doc.get("links") or {}).get(prof["intra_link"])
+    if lk is not None:
+        coll_fix = "remeasure with `shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`"
+        checks += [
+            (lk["bandwidth_gbps"], _FIELD_MAX["bandwidth_gbps"], coll_src, "rows give a bus bandwidth of {v:.4g} GB/s",
+             "GB/s", "check the rows' size_bytes and time_s, or " + coll_fix),
+            (lk["efficiency"], 1.0, coll_src, "rows give a bus bandwidth of {v:.3g} of the link's line rate", "",
+             "check the rows' size_bytes and time_s, or " + coll_fix),
+            (lk["latency_us"], _FIELD_MAX["latency_us"], coll_src, "rows give a latency of {v:.4g} us per step", "us",
+             "check the rows' time_s, or " + coll_fix),
+        ]
+    for v, top, src, what, unit, fix in checks:
+        if v is None:
+            continue
+        if v > top:
+            raise ShardlabError(f"{src}: {what.format(v=v)}, above the limit of {top:g}{' ' + unit if unit else ''} a "
+                                f"profile holds; {fix}")
+        if v < 1e-6:
+            raise ShardlabError(f"{src}: {what.format(v=v)}, below the smallest value of 1e-06 a profile holds; {fix}")
+
+
+def _no_link_fit(coll: dict, link_fit: str, src: str) -> ShardlabError:
+    """Why the collectives results have no ``link_fit`` α–β fit, and what to measure."""
+    rows = coll.get("rows") or []
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    sel = [r for r in rows if link_fit == "joint" or r["op"] == link_fit]
+    if not sel:
+        return ShardlabError(f"--link-fit {link_fit}: no such fit, {src} has no {link_fit} rows (it measured {', '.join(ops) or 'nothing'}); "
+                             f"measure it with `shardlab bench collectives --ops {link_fit} --sizes 1KB:64MB --json`, or "
+                             f"use --link-fit joint")
+    sizes = len({r["size_bytes"] for r in sel})
+    what = "" if link_fit == "joint" else f"{link_fit} "
+    if sizes < 2:
+        return ShardlabError(f"{src}: {len(sel)} {what}row(s) at {sizes} message size(s): fitting a link's latency and "
+                             f"bandwidth needs at least 2 message sizes (8 or more fit well); measure a size range with "
+                             f"`shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`")
+    reason = (coll.get("fit_errors") or {}).get(link_fit) or "the fit failed"
+    return ShardlabError(f"{src}: no {link_fit} latency/bandwidth fit from its {len(sel)} {what}rows: {reason}; or "
+                         f"remeasure with `shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`")
 
 
 def fit_summary(fit: AlphaBetaFit | EfficiencyFit) -> dict:
@@ -219,8 +314,9 @@ def _check_bench_values(doc: dict, kind: str, path: str) -> None:
 
 
 def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | None, link_fit: str,
-                 suffix: str) -> tuple[dict, str]:
-    """Fit, build and write the profile; returns the command's (JSON document, text)."""
+                 suffix: str, matmul_file: str | None = None, collectives_file: str | None = None) -> tuple[dict, str]:
+    """Fit, build and write the profile; returns the command's (JSON document, text). ``matmul_file`` and
+    ``collectives_file``: the files the measurements came from (named in errors), None when measured here."""
     from shardlab.calibration import AlphaBetaFit, EfficiencyFit
     from shardlab.report.table import kv_lines
 
@@ -232,8 +328,7 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
         fits = {k: AlphaBetaFit(**{f: v[f] for f in ("op", "world_size", "alpha_s", "beta_bytes_per_s", "rel_rms",
                                                        "points")}) for k, v in coll["fits"].items()}
         if link_fit not in fits:
-            raise ShardlabError(f"--link-fit {link_fit}: no such fit in the collectives results (have "
-                                f"{', '.join(fits)}); measure that op or use --link-fit joint")
+            raise _no_link_fit(coll, link_fit, collectives_file or "the collectives benchmark")
         ab, per_op = fits[link_fit], {k: f for k, f in fits.items() if k != "joint"}
     where = f"{mm['device_name']} ({mm['device']}, torch {mm.get('torch_version', '?')})"
     gpn = gpus_per_node(mm["device"]) if coll is None else max(gpus_per_node(mm["device"]), coll["world_size"])
@@ -246,7 +341,10 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     header = (f"matmul: {eff.points} {mm['dtype']} GEMMs; collectives: "
               + (f"{coll.get('backend', '?')} on {coll['world_size']} ranks, link = the '{link_fit}' fit"
                  if coll else "not measured (catalog link kept)"))
-    path = write_profile(doc, out, header)
+    mm_src, coll_src = matmul_file or "the matmul benchmark", collectives_file or "the collectives benchmark"
+    _check_fitted(doc, mm["dtype"], mm_src, coll_src)
+    path = write_profile(doc, out, header, inputs=" and ".join(dict.fromkeys(
+        [mm_src] + ([coll_src] if coll is not None else []))))
     prof = doc["profile"]
     a = doc["accelerators"][prof["gpu"]]
     pairs = [("profile", str(path)), ("accelerator", f"{prof['gpu']} (from {acc.id}): efficiency "
