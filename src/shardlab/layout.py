@@ -105,8 +105,8 @@ def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     """
     base, rem = divmod(num_layers, stages)
     sizes = [base] * stages
-    middle = list(range(1, stages - 1)) or list(range(stages))
-    order = middle + [s for s in range(stages) if s not in middle]
+    middle = range(1, stages - 1) if stages > 2 else range(stages)
+    order = list(middle) + ([0, stages - 1] if stages > 2 else [])       # linear in the stage count
     for s in order[:rem]:
         sizes[s] += 1
     return tuple(sizes)

@@ -248,7 +248,7 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "vpp": "vpp", "micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
-          "output_len": "output_len", "max_num_seqs": "batch"}
+          "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization"}
 
 
 def apply_import(args, imp, parser) -> None:
@@ -282,6 +282,25 @@ def apply_import(args, imp, parser) -> None:
         setattr(args, dest, val)
     if imp.framework and hasattr(args, "framework") and getattr(args, "framework", None) is None:
         args.framework = imp.framework
+    _check_against_model(args, f, imp)
+
+
+def _check_against_model(args, fields: dict, imp) -> None:
+    """The file's degrees against the catalog model the command will run (named in the file or given as MODEL), before
+    the command's own checks, which would name flags (--pp, --tp) the user never gave: this names the file's fields."""
+    from shardlab.catalog import get_catalog
+    from shardlab.export import check_against_model, field_names
+
+    name = getattr(args, "model", None) or getattr(args, "model_default", None)
+    if not isinstance(name, str) or getattr(args, "params", None) is not None:
+        return
+    spec = get_catalog(getattr(args, "catalog", None) or ()).models.get(name.lower())
+    if spec is None:                  # hf: ids and model files are read by the command itself
+        return
+    mine = {k: v for k, v in fields.items() if k in ("tp", "pp", "vpp", "ep", "stage_layers")}
+    if "pp" in mine or "vpp" in mine:          # the other factor of pp × vpp may be a flag
+        mine.update(pp=getattr(args, "pp", None) or 1, vpp=getattr(args, "vpp", None) or 1)
+    check_against_model(mine, spec, args.from_file, field_names(imp.source, imp.framework))
 
 
 def import_text(imp) -> str:

@@ -16,7 +16,7 @@ from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import layer_class
-from shardlab.export.text import comment_block
+from shardlab.export.text import FieldError, comment_block, flag, section, whole
 
 CHECKED = "Accelerate 1.15.0 (load_config_from_file, launch env, FullyShardedDataParallelPlugin, ParallelismConfig)"
 MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16": "bf16"}
@@ -82,55 +82,81 @@ def render(job: LaunchJob, spec) -> Export:
     return Export("accelerate", "Accelerate FSDP config YAML", name, text, CHECKED, tuple(uns), launch)
 
 
+RESHARD = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False,
+           "NO_SHARD": False, "TRUE": True, "FALSE": False}
+"""fsdp_reshard_after_forward as Accelerate reads it: a boolean (FSDP2), or an FSDP1 sharding strategy name."""
+
+
 def read(text: str, catalog) -> Imported:
+    from shardlab import limits as L
+
     try:
         cfg = yaml_load(text)
     except yaml.YAMLError as e:
         raise ShardlabError(f"not a valid Accelerate YAML: {str(e).splitlines()[0]}") from None
+    except (ValueError, TypeError, OverflowError):      # a number thousands of digits long, a date that is none
+        raise ShardlabError("not a valid Accelerate YAML: it has a value YAML cannot read (a number thousands of "
+                            "digits long?)") from None
     if not isinstance(cfg, dict) or "distributed_type" not in cfg:
         raise ShardlabError("not an Accelerate config: it has no distributed_type")
     f, und, ign = {}, [], []
-    dt = str(cfg["distributed_type"]).upper()
-    fsdp = cfg.get("fsdp_config") or {}
-    par = cfg.get("parallelism_config") or {}
+    dt = cfg["distributed_type"]
+    if not isinstance(dt, str):
+        raise FieldError("distributed_type", "a name such as FSDP, MULTI_GPU or DEEPSPEED", dt, wrong_type=True)
+    dt = dt.upper()
+    fsdp = section(cfg, "fsdp_config")
+    par = section(cfg, "parallelism_config")
     if dt == "FSDP":
         reshard = fsdp.get("fsdp_reshard_after_forward", True)
-        if isinstance(reshard, str):  # FSDP1 sharding strategies
-            reshard = reshard.upper() in ("FULL_SHARD", "HYBRID_SHARD", "TRUE")
-        strategy = str(fsdp.get("fsdp_sharding_strategy", "")).upper()
-        f["zero"] = 2 if strategy == "SHARD_GRAD_OP" or reshard is False else 3
+        if not isinstance(reshard, bool):
+            if not isinstance(reshard, str) or reshard.upper() not in RESHARD:
+                raise FieldError("fsdp_config.fsdp_reshard_after_forward", "true, false or an FSDP sharding strategy "
+                                 "(FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ...)", reshard, wrong_type=True)
+            reshard = RESHARD[reshard.upper()]        # FSDP1 sharding strategies
+        strategy = fsdp.get("fsdp_sharding_strategy", "")
+        strategy = strategy.upper() if isinstance(strategy, str) else str(strategy)
+        f["zero"] = 2 if strategy in ("SHARD_GRAD_OP", "2") or reshard is False else 3
         und.append((f"FSDP, reshard_after_forward {reshard}", f"zero {f['zero']}"))
     elif dt in ("MULTI_GPU", "NO"):
         f["zero"] = 0
         und.append((f"distributed_type {dt}", "zero 0 (DDP)"))
     elif dt == "DEEPSPEED":
-        ds = cfg.get("deepspeed_config") or {}
-        f["zero"] = int(ds.get("zero_stage", 0))
+        ds = section(cfg, "deepspeed_config")
+        stage = ds.get("zero_stage", 0)
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise FieldError("deepspeed_config.zero_stage", "0, 1, 2 or 3", stage,
+                             wrong_type=isinstance(stage, bool) or not isinstance(stage, (int, float)))
+        f["zero"] = int(stage)
         und.append((f"DEEPSPEED zero_stage {f['zero']}", f"zero {f['zero']}"))
     else:
-        raise ShardlabError(f"distributed_type {dt} is not a GPU training layout shardlab models")
-    n = cfg.get("num_processes")
-    if isinstance(n, int) and n > 0:
+        raise ShardlabError(f"distributed_type {dt[:40]} is not a GPU training layout shardlab models")
+    if cfg.get("num_processes") is not None:
+        n = whole(cfg["num_processes"], "num_processes", 1, L.MAX_GPUS)
         f["gpus"] = n
         und.append((f"num_processes {n}", "GPUs"))
-    f["tp"] = int(par.get("parallelism_config_tp_size", 1))
-    f["cp"] = int(par.get("parallelism_config_cp_size", 1))
-    rep, shard = int(par.get("parallelism_config_dp_replicate_size", 1)), int(par.get("parallelism_config_dp_shard_size", 1))
+    key = "parallelism_config_{}_size"
+    P = "parallelism_config."
+    size = lambda k: whole(par[key.format(k)], P + key.format(k), 1, L.MAX_GPUS) if par.get(key.format(k)) is not None else 1
+    f["tp"], f["cp"] = size("tp"), size("cp")
+    rep, shard = size("dp_replicate"), size("dp_shard")
     if par:
         f["dp"] = rep * shard
         und.append((f"parallelism_config dp {rep}×{shard}, tp {f['tp']}, cp {f['cp']}", "dp, tp, cp"))
     elif "gpus" in f:
         f["dp"] = f["gpus"]
-    f["recompute"] = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
+    f["recompute"] = "full" if flag(fsdp.get("fsdp_activation_checkpointing", False),
+                                    "fsdp_config.fsdp_activation_checkpointing") else "none"
     und.append(("fsdp_activation_checkpointing", f"recompute {f['recompute']}"))
-    mp = str(cfg.get("mixed_precision", "no"))
+    mp = cfg.get("mixed_precision", "no")
+    if not isinstance(mp, str):
+        raise FieldError("mixed_precision", "no, fp16, bf16 or fp8", mp, wrong_type=True)
     f["precision"] = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "fp8": "bf16-mixed"}.get(mp, "fp32")
-    und.append((f"mixed_precision {mp}", f["precision"]))
+    und.append((f"mixed_precision {mp[:20]}", f["precision"]))
     if mp == "fp8":
         ign.append("mixed_precision fp8 (FP8 training not modelled: estimated as bf16-mixed)")
-    if fsdp.get("fsdp_offload_params"):
+    if flag(fsdp.get("fsdp_offload_params", False), "fsdp_config.fsdp_offload_params"):
         ign.append("fsdp_offload_params (CPU offload not modelled)")
     if fsdp.get("fsdp_transformer_layer_cls_to_wrap"):
-        und.append((f"wrap {fsdp['fsdp_transformer_layer_cls_to_wrap']}", "one FSDP unit per transformer block"))
+        und.append((f"wrap {str(fsdp['fsdp_transformer_layer_cls_to_wrap'])[:80]}", "one FSDP unit per transformer block"))
     ign.append("model: an Accelerate config names none (give MODEL)")
     return Imported("accelerate", f, tuple(und), tuple(ign), framework="pytorch-fsdp")

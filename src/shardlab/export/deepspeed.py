@@ -14,6 +14,7 @@ import json
 from shardlab.errors import ShardlabError
 from shardlab.safeio import json_loads
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
+from shardlab.export.text import FieldError, section, whole
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"
 
@@ -73,51 +74,80 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab import limits as L
+
     try:
         cfg = json_loads(text)
     except json.JSONDecodeError as e:
         raise ShardlabError(f"not a valid DeepSpeed JSON: {e.msg} at line {e.lineno}") from None
-    except ValueError as e:                      # NaN/Infinity, or a key written twice
+    except ValueError as e:                      # NaN/Infinity, a key written twice, or a number thousands of digits long
+        if "digits" in str(e):
+            raise ShardlabError("not a valid DeepSpeed JSON: it has a number thousands of digits long") from None
         raise ShardlabError(f"not a valid DeepSpeed JSON: {str(e)[:120]}") from None
     if not isinstance(cfg, dict):
         raise ShardlabError("a DeepSpeed config is a JSON object")
     f, und, ign = {}, [], []
-    z = cfg.get("zero_optimization", {}) or {}
-    f["zero"] = int(z.get("stage", 0))
+    z = section(cfg, "zero_optimization")
+    stage = z.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or isinstance(stage, float) and not stage.is_integer():
+        raise FieldError("zero_optimization.stage", "0, 1, 2 or 3", stage,
+                         wrong_type=isinstance(stage, bool) or not isinstance(stage, (int, float)))
+    f["zero"] = int(stage)
     und.append((f"zero_optimization.stage {f['zero']}", f"zero {f['zero']}"))
     for k in ("offload_optimizer", "offload_param"):
-        if z.get(k) and (z[k].get("device", "none") != "none"):
-            ign.append(f"zero_optimization.{k} ({z[k].get('device')}: offload not modelled)")
-    mb = cfg.get("train_micro_batch_size_per_gpu")
-    gas = cfg.get("gradient_accumulation_steps")
-    gb = cfg.get("train_batch_size")
-    f["tp"] = int((cfg.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
-    stages = (cfg.get("pipeline") or {}).get("stages", "auto")
-    f["pp"] = int(stages) if isinstance(stages, int) else 1
-    if isinstance(mb, int):
+        off = section(z, k, f"zero_optimization.{k}")
+        if off and off.get("device", "none") != "none":
+            ign.append(f"zero_optimization.{k} ({str(off.get('device'))[:20]}: offload not modelled)")
+
+    def batch(key: str):
+        v = cfg.get(key)
+        if v is None or v == "auto":
+            return None
+        return whole(v, key, 1, L.MAX_BATCH, 'or "auto"')
+
+    mb, gas, gb = (batch(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"))
+    tp_cfg, pipe = section(cfg, "tensor_parallel"), section(cfg, "pipeline")
+    tp = tp_cfg.get("autotp_size", 0)
+    f["tp"] = 1 if tp in (0, None) and not isinstance(tp, bool) else whole(tp, "tensor_parallel.autotp_size", 1, L.MAX_GPUS)
+    stages = pipe.get("stages", "auto")
+    f["pp"] = 1 if stages == "auto" else whole(stages, "pipeline.stages", 1, L.MAX_LAYERS,
+                                                'or "auto"; each stage holds at least one layer')
+    if mb is not None:
         f["micro_batch"] = mb
-    if isinstance(gb, int):
+    if gb is not None:
         f["global_batch"] = gb
-    if isinstance(mb, int) and isinstance(gb, int) and isinstance(gas, int):
+    if mb is not None and gb is not None and gas is not None:
+        if gb % (mb * gas):
+            raise FieldError("train_batch_size", f"train_micro_batch_size_per_gpu {mb} × gradient_accumulation_steps "
+                             f"{gas} × the data-parallel size (a multiple of {mb * gas}), as DeepSpeed checks", gb)
         f["dp"] = gb // (mb * gas)
         f["gpus"] = f["dp"] * f["tp"] * f["pp"]
         und.append((f"train_batch_size {gb} = micro {mb} × accumulation {gas} × dp", f"dp {f['dp']}"))
     else:
         ign.append("batch sizes incomplete (\"auto\" or missing): dp comes from --gpus")
-    ep_cfg = cfg.get("expert_parallel") or {}
-    if ep_cfg.get("enabled") and int(ep_cfg.get("autoep_size", 1)) > 1:
-        f["ep"] = int(ep_cfg["autoep_size"])
-        und.append((f"expert_parallel.autoep_size {f['ep']}", "ep"))
+    ep_cfg = section(cfg, "expert_parallel")
+    if ep_cfg.get("enabled") is not None and not isinstance(ep_cfg.get("enabled"), bool):
+        raise FieldError("expert_parallel.enabled", "true or false", ep_cfg["enabled"], wrong_type=True)
+    if ep_cfg.get("enabled"):
+        ep = whole(ep_cfg.get("autoep_size", 1), "expert_parallel.autoep_size", 1, L.MAX_GPUS)
+        if ep > 1:
+            f["ep"] = ep
+            und.append((f"expert_parallel.autoep_size {f['ep']}", "ep"))
     if f["tp"] > 1:
         und.append((f"tensor_parallel.autotp_size {f['tp']}", "tp"))
     if f["pp"] > 1:
         und.append((f"pipeline.stages {f['pp']}", "pp (1F1B)"))
-    f["precision"] = ("bf16-mixed" if (cfg.get("bf16") or {}).get("enabled") else
-                      "fp16-mixed" if (cfg.get("fp16") or {}).get("enabled") else "fp32")
+    enabled = {}
+    for k in ("bf16", "fp16"):
+        on = section(cfg, k).get("enabled", False)
+        if not isinstance(on, bool) and on != "auto":
+            raise FieldError(f"{k}.enabled", 'true, false or "auto"', on, wrong_type=True)
+        enabled[k] = on is True or on == "auto"          # "auto" (the Hugging Face Trainer decides): as before, on
+    f["precision"] = "bf16-mixed" if enabled["bf16"] else "fp16-mixed" if enabled["fp16"] else "fp32"
     und.append(("bf16/fp16 sections", f["precision"]))
     if cfg.get("sequence_parallel_size", 1) not in (1, None):
-        ign.append(f"sequence_parallel_size {cfg['sequence_parallel_size']} (Ulysses: not modelled)")
+        ign.append(f"sequence_parallel_size {str(cfg['sequence_parallel_size'])[:20]} (Ulysses: not modelled)")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
              "bf16", "fp16", "tensor_parallel", "pipeline", "expert_parallel", "sequence_parallel_size"}
-    ign += [k for k in cfg if k not in known]
+    ign += [k[:60] for k in cfg if k not in known]
     return Imported("deepspeed", f, tuple(und), tuple(ign), framework="deepspeed")

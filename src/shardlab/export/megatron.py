@@ -18,8 +18,7 @@ from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import models_with_shape
-from shardlab.export.text import as_int, comment_block, flags_dict, split_command
-from shardlab.layout import split_layers
+from shardlab.export.text import FieldError, Said, as_int, comment_block, even_split, flags_dict, split_command, whole
 
 CHECKED = f"{version('megatron')} flag schema; Megatron-Core 0.16.1 TransformerConfig"
 ZERO_FSDP = {2: "optim_grads", 3: "optim_grads_params"}
@@ -171,6 +170,8 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab import limits as L
+
     words = split_command(text)
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     launcher = flags_dict(words[:script]) if script is not None else {}
@@ -180,14 +181,29 @@ def read(text: str, catalog) -> Imported:
                             "pretrain_gpt.py line")
     where = "Megatron-LM arguments"
     f, und, ign = {}, [], []
-    g = lambda n, d=None: as_int(fl, n, where) if n in fl else d
+
+    def g(n, d=None, lo=1, hi=L.MAX_GPUS, why=""):
+        return as_int(fl, n, where, lo, hi, why) if n in fl else d
+
+    layers = g("num-layers", None, 1, L.MAX_LAYERS)          # bounds the pipeline before any per-stage work
     for key, name in (("tp", "tensor-model-parallel-size"), ("pp", "pipeline-model-parallel-size"),
                       ("cp", "context-parallel-size"), ("ep", "expert-model-parallel-size")):
-        f[key] = g(name, 1)
+        if key == "pp":
+            f[key] = g(name, 1, 1, layers or L.MAX_LAYERS, f"--num-layers is {layers}; each stage holds at least one layer"
+                       if layers else "each pipeline stage holds at least one layer")
+        else:
+            f[key] = g(name, 1)
         if name in fl:
             und.append((f"--{name} {f[key]}", key))
-    digits = lambda *names: next((int(launcher[n]) for n in names if str(launcher.get(n, "")).isascii() and str(launcher.get(n, "")).isdigit()), None)
-    nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")  # "$SLURM_NNODES": from the launcher
+
+    def digits(*names):   # "$SLURM_NNODES": from the launcher, not a number
+        for n in names:
+            v = launcher.get(n)
+            if isinstance(v, str) and v.isascii() and v.isdigit():
+                return whole(v, f"torchrun --{n}", 1, L.MAX_GPUS)
+        return None
+
+    nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")
     if nproc:
         world = (nodes or 1) * nproc
         f["gpus"] = world
@@ -196,30 +212,38 @@ def read(text: str, catalog) -> Imported:
     gran = fl.get("recompute-granularity")
     f["recompute"] = {"selective": "selective", "full": "full"}.get(gran, "none")
     if gran:
-        und.append((f"--recompute-granularity {gran}", f"recompute {f['recompute']}"))
-    if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1) != 1):
+        und.append((f"--recompute-granularity {str(gran)[:40]}", f"recompute {f['recompute']}"))
+    if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1, 1, L.MAX_LAYERS) != 1):
         ign.append("--recompute-method/--recompute-num-layers other than uniform/1 (modelled as every layer)")
-    f["micro_batch"] = g("micro-batch-size", 1)
+    f["micro_batch"] = g("micro-batch-size", 1, 1, L.MAX_BATCH)
     if "global-batch-size" in fl:
-        f["global_batch"] = g("global-batch-size")
+        f["global_batch"] = g("global-batch-size", None, 1, L.MAX_BATCH)
     if "seq-length" in fl:
-        f["seq_len"] = g("seq-length")
+        f["seq_len"] = g("seq-length", None, 1, L.MAX_SEQ_LEN)
     strategy = fl.get("data-parallel-sharding-strategy", "optim_grads_params")
     f["zero"] = (1 if "use-distributed-optimizer" in fl else
                  {"optim_grads": 2, "optim_grads_params": 3, "optim": 1}.get(strategy, 0)
                  if ("use-megatron-fsdp" in fl or "use-torch-fsdp2" in fl) else 0)
     und.append(("optimizer sharding flags", f"zero {f['zero']}"))
-    layers = g("num-layers")
     if f["pp"] > 1 and "pipeline-model-parallel-layout" in fl:
         _read_layout(fl["pipeline-model-parallel-layout"], f, layers, und, ign)
     elif f["pp"] > 1:
-        per_chunk, vstages = g("num-layers-per-virtual-pipeline-stage"), g("num-virtual-stages-per-pipeline-rank")
+        top = layers or L.MAX_LAYERS
+        per_chunk = g("num-layers-per-virtual-pipeline-stage", None, 1, top)
+        vstages = g("num-virtual-stages-per-pipeline-rank", None, 1, top)
         if per_chunk and layers:
             f["vpp"] = layers // (f["pp"] * per_chunk)
+            if f["vpp"] < 1:
+                raise FieldError("--num-layers-per-virtual-pipeline-stage", f"at most --num-layers {layers} / "
+                                 f"--pipeline-model-parallel-size {f['pp']} = {layers // f['pp']}", per_chunk)
         elif vstages:
             f["vpp"] = vstages
+        if f.get("vpp", 1) * f["pp"] > top:
+            raise FieldError("--num-virtual-stages-per-pipeline-rank", f"at most {top // f['pp']:,} (pipeline "
+                             f"chunks of at least one of {top:,} layers)", f["vpp"])
         f["schedule"] = "interleaved" if f.get("vpp", 1) > 1 else "1f1b"
-        first, last = g("decoder-first-pipeline-num-layers"), g("decoder-last-pipeline-num-layers")
+        first = g("decoder-first-pipeline-num-layers", None, 0, top)
+        last = g("decoder-last-pipeline-num-layers", None, 0, top)
         if (first or last) and layers and f.get("vpp", 1) == 1:
             first = first or (layers - (last or 0)) // f["pp"]
             mid_n = f["pp"] - 2 if f["pp"] > 2 else 0
@@ -230,15 +254,20 @@ def read(text: str, catalog) -> Imported:
                 sizes = (first, layers - first)
             else:
                 sizes = None
-            if sizes and sizes != split_layers(layers, f["pp"]):
+            if sizes and min(sizes) < 1:
+                raise FieldError("--decoder-first/last-pipeline-num-layers", f"stage sizes that leave every one of the "
+                                 f"{f['pp']} stages at least one of the {layers} layers",
+                                 Said("/".join(map(str, sizes)) if len(sizes) <= 8 else f"{first} first and {last} last"))
+            if sizes and sizes != even_split(layers, f["pp"]):
                 f["stage_layers"] = sizes
                 und.append(("--decoder-first/last-pipeline-num-layers", f"stage layers {'/'.join(map(str, sizes))}"))
     f["precision"] = "bf16-mixed" if "bf16" in fl else "fp16-mixed" if "fp16" in fl else "fp32"
     und.append(("precision flags", f["precision"]))
-    shape = {"num_layers": layers, "hidden_size": g("hidden-size"), "num_heads": g("num-attention-heads"),
-             "ffn_hidden_size": g("ffn-hidden-size"), "num_experts": g("num-experts", 0), "vocab_size": g("vocab-size")}
+    dim = lambda n, d=None, lo=1: g(n, d, lo, L.MAX_MODEL_DIM)
+    shape = {"num_layers": layers, "hidden_size": dim("hidden-size"), "num_heads": dim("num-attention-heads"),
+             "ffn_hidden_size": dim("ffn-hidden-size"), "num_experts": dim("num-experts", 0, 0), "vocab_size": dim("vocab-size")}
     if "multi-latent-attention" not in fl:
-        shape["num_kv_heads"] = g("num-query-groups") if "group-query-attention" in fl else shape["num_heads"]
+        shape["num_kv_heads"] = dim("num-query-groups") if "group-query-attention" in fl else shape["num_heads"]
     hits = models_with_shape(catalog, shape) if shape["num_layers"] and shape["hidden_size"] else []
     mid = hits[0] if len(hits) == 1 else None
     if mid:
@@ -262,20 +291,29 @@ def read(text: str, catalog) -> Imported:
 
 def _read_layout(text: str, f: dict, layers: int | None, und: list, ign: list) -> None:
     """--pipeline-model-parallel-layout into vpp, schedule and stage layers (what shardlab's Layout can hold)."""
+    from shardlab.limits import MAX_LAYERS
+
     chunks = parse_layout(str(text))
     pp = f["pp"]
+    top = layers or MAX_LAYERS
+    if len(chunks) > top:                   # before any per-stage work: each stage holds at least one layer
+        raise ShardlabError(f"--pipeline-model-parallel-layout has {len(chunks):,} stages; at most {top:,} fit "
+                            f"{'--num-layers ' + str(layers) if layers else 'any model'} (one layer each)")
     if len(chunks) % pp:
         raise ShardlabError(f"--pipeline-model-parallel-layout has {len(chunks)} stages, not a multiple of "
                             f"--pipeline-model-parallel-size {pp}")
     f["vpp"] = len(chunks) // pp
     f["schedule"] = "interleaved" if f["vpp"] > 1 else "1f1b"
     sizes = tuple(c.count("t") for c in chunks)
+    if sum(sizes) > MAX_LAYERS:
+        raise ShardlabError(f"--pipeline-model-parallel-layout places {sum(sizes):,} decoder layers, above the limit of "
+                            f"{MAX_LAYERS:,}")
     if layers and sum(sizes) != layers:
         raise ShardlabError(f"--pipeline-model-parallel-layout places {sum(sizes)} decoder layers; --num-layers is {layers}")
     if any(n == 0 for n in sizes) or any("m" in c for c in chunks):
         ign.append("--pipeline-model-parallel-layout stages without decoder layers or with MTP layers (modelled as an "
                    "even split)")
-    elif sizes != split_layers(sum(sizes), len(sizes)):
+    elif sizes != even_split(sum(sizes), len(sizes)):
         if f["vpp"] == 1:
             f["stage_layers"] = sizes
         else:

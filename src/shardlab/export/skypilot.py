@@ -13,7 +13,7 @@ from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, header
 from shardlab.export.launcher import INSTALL, default_inner, node_commands, read_embedded
 from shardlab.export.names import gpu_from_skypilot, skypilot_accelerator
-from shardlab.export.text import comment_block
+from shardlab.export.text import FieldError, comment_block, flag, section, whole
 
 CHECKED = "SkyPilot 0.14.1 (sky.Task.from_yaml_str, task JSON schema)"
 
@@ -58,27 +58,45 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab import limits as L
+
     try:
         doc = yaml_load(text)
     except yaml.YAMLError as e:
         raise ShardlabError(f"not a valid SkyPilot YAML: {str(e).splitlines()[0]}") from None
+    except (ValueError, TypeError, OverflowError):      # a number thousands of digits long, a date that is none
+        raise ShardlabError("not a valid SkyPilot YAML: it has a value YAML cannot read (a number thousands of "
+                            "digits long?)") from None
     if not isinstance(doc, dict) or "run" not in doc:
         raise ShardlabError("not a SkyPilot task: it has no run section")
-    inner = read_embedded(str(doc["run"]), catalog)
+    if not isinstance(doc["run"], str):
+        raise FieldError("run", "the command each node runs (text)", doc["run"], wrong_type=True)
+    res = section(doc, "resources")
+    nodes = whole(doc["num_nodes"], "num_nodes", 1, L.MAX_GPUS) if doc.get("num_nodes") is not None else 1
+    spot = flag(res.get("use_spot", False), "resources.use_spot")
+    accs, ign = res.get("accelerators"), []
+    if isinstance(accs, (dict, list)) and accs:      # candidates SkyPilot picks from: the first is estimated
+        if len(accs) > 1:
+            ign.append(f"resources.accelerators after the first of {len(accs)} candidates")
+        first = next(iter(accs.items())) if isinstance(accs, dict) else accs[0]
+        if isinstance(first, tuple):
+            first = f"{first[0]}:{first[1]}" if isinstance(first[0], str) and first[1] is not None else first[0]
+        accs = first
+        if not isinstance(accs, str):
+            raise FieldError("resources.accelerators", "an accelerator name and count (H100:8)", accs, wrong_type=True)
+    inner = read_embedded(doc["run"], catalog)
     f, und = dict(inner.fields), list(inner.understood)
-    res = doc.get("resources") or {}
-    accs = res.get("accelerators")
-    if isinstance(accs, dict):
-        accs = ",".join(f"{k}:{v}" for k, v in accs.items())
     if isinstance(accs, str):
         name, _, count = accs.partition(":")
         gpu = gpu_from_skypilot(name)
         if gpu:
             f["gpu"] = gpu
-        per = int(float(count or 1))
+        per = whole(count or "1", "resources.accelerators count (the GPUs per node after ':')", 1, L.MAX_GPUS_PER_NODE)
         f["gpus_per_node"] = per
         if inner.source != "vllm":
-            f["gpus"] = int(doc.get("num_nodes", 1)) * per
-        und.append((f"resources.accelerators {accs} × num_nodes {doc.get('num_nodes', 1)}", f"{gpu or name}"))
-    f["spot"] = bool(res.get("use_spot", False))
-    return Imported("skypilot", f, tuple(und), inner.ignored, inner.framework)
+            f["gpus"] = nodes * per
+        und.append((f"resources.accelerators {accs[:60]} × num_nodes {nodes}", f"{gpu or name[:40]}"))
+    elif accs is not None:
+        raise FieldError("resources.accelerators", "an accelerator name and count (H100:8)", accs, wrong_type=True)
+    f["spot"] = spot
+    return Imported("skypilot", f, tuple(und), inner.ignored + tuple(ign), inner.framework)

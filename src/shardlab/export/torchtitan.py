@@ -20,8 +20,8 @@ import tomllib
 from shardlab.errors import ShardlabError
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import model_from_torchtitan, torchtitan_flavor
-from shardlab.export.text import toml_dump
-from shardlab.layout import Layout, split_layers
+from shardlab.export.text import FieldError, Said, even_split, section, toml_dump, whole
+from shardlab.layout import Layout
 
 CHECKED = "torchtitan 0.2.2 (ConfigManager/JobConfig)"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
@@ -105,26 +105,53 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab import limits as L
+
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ShardlabError(f"not a valid torchtitan TOML: {e}") from None
-    model, par = doc.get("model", {}), doc.get("parallelism", {})
-    train, ac = doc.get("training", {}), doc.get("activation_checkpoint", {})
+    except ValueError:                    # Python refuses to read an integer of more than 4,300 digits
+        raise ShardlabError("not a valid torchtitan TOML: it has a number thousands of digits long") from None
+    for sec in ("model", "parallelism", "training", "activation_checkpoint", "compile", "float8", "quantize"):
+        section(doc, sec, f"[{sec}]")
+    model, par = section(doc, "model"), section(doc, "parallelism")
+    train, ac = section(doc, "training"), section(doc, "activation_checkpoint")
+    P, T = "parallelism.", "training."
+
+    def num(sec: dict, prefix: str, key: str, default: int, lo: int = 1, hi: int = L.MAX_GPUS, why: str = "") -> int:
+        return whole(sec[key], prefix + key, lo, hi, why) if key in sec else default
+
     f, und, ign = {}, [], []
-    mid = model_from_torchtitan(model.get("name", "llama3"), model.get("flavor", "debugmodel"))
+    name, flavor = model.get("name", "llama3"), model.get("flavor", "debugmodel")
+    for k, v in (("name", name), ("flavor", flavor)):
+        if not isinstance(v, str):
+            raise FieldError(f"model.{k}", "a name (text)", v, wrong_type=True)
+    mid = model_from_torchtitan(name, flavor)
     if mid:
         f["model"] = mid
-        und.append((f"model {model.get('name')}/{model.get('flavor')}", mid))
+        und.append((f"model {name}/{flavor}", mid))
     else:
-        ign.append(f"model {model.get('name')}/{model.get('flavor')} (no catalog model; give MODEL)")
-    rep, shard = int(par.get("data_parallel_replicate_degree", 1)), int(par.get("data_parallel_shard_degree", -1))
+        ign.append(f"model {name}/{flavor} (no catalog model; give MODEL)")
+    spec = catalog.models.get(mid) if mid else None
+    rep = num(par, P, "data_parallel_replicate_degree", 1)
+    shard = par.get("data_parallel_shard_degree", -1)
+    shard = -1 if shard == -1 and not isinstance(shard, bool) else whole(
+        shard, P + "data_parallel_shard_degree", 1, L.MAX_GPUS, "or -1: the GPUs left over")
     for key in ("tp", "pp", "cp", "ep"):
         full = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
                 "ep": "expert_parallel_degree"}[key]
-        f[key] = int(par.get(full, 1))
+        if key == "pp":       # each stage holds at least one layer: bounded before any per-stage work
+            top = spec.num_layers if spec else L.MAX_LAYERS
+            f[key] = num(par, P, full, 1, 1, top, f"{spec.name} has {top} layers; each stage holds at least one"
+                         if spec else "each pipeline stage holds at least one layer")
+        else:
+            f[key] = num(par, P, full, 1)
         if full in par:
             und.append((f"parallelism.{full} = {f[key]}", key))
+    if rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"] > L.MAX_GPUS:
+        raise FieldError("the parallelism degrees", f"a product of at most {L.MAX_GPUS:,} GPUs",
+                         rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"])
     if shard == -1:
         f["dp_from_world"] = rep  # dp = world / (tp·pp·cp), the CLI fills the world size
         und.append(("parallelism.data_parallel_shard_degree = -1", "dp = GPUs / (tp·pp·cp)"))
@@ -132,6 +159,9 @@ def read(text: str, catalog) -> Imported:
         f["dp"] = rep * shard
         und.append((f"data_parallel_replicate {rep} × shard {shard}", f"dp {rep * shard}"))
     reshard = par.get("fsdp_reshard_after_forward", "default")
+    if reshard not in ("always", "never", "default"):
+        raise FieldError(P + "fsdp_reshard_after_forward", "'always', 'never' or 'default'", reshard,
+                         wrong_type=not isinstance(reshard, str))
     if shard == 1 and rep >= 1 and not (f["cp"] > 1):
         f["zero"] = 0
     else:
@@ -141,44 +171,73 @@ def read(text: str, catalog) -> Imported:
     und.append((f"fsdp_reshard_after_forward = {reshard!r}", f"zero {f['zero']}"))
     if f["tp"] > 1:
         f["sequence_parallel"] = True
-    pmb = int(par.get("pipeline_parallel_microbatch_size", 1))
-    local = int(train.get("local_batch_size", 8))
+    pmb = num(par, P, "pipeline_parallel_microbatch_size", 1, 1, L.MAX_BATCH)
+    local = num(train, T, "local_batch_size", 8, 1, L.MAX_BATCH)
     f["micro_batch"] = pmb if f["pp"] > 1 else local
     if f["pp"] > 1:
-        sched = str(par.get("pipeline_parallel_schedule", "1F1B"))
-        f["schedule"] = FROM_SCHEDULE.get(sched.lower())
+        sched = par.get("pipeline_parallel_schedule", "1F1B")
+        f["schedule"] = FROM_SCHEDULE.get(sched.lower()) if isinstance(sched, str) else None
         if f["schedule"] is None:
-            raise ShardlabError(f"pipeline schedule '{sched}' has no shardlab counterpart (gpipe, 1f1b, interleaved, zb-h1)")
+            raise FieldError(P + "pipeline_parallel_schedule", "a schedule shardlab models (GPipe, 1F1B, "
+                             "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, LoopedBFS)", sched,
+                             wrong_type=not isinstance(sched, str))
         und.append((f"pipeline_parallel_schedule = {sched!r}", f["schedule"]))
         parts = par.get("module_fqns_per_model_part")
         if parts:
+            field = P + "module_fqns_per_model_part"
+            if not isinstance(parts, list) or not all(isinstance(p, list) and all(isinstance(n, str) for n in p)
+                                                      for p in parts):
+                raise FieldError(field, "a list of lists of module names", parts, wrong_type=True)
+            if len(parts) % f["pp"]:
+                raise FieldError(field, f"a multiple of {P}pipeline_parallel_degree ({f['pp']}) model parts",
+                                 Said(f"{len(parts)} parts"))
             sizes = tuple(sum(1 for n in p if n.startswith("layers.")) for p in parts)
-            f["vpp"] = max(1, len(parts) // f["pp"])
-            if f["vpp"] == 1 and sizes != split_layers(sum(sizes), f["pp"]):
-                f["stage_layers"] = sizes
+            top = spec.num_layers if spec else L.MAX_LAYERS
+            if len(parts) > top or sum(sizes) > top:
+                raise FieldError(field, f"at most {top:,} parts and {top:,} layers in all"
+                                 + (f" ({spec.name} has {top})" if spec else ""),
+                                 Said(f"{len(parts):,} parts of {sum(sizes):,} layers"))
+            f["vpp"] = len(parts) // f["pp"]
+            if f["vpp"] == 1 and sizes != even_split(sum(sizes), f["pp"]):
+                if min(sizes) < 1:
+                    ign.append("module_fqns_per_model_part: a part without decoder layers (modelled as an even split)")
+                else:
+                    f["stage_layers"] = sizes
             und.append(("module_fqns_per_model_part", f"{len(parts)} chunks of {'/'.join(map(str, sizes))} layers"))
         elif f["schedule"] in ("interleaved", "zb-h1"):
             f["vpp"] = 2
             und.append(("looped schedule without module_fqns_per_model_part", "vpp 2 (torchtitan's default)"))
-    gb = int(train.get("global_batch_size", -1))
+    gb = train.get("global_batch_size", -1)
+    gb = -1 if gb == -1 and not isinstance(gb, bool) else whole(gb, T + "global_batch_size", 1, L.MAX_BATCH,
+                                                                 "or -1: local batch × data-parallel ranks")
     if gb > 0:
         f["global_batch"] = gb
     elif "dp" in f:
         f["global_batch"] = local * f["dp"]
     if "seq_len" in train:
-        f["seq_len"] = int(train["seq_len"])
+        f["seq_len"] = num(train, T, "seq_len", 0, 1, L.MAX_SEQ_LEN)
     mode = ac.get("mode", "selective")
-    opt = str(ac.get("selective_ac_option", "2"))
+    if mode not in ("none", "full", "selective", "memory_budget"):
+        raise FieldError("activation_checkpoint.mode", "'none', 'selective' or 'full'", mode,
+                         wrong_type=not isinstance(mode, str))
+    opt = ac.get("selective_ac_option", "2")
+    if not isinstance(opt, (str, int)) or isinstance(opt, bool):
+        raise FieldError("activation_checkpoint.selective_ac_option", "'op' or a number of blocks as text ('2')", opt,
+                         wrong_type=True)
+    opt = str(opt)[:20]
     f["recompute"] = {"none": "none", "full": "full"}.get(mode, "selective" if opt == "op" else "full")
     if mode == "selective" and opt != "op":
         ign.append(f"selective_ac_option {opt} (full recompute of every {opt}th block: modelled as full)")
     und.append((f"activation_checkpoint.mode = {mode!r}", f["recompute"]))
     dtype, mp = train.get("dtype", "float32"), train.get("mixed_precision_param", "bfloat16")
+    for k, v in (("dtype", dtype), ("mixed_precision_param", mp)):
+        if not isinstance(v, str):
+            raise FieldError(T + k, "a dtype name such as 'bfloat16' or 'float32'", v, wrong_type=True)
     f["precision"] = "bf16" if dtype == "bfloat16" else ("bf16-mixed" if mp == "bfloat16" else "fp32")
     und.append((f"training.dtype {dtype}, mixed_precision_param {mp}", f["precision"]))
     for sec in ("compile", "float8", "quantize"):
-        if doc.get(sec, {}).get("enable") or (sec == "model" and model.get("converters")):
+        if section(doc, sec).get("enable"):
             ign.append(f"[{sec}] (not modelled)")
     if model.get("converters"):
-        ign.append(f"model.converters {model['converters']} (float8/mx training not modelled)")
+        ign.append(f"model.converters {str(model['converters'])[:80]} (float8/mx training not modelled)")
     return Imported("torchtitan", f, tuple(und), tuple(ign), framework="torchtitan")

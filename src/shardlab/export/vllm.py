@@ -15,7 +15,7 @@ from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import hf_id, model_from_hf
-from shardlab.export.text import as_int, comment_block, flags_dict, split_command
+from shardlab.export.text import as_int, comment_block, flags_dict, fraction, split_command
 
 CHECKED = f"{version('vllm')} flag schema"
 DTYPE = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}
@@ -76,16 +76,22 @@ def read(text: str, catalog) -> Imported:
         f["model"] = mid
         und.append((f"model {repo}", mid))
     else:
-        ign.append(f"model {repo} (no catalog model; give MODEL)")
-    g = lambda n, d: as_int(fl, n, where) if n in fl else d
-    f["tp"], f["pp"], f["replicas"] = g("tensor-parallel-size", 1), g("pipeline-parallel-size", 1), g("data-parallel-size", 1)
+        ign.append(f"model {str(repo)[:80]} (no catalog model; give MODEL)")
+    from shardlab import limits as L
+
+    def g(n, d, lo=1, hi=L.MAX_GPUS, why=""):
+        return as_int(fl, n, where, lo, hi, why) if n in fl else d
+
+    f["tp"] = g("tensor-parallel-size", 1)
+    f["pp"] = g("pipeline-parallel-size", 1, 1, L.MAX_LAYERS, "each pipeline stage holds at least one layer")
+    f["replicas"] = g("data-parallel-size", 1)
     und.append((f"--tensor-parallel-size {f['tp']} --pipeline-parallel-size {f['pp']}", "tp, pp"))
     if "max-num-seqs" in fl:
-        f["max_num_seqs"] = g("max-num-seqs", 256)
+        f["max_num_seqs"] = g("max-num-seqs", 256, 1, L.MAX_BATCH)
         und.append((f"--max-num-seqs {f['max_num_seqs']}", "concurrent sequences per replica (--batch)"))
-    m = re.search(r"requests: (\d+) prompt \+ (\d+) output tokens", text)
+    m = re.search(r"requests: (\d{1,9}) prompt \+ (\d{1,9}) output tokens", text)
     if "max-model-len" in fl:
-        total = g("max-model-len", 0)
+        total = g("max-model-len", 0, 2, L.MAX_SEQ_LEN, "prompt and output tokens, at least one of each")
         if m and int(m.group(1)) + int(m.group(2)) == total:
             f["prompt_len"], f["output_len"] = int(m.group(1)), int(m.group(2))
         else:
@@ -94,8 +100,8 @@ def read(text: str, catalog) -> Imported:
             ign.append(f"prompt/output split of --max-model-len {total} assumed {f['prompt_len']} + {f['output_len']}")
         und.append((f"--max-model-len {total}", "prompt + output tokens"))
     if "gpu-memory-utilization" in fl:
-        f["gpu_memory_utilization"] = float(fl["gpu-memory-utilization"])
-        und.append((f"--gpu-memory-utilization {fl['gpu-memory-utilization']}", "usable memory fraction"))
+        f["gpu_memory_utilization"] = fraction(fl["gpu-memory-utilization"], "--gpu-memory-utilization")
+        und.append((f"--gpu-memory-utilization {f['gpu_memory_utilization']:g}", "usable memory fraction"))
     dt = str(fl.get("dtype", "auto"))
     f["precision"] = {"float16": "fp16-mixed", "half": "fp16-mixed", "float32": "fp32", "float": "fp32"}.get(dt, "bf16")
     f["precision"] = "bf16-mixed" if f["precision"] == "bf16" else f["precision"]
