@@ -185,3 +185,11 @@ def test_vllm_gpu_memory_utilization_is_applied_and_bounded(tmp_path):
     path.write_text("vllm serve meta-llama/Llama-3.1-8B --gpu-memory-utilization 0.5\n")
     code, _, err = cli_main("estimate", "--inference", "--from", str(path), "--gpu-memory-utilization", "0.8")
     assert code == 2 and "conflicts" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("nodes, fragment", [("9" * 5000, "#SBATCH --nodes must be a whole number from 1 to 1,048,576"),
+                                             ("0", "#SBATCH --nodes must be a whole number from 1")])
+def test_a_slurm_node_count_is_bounded_by_name(tmp_path, nodes, fragment):
+    text = (f"#!/bin/bash\n#SBATCH --nodes={nodes}\n#SBATCH --gpus-per-node=8\ncat > job.toml <<'SHARDLAB_EOF'\n" + TT
+            + "tensor_parallel_degree = 2\nSHARDLAB_EOF\nsrun torchrun -m torchtitan.train\n")
+    refused(tmp_path, "job.sbatch", text, fragment)

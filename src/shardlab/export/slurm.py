@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from shardlab.limits import MAX_GPUS, MAX_GPUS_PER_NODE
+
 from shardlab.export.job import Export, Imported, LaunchJob, header
 from shardlab.export.launcher import default_inner, node_commands, read_embedded
 from shardlab.export.text import comment_block
@@ -34,12 +36,22 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
                   f"{CHECKED}; embedded {inner_exp.checked_against}", uns, f"sbatch {job.model}.sbatch")
 
 
+def _bounded(m: re.Match | None, field: str, maximum: int) -> None:
+    """A count from an #SBATCH line: a whole number from 1 to ``maximum`` (checked as digits, before int())."""
+    from shardlab.export.text import FieldError
+
+    if m and (len(m.group(1)) > len(str(maximum)) or not 1 <= int(m.group(1)) <= maximum):
+        raise FieldError(field, f"a whole number from 1 to {maximum:,}", m.group(1))
+
+
 def read(text: str, catalog) -> Imported:
     inner = read_embedded(text, catalog)
     f = dict(inner.fields)
     und = list(inner.understood)
     nodes = re.search(r"#SBATCH\s+(?:--nodes|-N)[= ](\d+)", text)
     gpn = re.search(r"#SBATCH\s+--gpus-per-node[= ](?:\w+:)?(\d+)", text)
+    _bounded(nodes, "#SBATCH --nodes", MAX_GPUS)
+    _bounded(gpn, "#SBATCH --gpus-per-node", MAX_GPUS_PER_NODE)
     if nodes and gpn and inner.source != "vllm":
         f["gpus"] = int(nodes.group(1)) * int(gpn.group(1))
         und.append((f"#SBATCH {nodes.group(1)} nodes × {gpn.group(1)} GPUs", f"{f['gpus']} GPUs"))
