@@ -44,16 +44,16 @@ _ACC_OPTIONAL = {"notes", "efficiency", "op_overhead_us", "generation", "attenti
 _LINK_FIELDS = {f.name for f in fields(Link)} - {"id"}
 
 
-_FIELD_MAX = {"peak_tflops": 1e6, "memory_gib": 1e6, "memory_bandwidth_gbps": 1e8, "tdp_w": 1e6,
-              "efficiency.max_fraction": 1.0, "efficiency.half_size": 1e12, "op_overhead_us": 1e9,
-              "bandwidth_gbps": 1e8, "latency_us": 1e9, "efficiency": 1.0}
+FIELD_MAX = {"peak_tflops": 1e6, "memory_gib": 1e6, "memory_bandwidth_gbps": 1e8, "tdp_w": 1e6,
+             "efficiency.max_fraction": 1.0, "efficiency.half_size": 1e12, "op_overhead_us": 1e9,
+             "bandwidth_gbps": 1e8, "latency_us": 1e9, "efficiency": 1.0}
 """Upper bounds of catalog numbers (a thousand times today's parts: 10 PFLOP/s, 8 TB/s HBM, 1.8 TB/s links)."""
 
 
 def _positive(where: str, name: str, key: str, v: object) -> float:
     from shardlab.numbers import check_number
 
-    top = _FIELD_MAX.get(key.split(".")[0] if key.startswith("peak_tflops") else key, 1e15)
+    top = FIELD_MAX.get(key.split(".")[0] if key.startswith("peak_tflops") else key, 1e15)
     return float(check_number(v, f"{where}: entry '{name}' field '{key}'", maximum=top, smallest=1e-6))
 
 

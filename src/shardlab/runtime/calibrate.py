@@ -184,35 +184,35 @@ def write_profile(doc: dict, path: str | Path, header: str = "", inputs: str = "
 def _check_fitted(doc: dict, dtype: str, matmul_src: str, coll_src: str) -> None:
     """Every number the measurements put into the profile, against the catalog's bounds (``catalog.entries``): one line
     that blames the input file and its field, before anything is written."""
-    from shardlab.catalog.entries import _FIELD_MAX
+    from shardlab.catalog.entries import FIELD_MAX
 
     prof = doc["profile"]
     a = doc["accelerators"][prof["gpu"]]
     eff = a.get("efficiency") or {}
     mm_fix = "remeasure with `shardlab bench matmul --json`"
     checks = [
-        (a["peak_tflops"].get(dtype), _FIELD_MAX["peak_tflops"], matmul_src, "rows give a peak of {v:.4g} TFLOP/s "
+        (a["peak_tflops"].get(dtype), FIELD_MAX["peak_tflops"], matmul_src, "rows give a peak of {v:.4g} TFLOP/s "
          f"{dtype}", "TFLOP/s", "check the rows' tflops, or " + mm_fix),
         (eff.get("max_fraction"), 1.0, matmul_src, "rows reach only {v:.3g} of the peak", "", "check the rows' tflops, "
          "or " + mm_fix),
-        (eff.get("half_size"), _FIELD_MAX["efficiency.half_size"], matmul_src, "rows give a half-efficiency GEMM size of "
+        (eff.get("half_size"), FIELD_MAX["efficiency.half_size"], matmul_src, "rows give a half-efficiency GEMM size of "
          "{v:.4g}", "", "check the rows' size and tflops, or " + mm_fix),
-        (a["memory_bandwidth_gbps"], _FIELD_MAX["memory_bandwidth_gbps"], matmul_src, "stream.gbps gives a memory "
+        (a["memory_bandwidth_gbps"], FIELD_MAX["memory_bandwidth_gbps"], matmul_src, "stream.gbps gives a memory "
          "bandwidth of {v:.4g} GB/s", "GB/s", "check stream.gbps, or " + mm_fix),
         (a.get("memory_efficiency"), 1.0, matmul_src, "stream.gbps gives a memory efficiency of {v:.3g}", "",
          "check stream.gbps, or " + mm_fix),
-        (a.get("op_overhead_us"), _FIELD_MAX["op_overhead_us"], matmul_src, "op_overhead.op_overhead_us gives "
+        (a.get("op_overhead_us"), FIELD_MAX["op_overhead_us"], matmul_src, "op_overhead.op_overhead_us gives "
          "{v:.4g} us per operator", "us", "check op_overhead, or " + mm_fix),
     ]
     lk = (doc.get("links") or {}).get(prof["intra_link"])
     if lk is not None:
         coll_fix = "remeasure with `shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`"
         checks += [
-            (lk["bandwidth_gbps"], _FIELD_MAX["bandwidth_gbps"], coll_src, "rows give a bus bandwidth of {v:.4g} GB/s",
+            (lk["bandwidth_gbps"], FIELD_MAX["bandwidth_gbps"], coll_src, "rows give a bus bandwidth of {v:.4g} GB/s",
              "GB/s", "check the rows' size_bytes and time_s, or " + coll_fix),
             (lk["efficiency"], 1.0, coll_src, "rows give a bus bandwidth of {v:.3g} of the link's line rate", "",
              "check the rows' size_bytes and time_s, or " + coll_fix),
-            (lk["latency_us"], _FIELD_MAX["latency_us"], coll_src, "rows give a latency of {v:.4g} us per step", "us",
+            (lk["latency_us"], FIELD_MAX["latency_us"], coll_src, "rows give a latency of {v:.4g} us per step", "us",
              "check the rows' time_s, or " + coll_fix),
         ]
     for v, top, src, what, unit, fix in checks:
