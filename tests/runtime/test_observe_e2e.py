@@ -24,13 +24,21 @@ pytestmark = pytest.mark.slow
 
 
 def _two_free_ports() -> int:
-    """A base port with base and base + 1 free (one per local rank)."""
+    """A base port with base and base + 1 free (one per local rank), below the kernel's ephemeral range: a port from
+    that range can be taken, between this check and the rank's bind, as the local end of any outgoing connection
+    (the Prometheus server's scrapes, the rendezvous), which failed a run with 'Address already in use'."""
+    import random
+
     from shardlab.runtime.dist import free_port
     from shardlab.runtime.observe.launcher import port_free
 
-    for _ in range(50):
-        p = free_port()
-        if p < 65535 and port_free("127.0.0.1", p + 1):
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(200):
+        p = random.randrange(20000, low - 2) if low > 20002 else free_port()
+        if p < 65535 and port_free("127.0.0.1", p) and port_free("127.0.0.1", p + 1):
             return p
     raise RuntimeError("no two consecutive free ports")
 
