@@ -138,3 +138,23 @@ MAX_PATH_BYTES = 4096
 MAX_BUDGET_DEPTH = 8
 """Levels of nested budgets (a lab inside a course inside a department...): a reservation checks every
 ancestor in one transaction."""
+
+# ---- fits, lists and maps ----------------------------------------------------------------------------
+MAX_FIT_RUNS = 50
+"""Measured runs one ``calibrate --from-run`` fits, over all its files. Each distinct run costs four estimates, 10-40 ms
+on one core (a pipelined, interleaved 405B layout is the slow end), so 50 runs take at most about 2 s; a calibration
+sweep is a few to a few dozen real training jobs, each minutes long. A 1 MB file holds about 9,000 small runs, which
+took minutes; more runs than this are refused before any estimate."""
+
+MAX_FIT_BLOCKS = 3_000
+"""Transformer blocks a fit prices: the model's layers summed over the distinct runs. An estimate walks every block
+(0.1-0.2 ms each, four estimates a run), so a run of a 10,000-layer model file alone took 3.6 s and 50 of them three
+minutes; 3,000 blocks cost 1-2 s. shardlab's runtime trains small GPTs (tiny: 4 layers), so 50 runs of a 32-layer
+model (1,600 blocks) still fit."""
+
+MAX_LINKS = 16
+"""Links one --link/--compare list may name: the catalog holds about twenty, and a table or plot of more is unreadable."""
+
+MAX_MAP_GPUS = 1024
+"""GPUs the 3d-layout map lists (one row each, and every TP/DP/PP group): a teaching grid, readable to about a
+thousand rows; a million-GPU map took over 30 s and a gigabyte."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli.common import (BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args)
+from shardlab.limits import MAX_LINKS
 
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "send-recv")
 COMPARE_LINKS = "nvlink4,pcie5,ethernet-10g"
@@ -78,8 +79,6 @@ def _need_op(parser) -> int:
                         f"or inference (see `{parser.prog} --help`)")
 
 
-MAX_LINKS = 16
-"""Links one --link/--compare list may name: the catalog holds about twenty, and a table or plot of more is unreadable."""
 
 
 def _links(cat, text: str, flag: str = "--link"):

@@ -16,6 +16,7 @@ import datetime as _dt
 from dataclasses import asdict, dataclass, replace
 
 from shardlab.errors import ShardlabError
+from shardlab.limits import MAX_FIT_BLOCKS, MAX_FIT_RUNS
 
 _PROBE_S = 1e-3
 
@@ -64,17 +65,7 @@ def fit_host_times(rows: list[tuple[float, float, float, float]]) -> tuple[float
     return layer, 0.0, False
 
 
-MAX_FIT_RUNS = 50
-"""Measured runs one ``calibrate --from-run`` fits, over all its files. Each distinct run costs four estimates, 10-40 ms
-on one core (a pipelined, interleaved 405B layout is the slow end), so 50 runs take at most about 2 s; a calibration
-sweep is a few to a few dozen real training jobs, each minutes long. A 1 MB file holds about 9,000 small runs, which
-took minutes; more runs than this are refused before any estimate."""
 
-MAX_FIT_BLOCKS = 3_000
-"""Transformer blocks a fit prices: the model's layers summed over the distinct runs. An estimate walks every block
-(0.1-0.2 ms each, four estimates a run), so a run of a 10,000-layer model file alone took 3.6 s and 50 of them three
-minutes; 3,000 blocks cost 1-2 s. shardlab's runtime trains small GPTs (tiny: 4 layers), so 50 runs of a 32-layer
-model (1,600 blocks) still fit."""
 
 _DEGREES = ("dp", "tp", "pp", "cp", "ep", "vpp", "dp_replicate")
 """Layout fields that are parallel degrees: whole numbers from 1 to ``limits.MAX_GPUS``."""

@@ -3,6 +3,7 @@ and a 3-D layout mapped rank by rank."""
 
 from __future__ import annotations
 
+from shardlab.limits import MAX_MAP_GPUS
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
@@ -129,9 +130,6 @@ def sequence_parallel(v: dict) -> Explanation:
         commands=[f"memory {spec.name} --gpus {t} --tp {t} --sequence-parallel", "run train --strategy tp+sp --nproc 2"])
 
 
-MAX_MAP_GPUS = 1024
-"""GPUs the 3d-layout map lists (one row each, and every TP/DP/PP group): a teaching grid, readable to about a
-thousand rows; a million-GPU map took over 30 s and a gigabyte."""
 
 
 def layout_3d(v: dict) -> Explanation:
