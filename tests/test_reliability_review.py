@@ -146,15 +146,18 @@ def test_a_mpt_flag_must_be_true_or_false(tmp_path):
     one_line_error(["models", str(tmp_path / "mpt.json")], "'no_bias' must be true or false, got 'no'")
 
 
-def test_hf_home_that_is_a_file_is_named_as_the_cache(tmp_path, monkeypatch):
+def test_hf_home_that_is_a_file_is_named_as_the_cache(tmp_path):
+    """In a child process: huggingface_hub reads HF_HOME once, at import, and keeps it for the whole process."""
+    import os
+
     pytest.importorskip("huggingface_hub")
     not_a_folder = tmp_path / "hf"
     not_a_folder.write_text("x")
-    monkeypatch.setenv("HF_HOME", str(not_a_folder))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    code, out, err = cli_main("models", "hf:org/name")
-    assert code == 2 and "cache" in err and "set HF_HUB_OFFLINE=1" not in err, err
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
+    env.update(HF_HOME=str(not_a_folder), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "shardlab", "models", "hf:org/name"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and "cache" in r.stderr and "set HF_HUB_OFFLINE=1" not in r.stderr, r.stderr
 
 
 def test_a_pipeline_too_long_to_simulate_is_priced_by_its_closed_form(tmp_path):
