@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from shardlab.cli.progress import status
 
-        from shardlab.safeio import refuse_output_over_input
+        from shardlab.safeout import refuse_output_over_input
 
         refuse_output_over_input(args)
         with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):

@@ -161,7 +161,7 @@ def _check_plot_path(path: str | None) -> None:
         return
     from pathlib import Path
 
-    from shardlab.safeio import check_output_path
+    from shardlab.safeout import check_output_path
 
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
@@ -254,7 +254,7 @@ def cmd_calibrate(args):
     from shardlab.runtime import bench_collectives as bc
     from shardlab.runtime import bench_matmul as bm
     from shardlab.runtime import calibrate as cal
-    from shardlab.safeio import check_output_path
+    from shardlab.safeout import check_output_path
 
     check_output_path(args.out, "--out")
     for f in (args.from_matmul, args.from_collectives):

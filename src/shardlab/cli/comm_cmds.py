@@ -267,7 +267,7 @@ def cmd_shard(args):
             if not args.json:
                 text = diagram.rstrip("\n")
         else:
-            from shardlab.safeio import write_text
+            from shardlab.safeout import write_text
 
             out = Path(args.mermaid)
             body = f"```mermaid\n{diagram}```\n" if out.suffix.lower() == ".md" else diagram

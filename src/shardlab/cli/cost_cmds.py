@@ -248,7 +248,7 @@ def cmd_ledger(args):
         raise ShardlabError("--set-ceiling and --parent need --budget-name NAME (the budget to set)")
     _check_budget_names(args)
     if args.markdown:
-        from shardlab.safeio import check_output_path
+        from shardlab.safeout import check_output_path
 
         check_output_path(args.markdown, "--markdown")
     path = expand_user(args.ledger, "--ledger") if args.ledger else default_ledger_path()
@@ -273,7 +273,7 @@ def cmd_ledger(args):
         doc["ceiling_changed_from"] = change[0]
         text = f"ceiling of budget '{args.budget_name}' changed from {fmt_usd(change[0])} to {fmt_usd(change[1])}\n" + text
     if args.markdown:
-        from shardlab.safeio import write_text
+        from shardlab.safeout import write_text
 
         write_text(args.markdown, markdown_report(str(path), budgets, runs, now_iso()), "--markdown")
         text += f"\nwrote {args.markdown}"

@@ -128,7 +128,7 @@ def _write(exp, job, out: str | None, as_json: bool):
     from shardlab.report.table import table
 
     if out:
-        from shardlab.safeio import write_text
+        from shardlab.safeout import write_text
 
         write_text(out, exp.text, "--out")
     if out:

@@ -34,7 +34,7 @@ def observe_options(args):
 
     sr, sl = getattr(args, "slow_rank", None), getattr(args, "slow_link", None)
     if args.steps_jsonl:
-        from shardlab.safeio import check_output_path
+        from shardlab.safeout import check_output_path
 
         check_output_path(args.steps_jsonl, "--steps-jsonl")
     return ObserveOptions(

@@ -195,7 +195,7 @@ def cmd_infer(args):
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
                        torchrun_args=torchrun_args(args), observe=observe_options(args))
     if args.plot:
-        from shardlab.safeio import check_output_path
+        from shardlab.safeout import check_output_path
 
         check_output_path(args.plot, "--plot")
     if args.max_tp and not args.sweep:

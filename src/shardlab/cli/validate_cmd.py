@@ -111,7 +111,7 @@ def _one_run(args, catalog, runs):
     lo = None if run.informational else loso_comparisons([run], catalog, load_folds())[0]
     yml = run_model_yaml(run, catalog)
     if yml and args.model_out:
-        from shardlab.safeio import write_text
+        from shardlab.safeout import write_text
 
         write_text(args.model_out, yml, "--model-out")
     argv = estimate_argv(run, catalog, args.model_out)
@@ -148,7 +148,7 @@ def cmd_validate(args):
 
         check_picture_path(args.plot)
     if getattr(args, "model_out", None):
-        from shardlab.safeio import check_output_path
+        from shardlab.safeout import check_output_path
 
         check_output_path(args.model_out, "--model-out")
     if args.inference:

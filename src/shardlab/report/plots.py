@@ -22,7 +22,7 @@ def _plt():
 
 def check_picture_path(path: str) -> Path:
     """The path to save to; a ShardlabError when the suffix is not .png or .svg or the folder is missing."""
-    from shardlab.safeio import check_output_path
+    from shardlab.safeout import check_output_path
 
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):

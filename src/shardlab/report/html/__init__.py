@@ -18,7 +18,7 @@ KINDS = ("plan", "estimate", "memory", "run-train", "run-infer", "bench-collecti
 
 def check_html_path(path: str) -> str:
     """``path`` if it ends in .html/.htm and its folder exists, else a ShardlabError naming the fix."""
-    from shardlab.safeio import check_output_path
+    from shardlab.safeout import check_output_path
 
     p = Path(path)
     if p.suffix.lower() not in (".html", ".htm"):
