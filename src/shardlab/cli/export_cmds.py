@@ -155,7 +155,7 @@ def _write(exp, job, out: str | None, as_json: bool):
 def cmd_export(args):
     from shardlab.cli.plan_cmds import _catalog
     from shardlab.errors import ShardlabError
-    from shardlab.export.build import job_from_plan
+    from shardlab.export.build import job_from_plan, plan_model
 
     cat = _catalog(args)
     if args.plan:
@@ -165,8 +165,7 @@ def cmd_export(args):
 
         doc = load_json(args.plan, "--plan (a `shardlab plan --json` document)")
         try:     # a tampered or hand-edited plan: a field of the wrong type is one line, never a traceback
-            spec = cat.model(doc["model_ref"] if isinstance(doc, dict) and isinstance(doc.get("model_ref"), str)
-                             else doc["model"]) if isinstance(doc, dict) and "model" in doc else None
+            spec = plan_model(doc, cat)
             job = job_from_plan(doc, cat, args.rank, spec)
             if not job.serve:
                 from shardlab.export import check_fields

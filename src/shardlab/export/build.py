@@ -31,6 +31,17 @@ def price_notes(catalog, gpu: str, spot: bool = False, provider: str | None = No
     return {"usd_per_gpu_hour": p.usd_per_gpu_hour, "price_source": p.source, "spot": spot}
 
 
+def plan_model(doc: dict, catalog):
+    """The ModelSpec of a ``shardlab plan --json`` document: its ``model_ref`` (a file or hf: id) when it has one,
+    else its catalog ``model``."""
+    if not isinstance(doc, dict) or "model" not in doc:
+        raise ShardlabError("--plan FILE must be the output of `shardlab plan --json` (it has no plans)")
+    ref = doc.get("model_ref")
+    if ref is not None and not isinstance(ref, str):
+        raise TypeError("model_ref must be a file path or hf: id")
+    return catalog.model(ref or doc["model"])
+
+
 def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
     """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document. The model is ``spec`` when
     given, else the document's ``model_ref`` (a file or hf: id) or its catalog ``model``."""
@@ -40,11 +51,7 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
     if not 1 <= rank <= len(plans):
         raise ShardlabError(f"--rank {rank}: the plan file lists {len(plans)} plan(s)")
     p = plans[rank - 1]
-    if spec is None:
-        ref = doc.get("model_ref")
-        if ref is not None and not isinstance(ref, str):
-            raise TypeError("model_ref must be a file path or hf: id")
-        spec = catalog.model(ref or doc["model"])
+    spec = spec or plan_model(doc, catalog)
     acc = catalog.accelerator(doc["gpu"])
     gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
     if "layout" not in p:  # inference plan
