@@ -45,7 +45,7 @@ def test_memory_human_output_shows_work():
 
 
 def test_memory_params_mode():
-    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
+    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--framework", "deepspeed", "--json")
     assert json.loads(out)["per_gpu"]["model_states"] == 1_875_000_000
 
 
@@ -159,3 +159,17 @@ def test_inference_estimate_refuses_flags_it_would_ignore():
     assert code == 2 and "--ep" in err
     code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--gpus", "16")
     assert code == 2 and "--gpus" in err
+
+
+def test_the_readme_catalog_example_adds_a_gpu_a_link_and_a_price():
+    """README: `shardlab memory llama-2-7b --gpu my-gpu --catalog examples/my-hardware.yaml` (and cost uses its price)."""
+    from pathlib import Path
+
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "my-hardware.yaml")
+    code, out, err = cli_main("memory", "llama-2-7b", "--gpu", "my-gpu", "--catalog", example, "--json")
+    assert code == 0, err
+    assert json.loads(out)["gpu"] == "my-gpu"
+    code, out, err = cli_main("cost", "llama-2-7b", "--gpu", "my-gpu", "--gpus", "4", "--tokens", "1e9", "--catalog",
+                              example, "--json")
+    assert code == 0, err
+    assert json.loads(out)["price"]["usd_per_gpu_hour"] == 0.90

@@ -32,7 +32,7 @@ def _total_gib(*args: str) -> float:
 QLORA_7B = ("llama-2-7b", "--gpu", "rtx-4090", "--seq-len", "2048", "--lora-rank", "16")
 V100_13B = ("llama-2-13b", "--gpu", "v100", "--zero", "2", "--precision", "fp16-mixed", "--recompute", "full",
             "--seq-len", "1024")
-OFFLOAD_8B = ("llama-3.1-8b", "--gpus", "8", "--zero", "2", "--seq-len", "8192", "--global-batch", "64")
+OFFLOAD_8B = ("llama-3.1-8b", "--gpus", "8", "--zero", "2", "--framework", "deepspeed", "--seq-len", "8192", "--global-batch", "64")
 
 
 def _assert_quoted(doc: str, *claims: str) -> None:

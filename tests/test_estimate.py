@@ -227,7 +227,7 @@ def test_estimate_and_inventory_agree_on_communication(lay, gb):
     cl = cluster(n=64)
     est = estimate_training(spec, lay, cl, seq_len=4096, global_batch=gb)
     m = est.microbatches
-    inv = summarize(layout_collectives(spec, lay, cl, seq_len=4096, microbatches=m))["by_axis_s"]
+    inv = summarize(layout_collectives(spec, lay, cl, seq_len=4096, microbatches=m, framework=est.workload))["by_axis_s"]
     b = est.breakdown
     pairs = [("TP/SP", b["tp_comm_s"], inv.get("TP", 0) + inv.get("SP", 0)),
              ("PP", b["pp_p2p_s"], sum(v for k, v in inv.items() if k == "PP"))]
@@ -333,11 +333,12 @@ def test_fsdp_wrap_unit_trades_memory_for_overlap():
     assert z3[1] < z3[4] < z3[0]
     buf = {w: e.memory.worst.other["fsdp_buffers"] for w, e in est.items()}
     assert buf[1] < buf[4] < buf[0]
-    # one unit: the whole model's weights gathered once, plus its gradients (bf16-mixed: 2 + 2 bytes per parameter)
+    # one unit: the whole model's weights gathered once, plus its gradients (bf16-mixed under megatron-lm, the default:
+    # 2-byte weights + gradients in its 4-byte fp32 main_grad buffer)
     from shardlab.memory.precision import state_bytes
     from shardlab.specs.tensors import model_tensors
 
-    sb = state_bytes("bf16-mixed", "adamw")
+    sb = state_bytes("bf16-mixed", "adamw", 4)
     params = sum(t.numel for t in model_tensors(spec))
     assert buf[0] == pytest.approx(params * (sb.weights + sb.gradients), rel=1e-6)
 
@@ -453,3 +454,17 @@ def test_user_framework_from_a_catalog_file(tmp_path):
     with contextlib.redirect_stderr(err):
         assert cli(["estimate", *args, "--catalog", str(bad), "--framework", "x"]) == 2
     assert "kernels must be one of" in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+@pytest.mark.parametrize("lay", [Layout(dp=16, tp=2, pp=2, ep=8, zero=1), Layout(dp=8, ep=8, zero=1)])
+def test_expert_all_to_alls_priced_alike_by_estimate_and_inventory(lay):
+    """Across nodes every rank's dispatch leaves through its own NIC: the estimate and `comm plan` price the same
+    pairwise exchange (inside one node: the NVLink ring's figure)."""
+    from shardlab.comm.inventory import layout_collectives
+
+    spec = CAT.models["mixtral-8x7b"]
+    cl = cluster(n=lay.world_size)
+    est = estimate_training(spec, lay, cl, seq_len=4096, global_batch=64)
+    inv = sum(i.time_per_step_s for i in layout_collectives(spec, lay, cl, seq_len=4096, microbatches=est.microbatches,
+                                                             framework=est.workload) if i.axis == "EP")
+    assert est.breakdown["ep_comm_s"] == pytest.approx(inv, rel=0.02)

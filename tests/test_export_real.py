@@ -113,10 +113,10 @@ def test_torchtitan_rejects_a_misspelt_key(torchtitan_results):
 def test_deepspeed_config_class(files):
     rows = files["deepspeed"]
     bad = f"reject:{rows[0][1]}:3"  # a data-parallel size the batch arithmetic does not fit
-    res = run_check("deepspeed", [f"{p}:{job.layout.dp}" for _, p, job in rows] + [bad])
+    res = run_check("deepspeed", [f"{p}:{job.layout.dp * job.layout.cp}" for _, p, job in rows] + [bad])  # cp runs as dp
     for (name, _, job), r in zip(rows, res):
         assert r["zero_stage"] == job.layout.zero and r["train_batch_size"] == job.global_batch, name
-        assert r["micro"] == job.layout.micro_batch and r["gas"] == job.microbatches
+        assert r["micro"] == job.layout.micro_batch and r["gas"] == job.microbatches // job.layout.cp
         assert r["autotp_size"] == (job.layout.tp if job.layout.tp > 1 else 0)
     assert len(res) == len(rows) + 1 and res[-1]["rejected"] and "batch" in res[-1]["error"], res[-1]
 

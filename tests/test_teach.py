@@ -24,7 +24,7 @@ def test_zero_reproduces_the_papers_worked_example_and_matches_memory():
     ex = explain("zero", ["params=7.5e9", "gpus=64"])
     per = ex.numbers["per_stage_bytes"]
     assert [round(x / 1e9, 2) for x in per] == [120.0, 31.41, 16.64, 1.88]   # ZeRO paper §5: 120, 31.4, 16.6, 1.9 GB
-    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "2", "--json")
+    code, out, _ = cli_main("memory", "--params", "7.5e9", "--dp", "64", "--zero", "2", "--framework", "deepspeed", "--json")
     assert json.loads(out)["per_gpu"]["model_states"] == per[2]
     assert ex.numbers["traffic_bytes"] == pytest.approx(1.5 * explain("zero-1").numbers["traffic_bytes"])
 

@@ -128,7 +128,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
-_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params"}
+_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -152,9 +152,9 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
     if d["kernels"] not in KERNELS:
         raise ShardlabError(f"{where}: framework '{name}' kernels must be one of {', '.join(KERNELS)}, got {d['kernels']!r}")
     for key in ("compiles", "fused_loss", "dp_overlap", "zero3_prefetch", "zero3_regather_for_recompute",
-                "zero3_comm_per_gpu_nic", "hybrid_sharding"):
-        if not isinstance(d[key], bool):
-            raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d[key]!r}")
+                "zero3_comm_per_gpu_nic", "hybrid_sharding", "main_grad_buffer"):
+        if not isinstance(d.get(key, False), bool):
+            raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d.get(key)!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
         raise ShardlabError(f"{where}: framework '{name}' grad_reduce_bytes must be 0 (gradient dtype), 2 or 4")
     for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("zero3_live_params", 0, 1e15),
@@ -173,4 +173,4 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         lists[key] = tuple(v)
     live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params")}
     return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists, **live},
-                     notes=str(d.get("notes", "")))
+                     notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False))

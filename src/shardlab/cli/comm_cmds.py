@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--framework", default=None, metavar="NAME",
                    help="training framework whose mechanisms apply (default megatron-lm; deepspeed re-gathers ZeRO-3 "
                         "weights for a recomputed forward)")
+    from shardlab.cli.common import add_grad_reduce_args
+
+    add_grad_reduce_args(p.add_argument_group("gradient reduction"))
     add_output_args(p)
     p.set_defaults(func=cmd_plan)
     p = csub.add_parser("inference", help="TP decode vs prefill: communication against compute and memory",
@@ -175,8 +178,11 @@ def cmd_plan(args):
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
     from shardlab.cli.common import resolve_framework
 
+    from shardlab.cli.common import grad_reduce_choice
+
     fw = resolve_framework(args, cat)
-    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw)
+    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw,
+                               grad_reduce_bytes=grad_reduce_choice(args))
     doc = {"model": spec.name, "framework": fw.id, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
            "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
                        "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},

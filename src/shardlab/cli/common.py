@@ -296,6 +296,20 @@ def add_framework_args(p: argparse.ArgumentParser) -> None:
                    help="torch.compile the model (frameworks that can: fuses the eager elementwise kernels)")
 
 
+def add_grad_reduce_args(g) -> None:
+    """--grad-reduce-fp32 | --grad-reduce-bf16 on an argument group (estimate, plan, cost, memory, comm plan)."""
+    red = g.add_mutually_exclusive_group()
+    red.add_argument("--grad-reduce-fp32", action="store_true",
+                     help="reduce gradients in fp32 (Megatron-LM's default under bf16, which also holds them in fp32)")
+    red.add_argument("--grad-reduce-bf16", action="store_true",
+                     help="reduce gradients in bf16/fp16 (FSDP 'PURE' mixed precision, Megatron-LM --grad-reduce-in-bf16)")
+
+
+def grad_reduce_choice(args) -> int | None:
+    """Bytes per reduced gradient element the user asked for (4, 2), or None for the framework's default."""
+    return 4 if getattr(args, "grad_reduce_fp32", False) else 2 if getattr(args, "grad_reduce_bf16", False) else None
+
+
 def resolve_framework(args, catalog):
     """The Framework profile named by --framework (or the hardware profile's, or the default)."""
     from shardlab.estimate.training import DEFAULT_FRAMEWORK

@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="dropout masks in activations (auto = off, as estimate and plan assume; on: GPT-3-era training)")
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
+    from shardlab.cli.common import add_grad_reduce_args
+
+    add_grad_reduce_args(g)
     from shardlab.cli.recipe_args import add_recipe_args
 
     add_recipe_args(p)
@@ -66,17 +69,23 @@ def cmd_memory(args):
     from shardlab.cli.common import resolve_framework
     from shardlab.estimate.workload import workload_overheads
 
+    from shardlab.cli.common import grad_reduce_choice
+    from shardlab.specs.framework import effective_grad_bytes
+
     acc = cat.accelerator(resolve_gpu(args, cat))
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
     compiled = fw.kernels_for(args.compile) == "compiled"
+    args.grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=args.microbatches,
         overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
         flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", num_gpus=args.gpus,
-        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled)
+        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled, grad_bytes=args.grad_bytes)
     mech = [m for m, on in (("fused cross-entropy", fw.fused_loss), ("compiled blocks keep only matmul outputs", compiled),
-                            ("ZeRO-3 gathers module by module", fw.zero3_live_params > 0)) if on]
+                            ("ZeRO-3 gathers module by module", fw.zero3_live_params > 0),
+                            (f"gradients held in a {args.grad_bytes * 8}-bit main-grad buffer", fw.main_grad_buffer
+                             and args.grad_bytes > 0)) if on]
     rep.notes.append(f"framework {fw.id}" + (f": {', '.join(mech)}" if mech else "") + " (--framework to change)")
     doc = rep.to_dict()
     doc["framework"] = fw.id
@@ -111,7 +120,8 @@ def _hints(rep, args, spec, fw) -> list[str]:
                             precision=rep.precision, optimizer=rep.optimizer, microbatches=rep.microbatches,
                             overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
                             flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", recipe=recipe,
-                            fused_loss=fw.fused_loss, compiled=fw.kernels_for(args.compile) == "compiled")
+                            fused_loss=fw.fused_loss, compiled=fw.kernels_for(args.compile) == "compiled",
+                            grad_bytes=args.grad_bytes)
         gib = r.worst.total / 2**30
         host = f", {r.worst.host_total / 2**30:.1f} GiB per GPU in host memory" if r.worst.host_total else ""
         out.append(f"{label}: {gib:.1f} GiB per GPU{host} ({'fits' if r.fits else 'still too large'})")

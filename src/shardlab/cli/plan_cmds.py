@@ -27,7 +27,7 @@ ESTIMATE_EXAMPLES = """examples:
   shardlab estimate gpt3-175b --gpus 1024 --gpu a100-80gb --tp 8 --pp 16 --global-batch 1536 --seq-len 2048 --recompute full
   shardlab estimate llama-3.1-8b --inference --tp 2 --batch 16 --prompt-len 1024 --output-len 256
   shardlab estimate llama-3.1-8b --gpus 8 --zero 3 --precision fp8-mixed --seq-len 8192 --global-batch 128
-  shardlab estimate llama-3.1-8b --gpus 8 --zero 2 --offload optimizer --seq-len 8192 --global-batch 64
+  shardlab estimate llama-3.1-8b --gpus 8 --zero 2 --framework deepspeed --offload optimizer --seq-len 8192 --global-batch 64
   shardlab estimate llama-2-7b --gpus 1 --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048 --global-batch 8
 """
 
@@ -37,10 +37,9 @@ def _add_assumption_args(p) -> None:
     g.add_argument("--no-flash-attention", action="store_true", help="attention stores and computes the full s×s scores")
     g.add_argument("--dropout", action="store_true", help="dropout in the blocks (GPT-3-era training)")
     g.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction starts after the backward (no overlap)")
-    red = g.add_mutually_exclusive_group()
-    red.add_argument("--grad-reduce-fp32", action="store_true", help="reduce gradients in fp32 (Megatron bf16 default)")
-    red.add_argument("--grad-reduce-bf16", action="store_true",
-                     help="reduce gradients in bf16/fp16 (FSDP 'PURE' mixed precision; the framework's default otherwise)")
+    from shardlab.cli.common import add_grad_reduce_args
+
+    add_grad_reduce_args(g)
     g.add_argument("--attention-kernel", choices=("flash1", "flash2", "native"), default=None,
                    help="attention kernel (default: the framework's): FlashAttention v1, FlashAttention-2, or the GPU "
                         "generation's own (FlashAttention-3 / cuDNN on Hopper)")
@@ -191,10 +190,11 @@ def _refuse_recipe_flags(args) -> None:
 def _overrides(args, catalog) -> dict:
     """Mechanisms the user's flags override (None: the framework's): --no-dp-overlap, a profile that measured no
     overlap, --grad-reduce-fp32/-bf16, --attention-kernel, --fused-loss/--no-fused-loss."""
+    from shardlab.cli.common import grad_reduce_choice
+
     no_overlap = getattr(args, "no_dp_overlap", False) or (catalog.profile or {}).get("comm_overlap", True) is False
     return {"dp_overlap": False if no_overlap else None,
-            "grad_reduce_bytes": 4 if getattr(args, "grad_reduce_fp32", False) else
-            2 if getattr(args, "grad_reduce_bf16", False) else None,
+            "grad_reduce_bytes": grad_reduce_choice(args),
             "attention_kernel": getattr(args, "attention_kernel", None), "fused_loss": getattr(args, "fused_loss", None)}
 
 

@@ -93,13 +93,28 @@ def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note) -> Comm
                     overlap, note, cost.regime, "; ".join(risk))
 
 
+def grad_wire_bytes(framework, precision: str, explicit: int | None = None) -> int:
+    """Bytes per gradient element the reductions carry: an estimate's Workload states it; a Framework profile gives its
+    default for ``precision`` (``specs.framework.effective_grad_bytes``) unless the user chose (``explicit``: 4 or 2);
+    0: the gradient dtype."""
+    from shardlab.specs.framework import effective_grad_bytes
+
+    if framework is None:
+        return explicit or 0
+    if hasattr(framework, "main_grad_bytes"):      # a Workload: the user's flags are already applied
+        return framework.grad_reduce_bytes
+    return effective_grad_bytes(framework, precision, explicit)[0]
+
+
 def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
-                       precision: str = "bf16-mixed", framework=None) -> list[CommItem]:
+                       precision: str = "bf16-mixed", framework=None, grad_reduce_bytes: int | None = None) -> list[CommItem]:
     """Every collective of one training step for ``layout`` on ``cluster`` (see the module doc for sources).
 
-    Counts are per rank for the busiest pipeline stage (most layers / most parameters). Activation
-    messages carry b·(s/cp)·h elements of the compute dtype; gradients and parameters use the precision's
-    bytes (``memory.precision.state_bytes``). Links come from the rank grid: a group whose members span
+    Counts are per rank for the busiest pipeline stage (most layers, ties to the later stage, with its first- or
+    last-stage calls; the data-parallel terms for the stage with most parameters). Activation
+    messages carry b·(s/cp)·h elements of the compute dtype; parameters use the precision's bytes
+    (``memory.precision.state_bytes``), gradients the reduction dtype (``grad_wire_bytes``: fp32 for Megatron-LM
+    under bf16, ``--grad-reduce-fp32/-bf16``). Links come from the rank grid: a group whose members span
     more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically. ``framework`` (a
     Framework profile, or an estimate's Workload built from one) adds its mechanisms: DeepSpeed ZeRO-3 gathers the
     weights again for a recomputed forward.
@@ -107,12 +122,15 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     validate(layout, spec, seq_len=seq_len)
     sb = state_bytes(precision, "adamw")
     e = sb.weights                                 # activation element bytes (compute dtype)
+    gb = grad_wire_bytes(framework, precision, grad_reduce_bytes) or sb.gradients   # bytes per reduced gradient element
     b, h, t, m = layout.micro_batch, spec.hidden_size, layout.tp, microbatches
     s = seq_len / layout.cp                        # local sequence length
     gpn = cluster.gpus_per_node
     span = {ax: group_span_nodes(layout, ax, gpn) for ax in ("tp", "cp", "dp_shard", "ep")}
     stages = stage_tensors(spec, layout)
     L = max(len(st.layers) for st in stages)       # layers on the busiest pipeline rank
+    busiest = max(range(len(stages)), key=lambda i: (len(stages[i].layers), i))   # ties: the later stage (the head's)
+    first, last = busiest == 0, busiest == len(stages) - 1   # its embedding (first stage) and head (last stage) calls
     moe_L = max(sum(spec.is_moe_layer(i) for i in st.layers) for st in stages)
     sp = layout.sequence_parallel and t > 1
     act = b * s * h * e                            # (b, s/cp, h) activation tensor, bytes
@@ -134,20 +152,23 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              "Megatron g: all-reduce of (b, s, h) after attention out-proj and after MLP down-proj"))
             out.append(_item("TP", "all-reduce", "backward", act, bwd, t, span["tp"], cluster, "critical",
                              "Megatron f: all-reduce of the input gradient before QKV and before the MLP" + rnote))
-        if sp:
+        if sp and first:
             out.append(_item("SP", "reduce-scatter", "forward", act, m, t, span["tp"], cluster, "critical",
                              "vocabulary-parallel embedding output, scattered along the sequence (first stage)"))
+        if sp and last:
             out.append(_item("SP", "all-gather", "forward", act, m, t, span["tp"], cluster, "critical",
                              "gather the sequence before the column-parallel output head (last stage)"))
             out.append(_item("SP", "reduce-scatter", "backward", act, m, t, span["tp"], cluster, "critical",
                              "input gradient of the output head, scattered back (last stage)"))
-        else:
+        if not sp and first:
             out.append(_item("TP", "all-reduce", "forward", act, m, t, span["tp"], cluster, "critical",
                              "vocabulary-parallel embedding output (first stage)"))
+        if not sp and last:
             out.append(_item("TP", "all-reduce", "backward", act, m, t, span["tp"], cluster, "critical",
                              "input gradient of the column-parallel output head (last stage)"))
-        out.append(_item("TP", "all-reduce", "forward", 3 * 4 * b * s, m, t, span["tp"], cluster, "critical",
-                         "vocabulary-parallel cross-entropy: max, target logit, Σexp (3 × b·s fp32, counted as one call)"))
+        if last:
+            out.append(_item("TP", "all-reduce", "forward", 3 * 4 * b * s, m, t, span["tp"], cluster, "critical",
+                             "vocabulary-parallel cross-entropy: max, target logit, Σexp (3 × b·s fp32, counted as one call)"))
 
     # ---- context parallel: ring attention ------------------------------------------------------------
     if layout.cp > 1:
@@ -172,7 +193,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         out.append(_item("PP", "send-recv", "backward", msg, calls, 2, pp_span, cluster, ov,
                          "activation gradients to the previous stage, per micro-batch per chunk"))
         if spec.tied_embeddings:
-            wb = spec.vocab_size * h // t * sb.gradients
+            wb = spec.vocab_size * h // t * gb
             out.append(_item("PP", "all-reduce", "step", wb, 1, 2, pp_span, cluster, "critical",
                              "tied embedding: first and last stage all-reduce the shared matrix's gradient (Megatron)"))
 
@@ -189,7 +210,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         if numel == 0 or n == 1:
             continue
         dspan = min(span["dp_shard"], n)
-        gbytes, wbytes = numel * sb.gradients, numel * sb.weights
+        gbytes, wbytes = numel * gb, numel * sb.weights
         buckets = max(1, math.ceil(gbytes / DDP_BUCKET_BYTES))
         if layout.zero == 0:
             out.append(_item("DP", "all-reduce", "backward", gbytes / buckets, buckets, n, dspan, cluster, "overlappable",
@@ -221,7 +242,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     # ---- hybrid sharding: replicas all-reduce their gradient shards ----------------------------------------
     rep = layout.dp_replicate
     if rep > 1 and layout.zero >= 1:
-        shard_bytes = (dense_n / max(layout.dp_shard, 1) + expert_n / max(layout.expert_dp, 1)) * sb.gradients
+        shard_bytes = (dense_n / max(layout.dp_shard, 1) + expert_n / max(layout.expert_dp, 1)) * gb
         per_unit = layout.zero == 3
         calls = units * m if per_unit else max(1, math.ceil(shard_bytes / DDP_BUCKET_BYTES)) * (m if layout.zero == 2 else 1)
         out.append(_item("HSDP", "all-reduce", "backward", shard_bytes / (units if per_unit else calls), calls, rep,

@@ -69,9 +69,20 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
 
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code):
-    """Dispatch and combine all-to-alls of one MoE block per micro-batch (critical path)."""
-    link = group_link(cluster, ep, np.asarray(tp) * np.asarray(cp))
-    one = _time("all-to-all", tokens * top_k * hidden * elem_bytes, ep, link)
+    """Dispatch and combine all-to-alls of one MoE block per micro-batch (critical path).
+
+    Pairwise exchange (as ``comm.collectives`` prices it for `comm plan`): a rank sends S/n to each of its n − 1 peers,
+    the g − 1 in its node over the intra-node link and the n − g on other nodes through its own NIC (every rank's
+    traffic leaves the node, so the node's NICs are not pooled for it); the two run at once, the busier sets the pace."""
+    n = np.maximum(np.asarray(ep), 1)
+    stride = np.asarray(tp) * np.asarray(cp)
+    gpn = cluster.gpus_per_node
+    g = np.minimum(np.where(stride < gpn, np.maximum(gpn // np.maximum(stride, 1), 1), 1), n)   # peers in one node
+    size = tokens * top_k * hidden * elem_bytes
+    intra, inter = cluster.intra_link, cluster.inter_link
+    lat = (g - 1) * intra.latency_s + (n - g) * inter.latency_s
+    bw = np.maximum((g - 1) / n * size / intra.bytes_per_s, (n - g) / n * size / inter.bytes_per_s)
+    one = np.where(n > 1, lat + bw, 0.0)
     count = 4 + 2 * (np.asarray(recompute_code) == 2)
     return count * one
 

@@ -102,7 +102,7 @@ def offload_detail(est) -> dict | None:
 
     from shardlab.memory.precision import state_bytes
 
-    f = recipe_factors(est.model, wl.recipe, state_bytes(wl.precision, wl.optimizer))
+    f = recipe_factors(est.model, wl.recipe, state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes))
     params = est.memory.worst.params
     partition = -(-params // lay.dp_shard) if lay.zero >= 1 else params
     m, b = est.microbatches, est.breakdown

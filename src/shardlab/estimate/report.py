@@ -21,7 +21,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
     """[component, seconds, share, explanation] for every non-zero part of the step."""
     b, lay, wl, cl = est.breakdown, est.layout, est.workload, est.cluster
     acc = cl.accelerator
-    sb = state_bytes(wl.precision, wl.optimizer)
+    sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     peak = acc.peak_flops(sb.compute_dtype)
     curve, default = matmul_curve(acc)
     stage_flops = est.model_tflops_per_gpu * 1e12 * est.step_time_s  # model FLOPs of the average GPU per step
@@ -85,7 +85,9 @@ def render_estimate(est: TrainingEstimate) -> str:
     lines = [
         f"shardlab estimate: {est.model.name} on {est.gpus} × {cl.accelerator.id} "
         f"({cl.num_nodes} node{'s' if cl.num_nodes > 1 else ''} × {min(cl.gpus_per_node, est.gpus)}, {cl.intra_link.id} + {cl.inter_link.id})",
-        f"layout: dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
+        f"layout: dp {lay.dp}" + (f" ({lay.dp_replicate} replicas × {lay.dp // lay.dp_replicate} shards)"
+                                  if lay.dp_replicate > 1 else "")
+        + f" × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
         + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, {est.microbatches} micro-batches"
         + (f", {lay.schedule}" + (f" v={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
         + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
@@ -93,7 +95,9 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"{wl.precision}, {wl.optimizer}",
         f"framework: {wl.framework} ({wl.kernels} kernels, {wl.attention_label} attention, gradient reduction "
         f"{'overlapped' if wl.dp_overlap else 'after the backward'}"
-        f"{', DeepSpeed-style re-gather under recomputation' if wl.zero3_regather_for_recompute else ''}; "
+        + (f" in {wl.grad_reduce_bytes * 8}-bit" if wl.grad_reduce_bytes else "")
+        + (f", gradients held in a {wl.main_grad_bytes * 8}-bit main_grad buffer" if wl.main_grad_bytes else "")
+        + f"{', DeepSpeed-style re-gather under recomputation' if wl.zero3_regather_for_recompute else ''}; "
         f"--framework to change, catalog/data/frameworks.yaml for the sources)",
         "",
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",

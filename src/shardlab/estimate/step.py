@@ -118,7 +118,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         for k, v in res.items():
             out[k][idx] = v
     acc = cluster.accelerator
-    sb = state_bytes(wl.precision, wl.optimizer)
+    sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     model_tok = float(training_flops_per_token(spec, wl.seq_len, "none")[0])
     per_mode = np.array([float(training_flops_per_token(spec, wl.seq_len, r)[1]) for r in ("none", "selective", "full", "op")])
     hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)
@@ -156,7 +156,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     acc = cluster.accelerator
     curve, _ = matmul_curve(acc)
     overlap = overlap_efficiency(acc)
-    sb = state_bytes(wl.precision, wl.optimizer)
+    sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     e, dtype = sb.weights, sb.compute_dtype
     gbytes = wl.grad_reduce_bytes or sb.gradients
     tp, cp, ep, dp, mb, zero, rc, sp, rf = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc", "sp", "rf"))
@@ -214,7 +214,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
     acc = cluster.accelerator
-    sb = state_bytes(wl.precision, wl.optimizer)
+    sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     e = sb.weights
     recipe = recipe_factors(spec, wl.recipe, sb)
     gbytes = wl.grad_reduce_bytes or sb.gradients

@@ -94,6 +94,7 @@ class TrainingEstimate:
                           "zero3_prefetch": self.workload.zero3_prefetch,
                           "zero3_regather_for_recompute": self.workload.zero3_regather_for_recompute,
                           "grad_reduce_bytes": self.workload.grad_reduce_bytes,
+                          "main_grad_bytes": self.workload.main_grad_bytes,
                           "overlap_efficiency": float(self.cluster.accelerator.overlap_efficiency or 0.0),
                           "layer_host_s": float(self.workload.layer_host_s),
                           "step_overhead_s": float(self.workload.step_overhead_s)},

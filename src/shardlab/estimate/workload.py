@@ -30,7 +30,11 @@ class Workload:
     """Data-parallel communication overlaps compute: gradient reduction under the last backward (PyTorch
     DDP/FSDP, Megatron --overlap-grad-reduce) and ZeRO-3 gathers under the previous block (prefetch)."""
     grad_reduce_bytes: int = 0
-    """Bytes per gradient element on the wire (0: the gradient dtype; Megatron bf16 runs often use 4)."""
+    """Bytes per gradient element on the wire (0: the gradient dtype; Megatron-LM under bf16: 4)."""
+    main_grad_bytes: int = 0
+    """Bytes per gradient element held in memory (0: the gradient dtype; Megatron-LM's fp32 main_grad buffer: 4)."""
+    main_grad_buffer: bool = False
+    """Gradients live in one contiguous buffer the reduction buckets view: no DDP bucket copy (Megatron-LM)."""
     framework: str = "megatron-lm"
     """Id of the framework profile the mechanisms below come from (specs/framework.py)."""
     kernels: str = "fused"
@@ -69,11 +73,14 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                  attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None) -> Workload:
     """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
     (not None) overriding the matching mechanism."""
+    from shardlab.specs.framework import effective_grad_bytes
+
     fw = framework
+    wire, held = effective_grad_bytes(fw, precision, grad_reduce_bytes)
     return Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                     flash_attention=flash_attention, dropout=dropout,
                     dp_overlap=fw.dp_overlap if dp_overlap is None else dp_overlap,
-                    grad_reduce_bytes=fw.grad_reduce_bytes if grad_reduce_bytes is None else grad_reduce_bytes,
+                    grad_reduce_bytes=wire, main_grad_bytes=held, main_grad_buffer=fw.main_grad_buffer,
                     framework=fw.id, kernels=fw.kernels_for(compile),
                     attention_kernel=attention_kernel or fw.attention_kernel,
                     fused_loss=fw.fused_loss if fused_loss is None else fused_loss, zero3_prefetch=fw.zero3_prefetch,
@@ -85,8 +92,11 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
 
 
 def workload_overheads(wl, ov: Overheads) -> Overheads:
-    """The memory overheads with the framework's ZeRO-3 buffer mechanism (none when overheads are switched off).
-    ``wl``: a Workload or a Framework profile (both carry zero3_live_params and zero3_reduce_bucket_params)."""
+    """The memory overheads with the framework's buffer mechanisms (none when overheads are switched off): no DDP
+    bucket copy beside a main-grad buffer, and module-wise ZeRO-3 buffers.
+    ``wl``: a Workload or a Framework profile (both carry these fields)."""
+    if getattr(wl, "main_grad_buffer", False) and ov.ddp_bucket_copy:
+        ov = replace(ov, ddp_bucket_copy=False)
     if not ov.fsdp_prefetch_units or not wl.zero3_live_params:
         return ov
     return replace(ov, zero3_live_params=wl.zero3_live_params, zero3_reduce_bucket_params=wl.zero3_reduce_bucket_params)
@@ -101,4 +111,4 @@ def workload_memory(layout, spec: ModelSpec, accelerator, wl: Workload, microbat
     return training_memory(layout, model=spec, accelerator=accelerator, seq_len=wl.seq_len, precision=wl.precision,
                            optimizer=wl.optimizer, microbatches=microbatches, overheads=workload_overheads(wl, overheads),
                            flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
-                           recipe=wl.recipe, compiled=wl.kernels == "compiled")
+                           recipe=wl.recipe, compiled=wl.kernels == "compiled", grad_bytes=wl.main_grad_bytes)

@@ -27,9 +27,18 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         raise Refused(f"DeepSpeed's pipeline engine refuses ZeRO-{lay.zero} ('ZeRO-2 and ZeRO-3 are incompatible with "
                       f"pipeline parallelism', deepspeed/runtime/pipe/engine.py); use --zero 1 or 0 with --pp {lay.pp}")
     uns = []
+    accumulation = job.microbatches
     if lay.cp > 1:
+        # DeepSpeed derives its data-parallel size from the world (world / (tp × pp)) and checks train_batch_size =
+        # micro × accumulation × that size: the cp ranks run as data parallelism, with cp times fewer accumulation steps
+        if job.microbatches % lay.cp:
+            raise Refused(f"DeepSpeed has no context parallelism and {job.microbatches} micro-batches do not split over "
+                          f"its {lay.dp * lay.cp} data-parallel ranks; plan with --fix cp=1")
+        accumulation = job.microbatches // lay.cp
         uns.append(Unsupported("cp", lay.cp, "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), "
-                                             "not ring attention; set sequence_parallel_size yourself"))
+                                             f"not ring attention: the {lay.cp} × {lay.dp} ranks run as data parallelism "
+                                             f"(data-parallel size {lay.dp * lay.cp}, gradient_accumulation_steps "
+                                             f"{accumulation}); set sequence_parallel_size yourself"))
     if lay.recompute != "none":
         uns.append(Unsupported("recompute", lay.recompute, "activation checkpointing is switched on in the model code "
                                                            "(deepspeed.checkpointing or gradient_checkpointing_enable)"))
@@ -44,7 +53,7 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
     if job.precision == "bf16":
         uns.append(Unsupported("precision", "bf16", "DeepSpeed keeps fp32 master weights with bf16 enabled"))
     cfg = {"train_batch_size": job.global_batch, "train_micro_batch_size_per_gpu": lay.micro_batch,
-           "gradient_accumulation_steps": job.microbatches, "gradient_clipping": 1.0,
+           "gradient_accumulation_steps": accumulation, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": lay.zero}}
     if lay.zero >= 1:
         cfg["zero_optimization"].update({"overlap_comm": True, "contiguous_gradients": True})

@@ -19,6 +19,7 @@ def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...
     from shardlab.memory import training_memory
     from shardlab.memory.lora import LoraSpec
     from shardlab.memory.recipe import Recipe
+    from shardlab.specs.framework import effective_grad_bytes
     from shardlab.specs.tensors import param_counts
 
     recipes = {"full": Recipe(), "lora": Recipe(lora=LoraSpec(rank, targets)),
@@ -34,7 +35,8 @@ def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...
             rep = training_memory(layout, model=spec, accelerator=acc, seq_len=s, recipe=rec,
                                   overheads=workload_overheads(framework, overheads) if framework else overheads,
                                   fused_loss=bool(framework and framework.fused_loss),
-                                  compiled=bool(framework and framework.kernels == "compiled"))
+                                  compiled=bool(framework and framework.kernels == "compiled"),
+                                  grad_bytes=effective_grad_bytes(framework, "bf16-mixed")[1] if framework else 0)
             row[key] = rep.worst.total
         rows.append(row)
     return sorted(rows, key=lambda r: r["params"])

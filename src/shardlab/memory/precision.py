@@ -48,9 +48,11 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-def state_bytes(precision: str, optimizer: str) -> StateBytes:
+def state_bytes(precision: str, optimizer: str, grad_bytes: int = 0) -> StateBytes:
     """Bytes per parameter for ``precision`` (fp32, bf16-mixed, fp16-mixed, bf16, fp8-mixed) and ``optimizer``
-    (adamw, sgd, adam-8bit)."""
+    (adamw, sgd, adam-8bit); ``grad_bytes`` (not 0) holds the gradients in another dtype: Megatron-LM's fp32 main_grad
+    buffer under bf16 gives 2 + 4 + 12 = 18 bytes per parameter (Megatron-LM docs, distributed optimizer:
+    "bf16 param, fp32 grads")."""
     if precision not in PRECISIONS:
         raise ShardlabError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if optimizer not in OPTIMIZERS:
@@ -64,5 +66,7 @@ def state_bytes(precision: str, optimizer: str) -> StateBytes:
     else:
         w, master, state, dtype = 2, 4, 4, precision.split("-")[0]
     moments = {"adamw": 2 * state, "sgd": state, "adam-8bit": 2}[optimizer]
-    return StateBytes(weights=w, gradients=w, master=master, moments=moments, compute_dtype=dtype,
+    if grad_bytes not in (0, 2, 4):
+        raise ShardlabError(f"gradient bytes must be 2 or 4, got {grad_bytes}")
+    return StateBytes(weights=w, gradients=grad_bytes or w, master=master, moments=moments, compute_dtype=dtype,
                       gemm_dtype="fp8" if precision == "fp8-mixed" else "")

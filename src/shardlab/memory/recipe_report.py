@@ -39,7 +39,7 @@ def recipe_summary(rep, model, sb: StateBytes) -> dict:
         out["offload"] = {"what": off.what, "device": off.device, "host_bytes_per_gpu": w.host_total,
                           "host_breakdown": dict(w.host)}
         if rep.accelerator is not None:
-            gpn = rep.accelerator.system.get("gpus_per_node", 8)
+            gpn = min(rep.accelerator.system.get("gpus_per_node", 8), rep.layout.world_size)   # a node holds at most the job
             out["offload"].update(gpus_per_node=gpn, host_bytes_per_node=w.host_total * gpn)
         moved = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in w.host.items())
         for key, line in (("weights", "weights"), ("gradients", "gradients"), ("master_weights", "optimizer")):

@@ -173,13 +173,15 @@ def training_memory(
     fused_loss: bool = False,
     recipe: Recipe = DEFAULT,
     compiled: bool = False,
+    grad_bytes: int = 0,
 ) -> MemoryReport:
     """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``; ``recipe`` adds
-    offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``)."""
+    offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``); ``grad_bytes`` (not 0): the framework holds gradients
+    in that many bytes each (``state_bytes``)."""
     if (model is None) == (params is None):
         raise ShardlabError("give a model or --params, not both")
     validate(layout, model, num_gpus, seq_len if model is not None else None)
-    sb = state_bytes(precision, optimizer)
+    sb = state_bytes(precision, optimizer, grad_bytes)
     check_recipe(recipe, precision, layout.zero)
     m = microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:

@@ -115,7 +115,10 @@ def runner_up(res: PlanResult) -> dict | None:
     if res.objective == "memory":
         why = f"needs {(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.2f} GiB per GPU"
     elif res.objective == "cost":
-        why = f"costs {100 * (b['gpus'] * b['step_time_s'] / (a['gpus'] * a['step_time_s']) - 1):+.1f}% more GPU-time per token"
+        c = b["gpus"] * b["step_time_s"] / (a["gpus"] * a["step_time_s"]) - 1
+        why = (f"costs {100 * c:.1f}% more GPU-time per token" if c >= 5e-4 else
+               f"{100 * -c:.2f}% cheaper but more complex; the ranking asks 0.3% per extra axis (planner.search.SIMPLICITY)"
+               if c < 0 else "ties on GPU-time per token; the simpler layout is kept")
     else:
         why = _verdict(d, (b["memory_bytes"] - a["memory_bytes"]) / 2**30, _biggest_difference(b["breakdown"], a["breakdown"]))
     return {"differs_in": diff, "step_time_delta": d, "why": why}
@@ -132,7 +135,7 @@ def _collectives(res: PlanResult) -> list[dict]:
     lay = layout_of(res.cands, p["index"])
     cl = Cluster(res.cluster.accelerator, lay.world_size, res.cluster.gpus_per_node, res.cluster.intra_link, res.cluster.inter_link)
     items = layout_collectives(res.model, lay, cl, seq_len=res.workload.seq_len, microbatches=p["layout"]["microbatches"],
-                               precision=res.workload.precision)
+                               precision=res.workload.precision, framework=res.workload)
     return [asdict(it) for it in items]
 
 

@@ -39,7 +39,7 @@ def tiny_spec() -> ModelSpec:
 
 
 def small_spec() -> ModelSpec:
-    """Llama-style, 8 blocks of width 256 (8 heads, 4 KV heads), byte vocabulary: ~6.4M parameters (catalog 'small')."""
+    """Llama-style, 8 blocks of width 256 (8 heads, 4 KV heads), byte vocabulary: ~5.9M parameters (catalog 'small')."""
     return _preset("small")
 
 

@@ -18,11 +18,11 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
     bw = m.bandwidth_bytes_per_s / 1e9
     kv_bytes = ctx_tokens * m.kv_bytes_per_token
     lines = [
-        f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.2f}), "
-        f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.2f}))"
+        f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.3f}), "
+        f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.3f}))"
         f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])}) = {fmt_time(p['linear_s'])}",
         f"head      = output projection for {sampled:g} sampled rows = {fmt_time(p['head_s'])}",
-        f"attention = max({fmt_bytes(kv_bytes)} KV read / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.2f}), FLOPs)"
+        f"attention = max({fmt_bytes(kv_bytes)} KV read / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.3f}), FLOPs)"
         + (f" + prefill attention over {prefill_pairs:.3g} pairs" if prefill_pairs else "") + f" = {fmt_time(p['attention_s'])}",
         f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}",
         f"overhead  = {k.step_overhead_s * 1e6:.0f} µs per step + {k.seq_overhead_s * 1e6:.1f} µs × {sampled:g} sequences + "

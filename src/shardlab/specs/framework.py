@@ -11,6 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KERNELS = ("fused", "eager", "compiled")
+BF16_BASED = ("bf16-mixed", "fp8-mixed")
+"""Mixed precisions whose working weights are bf16 (FP8 GEMMs keep bf16 weights and gradients)."""
+MIXED = ("bf16-mixed", "fp16-mixed", "fp8-mixed")
+"""Precisions with separate low-precision gradients and fp32 master weights."""
+
+
+def effective_grad_bytes(fw, precision: str, explicit: int | None = None) -> tuple[int, int]:
+    """(bytes per gradient element on the wire, bytes per gradient element held in memory); 0 means the gradient
+    dtype. ``fw``: a Framework profile; ``explicit``: the user's --grad-reduce-fp32/-bf16 (4 or 2), None for the default.
+
+    A framework with a main-grad buffer (Megatron-LM) reduces and holds gradients in one dtype: fp32 under bf16 mixed
+    precision by default (megatron/training/arguments.py: ``--bf16`` sets accumulate_allreduce_grads_in_fp32, undone by
+    ``--grad-reduce-in-bf16``; docs/source/api-guide/distributed_optimizer: "bf16 param, fp32 grads", 18 bytes per
+    parameter, 6 + 12/d with the distributed optimizer), the gradient dtype otherwise."""
+    if not getattr(fw, "main_grad_buffer", False):
+        return (fw.grad_reduce_bytes if explicit is None else explicit), 0
+    wire = explicit if explicit is not None else 4 if precision in BF16_BASED else fw.grad_reduce_bytes
+    return wire, (wire if precision in MIXED else 0)
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,10 @@ class Framework:
     """Where each mechanism comes from (documentation, source files, papers)."""
     notes: str = ""
     """Versions covered and caveats."""
+    main_grad_buffer: bool = False
+    """Gradients accumulate into one contiguous buffer that the reduction buckets view, so no bucket copy exists, held
+    in the reduction dtype; under bf16 (and FP8-on-bf16) mixed precision that dtype is fp32 unless the user asks for
+    bf16 reduction (Megatron-Core DistributedDataParallel's main_grad buffer; ``effective_grad_bytes``)."""
 
     def refusal(self, layout) -> str | None:
         """Why this framework cannot run ``layout`` (one line naming the fix), or None."""

@@ -42,10 +42,14 @@ def num(v) -> str:
 
 
 def fmt_key(key: str, v) -> str:
-    """Format ``v`` by its key's unit suffix (_bytes → GiB, _s → time, share-like keys → %)."""
+    """Format ``v`` by its key's unit suffix (_bytes → GiB, _per_s → a rate, _s → time, share-like keys → %)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if key.endswith("_bytes") or key in ("weights", "gradients", "optimizer", "activations", "other", "total"):
             return gib(v) if abs(v) >= 2**20 else f"{v:,} B"
+        if key.endswith("_per_s") or key.endswith("_per_second"):        # a rate, not a duration
+            return f"{v:,.4g}/s" if v < 1e4 else f"{v:,.0f}/s"
+        if key.endswith("_s_per_token") and v >= 0:
+            return f"{fmt_time(v)}/token"
         if key.endswith("_s") and v >= 0:
             return fmt_time(v)
         if key in ("mfu", "hfu", "bubble_fraction", "error", "spread", "share") or key.endswith("_fraction"):
@@ -148,7 +152,7 @@ nav{display:flex;flex-wrap:wrap;gap:4px 14px;margin-top:8px}nav a{color:var(--ac
 main{padding:8px 28px 40px;max-width:1500px}section{padding:14px 0;border-bottom:1px solid var(--line)}
 table{border-collapse:collapse;margin:4px 0 8px;font-size:13px}th,td{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
 th{background:var(--soft);font-weight:600}td.r,th.r{text-align:right}.scroll{overflow-x:auto}
-table.kv td:first-child{color:var(--muted);white-space:nowrap}table.kv thead{display:none}
+table.kv td:first-child{color:var(--muted);white-space:nowrap}table.kv>thead{display:none}
 .note{color:var(--muted);font-size:13px;margin:4px 0}.big{font-size:20px;font-weight:600}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}.card{border:1px solid var(--line);border-radius:6px;padding:8px 12px;min-width:150px}
 .card .l{color:var(--muted);font-size:12px}.card .v{font-size:18px;font-weight:600}

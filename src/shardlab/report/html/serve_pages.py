@@ -51,11 +51,17 @@ def serve_estimate_page(doc: dict) -> Page:
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
     ss = doc.get("steady_state") or {}
-    page.add("steady-state", "Steady state (continuous batching)", kv_table([
-        ("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
-        ("end to end", _ms(ss.get("e2e_s"))), ("output tokens/s", num(ss.get("output_tokens_per_s"))),
+    over = bool(ss.get("overloaded"))
+    unbounded = "<span class='bad'>unbounded</span>"
+    banner = ("<p class='bad'>Overloaded: arrivals exceed what the replica completes; the queue (and the time to "
+              "first token) grows without bound. Lower the load or add replicas.</p>" if over else "")
+    page.add("steady-state", "Steady state (continuous batching)", banner + kv_table([
+        ("time to first token", unbounded if over else _ms(ss.get("ttft_s"))),
+        ("time per output token", _ms(ss.get("tpot_s"))),
+        ("end to end", unbounded if over else _ms(ss.get("e2e_s"))),
+        ("output tokens/s", num(ss.get("output_tokens_per_s"))),
         ("requests/s", num(ss.get("requests_per_s"))), ("in flight", num(ss.get("in_flight"))),
-        ("queueing", _ms(ss.get("queue_s"))), ("overloaded", esc(num(ss.get("overloaded"))))]))
+        ("queueing", unbounded if over else _ms(ss.get("queue_s"))), ("overloaded", "yes" if over else "no")]))
     page.add("simulation", "Simulated percentiles", _percentiles(doc.get("simulation")))
     kv = doc.get("kv_blocks") or {}
     if kv.get("capacity_bytes"):
@@ -74,7 +80,8 @@ def serve_estimate_page(doc: dict) -> Page:
         ("saturation", f"{num(lim.get('saturation_rate'))} {esc(lim.get('unit', ''))} (bound: {esc(lim.get('bound', ''))})"),
         ("TTFT target", _target(slo.get("ttft_s"), lim.get("ttft_slo_load"), lim.get("unit", ""))),
         ("TPOT target", _target(slo.get("tpot_s"), lim.get("tpot_slo_load"), lim.get("unit", ""))),
-        ("targets met", esc(num(slo.get("met"))))]))
+        ("targets met", ("yes" if slo.get("met") else "<span class='bad'>no</span>")
+         if slo.get("ttft_s") is not None or slo.get("tpot_s") is not None else "no targets given (--ttft-slo, --tpot-slo)")]))
     rest = {k: v for k, v in doc.items() if k not in {"steady_state", "simulation", "kv_blocks", "limits", "capacity", "slo"}}
     page.add("more", "Everything else in the document", generic(rest))
     return page

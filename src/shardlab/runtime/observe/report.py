@@ -43,7 +43,10 @@ def render_observability(doc: dict, unit: str = "step") -> str:
     skipped = doc.get("skipped_steps", 0)
     out = [table(["rank", f"{unit}s", "p50", "p90", "p99", "compute", "in collectives", "waited for others",
                   "injected"], rows,
-                 title=f"per-rank {unit} time (first {skipped} {unit}(s) instrumented, left out; compute = {unit} - "
+                 title=f"per-rank {unit} time ("
+                       + (f"first {skipped} {unit}(s) instrumented, left out" if skipped else
+                          f"every {unit} kept, instrumented ones included: too few to leave them out")
+                       + f"; compute = {unit} - "
                        f"time blocked in collectives; waited = boundary wait + collective time beyond the "
                        f"least-waiting rank's; per {unit})")]
     job = doc["job"]

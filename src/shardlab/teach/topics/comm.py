@@ -65,7 +65,8 @@ def ddp_buckets(v: dict) -> Explanation:
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])
     seq = min(spec.max_seq_len, 2048)
     lay = Layout(dp=v["gpus"])
-    item = next(i for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1) if i.axis == "DP")
+    fw = catalog().framework("megatron-lm")          # the estimate's default framework: fp32 gradients under bf16
+    item = next(i for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1, framework=fw) if i.axis == "DP")
     est = estimate_training(spec, lay, cl, seq_len=seq, global_batch=v["gpus"])
     total = item.time_per_step_s
     grads = item.bytes_per_call * item.calls_per_step
@@ -80,9 +81,9 @@ def ddp_buckets(v: dict) -> Explanation:
         f"DDP of {spec.name} on {v['gpus']} × {cl.accelerator.id}: how many buckets, how many bytes, how long, and how "
         f"much of it hides behind backward?",
         dict(v),
-        [f"gradients: {fmt_count(grads / 2)} params × 2 B (bf16-mixed keeps bf16 gradients, as Megatron-LM's DDP; "
-         f"PyTorch DDP under autocast keeps fp32 parameters and reduces 4-byte gradients, twice the bytes) = "
-         f"{fmt_bytes(grads)}",
+        [f"gradients: {fmt_count(grads / 4)} params × 4 B (under bf16-mixed Megatron-LM holds and reduces gradients in "
+         f"an fp32 main_grad buffer, --grad-reduce-in-bf16 halves it; PyTorch DDP under autocast keeps fp32 parameters "
+         f"and reduces 4-byte gradients too) = {fmt_bytes(grads)}",
          f"buckets: ⌈{fmt_bytes(grads)} / {DDP_BUCKET_BYTES // 2**20} MiB⌉ = {item.calls_per_step} all-reduces of "
          f"{fmt_bytes(item.bytes_per_call)} per step (PyTorch DDP bucket_cap_mb = 25; DDP also caps its first bucket "
          f"at 1 MiB, one small extra call left out here)",

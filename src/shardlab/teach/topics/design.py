@@ -17,7 +17,7 @@ def cost(v: dict) -> Explanation:
     acc = cat.accelerator(v["gpu"])
     est = cost_estimate(v["gpus"], v["hours"], v["price"], v["setup"], v["budget"])
     label = acc.name.replace("NVIDIA ", "").replace("GeForce ", "")
-    rows = [[e.provider + (" (est.)" if e.estimate else ""), f"${e.on_demand_usd_per_gpu_hour:g}",
+    rows = [[e.provider + (" (est.)" if e.estimate else ""), f"${e.on_demand_usd_per_gpu_hour:.2f}",
              fmt_usd(cost_estimate(v["gpus"], v["hours"], e.on_demand_usd_per_gpu_hour, v["setup"]).usd), e.date]
             for e in entries_for(price_table(cat), acc.id)]
     return Explanation(

@@ -22,7 +22,21 @@ def kv_cache(v: dict) -> Explanation:
     est = per_tp[v["tp"]]
     kb, eng, acc = est.case.blocks, est.case.engine, est.case.cluster.accelerator
     kv_tok = est.kv_cache_bytes_per_token
-    kv_heads = max(1, spec.num_kv_heads // v["tp"])
+    from shardlab.memory.inference import kv_heads_local
+
+    kv_heads = kv_heads_local(spec.num_kv_heads, v["tp"])
+    if spec.mla is not None:   # MLA caches one compressed latent and the shared RoPE key per token per layer
+        kv_line = (f"KV cache per token per GPU (MLA, DeepSeek-V2 arXiv 2405.04434 §2.1: the compressed latent "
+                   f"d_c = {spec.mla.kv_lora_rank} and the decoupled RoPE key d_R = {spec.mla.qk_rope_head_dim}, the same "
+                   f"on every TP rank): {spec.num_layers} layers × ({spec.mla.kv_lora_rank} + {spec.mla.qk_rope_head_dim}) "
+                   f"× 2 B = {kv_tok:,} B [kv_cache_bytes_per_token]")
+        heads_note = "of the weights (the MLA latent cache is not split by heads)"
+    else:
+        kv_line = (f"KV cache per token per GPU: 2 (K and V) × {spec.num_layers} layers × {kv_heads} KV heads × "
+                   f"{spec.head_dim_} × 2 B = {kv_tok:,} B [kv_cache_bytes_per_token]")
+        heads_note = ("of the weights and of the KV heads" if spec.num_kv_heads >= v["tp"] else
+                      f"of the weights; its {spec.num_kv_heads} KV heads are fewer than {v['tp']} ranks, so each rank keeps "
+                      f"a copy of one ({spec.num_kv_heads} → 1 per rank)")
     logged = f"'# GPU blocks: {kb.num_blocks}'" if eng.id.startswith("vllm") else f"{kb.num_blocks:,} blocks"
     rows = [[t, gib(e.weights_bytes), f"{e.kv_cache_bytes_per_token:,}", gib(e.kv_cache_bytes), f"{e.case.blocks.num_blocks:,}",
              f"{e.case.blocks.tokens:,}", e.max_batch, "yes" if e.fits else "no"] for t, e in per_tp.items()]
@@ -32,8 +46,7 @@ def kv_cache(v: dict) -> Explanation:
         f"weights, KV cache, and the KV blocks the engine ({eng.id}) allocates?",
         dict(v),
         [f"weights per GPU: this rank's TP shard at 2 B = {gib(est.weights_bytes)} [memory/inference.py: weight_bytes_per_rank]",
-         f"KV cache per token per GPU: 2 (K and V) × {spec.num_layers} layers × {kv_heads} KV heads × {spec.head_dim_} × 2 B "
-         f"= {kv_tok:,} B [kv_cache_bytes_per_token]",
+         kv_line,
          f"for {v['batch']} × {seq} tokens, in whole blocks of {kb.block_size}: {gib(est.kv_cache_bytes)}",
          f"total with the activation peak and CUDA context ({gib(est.workspace_bytes)}): {gib(est.total_bytes)}: "
          f"{'fits' if est.fits else 'does NOT fit'}",
@@ -43,7 +56,7 @@ def kv_cache(v: dict) -> Explanation:
          f"{kv_tok:,} B = {kb.bytes_per_block:,} B: {kb.num_blocks:,} blocks = {kb.tokens:,} tokens of cache "
          f"[memory/inference.py: kv_blocks]",
          f"as the engine reports it at start-up: {logged}; {est.max_batch} sequences of {seq} tokens fit at once",
-         *([f"per rank, TP {v['tp']} holds 1/{v['tp']} of the weights and of the KV heads: {gib(per_tp[1].weights_bytes)} → "
+         *([f"per rank, TP {v['tp']} holds 1/{v['tp']} {heads_note}: {gib(per_tp[1].weights_bytes)} → "
             f"{gib(est.weights_bytes)} of weights, {per_tp[1].kv_cache_bytes_per_token:,} → {kv_tok:,} B per token; "
             f"blocks {per_tp[1].case.blocks.num_blocks:,} → {kb.num_blocks:,} per GPU"] if v["tp"] > 1 else [])],
         f"Inference memory is the weights plus the KV cache. The weights are fixed: {gib(est.weights_bytes)} per GPU here. "
