@@ -128,3 +128,46 @@ def test_calibrate_page_from_saved_measurements(tmp_path):
     assert code == 0, err
     s = scan(out.read_text(encoding="utf-8"))
     assert {"profile", "matmul", "busbw", "fits"} <= set(s.ids) and s.external == []
+
+
+def test_rates_are_rates_and_step_parts_keep_their_colour(tmp_path):
+    """tokens_per_s is a rate (not minutes); a part of the step has one colour in the waterfall and the plans chart."""
+    from shardlab.report.html.layout_sections import STEP_COLORS
+    from shardlab.report.html.page import fmt_key
+
+    assert fmt_key("tokens_per_s", 2213.2) == "2,213/s" and fmt_key("decode_s_per_token", 0.0061) == "6.10 ms/token"
+    assert fmt_key("step_time_s", 90.0) == "90.00 s"
+    out = tmp_path / "plan.html"
+    code, _, err = cli_main("plan", "--html", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    tp = STEP_COLORS["tp_comm_s"]
+    assert page.count(f'fill="{tp}"') >= 2 and "table.kv>thead" in page
+
+
+def test_an_overloaded_serving_page_says_so(tmp_path):
+    out = tmp_path / "serve.html"
+    code, _, err = cli_main("estimate", "mixtral-8x7b", "--inference", "--serve", "--tp", "2", "--arrival-rate", "100",
+                            "--html", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    assert "Overloaded: arrivals exceed" in page and page.count(">unbounded<") == 3
+    assert "no targets given" in page
+
+
+def test_pipeline_picture_subtitle_uses_the_simulated_pass_times(tmp_path):
+    pytest.importorskip("matplotlib")
+    from shardlab.pipeline import simulate
+    from shardlab.pipeline.render import save_timeline
+
+    res = simulate("zb-h1", 4, 8, forward_s=1.0, backward_s=2.0, weight_grad_s=None)   # as `shardlab pipeline` runs it
+    captured = {}
+    import shardlab.report.plots as plots
+
+    real = plots.pipeline_timeline
+    plots.pipeline_timeline = lambda r, path, **kw: captured.update(kw) or path
+    try:
+        save_timeline(res, str(tmp_path / "zb.png"), {"forward_s": 1.0, "backward_s": 2.0, "weight_grad_s": None})
+    finally:
+        plots.pipeline_timeline = real
+    assert captured["subtitle"].startswith("per stage: F = 1 s, B = 1 s, W = 1 s"), captured["subtitle"]   # B split in two

@@ -133,8 +133,9 @@ def save_timeline(res: PipelineResult, path: str, times: dict, p2p_s: float = 0.
     from shardlab.report.plots import pipeline_timeline
 
     p, m, v = res.stages, res.microbatches, res.vpp
-    w = times.get("weight_grad_s")
-    sub = (f"per stage: F = {times['forward_s']:g} s, B = {times['backward_s']:g} s" + (f", W = {w:g} s" if w is not None else "")
+    used = res.durations_s                  # the per-pass times the boxes were drawn with (per chunk when v > 1)
+    w = used["weight_grad_s"] or None
+    sub = (f"per {used['per']}: F = {used['forward_s']:g} s, B = {used['backward_s']:g} s" + (f", W = {w:g} s" if w else "")
            + (f", p2p = {p2p_s:g} s" if p2p_s else "") + (f"; stage {slow_stage} {slowdown:g}× slower" if slow_stage is not None else "")
            + "  (shardlab pipeline)")
     cf = bubble_fraction_closed_form(res.schedule, p, m, v, **times)

@@ -10,12 +10,16 @@ from shardlab.units import fmt_bytes, fmt_time
 
 MEMORY_CATS = (("weights", "#4e79a7"), ("gradients", "#a0cbe8"), ("optimizer", "#59a14f"),
                ("activations", "#f28e2b"), ("other", "#bab0ac"))
-STEP_COLORS = {"compute_s": "#4e79a7", "recompute_s": "#a0cbe8", "pp_bubble_s": "#bab0ac", "optimizer_s": "#59a14f"}
+STEP_COLORS = {"compute_s": "#4e79a7", "recompute_s": "#a0cbe8", "pp_bubble_s": "#bab0ac", "optimizer_s": "#59a14f",
+               "tp_comm_s": "#f28e2b", "cp_comm_s": "#76b7b2", "ep_comm_s": "#e15759", "pp_p2p_s": "#9c755f",
+               "zero3_comm_s": "#b07aa1", "dp_comm_s": "#edc948", "host_overhead_s": "#8cd17d", "offload_s": "#ff9da7"}
+"""One colour per part of the step, the same in every chart of every page."""
 STEP_LABELS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
                "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
                "zero3_comm_s": "ZeRO-3 gathers", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
                "optimizer_s": "optimizer step"}
-COMM_COLORS = ("#f28e2b", "#e15759", "#ff9da7", "#edc948", "#b07aa1", "#9c755f")
+COMM_COLORS = ("#d37295", "#fabfd2", "#499894", "#86bcb6", "#d4a6c8", "#f1ce63")
+"""For parts no page knows yet (after STEP_COLORS)."""
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 """Same colours as the PNG timeline (report.plots.PASS_COLORS)."""
 GROUP_AXES = (("tp", "TP group", ("TP", "SP")), ("cp", "CP group", ("CP",)), ("dp", "DP group", ("DP", "ZeRO", "FSDP")),
@@ -37,7 +41,7 @@ def step_label(key: str) -> str:
     return STEP_LABELS.get(key, key.removesuffix("_s").replace("_", " "))
 
 
-def waterfall_section(page: Page, breakdown: dict, step_time_s: float, note: str = "") -> None:
+def waterfall_section(page: Page, breakdown: dict, step_time_s: float, note: str = "", comm_table: bool = True) -> None:
     """Every non-zero part of the step (whatever keys the breakdown has), adding up to the step time."""
     parts, k_comm = [], 0
     for key, v in breakdown.items():
@@ -45,12 +49,13 @@ def waterfall_section(page: Page, breakdown: dict, step_time_s: float, note: str
             continue
         color = STEP_COLORS.get(key)
         if color is None:
-            color, k_comm = COMM_COLORS[k_comm % len(COMM_COLORS)], k_comm + 1
+            color, k_comm = COMM_COLORS[k_comm % len(COMM_COLORS)], k_comm + 1   # a part no page knows yet
         parts.append((step_label(key), float(v), color))
     chart = svg.waterfall(parts, ("step time", step_time_s), fmt_time)
     rows = [[label, fmt_time(v), f"{100 * v / step_time_s:.1f}%"] for label, v, _ in parts]
     page.add("step", "Step time: where it goes", chart + table(["part", "time per step", "share"], rows)
-             + f"<p class='note'>{esc(note or 'Exposed communication only: overlapped traffic is in the communication table.')}</p>")
+             + (f"<p class='note'>{esc(note or 'Exposed communication only: overlapped traffic is in the communication table.')}</p>"
+                if note or comm_table else ""))
 
 
 def memory_section(page: Page, mem: dict, title_note: str = "") -> None:
@@ -58,6 +63,7 @@ def memory_section(page: Page, mem: dict, title_note: str = "") -> None:
     stages = mem["stages"]
     rows = [(f"stage {s['stage']}" if len(stages) > 1 else "every rank", [s[c] for c, _ in MEMORY_CATS]) for s in stages]
     chart = svg.stacked_bars(rows, MEMORY_CATS, gib_short, capacity=mem.get("capacity_bytes"), cap_label="GPU memory",
+                             cap_fmt=lambda b: f"{b / 2**30:.2f} GiB",
                              scale=2**30)
     trows = [[s["stage"], s["rank"], *(gib(s[c]) for c, _ in MEMORY_CATS), gib(s["total"]),
               ", ".join(f"{k} {fmt_bytes(v)}" for k, v in s.get("other_breakdown", {}).items() if v)] for s in stages]

@@ -157,8 +157,10 @@ table.kv td:first-child{color:var(--muted);white-space:nowrap}table.kv>thead{dis
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}.card{border:1px solid var(--line);border-radius:6px;padding:8px 12px;min-width:150px}
 .card .l{color:var(--muted);font-size:12px}.card .v{font-size:18px;font-weight:600}
 svg{max-width:100%;height:auto;font-family:inherit}svg text{font-size:12px;fill:var(--fg)}
+svg text.halo{paint-order:stroke;stroke:var(--bg,#fff);stroke-width:3px;stroke-linejoin:round}
 .risk{color:#8a4b00}.ok{color:#1a7f37}.bad{color:#cf222e;font-weight:600}
-.rankmap{display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap}
+.rankmap{display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap;max-width:100%;overflow-x:auto}
+table.comm td:last-child{min-width:30ch}
 .nodes{display:flex;flex-direction:column;gap:4px}.nodes.compact{flex-direction:row;flex-wrap:wrap;max-width:900px}
 .node{display:flex;align-items:center;gap:3px}.node .nl{width:54px;color:var(--muted);font-size:12px}
 .nodes.compact .node{gap:1px;border:1px solid var(--line);padding:2px}.nodes.compact .nl{display:none}

@@ -57,7 +57,7 @@ def comm_table(comm: list[dict]) -> str:
              c["link_id"], fmt_time(c["time_per_step_s"]), c["overlap"], c.get("risk", "")] for c in comm]
     return ("<h3>Communication of the layout</h3>"
             + table(["axis", "collective", "phase", "bytes/call", "calls/step", "group", "link", "time/step", "overlap", "risk"],
-                    rows))
+                    rows, cls="comm"))
 
 
 def _plans(doc: dict) -> str:
@@ -76,8 +76,10 @@ def _plans(doc: dict) -> str:
                  ["GPU-hours", *(f"{p['gpu_hours']:,.0f}" for p in plans)]]
     rows += [[ls.step_label(k), *(ls.step_time(p["breakdown"].get(k, 0.0)) for p in plans)] for k in keys]
     cats = [(ls.step_label(k), ls.STEP_COLORS.get(k) or ls.COMM_COLORS[i % len(ls.COMM_COLORS)]) for i, k in enumerate(keys)]
-    bars = svg.stacked_bars([(f"#{i + 1} {layout_text(p['layout'])}", [p["breakdown"].get(k, 0.0) for k in keys])
-                             for i, p in enumerate(plans)], cats, lambda s: f"{s:.3g} s", label_w=270)
+    labelled = [(f"#{i + 1} {layout_text(p['layout'])}", [p["breakdown"].get(k, 0.0) for k in keys])
+                for i, p in enumerate(plans)]
+    widest = max(len(label) for label, _ in labelled)     # about 7 px per character at the chart's 12 px font
+    bars = svg.stacked_bars(labelled, cats, lambda s: f"{s:.3g} s", label_w=max(270, int(7.2 * widest) + 12))
     return table(head, rows, cls="plans") + "<h3>Step time of each plan</h3>" + bars
 
 
@@ -130,7 +132,7 @@ def estimate_page(doc: dict) -> Page:
     if detail:
         ls.rank_map_section(page, detail, doc.get("communication") or [], lay)
         ls.memory_section(page, detail["memory"])
-    ls.waterfall_section(page, doc["breakdown"], doc["step_time_s"])
+    ls.waterfall_section(page, doc["breakdown"], doc["step_time_s"], comm_table=bool(doc.get("communication")))
     if doc.get("communication"):
         page.add("communication", "Communication", comm_table(doc["communication"]))
     if detail:

@@ -75,14 +75,14 @@ def _axis(x0: float, x1: float, y: float, vmax: float, fmt: Callable[[float], st
 
 def stacked_bars(rows: Sequence[tuple[str, Sequence[float]]], cats: Sequence[tuple[str, str]],
                  fmt: Callable[[float], str], capacity: float | None = None, cap_label: str = "capacity",
-                 label_w: int = 150, scale: float = 1.0) -> str:
+                 label_w: int = 150, scale: float = 1.0, cap_fmt: Callable[[float], str] | None = None) -> str:
     """Horizontal stacked bars: ``rows`` = (label, one value per category), ``cats`` = (name, colour); ticks at round
-    multiples of ``scale``."""
+    multiples of ``scale``; ``cap_fmt`` formats the capacity line's label (default ``fmt``)."""
     bh, gap, top = 20, 7, 28 + 18 * (legend_rows(cats) - 1)
     vmax = max([sum(v) for _, v in rows] + [capacity or 0]) * 1.08 or 1.0
     x0, x1 = label_w, W - 110
     h = top + len(rows) * (bh + gap) + 24
-    out = [legend(cats)]
+    out, totals = [legend(cats)], []
     out.append(_axis(x0, x1, h - 20, vmax, fmt, h - top - 16, scale))
     for i, (label, vals) in enumerate(rows):
         y, x = top + i * (bh + gap), x0
@@ -91,11 +91,12 @@ def stacked_bars(rows: Sequence[tuple[str, Sequence[float]]], cats: Sequence[tup
             w = (x1 - x0) * v / vmax
             out.append(_rect(x, y, w, bh, color, f"{label}: {name} {fmt(v)}"))
             x += w
-        out.append(_text(x + 5, y + bh - 5, fmt(sum(vals))))
+        totals.append(_text(x + 5, y + bh - 5, fmt(sum(vals)), cls="halo"))   # drawn over the capacity line
     if capacity:
         cx = x0 + (x1 - x0) * capacity / vmax
         out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 6}" y2="{h - 20}" stroke="#cf222e" stroke-dasharray="5 3" stroke-width="1.5"/>')
-        out.append(_text(cx + 4, top - 8 + 0, f"{cap_label} {fmt(capacity)}", size=11))
+        out.append(_text(cx + 4, top - 8 + 0, f"{cap_label} {cap_fmt(capacity) if cap_fmt else fmt(capacity)}", size=11))
+    out += totals
     return _svg(h, "".join(out), "stacked bars")
 
 
