@@ -171,3 +171,17 @@ def test_pipeline_picture_subtitle_uses_the_simulated_pass_times(tmp_path):
     finally:
         plots.pipeline_timeline = real
     assert captured["subtitle"].startswith("per stage: F = 1 s, B = 1 s, W = 1 s"), captured["subtitle"]   # B split in two
+
+
+def test_rank_map_colours_by_ep_rank_and_serving_plan_names_its_targets(tmp_path):
+    out = tmp_path / "mix.html"
+    code, _, err = cli_main("plan", "mixtral-8x7b", "--gpus", "32", "--gpu", "a100-80gb", "--fix", "ep=8", "--html", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    assert "value='ep'" in page and "data-by='ep'" in page and " EP7" in page and ".by-ep .e7" in page
+    out = tmp_path / "serve.html"
+    code, _, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--ttft-slo", "0.5",
+                            "--gpus", "8", "--html", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and "4 replicas" in page

@@ -5,7 +5,7 @@ block (``planner.detail.layout_detail``) or the breakdown of the document."""
 from __future__ import annotations
 
 from shardlab.report.html import svg
-from shardlab.report.html.page import PALETTE, Page, esc, gib, table
+from shardlab.report.html.page import Page, esc, gib, table
 from shardlab.units import fmt_bytes, fmt_time
 
 MEMORY_CATS = (("weights", "#4e79a7"), ("gradients", "#a0cbe8"), ("optimizer", "#59a14f"),
@@ -107,8 +107,10 @@ def pipeline_section(page: Page, pipe: dict | None) -> None:
                       + svg.gantt(p, zoom, t_fill, fmt_time, items + [("idle = bubble", "#ffffff")]))
     head = (f"<p>{esc(pipe['schedule'])}: {p} stages, {pipe['microbatches']} micro-batches"
             + (f", v = {pipe['vpp']}" if pipe["vpp"] > 1 else "")
-            + f"; simulated bubble <b>{100 * pipe['bubble_fraction']:.2f}%</b> of the step "
-              f"(closed form {100 * pipe['bubble_fraction_closed_form']:.2f}%).</p>")
+            + f"; simulated bubble <b>{100 * pipe['bubble_fraction']:.2f}%</b> of the timeline "
+              f"(closed form {100 * pipe['bubble_fraction_closed_form']:.2f}%). The timeline holds the forward and "
+              f"backward passes ({fmt_time(pipe['step_time_s'])}); the step-time table's bubble is a share of the whole "
+              f"step, with communication and the optimizer step added.</p>")
     notes = "".join(f"<p class='note'>{esc(n)}</p>" for n in [pipe.get("closed_form", ""), pipe.get("timing", ""), *pipe["notes"]] if n)
     page.add("pipeline", "Pipeline timeline", head + chart + notes)
 
@@ -126,16 +128,22 @@ def diagram_section(page: Page, source: str | None, what: str) -> None:
                f"JavaScript the source text shows.</p>")
 
 
+RANK_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+                "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#b6992d", "#499894", "#ff9d9a", "#79706e", "#d37295",
+                "#d4a6c8", "#d7b5a6")
+"""Tableau 20, dark colours first: the rank map's 20 distinguishable categories (stages, TP/EP ranks, DP replicas)."""
+
+
 def colour_css() -> str:
-    """Classes p0..p11, t0..t11, d0..d11: the cell colour by stage, TP rank or DP replica (the map's class picks one)."""
-    n = len(PALETTE)
-    return "".join(f".by-pp .p{i},.by-tp .t{i},.by-dp .d{i}{{background:{c}}}" for i, c in enumerate(PALETTE)) if n else ""
+    """Classes p0..p19, t.., d.., e..: the cell colour by stage, TP rank, DP replica or EP rank (the map's class picks one)."""
+    return "".join(f".by-pp .p{i},.by-tp .t{i},.by-dp .d{i},.by-ep .e{i}{{background:{c}}}" for i, c in enumerate(RANK_PALETTE))
 
 
 def _legend(by: str, n: int, name: str, hidden: bool) -> str:
-    items = "".join(f"<span><i class='sw' style='background:{PALETTE[i % len(PALETTE)]}'></i>{name} {i}</span>"
-                    for i in range(min(n, 12)))
-    more = f"<span>… {n} in all (colours repeat)</span>" if n > 12 else ""
+    k = len(RANK_PALETTE)
+    items = "".join(f"<span><i class='sw' style='background:{RANK_PALETTE[i % k]}'></i>{name} {i}</span>"
+                    for i in range(min(n, k)))
+    more = f"<span>… {n} in all (colours repeat every {k})</span>" if n > k else ""
     return f"<div class='legend' data-by='{by}'{' hidden' if hidden else ''}>{items}{more}</div>"
 
 
@@ -145,15 +153,17 @@ def rank_map_section(page: Page, detail: dict, comm: list[dict], layout: dict) -
     rm, mem = detail["rank_map"], detail["memory"]
     cols, gpn = rm["columns"], rm["gpus_per_node"]
     compact = rm["world_size"] > 128
-    n = len(PALETTE)
+    n = len(RANK_PALETTE)
+    ep = layout.get("ep", 1) > 1
     cells_by_node: dict[int, list[str]] = {}
     for r, row in enumerate(rm["ranks"]):
         c = dict(zip(cols, row))
-        cls = f"rank p{c['pp'] % n} t{c['tp'] % n} d{c['dp'] % n}"
+        cls = f"rank p{c['pp'] % n} t{c['tp'] % n} d{c['dp'] % n} e{c.get('ep', 0) % n}"
         if compact:  # coordinates come from the document (script); the cell stays small
             cell = f'<div class="{cls}" tabindex="0" data-rank="{r}"></div>'
         else:
-            label = f"r{r}<br>PP{c['pp']} TP{c['tp']}<br>DP{c['dp']}" + (f" CP{c['cp']}" if layout.get("cp", 1) > 1 else "")
+            label = (f"r{r}<br>PP{c['pp']} TP{c['tp']}<br>DP{c['dp']}" + (f" CP{c['cp']}" if layout.get("cp", 1) > 1 else "")
+                     + (f" EP{c['ep']}" if ep else ""))
             cell = (f'<div class="{cls}" tabindex="0" data-rank="{r}" data-stage="{c["pp"]}" data-tp="{c["tp"]}" '
                     f'data-dp="{c["dp"]}" title="rank {r}: node {c["node"]} GPU {c["gpu"]}, stage {c["pp"]}, TP {c["tp"]}, '
                     f'DP {c["dp"]}">{label}</div>')
@@ -177,10 +187,11 @@ def rank_map_section(page: Page, detail: dict, comm: list[dict], layout: dict) -
         info["axes"].append({"key": key, "label": label, "comm": esc(text)})
     page.data["rank-info"] = info
     mode = "pp" if layout["pp"] > 1 else ("dp" if layout["dp"] > 1 else "tp")
+    options = (("pp", "pipeline stage"), ("tp", "TP rank"), ("dp", "DP replica")) + ((("ep", "EP rank"),) if ep else ())
     radios = "".join(f"<label><input type='radio' name='colour' value='{v}'{' checked' if v == mode else ''}> {t}</label> "
-                     for v, t in (("pp", "pipeline stage"), ("tp", "TP rank"), ("dp", "DP replica")))
+                     for v, t in options)
     legends = (_legend("pp", layout["pp"], "stage", mode != "pp") + _legend("tp", layout["tp"], "TP", mode != "tp")
-               + _legend("dp", layout["dp"], "DP", mode != "dp"))
+               + _legend("dp", layout["dp"], "DP", mode != "dp") + (_legend("ep", layout["ep"], "EP", True) if ep else ""))
     body = (f"<p>{rm['world_size']} GPUs on {rm['nodes']} nodes × {gpn}; rank order {esc(rm['axis_order'])}. "
             f"Colour by: {radios}</p>{legends}"
             f"<div class='rankmap'><div id='nodes' class='nodes by-{mode}{' compact' if compact else ''}'>{nodes}</div>"

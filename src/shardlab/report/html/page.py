@@ -203,7 +203,7 @@ JS = r"""
     });
     document.querySelectorAll('input[name=colour]').forEach(function(r){
       r.addEventListener('change', function(){ var m = document.getElementById('nodes');
-        m.classList.remove('by-pp','by-tp','by-dp'); m.classList.add('by-' + r.value);
+        m.classList.remove('by-pp','by-tp','by-dp','by-ep'); m.classList.add('by-' + r.value);
         document.querySelectorAll('.legend').forEach(function(l){ l.hidden = l.dataset.by !== r.value; }); });
     });
   }

@@ -189,10 +189,14 @@ def inference_page(doc: dict) -> Page:
     parts = []
     for ph, d in phases:
         step = d.get("step_s", d.get("step_time_s"))
+        arms = ("weights_read_s", "gemm_compute_s")   # the two sides of the linear layers' roofline, not parts
         rows = [(k.removesuffix("_s").removesuffix("_time").replace("_", " "), v) for k, v in d.items()
-                if k.endswith("_s") and k not in ("step_s", "step_time_s") and isinstance(v, (int, float))]
+                if k.endswith("_s") and k not in ("step_s", "step_time_s", *arms) and isinstance(v, (int, float))]
+        roof = (f"<p class='note'>linear = max(weights read {fmt_time(d['weights_read_s'])}, GEMM compute "
+                f"{fmt_time(d['gemm_compute_s'])}): the parts above add up to the step.</p>"
+                if all(isinstance(d.get(a), (int, float)) for a in arms) else "")
         parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {fmt_time(step)}</h3>"
-                     + svg.bars(rows, fmt_time) + (f"<pre>{esc(d['formula'])}</pre>" if d.get("formula") else ""))
+                     + svg.bars(rows, fmt_time) + roof + (f"<pre>{esc(d['formula'])}</pre>" if d.get("formula") else ""))
     head = kv_table([("request latency", fmt_time(doc["request_latency_s"])), ("prefill", fmt_time(doc["prefill_s"])),
                      ("decode per token", fmt_time(doc["decode_s_per_token"])),
                      ("throughput", f"{doc['tokens_per_s']:,.0f} generated tokens/s"), ("largest batch", f"{doc['max_batch']:,}")])

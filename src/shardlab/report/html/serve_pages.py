@@ -88,17 +88,22 @@ def serve_estimate_page(doc: dict) -> Page:
 
 
 def serve_plan_page(doc: dict) -> Page:
+    slo = doc.get("slo") or {}
+    targets = "; ".join(f"{name} ≤ {_ms(slo[key])}" for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
+                        if slo.get(key) is not None) or "no latency targets"
     page = Page(f"shardlab plan --inference --serve: {doc['model']} on {doc['gpus']} × {doc['gpu']}",
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
-                f"{_load_text(doc.get('load') or {})}, objective {esc(doc['objective'])}; estimates")
+                f"{_load_text(doc.get('load') or {})}, {esc(targets)}, objective {esc(doc['objective'])}; estimates")
     plans = doc.get("plans") or []
-    rows = [[f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}", f"{p['max_num_seqs']:,}", num(p["in_flight_per_replica"]),
+    rows = [[f"TP {p['tp']} × PP {p['pp']} × {p['replicas']} replica{'s' if p['replicas'] > 1 else ''}",
+             f"{p['max_num_seqs']:,}", num(p.get("capacity_per_replica")), num(p["in_flight_per_replica"]),
              _ms(p["ttft_s"]), _ms(p["tpot_s"]), num(p["output_tokens_per_s"]), f"{p['kv_blocks_per_gpu']:,}",
              "yes" if p.get("meets_slo") else "no"] for p in plans]
     chart = svg.bars([(r[0], p["output_tokens_per_s"]) for r, p in zip(rows, plans)], lambda v: f"{v:,.0f} tok/s",
                      label_w=200) if plans else "<p>No layout serves this load.</p>"
     page.add("plans", "Layouts, best first", chart + table(
-        ["layout", "max seqs", "in flight", "TTFT", "TPOT", "output tokens/s", "KV blocks/GPU", "meets targets"], rows))
+        ["layout", "max seqs", "sequences a replica holds", "in flight", "TTFT", "TPOT", "output tokens/s", "KV blocks/GPU",
+         "meets targets"], rows))
     page.add("simulation", "The best layout, simulated", _percentiles(doc.get("best_simulated")))
     rest = {k: v for k, v in doc.items() if k not in {"plans", "best_simulated"}}
     page.add("more", "Everything else in the document", generic(rest))
