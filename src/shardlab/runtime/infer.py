@@ -102,7 +102,7 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     lat = max(d["latency_per_token_s"] for d in ranks)
     doc = {
         "model": spec.name, "tp": t, "strategy": req.strategy if t > 1 else "single", "prompt_tokens": toks,
-        "tokens": tokens, "text": bytes(x for x in tokens if x < 256).decode("utf-8", "replace"),
+        "tokens": tokens, "text": bytes(x for x in tokens if x < 256).decode("utf-8", "backslashreplace"),   # untrained: bytes shown as escapes
         "matches_tp1": None if ref is None else tokens == ref,
         "ranks_agree": all(d["tokens"] == tokens for d in ranks),
         "ranks": [{"rank": d["rank"], "weight_bytes": d["weight_bytes"], "kv_cache_bytes": d["kv_cache_bytes"],

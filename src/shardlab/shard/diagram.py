@@ -44,7 +44,8 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
         group = [t for t in tensors if t.component in comps]
         cols = [t for t in group if not split_kind(t, spec, tp).startswith("row")]
         rows_ = [t for t in group if split_kind(t, spec, tp).startswith("row")]
-        lines.append(f'subgraph {tag}_rank["on each of {tp} TP ranks"]')
+        where = f"on each of {tp} TP ranks" if tp > 1 else "on every GPU, whole (no TP)"
+        lines.append(f'subgraph {tag}_rank["{where}"]')
         lines.append(node(f"{tag}_core", core, "round"))
         prev = None
         for i, t in enumerate(cols):

@@ -192,7 +192,8 @@ def rank_map_section(page: Page, detail: dict, comm: list[dict], layout: dict) -
                      for v, t in options)
     legends = (_legend("pp", layout["pp"], "stage", mode != "pp") + _legend("tp", layout["tp"], "TP", mode != "tp")
                + _legend("dp", layout["dp"], "DP", mode != "dp") + (_legend("ep", layout["ep"], "EP", True) if ep else ""))
-    body = (f"<p>{rm['world_size']} GPUs on {rm['nodes']} nodes × {gpn}; rank order {esc(rm['axis_order'])}. "
+    body = (f"<p>{rm['world_size']} GPU{'s' if rm['world_size'] != 1 else ''} on {rm['nodes']} node"
+            f"{'s' if rm['nodes'] != 1 else ''} × {gpn}; rank order {esc(rm['axis_order'])}. "
             f"Colour by: {radios}</p>{legends}"
             f"<div class='rankmap'><div id='nodes' class='nodes by-{mode}{' compact' if compact else ''}'>{nodes}</div>"
             f"<div id='rank-panel'><p>Hover over or click a GPU to see what it holds, its memory and its collectives."

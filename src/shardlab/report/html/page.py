@@ -11,7 +11,7 @@ import html
 import json
 from dataclasses import dataclass, field
 
-from shardlab.units import fmt_time
+from shardlab.units import fmt_bytes, fmt_time
 
 MAX_SHOWN_JSON = 150_000
 """Documents longer than this (characters) are embedded for scripts but not printed on the page."""
@@ -44,8 +44,10 @@ def num(v) -> str:
 def fmt_key(key: str, v) -> str:
     """Format ``v`` by its key's unit suffix (_bytes → GiB, _per_s → a rate, _s → time, share-like keys → %)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if key in ("grad_reduce_bytes", "main_grad_bytes"):       # bytes per element; 0 = the gradient's own dtype
+            return f"{v:g} B per element" if v else "the gradient dtype's"
         if key.endswith("_bytes") or key in ("weights", "gradients", "optimizer", "activations", "other", "total"):
-            return gib(v) if abs(v) >= 2**20 else f"{v:,} B"
+            return gib(v) if abs(v) >= 2**30 else fmt_bytes(v) if abs(v) >= 2**10 else f"{v:,} B"
         if key.endswith("_per_s") or key.endswith("_per_second"):        # a rate, not a duration
             return f"{v:,.4g}/s" if v < 1e4 else f"{v:,.0f}/s"
         if key.endswith("_s_per_token") and v >= 0:

@@ -72,8 +72,11 @@ def _collectives(ranks: list[dict]) -> str:
     if not rows:
         return "<p>No collectives were recorded.</p>"
     chart = svg.bars(sorted(totals.items(), key=lambda kv: -kv[1]), fmt_time, color=PALETTE[1], label_w=200)
+    zero = any(row[3] != "0" and row[5] == fmt_time(0.0) for row in rows)
+    note = ("<p class='note'>A time of 0 with calls: the collective was issued asynchronously (DTensor, FSDP2 "
+            "prefetch) and its wait is counted where the result is first used, inside compute.</p>" if zero else "")
     return (f"<p>Time in each collective on rank {ranks[0]['rank']}:</p>{chart}"
-            + table(["rank", "op", "phase", "calls", "bytes", "time"], rows))
+            + table(["rank", "op", "phase", "calls", "bytes", "time"], rows) + note)
 
 
 def run_infer_page(doc: dict) -> Page:
@@ -85,16 +88,18 @@ def run_infer_page(doc: dict) -> Page:
         return page
     page = Page(f"shardlab run infer: {doc['model']} on TP {doc['tp']}", f"{doc['strategy']}; greedy decoding with a KV cache")
     page.add("summary", "Result", kv_table([
-        ("tokens", esc(doc["tokens"])), ("text", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"]))),
+        ("tokens", esc(doc["tokens"])), ("text (bytes of an untrained model)", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"]))),
         ("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
         ("memory", "matches the model exactly" if doc["memory_exact"] else "DIFFERS from the model")]))
     pred = doc["predicted"]
     rows = [[r["rank"], f"{fmt_bytes(pred['weight_bytes'])} / {fmt_bytes(r['weight_bytes'])}",
              f"{fmt_bytes(pred['kv_cache_bytes'])} / {fmt_bytes(r['kv_cache_bytes'])}", fmt_time(r["prefill_s"]),
              fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
-    page.add("ranks", "Per rank: predicted / measured",
-             svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]], fmt_time)
-             + table(["rank", "weights", "KV cache", "prefill", "per token"], rows)
+    page.add("ranks", "Per rank: memory predicted / measured, times measured",
+             "<h3>Measured latency per token</h3>"
+             + svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]], fmt_time)
+             + table(["rank", "weights (predicted / measured)", "KV cache (predicted / measured)", "prefill (measured)",
+                      "per token (measured)"], rows)
              + f"<p class='note'>prediction: {esc(pred['source'])}</p>")
     page.add("collectives", "Collectives by op", _collectives(doc["ranks"]))
     _rest(page, doc, {"model", "tp", "strategy", "tokens", "text", "matches_tp1", "ranks_agree", "ranks", "predicted",
