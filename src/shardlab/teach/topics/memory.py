@@ -126,8 +126,11 @@ def bytes_per_param(v: dict) -> Explanation:
         table=(["precision", "optimizer", "weights B", "grads B", "master B", "moments B", "B/param", "total", f"fits {acc.id}"],
                rows),
         sources=["zero", "mixed-precision", "eleuther-math"], code=["meg-master", "meg-distopt"],
-        commands=[f"memory --params {num(n)} --precision {v['precision']} --optimizer {v['optimizer']} --gpu {acc.id}"],
-        notes=["8-bit Adam (bitsandbytes) keeps its moments in 1 byte each plus ~0.2% block scales (not counted)"])
+        commands=[f"memory --params {num(n)} --precision {v['precision']} --optimizer {v['optimizer']} --gpu {acc.id} "
+                  "--framework deepspeed"],
+        notes=["8-bit Adam (bitsandbytes) keeps its moments in 1 byte each plus ~0.2% block scales (not counted)",
+               "Megatron-LM (shardlab's default framework) holds bf16-mixed gradients in fp32: 18 bytes per parameter "
+               "(its distributed-optimizer guide); the ZeRO paper's 16 are DeepSpeed's, hence --framework deepspeed"])
 
 
 def zero_stages(v: dict) -> Explanation:
@@ -177,7 +180,8 @@ def zero_stages(v: dict) -> Explanation:
          "per_stage_bytes": [r.total for r in reps]},
         table=(["stage", "shards", "weights", "grads", "optimizer", "total/GPU", "traffic/GPU/step"], rows),
         sources=["zero", "fsdp"], code=["meg-distopt", "ds-zero12", "ds-zero3", "pt-fsdp2"],
-        commands=[f"memory --params {num(n)} --dp {d} --zero {z} --precision {v['precision']} --optimizer {v['optimizer']}"],
+        commands=[f"memory --params {num(n)} --dp {d} --zero {z} --precision {v['precision']} --optimizer {v['optimizer']} "
+                  "--framework deepspeed"],
         notes=["GB = 1e9 bytes (the paper's unit); traffic counts the bytes each rank sends, ring algorithms"])
 
 
