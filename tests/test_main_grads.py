@@ -68,3 +68,46 @@ def test_kv_cache_explanation_writes_the_mla_formula():
     assert code == 0, err
     flat = " ".join(out.split())
     assert "61 layers × (512 + 64) × 2 B = 70,272 B" in flat and "KV heads ×" not in flat
+
+
+def test_the_gradient_dtype_survives_export_and_reading_back(tmp_path):
+    """A plan that assumed bf16 reduction under Megatron-LM exports --grad-reduce-in-bf16, and `estimate --from` the
+    script gets the plan's memory back; FP8 is written as --bf16 --fp8-format hybrid; DeepSpeed says fp32 reduction
+    in communication_data_type."""
+    plan = tmp_path / "p.json"
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero", "1", "--seq-len",
+                              "4096", "--global-batch", "32", "--top", "1", "--grad-reduce-bf16", "--json")
+    assert code == 0, err
+    plan.write_text(out)
+    planned = json.loads(out)["plans"][0]["memory_bytes"]
+    script = tmp_path / "x.sh"
+    assert cli_main("export", "--to", "megatron", "--plan", str(plan), "--out", str(script))[0] == 0
+    assert "--grad-reduce-in-bf16" in script.read_text()
+    code, out, err = cli_main("estimate", "--from", str(script), "--json")
+    assert code == 0, err
+    back = json.loads(out)
+    assert back["framework"]["main_grad_bytes"] == 2 and back["memory"]["per_gpu"]["total"] == planned
+    fp8 = tmp_path / "f8.sh"
+    assert cli_main("export", "--to", "megatron", "llama-3.1-8b", "--gpus", "8", "--precision", "fp8-mixed", "--out",
+                    str(fp8))[0] == 0
+    assert "--fp8-format hybrid" in fp8.read_text()
+    code, out, _ = cli_main("estimate", "--from", str(fp8), "--json")
+    assert json.loads(out)["workload"]["precision"] == "fp8-mixed"
+    ds = tmp_path / "ds.json"
+    assert cli_main("export", "--to", "deepspeed", "llama-3.1-8b", "--gpus", "8", "--zero", "1", "--grad-reduce-fp32",
+                    "--out", str(ds))[0] == 0
+    assert json.loads(ds.read_text())["communication_data_type"] == "fp32"
+
+
+def test_ladder_and_cost_take_the_gradient_flags_and_megatrons_zero1_has_no_bucket():
+    code, a, _ = cli_main("memory", "--finetune-ladder", "--json")
+    code2, b, _ = cli_main("memory", "--finetune-ladder", "--grad-reduce-bf16", "--json")
+    assert code == code2 == 0
+    full = lambda d: {r["model"]: r["full"] for r in json.loads(d)["rows"]}["llama-3.1-8b"]  # noqa: E731
+    assert full(b) < full(a)
+    code, _, err = cli_main("cost", "llama-3.1-8b", "--gpus", "8", "--zero", "1", "--seq-len", "4096", "--global-batch",
+                            "64", "--tokens", "1e9", "--grad-reduce-bf16")
+    assert code == 0, err
+    lay = ["llama-3.1-8b", "--gpus", "16", "--zero", "1", "--seq-len", "2048"]
+    assert "zero_buckets" not in _memory(*lay)["other_breakdown"]
+    assert _memory(*lay, "--framework", "deepspeed")["other_breakdown"]["zero_buckets"] > 0

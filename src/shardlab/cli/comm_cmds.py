@@ -183,7 +183,10 @@ def cmd_plan(args):
     fw = resolve_framework(args, cat)
     items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw,
                                grad_reduce_bytes=grad_reduce_choice(args))
+    from shardlab.comm.inventory import grad_wire_bytes
+
     doc = {"model": spec.name, "framework": fw.id, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
+           "grad_reduce_bytes": grad_wire_bytes(fw, args.precision, grad_reduce_choice(args)),
            "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
                        "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},
            "items": [asdict(i) for i in items], "summary": summarize(items)}

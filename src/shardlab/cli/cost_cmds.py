@@ -21,6 +21,9 @@ def register(sub) -> None:
                        description="Cost from a plan (MODEL and layout flags as for `shardlab estimate`, with --tokens): "
                                    "time to train × GPUs × price + set-up; or directly from --gpus N --hours H.")
     add_estimate_args(p)
+    from shardlab.cli.common import add_grad_reduce_args
+
+    add_grad_reduce_args(p.add_argument_group("gradient reduction"))
     p.set_defaults(gpu=None, func=cmd_cost)       # --gpu is a label in direct mode; h100-sxm for a plan
     g = p.add_argument_group("cost")
     g.add_argument("--hours", type=BOUNDED["hours"], default=None, help="hours of work (direct mode, with --gpus)")

@@ -93,7 +93,8 @@ def job_from_args(args, cat):
         notes.update(train_hours=est.train_time_s / 3600, tokens=est.tokens)
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,
                      est.workload.optimizer, est.accelerator.id, est.cluster.gpus_per_node,
-                     framework=getattr(args, "framework", None), notes=notes)
+                     framework=getattr(args, "framework", None), notes=notes,
+                     grad_reduce_bytes=est.workload.grad_reduce_bytes or None)
 
 
 def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
@@ -248,6 +249,8 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization"}
+GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
+"""A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
 
 def apply_import(args, imp, parser) -> None:
@@ -279,6 +282,13 @@ def apply_import(args, imp, parser) -> None:
             raise ShardlabError(f"--{dest.replace('_', '-')} {cur} conflicts with {args.from_file} ({key} = {val}); "
                                 f"drop the flag or edit the file")
         setattr(args, dest, val)
+    red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
+    if red and hasattr(args, red):
+        other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]
+        if getattr(args, other, False):
+            raise ShardlabError(f"--{other.replace('_', '-')} conflicts with {args.from_file}, which reduces gradients in "
+                                f"{'fp32' if red == 'grad_reduce_fp32' else 'bf16/fp16'}; drop the flag or edit the file")
+        setattr(args, red, True)
     if imp.framework and hasattr(args, "framework") and getattr(args, "framework", None) is None:
         args.framework = imp.framework
     _check_against_model(args, f, imp)

@@ -32,8 +32,11 @@ def cmd_ladder(args, cat):
     from shardlab.cli.common import resolve_framework
 
     fw = resolve_framework(args, cat)   # the mechanisms `shardlab memory` assumes for one model
+    from shardlab.cli.common import grad_reduce_choice
+
     rows = ladder(cat, acc, layout, seq_len=seq, rank=rank, targets=tuple(args.lora_targets or ('all-linear',)),
-                  overheads=load_overheads(args.overheads, args.no_overheads), framework=fw)
+                  overheads=load_overheads(args.overheads, args.no_overheads), framework=fw,
+                  grad_reduce_bytes=grad_reduce_choice(args))
     cap = acc.memory_bytes
     largest = {k: max((r for r in rows if r[k] <= cap), key=lambda r: r["params"], default=None) for k, _ in METHODS}
     cell = lambda b: f"{b / 2**30:,.1f} {'fits' if b <= cap else '-'}"

@@ -89,6 +89,7 @@ def cmd_memory(args):
     rep.notes.append(f"framework {fw.id}" + (f": {', '.join(mech)}" if mech else "") + " (--framework to change)")
     doc = rep.to_dict()
     doc["framework"] = fw.id
+    doc["main_grad_bytes"] = args.grad_bytes          # bytes per gradient element held (0: the gradient dtype)
     hints = _hints(rep, args, spec, fw) if rep.fits is False and spec is not None else []
     doc["hints"] = hints
     return doc, render(rep, hints)

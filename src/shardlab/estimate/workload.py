@@ -93,10 +93,12 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
 
 def workload_overheads(wl, ov: Overheads) -> Overheads:
     """The memory overheads with the framework's buffer mechanisms (none when overheads are switched off): no DDP
-    bucket copy beside a main-grad buffer, and module-wise ZeRO-3 buffers.
+    bucket copy nor ZeRO-1 bucket beside a main-grad buffer, and module-wise ZeRO-3 buffers.
     ``wl``: a Workload or a Framework profile (both carry these fields)."""
-    if getattr(wl, "main_grad_buffer", False) and ov.ddp_bucket_copy:
-        ov = replace(ov, ddp_bucket_copy=False)
+    if getattr(wl, "main_grad_buffer", False):
+        # the reduction buckets are views of the buffer, and the distributed optimizer reduce-scatters in place into the
+        # rank's shard of it (megatron/core/distributed/param_and_grad_buffer.py): no bucket copy, no ZeRO-1 bucket
+        ov = replace(ov, ddp_bucket_copy=False, zero_bucket_layers=0.0)
     if not ov.fsdp_prefetch_units or not wl.zero3_live_params:
         return ov
     return replace(ov, zero3_live_params=wl.zero3_live_params, zero3_reduce_bucket_params=wl.zero3_reduce_bucket_params)

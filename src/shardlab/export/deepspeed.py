@@ -38,7 +38,8 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         uns.append(Unsupported("cp", lay.cp, "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), "
                                              f"not ring attention: the {lay.cp} × {lay.dp} ranks run as data parallelism "
                                              f"(data-parallel size {lay.dp * lay.cp}, gradient_accumulation_steps "
-                                             f"{accumulation}); set sequence_parallel_size yourself"))
+                                             f"{accumulation}); with sequence_parallel_size {lay.cp} set by hand, "
+                                             f"gradient_accumulation_steps goes back to {job.microbatches}"))
     if lay.recompute != "none":
         uns.append(Unsupported("recompute", lay.recompute, "activation checkpointing is switched on in the model code "
                                                            "(deepspeed.checkpointing or gradient_checkpointing_enable)"))
@@ -61,6 +62,8 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         cfg["zero_optimization"]["reduce_scatter"] = True
     if job.precision in ("bf16-mixed", "bf16"):
         cfg["bf16"] = {"enabled": True}
+    if job.grad_reduce_bytes == 4 and job.precision in ("bf16-mixed", "bf16", "fp16-mixed"):
+        cfg["communication_data_type"] = "fp32"      # DeepSpeed reduces in the model's dtype unless told otherwise
     elif job.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     if lay.tp > 1:
@@ -154,9 +157,16 @@ def read(text: str, catalog) -> Imported:
         enabled[k] = on is True or on == "auto"          # "auto" (the Hugging Face Trainer decides): as before, on
     f["precision"] = "bf16-mixed" if enabled["bf16"] else "fp16-mixed" if enabled["fp16"] else "fp32"
     und.append(("bf16/fp16 sections", f["precision"]))
+    comm = cfg.get("communication_data_type")
+    if comm is not None:
+        if comm not in ("fp32", "fp16", "bf16", "bfp16"):
+            raise FieldError("communication_data_type", '"fp32", "fp16" or "bf16"', comm, wrong_type=not isinstance(comm, str))
+        f["grad_reduce_bytes"] = 4 if comm == "fp32" else 2
+        und.append((f"communication_data_type {comm}", f"gradients reduced in {comm}"))
     if cfg.get("sequence_parallel_size", 1) not in (1, None):
         ign.append(f"sequence_parallel_size {str(cfg['sequence_parallel_size'])[:20]} (Ulysses: not modelled)")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-             "bf16", "fp16", "tensor_parallel", "pipeline", "expert_parallel", "sequence_parallel_size"}
+             "bf16", "fp16", "tensor_parallel", "pipeline", "expert_parallel", "sequence_parallel_size",
+             "communication_data_type"}
     ign += [k[:60] for k in cfg if k not in known]
     return Imported("deepspeed", f, tuple(und), tuple(ign), framework="deepspeed")

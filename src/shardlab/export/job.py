@@ -65,6 +65,8 @@ class LaunchJob:
     """GPUs per node (sets nodes = gpus / gpus_per_node)."""
     framework: str | None = None
     """Framework id (megatron-lm, deepspeed, pytorch-fsdp, torchtitan, vllm) the job runs on, if known."""
+    grad_reduce_bytes: int | None = None
+    """Bytes per reduced gradient element the estimate assumed (4: fp32, 2: bf16/fp16); None: the framework's default."""
     serve: Serve | None = None
     """Serving settings; None for training."""
     notes: dict = field(default_factory=dict, compare=False, hash=False)

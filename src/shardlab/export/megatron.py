@@ -146,10 +146,20 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out += [("use-megatron-fsdp", True), ("data-parallel-sharding-strategy", ZERO_FSDP[lay.zero])]
     if lay.dp > 1:
         out.append(("overlap-grad-reduce", True))
-    if job.precision in ("bf16-mixed", "bf16"):
+    # Megatron-LM reduces (and holds) bf16 gradients in fp32 unless --grad-reduce-in-bf16, fp16 ones in fp16 unless
+    # --accumulate-allreduce-grads-in-fp32 (megatron/training/arguments.py); FP8 runs on bf16 with --fp8-format
+    if job.precision in ("bf16-mixed", "bf16", "fp8-mixed"):
         out.append(("bf16", True))
+        if job.grad_reduce_bytes == 2:
+            out.append(("grad-reduce-in-bf16", True))
     elif job.precision == "fp16-mixed":
         out.append(("fp16", True))
+        if job.grad_reduce_bytes == 4:
+            out.append(("accumulate-allreduce-grads-in-fp32", True))
+    elif job.grad_reduce_bytes == 2:
+        uns.append(Unsupported("grad_reduce", "bf16", "fp32 training reduces fp32 gradients in Megatron-LM"))
+    if job.precision == "fp8-mixed":
+        out.append(("fp8-format", "hybrid"))     # Transformer Engine: E4M3 forward, E5M2 gradients (shardlab's FP8 recipe)
     out.append(("optimizer", "sgd" if job.optimizer == "sgd" else "adam"))
     out += model_flags(spec)
     out += [("mock-data", True), ("train-iters", 100), ("lr", 3e-4)]
@@ -261,8 +271,15 @@ def read(text: str, catalog) -> Imported:
             if sizes and sizes != even_split(layers, f["pp"]):
                 f["stage_layers"] = sizes
                 und.append(("--decoder-first/last-pipeline-num-layers", f"stage layers {'/'.join(map(str, sizes))}"))
-    f["precision"] = "bf16-mixed" if "bf16" in fl else "fp16-mixed" if "fp16" in fl else "fp32"
+    f["precision"] = ("fp8-mixed" if "fp8-format" in fl and "bf16" in fl else "bf16-mixed" if "bf16" in fl
+                      else "fp16-mixed" if "fp16" in fl else "fp32")
     und.append(("precision flags", f["precision"]))
+    if "grad-reduce-in-bf16" in fl:
+        f["grad_reduce_bytes"] = 2
+        und.append(("--grad-reduce-in-bf16", "gradients held and reduced in bf16"))
+    elif "accumulate-allreduce-grads-in-fp32" in fl:
+        f["grad_reduce_bytes"] = 4
+        und.append(("--accumulate-allreduce-grads-in-fp32", "gradients held and reduced in fp32"))
     dim = lambda n, d=None, lo=1: g(n, d, lo, L.MAX_MODEL_DIM)
     shape = {"num_layers": layers, "hidden_size": dim("hidden-size"), "num_heads": dim("num-attention-heads"),
              "ffn_hidden_size": dim("ffn-hidden-size"), "num_experts": dim("num-experts", 0, 0), "vocab_size": dim("vocab-size")}
@@ -278,7 +295,8 @@ def read(text: str, catalog) -> Imported:
     known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
              "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
-             "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers",
+             "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format",
+             "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
              "pipeline-model-parallel-layout",

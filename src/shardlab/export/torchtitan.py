@@ -69,6 +69,9 @@ def render(job: LaunchJob, spec) -> Export:
                                           "reshard_after_forward never, which also shards gradients (ZeRO-2, less memory)"))
     if job.optimizer != "adamw":
         uns.append(Unsupported("optimizer", job.optimizer, "torchtitan's optimizer builder takes Adam/AdamW; AdamW written"))
+    if job.grad_reduce_bytes == 2:
+        uns.append(Unsupported("grad_reduce", "bf16", "torchtitan 0.2.2 reduces gradients in fp32 "
+                                                      "(training.mixed_precision_reduce takes float32 only)"))
     if lay.tp > 1 and not lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", False, "torchtitan 0.2.2 always shards norms over TP (sequence parallel)"))
     dtype, mp = PRECISION[job.precision]

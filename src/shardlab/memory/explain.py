@@ -28,7 +28,8 @@ def explain_states(rep, sb: StateBytes, params_local: int, expert_params: int = 
         "model_states": f"= {w.model_states / 1e9:,.2f} GB (1e9 bytes, the ZeRO paper's unit)",
         "weights": f"{term(3)} × {sb.weights} B = {fmt_bytes(w.weights)}" + (" (FSDP2 shards padded per tensor)" if lay.zero >= 3 else ""),
         "gradients": f"{term(2)} × {sb.gradients} B = {fmt_bytes(w.gradients)}"
-                     + (" [fp32 main_grad buffer: Megatron-LM under bf16; --grad-reduce-bf16 for 2 B]"
+                     + (" [fp32 main_grad buffer: Megatron-LM's default under bf16 (or --grad-reduce-fp32); "
+                        "--grad-reduce-bf16 for 2 B]"
                         if sb.gradients > sb.weights else ""),
         "optimizer": (f"{term(1)} × ({sb.master} B fp32 master + {sb.moments:g} B moments) = {fmt_bytes(w.optimizer)}  "
                       f"[ZeRO paper §3.1: K = {sb.optimizer:g}]"),

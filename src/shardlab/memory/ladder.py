@@ -11,10 +11,11 @@ METHODS = (("full", "full fine-tuning (bf16-mixed AdamW, 16 B/param)"), ("lora",
 
 
 def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...], overheads, min_params: float = 1e8,
-           framework=None):
+           framework=None, grad_reduce_bytes: int | None = None):
     """Rows {model, params, full, lora, qlora (bytes)} for catalog models of at least ``min_params``, smallest first.
     ``framework`` (a Framework profile) adds its memory mechanisms (fused loss, compiled blocks, module-wise ZeRO-3
-    buffers), as `shardlab memory --framework` does; None: none of them."""
+    buffers, gradients held in a main-grad buffer), as `shardlab memory --framework` does; None: none of them.
+    ``grad_reduce_bytes``: the user's --grad-reduce-fp32/-bf16 (4, 2), None for the framework's default."""
     from shardlab.estimate.workload import workload_overheads
     from shardlab.memory import training_memory
     from shardlab.memory.lora import LoraSpec
@@ -36,7 +37,8 @@ def ladder(cat, acc, layout, *, seq_len: int, rank: int, targets: tuple[str, ...
                                   overheads=workload_overheads(framework, overheads) if framework else overheads,
                                   fused_loss=bool(framework and framework.fused_loss),
                                   compiled=bool(framework and framework.kernels == "compiled"),
-                                  grad_bytes=effective_grad_bytes(framework, "bf16-mixed")[1] if framework else 0)
+                                  grad_bytes=effective_grad_bytes(framework, "bf16-mixed", grad_reduce_bytes)[1]
+                                  if framework else 0)
             row[key] = rep.worst.total
         rows.append(row)
     return sorted(rows, key=lambda r: r["params"])

@@ -136,8 +136,11 @@ def _dp(inp: RiskInputs) -> str:
     exposed = _b(inp, "dp_comm_s") + _b(inp, "zero3_comm_s")
     lk = _link(inp, items[0]["link_id"])
     where = f"across {items[0]['nodes_spanned']} nodes" if items[0]["nodes_spanned"] > 1 else "inside a node"
-    return (f"DP {d} {where} on {_bw(lk)}: {total:.2f} s of gradient/parameter traffic per step, {exposed:.2f} s exposed; "
-            f"if it stops overlapping backward: +{_pct(max(0.0, total - exposed), inp)} step time")
+    # total: the collectives as `comm plan` prices them (buckets, hierarchical rings); exposed: the step model's share
+    # (its own α-β pricing), which can exceed the inventory's total when the two pricings differ
+    return (f"DP {d} {where} on {_bw(lk)}: {total:.2f} s of gradient/parameter traffic per step (comm plan), "
+            f"{exposed:.2f} s exposed in the step time; if it stops overlapping backward: "
+            f"+{_pct(max(0.0, total - exposed), inp)} step time")
 
 
 def _cp(inp: RiskInputs) -> str:

@@ -223,7 +223,9 @@ def q_buckets(rng: random.Random) -> Question:
                                    f"25 MiB buckets: how many bucket all-reduces per step (ignore the small first bucket)?",
                     "numeric", b, unit="buckets",
                     solution=(f"gradient bytes = {fmt_count(n)} × 2 B = {2 * n:,} B",
-                              f"buckets = ⌈{2 * n:,} / {DDP_BUCKET_BYTES:,}⌉ = {b} (25 MiB = {DDP_BUCKET_BYTES:,} B)"),
+                              f"buckets = ⌈{2 * n:,} / {DDP_BUCKET_BYTES:,}⌉ = {b} (25 MiB = {DDP_BUCKET_BYTES:,} B); "
+                              f"fp32 gradients (Megatron-LM's default under bf16, as `shardlab explain ddp-buckets` "
+                              f"shows) double the bytes and the buckets"),
                     command="shardlab explain ddp-buckets")
 
 

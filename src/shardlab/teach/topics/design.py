@@ -48,9 +48,8 @@ def myths(v: dict) -> Explanation:
     """'64 GPUs means DP = 64', 'PP across nodes is free' and the textbook DP×TP8×PP4, each against the planner."""
     from shardlab.estimate import estimate_training
     from shardlab.estimate.training import DEFAULT_FRAMEWORK
-    from shardlab.estimate.workload import workload_for
+    from shardlab.estimate.workload import workload_for, workload_memory
     from shardlab.layout import Layout
-    from shardlab.memory import training_memory
     from shardlab.planner.report import _layout_str
     from shardlab.planner.search import plan_training
 
@@ -58,9 +57,10 @@ def myths(v: dict) -> Explanation:
     n, gpn = v["gpus"], cl.gpus_per_node
     seq = min(spec.max_seq_len, 4096)
     gb = max(1, 4 * 2**20 // seq)                      # 4M tokens per step, as `shardlab plan` assumes
-    dp_mem = training_memory(Layout(dp=n), model=spec, accelerator=cl.accelerator, seq_len=seq, num_gpus=n).worst
     fw = catalog().framework(DEFAULT_FRAMEWORK)        # the framework `shardlab plan` and `estimate` assume by default
-    plans = plan_training(spec, cl, workload_for(fw, seq_len=seq, global_batch=gb), top=1, framework=fw).plans
+    wl = workload_for(fw, seq_len=seq, global_batch=gb)
+    dp_mem = workload_memory(Layout(dp=n), spec, cl.accelerator, wl, 1).worst   # the same framework's memory
+    plans = plan_training(spec, cl, wl, top=1, framework=fw).plans
     if not plans:
         from shardlab.errors import ShardlabError
 

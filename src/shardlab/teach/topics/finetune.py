@@ -36,7 +36,10 @@ def finetune_memory(v: dict) -> Explanation:
     recipes = {"full": Recipe(), "lora": Recipe(lora=LoraSpec(r)), "qlora": Recipe(lora=LoraSpec(r, quantize_base="nf4"))}
     reps = {k: estimate_training(spec, lay, cl, seq_len=seq, global_batch=1, framework=fw, recipe=rec).memory.worst
             for k, rec in recipes.items()}
-    sb = state_bytes("bf16-mixed", "adamw")
+    from shardlab.specs.framework import effective_grad_bytes
+
+    sb = state_bytes("bf16-mixed", "adamw", effective_grad_bytes(fw, "bf16-mixed")[1])   # megatron-lm: fp32 gradients
+    grad = "an fp32 gradient (the framework's main_grad buffer)" if sb.gradients == 4 else "a bf16 gradient"
     parts = rank_states(model_tensors(spec), spec, lay, sb, recipes["qlora"], "bf16-mixed").parts
     lparts = rank_states(model_tensors(spec), spec, lay, sb, recipes["lora"], "bf16-mixed").parts
     trainable = adapter_param_count(spec, recipes["lora"].lora)
@@ -54,11 +57,11 @@ def finetune_memory(v: dict) -> Explanation:
         f"Fine-tuning {spec.name} ({fmt_count(f.params)} parameters) on one {acc.id} ({gib(cap)}) at {seq} tokens: how much "
         f"memory do full training, LoRA (r = {r}) and QLoRA take, and where does single-GPU training stop?",
         dict(v),
-        [f"full: every parameter has a bf16 weight, a bf16 gradient and fp32 master + Adam moments: 16 B × "
+        [f"full: every parameter has a bf16 weight, {grad} and fp32 master + Adam moments: {sb.total:g} B × "
          f"{fmt_count(f.params)} = {gib(f.model_states)} of model states; {fits(f)} ({gib(f.total)} with activations)",
          f"LoRA freezes the base (2 B per weight, no gradient, no optimizer state: {gib(lparts['base_bf16_bytes'])}) and "
          f"trains adapters A (r × in) and B (out × r) on every linear: {fmt_count(trainable)} parameters "
-         f"({trainable / f.params:.2%}), each with the full 16 B: gradients {gib(lo.gradients)}, optimizer "
+         f"({trainable / f.params:.2%}), each with the full {sb.total:g} B: gradients {gib(lo.gradients)}, optimizer "
          f"{gib(lo.optimizer)}; total {gib(lo.total)}, {fits(lo)}",
          f"QLoRA stores the frozen base linears in 4-bit NormalFloat: 4-bit codes + an 8-bit scale per 64 weights + an "
          f"fp32 scale per 256 blocks = {bits:.3f} bits per weight: {gib(parts['base_quantized_bytes'])} (+ embeddings, "
@@ -69,7 +72,7 @@ def finetune_memory(v: dict) -> Explanation:
          + (f"; --recompute {v['recompute']} is in effect" if v["recompute"] != "none" else "; recompute=full cuts them"),
          f"where single-GPU training stops on the {acc.id} (every catalog model at {v['seq']} tokens): full fine-tuning "
          f"{stop['full']}, LoRA {stop['lora']}, QLoRA {stop['qlora']}"],
-        f"Full fine-tuning pays 16 bytes for every parameter, so one {acc.id} stops at {stop['full']}. LoRA freezes the "
+        f"Full fine-tuning pays {sb.total:g} bytes for every parameter, so one {acc.id} stops at {stop['full']}. LoRA freezes the "
         f"model and trains small adapters ({trainable / f.params:.2%} of the parameters here): the optimizer state almost "
         f"vanishes, but the frozen weights still take 2 bytes each. QLoRA stores them in about half a byte, which is why a "
         f"single {acc.id} reaches {stop['qlora']}. What is left is mostly activations, which no adapter trick removes; "

@@ -17,16 +17,16 @@ def two_pressures(v: dict) -> Explanation:
     from shardlab.estimate import estimate_training
     from shardlab.flops import six_psi_d, training_flops_per_token
     from shardlab.layout import Layout
-    from shardlab.memory import training_memory
     from shardlab.memory.precision import state_bytes
     from shardlab.specs.tensors import param_counts
 
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], 1)
     acc = cl.accelerator
     seq = min(spec.max_seq_len, 4096)
-    mem = training_memory(Layout(), model=spec, accelerator=acc, seq_len=seq, precision=v["precision"])
-    w = mem.worst
     est = estimate_training(spec, Layout(), cl, seq_len=seq, global_batch=1, precision=v["precision"])
+    mem = est.memory                  # the default framework's (megatron-lm: fp32 gradients under bf16), as `memory` says
+    w = mem.worst
+    sb = state_bytes(v["precision"], "adamw", est.workload.main_grad_bytes)
     active = param_counts(spec).active
     one_gpu_days = v["tokens"] / est.tokens_per_s / 86400
     gpus_needed = -(-one_gpu_days // v["days"])
@@ -43,8 +43,8 @@ def two_pressures(v: dict) -> Explanation:
         f"Does training {spec.name} on {fmt_count(v['tokens'])} tokens face memory pressure, time pressure, or both, "
         f"on {acc.id} GPUs with a {v['days']:g}-day deadline?",
         dict(v),
-        [f"model states on one GPU: {fmt_count(w.params)} params × {state_bytes(v['precision'], 'adamw').total:g} B "
-         f"(AdamW, {v['precision']}) = {gib(w.model_states)} (weights {gib(w.weights)} + gradients {gib(w.gradients)} "
+        [f"model states on one GPU: {fmt_count(w.params)} params × {sb.total:g} B "
+         f"(AdamW, {v['precision']}, {est.workload.framework}) = {gib(w.model_states)} (weights {gib(w.weights)} + gradients {gib(w.gradients)} "
          f"+ optimizer {gib(w.optimizer)})",
          f"plus activations of one {seq}-token sequence {gib(w.activations)} and overheads {gib(w.other_total)} = "
          f"{gib(w.total)} against {gib(acc.memory_bytes)} on the {acc.id}: "
