@@ -157,7 +157,7 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
             info = [r for r in fr if not r["in_target"]]
             if tgt:
                 m = [r["measured"] for r in tgt]
-                ax.scatter(m, [r["predicted"] for r in tgt], s=26, facecolors="none", edgecolors=colour[fam], lw=0.8)
+                ax.scatter(m, [r["predicted"] for r in tgt], s=30, facecolors="none", edgecolors=colour[fam], lw=1.1)
                 ax.scatter(m, [r["loso_predicted"] for r in tgt], s=18, color=colour[fam], label=f"{fam} ({len(tgt)})")
             if info:
                 ax.scatter([r["measured"] for r in info], [r["predicted"] for r in info], s=30, marker="x",
@@ -182,8 +182,8 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
         ax.set_ylabel(f"predicted {label}")
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
-    fig.suptitle(title + "\nfilled: leave-one-source-out (refitted without the run's source); hollow: in sample",
-                 fontsize=10)
+    fig.suptitle(title + "\nfilled: leave-one-source-out (refitted without the run's source); hollow: in sample; "
+                         "×: outside the target (in sample)", fontsize=10)
     fig.tight_layout()
     fig.savefig(p)
     plt.close(fig)
