@@ -82,8 +82,6 @@ def _need_op(parser) -> int:
                         f"or inference (see `{parser.prog} --help`)")
 
 
-
-
 def _links(cat, text: str, flag: str = "--link"):
     from shardlab.errors import ShardlabError
 
@@ -176,17 +174,14 @@ def cmd_plan(args):
     m = args.microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
-    from shardlab.cli.common import resolve_framework
-
-    from shardlab.cli.common import grad_reduce_choice
-
-    fw = resolve_framework(args, cat)
-    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw,
-                               grad_reduce_bytes=grad_reduce_choice(args))
+    from shardlab.cli.common import grad_reduce_choice, resolve_framework
     from shardlab.comm.inventory import grad_wire_bytes
 
+    fw, red = resolve_framework(args, cat), grad_reduce_choice(args)
+    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw,
+                               grad_reduce_bytes=red)
     doc = {"model": spec.name, "framework": fw.id, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
-           "grad_reduce_bytes": grad_wire_bytes(fw, args.precision, grad_reduce_choice(args)),
+           "grad_reduce_bytes": grad_wire_bytes(fw, args.precision, red),
            "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
                        "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},
            "items": [asdict(i) for i in items], "summary": summarize(items)}

@@ -66,36 +66,34 @@ def cmd_memory(args):
     layout = layout_from_args(args)
     from shardlab.cli.common import resolve_gpu
 
-    from shardlab.cli.common import resolve_framework
+    from shardlab.cli.common import grad_reduce_choice, resolve_framework
     from shardlab.estimate.workload import workload_overheads
-
-    from shardlab.cli.common import grad_reduce_choice
     from shardlab.specs.framework import effective_grad_bytes
 
     acc = cat.accelerator(resolve_gpu(args, cat))
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
     compiled = fw.kernels_for(args.compile) == "compiled"
-    args.grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]
+    grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]   # 0: the gradient dtype
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=args.microbatches,
         overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
         flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", num_gpus=args.gpus,
-        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled, grad_bytes=args.grad_bytes)
+        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled, grad_bytes=grad_bytes)
     mech = [m for m, on in (("fused cross-entropy", fw.fused_loss), ("compiled blocks keep only matmul outputs", compiled),
                             ("ZeRO-3 gathers module by module", fw.zero3_live_params > 0),
-                            (f"gradients held in a {args.grad_bytes * 8}-bit main-grad buffer", fw.main_grad_buffer
-                             and args.grad_bytes > 0)) if on]
+                            (f"gradients held in a {grad_bytes * 8}-bit main-grad buffer", fw.main_grad_buffer
+                             and grad_bytes > 0)) if on]
     rep.notes.append(f"framework {fw.id}" + (f": {', '.join(mech)}" if mech else "") + " (--framework to change)")
     doc = rep.to_dict()
     doc["framework"] = fw.id
-    doc["main_grad_bytes"] = args.grad_bytes          # bytes per gradient element held (0: the gradient dtype)
-    hints = _hints(rep, args, spec, fw) if rep.fits is False and spec is not None else []
+    doc["main_grad_bytes"] = grad_bytes               # bytes per gradient element held (0: the gradient dtype)
+    hints = _hints(rep, args, spec, fw, grad_bytes) if rep.fits is False and spec is not None else []
     doc["hints"] = hints
     return doc, render(rep, hints)
 
 
-def _hints(rep, args, spec, fw) -> list[str]:
+def _hints(rep, args, spec, fw, grad_bytes: int = 0) -> list[str]:
     """When the layout does not fit, try the usual remedies and say what each would give."""
     from shardlab.estimate.workload import workload_overheads
     from shardlab.memory import load_overheads, training_memory
@@ -122,7 +120,7 @@ def _hints(rep, args, spec, fw) -> list[str]:
                             overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
                             flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", recipe=recipe,
                             fused_loss=fw.fused_loss, compiled=fw.kernels_for(args.compile) == "compiled",
-                            grad_bytes=args.grad_bytes)
+                            grad_bytes=grad_bytes)
         gib = r.worst.total / 2**30
         host = f", {r.worst.host_total / 2**30:.1f} GiB per GPU in host memory" if r.worst.host_total else ""
         out.append(f"{label}: {gib:.1f} GiB per GPU{host} ({'fits' if r.fits else 'still too large'})")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.comm.collectives import alpha_beta_time
-from shardlab.estimate.hardware import group_link
+from shardlab.estimate.hardware import group_link, ranks_per_node
 from shardlab.specs.hardware import Cluster
 
 
@@ -75,9 +75,7 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     the g − 1 in its node over the intra-node link and the n − g on other nodes through its own NIC (every rank's
     traffic leaves the node, so the node's NICs are not pooled for it); the two run at once, the busier sets the pace."""
     n = np.maximum(np.asarray(ep), 1)
-    stride = np.asarray(tp) * np.asarray(cp)
-    gpn = cluster.gpus_per_node
-    g = np.minimum(np.where(stride < gpn, np.maximum(gpn // np.maximum(stride, 1), 1), 1), n)   # peers in one node
+    g = ranks_per_node(cluster, n, np.asarray(tp) * np.asarray(cp))   # the rank and its peers in one node
     size = tokens * top_k * hidden * elem_bytes
     intra, inter = cluster.intra_link, cluster.inter_link
     lat = (g - 1) * intra.latency_s + (n - g) * inter.latency_s

@@ -97,16 +97,21 @@ class GroupLink:
     """Nodes the group spans (1 = inside a node)."""
 
 
+def ranks_per_node(cluster: Cluster, size, stride):
+    """Members of a group of ``size`` ranks ``stride`` apart that share one node (array-safe)."""
+    stride = np.asarray(stride)
+    gpn = cluster.gpus_per_node
+    per_node = np.where(stride < gpn, np.maximum(gpn // np.maximum(stride, 1), 1), 1)
+    return np.minimum(per_node, np.maximum(np.asarray(size), 1))
+
+
 def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> GroupLink:
     """Link parameters for groups of ``size`` ranks ``stride`` apart (array-safe).
 
     ``per_gpu_nic``: the group's traffic crosses each rank's own NIC without sharing a node's NICs (a ring whose
     every hop leaves the node): the bus bandwidth is one GPU's inter-node rate however many members a node holds."""
     size = np.asarray(size)
-    stride = np.asarray(stride)
-    gpn = cluster.gpus_per_node
-    per_node = np.where(stride < gpn, np.maximum(gpn // np.maximum(stride, 1), 1), 1)
-    per_node = np.minimum(per_node, np.maximum(size, 1))
+    per_node = ranks_per_node(cluster, size, stride)
     nodes = -(-size // per_node)
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1

@@ -6,7 +6,7 @@ The peak memory of each model under each method on one accelerator, smallest mod
 
 from __future__ import annotations
 
-METHODS = (("full", "full fine-tuning (bf16-mixed AdamW, 16 B/param)"), ("lora", "LoRA, frozen bf16 base"),
+METHODS = (("full", "full fine-tuning (bf16-mixed AdamW)"), ("lora", "LoRA, frozen bf16 base"),
            ("qlora", "QLoRA, frozen NF4 base"))
 
 
