@@ -173,6 +173,26 @@ def test_pipeline_picture_subtitle_uses_the_simulated_pass_times(tmp_path):
     assert captured["subtitle"].startswith("per stage: F = 1 s, B = 1 s, W = 1 s"), captured["subtitle"]   # B split in two
 
 
+def test_pipeline_picture_labels_two_digit_micro_batches_and_hatches_each_chunk(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+    from matplotlib.collections import PolyCollection
+
+    from shardlab.pipeline import simulate
+    from shardlab.report.plots import CHUNK_HATCHES, pipeline_timeline
+
+    texts, hatches = [], set()
+    real_text, real_add = Axes.text, Axes.add_collection
+    monkeypatch.setattr(Axes, "text", lambda ax, x, y, s, **kw: texts.append(s) or real_text(ax, x, y, s, **kw))
+    monkeypatch.setattr(Axes, "add_collection", lambda ax, c, **kw: (hatches.add(c.get_hatch()) if isinstance(c, PolyCollection)
+                                                                     else None) or real_add(ax, c, **kw))
+    pipeline_timeline(simulate("1f1b", 8, 32, forward_s=1.0, backward_s=2.0), str(tmp_path / "a.png"))
+    assert {"10", "31"} <= set(texts)          # backward boxes (2 s of a 117 s step on a 14-inch figure) hold two digits
+    hatches.clear()
+    pipeline_timeline(simulate("interleaved", 4, 8, vpp=4, forward_s=1.0, backward_s=2.0), str(tmp_path / "b.png"))
+    assert hatches == {None, *CHUNK_HATCHES[1:4]}   # four chunks, four distinct fills (chunk 0 plain)
+
+
 def test_rank_map_colours_by_ep_rank_and_serving_plan_names_its_targets(tmp_path):
     out = tmp_path / "mix.html"
     code, _, err = cli_main("plan", "mixtral-8x7b", "--gpus", "32", "--gpu", "a100-80gb", "--fix", "ep=8", "--html", str(out))

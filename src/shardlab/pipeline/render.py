@@ -135,8 +135,8 @@ def save_timeline(res: PipelineResult, path: str, times: dict, p2p_s: float = 0.
     p, m, v = res.stages, res.microbatches, res.vpp
     used = res.durations_s                  # the per-pass times the boxes were drawn with (per chunk when v > 1)
     w = used["weight_grad_s"] or None
-    sub = (f"per {used['per']}: F = {used['forward_s']:g} s, B = {used['backward_s']:g} s" + (f", W = {w:g} s" if w else "")
-           + (f", p2p = {p2p_s:g} s" if p2p_s else "") + (f"; stage {slow_stage} {slowdown:g}× slower" if slow_stage is not None else "")
+    sub = (f"per {used['per']}: F = {used['forward_s']:.4g} s, B = {used['backward_s']:.4g} s" + (f", W = {w:.4g} s" if w else "")
+           + (f", p2p = {p2p_s:.4g} s" if p2p_s else "") + (f"; stage {slow_stage} {slowdown:g}× slower" if slow_stage is not None else "")
            + "  (shardlab pipeline)")
     cf = bubble_fraction_closed_form(res.schedule, p, m, v, **times)
     title = (f"{res.schedule}: {p} stages, {m} micro-batches" + (f", v = {v}" if v > 1 else "")

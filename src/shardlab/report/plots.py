@@ -10,6 +10,9 @@ from shardlab.errors import ShardlabError
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 """Forward blue, backward orange, weight-gradient green (colour-blind safe 'deep' palette)."""
 
+CHUNK_HATCHES = ("", "//", "..", "xx", "\\\\", "++")
+"""Hatching per model chunk of an interleaved schedule (chunk 0 plain); it repeats after six chunks."""
+
 
 def _plt():
     import matplotlib
@@ -33,8 +36,10 @@ def check_picture_path(path: str) -> Path:
 def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = "",
                       stage_notes: dict[int, str] | None = None) -> Path:
     """Gantt chart of a simulated pipeline step: one row per rank (rank 0 on top), one box per pass,
-    labelled with its micro-batch when there is room; odd model chunks are hatched."""
+    labelled with its micro-batch when there is room; with v model chunks per rank each chunk has its own
+    hatching (chunk 0 plain)."""
     import numpy as np
+    from matplotlib import patheffects
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
@@ -51,17 +56,23 @@ def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = 
         x0, x1, y = t["start_s"][sel], t["end_s"][sel], t["stage"][sel].astype(float)
         verts = np.stack([np.stack([x0, y - 0.4], 1), np.stack([x1, y - 0.4], 1),
                           np.stack([x1, y + 0.4], 1), np.stack([x0, y + 0.4], 1)], 1)
-        odd = (t["chunk"][sel] % 2 == 1)
-        for mask, hatch in ((~odd, None), (odd, "//")):
+        chunk = t["chunk"][sel] % len(CHUNK_HATCHES)
+        for c, hatch in enumerate(CHUNK_HATCHES):
+            mask = chunk == c
             if mask.any():
                 ax.add_collection(PolyCollection(verts[mask], facecolors=PASS_COLORS[name], edgecolors="white",
-                                                 linewidths=0.5, hatch=hatch))
+                                                 linewidths=0.5, hatch=hatch or None))
     n_boxes = len(kinds)
     if n_boxes <= 1200:
         fs = 7 if res.microbatches * res.vpp <= 32 else 5
+        axes_pts = 0.88 * width * 72          # the axes take ~88% of the figure's width once labelled
+        halo = {k: [patheffects.withStroke(linewidth=2, foreground=PASS_COLORS[n])] for k, n in enumerate("FBW")}
         for s, kd, j, a, b in zip(t["stage"], kinds, t["microbatch"], t["start_s"], t["end_s"]):
-            if (b - a) / res.step_time_s * width * 72 > fs * 1.4 * len(str(j)):
-                ax.text((a + b) / 2, s, str(j), ha="center", va="center", fontsize=fs, color="white")
+            # a digit is ~0.6 em wide: write the number where it fits with a little margin; a halo in the
+            # box's colour keeps it legible over hatching
+            if (b - a) / res.step_time_s * axes_pts > fs * 0.62 * len(str(j)) + 3:
+                ax.text((a + b) / 2, s, str(j), ha="center", va="center", fontsize=fs, color="white",
+                        path_effects=halo[int(kd)])
     ax.set_xlim(0, res.step_time_s)
     ax.set_ylim(res.stages - 0.5, -0.5)
     ax.set_yticks(range(res.stages))
@@ -75,15 +86,22 @@ def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = 
     if res.schedule == "zb-h1":
         handles.insert(2, Patch(color=PASS_COLORS["W"], label="weight gradient"))
     if res.vpp > 1:
-        handles.append(Patch(facecolor="#cccccc", hatch="//", edgecolor="white", label="odd model chunk"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if res.stages > 3 else -0.3),
-              ncol=len(handles), frameon=False, fontsize=9)
+        for c in range(min(res.vpp, len(CHUNK_HATCHES))):
+            handles.append(Patch(facecolor="#bbbbbb", hatch=CHUNK_HATCHES[c] or None, edgecolor="white",
+                                 label=f"model chunk {c}"))
+        if res.vpp > len(CHUNK_HATCHES):
+            handles.append(Patch(facecolor="white", edgecolor="white", label=f"(hatching repeats every {len(CHUNK_HATCHES)} chunks)"))
+    # the legend sits a fixed distance under the axis (in inches, not a share of a tall figure's height)
+    fig_h = fig.get_size_inches()[1]
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 8),
+               frameon=False, fontsize=9)
+    legend_rows = -(-len(handles) // 8)
     ax.set_title((title or f"{res.schedule}: {res.stages} stages, {res.microbatches} micro-batches"
                   + (f", v = {res.vpp}" if res.vpp > 1 else "") + f" — bubble {100 * res.bubble_fraction:.1f}% of the step")
                  + (f"\n{subtitle}" if subtitle else ""), fontsize=10, loc="left")
     ax.grid(axis="x", color="#eeeeee", zorder=0)
     ax.set_axisbelow(True)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, (0.1 + 0.3 * legend_rows) / fig_h, 1, 1))
     fig.savefig(p_out, dpi=130)
     plt.close(fig)
     return p_out
