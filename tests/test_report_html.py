@@ -126,8 +126,11 @@ def test_calibrate_page_from_saved_measurements(tmp_path):
     code, _, err = cli_main("calibrate", "--out", str(tmp_path / "p.yaml"), "--from-matmul", str(DATA / "bench_matmul_cpu.json"),
                             "--from-collectives", str(DATA / "bench_collectives_cpu.json"), "--html", str(out))
     assert code == 0, err
-    s = scan(out.read_text(encoding="utf-8"))
+    page = out.read_text(encoding="utf-8")
+    s = scan(page)
     assert {"profile", "matmul", "busbw", "fits"} <= set(s.ids) and s.external == []
+    # a CPU's tens of GFLOP/s are shown as GFLOP/s (not 0.0xx TF/s), the fit in the notation calibrate prints
+    assert "Matmul: achieved GFLOP/s" in page and "TF/s" not in page and "·n/(n+" in page and "n = min(M, N, K)" in page
 
 
 def test_rates_are_rates_and_step_parts_keep_their_colour(tmp_path):

@@ -106,7 +106,7 @@ def fit_alpha_beta(rows: Sequence[dict], op: str | None = None) -> AlphaBetaFit:
     alpha, inv_beta = _weighted_nonneg_lstsq(X, t)
     if inv_beta * X[:, 1].max() <= 1e-6 * t.max():  # the bandwidth term explains nothing of the largest time
         raise ShardlabError("the measured times do not grow with the message size, so no bandwidth can be "
-                            "fitted; widen the size range (e.g. --sizes 1KB:64MB)")
+                            "fitted; widen the size range (e.g. --sizes 1KiB:64MiB)")
     pred = X @ np.array([alpha, inv_beta])
     rel = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
     return AlphaBetaFit(op or "joint", n, float(alpha), float(1.0 / inv_beta), rel, len(sel))

@@ -25,6 +25,25 @@ def test_parse_sizes_range_list_and_errors():
             parse_sizes(bad)
 
 
+def test_default_sizes_double_in_binary_units_and_the_plot_labels_them_so():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from shardlab.runtime.bench.plots import size_ticks
+
+    sizes = parse_sizes("1KiB:64MiB")        # the CPU default, nccl-tests' 1K..64M
+    assert sizes[0] == 1024 and sizes[-1] == 64 * 2 ** 20 and all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    size_ticks(ax, sizes)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    plt.close(fig)
+    assert labels[0] == "1 KiB" and labels[-1] == "64 MiB" and len(labels) <= 9
+
+
 def test_parse_ops_and_rounding():
     assert parse_ops("all") == OPS
     assert parse_ops("send-recv,all-reduce") == ["send-recv", "all-reduce"]

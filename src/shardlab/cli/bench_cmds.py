@@ -13,7 +13,7 @@ MAX_CHECKED_RANKS = 256
 """Ranks `shard-check --ranks` may execute (each is a fresh interpreter building the model on the meta device)."""
 
 EXAMPLES_BENCH = """examples:
-  shardlab bench collectives --nproc 2 --sizes 1KB:64MB --plot busbw.png
+  shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --plot busbw.png
   shardlab bench collectives --nproc 8 --ops all-reduce,all-gather --json     # NCCL on a GPU server
   shardlab bench matmul --plot matmul.png                 # fp32 on CPU, bf16 on CUDA
 """
@@ -39,7 +39,7 @@ def _coll_args(p, nproc_default: int | None = 2) -> None:
     p.add_argument("--ops", default="all", help="comma list of all-reduce, all-gather, reduce-scatter, all-to-all, "
                                                 "send-recv, broadcast (default: all but broadcast)")
     p.add_argument("--sizes", default=None, help="START:END[:FACTOR] (doubling by default) or a comma list; "
-                                                 "default 1KB:64MB on CPU, 1KB:256MB on CUDA")
+                                                 "default 1KiB:64MiB on CPU, 1KiB:256MiB on CUDA")
     p.add_argument("--iters", type=BOUNDED["iters"], default=20, help="timed iterations per size at most (default 20)")
     p.add_argument("--warmup", type=BOUNDED["iters"], default=2, help="warm-up iterations per size (default 2)")
     p.add_argument("--min-time", type=BOUNDED["timeout"], default=0.05, help="time each size for at least this many "
@@ -174,7 +174,7 @@ def _collectives(args, device: str) -> dict:
     from shardlab.runtime import bench_collectives as bc
 
     ops = bc.parse_ops(args.ops)
-    sizes = bc.parse_sizes(args.sizes or ("1KB:256MB" if device == "cuda" else "1KB:64MB"))
+    sizes = bc.parse_sizes(args.sizes or ("1KiB:256MiB" if device == "cuda" else "1KiB:64MiB"))
     if device == "cuda":
         bc.check_gpu_count(args.nproc)
     doc = bc.run_collectives(args.nproc, ops, sizes, iters=args.iters, warmup=args.warmup,

@@ -1,7 +1,7 @@
 """Achieved rates: matmul efficiency vs matrix size, attention kernels, memory-bound throughput, group bandwidth.
 
-- Matmul: eff(d) = max_fraction · d / (d + half_size) of the dense peak, d = the smallest dimension of
-  the GEMM (a saturating curve: small TP shards and narrow heads run further from peak).
+- Matmul: eff(n) = max_fraction · n / (n + half_size) of the dense peak, n = min(M, N, K), the smallest
+  dimension of the GEMM (a saturating curve: small TP shards and narrow heads run further from peak).
 - Attention (FlashAttention-class fused kernels): the model's attention FLOPs at a share of the dense peak.
 - Memory-bound kernels (norms, activations, residuals, the optimizer) stream at a share of the HBM bandwidth.
 Each accelerator carries these three from its generation's entry in catalog/data/efficiencies.yaml (fitted to

@@ -30,21 +30,22 @@ ELEMENT_BYTES = 4
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'1KB:256MB' (doubling from the start; the end is included), 'A:B:F' (factor F), or '1KB,64KB,1MB'."""
+    """'1KiB:256MiB' (doubling from the start; the end is included), 'A:B:F' (factor F), or '1KiB,64KiB,1MiB'.
+    KiB/MiB (and K/M) are 1024-based as in nccl-tests' -b/-e; KB/MB are 1000-based."""
     from shardlab.units import parse_size
 
     text = text.strip()
     if ":" in text:
         parts = text.split(":")
         if len(parts) not in (2, 3):
-            raise ShardlabError(f"cannot parse --sizes '{text}': use START:END[:FACTOR], e.g. 1KB:256MB")
+            raise ShardlabError(f"cannot parse --sizes '{text}': use START:END[:FACTOR], e.g. 1KiB:256MiB")
         lo, hi = parse_size(parts[0], "--sizes start"), parse_size(parts[1], "--sizes end")
         try:
             factor = float(parts[2]) if len(parts) == 3 else 2.0
         except ValueError:
-            raise ShardlabError(f"--sizes factor '{parts[2]}' is not a number; use e.g. 1KB:256MB:4") from None
+            raise ShardlabError(f"--sizes factor '{parts[2]}' is not a number; use e.g. 1KiB:256MiB:4") from None
         if lo <= 0 or hi < lo or factor <= 1:
-            raise ShardlabError(f"--sizes '{text}' needs 0 < START <= END and FACTOR > 1, e.g. 1KB:256MB")
+            raise ShardlabError(f"--sizes '{text}' needs 0 < START <= END and FACTOR > 1, e.g. 1KiB:256MiB")
         out, s = [], float(lo)
         while s <= hi * (1 + 1e-9):
             out.append(int(round(s)))
@@ -54,7 +55,7 @@ def parse_sizes(text: str) -> list[int]:
         return out
     out = [parse_size(p, "--sizes entry") for p in text.split(",") if p.strip()]
     if not out or min(out) <= 0:
-        raise ShardlabError(f"--sizes '{text}' must list positive sizes, e.g. 1KB,1MB or 1KB:256MB")
+        raise ShardlabError(f"--sizes '{text}' must list positive sizes, e.g. 1KiB,1MiB or 1KiB:256MiB")
     return out
 
 

@@ -206,7 +206,7 @@ def _check_fitted(doc: dict, dtype: str, matmul_src: str, coll_src: str) -> None
     ]
     lk = (doc.get("links") or {}).get(prof["intra_link"])
     if lk is not None:
-        coll_fix = "remeasure with `shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`"
+        coll_fix = "remeasure with `shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`"
         checks += [
             (lk["bandwidth_gbps"], FIELD_MAX["bandwidth_gbps"], coll_src, "rows give a bus bandwidth of {v:.4g} GB/s",
              "GB/s", "check the rows' size_bytes and time_s, or " + coll_fix),
@@ -232,17 +232,17 @@ def _no_link_fit(coll: dict, link_fit: str, src: str) -> ShardlabError:
     sel = [r for r in rows if link_fit == "joint" or r["op"] == link_fit]
     if not sel:
         return ShardlabError(f"--link-fit {link_fit}: no such fit, {src} has no {link_fit} rows (it measured {', '.join(ops) or 'nothing'}); "
-                             f"measure it with `shardlab bench collectives --ops {link_fit} --sizes 1KB:64MB --json`, or "
+                             f"measure it with `shardlab bench collectives --ops {link_fit} --sizes 1KiB:64MiB --json`, or "
                              f"use --link-fit joint")
     sizes = len({r["size_bytes"] for r in sel})
     what = "" if link_fit == "joint" else f"{link_fit} "
     if sizes < 2:
         return ShardlabError(f"{src}: {len(sel)} {what}row(s) at {sizes} message size(s): fitting a link's latency and "
                              f"bandwidth needs at least 2 message sizes (8 or more fit well); measure a size range with "
-                             f"`shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`")
+                             f"`shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`")
     reason = (coll.get("fit_errors") or {}).get(link_fit) or "the fit failed"
     return ShardlabError(f"{src}: no {link_fit} latency/bandwidth fit from its {len(sel)} {what}rows: {reason}; or "
-                         f"remeasure with `shardlab bench collectives --nproc 2 --sizes 1KB:64MB --json`")
+                         f"remeasure with `shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`")
 
 
 def fit_summary(fit: AlphaBetaFit | EfficiencyFit) -> dict:

@@ -177,19 +177,21 @@ def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -
     fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
     lo = min(min(sp), 1.0) / 2
     ax.axhspan(lo, 1.0, color="tab:red", alpha=0.07, lw=0)
-    ax.text(max(tps) * 1.02, 1.0 * 0.93, "slower than T = 1", ha="right", va="top", fontsize=8, color="tab:red")
+    ax.text(min(tps) / 1.3, lo * 1.08, "slower than T = 1", ha="left", va="bottom", fontsize=8, color="tab:red")
     ax.plot(tps, tps, "--", color="grey", label="ideal (speedup = T)")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.plot(tps, sp, "o-", color="tab:blue", lw=2, label="measured (latency at T = 1 / latency at T)")
     for t, s_, p in zip(tps, sp, points):
-        ax.annotate(f"{s_:.2f}×  ({p['latency_per_token_s'] * 1e3:.1f} ms/token)", (t, s_), textcoords="offset points",
-                    xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"})
+        # to the right of the point: off the 1× line, the ideal diagonal and the measured line's other segments
+        ax.annotate(f"{s_:.2f}×\n{p['latency_per_token_s'] * 1e3:.1f} ms/token", (t, s_), textcoords="offset points",
+                    xytext=(8, 0), ha="left", va="center", fontsize=8, linespacing=1.1,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
     ax.set_yscale("log", base=2)
     ax.set_ylim(lo, max(max(tps), max(sp)) * 1.6)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
     ax.set_xscale("log", base=2)
     ax.set_xticks(tps, [str(t) for t in tps])
-    ax.set_xlim(min(tps) / 1.35, max(tps) * 1.35)
+    ax.set_xlim(min(tps) / 1.35, max(tps) * 2.0)      # room for the last point's label
     ax.set_xlabel("tensor-parallel ranks T")
     ax.set_ylabel("decode speedup over T = 1 (log scale)")
     slow = [p["tp"] for p in points if p["speedup"] < 1]

@@ -13,7 +13,8 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
 class MatmulEfficiency:
     """Achieved share of peak matmul FLOP/s as a function of matrix size (the estimate's compute model).
 
-    eff(n) = max_fraction · n / (n + half_size): a saturating curve in the GEMM's inner size, so small
+    eff(n) = max_fraction · n / (n + half_size): a saturating curve in the GEMM's smallest dimension
+    n = min(M, N, K), so small
     matrices (narrow TP shards, small hidden sizes) run further from peak than large ones.
     """
 

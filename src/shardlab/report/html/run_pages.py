@@ -140,11 +140,15 @@ def calibrate_page(doc: dict) -> Page:
         page.add("profile", "Profile", generic(doc["profile"]))
     mm = doc.get("matmul")
     if mm and mm.get("rows"):
-        rows = [(f"{r['gemm']} h={r['hidden']} M={r['tokens']}", r["tflops"]) for r in mm["rows"]]
+        # GFLOP/s below 1 TFLOP/s (a CPU), as `bench matmul --plot` does
+        scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in mm["rows"]) < 1 else (1.0, "TFLOP/s")
+        rows = [(f"{r['gemm']} h={r['hidden']} M={r['tokens']}", r["tflops"] * scale) for r in mm["rows"]]
         fit = mm.get("fit") or {}
-        page.add("matmul", "Matmul: achieved TFLOP/s", svg.bars(rows, lambda v: f"{v:.3g} TF/s", label_w=220,
-                                                                ref=("peak", mm["peak_tflops"]) if mm.get("peak_tflops") else None)
-                 + (f"<p>fitted efficiency {fit['max_fraction']:.3g}·d/(d+{fit['half_size']:.3g}) of peak, rms error "
+        peak = mm.get("peak_tflops")
+        page.add("matmul", f"Matmul: achieved {unit}", svg.bars(rows, lambda v: f"{v:.3g} {unit}", label_w=220,
+                                                               ref=("peak", peak * scale) if peak else None)
+                 + (f"<p>fitted efficiency {fit['max_fraction']:.3g}·n/(n+{fit['half_size']:.3g}) of peak, "
+                    f"n = min(M, N, K), rms error "
                     f"{100 * fit['rel_rms']:.1f}% over {fit['points']} points</p>" if "max_fraction" in fit else "")
                  + generic({k: v for k, v in mm.items() if k != "rows"}))
     if doc.get("collectives", {}).get("rows"):
@@ -171,7 +175,7 @@ def memory_page(doc: dict) -> Page:
                f"{doc['worst_rank']['rank']} ({esc(doc['worst_rank']['reason'])})</p>")
     page.add("memory", "Memory per rank", verdict + chart + table(["category", "GiB", "where it comes from"], trows))
     if pg.get("other_breakdown"):
-        page.add("overheads", "Overheads of the worst rank", table(["overhead", "bytes"], [[k, fmt_bytes(v)] for k, v in
+        page.add("overheads", "Overheads of the worst rank", table(["overhead", "size"], [[k, fmt_bytes(v)] for k, v in
                                                                                          pg["other_breakdown"].items()]))
     _rest(page, doc, {"per_gpu", "stages", "capacity_bytes", "fits", "worst_rank", "explain", "layout", "precision",
                       "optimizer", "gpu"})

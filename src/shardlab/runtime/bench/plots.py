@@ -7,6 +7,19 @@ from shardlab.comm.collectives import bus_factor
 from shardlab.runtime.bench_matmul import GEMMS
 
 
+def size_ticks(ax, sizes: list[int], most: int = 9) -> None:
+    """Ticks at measured sizes (every k-th so at most ``most``), labelled 1 KiB, 64 MiB, ... in the units the
+    sizes were given in: binary when they are powers of two, decimal otherwise."""
+    from shardlab.units import fmt_bytes
+
+    binary = all(s & (s - 1) == 0 for s in sizes[:-1])
+    step = max(1, -(-len(sizes) // most))
+    ticks = sizes[::step]
+    labels = [fmt_bytes(t, binary=binary).replace(".00 ", " ") for t in ticks]
+    ax.set_xticks(ticks, labels, rotation=30 if len(ticks) > 6 else 0)
+    ax.minorticks_off()
+
+
 def plot_collectives(doc: dict, path: str) -> str:
     """busbw vs size per op (log x): measured points and the α–β fit's busbw curve, saved to ``path``."""
     import matplotlib
@@ -32,7 +45,8 @@ def plot_collectives(doc: dict, path: str) -> str:
             ax.plot(s, bus, "-", color=color, alpha=0.7,
                     label=f"{op} fit: α={f.latency_us:.4g} µs/step, β={f.beta_gbps:.3g} GB/s")
     ax.set_xscale("log")
-    ax.set_xlabel("size S (bytes, nccl-tests convention: total size of the op)")
+    size_ticks(ax, sorted({r["size_bytes"] for r in doc["rows"]}))
+    ax.set_xlabel("size S (nccl-tests convention: total size of the op)")
     ax.set_ylabel("bus bandwidth (GB/s = 1e9 B/s)")
     ax.set_title(f"{doc.get('backend', '')} collectives on {n} ranks ({doc.get('device', '')}): "
                  f"measured busbw and α–β fit")
