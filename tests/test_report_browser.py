@@ -163,5 +163,14 @@ def test_shard_mermaid_markdown_renders_with_real_mermaid(browser, shots, tmp_pa
                          f"{mermaid_script()}</body></html>", encoding="utf-8")
     page, errors = open_page(browser, page_file)
     assert page.locator("pre.mermaid svg g.node").count() > 5
+    # the f operators (collectives between ranks) are drawn above the per-rank boxes, not over their top edge
+    boxes = page.evaluate("""() => {
+        const r = e => { const b = e.getBoundingClientRect(); return [b.top, b.bottom]; };
+        return {clusters: [...document.querySelectorAll('pre.mermaid svg g.cluster rect')].map(r),
+                f: [...document.querySelectorAll('pre.mermaid svg g.node')].filter(n => /_f-/.test(n.id)).map(r)};
+    }""")
+    assert len(boxes["clusters"]) == 2 and len(boxes["f"]) == 2
+    for (f_top, f_bottom), (c_top, _) in zip(sorted(boxes["f"]), sorted(boxes["clusters"])):
+        assert f_bottom <= c_top + 1, (f_bottom, c_top)
     page.screenshot(path=str(shots / f"mermaid-{model}-tp{tp}{'-sp' if sp else ''}.png"), full_page=True)
     assert errors == []

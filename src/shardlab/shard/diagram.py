@@ -45,19 +45,23 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
         cols = [t for t in group if not split_kind(t, spec, tp).startswith("row")]
         rows_ = [t for t in group if split_kind(t, spec, tp).startswith("row")]
         where = f"on each of {tp} TP ranks" if tp > 1 else "on every GPU, whole (no TP)"
-        lines.append(f'subgraph {tag}_rank["{where}"]')
+        # The box's caption is its first node, not the subgraph title: arrows entering a subgraph cross its
+        # title, and the f operator (a collective between ranks) stays outside the per-rank box.
+        lines.append(f'subgraph {tag}_rank[" "]')
+        lines.append(node(f"{tag}_in", f"{where}: input (b, s, h)", "stadium"))
         lines.append(node(f"{tag}_core", core, "round"))
         prev = None
         for i, t in enumerate(cols):
             tid = f"{tag}_c{i}"
             lines.append(node(tid, shape_label(t)))
-            start = f"{tag}_f" if t.shape[-1] == h or prev is None or t.component == "router" else prev
+            start = f"{tag}_in" if t.shape[-1] == h or prev is None or t.component == "router" else prev
             lines.append(edge(start, tid))
             lines.append(edge(tid, f"{tag}_core", "routing" if t.component == "router" else None))
             prev = tid
         for i, t in enumerate(rows_):
             lines.extend([node(f"{tag}_r{i}", shape_label(t)), edge(f"{tag}_core", f"{tag}_r{i}")])
         lines.append("end")
+        lines.append(edge(f"{tag}_f", f"{tag}_in"))
         lines.append(node(f"{tag}_g", g_lbl, "hex"))
         lines.extend(edge(f"{tag}_r{i}", f"{tag}_g") for i in range(len(rows_)))
         lines.extend([node(f"{tag}_add", "+ residual", "circle"), edge(f"{tag}_g", f"{tag}_add"),
