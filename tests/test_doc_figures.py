@@ -98,7 +98,7 @@ def test_report_risk_examples_are_what_plan_says():
     section = text.split("## The risk column", 1)[1].split("\n## ", 1)[0]
     quoted = [re.sub(r"\s+", " ", q) for q in re.findall(r"^- `([^`]+)`", section, flags=re.M)]
     quoted += [re.sub(r"\s+", " ", q) for q in re.findall(r"^- a collective: `([^`]+)`", section, flags=re.M)]
-    assert len(quoted) == 4
+    assert len(quoted) == 5
     said = set()
     for args in ([], ["llama-3.1-405b", "--gpus", "1024", "--seq-len", "8192", "--global-batch", "2048",
                       "--fix", "tp=8", "--fix", "pp=16"]):

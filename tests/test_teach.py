@@ -58,6 +58,8 @@ def test_derivations_agree_with_their_own_printed_inputs():
     last = ddp["all_reduce_s"] / ddp["buckets"]
     assert ddp["bucketed_exposed_s"] == pytest.approx(max(last, ddp["all_reduce_s"] - ddp["overlap_efficiency"] * ddp["backward_s"]))
     assert ddp["bucketed_exposed_s"] >= last > 0        # the last bucket is never hidden
+    # the step model's line: its exposed time is its own all-reduce minus η × the window it prints
+    assert ddp["exposed_s"] == pytest.approx(ddp["whole_all_reduce_s"] - ddp["overlap_efficiency"] * ddp["backward_s"])
     myth = explain("design-myths").numbers
     code, out, _ = cli_main("plan", "llama-3.1-70b", "--gpus", "64", "--top", "1", "--json")
     assert code == 0 and json.loads(out)["plans"][0]["step_time_s"] == pytest.approx(myth["best_step_time_s"])

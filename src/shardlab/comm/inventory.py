@@ -57,7 +57,7 @@ class CommItem:
     link_id: str
     """The slowest link the group crosses (inter-node link when it spans nodes)."""
     nodes_spanned: int
-    """Nodes the group spans (hierarchical collective when > 1)."""
+    """Nodes the group spans (> 1: the inter-node link, ``_price``)."""
     time_per_call_s: float
     """α–β time of one call (``collective_time``)."""
     time_per_step_s: float
@@ -72,16 +72,30 @@ class CommItem:
     """What could go wrong (crosses nodes on the critical path, latency-bound, ...); empty when none."""
 
 
-def _price(op: str, size: float, n: int, span: int, cluster: Cluster):
-    """collective_time on the link a group of ``n`` ranks spanning ``span`` nodes crosses."""
+def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_nic: bool = False):
+    """collective_time on the link a group of ``n`` ranks spanning ``span`` nodes crosses.
+
+    Inside a node: the intra-node link. Across nodes, all-reduce / reduce-scatter / all-gather / broadcast run as
+    NCCL's rings over all n ranks (its ring algorithm has no node-level hierarchy): every hop carries (n−1)/n of
+    the buffer, and the n/span members in a node leave it through their own NICs in parallel channels, so the bus
+    bandwidth is min(intra-node, n/span × one NIC) (``estimate.hardware.group_link``, the step model's pricing;
+    ``per_gpu_nic``: one NIC). All-to-all is a pairwise exchange (hierarchical phases: each peer's share on the link
+    that reaches it); send/recv crosses one link."""
+    import dataclasses
+
     link = cluster.inter_link if span > 1 else cluster.intra_link
+    if span > 1 and op in ("all-reduce", "reduce-scatter", "all-gather", "broadcast"):
+        per_node = 1 if per_gpu_nic else max(1, n // span)
+        beta = min(cluster.intra_link.bytes_per_s, per_node * link.bytes_per_s)
+        ring_link = dataclasses.replace(link, bandwidth_gbps=beta / (link.efficiency * 1e9))
+        return collective_time(op, int(size), n, ring_link), link
     hier = span > 1 and n % span == 0 and n // span > 1
     return collective_time(op, int(size), n, link, nodes=span if hier else 1,
                            intra_link=cluster.intra_link if hier else None), link
 
 
-def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note) -> CommItem:
-    cost, link = _price(op, size, n, span, cluster)
+def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu_nic: bool = False) -> CommItem:
+    cost, link = _price(op, size, n, span, cluster, per_gpu_nic)
     risk = []
     if overlap == "critical" and span > 1 and axis in ("TP", "SP"):
         risk.append(f"{axis} group crosses nodes on {link.id}: keep tp ≤ GPUs per node")
@@ -115,7 +129,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     messages carry b·(s/cp)·h elements of the compute dtype; parameters use the precision's bytes
     (``memory.precision.state_bytes``), gradients the reduction dtype (``grad_wire_bytes``: fp32 for Megatron-LM
     under bf16, ``--grad-reduce-fp32/-bf16``). Links come from the rank grid: a group whose members span
-    more than one node (``layout.group_span_nodes``) uses the inter-node link, hierarchically. ``framework`` (a
+    more than one node (``layout.group_span_nodes``) uses the inter-node link (``_price``). ``framework`` (a
     Framework profile, or an estimate's Workload built from one) adds its mechanisms: DeepSpeed ZeRO-3 gathers the
     weights again for a recomputed forward.
     """
@@ -225,17 +239,22 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              "(Megatron's --overlap-param-gather hides it behind the next forward)"))
         else:
             ov = "overlappable" if units > 1 else "critical"
-            out.append(_item("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, ov,
+            # DeepSpeed ZeRO-3's traffic leaves through each rank's own NIC (Framework.zero3_comm_per_gpu_nic)
+            z3nic = bool(getattr(framework, "zero3_comm_per_gpu_nic", False))
+
+            def fsdp(*a):
+                return _item(*a, per_gpu_nic=z3nic)
+            out.append(fsdp("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, ov,
                              f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward"
                              + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
             if units > 1:
-                out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
+                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
                                  f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
             if framework is not None and framework.zero3_regather_for_recompute and recompute_fwd:
-                out.append(_item("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
+                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
                                  f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the recomputed forward (weights released "
                                  f"after each module's forward){label}"))
-            out.append(_item("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
+            out.append(fsdp("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
                              f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} in every micro-batch's backward "
                              "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))
 

@@ -46,8 +46,8 @@ CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp",
 CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
-               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s",
-               "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
+               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "dp_window_s", "optimizer_s", "host_overhead_s",
+               "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -288,7 +288,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                 compute_per_microbatch_s=t["compute"] + t["rec"], backward_last_s=part("bwd"),
                                 gpus_per_node=cluster.gpus_per_node, f=recipe)
         rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt,
-                         off=off + zeros, host=host + zeros))
+                         off=off + zeros, host=host + zeros, bwd=part("bwd")))
 
     times = np.stack([r["time"] for r in rows])                 # (classes, candidates)
     star = np.argmax(times, axis=0)
@@ -304,7 +304,10 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     else:
         pipe = (m - 1) * t_max + sum(r["count"] * r["time"] for r in rows)
     parts = {key: pick(np.stack([r["t"][key] for r in rows])) for key in rows[0]["t"]}
-    dp_e = np.max(np.stack([r["dp"] for r in rows]), axis=0)
+    dp_all = np.stack([r["dp"] for r in rows])
+    dp_e = dp_all.max(axis=0)
+    # the window the exposed DP reduction hid under: the blocks' backward of the last micro-batch on that stage
+    dp_window = np.take_along_axis(np.stack([r["bwd"] for r in rows]), np.argmax(dp_all, axis=0)[None], 0)[0]
     opt_s = np.max(np.stack([r["opt"] for r in rows]), axis=0)
     off_s = np.max(np.stack([r["off"] for r in rows]), axis=0)
     mem = np.stack([r["mem"] for r in rows])
@@ -316,7 +319,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         "compute_s": m * parts["compute"], "recompute_s": m * parts["rec"], "tp_comm_s": m * parts["tp"],
         "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"],
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,
-        "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "optimizer_s": opt_s,
+        "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "dp_window_s": dp_window,
+        "optimizer_s": opt_s,
         "memory_bytes": mem.max(axis=0), "slowest_stage": stage_ids[star], "worst_memory_stage": stage_ids[np.argmax(mem, axis=0)],
     }
 

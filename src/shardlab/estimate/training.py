@@ -44,6 +44,8 @@ class TrainingEstimate:
     slowest_stage: int
     dp_comm_total_s: float
     tokens: float | None = None
+    dp_window_s: float = 0.0
+    """The compute the DP/ZeRO-1/2 reduction overlaps: the blocks' backward of the last micro-batch (s)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -101,7 +103,7 @@ class TrainingEstimate:
             "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware FLOPs add "
                                "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",
             "breakdown": dict(self.breakdown), "slowest_stage": self.slowest_stage,
-            "dp_comm_total_s": self.dp_comm_total_s,
+            "dp_comm_total_s": self.dp_comm_total_s, "dp_window_s": self.dp_window_s,
             "memory": self.memory.to_dict(), "fits": self.fits, "notes": self.notes,
         }
         from shardlab.estimate.recipe_terms import offload_detail
@@ -168,4 +170,4 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         breakdown={k: val(k) for k in BREAKDOWN_KEYS}, tokens_per_s=val("tokens_per_s"),
         model_tflops_per_gpu=val("model_tflops_per_gpu"), hardware_tflops_per_gpu=val("hardware_tflops_per_gpu"),
         mfu=val("mfu"), hfu=val("hfu"), memory=mem, slowest_stage=int(r["slowest_stage"][0]),
-        dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes)
+        dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes, dp_window_s=val("dp_window_s"))

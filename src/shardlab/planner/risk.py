@@ -4,7 +4,7 @@ that can go wrong, with its number (share of the step time, bubble, bytes over w
 Pure functions over the numbers a plan document already holds (the step breakdown, the communication
 inventory of ``comm.inventory.layout_collectives``, memory and capacity) plus the cluster's two links; the
 only extra arithmetic is re-pricing TP traffic on the inter-node link with the same α–β model
-(``comm.collectives.collective_time``, Hockney 1994; hierarchical as NCCL). ``shardlab plan`` puts the
+(``comm.collectives.collective_time``, Hockney 1994; a flat ring, as NCCL runs it). ``shardlab plan`` puts the
 sentences in its worksheet and communication table (terminal, ``--json``, ``--html``); the teaching commands
 call the same functions.
 """
@@ -128,7 +128,8 @@ def _pp(inp: RiskInputs) -> str:
 
 
 def _dp(inp: RiskInputs) -> str:
-    d = int(inp.layout["dp"]) * int(inp.layout["cp"])
+    dp, cp = int(inp.layout["dp"]), int(inp.layout["cp"])
+    d = dp * cp                                     # gradients reduce over every data- and context-parallel rank
     items = _items(inp, DP_AXES)
     if d == 1 or not items:
         return "DP 1: no gradient reduction; throughput scales only through the other axes (0 s)"
@@ -136,9 +137,10 @@ def _dp(inp: RiskInputs) -> str:
     exposed = _b(inp, "dp_comm_s") + _b(inp, "zero3_comm_s")
     lk = _link(inp, items[0]["link_id"])
     where = f"across {items[0]['nodes_spanned']} nodes" if items[0]["nodes_spanned"] > 1 else "inside a node"
-    # total: the collectives as `comm plan` prices them (buckets, hierarchical rings); exposed: the step model's share
-    # (its own α-β pricing), which can exceed the inventory's total when the two pricings differ
-    return (f"DP {d} {where} on {_bw(lk)}: {total:.2f} s of gradient/parameter traffic per step (comm plan), "
+    # total: the collectives as `comm plan` prices them, bucket by bucket; exposed: the step model's share (the same
+    # rings priced once for the whole gradient, so without the buckets' latency terms)
+    group = f"DP × CP {d} ({dp} × {cp})" if cp > 1 else f"DP {d}"
+    return (f"{group} {where} on {_bw(lk)}: {total:.2f} s of gradient/parameter traffic per step (comm plan), "
             f"{exposed:.2f} s exposed in the step time; if it stops overlapping backward: "
             f"+{_pct(max(0.0, total - exposed), inp)} step time")
 
@@ -180,8 +182,9 @@ def _zero(inp: RiskInputs) -> str:
         ag = _items(inp, ("ZeRO",), "all-gather")
         t = sum(c["time_per_step_s"] for c in ag)
         lk = _link(inp, ag[0]["link_id"]) if ag else inp.intra_link
-        return (f"ZeRO-{z}: the parameter all-gather after the optimizer step takes {t:.2f} s on {_bw(lk)} "
-                f"({_pct(t, inp)} if not overlapped with the next forward); {headroom(inp)}")
+        return (f"ZeRO-{z}: the parameter all-gather after the optimizer step takes {t:.2f} s on {_bw(lk)}, on the "
+                f"critical path ({_pct(t, inp)} of the step; Megatron's --overlap-param-gather can hide it behind the "
+                f"next forward); {headroom(inp)}")
     return f"ZeRO-0: optimizer states replicated on every DP rank ({headroom(inp)})"
 
 

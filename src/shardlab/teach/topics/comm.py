@@ -56,7 +56,6 @@ def all_reduce(v: dict) -> Explanation:
 
 def ddp_buckets(v: dict) -> Explanation:
     """DDP: gradients in 25 MiB buckets all-reduced while backward runs; only what outlasts backward is exposed."""
-    from shardlab.comm.collectives import collective_time
     from shardlab.comm.inventory import DDP_BUCKET_BYTES, layout_collectives
     from shardlab.estimate import estimate_training
     from shardlab.estimate.hardware import overlap_efficiency
@@ -70,8 +69,7 @@ def ddp_buckets(v: dict) -> Explanation:
     est = estimate_training(spec, lay, cl, seq_len=seq, global_batch=v["gpus"])
     total = item.time_per_step_s
     grads = item.bytes_per_call * item.calls_per_step
-    whole = collective_time("all-reduce", grads, v["gpus"], cl.intra_link if v["gpus"] <= cl.gpus_per_node else cl.inter_link)
-    backward = est.breakdown["compute_s"] * 2 / 3
+    backward = est.dp_window_s          # the blocks' backward: the window the step model hides the reduction under
     exposed = est.breakdown["dp_comm_s"]
     eta = overlap_efficiency(cl.accelerator)
     # bucket by bucket: the reductions hide under η of the backward, but the last bucket is ready only when backward ends
@@ -88,15 +86,16 @@ def ddp_buckets(v: dict) -> Explanation:
          f"{fmt_bytes(item.bytes_per_call)} per step (PyTorch DDP bucket_cap_mb = 25; DDP also caps its first bucket "
          f"at 1 MiB, one small extra call left out here)",
          f"each bucket: ring all-reduce over {item.group_size} ranks on {item.link_id}: {fmt_time(item.time_per_call_s)}; "
-         f"all buckets {fmt_time(total)} (one all-reduce of everything would take {fmt_time(whole.time_s)}: "
+         f"all buckets {fmt_time(total)} (one all-reduce of everything would take {fmt_time(est.dp_comm_total_s)}: "
          f"bucketing adds {item.calls_per_step - 1} × the latency term but lets communication start early)",
          f"a bucket is reduced as soon as backward has produced all its gradients, so the reductions run under the "
-         f"remaining backward ({fmt_time(backward)}); overlapped communication hides under η = {eta:.0%} of that "
+         f"blocks' backward ({fmt_time(backward)} of the {fmt_time(est.breakdown['compute_s'])} forward + backward compute; "
+         f"backward costs 2× forward, and the head and loss run before the first bucket fills); overlapped communication hides under η = {eta:.0%} of that "
          f"compute (the {cl.accelerator.id}'s overlap share: docs/validation.md), and the last bucket is ready only when "
-         f"backward ends: exposed ≈ max(last bucket {fmt_time(item.time_per_call_s)}, {fmt_time(total)} − {eta:.2f} × "
+         f"backward ends: exposed ≈ max(last bucket {fmt_time(item.time_per_call_s)}, {fmt_time(total)} − {eta:.4f} × "
          f"{fmt_time(backward)}) = {fmt_time(bucketed)}",
-         f"the step model (`shardlab estimate`) prices the gradients as one all-reduce of {fmt_time(whole.time_s)} under "
-         f"the same η: max(0, {fmt_time(whole.time_s)} − {eta:.2f} × {fmt_time(backward)}) = {fmt_time(exposed)} "
+         f"the step model (`shardlab estimate`) prices the gradients as one all-reduce of {fmt_time(est.dp_comm_total_s)} "
+         f"under the same η: max(0, {fmt_time(est.dp_comm_total_s)} − {eta:.4f} × {fmt_time(backward)}) = {fmt_time(exposed)} "
          f"exposed ({pct(exposed / est.step_time_s)} of the {fmt_time(est.step_time_s)} step); the bucket-level figure "
          f"differs by the latency terms and the last bucket",
          "the bottleneck: the all-reduce moves 2(n−1)/n × the whole gradient every step whatever the GPU count; when it "
@@ -108,11 +107,12 @@ def ddp_buckets(v: dict) -> Explanation:
         f"GPUs, so the all-reduce bandwidth is DDP's bottleneck.",
         {"gradient_bytes": grads, "buckets": item.calls_per_step, "bucket_bytes": item.bytes_per_call,
          "all_reduce_s": total, "exposed_s": exposed, "bucketed_exposed_s": bucketed, "overlap_efficiency": eta,
-         "whole_all_reduce_s": whole.time_s, "backward_s": backward, "step_time_s": est.step_time_s},
+         "whole_all_reduce_s": est.dp_comm_total_s, "backward_s": backward, "step_time_s": est.step_time_s},
         sources=["ddp", "ring"], code=["pt-ddp", "pt-reducer", "meg-ddp"],
         commands=[f"comm plan {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id}",
                   "run train --strategy ddp --nproc 2 --check-parity"],
-        notes=["backward ≈ 2/3 of forward + backward compute (backward costs 2× forward)"])
+        notes=["the window is the transformer blocks' backward of the last micro-batch (backward costs 2× forward); "
+               "the embedding, head and loss are outside it"])
 
 
 def link_bandwidth(v: dict) -> Explanation:
