@@ -219,7 +219,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         if d + ex > dense_n + expert_n:
             dense_n, expert_n = d, ex
     wrap = layout.wrap                              # FSDP wraps every `wrap` blocks (0: the model is one unit)
-    units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the embedding/head unit
+    units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the root unit (embedding, final norm, head)
     for label, numel, n in (("", dense_n, layout.dp_shard), (" (experts)", expert_n, layout.expert_dp)):
         if numel == 0 or n == 1:
             continue

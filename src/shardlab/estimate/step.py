@@ -268,11 +268,16 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             nif = in_flight(lay, s, m)
             acts = stage_activation_bytes(spec, layers, lay, ctx, nif, holds_embedding=first, holds_head=last,
                                           per_kind=per_kind_act)
-            unit = np.maximum.reduce([K[k]["dense"] + K[k]["expert"] for kind, k in zip(counts, (False, True)) if kind]
-                                     + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else []) + [zeros])
+            # the embedding, final norm and head are the root unit (memory.buffers.largest_unit_bytes)
+            root = (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0) + zeros
+            blocks = [K[k]["dense"] + K[k]["expert"] for kind, k in zip(counts, (False, True)) if kind]
+            unit = np.maximum.reduce(blocks + [root])
+            bucket = np.maximum.reduce(blocks + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else [])
+                                       + [zeros])     # ZeRO-1/2 buckets: the largest single module
             other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
                                     unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
-                                    holds_head=last, has_moe=counts[1] > 0, unit_params=unit)
+                                    holds_head=last, has_moe=counts[1] > 0, unit_params=unit,
+                                    bucket_grad_bytes=bucket * sb.gradients)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
                                 weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,

@@ -17,11 +17,13 @@ from shardlab.specs.tensors import PRE, kv_width_local, model_tensors
 
 def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overheads, *, n_in_flight, acts,
                     gradient_bytes, unit_weight_bytes, unit_grad_bytes, holds_head: bool, has_moe: bool,
-                    unit_params=None) -> dict:
+                    unit_params=None, bucket_grad_bytes=None) -> dict:
     """Named overheads of a stage's rank (see Overheads for each default and its source). Array-safe.
 
     Returns {name: bytes}; fragmentation applies to the dynamic part (activations, logits, buffers). ``unit_params``
-    (parameters of the largest unit) lets a module-wise ZeRO-3 (``ov.zero3_live_params``) cap its gathered buffers.
+    (parameters of the largest unit) lets a module-wise ZeRO-3 (``ov.zero3_live_params``) cap its gathered buffers;
+    ``bucket_grad_bytes`` (the largest block, embedding or head's gradients; default ``unit_grad_bytes``) sizes the
+    ZeRO-1/2 reduction buckets.
     """
     e, t = ctx.elem_bytes, layout.tp
     tsh = _tsh(layout)
@@ -40,7 +42,8 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     groups = [t, layout.cp, D, layout.pp, layout.ep]
     other["nccl_buffers"] = sum((g > 1) * 1 for g in groups) * ov.nccl_bytes_per_group
     other["ddp_buckets"] = xp.where((z == 0) & (D > 1) & ov.ddp_bucket_copy, gradient_bytes, 0)
-    other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * unit_grad_bytes, 0)
+    bucket = unit_grad_bytes if bucket_grad_bytes is None else bucket_grad_bytes
+    other["zero_buckets"] = xp.where(((z == 1) | (z == 2)) & (D > 1), ov.zero_bucket_layers * bucket, 0)
     prefetch = 1 if getattr(layout, "wrap", 1) == 0 else ov.fsdp_prefetch_units   # one unit: nothing to prefetch
     gathered, reducing = prefetch * unit_weight_bytes, ov.fsdp_reduce_scatter_units * unit_grad_bytes
     if ov.zero3_live_params > 0 and unit_params is not None:
@@ -83,9 +86,13 @@ def largest_module_params(spec: ModelSpec, tp=1, ep=1):
     return big
 
 
-def largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes) -> tuple[float, float]:
+def largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBytes,
+                       root: bool = True) -> tuple[float, float]:
     """Unsharded weight and gradient bytes of the largest FSDP/bucket unit: a block, ``layout.wrap`` consecutive
-    blocks, or (wrap 0) the whole stage; the embedding and the head are units of their own."""
+    blocks, or (wrap 0) the whole stage. The embedding, final norm and head the stage holds form one more unit, the
+    root: what FSDP's root wrapper owns once the blocks are wrapped (transformer auto-wrap policy; torchtitan's
+    ``fully_shard(model)`` after each block), gathered together in the root's pre-forward. ``root=False``: the
+    embedding and the head count separately (the largest single module: a ZeRO-1/2 gradient bucket's unit)."""
     per_layer: dict[int, int] = {}
     for t in st.tensors:
         per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
@@ -95,6 +102,6 @@ def largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: St
     if n == 0:
         units = [sum(per_layer.values())]
     else:
-        units = [sum(blocks[i:i + n]) for i in range(0, len(blocks), n)] + edges
+        units = [sum(blocks[i:i + n]) for i in range(0, len(blocks), n)] + ([sum(edges)] if root else edges)
     biggest = max(units, default=0)
     return biggest * sb.weights, biggest * sb.gradients

@@ -305,15 +305,17 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
         acts = acts + n * sum(lora_activation_bytes(spec, i, layout, ctx, recipe.lora) for i in st.layers)
     unit_w, unit_g = largest_unit_bytes(spec, layout, st, sb)
+    bucket_g = largest_unit_bytes(spec, layout, st, sb, root=False)[1]
     unit_p = unit_w / sb.weights
     if precision == "fp8-mixed":  # gathered units hold FP8 copies too (or are gathered in FP8)
         unit_w = unit_w / sb.weights * fsdp_unit_weight_bytes(recipe.fp8)
     if recipe.lora is not None:  # frozen base: gathered NF4/bf16 weights, adapter gradients only
         unit_w = unit_w * (nf4_bits_per_weight(recipe.lora) / 16 if recipe.lora.quantize_base == "nf4" else 1.0)
-        unit_g = 0.0
+        unit_g = bucket_g = 0.0
     other = stage_overheads(spec, layout, ctx, ov, n_in_flight=n, acts=acts, gradient_bytes=states.gradients,
                             unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=st.holds_head,
-                            has_moe=any(spec.is_moe_layer(i) for i in st.layers), unit_params=unit_p)
+                            has_moe=any(spec.is_moe_layer(i) for i in st.layers), unit_params=unit_p,
+                            bucket_grad_bytes=bucket_g)
     other = {k: int(v) for k, v in other.items() if v > 0}
     other.update(rs.other)
     return StageMemory(stage=st.stage, rank=st.stage * layout.tp * layout.cp * layout.dp, layers=len(st.layers),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.topics._common import catalog, cluster, gib
-from shardlab.units import fmt_bytes
+from shardlab.units import fmt_bytes, fmt_count
 
 POLICY_FLAG = {1: "block"}
 """--wrap word of a policy (N > 1: 'N-blocks', 0: 'model')."""
@@ -54,6 +54,14 @@ def fsdp_wrap(v: dict) -> Explanation:
     res = {p["wrap"]: p for p in (price_policy(spec, cl, k, seq=seq, framework=fw, recompute=v["recompute"]) for k in (1, n, 0))}
     b, g, m = res["block"], res[wrap_word(n)], res["model"]
     ov = Overheads()
+    from shardlab.specs.tensors import model_tensors
+
+    ts = model_tensors(spec)
+    root_p = sum(t.numel for t in ts if not 0 <= t.layer < spec.num_layers)    # embedding, final norm, head
+    block_p = max(sum(t.numel for t in ts if t.layer == i) for i in range(spec.num_layers))
+    largest = ("the root unit (embedding, final norm and head: " + fmt_count(root_p) + " parameters, more than "
+               + (f"{n} blocks" if root_p > n * block_p else "one block") + ")" if root_p > block_p else
+               f"a block of {fmt_count(block_p)} parameters")
     fitting = [p for p in res.values() if p["fits"]]
     fastest = min(fitting, key=lambda p: p["step_time_s"]) if fitting else None
     rows = [[p["wrap"], p["units"], fmt_bytes(p["unit_bytes"]), gib(p["fsdp_buffers_bytes"]), gib(p["total_bytes"]),
@@ -71,8 +79,8 @@ def fsdp_wrap(v: dict) -> Explanation:
         [f"whatever the policy, each GPU stores 1/{v['gpus']} of every weight, gradient and optimizer state: "
          f"{gib(b['sharded_states_bytes'])} of model states",
          f"a unit is gathered whole before its forward and, resharded after it, again before its backward; its gradients "
-         f"are reduce-scattered after its backward. Units per step: block {b['units']} (one per block + the embedding/head "
-         f"unit), {n}-blocks {g['units']}, model {m['units']} [comm/inventory.py: layout_collectives]",
+         f"are reduce-scattered after its backward. Units per step: block {b['units']} (one per block + the root unit, "
+         f"which holds the embedding, final norm and head as FSDP's root wrapper does), {n}-blocks {g['units']}, model {m['units']} [comm/inventory.py: layout_collectives]",
          f"bytes per call = the units' bf16 weights, averaged over the units: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
          f"{fmt_bytes(m['unit_bytes'])}; calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
          f"{m['calls_per_step']}; a unit moves its weights twice (forward and backward gathers) and its gradients once, "
@@ -80,7 +88,7 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"and {m['comm_s'] * 1e3:,.0f} ms of collectives per step on {b['link']}",
          f"gathered-memory peak (fsdp_buffers) = {ov.fsdp_prefetch_units} gathered units (the current one and the "
          f"prefetched next) + {ov.fsdp_reduce_scatter_units} unit of gradients being reduce-scattered, of the largest "
-         f"unit: {gib(b['fsdp_buffers_bytes'])} → {gib(g['fsdp_buffers_bytes'])}; the whole model is one unit gathered "
+         f"unit, {largest}: {gib(b['fsdp_buffers_bytes'])} → {gib(g['fsdp_buffers_bytes'])}; the whole model is one unit gathered "
          f"once and held through the backward: {gib(m['fsdp_buffers_bytes'])} [memory/buffers.py: stage_overheads]",
          f"peak per GPU: {gib(b['total_bytes'])} → {gib(g['total_bytes'])} → {gib(m['total_bytes'])} of "
          f"{gib(cl.accelerator.memory_bytes)}",
@@ -92,8 +100,10 @@ def fsdp_wrap(v: dict) -> Explanation:
         f"FSDP keeps only a shard of each unit and gathers the whole unit just before it is used, and the wrap policy "
         f"decides what a unit is. Small units (one block) keep the gathered peak low ({gib(b['fsdp_buffers_bytes'])}) and "
         f"let FSDP fetch the next unit while the current one computes, at the price of {b['calls_per_step']} collectives "
-        f"per step. Grouping {n} blocks issues fewer, larger calls at a higher peak ({gib(g['fsdp_buffers_bytes'])}): worth "
-        f"it when the calls are latency-bound (small blocks, a slow network). Wrapping the whole model gathers every weight "
+        f"per step. Grouping {n} blocks issues fewer, larger calls "
+        + (f"at a higher peak ({gib(g['fsdp_buffers_bytes'])})" if g['fsdp_buffers_bytes'] > b['fsdp_buffers_bytes'] else
+           f"at the same peak here (the root unit of embedding and head is larger than {n} blocks)")
+        + f": worth it when the calls are latency-bound (small blocks, a slow network). Wrapping the whole model gathers every weight "
         f"at once ({gib(m['fsdp_buffers_bytes'])}), which undoes most of ZeRO-3's saving and leaves nothing to overlap the "
         f"gather with; use it only for a model that fits comfortably. Here {verdict}.",
         {"policies": res, "fastest_fitting": fastest["wrap"] if fastest else None},
