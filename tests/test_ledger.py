@@ -244,3 +244,20 @@ def test_reports_never_overwrite_the_ledger_or_its_backup(tmp_path):
     assert hashlib.sha256(led.read_bytes()).hexdigest() == before
     code, out, _ = cli_main("ledger", "--ledger", str(led), "--json")
     assert code == 0 and json.loads(out)["budgets"][0]["name"] == "a"
+
+
+def test_invalid_utf8_written_by_hand_is_shown_escaped_not_a_crash(tmp_path):
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        run, _ = led.reserve(req(budget="lab"))
+        led.finish(run.id, status="finished", exit_code=0, wall_s=1, actual_usd=0.1)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET note = CAST(x'ff41' AS TEXT), command = CAST(x'fe42' AS TEXT)")
+    con.commit()
+    con.close()
+    code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
+    assert code == 0, err
+    r, = json.loads(out)["runs"]
+    assert r["command"] == "\\xfeB" and r["budget"] == "lab"          # the bytes escaped, the record kept
+    code, out, err = cli_main("ledger", "--ledger", str(path))
+    assert code == 0 and "\\xfeB" in out and "Traceback" not in err

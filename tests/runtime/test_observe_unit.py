@@ -212,3 +212,18 @@ def test_logs_command_json_and_errors(tmp_path):
     empty.write_text("nothing here\n")
     code, _, err = cli_main("logs", str(empty))
     assert code == 2 and err.count("\n") == 1 and "NCCL_DEBUG=INFO" in err
+
+
+def test_infer_slow_rank_prediction_is_made():
+    """`run infer --slow-rank` prints a predicted drag (the decode roofline on CPU cores in fp32)."""
+    from types import SimpleNamespace
+
+    from shardlab.catalog import get_catalog
+    from shardlab.estimate.straggler import parse_slow_rank
+    from shardlab.runtime.observe.report import infer_prediction
+
+    spec = get_catalog().model("gpt2")
+    req = SimpleNamespace(observe=SimpleNamespace(slow_rank=parse_slow_rank("1:4:0.1")), max_new_tokens=40)
+    pred = infer_prediction(spec, 2, 16, req)
+    assert pred is not None and "decode roofline" in pred["source"]
+    assert json.dumps(pred, allow_nan=False)

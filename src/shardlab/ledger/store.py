@@ -75,6 +75,8 @@ class Ledger:
             self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
         except sqlite3.Error as e:
             raise LedgerError(f"cannot open ledger {self.path} ({e}); check the path or pass --ledger NEW_PATH") from None
+        # text a hand edit left as invalid UTF-8 reads back with its bad bytes escaped (\xff): shown, never a crash
+        self.conn.text_factory = lambda raw: raw.decode("utf-8", "backslashreplace")
         try:
             self._check_db()
         except BaseException:

@@ -101,19 +101,15 @@ def infer_prediction(spec, tp: int, prompt_len: int, req) -> dict | None:
     opts = req.observe
     if opts is None or opts.slow_rank is None:
         return None
-    try:
-        from shardlab.catalog import get_catalog
-        from shardlab.estimate.inference import estimate_inference
-        from shardlab.specs.hardware import Cluster
-
-        cat = get_catalog()
-        acc, ln = cat.accelerator("cpu-core"), cat.link("loopback")
-        est = estimate_inference(spec, Cluster(accelerator=acc, num_gpus=tp, gpus_per_node=tp, intra_link=ln,
-                                               inter_link=ln), tp=tp, batch=1, prompt_len=prompt_len,
-                                 output_len=req.max_new_tokens, elem_bytes=4, dtype="fp32")
-    except Exception:  # the estimator is another module's: no prediction, never a failed run
-        return None
+    # the TP decode roofline (comm/inference.py), which prices fp32 on a CPU core; the serving estimator's
+    # precisions are the GPU engines' (bf16, fp8, int8, int4)
+    from shardlab.catalog import get_catalog
+    from shardlab.comm.inference import decode_step
     from shardlab.estimate.straggler import inference_straggler
 
-    eff = inference_straggler(est.decode.step_time_s, est.decode.comm_time_s, opts.slow_rank)
+    cat = get_catalog()
+    acc, ln = cat.accelerator("cpu-core"), cat.link("loopback")
+    step = decode_step(spec, tp=tp, batch=1, context_len=prompt_len + req.max_new_tokens // 2, accelerator=acc,
+                       link=ln, elem_bytes=4, dtype="fp32")
+    eff = inference_straggler(step.step_time_s, step.comm_time_s, opts.slow_rank)
     return {**eff.to_dict(), "source": f"shardlab.estimate.straggler on the decode roofline ({tp} × cpu-core, loopback)"}
