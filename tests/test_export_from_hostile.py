@@ -187,6 +187,29 @@ def test_vllm_gpu_memory_utilization_is_applied_and_bounded(tmp_path):
     assert code == 2 and "conflicts" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_vllm_export_carries_fp8_weights_and_kv_cache_and_says_what_it_cannot(tmp_path):
+    """--weights fp8 → --quantization fp8, --kv-cache-dtype fp8 → the same; reading the file back gives the same
+    precision and KV blocks. int4 needs a pre-quantized checkpoint: listed as not expressed, blocks for bf16."""
+    out = tmp_path / "s8.sh"
+    args = ("llama-3.1-70b", "--inference", "--tp", "4")
+    code, _, err = cli_main("export", "--to", "vllm", *args, "--weights", "fp8", "--kv-cache-dtype", "fp8", "--out", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert "--quantization fp8" in text and "--kv-cache-dtype fp8" in text
+    back = json.loads(cli_main("estimate", "--from", str(out), "--json")[1])
+    direct = json.loads(cli_main("estimate", *args, "--weights", "fp8", "--kv-cache-dtype", "fp8", "--json")[1])
+    assert back["precision"] == direct["precision"] and back["precision"]["weights"] == "fp8"
+    assert back["kv_blocks"]["num_blocks"] == direct["kv_blocks"]["num_blocks"]
+    assert f"predicted KV-cache blocks per GPU: {direct['kv_blocks']['num_blocks']} " in text
+    out4 = tmp_path / "s4.sh"
+    code, stdout, err = cli_main("export", "--to", "vllm", *args, "--weights", "int4", "--out", str(out4))
+    assert code == 0, err
+    bf16 = json.loads(cli_main("estimate", *args, "--json")[1])["kv_blocks"]["num_blocks"]
+    text4 = out4.read_text()
+    assert "could not express weights=int4" in text4 and "--quantization " not in text4.split("vllm serve", 1)[1]
+    assert f"predicted KV-cache blocks per GPU: {bf16} " in text4
+
+
 @pytest.mark.parametrize("nodes, fragment", [("9" * 5000, "#SBATCH --nodes must be a whole number from 1 to 1,048,576"),
                                              ("0", "#SBATCH --nodes must be a whole number from 1")])
 def test_a_slurm_node_count_is_bounded_by_name(tmp_path, nodes, fragment):

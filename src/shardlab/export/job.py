@@ -41,6 +41,9 @@ class Serve:
     """KV-cache blocks of 16 tokens per GPU that the plan predicts (vLLM logs its own as '# GPU blocks')."""
     kv_cache_dtype: str = "auto"
     """KV-cache element type (vLLM --kv-cache-dtype; auto = the model dtype)."""
+    weights: str = "bf16"
+    """Block weights as the plan serves them (shardlab --weights): fp8 is vLLM's --quantization fp8 of the bf16
+    checkpoint; int4/int8 need a pre-quantized (AWQ/GPTQ) checkpoint the exporter cannot name."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,13 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
     pairs += [("max-model-len", s.prompt_len + s.output_len), ("max-num-seqs", s.max_num_seqs),
               ("gpu-memory-utilization", s.gpu_memory_utilization), ("kv-cache-dtype", s.kv_cache_dtype),
               ("dtype", DTYPE[job.precision]), ("block-size", BLOCK_TOKENS)]
+    if s.weights == "fp8":          # vLLM quantizes the bf16 checkpoint's linear weights to FP8 at load time
+        pairs.append(("quantization", "fp8"))
+    elif s.weights in ("int4", "int8"):
+        uns.append(Unsupported("weights", s.weights, f"vLLM loads {s.weights} weights from a pre-quantized checkpoint "
+                                                     f"(AWQ/GPTQ, --quantization awq or gptq) that shardlab cannot name: "
+                                                     f"this file serves {repo} in bf16, and its predicted KV blocks are "
+                                                     f"for bf16 weights"))
     if job.gpus > job.gpus_per_node:
         uns.append(Unsupported("nodes", job.nodes, "vLLM spans nodes through a Ray cluster you start first "
                                                    "(ray start --head / --address) before vllm serve"))
@@ -107,9 +114,14 @@ def read(text: str, catalog) -> Imported:
     f["precision"] = "bf16-mixed" if f["precision"] == "bf16" else f["precision"]
     und.append((f"--dtype {dt}", f"{f['precision']} weights"))
     f["kv_cache_dtype"] = str(fl.get("kv-cache-dtype", "auto"))
+    if str(fl.get("quantization", "")) == "fp8":
+        f["weights"] = "fp8"
+        und.append(("--quantization fp8", "FP8 weights (--weights fp8)"))
     for k in ("quantization", "enable-expert-parallel", "max-num-batched-tokens", "enable-chunked-prefill", "swap-space"):
-        if k in fl:
+        if k in fl and not (k == "quantization" and f.get("weights") == "fp8"):
             ign.append(f"--{k} (not modelled)")
-    if f["kv_cache_dtype"] != "auto":
+    if f["kv_cache_dtype"].startswith("fp8"):
+        und.append((f"--kv-cache-dtype {f['kv_cache_dtype']}", "FP8 KV cache (--kv-cache-dtype fp8)"))
+    elif f["kv_cache_dtype"] != "auto":
         ign.append(f"--kv-cache-dtype {f['kv_cache_dtype']} (KV cache estimated in the model dtype)")
     return Imported("vllm", f, tuple(und), tuple(ign), framework="vllm")
