@@ -197,3 +197,11 @@ def test_cost_cli_plan_path_uses_the_estimate_contract(monkeypatch):
     assert code == 2 and "add --tokens" in err
     code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--tokens", "1e9", "--hours", "3")
     assert code == 2 and "not both" in err
+
+
+def test_a_budget_met_exactly_is_not_over_and_tiny_prices_keep_their_digits():
+    from shardlab.cost.estimate import cost_estimate, fmt_rate, sentence
+
+    est = cost_estimate(1, 3.0, 0.1, budget_usd=0.3)           # 0.1 × 3 = 0.30000000000000004 in binary
+    assert est.spare_usd == 0.0 and "OVER" not in sentence(est, "GPU")
+    assert [fmt_rate(x) for x in (0.35, 0.375, 0.0004, 2.1)] == ["$0.35", "$0.375", "$0.0004", "$2.10"]

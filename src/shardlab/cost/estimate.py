@@ -50,6 +50,8 @@ def cost_estimate(gpus: int, run_hours: float, price_per_gpu_hour: float, setup_
     per_hour = gpus * price_per_gpu_hour
     usd = per_hour * hours
     spare = None if budget_usd is None else budget_usd - usd
+    if spare is not None and abs(spare) <= 1e-9 * max(1.0, budget_usd):   # 0.1 × 3 ≠ 0.3 in binary: exactly the budget
+        spare = 0.0
     return CostEstimate(gpus, price_per_gpu_hour, run_hours, setup_hours, hours, per_hour, usd, budget_usd, spare)
 
 
@@ -65,7 +67,10 @@ def fmt_usd(x: float) -> str:
 
 
 def fmt_rate(x: float) -> str:
-    """A price per hour: two decimals, three where the third is not zero ('$0.35', '$0.375')."""
+    """A price per hour: two decimals, three where the third is not zero ('$0.35', '$0.375'); a price under a
+    cent keeps two significant digits ('$0.00040')."""
+    if 0 < abs(x) < 0.01:
+        return f"${x:.2g}" if "e" not in f"{x:.2g}" else f"${x:.6f}".rstrip("0")
     s = f"{x:,.3f}"
     return "$" + (s[:-1] if s.endswith("0") else s)
 

@@ -7,7 +7,7 @@ The pipeline runs at the pace of its slowest stage (a straggler sets the pace):
     GPipe, 1F1B:  T = (m − 1)·max_s t_s + Σ_s t_s         (= (m + p − 1)·t for equal stages)
     interleaved:  T = m·max_s t_s + (p − 1)/v · max_s t_s  (Narayanan 2021 §2.2)
     ZB-H1:        T = m·max_s t_s + (p − 1)·(t − W) − (min(m, p) − 1)·W, t = max_s t_s, W = weight-gradient time
-                  (Qi et al. 2023; = (p − 1)(t − 2W) when m ≥ p; pipeline/closed_form.py derives it)
+                  (Qi et al. 2024; = (p − 1)(t − 2W) when m ≥ p; pipeline/closed_form.py derives it)
 then step = T + exposed data-parallel communication + optimizer step. The breakdown reports the
 slowest stage's parts, m times, plus the bubble (T − m·t_slowest), so the parts add up to the step.
 

@@ -157,7 +157,7 @@ def in_flight(layout: Layout, stage: int, microbatches: int) -> float:
 
     - no pipeline: 1 (gradient accumulation runs micro-batches one after another);
     - GPipe: all m forward passes precede the backward passes (Huang et al. 2019);
-    - 1F1B and ZB-H1: stage i holds min(p − i, m) (Narayanan et al. 2021 §2.2; Qi et al. 2023 keep 1F1B's memory);
+    - 1F1B and ZB-H1: stage i holds min(p − i, m) (Narayanan et al. 2021 §2.2; Qi et al. 2024 keep 1F1B's memory);
     - interleaved with v chunks: rank i holds min(2(p − i − 1) + (v − 1)p + 1, m·v) chunk activations of 1/v of its
       layers each (Megatron-LM's warm-up count), i.e. p(1 + (p − 1)/(p·v)) on the first rank (Korthikanti §4.3).
     ``microbatches`` may be a numpy array (the layout's pp, vpp and schedule are scalars).

@@ -6,7 +6,7 @@ Bubble as a share of the whole step (formulas.md "Pipeline schedules"), uniform 
   time; as a share of the step it is (p−1)/(m+p−1)).
 - Interleaved with v chunks per rank: the fill/drain shrinks to (p−1)(F+B)/v, so bubble = (p−1)/(v·m+p−1)
   (Narayanan et al. 2021 §2.2: (1/v)(p−1)/m of the ideal time).
-- ZB-H1 (Qi et al. 2023, arXiv 2401.10241 §3.1): the postponed weight-gradient passes fill the drain, leaving
+- ZB-H1 (Qi et al. 2024, arXiv 2401.10241 §3.1): the postponed weight-gradient passes fill the drain, leaving
   (p−1)(F + B − W) of idle time for m ≥ p (input-gradient pass B, weight-gradient pass W). With F = B = W this
   is a third of 1F1B's (p−1)(F+B+W). Our extension (derived for this schedule and checked against the
   simulation): each of the first min(m, p) − 1 postponed W passes fills min(B, W) of the drain, so
@@ -91,4 +91,4 @@ def closed_form_text(schedule: str, p: int, m: int, v: int = 1, forward_s: float
     f, b, w = pass_times(schedule, forward_s, backward_s, weight_grad_s)[:3]
     idle, work = bubble_time_closed_form(schedule, p, m, v, forward_s, backward_s, weight_grad_s)
     return (f"idle (p−1)(F+B) − (min(m,p)−1)·min(B,W) = {idle:.4g} against work m(F+B+W) = {work:.4g}: "
-            f"{100 * frac:.2f}% (ZB-H1, Qi et al. 2023 §3.1: (p−1)(F+B−W) for m ≥ p; exact when F = B)")
+            f"{100 * frac:.2f}% (ZB-H1, Qi et al. 2024 §3.1: (p−1)(F+B−W) for m ≥ p; exact when F = B)")

@@ -10,7 +10,7 @@ virtual stage c·p + r (Megatron-LM), so a micro-batch visits ranks 0..p−1 v t
 - Interleaved 1F1B (Narayanan et al. 2021 §2.2; Megatron-LM ``forward_backward_pipelining_with_interleaving``):
   forwards in groups of p micro-batches, chunk by chunk; warm-up 2(p−i−1) + (v−1)·p passes (capped at m·v);
   backwards visit the chunks in reverse order.
-- ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241 §3.1): 1F1B's forward/backward
+- ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241 §3.1): 1F1B's forward/backward
   order with the weight-gradient passes W split off; rank i postpones i of them (the last rank p−1 of them)
   and runs one W after every cool-down B, so the W passes fill the drain bubble while at most p − i
   micro-batches hold full activations, as in 1F1B.

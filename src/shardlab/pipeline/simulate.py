@@ -121,7 +121,7 @@ def _slowdowns(stage_slowdown, p: int) -> list[float]:
 
 def pass_times(schedule: str, forward_s: float, backward_s: float, weight_grad_s: float | None) -> tuple[float, float, float, str]:
     """(F, B, W, note): per-stage pass times. W is split off only for zb-h1; when ``weight_grad_s`` is None
-    zb-h1 splits the backward in half (B = W, as Qi et al. 2023 assume); other schedules run B and W together."""
+    zb-h1 splits the backward in half (B = W, as Qi et al. 2024 assume); other schedules run B and W together."""
     for name, val in (("forward", forward_s), ("backward", backward_s)):
         if not val > 0:
             raise ShardlabError(f"the {name} time must be positive, got {val}")

@@ -10,7 +10,7 @@ import textwrap
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+    return f"{100 * x:.0f}%" if abs(x) >= 0.095 else f"{100 * x:.1f}%"
 
 
 def training_paragraph(doc: dict) -> str:
@@ -22,8 +22,11 @@ def training_paragraph(doc: dict) -> str:
     s = [f"For {doc['model']} on {doc['gpus']} {doc['gpu']} GPUs ({nodes} node{'s' if nodes > 1 else ''} of "
          f"{doc['gpus_per_node']}), I first keep the chattiest traffic on the fastest link."]
     if lay["tp"] > 1:
+        sp = bool(lay.get("sequence_parallel"))
         s.append(f"Tensor parallelism of {lay['tp']} stays {ws['tp']['placement'] if 'tp' in ws else 'inside a node'}, "
-                 f"because its all-reduces after every attention and MLP block sit on the critical path; they cost "
+                 f"because its " + ("all-gathers and reduce-scatters (sequence parallel: the all-reduces split in two, "
+                                    "the norms and dropout on 1/t of the tokens)" if sp else "all-reduces")
+                 + f" around every attention and MLP block sit on the critical path; they cost "
                  f"{b['tp_comm_s']:.2f} s of the {step:.2f} s step.")
     else:
         s.append("I use no tensor parallelism: the model's layers fit without splitting their matrices, and that saves "
@@ -34,11 +37,18 @@ def training_paragraph(doc: dict) -> str:
                  f"({lay['schedule']}) its bubble costs {b['pp_bubble_s']:.2f} s, {_pct(b['pp_bubble_s'] / step)} of the step.")
     else:
         s.append("I use no pipeline, so there is no bubble to pay for.")
+    if lay["cp"] > 1:
+        s.append(f"Context parallelism of {lay['cp']} splits each {doc.get('workload', {}).get('seq_len', 0):,}-token sequence "
+                 f"{ws['cp']['placement'] if 'cp' in ws else ''}: ring attention passes K/V blocks between the "
+                 f"{lay['cp']} ranks ({b.get('cp_comm_s', 0):.2f} s exposed), and each holds 1/{lay['cp']} of the "
+                 f"activations.")
     dp = lay["dp"] * lay["cp"]
     zero = {0: "keeps full copies", 1: "shards the optimizer state", 2: "shards optimizer state and gradients",
             3: "shards optimizer state, gradients and weights (the FSDP way)"}[lay["zero"]]
+    over = (f"all {dp} data- and context-parallel GPUs ({lay['dp']} × {lay['cp']}: the context-parallel ranks hold "
+            f"the same weights, so they shard and reduce with the replicas)" if lay["cp"] > 1 else f"{dp} GPUs")
     s.append(f"Data parallelism of {lay['dp']} makes replicas for throughput, and ZeRO-{lay['zero']} {zero} across "
-             f"{dp} GPUs, which leaves {best['memory_bytes'] / 2**30:.1f} GiB per GPU"
+             f"{over}, which leaves {best['memory_bytes'] / 2**30:.1f} GiB per GPU"
              + (f" on the worst rank ({best['memory_worst_rank']['reason']})" if lay["pp"] > 1 and "memory_worst_rank" in best
                 else "") + ".")
     from shardlab.planner.explain import BREAKDOWN_LABELS
@@ -48,8 +58,15 @@ def training_paragraph(doc: dict) -> str:
     second = sorted(((v, k) for k, v in parts.items() if k != top), reverse=True)[:1]
     s.append(f"The step takes {step:.2f} s at {_pct(best['mfu'])} MFU; most of it is {top} ({parts[top]:.2f} s)"
              + (f", then {second[0][1]} ({second[0][0]:.2f} s)" if second else "") + ".")
+    import re
+
+    room = next((m for w in ws.values() for m in [re.search(r"([\d.]+ GiB of [\d.]+ GiB used), ([\d.]+)% headroom",
+                                                              w.get("risk", ""))] if m), None)
     risky = [c for c in doc.get("communication", []) if c.get("risk")]
-    if risky:
+    if room and float(room.group(2)) < 5:
+        s.append(f"The risk to watch is memory: {room.group(1)}, {room.group(2)}% headroom after the fragmentation "
+                 f"allowance, so a longer sequence, a larger micro-batch or a framework's extra buffers would not fit.")
+    elif risky:
         r = max(risky, key=lambda c: c["time_per_step_s"])
         s.append(f"The risk to watch is the {r['axis']} {r['op']} in {r['phase']}: {r['risk']}.")
     else:

@@ -39,7 +39,7 @@ PAPERS = {
                    "activations"),
     "pipedream": Paper("Narayanan et al. 2019, \"PipeDream: Generalized Pipeline Parallelism for DNN Training\", SOSP 2019",
                        "one-forward-one-backward scheduling, which bounds activations in flight by the stage count"),
-    "zb": Paper("Qi et al. 2023, \"Zero Bubble Pipeline Parallelism\", arXiv 2401.10241", "splitting backward into input and "
+    "zb": Paper("Qi et al. 2024, \"Zero Bubble Pipeline Parallelism\", arXiv 2401.10241", "splitting backward into input and "
                 "weight gradients to fill the bubble (ZB-H1, §3.1)"),
     "fsdp": Paper("Zhao et al. 2023, \"PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel\", arXiv 2304.11277",
                   "FSDP units: all-gather a unit's parameters before its forward and backward, reduce-scatter its gradients; "

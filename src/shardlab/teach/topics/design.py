@@ -78,14 +78,18 @@ def myths(v: dict) -> Explanation:
         f"{spec.name} on {n} × {cl.accelerator.id} ({gpn} per node), {gb} × {seq}-token sequences per step: is 'DP = {n}' "
         f"a plan, is the textbook 'TP {gpn} × PP {pp} × DP' what the numbers pick, and is PP across nodes free?",
         dict(v),
-        [f"'{n} GPUs means DP = {n}': every GPU would hold the whole model: {gib(dp_mem.model_states)} of model states, "
+        [f"'{n} GPUs means DP = {n}': every GPU would hold the whole model: {gib(dp_mem.model_states)} of model states "
+         f"({wl.framework}: {dp_mem.model_states / max(dp_mem.params, 1):.0f} B per parameter"
+         + (": fp32 gradients beside the ZeRO paper's 16" if round(dp_mem.model_states / max(dp_mem.params, 1)) == 18
+            else "") + "), "
          f"{gib(dp_mem.total)} in all, against {gib(cl.accelerator.memory_bytes)}: does not fit; the GPU count says "
          f"nothing about the split",
          f"the planner's best: {_layout_str(lay)} with {lay['microbatches']} micro-batches: step {best['step_time_s']:.2f} s, "
          f"{best['tokens_per_s']:,.0f} tokens/s, {best['memory_bytes'] / 2**30:.1f} GiB per GPU",
          f"the textbook TP {gpn} (inside a node) × PP {pp} (across nodes) × DP {n // (gpn * pp)}, ZeRO-1: step "
          f"{text.step_time_s:.2f} s, {text.tokens_per_s:,.0f} tokens/s "
-         f"({100 * (text.step_time_s / best['step_time_s'] - 1):+.1f}% step time), "
+         f"({100 * (text.step_time_s / best['step_time_s'] - 1):+.1f}% step time, mostly TP {gpn}'s per-layer "
+         f"collectives: {text.breakdown['tp_comm_s']:.2f} s against {best['breakdown']['tp_comm_s']:.2f} s), "
          f"{text.memory.worst.total / 2**30:.1f} GiB per GPU ({'fits' if text.fits else 'does not fit'})",
          f"'PP across nodes is free': in that layout the bubble costs {text.breakdown['pp_bubble_s']:.2f} s and the "
          f"sends {text.breakdown['pp_p2p_s']:.2f} s, {pct(pp_cost / text.step_time_s)} of the step, with "

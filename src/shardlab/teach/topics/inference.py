@@ -23,6 +23,8 @@ def kv_cache(v: dict) -> Explanation:
     kb, eng, acc = est.case.blocks, est.case.engine, est.case.cluster.accelerator
     kv_tok = est.kv_cache_bytes_per_token
     from shardlab.memory.inference import kv_heads_local
+    from shardlab.specs.tensors import model_tensors
+    from shardlab.units import fmt_count
 
     kv_heads = kv_heads_local(spec.num_kv_heads, v["tp"])
     if spec.mla is not None:   # MLA caches one compressed latent and the shared RoPE key per token per layer
@@ -45,7 +47,9 @@ def kv_cache(v: dict) -> Explanation:
         f"Serving {spec.name} in bf16 on {v['tp']} × {acc.id} with {v['batch']} sequence(s) of {seq} tokens: per-GPU "
         f"weights, KV cache, and the KV blocks the engine ({eng.id}) allocates?",
         dict(v),
-        [f"weights per GPU: this rank's TP shard at 2 B = {gib(est.weights_bytes)} [memory/inference.py: weight_bytes_per_rank]",
+        [f"weights per GPU: this rank's TP shard at 2 B = {est.weights_bytes / 1e9:.2f} GB = {gib(est.weights_bytes)} "
+         f"({fmt_count(sum(t.numel for t in model_tensors(spec)))} parameters × 2 B before any split; rules of thumb "
+         f"round the count, e.g. '7B × 2 B = 14 GB'; 1 GiB = 1.074 GB) [memory/inference.py: weight_bytes_per_rank]",
          kv_line,
          f"for {v['batch']} × {seq} tokens, in whole blocks of {kb.block_size}: {gib(est.kv_cache_bytes)}",
          f"total with the activation peak and CUDA context ({gib(est.workspace_bytes)}): {gib(est.total_bytes)}: "

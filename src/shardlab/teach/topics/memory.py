@@ -91,7 +91,8 @@ def bytes_per_param(v: dict) -> Explanation:
             sb = state_bytes(p, o)
             st = state_report_from_count(n, Layout(), sb)
             totals[(p, o)] = st.total
-            rows.append([p, o, sb.weights, sb.gradients, sb.master, f"{sb.moments:g}", f"{sb.total:g}", gb(st.total),
+            rows.append([p, "sgd (momentum)" if o == "sgd" else o, sb.weights, sb.gradients, sb.master, f"{sb.moments:g}",
+                         f"{sb.total:g}", gb(st.total),
                          "yes" if st.total <= acc.memory_bytes else "no"])
     sb = state_bytes(v["precision"], v["optimizer"])
     st = state_report_from_count(n, Layout(), sb)
@@ -114,7 +115,11 @@ def bytes_per_param(v: dict) -> Explanation:
          f"fp32 + {v['optimizer']}: {unit(fp32)}; bf16-mixed: {unit(mixed)}: mixed precision keeps an fp32 master copy "
          f"(4 B) beside the 2-B weights, so model states are {'the same' if fp32 == mixed else f'{100 * mixed / fp32:.0f}% of fp32'}, "
          "not half; the saving is in activations (2 B instead of 4) and in speed",
-         f"inference needs only the weights: {fmt_count(n)} × 2 B (fp16/bf16) = {unit(weights_fp16)}"],
+         f"inference needs only the weights: {fmt_count(n)} × 2 B (fp16/bf16) = {unit(weights_fp16)}",
+         f"against those 2-B weights, training's model states are {sb.total:g}/{sb.weights} = {sb.total / sb.weights:g}× "
+         f"with {v['precision']} + {v['optimizer']}, the optimizer state alone (master + moments) "
+         f"{(sb.master + sb.moments) / sb.weights:g}×; the '4×' rule of thumb is fp32 + Adam's 16/4 bytes "
+         f"({state_bytes('fp32', 'adamw').total:g} B against 4-B weights)"],
         f"Every parameter costs bytes in four places: the weight, its gradient, and the optimizer's state. With "
         f"{v['precision']} and {v['optimizer']} that is {sb.total:g} bytes, so {fmt_count(n)} parameters need "
         f"{unit(st.total)} before a single activation. Mixed precision does not halve this: it keeps an fp32 master copy "

@@ -25,8 +25,9 @@ def bubble(v: dict) -> Explanation:
         f"{s} with p = {p} stages and m = {m} micro-batches: what share of the step do GPUs sit idle, and how many "
         f"micro-batches keep the bubble under {pct(v['max_bubble'])}?",
         dict(v),
-        ["fill and drain: stage i waits i stage-times before its first forward and i after its last backward, "
-         "(p−1)(F+B) idle per rank against m(F+B) of work",
+        ["fill and drain (1F1B; stage i of 0 to p−1): i·F before its first forward, (p−1−i)·B waiting for the first "
+         "gradient to come back from the last stage, (p−1−i)·F of gaps in the drain when its forwards have run out, "
+         "and i·B after its last backward: (p−1)(F+B) idle per rank in all, against m(F+B) of work",
          f"closed form: {closed_form_text(s, p, m, vv)}",
          f"event simulation of the schedule (F = 1, B = 2): bubble {100 * sim.bubble_fraction:.2f}% over a step of "
          f"{sim.step_time_s:g} time units: {'the same' if abs(sim.bubble_fraction - cf) < 1e-9 else 'DIFFERENT'}",
