@@ -72,6 +72,11 @@ def fmt_bytes(n: float, binary: bool = True) -> str:
     return f"{v:.2f} {units[-1]}"
 
 
+def flops_scale(max_tflops: float) -> tuple[float, str]:
+    """(factor on TFLOP/s, unit) to show rates peaking at ``max_tflops``: GFLOP/s below 1 TFLOP/s (a CPU)."""
+    return (1e3, "GFLOP/s") if max_tflops < 1 else (1.0, "TFLOP/s")
+
+
 def fmt_count(n: float) -> str:
     """6.74B, 124.4M, 8.0K."""
     for div, suf in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):

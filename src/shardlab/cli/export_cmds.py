@@ -75,7 +75,7 @@ def job_from_args(args, cat):
         cluster = cluster_from_args(args, cat, group)
         import dataclasses
 
-        prec = precision_from_args(args, cluster.accelerator)
+        prec = asked = precision_from_args(args, cluster.accelerator)
         if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
             prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16")
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,
@@ -86,7 +86,7 @@ def job_from_args(args, cat):
                          gpus_per_node=cluster.gpus_per_node, framework="vllm",
                          serve=Serve(per, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",
-                                     weights=precision_from_args(args, cluster.accelerator).weights),
+                                     weights=asked.weights),
                          notes=price_notes(cat, cluster.accelerator.id, spot))
     est = training_estimate_from_args(args, cat)
     from shardlab.export.job import recipe_notes
@@ -255,7 +255,7 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
-          "weights": "weights"}
+          "weights": "weights", "kv_cache": "kv_cache_dtype"}
 GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
@@ -275,12 +275,9 @@ def apply_import(args, imp, parser) -> None:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
-    if str(f.get("kv_cache_dtype", "auto")).startswith("fp8") and hasattr(args, "kv_cache_dtype"):
+    if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
         f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
-        ARG = {**ARG_OF, "kv_cache": "kv_cache_dtype"}
-    else:
-        ARG = ARG_OF
-    for key, dest in ARG.items():
+    for key, dest in ARG_OF.items():
         if key not in f or not hasattr(args, dest):
             continue
         val = f[key]

@@ -83,10 +83,11 @@ def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_ni
     that reaches it); send/recv crosses one link."""
     import dataclasses
 
+    from shardlab.estimate.hardware import across_nodes_bytes_per_s
+
     link = cluster.inter_link if span > 1 else cluster.intra_link
     if span > 1 and op in ("all-reduce", "reduce-scatter", "all-gather", "broadcast"):
-        per_node = 1 if per_gpu_nic else max(1, n // span)
-        beta = min(cluster.intra_link.bytes_per_s, per_node * link.bytes_per_s)
+        beta = float(across_nodes_bytes_per_s(cluster, max(1, n // span), per_gpu_nic))
         ring_link = dataclasses.replace(link, bandwidth_gbps=beta / (link.efficiency * 1e9))
         return collective_time(op, int(size), n, ring_link), link
     hier = span > 1 and n % span == 0 and n // span > 1

@@ -68,9 +68,9 @@ def fmt_usd(x: float) -> str:
 
 def fmt_rate(x: float) -> str:
     """A price per hour: two decimals, three where the third is not zero ('$0.35', '$0.375'); a price under a
-    cent keeps two significant digits ('$0.00040')."""
+    cent keeps its digits to a millionth ('$0.0004')."""
     if 0 < abs(x) < 0.01:
-        return f"${x:.2g}" if "e" not in f"{x:.2g}" else f"${x:.6f}".rstrip("0")
+        return f"${x:.6f}".rstrip("0")
     s = f"{x:,.3f}"
     return "$" + (s[:-1] if s.endswith("0") else s)
 

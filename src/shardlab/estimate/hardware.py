@@ -105,6 +105,13 @@ def ranks_per_node(cluster: Cluster, size, stride):
     return np.minimum(per_node, np.maximum(np.asarray(size), 1))
 
 
+def across_nodes_bytes_per_s(cluster: Cluster, per_node, per_gpu_nic: bool = False):
+    """Bus bandwidth of a ring whose ``per_node`` members in each node leave it through their own NICs in parallel
+    channels: min(intra-node, per_node × one NIC); ``per_gpu_nic``: one NIC (array-safe)."""
+    inter = cluster.inter_link.bytes_per_s
+    return inter if per_gpu_nic else np.minimum(cluster.intra_link.bytes_per_s, np.asarray(per_node) * inter)
+
+
 def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> GroupLink:
     """Link parameters for groups of ``size`` ranks ``stride`` apart (array-safe).
 
@@ -115,7 +122,7 @@ def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> Gro
     nodes = -(-size // per_node)
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1
-    across = inter.bytes_per_s if per_gpu_nic else np.minimum(intra.bytes_per_s, per_node * inter.bytes_per_s)
+    across = across_nodes_bytes_per_s(cluster, per_node, per_gpu_nic)
     beta = np.where(inside, intra.bytes_per_s, across)
     alpha = np.where(inside, intra.latency_s, inter.latency_s)
     return GroupLink(alpha, beta, nodes)

@@ -90,8 +90,9 @@ def largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: St
                        root: bool = True) -> tuple[float, float]:
     """Unsharded weight and gradient bytes of the largest FSDP/bucket unit: a block, ``layout.wrap`` consecutive
     blocks, or (wrap 0) the whole stage. The embedding, final norm and head the stage holds form one more unit, the
-    root: what FSDP's root wrapper owns once the blocks are wrapped (transformer auto-wrap policy; torchtitan's
-    ``fully_shard(model)`` after each block), gathered together in the root's pre-forward. ``root=False``: the
+    root: what FSDP's root wrapper owns once the blocks are wrapped (FSDP1's transformer auto-wrap policy; FSDP2's
+    ``fully_shard(model)`` after the blocks, as torchtitan's apply_fsdp did), gathered together in the root's
+    pre-forward. Setups that wrap the embedding and the head on their own hold smaller units than this. ``root=False``: the
     embedding and the head count separately (the largest single module: a ZeRO-1/2 gradient bucket's unit)."""
     per_layer: dict[int, int] = {}
     for t in st.tensors:

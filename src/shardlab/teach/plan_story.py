@@ -58,14 +58,13 @@ def training_paragraph(doc: dict) -> str:
     second = sorted(((v, k) for k, v in parts.items() if k != top), reverse=True)[:1]
     s.append(f"The step takes {step:.2f} s at {_pct(best['mfu'])} MFU; most of it is {top} ({parts[top]:.2f} s)"
              + (f", then {second[0][1]} ({second[0][0]:.2f} s)" if second else "") + ".")
-    import re
-
-    room = next((m for w in ws.values() for m in [re.search(r"([\d.]+ GiB of [\d.]+ GiB used), ([\d.]+)% headroom",
-                                                              w.get("risk", ""))] if m), None)
+    cap = doc.get("capacity_bytes") or 0
+    room = 1 - best["memory_bytes"] / cap if cap else 1.0
     risky = [c for c in doc.get("communication", []) if c.get("risk")]
-    if room and float(room.group(2)) < 5:
-        s.append(f"The risk to watch is memory: {room.group(1)}, {room.group(2)}% headroom after the fragmentation "
-                 f"allowance, so a longer sequence, a larger micro-batch or a framework's extra buffers would not fit.")
+    if room < 0.05:
+        s.append(f"The risk to watch is memory: {best['memory_bytes'] / 2**30:.1f} GiB of {cap / 2**30:.1f} GiB used, "
+                 f"{100 * room:.1f}% headroom after the fragmentation allowance, so a longer sequence, a larger "
+                 f"micro-batch or a framework's extra buffers would not fit.")
     elif risky:
         r = max(risky, key=lambda c: c["time_per_step_s"])
         s.append(f"The risk to watch is the {r['axis']} {r['op']} in {r['phase']}: {r['risk']}.")

@@ -140,8 +140,9 @@ def calibrate_page(doc: dict) -> Page:
         page.add("profile", "Profile", generic(doc["profile"]))
     mm = doc.get("matmul")
     if mm and mm.get("rows"):
-        # GFLOP/s below 1 TFLOP/s (a CPU), as `bench matmul --plot` does
-        scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in mm["rows"]) < 1 else (1.0, "TFLOP/s")
+        from shardlab.units import flops_scale
+
+        scale, unit = flops_scale(max(r["tflops"] for r in mm["rows"]))     # as `bench matmul --plot` shows it
         rows = [(f"{r['gemm']} h={r['hidden']} M={r['tokens']}", r["tflops"] * scale) for r in mm["rows"]]
         fit = mm.get("fit") or {}
         peak = mm.get("peak_tflops")

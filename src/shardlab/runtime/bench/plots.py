@@ -68,7 +68,9 @@ def plot_matmul(doc: dict, path: str) -> str:
 
     from shardlab.calibration import EfficiencyFit
 
-    scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
+    from shardlab.units import flops_scale
+
+    scale, unit = flops_scale(max(r["tflops"] for r in doc["rows"]))
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, _, _) in enumerate(GEMMS):
         rows = [r for r in doc["rows"] if r["gemm"] == name]

@@ -44,6 +44,7 @@ def fsdp_wrap(v: dict) -> Explanation:
     """The three wrap policies side by side: gathered-memory peak and communication per wrap unit."""
     from shardlab.errors import ShardlabError
     from shardlab.memory.overheads import Overheads
+    from shardlab.specs.tensors import model_tensors
 
     cat = catalog()
     spec, cl, fw = cat.model(v["model"]), cluster(v["gpu"], v["gpus"]), cat.framework(v["framework"])
@@ -54,8 +55,6 @@ def fsdp_wrap(v: dict) -> Explanation:
     res = {p["wrap"]: p for p in (price_policy(spec, cl, k, seq=seq, framework=fw, recompute=v["recompute"]) for k in (1, n, 0))}
     b, g, m = res["block"], res[wrap_word(n)], res["model"]
     ov = Overheads()
-    from shardlab.specs.tensors import model_tensors
-
     ts = model_tensors(spec)
     root_p = sum(t.numel for t in ts if not 0 <= t.layer < spec.num_layers)    # embedding, final norm, head
     block_p = max(sum(t.numel for t in ts if t.layer == i) for i in range(spec.num_layers))

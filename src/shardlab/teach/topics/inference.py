@@ -23,7 +23,7 @@ def kv_cache(v: dict) -> Explanation:
     kb, eng, acc = est.case.blocks, est.case.engine, est.case.cluster.accelerator
     kv_tok = est.kv_cache_bytes_per_token
     from shardlab.memory.inference import kv_heads_local
-    from shardlab.specs.tensors import model_tensors
+    from shardlab.specs.tensors import param_counts
     from shardlab.units import fmt_count
 
     kv_heads = kv_heads_local(spec.num_kv_heads, v["tp"])
@@ -48,7 +48,7 @@ def kv_cache(v: dict) -> Explanation:
         f"weights, KV cache, and the KV blocks the engine ({eng.id}) allocates?",
         dict(v),
         [f"weights per GPU: this rank's TP shard at 2 B = {est.weights_bytes / 1e9:.2f} GB = {gib(est.weights_bytes)} "
-         f"({fmt_count(sum(t.numel for t in model_tensors(spec)))} parameters × 2 B before any split; rules of thumb "
+         f"({fmt_count(param_counts(spec).total)} parameters × 2 B before any split; rules of thumb "
          f"round the count, e.g. '7B × 2 B = 14 GB'; 1 GiB = 1.074 GB) [memory/inference.py: weight_bytes_per_rank]",
          kv_line,
          f"for {v['batch']} × {seq} tokens, in whole blocks of {kb.block_size}: {gib(est.kv_cache_bytes)}",
