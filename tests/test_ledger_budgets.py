@@ -169,3 +169,141 @@ def test_an_emptied_ledger_with_a_backup_is_not_started_again(tmp_path):
         assert len(led.runs()) == 1
     with pytest.raises(LedgerError, match="is not a regular file|is a directory"):
         Ledger(tmp_path)
+
+
+# -- from a review of the guard and the ledger ------------------------------------------------------------------
+
+def test_guard_keeps_the_exit_code_when_the_end_cannot_be_recorded(tmp_path, monkeypatch):
+    """A full disk at the run's end: the command's exit code is kept, the outcome is reported, and the ledger
+    keeps the run 'running' (settled later as 'unfinished' at its full reservation)."""
+    import sys
+
+    from shardlab import guard
+
+    path, lines = tmp_path / "l.sqlite", []
+    monkeypatch.setattr(guard, "FINISH_RETRY_WAITS_S", (0.0, 0.0))
+    tries = []
+
+    def full_disk(self, run_id, **kw):
+        tries.append(run_id)
+        raise LedgerError(f"ledger {self.path}: database or disk is full; nothing was written")
+
+    monkeypatch.setattr(Ledger, "finish", full_disk)
+    out = guard.run_guarded(req(ceiling=5.0), [sys.executable, "-c", "raise SystemExit(3)"], path, log=lines.append)
+    assert out.exit_code == 3 and not out.recorded and len(tries) == 3
+    assert out.run.status == "failed" and out.run.exit_code == 3 and out.run.actual_usd == pytest.approx(1.0)
+    assert any("could not record the end of run #1" in x and "disk is full" in x for x in lines)
+    monkeypatch.undo()
+    with Ledger(path) as led:
+        assert led.run(1).status == "running"
+
+
+def test_ledger_view_with_only_the_backup_left_says_restore(tmp_path):
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        led.set_budget("lab", 3.0)
+    os.unlink(path)
+    assert (tmp_path / "l.sqlite.bak").exists()
+    for extra in ([], ["--ledger", str(path)]):
+        env = {} if extra else {"SHARDLAB_LEDGER": str(path)}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            code, out, err = cli_main("ledger", *extra)
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        assert code == 2 and "no ledger" not in out and "cp " in err and "l.sqlite.bak" in err, (extra, out, err)
+
+
+def test_read_only_ledger_is_shown_not_written(tmp_path, monkeypatch):
+    """A ledger on a read-only file system (simulated: the tests may run as root) can be viewed; commands that
+    write say why they cannot, in one line."""
+    from shardlab.ledger import schema
+
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        led.reserve(req(ceiling=5.0))
+    real_access = os.access
+    monkeypatch.setattr(schema.os, "access", lambda p, mode: real_access(p, mode) and not mode & os.W_OK)
+    monkeypatch.setattr(schema, "_why_readonly", lambda p: "it is on a read-only file system")
+    code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["read_only"] is True and doc["runs"][0]["status"] == "running" and doc["recovered_unfinished"] == []
+    code, out, err = cli_main("ledger", "--ledger", str(path))
+    assert code == 0 and "read-only ledger" in out
+    code, _, err = cli_main("ledger", "--ledger", str(path), "--budget-name", "lab", "--set-ceiling", "9")
+    assert code == 2 and "read-only file system" in err and "permission" not in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(LedgerError, match="cannot write ledger"):
+        Ledger(path)
+
+
+def test_lowering_a_ceiling_or_moving_a_budget_under_a_small_parent_warns(tmp_path):
+    path = str(tmp_path / "l.sqlite")
+    with Ledger(path) as led:
+        run, _ = led.reserve(req(ceiling=5.0, hours=2.0))
+        led.finish(run.id, status="finished", exit_code=0, wall_s=7200, actual_usd=2.0)
+    code, out, err = cli_main("ledger", "--ledger", path, "--budget-name", "lab", "--set-ceiling", "1.5")
+    assert code == 0 and "warning: budget 'lab' now has $2.00 spent and reserved, over its ceiling $1.50" in out
+    code, out, _ = cli_main("ledger", "--ledger", path, "--budget-name", "small", "--set-ceiling", "1", "--json")
+    assert json.loads(out)["over_ceiling"] == []
+    code, out, _ = cli_main("ledger", "--ledger", path, "--budget-name", "lab", "--parent", "small", "--json")
+    over = json.loads(out)["over_ceiling"]
+    assert {x["budget"] for x in over} == {"lab", "small"} and all(x["committed_usd"] == 2.0 for x in over)
+
+
+def test_a_parent_budget_counts_the_runs_of_the_budgets_part_of_it(tmp_path):
+    with Ledger(tmp_path / "l.sqlite") as led:
+        led.set_budget("total", 10.0)
+        led.reserve(req(ceiling=3.0, parent="total"))
+        led.reserve(req(budget="other", ceiling=3.0, parent="total"))
+        b = {x.name: x for x in led.budgets()}
+    assert (b["total"].runs, b["lab"].runs, b["other"].runs) == (2, 1, 1)
+
+
+def test_backup_temporaries_of_a_killed_guard_are_removed(tmp_path):
+    path = tmp_path / "l.sqlite"
+    dead = tmp_path / "l.sqlite.bak.4194305999.tmp"          # no process can have this pid
+    live = tmp_path / f"l.sqlite.bak.{os.getppid()}.tmp"     # a live process's file is left alone
+    other = tmp_path / "notes.bak.1.tmp"
+    for f in (dead, live, other):
+        f.write_bytes(b"x")
+    with Ledger(path) as led:
+        led.set_budget("lab", 3.0)
+    assert not dead.exists() and live.exists() and other.exists() and (tmp_path / "l.sqlite.bak").exists()
+
+
+def test_markdown_report_keeps_commands_with_backticks_and_pipes_intact(tmp_path):
+    from markdown_it import MarkdownIt
+
+    path = tmp_path / "l.sqlite"
+    cmd = "echo `date` | tee ``x``"
+    with Ledger(path) as led:
+        r = req(ceiling=5.0)
+        r.command, r.shell = cmd, True
+        led.reserve(r)
+    md = tmp_path / "r.md"
+    code, _, err = cli_main("ledger", "--ledger", str(path), "--markdown", str(md))
+    assert code == 0, err
+    tokens = MarkdownIt("commonmark").enable("table").parse(md.read_text())
+    codes = [c.content for t in tokens if t.type == "inline" for c in (t.children or []) if c.type == "code_inline"]
+    assert cmd in codes, codes
+
+
+def test_a_ledger_labelled_older_than_it_is_opens(tmp_path):
+    """user_version 1 on a file that already has schema 2's columns (a hand edit, a restored header): the
+    migration adds only what is missing instead of failing with 'duplicate column name'."""
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        led.reserve(req(ceiling=5.0, setup_hours=0.5))
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["runs"][0]["setup_hours"] == 0.5
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 2
+    con.close()

@@ -22,17 +22,19 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlab import proctree
 from shardlab.cost.estimate import fmt_usd
-from shardlab.ledger import BudgetSummary, Ledger, RunRecord, RunRequest
+from shardlab.ledger import BudgetSummary, Ledger, LedgerError, RunRecord, RunRequest
 
 EXIT_TIME_LIMIT = 124
 """Exit code of the guard when it stopped the command at its time limit (as coreutils `timeout`)."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KILL_MARGIN_S = 0.1
 """SIGKILL goes out this long before the reservation ends, so that the kernel has delivered it by then."""
+FINISH_RETRY_WAITS_S = (0.5, 2.0)
+"""Waits before the second and third try at recording a run's end (a full disk may free up, a lock may pass)."""
 
 
 @dataclass
@@ -47,6 +49,9 @@ class GuardOutcome:
     """(old, new) ceiling when this call changed it."""
     budget: BudgetSummary
     """The budget after the run."""
+    recorded: bool = True
+    """False when the end could not be written to the ledger (the run stays 'running' there, and is settled
+    'unfinished', at its full reservation, by the next guard or ledger call)."""
 
 
 @dataclass
@@ -122,9 +127,29 @@ def _charge(req: RunRequest, wall_s: float) -> tuple[float, str]:
                               f"deliver SIGKILL; charged the reservation")
 
 
+def _record_end(ledger: Ledger, run: RunRecord, log: Callable[[str], None], **end) -> tuple[RunRecord, bool]:
+    """``ledger.finish`` retried; (row, recorded). When the ledger cannot be written at the end (a full disk,
+    a lock held too long), the command's outcome is still reported and its exit code kept: the row returned
+    says what could not be written, and the ledger keeps the run 'running' until it is settled as
+    'unfinished' at its full reservation (never less than it cost)."""
+    for wait_s in (*FINISH_RETRY_WAITS_S, None):
+        try:
+            return ledger.finish(run.id, **end), True
+        except LedgerError as e:
+            if wait_s is None:
+                log(f"could not record the end of run #{run.id} in the ledger ({e}). Its outcome is reported here "
+                    f"and its exit code kept; the ledger keeps it 'running' until the next guard or `shardlab "
+                    f"ledger` call settles it as 'unfinished', charged its full reservation {fmt_usd(run.reserved_usd)}")
+                note = f"not recorded in the ledger ({e}); to be charged its full reservation"
+                return replace(run, status=end["status"], exit_code=end["exit_code"], wall_s=end["wall_s"],
+                               actual_usd=run.reserved_usd, note="; ".join(x for x in (end.get("note"), note) if x)), False
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
 def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, state: _State, stdout,
-         log) -> tuple[RunRecord, int]:
-    """Start, supervise and clean up the command; record the end. Returns (run row, guard exit code)."""
+         log) -> tuple[RunRecord, bool, int]:
+    """Start, supervise and clean up the command; record the end. Returns (run row, recorded, guard exit code)."""
     with proctree.subreaper():
         before = proctree.children_of(os.getpid())
         state.tree = proctree.ProcessTree(exclude=before)
@@ -139,8 +164,9 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
             except OSError as e:
                 code = 127 if isinstance(e, FileNotFoundError) else 126
                 log(f"cannot run {command[0]!r}: {e.strerror or e}")
-                return ledger.finish(run.id, status="failed", exit_code=code, wall_s=0.0, actual_usd=req.setup_hours * req.gpus
-                                     * req.price_per_gpu_hour, note=f"could not start: {e.strerror or e}"), code
+                return (*_record_end(ledger, run, log, status="failed", exit_code=code, wall_s=0.0,
+                                     actual_usd=req.setup_hours * req.gpus * req.price_per_gpu_hour,
+                                     note=f"could not start: {e.strerror or e}"), code)
             state.tree.track(state.child.pid)
             watchdog.track(state.child.pid)
             if state.received is not None:          # a signal between the reservation and the start
@@ -160,8 +186,8 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
         note = (note + "; " if note else "") + f"stopped {leftovers} process(es) the command left running"
     actual, clipped = _charge(req, wall_s)
     note = "; ".join(x for x in (note, clipped) if x)
-    return ledger.finish(run.id, status=status, exit_code=_exit_code(rc), wall_s=wall_s, actual_usd=actual,
-                         note=note), guard_code
+    return (*_record_end(ledger, run, log, status=status, exit_code=_exit_code(rc), wall_s=wall_s, actual_usd=actual,
+                         note=note), guard_code)
 
 
 def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int | None = None,
@@ -191,8 +217,8 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
                 f"{fmt_usd(req.estimate_usd)} for {setup}{req.hours:g} h + {req.grace_s:g} s grace); spent "
                 f"{fmt_usd(b.spent_usd)}, reserved in all {fmt_usd(b.reserved_usd)}, ceiling {fmt_usd(b.ceiling_usd)}: "
                 f"{fmt_usd(b.remaining_usd)} left. Starting: {req.command}")
-            rec, code = _run(req, command, ledger, run, state, stdout, log)
-            return GuardOutcome(rec, code, change, ledger.budgets(req.budget)[0])
+            rec, recorded, code = _run(req, command, ledger, run, state, stdout, log)
+            return GuardOutcome(rec, code, change, ledger.budgets(req.budget)[0], recorded)
     finally:
         for s, h in old.items():
             signal.signal(s, h)

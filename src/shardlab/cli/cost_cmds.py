@@ -219,6 +219,7 @@ def cmd_guard(args) -> int:
         f"{fmt_usd(b.reserved_usd)}, remaining {fmt_usd(b.remaining_usd)} of {fmt_usd(b.ceiling_usd)}.")
     if args.json:
         print(dumps({"ledger": str(path), "run": run.to_dict(), "budget": b.to_dict(), "exit_code": out.exit_code,
+                     "recorded": out.recorded,
                      "ceiling_changed_from": out.ceiling_change[0] if out.ceiling_change else None}))
     return out.exit_code
 
@@ -255,26 +256,37 @@ def cmd_ledger(args):
 
         check_output_path(args.markdown, "--markdown")
     path = expand_user(args.ledger, "--ledger") if args.ledger else default_ledger_path()
-    if not setting and not os.path.lexists(path) and not args.ledger:
+    from shardlab.ledger.schema import backup_path
+
+    if not setting and not os.path.lexists(path) and not os.path.lexists(backup_path(path)) and not args.ledger:
         return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
                 f"no ledger at {path} yet: `shardlab guard` creates it on its first run, or `shardlab ledger "
                 f"--budget-name NAME --set-ceiling USD`")
     with Ledger(path, create=setting) as led:
         change = led.set_budget(args.budget_name, args.set_ceiling, args.parent) if setting else None
-        recovered = led.recover_unfinished()
+        over = led.over_ceiling(args.budget_name) if setting else []
+        recovered, readonly = led.recover_unfinished(), led.readonly
         budgets, runs = led.budgets(args.budget_name), led.runs(args.budget_name)
         if args.budget_name and not budgets:
             names = [x.name for x in led.budgets()]
             raise ShardlabError(f"no budget '{args.budget_name}' in {path}{did_you_mean(args.budget_name, names)}; "
                                 f"budgets: {', '.join(names) or 'none yet'}")
-    doc = {"ledger": str(path), "exists": True, "budgets": [x.to_dict() for x in budgets],
-           "runs": [r.to_dict() for r in runs], "recovered_unfinished": recovered}
-    text = text_report(str(path), budgets, runs, recovered)
-    if change:
-        from shardlab.cost.estimate import fmt_usd
+    from shardlab.cost.estimate import fmt_usd
 
+    doc = {"ledger": str(path), "exists": True, "read_only": readonly, "budgets": [x.to_dict() for x in budgets],
+           "runs": [r.to_dict() for r in runs], "recovered_unfinished": recovered,
+           "over_ceiling": [{"budget": n, "committed_usd": used, "ceiling_usd": ceil} for n, used, ceil in over]}
+    text = text_report(str(path), budgets, runs, recovered)
+    for n, used, ceil in over:
+        text = (f"warning: budget '{n}' now has {fmt_usd(used)} spent and reserved, over its ceiling {fmt_usd(ceil)}: "
+                f"nothing already spent is undone, and every new run under it will be refused until the ceiling is "
+                f"raised (shardlab ledger --budget-name {n} --set-ceiling USD)\n") + text
+    if change:
         doc["ceiling_changed_from"] = change[0]
         text = f"ceiling of budget '{args.budget_name}' changed from {fmt_usd(change[0])} to {fmt_usd(change[1])}\n" + text
+    if readonly:
+        text += ("\n(read-only ledger: shown as it is; runs whose guard died are settled as 'unfinished' the next "
+                 "time it is opened writable)")
     if args.markdown:
         from shardlab.safeout import write_text
 

@@ -66,6 +66,19 @@ def text_report(path: str, budgets: Sequence[BudgetSummary], runs: Sequence[RunR
     return "\n".join(lines)
 
 
+def _code(text: str) -> str:
+    """``text`` as a CommonMark code span: fenced by a backtick run longer than any inside it, padded with a
+    space when it starts or ends with a backtick (a command may hold backticks: `date` in a shell line)."""
+    text = text.replace("\n", " ")
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _cell(v: object) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
@@ -80,7 +93,7 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[object]], right: set[
 def markdown_report(path: str, budgets: Sequence[BudgetSummary], runs: Sequence[RunRecord], generated_at: str) -> str:
     """A self-contained markdown report: budgets, runs (estimate vs actual), flagged runs, price sources."""
     md = ["# GPU spend ledger", "",
-          f"Generated {_time(generated_at)} UTC by `shardlab ledger` from `{path}`. Amounts in USD. "
+          f"Generated {_time(generated_at)} UTC by `shardlab ledger` from {_code(path)}. Amounts in USD. "
           "Estimate = GPUs × price × (set-up + paid hours); actual = GPUs × price × (set-up + measured wall time), "
           "never more than the reservation; a run still running holds its reservation (estimate plus the SIGTERM "
           "grace period). A budget's totals include the budgets that are part of it.", "",
@@ -88,7 +101,7 @@ def markdown_report(path: str, budgets: Sequence[BudgetSummary], runs: Sequence[
     md += _md_table(_BUDGET_HEAD, _budget_rows(budgets), right={2, 3, 4, 5, 6, 7}) if budgets else ["No budgets yet."]
     md += ["", "## Runs", ""]
     if runs:
-        rows = [[r.id, r.budget, f"`{r.command}`", r.gpus, r.gpu, fmt_rate(r.price_per_gpu_hour), f"{r.setup_hours:g}",
+        rows = [[r.id, r.budget, _code(r.command), r.gpus, r.gpu, fmt_rate(r.price_per_gpu_hour), f"{r.setup_hours:g}",
                  f"{r.hours:g}", fmt_usd(r.estimate_usd), _money(r.actual_usd), _ratio(r),
                  ("**unfinished**" if r.status == "unfinished" else r.status), _time(r.started_at), _time(r.ended_at),
                  "-" if r.exit_code is None else r.exit_code] for r in runs]

@@ -58,10 +58,10 @@ CREATE INDEX IF NOT EXISTS runs_budget_status ON runs (budget, status);
 """
 
 MIGRATIONS = {
-    1: ("ALTER TABLE runs ADD COLUMN setup_hours REAL NOT NULL DEFAULT 0",
-        "ALTER TABLE budgets ADD COLUMN parent TEXT REFERENCES budgets(name)"),
+    1: (("runs", "setup_hours", "ALTER TABLE runs ADD COLUMN setup_hours REAL NOT NULL DEFAULT 0"),
+        ("budgets", "parent", "ALTER TABLE budgets ADD COLUMN parent TEXT REFERENCES budgets(name)")),
 }
-"""Statements taking schema N to N + 1."""
+"""(table, column, statement adding it): what takes schema N to N + 1."""
 
 V1_COLUMNS = {
     "budgets": {"name", "ceiling_usd", "created_at", "updated_at"},
@@ -100,8 +100,9 @@ def _witnesses(path: Path) -> list[tuple[Path, int]]:
     return out
 
 
-def check_file(path: Path, create: bool) -> None:
-    """Refuse what SQLite must not open: non-regular files, unreadable files, foreign files, lost ledgers."""
+def check_file(path: Path, create: bool) -> bool:
+    """Refuse what SQLite must not open: non-regular files, unreadable files, foreign files, lost ledgers.
+    Returns True when the ledger exists and can only be read (allowed only when ``create`` is False)."""
     from shardlab.safeio import check_name
 
     check_name(path, "--ledger")
@@ -130,9 +131,14 @@ def check_file(path: Path, create: bool) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise LedgerError(f"cannot create the ledger's folder {path.parent} ({e.strerror}); pass --ledger PATH") from None
-        return
-    if not os.access(path, os.R_OK | os.W_OK):
-        raise LedgerError(f"cannot read and write ledger {path} (permission denied); fix its permissions or pass --ledger PATH")
+        return False
+    if not os.access(path, os.R_OK):
+        raise LedgerError(f"cannot read ledger {path} (permission denied); fix its permissions or pass --ledger PATH")
+    # writing needs the file and its folder (SQLite writes its journal beside it)
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+    if not writable and create:
+        raise LedgerError(f"cannot write ledger {path} ({_why_readonly(path)}); `shardlab ledger` can still show it, "
+                          f"or pass --ledger PATH")
     try:
         with open(path, "rb") as f:
             head = f.read(len(SQLITE_HEADER))
@@ -140,6 +146,19 @@ def check_file(path: Path, create: bool) -> None:
         raise corrupt(path, e.strerror or str(e)) from None
     if head and head != SQLITE_HEADER:
         raise corrupt(path, "not an SQLite database")
+    return not writable
+
+
+def _why_readonly(path: Path) -> str:
+    """Why a ledger cannot be written: its file system, the file, or its folder."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError:
+        pass
+    if not os.access(path, os.W_OK):
+        return "the file is read-only: fix its permissions"
+    return f"its folder {path.parent} is read-only (SQLite writes a journal beside the ledger): fix its permissions"
 
 
 def write_backup(conn: sqlite3.Connection, path: Path) -> None:
@@ -147,6 +166,7 @@ def write_backup(conn: sqlite3.Connection, path: Path) -> None:
     failure to back up never fails the run that was recorded."""
     target = backup_path(path)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    _remove_stale_tmp(target)
     try:
         dst = sqlite3.connect(str(tmp))
         try:
@@ -159,3 +179,31 @@ def write_backup(conn: sqlite3.Connection, path: Path) -> None:
             os.unlink(tmp)
         except OSError:
             pass
+
+
+def _remove_stale_tmp(target: Path) -> None:
+    """Delete ``PATH.bak.<pid>.tmp`` files left by a process killed while it wrote the backup (its pid is gone).
+    A live writer's file is left alone; the ledger itself is never touched."""
+    prefix = target.name + "."
+    try:
+        names = [n for n in os.listdir(target.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names[:64]:                   # bounded: a folder full of them is cleaned over several writes
+        pid = name[len(prefix):-len(".tmp")]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(target.parent / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):      # gone, or a number no process can have
+        return False
+    except PermissionError:                          # someone else's live process
+        return True
+    return True

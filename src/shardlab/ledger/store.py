@@ -12,6 +12,7 @@ import datetime
 import os
 import socket
 import sqlite3
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -70,9 +71,14 @@ class Ledger:
         from shardlab.safeio import expand_user
 
         self.path = expand_user(path, "the ledger path")
-        check_file(self.path, create)
+        self.readonly = check_file(self.path, create)
+        """True when the ledger can be read but not written (a read-only file system or file): shown, not settled."""
         try:
-            self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            if self.readonly:
+                uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+            else:
+                self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
         except sqlite3.Error as e:
             raise LedgerError(f"cannot open ledger {self.path} ({e}); check the path or pass --ledger NEW_PATH") from None
         # text a hand edit left as invalid UTF-8 reads back with its bad bytes escaped (\xff): shown, never a crash
@@ -120,6 +126,10 @@ class Ledger:
         if not {"budgets", "runs"} <= tables or version not in range(1, SCHEMA_VERSION + 1):
             raise LedgerError(f"{self.path} is an SQLite database but not a shardlab ledger; it was left untouched: "
                               f"pass --ledger NEW_PATH")
+        if version < SCHEMA_VERSION and self.readonly:
+            raise LedgerError(f"ledger {self.path} is a schema-{version} ledger and read-only: it needs a one-time "
+                              f"upgrade to schema {SCHEMA_VERSION}; make it writable (or copy it somewhere writable "
+                              f"and pass --ledger COPY)")
         if version < SCHEMA_VERSION:
             for table, needed in V1_COLUMNS.items():
                 have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
@@ -135,8 +145,11 @@ class Ledger:
         with self._tx() as c:
             version = c.execute("PRAGMA user_version").fetchone()[0]
             while version < SCHEMA_VERSION:
-                for statement in MIGRATIONS[version]:
-                    c.execute(statement)
+                for table, column, statement in MIGRATIONS[version]:
+                    # a ledger labelled older than it is (a hand edit, a restored user_version) already has the
+                    # column: adding it again would fail with "duplicate column name"
+                    if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
+                        c.execute(statement)
                 version += 1
                 c.execute(f"PRAGMA user_version = {version}")
 
@@ -221,10 +234,24 @@ class Ledger:
         with self._tx(backup=True) as c:
             return self._upsert(c, name, ceiling, parent)[1]
 
+    def over_ceiling(self, name: str) -> list[tuple[str, float, float]]:
+        """(budget, spent + reserved, ceiling) for ``name`` and each budget it is part of that is over its ceiling
+        (a lowered ceiling or a new parent can put one there: no run was refused, but every new run will be)."""
+        budgets = self._budget_rows(self.conn)
+        out = []
+        for b in self._chain(budgets, name):
+            spent, reserved = self._totals(self.conn, b)
+            if spent + reserved > budgets[b][0] + 1e-9:
+                out.append((b, spent + reserved, budgets[b][0]))
+        return out
+
     # -- writes ---------------------------------------------------------------------------------------
 
     def recover_unfinished(self) -> list[int]:
-        """Mark runs whose guard is gone as 'unfinished', charged as their reservation. Returns their ids."""
+        """Mark runs whose guard is gone as 'unfinished', charged as their reservation. Returns their ids
+        (none on a read-only ledger: it is shown as it is)."""
+        if self.readonly:
+            return []
         with self._tx() as c:
             stale = self._recover(c)
         if stale:
@@ -332,7 +359,8 @@ class Ledger:
             ceiling, parent = every[name]
             self._chain(every, name)
             spent, reserved = self._totals(self.conn, name)
-            n, flagged = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'unfinished'), 0) FROM runs "
-                                           "WHERE budget = ?", (name,)).fetchone()
+            sub = self._subtree(self.conn, name)            # like spent and reserved: the budgets part of it count
+            n, flagged = self.conn.execute(f"SELECT COUNT(*), COALESCE(SUM(status = 'unfinished'), 0) FROM runs "
+                                           f"WHERE budget IN ({', '.join('?' * len(sub))})", sub).fetchone()
             out.append(BudgetSummary(name, ceiling, spent, reserved, ceiling - spent - reserved, n, flagged, parent))
         return out
