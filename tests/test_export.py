@@ -345,3 +345,69 @@ def test_megatron_layout_text_is_bounded_before_parsing():
         with pytest.raises(ShardlabError, match="at most"):
             parse_layout(hostile)
     assert len(parse_layout("E" + "(t|)*60," + "t*4L")) == 61
+
+
+# -- from a review of the exporters and readers ---------------------------------------------------------------
+
+def test_megatron_writes_the_dropout_the_estimate_assumed_and_reads_it_back(tmp_path):
+    """Megatron-LM's dropout defaults are 0.1: a file without the flags trains with dropout (more activation
+    memory), so the export writes 0 (or 0.1 with --dropout) and the reader takes an absent flag as 0.1."""
+    plain, gpt = tmp_path / "m.sh", tmp_path / "g.sh"
+    assert cli_main("export", "--to", "megatron", "llama-3.1-8b", "--gpus", "8", "--tp", "2", "--out", str(plain))[0] == 0
+    assert "--attention-dropout 0 \\" in plain.read_text() and "--hidden-dropout 0 \\" in plain.read_text()
+    assert cli_main("export", "--to", "megatron", "gpt2-xl", "--gpus", "8", "--dropout", "--out", str(gpt))[0] == 0
+    assert "--attention-dropout 0.1 \\" in gpt.read_text()
+
+    def memory_gib(path, *extra):
+        code, out, err = cli_main("memory", "--from", str(path), "--json", *extra)
+        assert code == 0, err
+        return json.loads(out)["per_gpu"]["total"] / 2**30
+
+    base = memory_gib(plain)
+    absent = tmp_path / "absent.sh"
+    absent.write_text("\n".join(x for x in plain.read_text().splitlines() if "dropout" not in x) + "\n")
+    assert memory_gib(absent) > base + 0.5                      # Megatron's default 0.1: masks and dropped copies
+    code, _, err = cli_main("memory", "--from", str(absent), "--dropout", "off")
+    assert code == 2 and "conflicts" in err and "has dropout" in err
+    code, out, _ = cli_main("estimate", "--from", str(gpt), "--json")
+    assert code == 0 and json.loads(out)["assumptions"]["dropout"] is True
+    bad = tmp_path / "bad.sh"
+    bad.write_text(plain.read_text().replace("--hidden-dropout 0", "--hidden-dropout nan"))
+    code, _, err = cli_main("estimate", "--from", str(bad))
+    assert code == 2 and "--hidden-dropout must be a probability from 0 to 1, got 'nan'" in err
+
+
+def test_torchtitan_zero2_export_reads_back_as_torchtitan_runs_it(tmp_path):
+    """reshard_after_forward = 'never' is FSDP2's ZeRO-2 (FSDP1's SHARD_GRAD_OP): the export carries it and the
+    estimate of the file prices it without saying torchtitan cannot run it."""
+    path = tmp_path / "t.toml"
+    code, out, _ = cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "2",
+                            "--out", str(path), "--json")
+    assert code == 0 and json.loads(out)["unsupported"] == []
+    code, out, err = cli_main("estimate", "--from", str(path))
+    assert code == 0, err
+    assert "zero 2" in out and "has no ZeRO stage" not in out + err
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan", "memory"])
+def test_a_file_naming_an_unknown_model_is_not_replaced_by_a_default(tmp_path, command):
+    path = tmp_path / "t.toml"
+    cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--out", str(path))
+    path.write_text(path.read_text().replace('flavor = "8B"', 'flavor = "9B"'))
+    code, out, err = cli_main(command, "--from", str(path))
+    assert code == 2 and not out.strip().startswith("shardlab")
+    assert "names a model shardlab does not know (model llama3/9B); give MODEL" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = cli_main(command, "--from", str(path), "llama-3.1-8b", "--json")
+    assert code == 0, err
+
+
+def test_a_files_batch_error_names_the_files_fields(tmp_path):
+    path = tmp_path / "t.toml"
+    cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--out", str(path))
+    text = path.read_text()
+    assert "global_batch_size = 8" in text
+    path.write_text(text.replace("global_batch_size = 8", "global_batch_size = 7"))
+    code, _, err = cli_main("estimate", "--from", str(path))
+    assert code == 2 and "training.global_batch_size 7 is not divisible by micro-batch 1 × data-parallel size 8" in err
+    assert "--global-batch" not in err

@@ -148,6 +148,7 @@ def test_megatron_core_transformer_config(files):
         spec = CAT.model(job.model)
         assert (r["tp"], r["pp"], r["cp"], r["ep"]) == (job.layout.tp, job.layout.pp, job.layout.cp, job.layout.ep), name
         assert r["num_layers"] == spec.num_layers and r["hidden_size"] == spec.hidden_size
+        assert r["dropout"] == [0.0, 0.0], name       # Megatron's defaults are 0.1; shardlab models no dropout
         assert r["vpp"] == (job.layout.vpp if job.layout.vpp > 1 else None)
         sizes = [len(c) for c in chunk_layers(spec, job.layout)]
         assert r["chunks"] in (None, sizes), name
@@ -333,7 +334,8 @@ def check_megatron(path: str) -> dict:
                   for r in range(lay.pipeline_model_parallel_size)]
     return {"tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size, "cp": c.context_parallel_size,
             "ep": c.expert_model_parallel_size, "vpp": c.virtual_pipeline_model_parallel_size,
-            "num_layers": c.num_layers, "hidden_size": c.hidden_size, "chunks": chunks}
+            "num_layers": c.num_layers, "hidden_size": c.hidden_size, "chunks": chunks,
+            "dropout": [c.attention_dropout, c.hidden_dropout]}
 
 
 def check_slurm(path: str) -> dict:

@@ -100,7 +100,7 @@ def job_from_args(args, cat):
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,
                      est.workload.optimizer, est.accelerator.id, est.cluster.gpus_per_node,
                      framework=getattr(args, "framework", None), notes=notes,
-                     grad_reduce_bytes=est.workload.grad_reduce_bytes or None)
+                     grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout))
 
 
 def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
@@ -291,6 +291,7 @@ def apply_import(args, imp, parser) -> None:
             raise ShardlabError(f"--{dest.replace('_', '-')} {cur} conflicts with {args.from_file} ({key} = {val}); "
                                 f"drop the flag or edit the file")
         setattr(args, dest, val)
+    _apply_dropout(args, f)
     red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
     if red and hasattr(args, red):
         other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]
@@ -300,7 +301,36 @@ def apply_import(args, imp, parser) -> None:
         setattr(args, red, True)
     if imp.framework and hasattr(args, "framework") and getattr(args, "framework", None) is None:
         args.framework = imp.framework
+    if "model" not in f and getattr(args, "model", None) is None and getattr(args, "params", None) is None:
+        unknown = next((x for x in imp.ignored if "give MODEL" in x), None)
+        if unknown:                     # never the command's default model in its place
+            raise ShardlabError(f"{args.from_file} names a model shardlab does not know ({unknown.split(' (')[0]}); "
+                                f"give MODEL: a catalog id (see `shardlab models`), hf:ORG/NAME or a config.json")
     _check_against_model(args, f, imp)
+    from shardlab.export import check_batch, field_names
+
+    check_batch({k: v for k, v in f.items() if k != "gpus" or "dp" not in f}, args.from_file,
+                field_names(imp.source, imp.framework))
+
+
+def _apply_dropout(args, f: dict) -> None:
+    """A file's dropout (Megatron-LM's --attention/--hidden-dropout) onto --dropout: a switch on estimate/plan,
+    auto/on/off on memory."""
+    from shardlab.errors import ShardlabError
+
+    if "dropout" not in f or not hasattr(args, "dropout"):
+        return
+    want, cur = bool(f["dropout"]), args.dropout
+    if isinstance(cur, str):                           # memory: auto / on / off
+        if cur != "auto" and (cur == "on") != want:
+            raise ShardlabError(f"--dropout {cur} conflicts with {args.from_file}, which {'has' if want else 'has no'} "
+                                f"dropout; drop the flag or edit the file")
+        args.dropout = "on" if want else "off"
+        return
+    if cur and not want:                               # estimate / plan: the switch given, the file has none
+        raise ShardlabError(f"--dropout conflicts with {args.from_file}, which has no dropout; drop the flag or edit "
+                            f"the file")
+    args.dropout = want
 
 
 def _check_against_model(args, fields: dict, imp) -> None:

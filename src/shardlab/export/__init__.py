@@ -268,6 +268,22 @@ def check_against_model(fields: dict, spec, where: str, names: dict) -> None:
                  f"use a divisor of {spec.moe.num_experts}")
 
 
+def check_batch(fields: dict, where: str, names: dict) -> None:
+    """The file's global batch against its micro-batch × data-parallel size, naming the file's own fields (the
+    command's check would name --global-batch, a flag the user never gave)."""
+    gb, mb, dp = fields.get("global_batch"), fields.get("micro_batch", 1), fields.get("dp")
+    gpus = fields.get("gpus")
+    mp = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
+    if dp is None and isinstance(gpus, int) and isinstance(mp, int) and mp and gpus % mp == 0:
+        dp = gpus // mp
+    if not all(isinstance(x, int) and x > 0 for x in (gb, mb, dp)) or gb % (mb * dp) == 0:
+        return
+    n = mb * dp
+    raise ShardlabError(f"{where}: {names.get('global_batch', 'global batch')} {gb:,} is not divisible by micro-batch "
+                        f"{mb:,} × data-parallel size {dp:,} = {n:,}; make it a multiple of {n:,} (e.g. "
+                        f"{max(n, gb // n * n):,})")
+
+
 def read_file(path: str, catalog) -> Imported:
     from shardlab.safeio import check_name, read_text as safe_read
 

@@ -76,7 +76,8 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
     red = fw.get("grad_reduce_bytes") if isinstance(fw, dict) else None
     return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],
                      acc.id, gpn, framework=_framework_id(fw), notes=notes,
-                     grad_reduce_bytes=red if red in (2, 4) else None)
+                     grad_reduce_bytes=red if red in (2, 4) else None,
+                     dropout=(doc.get("assumptions") or {}).get("dropout") is True)
 
 
 def _cluster(catalog, gpu: str, gpus: int, gpn: int):
@@ -109,7 +110,8 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
     gpu = f.get("gpu") or (base.gpu if base else "h100-sxm")
     job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
                     gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
-                    framework=f.get("framework"), grad_reduce_bytes=f.get("grad_reduce_bytes"))
+                    framework=f.get("framework"), grad_reduce_bytes=f.get("grad_reduce_bytes"),
+                    dropout=bool(f.get("dropout", False)))
     if serving:
         seqs, plen, olen = f.get("max_num_seqs", 256), f.get("prompt_len", 1024), f.get("output_len", 256)
         job = replace(job, seq_len=plen + olen, global_batch=seqs, serve=Serve(max_num_seqs=seqs, prompt_len=plen, output_len=olen, replicas=f.get("replicas", 1),

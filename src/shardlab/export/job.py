@@ -72,6 +72,8 @@ class LaunchJob:
     """Bytes per reduced gradient element the estimate assumed (4: fp32, 2: bf16/fp16); None: the framework's default."""
     serve: Serve | None = None
     """Serving settings; None for training."""
+    dropout: bool = False
+    """Dropout in the blocks (GPT-3-era training, rate 0.1) as the estimate assumed; False: none (modern recipes)."""
     notes: dict = field(default_factory=dict, compare=False, hash=False)
     """Estimates for comments (step_time_s, usd_per_hour, train_hours, usd, price_source); not part of the layout."""
 

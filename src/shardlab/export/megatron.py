@@ -162,6 +162,10 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out.append(("fp8-format", "hybrid"))     # Transformer Engine: E4M3 forward, E5M2 gradients (shardlab's FP8 recipe)
     out.append(("optimizer", "sgd" if job.optimizer == "sgd" else "adam"))
     out += model_flags(spec)
+    # Megatron-LM's dropout defaults are 0.1 for both (arguments.py, _add_regularization_args): written as the estimate
+    # assumed, 0 unless --dropout (GPT-3-era training, rate 0.1), since each dropout stores a mask and adds a kernel
+    rate = 0.1 if job.dropout else 0
+    out += [("attention-dropout", rate), ("hidden-dropout", rate)]
     out += [("mock-data", True), ("train-iters", 100), ("lr", 3e-4)]
     return out, uns
 
@@ -280,6 +284,19 @@ def read(text: str, catalog) -> Imported:
     elif "accumulate-allreduce-grads-in-fp32" in fl:
         f["grad_reduce_bytes"] = 4
         und.append(("--accumulate-allreduce-grads-in-fp32", "gradients held and reduced in fp32"))
+    for name in ("attention-dropout", "hidden-dropout"):
+        rate = fl.get(name, "0.1")                  # Megatron-LM's default when the flag is absent
+        try:
+            rate_f = float(rate)
+        except (TypeError, ValueError):
+            raise FieldError(f"--{name}", "a probability from 0 to 1", rate) from None
+        if not 0.0 <= rate_f <= 1.0:
+            raise FieldError(f"--{name}", "a probability from 0 to 1", rate)
+        if rate_f:
+            f["dropout"] = True
+    if f.get("dropout"):
+        both = {"attention-dropout", "hidden-dropout"} <= set(fl)
+        und.append(("dropout flags" + ("" if both else " (absent: Megatron's 0.1)"), "dropout on"))
     dim = lambda n, d=None, lo=1: g(n, d, lo, L.MAX_MODEL_DIM)
     shape = {"num_layers": layers, "hidden_size": dim("hidden-size"), "num_heads": dim("num-attention-heads"),
              "ffn_hidden_size": dim("ffn-hidden-size"), "num_experts": dim("num-experts", 0, 0), "vocab_size": dim("vocab-size")}
@@ -301,7 +318,7 @@ def read(text: str, catalog) -> Imported:
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
              "pipeline-model-parallel-layout",
              "num-attention-heads", "ffn-hidden-size", "num-experts", "vocab-size", "group-query-attention",
-             "num-query-groups"}
+             "num-query-groups", "attention-dropout", "hidden-dropout"}
     shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
     ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
     return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")

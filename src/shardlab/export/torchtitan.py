@@ -72,6 +72,9 @@ def render(job: LaunchJob, spec) -> Export:
     if job.grad_reduce_bytes == 2:
         uns.append(Unsupported("grad_reduce", "bf16", "torchtitan 0.2.2 reduces gradients in fp32 "
                                                       "(training.mixed_precision_reduce takes float32 only)"))
+    if job.dropout:
+        uns.append(Unsupported("dropout", True, "torchtitan's models have no dropout; the run holds less activation "
+                                                "memory and time than the estimate"))
     if lay.tp > 1 and not lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", False, "torchtitan 0.2.2 always shards norms over TP (sequence parallel)"))
     dtype, mp = PRECISION[job.precision]
