@@ -475,3 +475,28 @@ def test_expert_all_to_alls_priced_alike_by_estimate_and_inventory(lay):
     inv = sum(i.time_per_step_s for i in layout_collectives(spec, lay, cl, seq_len=4096, microbatches=est.microbatches,
                                                              framework=est.workload) if i.axis == "EP")
     assert est.breakdown["ep_comm_s"] == pytest.approx(inv, rel=0.02)
+
+
+def test_deepspeed_pipeline_engine_host_time_per_micro_batch_pass_and_stage():
+    """DeepSpeed's PipelineEngine runs its schedule instruction by instruction on the host: per micro-batch and
+    stage, 2 passes × pipeline_host_s on top of the per-block host time; nothing without pipeline stages, and
+    nothing for Megatron-LM, whose schedule is issued asynchronously."""
+    import json
+
+    from conftest import cli_main
+
+    def est(*extra):
+        code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--global-batch", "64",
+                                  "--json", *extra)
+        assert code == 0, err
+        return json.loads(out)
+
+    d = est("--pp", "4", "--framework", "deepspeed")
+    fw, m, per_stage = d["framework"], 64 // 2, 32 // 4           # dp 2, 32 micro-batches; 8 of 32 layers per stage
+    assert fw["pipeline_host_s"] > 0.005
+    want = m * (per_stage * 2 * fw["layer_host_s"] + 2 * fw["pipeline_host_s"])
+    assert abs(d["breakdown"]["host_overhead_s"] - want) < 1e-6 * want
+    flat = est("--pp", "1", "--framework", "deepspeed", "--zero", "1")
+    assert flat["breakdown"]["host_overhead_s"] == pytest.approx(64 // 8 * 32 * 2 * fw["layer_host_s"], rel=1e-6)
+    meg = est("--pp", "4", "--framework", "megatron-lm")
+    assert meg["framework"]["pipeline_host_s"] == 0 and meg["breakdown"]["host_overhead_s"] == 0

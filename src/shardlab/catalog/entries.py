@@ -128,7 +128,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
-_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer"}
+_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer", "pipeline_host_s"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -157,7 +157,7 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d.get(key)!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
         raise ShardlabError(f"{where}: framework '{name}' grad_reduce_bytes must be 0 (gradient dtype), 2 or 4")
-    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("zero3_live_params", 0, 1e15),
+    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("pipeline_host_s", 0, 60), ("zero3_live_params", 0, 1e15),
                         ("zero3_reduce_bucket_params", 0, 1e15)):
         v = d.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
@@ -171,6 +171,6 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         if not isinstance(v, list) or any(x not in allowed for x in v):
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a list of {list(allowed)}, got {v!r}")
         lists[key] = tuple(v)
-    live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params")}
+    live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params", "pipeline_host_s")}
     return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists, **live},
                      notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False))

@@ -54,7 +54,9 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                             and lay.recompute == "full" else "")
                          + (f"; HSDP: {lay.dp_replicate} replicas all-reduce gradient shards" if lay.dp_replicate > 1 else "")),
         "host_overhead_s": (f"host time the GPUs wait for: {1e3 * wl.layer_host_s:.2g} ms per block and pass "
-                            f"+ {wl.step_overhead_s:.2g} s per step ({wl.framework}, fitted: docs/validation.md)"),
+                            + (f"+ {1e3 * wl.pipeline_host_s:.2g} ms per micro-batch and pass of the pipeline engine "
+                               if lay.pp > 1 and wl.pipeline_host_s else "")
+                            + f"+ {wl.step_overhead_s:.2g} s per step ({wl.framework}, fitted: docs/validation.md)"),
         "pp_bubble_s": ({"interleaved": "interleaved: (p−1)/v × the slowest stage's time",
                          "zb-h1": "ZB-H1: (p−1)(t−W) − (min(m,p)−1)·W, W = weight-gradient time",
                          }.get(lay.schedule, f"{lay.schedule}: fill and drain, Σ stage times − the slowest "

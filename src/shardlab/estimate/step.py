@@ -248,7 +248,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         part = lambda key: sum(cnt * K[kind][key] for kind, cnt in zip((False, True), counts) if cnt) + zeros
         t = {"compute": part("compute") + (g["head"] if last else 0.0), "rec": part("rec"),
              "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] if last else 0.0),
-             "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros, "host": part("host"),
+             "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros,
+             "host": part("host") + np.where(pp > 1, 2 * vpp * wl.pipeline_host_s, 0.0) + zeros,
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
         # model states of this stage (flat ZeRO partition; the exact per-tensor check is memory.training)
         dense = part("dense") + (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0)

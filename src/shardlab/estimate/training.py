@@ -99,6 +99,7 @@ class TrainingEstimate:
                           "main_grad_bytes": self.workload.main_grad_bytes,
                           "overlap_efficiency": float(self.cluster.accelerator.overlap_efficiency or 0.0),
                           "layer_host_s": float(self.workload.layer_host_s),
+                          "pipeline_host_s": float(self.workload.pipeline_host_s),
                           "step_overhead_s": float(self.workload.step_overhead_s)},
             "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware FLOPs add "
                                "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",

@@ -57,6 +57,8 @@ class Workload:
     """Host time per block and pass the GPU waits for, seconds."""
     step_overhead_s: float = 0.0
     """Host time per step the GPUs wait for, seconds."""
+    pipeline_host_s: float = 0.0
+    """Host time per micro-batch, per pass and pipeline stage the GPU waits for (a pipeline engine's instructions), s."""
     recipe: Recipe = DEFAULT_RECIPE
     """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
 
@@ -88,6 +90,7 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
                     zero3_live_params=fw.zero3_live_params, zero3_reduce_bucket_params=fw.zero3_reduce_bucket_params,
                     layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
+                    pipeline_host_s=fw.pipeline_host_s,
                     **({"recipe": recipe} if recipe is not None else {}))
 
 

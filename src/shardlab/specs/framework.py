@@ -95,6 +95,10 @@ class Framework:
     """Gradients accumulate into one contiguous buffer that the reduction buckets view, so no bucket copy exists, held
     in the reduction dtype; under bf16 (and FP8-on-bf16) mixed precision that dtype is fp32 unless the user asks for
     bf16 reduction (Megatron-Core DistributedDataParallel's main_grad buffer; ``effective_grad_bytes``)."""
+    pipeline_host_s: float = 0.0
+    """Host time per micro-batch, pass (forward, backward) and pipeline stage that the GPU waits for, seconds: a
+    pipeline engine that interprets its schedule instruction by instruction in Python with blocking point-to-point
+    handshakes (DeepSpeed's PipelineEngine). 0 where the schedule is issued ahead of the GPU."""
 
     def refusal(self, layout) -> str | None:
         """Why this framework cannot run ``layout`` (one line naming the fix), or None."""

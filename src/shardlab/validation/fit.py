@@ -3,7 +3,7 @@
 What is fitted (nothing per run): for each GPU generation with runs, the matmul curve's ceiling (max_fraction)
 and the HBM streaming share; shared by all generations, the matmul curve's shape (half_size) and the share of a
 compute window overlapped communication hides under; for frameworks whose host work can stall the GPU, the host
-time per block pass. Everything else in a prediction comes from sources.
+time per block pass, and for DeepSpeed's pipeline engine the host time per micro-batch pass. Everything else in a prediction comes from sources.
 
 Objective: weighted least squares on log(predicted / measured), each run weighted 1/sqrt(runs in its family)
 so that one large publisher does not decide a generation alone, plus a Gaussian prior on every parameter (the
@@ -41,7 +41,13 @@ limit_all_gathers); DeepSpeed's ZeRO-3 parameter coordinator and activation chec
 with stream synchronisations (deepspeed/runtime/zero/partitioned_param_coordinator.py, activation_checkpointing/);
 FSDP2 (torchtitan, KempnerForge) runs per-parameter DTensor hooks and the all-gather copy-in/copy-out on the host
 for every unit (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)."""
-PRIOR_SIGMA = {"max_fraction": 0.1, "half_size": 50.0, "memory": 0.1, "overlap": 0.1,
+PIPELINE_ENGINE_FRAMEWORKS = ("deepspeed",)
+"""Frameworks whose pipeline engine issues the schedule from the host, one instruction at a time, so their
+pipeline_host_s (per micro-batch, pass and stage) is fitted: DeepSpeed's PipelineEngine interprets TrainSchedule's
+instructions in Python (deepspeed/runtime/pipe/engine.py, _exec_schedule: LoadMicroBatch, ForwardPass,
+SendActivation, RecvActivation, BackwardPass, SendGrad, RecvGrad) with blocking point-to-point transfers
+(deepspeed/runtime/pipe/p2p.py); Megatron-Core's schedules issue the same work asynchronously (no such term)."""
+PRIOR_SIGMA = {"pipeline_host_s": 0.02, "max_fraction": 0.1, "half_size": 50.0, "memory": 0.1, "overlap": 0.1,
                "layer_host_s": 0.003}
 """How far each parameter plausibly sits from its prior (one standard deviation): large GEMMs reach 0.7-0.85 of
 peak with cuBLAS (NVIDIA Matrix Multiplication Background guide, 'GPU performance background'); overlapped collectives slow concurrent compute
@@ -157,7 +163,7 @@ def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.
     acc = p.cluster.accelerator
     cur = {"max_fraction": acc.efficiency.max_fraction, "half_size": acc.efficiency.half_size,
            "memory": acc.memory_efficiency, "overlap": acc.overlap_efficiency,
-           "layer_host_s": p.wl.layer_host_s}
+           "layer_host_s": p.wl.layer_host_s, "pipeline_host_s": p.wl.pipeline_host_s}
     vals = {k: np.full(K, float(v)) for k, v in cur.items()}
     for j, prm in enumerate(params):
         if prm.scope == "shared" or (prm.scope == "generation" and prm.key == p.generation) \
@@ -165,7 +171,7 @@ def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.
             vals[prm.field] = thetas[:, j]
     acc_k = replace(acc, efficiency=MatmulEfficiency(vals["max_fraction"], vals["half_size"]),
                     memory_efficiency=vals["memory"], overlap_efficiency=vals["overlap"])
-    wl_k = replace(p.wl, layer_host_s=vals["layer_host_s"])
+    wl_k = replace(p.wl, layer_host_s=vals["layer_host_s"], pipeline_host_s=vals["pipeline_host_s"])
     cands = {k: np.full(K, v) for k, v in p.cands.items()}
     out = evaluate(p.spec, replace(p.cluster, accelerator=acc_k), wl_k, cands, stage_layers=p.stage_layers, memory=False)
     run = p.run
@@ -189,6 +195,8 @@ def default_params(runs, catalog) -> list[Param]:
             continue
         for fld, (lo, hi, prior) in FRAMEWORK_FIELDS.items():
             out.append(Param("framework", f, fld, lo, hi, prior))
+        if f in PIPELINE_ENGINE_FRAMEWORKS:
+            out.append(Param("framework", f, "pipeline_host_s", 0.0, 0.2, 0.0))
     return out
 
 
