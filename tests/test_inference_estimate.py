@@ -69,3 +69,22 @@ def test_inference_plan_picks_tp_for_70b():
     assert code == 0, err
     d = json.loads(out)
     assert d["plans"] and all(p["tp"] * p["pp"] >= 2 for p in d["plans"])   # 141 GB of weights never fit one GPU
+
+
+def test_one_request_on_more_pipeline_stages_pays_each_stages_engine_step_and_send():
+    """A lone request crosses the stages in turn, and every stage runs an engine step of its own for it: each extra
+    stage adds the engine's per-step and per-sequence overheads plus one send (the estimator and `explain
+    pp-inference` price it the same way)."""
+    from shardlab.catalog import get_catalog
+    from shardlab.estimate.inference import static_batch
+    from shardlab.teach.topics._common import cluster
+
+    spec = get_catalog().model("llama-3.1-8b")
+    one = {p: static_batch(spec, cluster("h100-sxm", p), tp=1, pp=p, in_flight=1, prompt_len=512, output_len=256)
+           for p in (1, 2, 8)}
+    case2, r2 = one[2]
+    k = case2.kernels
+    per_stage = k.step_overhead_s + k.seq_overhead_s + case2.p2p_fixed_s + case2.p2p_s_per_token
+    assert r2["tpot_s"] - one[1][1]["tpot_s"] == pytest.approx(per_stage, rel=1e-6)
+    rates = [one[p][1]["output_tokens_per_s"] for p in (1, 2, 8)]
+    assert rates[0] > rates[1] > rates[2]

@@ -1,6 +1,9 @@
 """shardlab explain: every topic builds, its numbers are the core's, bad input is one line; plan --explain; numerics."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -149,3 +152,118 @@ def test_every_suggested_command_runs_as_written():
             code, out, err = cli_main(*c.split())
             assert code == 0, f"{name}: `shardlab {c}` -> {err}"
     assert len(seen) > 20
+
+
+@pytest.mark.parametrize("topic", ["tp-mlp", "source-map"])
+def test_a_suggested_run_train_steps_1_says_which_steps_are_timed_and_cites_the_practice(topic):
+    """`run train --steps 1` runs step 0 alone (steps count from 0): the note says so, says the step time is the
+    median of steps 2 and later, and names the warm-up practice with a source that can be checked."""
+    import importlib.util
+    from pathlib import Path
+
+    ex = explain(topic)
+    assert any(c.startswith("run train") and c.endswith("--steps 1") for c in ex.commands)
+    note = next(n for n in ex.notes if n.startswith("which steps `run train` times"))
+    assert "step 0 carries the memory tracker and the f/g counter" in note
+    assert "median of steps 2 and later" in note and "`--steps 1` runs step 0 alone" in note
+    assert "--steps 3 or more" in note and "torch/utils/benchmark/utils/timer.py: Timer.timeit" in note
+    if topic == "tp-mlp":
+        doc = ex.to_dict()
+        assert any(s["id"] == "shardlab-runtime" for s in doc["sources"])
+        assert any(c["id"] == "pt-timer" for c in doc["code"])
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:                  # the cited file really warms up before it measures
+        src = (Path(spec.origin).parent / "utils" / "benchmark" / "utils" / "timer.py").read_text()
+        body = src[src.index("    def timeit("):src.index("    def repeat(")]
+        assert "# Warmup" in body
+
+
+def test_bf16_vs_fp16_attributes_each_claim_to_its_paper():
+    ex = explain("bf16-vs-fp16")
+    line = lambda start: next(x for x in ex.derivation if x.startswith(start))  # noqa: E731
+    assert "[Micikevicius et al. 2018 §3.2]" in line("loss scaling for fp16")
+    assert "[Kalamkar et al. 2019]" in line("bf16 = 8 exponent") and "[Kalamkar et al. 2019]" in line("bf16 needs no scaler")
+    assert "master copy of the weights and fp32 accumulation absorb [Micikevicius et al. 2018 §3.1, §3.3]" in \
+        line("bf16 needs no scaler")
+    assert "IEEE 754 binary16" in line("fp16 (IEEE 754 binary16)")
+    src = {s["id"]: s for s in ex.to_dict()["sources"]}
+    assert list(src) == ["mixed-precision", "bf16", "ieee754"]
+    assert "arXiv 1710.03740" in src["mixed-precision"]["citation"] and "arXiv 1905.12322" in src["bf16"]["citation"]
+    used = src["mixed-precision"]["used_for"]
+    assert "master copy of the weights (§3.1)" in used and "loss scaling" in used and "(§3.2)" in used
+    assert "no loss scaling" in src["bf16"]["used_for"]
+    # FP8 (Micikevicius et al. 2022, arXiv 2209.05433) is cited only by a text that mentions FP8: this one does not
+    text = json.dumps(ex.to_dict()).lower()
+    assert "fp8" not in text and "2209.05433" not in text
+
+
+def test_reading_notes_list_each_source_once_in_the_order_topics_first_cite_it():
+    from shardlab.teach.explanation import render
+    from shardlab.teach.sources import PAPERS
+
+    ex = explain("reading-notes")
+    assert len(ex.sources) == len(set(ex.sources)) == len(PAPERS)
+    first = []                                             # first appearance, topics in teaching order
+    for name, t in topics().items():
+        if not t.presets and name not in ("reading-notes", "source-map"):
+            first += [s for s in explain(name).sources if s not in first]
+    assert ex.sources[:len(first)] == first and ex.numbers["cited"] == first
+    assert ex.sources[len(first):] == [k for k in PAPERS if k not in first]
+    text = render(ex, width=10_000)                        # unwrapped: a citation is one run of text
+    for k, p in PAPERS.items():                            # each full citation printed once, in the sources
+        assert text.count(f"- {p.citation}: {p.used_for}") == 1 and text.count(p.used_for) == 1, k
+    assert len(ex.derivation) == len(PAPERS)               # one line per paper: the topics that use it
+    assert ex.derivation[0].startswith("Rajbhandari et al. 2019 → two-pressures, bytes-per-param, zero")
+    assert sum('Chen et al. 2016, "' in line for line in ex.derivation) == 2   # two Chen et al. 2016, told apart
+
+
+def test_reading_notes_are_the_same_under_any_hash_seed(tmp_path):
+    outs = []
+    for seed in ("0", "1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "SHARDLAB_LEDGER": str(tmp_path / "l.sqlite"),
+               "XDG_DATA_HOME": str(tmp_path)}
+        runs = [subprocess.run([sys.executable, "-m", "shardlab", "explain", "reading-notes", *extra], capture_output=True,
+                               text=True, timeout=300, env=env) for extra in ([], ["--json"])]
+        assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+        outs.append((runs[0].stdout, runs[1].stdout))
+    assert outs[0] == outs[1] == outs[2]
+    assert [s["id"] for s in json.loads(outs[0][1])["sources"]] == explain("reading-notes").sources
+
+
+def _guard(cmd: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SHARDLAB_LEDGER": str(tmp_path / "ledger.sqlite"), "XDG_DATA_HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "shardlab", *cmd.split()], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("words", [[], ["hours=4", "budget=3"]])
+def test_the_cost_topics_guard_command_reserves_the_cost_it_states(words, tmp_path):
+    """The guard line of `explain cost` reserves set-up + work hours: the same dollars as the derivation."""
+    from shardlab.cost.estimate import fmt_usd
+
+    ex = explain("cost", words)
+    v, usd = ex.inputs, ex.numbers["usd"]
+    assert f"= {fmt_usd(usd)}" in ex.derivation[2]
+    guard = next(c for c in ex.commands if c.startswith("guard "))
+    assert f"--hours {v['hours']:g} --setup-hours {v['setup']:g}" in guard
+    r = _guard(guard, tmp_path)
+    if ex.numbers["within_budget"]:
+        assert r.returncode == 0, r.stderr
+        assert f"estimate {fmt_usd(usd)} for {v['setup']:g} h set-up + {v['hours']:g} h" in r.stderr
+    else:                                                  # "`shardlab guard` would refuse to launch it"
+        assert r.returncode == 3, r.stderr
+        assert f"estimate {fmt_usd(usd)} including {v['setup']:g} h set-up" in r.stderr and "refused" in r.stderr
+
+
+def test_the_budgets_topics_guard_command_reserves_run_1s_cost(tmp_path):
+    ex = explain("budgets")
+    first = ex.table[1][0]
+    assert first[4] == "reserved, ran, charged"
+    ledger = [n.split("`")[1::2] for n in ex.notes if "create the budgets first" in n][0]
+    for c in ledger:                                       # the notes' two ledger commands, then the guard
+        assert _guard(c.removeprefix("shardlab "), tmp_path).returncode == 0
+    guard = next(c for c in ex.commands if c.startswith("guard ")).replace("python lab.py", "true")
+    r = _guard(guard, tmp_path)
+    v = ex.inputs
+    assert r.returncode == 0, r.stderr
+    assert f"estimate {first[3]} for {v['setup']:g} h set-up + {v['hours']:g} h" in r.stderr

@@ -129,9 +129,13 @@ def _through(a: Arrays, tokens):
 
 def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     """(through, stage) of one micro-batch: its time through every stage plus the sends between them, and its
-    time on the slowest stage (``step.step_time`` on the summed and on the largest stage's terms)."""
+    time on the slowest stage (``step.step_time`` on the summed and on the largest stage's terms). Every stage runs
+    an engine step of its own for the micro-batch (each pipeline worker prepares its inputs and launches its
+    layers), so the pass through all stages pays the engine's per-step and per-sequence overheads once per stage."""
     sampled = D if sampled is None else sampled
-    through = step_time(a.whole, a.kernels, D, Kd, P, pairs, sampled) + _through(a, D + P)
+    k = a.kernels
+    through = (step_time(a.whole, k, D, Kd, P, pairs, sampled) + _through(a, D + P)
+               + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * sampled))
     return through, step_time(a.slowest, a.kernels, D, Kd, P, pairs, sampled)
 
 

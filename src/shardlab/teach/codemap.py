@@ -139,6 +139,10 @@ CODE = {
                           "Float16OptimizerWithFloat16Params, MixedPrecisionOptimizer", "memory/precision.py: state_bytes"),
     "ds-scaler": CodeRef("DeepSpeed's dynamic loss scaler", DS, "deepspeed/runtime/fp16/loss_scaler.py", "DynamicLossScaler",
                          "numerics.py: loss_scale_for"),
+    # ---- measuring -------------------------------------------------------------------------------------------
+    "pt-timer": CodeRef("warm-up runs before the timed ones (some of PyTorch initializes lazily)", PT,
+                        "torch/utils/benchmark/utils/timer.py", "Timer.timeit, Timer.blocked_autorange",
+                        "runtime/train_worker.py: the step time is the median of steps 2 and later"),
 }
 """Every code location a topic may cite, by id."""
 

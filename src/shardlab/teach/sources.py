@@ -55,9 +55,10 @@ PAPERS = {
     "nccl-tests": Paper("NVIDIA nccl-tests, doc/PERFORMANCE.md", "algbw = S/t and busbw = algbw × 2(n−1)/n for all-reduce: "
                         "the bandwidth to compare with the link"),
     "mixed-precision": Paper("Micikevicius et al. 2018, \"Mixed Precision Training\", arXiv 1710.03740",
-                             "fp32 master weights; loss scaling so that small gradients survive fp16 (§3.2)"),
+                             "fp16 training with an fp32 master copy of the weights (§3.1); loss scaling so that small "
+                             "gradients survive fp16 (§3.2); fp16 products accumulated in fp32 (§3.3)"),
     "bf16": Paper("Kalamkar et al. 2019, \"A Study of BFLOAT16 for Deep Learning Training\", arXiv 1905.12322",
-                  "bfloat16 keeps fp32's exponent range: training needs no loss scaling"),
+                  "bfloat16 keeps fp32's exponent range, so training needs no loss scaling (abstract)"),
     "ieee754": Paper("IEEE 754-2008, Standard for Floating-Point Arithmetic", "binary16 and binary32: exponent and mantissa "
                      "widths, normal and subnormal ranges"),
     "chen-checkpoint": Paper("Chen et al. 2016, \"Training Deep Nets with Sublinear Memory Cost\", arXiv 1604.06174",

@@ -8,6 +8,16 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "adam-8bit")
 
 
+RUN_TRAIN_STEPS_NOTE = (
+    "which steps `run train` times: it counts steps from 0; step 0 carries the memory tracker and the f/g counter, "
+    "step 1 the collective recorder, and the step time is the median of steps 2 and later. `--steps 1` runs step 0 "
+    "alone: its counts are complete, but its time is an instrumented step's, not a timing (the output says so); "
+    "give --steps 3 or more to time. Leaving the first, instrumented or warming-up, steps out of a timing is the "
+    "usual practice: PyTorch's benchmark Timer runs warm-up iterations before the ones it measures "
+    "(torch/utils/benchmark/utils/timer.py: Timer.timeit)")
+"""The note beside a suggested `run train --steps 1` (docs/runtime.md, runtime/train_worker.py)."""
+
+
 def model(default: str) -> Param:
     return Param("model", "str", default, "a catalog model id (`shardlab models`)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, cluster, gib, gpu, model, pct
+from shardlab.teach.topics._common import RUN_TRAIN_STEPS_NOTE, catalog, cluster, gib, gpu, model, pct
 
 
 def cost(v: dict) -> Explanation:
@@ -40,7 +40,7 @@ def cost(v: dict) -> Explanation:
         commands=[f"cost --gpus {v['gpus']} --gpu {acc.id} --price {v['price']:g} --hours {v['hours']:g} "
                   f"--setup-hours {v['setup']:g} --budget {v['budget']:g}",
                   f"guard --budget-name lab --ceiling {v['budget']:g} --gpus {v['gpus']} --gpu {acc.id} "
-                  f"--price {v['price']:g} --hours {est.hours:g} -- true"],
+                  f"--price {v['price']:g} --hours {v['hours']:g} --setup-hours {v['setup']:g} -- true"],
         notes=["prices are a dated snapshot (catalog/data/prices.yaml); the sentence is the one `shardlab cost` prints"])
 
 
@@ -110,28 +110,39 @@ def myths(v: dict) -> Explanation:
 
 
 def reading_notes(v: dict) -> Explanation:
-    """The papers behind each topic's formulas, grouped by topic (curriculum item 9)."""
+    """The papers behind each topic's formulas, grouped by topic (curriculum item 9). Every paper is listed once,
+    in the order the topics (in teaching order) first cite it, then those no topic cites with its default numbers."""
     from shardlab.teach.registry import topics
     from shardlab.teach.sources import PAPERS
 
-    rows, seen = [], set()
+    def short(k: str) -> str:
+        """Authors and year; with the title when another paper has the same (Chen et al. 2016 wrote two)."""
+        name = PAPERS[k].citation.split(", \"")[0]
+        same = [o for o in PAPERS if PAPERS[o].citation.split(", \"")[0] == name]
+        return name if len(same) == 1 else PAPERS[k].citation.split("\", ")[0] + "\""
+
+    rows, cited_by = [], {}                  # cited_by: paper id -> topic ids, keys in order of first citation
     for t in topics().values():
         if t.presets or t.id in ("reading-notes", "source-map"):
             continue
-        ex_sources = _topic_sources(t.id)
-        seen.update(ex_sources)
-        rows.append([t.id, "; ".join(PAPERS[s].citation.split(", \"")[0] for s in ex_sources) or "-"])
-    lines = [f"{PAPERS[k].citation}: {PAPERS[k].used_for}" for k in PAPERS]
+        ex_sources = list(dict.fromkeys(_topic_sources(t.id)))
+        for s in ex_sources:
+            cited_by.setdefault(s, []).append(t.id)
+        rows.append([t.id, "; ".join(short(s) for s in ex_sources) or "-"])
+    order = list(cited_by) + [k for k in PAPERS if k not in cited_by]
+    lines = [f"{short(k)} → " + (", ".join(cited_by[k]) if k in cited_by else
+                                 "no topic with its default numbers (other shardlab commands use it)") for k in order]
     return Explanation(
         "reading-notes", "Reading notes: the papers behind the formulas",
         "Which paper does each formula shardlab uses come from?", dict(v),
         lines,
         "Every number shardlab prints comes from a formula with a source: memory from the ZeRO paper and Korthikanti et "
         "al., tensor parallelism from Megatron-LM, schedules from GPipe, PipeDream and Narayanan et al., collectives from "
-        "the α–β model of Hockney and Thakur, precision from the mixed-precision and bfloat16 papers. The table maps each "
-        "topic to its papers; `shardlab explain TOPIC` shows the formula with your numbers.",
-        {"papers": len(PAPERS), "cited": sorted(seen)},
-        table=(["topic", "papers"], rows), sources=sorted(seen), code=[],
+        "the α–β model of Hockney and Thakur, precision from the mixed-precision and bfloat16 papers. The derivation maps "
+        "each paper to the topics that use it, the table each topic to its papers, and the sources below say what each "
+        "paper gives, once each; `shardlab explain TOPIC` shows the formula with your numbers.",
+        {"papers": len(PAPERS), "cited": list(cited_by)},
+        table=(["topic", "papers"], rows), sources=order, code=[],
         commands=["explain --list", "explain source-map"])
 
 
@@ -171,7 +182,7 @@ def source_map(v: dict) -> Explanation:
         "Read the frameworks with a map: find the class named in the table, then its forward and backward. The shardlab "
         "column points at the same idea in this project, written small, with the collective counted.",
         {"locations": len(ids)}, sources=["megatron", "fsdp", "zero"], code=ids,
-        commands=["run train --strategy tp-megatron --nproc 2 --steps 1"])
+        commands=["run train --strategy tp-megatron --nproc 2 --steps 1"], notes=[RUN_TRAIN_STEPS_NOTE])
 
 
 TOPICS = [

@@ -153,9 +153,26 @@ def tp_vs_replicas(v: dict) -> Explanation:
                   f"plan {spec.name} --inference --gpus {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}"])
 
 
+def _one_request(spec, cl, p: int, prompt: int, output: int) -> dict:
+    """One request alone on p stages, as the serving model prices it (``estimate.inference.static_batch`` with one
+    sequence in flight): the token crosses the stages in turn, every stage runs an engine step of its own for it
+    (the engine's per-step and per-sequence overheads, ``serving.steady.micro_batch_times``) and p − 1 sends carry
+    it across the stage boundaries (the case's send, ``serving.case.prepare``)."""
+    from shardlab.estimate.inference import static_batch
+
+    case, r = static_batch(spec, cl, tp=1, pp=p, in_flight=1, prompt_len=prompt, output_len=output)
+    k = case.kernels
+    return {"tpot_s": float(r["tpot_s"]), "e2e_s": float(r["e2e_s"]), "output_tokens_per_s": float(r["output_tokens_per_s"]),
+            "send_s": float(case.p2p_fixed_s + case.p2p_s_per_token), "stage_overhead_s": float(k.step_overhead_s + k.seq_overhead_s),
+            "engine": case.engine.id, "link": (cl.inter_link if p > cl.gpus_per_node else cl.intra_link).id}
+
+
 def pp_inference(v: dict) -> Explanation:
-    """Pipelined micro-batches: throughput grows with the stages, the time per token does not fall; one request starves them."""
-    from shardlab.estimate.inference import estimate_inference, static_batch
+    """Pipelined micro-batches: throughput grows with the stages, the time per token does not fall; one request
+    starves them and pays every stage's step and send."""
+    from shardlab.estimate.inference import estimate_inference
+    from shardlab.serving.step import step_parts
+    from shardlab.serving.steady import micro_batch_times, scalars
 
     spec = catalog().model(v["model"])
     stages = [p for p in (1, 2, 4, 8, 16, 32) if p <= v["pp"]]
@@ -163,12 +180,20 @@ def pp_inference(v: dict) -> Explanation:
     for p in stages:
         cl = cluster(v["gpu"], p)
         res[p] = estimate_inference(spec, cl, pp=p, batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"])
-        alone[p] = static_batch(spec, cl, tp=1, pp=p, in_flight=1, prompt_len=v["prompt"], output_len=v["output"])[1]
+        alone[p] = _one_request(spec, cl, p, v["prompt"], v["output"])
     one, top = res[1], res[stages[-1]]
     rows = [[p, e.in_flight, gib(e.weights_bytes), "yes" if e.fits else "no", f"{e.decode_s_per_token * 1e3:.2f} ms",
              f"{e.request_latency_s:.2f} s", f"{e.tokens_per_s:,.0f}", f"{e.tokens_per_s / one.tokens_per_s:.2f}×",
              f"{alone[p]['output_tokens_per_s']:,.0f}"] for p, e in res.items()]
     P = stages[-1]
+    a1, aP = alone[1], alone[P]
+    # the decode cycle of the full pipeline: max(one micro-batch through every stage + sends, P × the slowest stage)
+    b, ctx = v["batch"], top.case.context_tokens
+    through, stage = (float(x) for x in micro_batch_times(scalars(top.case), float(b), b * ctx))
+    head_s = float(step_parts(top.case.slowest, top.case.kernels, b, b * ctx, 0.0, 0.0, b)["head_s"])
+    last = (f"; the slowest stage is the last, which also reads the output head ({fmt_time(head_s)} a step)"
+            if P > 1 and top.case.slowest.head_weight_bytes > 0 else "")
+    fall = 1 - aP["output_tokens_per_s"] / a1["output_tokens_per_s"]
     return Explanation(
         "pp-inference", "Pipeline parallelism in serving: throughput, not latency",
         f"Serving {spec.name} on 1 to {P} pipeline stages of {top.case.cluster.accelerator.id}, {v['batch']} request(s) per "
@@ -176,32 +201,50 @@ def pp_inference(v: dict) -> Explanation:
         dict(v),
         [f"p stages keep p micro-batches of {v['batch']} in flight, each stage working on a different one: "
          f"{one.in_flight} → {top.in_flight} sequences [estimate/inference.py: estimate_inference]",
-         f"a token still crosses every stage in turn: the time per output token goes {one.decode_s_per_token * 1e3:.2f} → "
-         f"{top.decode_s_per_token * 1e3:.2f} ms (it does not fall; the sends between stages and each stage's "
-         f"per-step engine overhead make it grow)",
+         f"a token still crosses every stage in turn, and every stage runs one engine step per micro-batch: a decode "
+         f"cycle is max(one micro-batch through all p stages + p − 1 sends, p × the slowest stage's step) = "
+         f"max({fmt_time(through)}, {P} × {fmt_time(stage)}) = {fmt_time(top.decode_s_per_token)} at PP {P}{last}; "
+         f"so the time per output token goes {one.decode_s_per_token * 1e3:.2f} → {top.decode_s_per_token * 1e3:.2f} ms "
+         f"(it does not fall, it grows) [serving/steady.py: cycle_time]",
          f"throughput: {one.tokens_per_s:,.0f} → {top.tokens_per_s:,.0f} tokens/s "
          f"({top.tokens_per_s / one.tokens_per_s:.2f}× with {P}× the GPUs); each stage also holds 1/p of the weights, "
          f"{gib(one.weights_bytes)} → {gib(top.weights_bytes)}, which leaves room for more KV blocks",
-         f"low traffic: with one request in flight only one stage works at a time, the other p − 1 wait: "
-         f"{alone[1]['output_tokens_per_s']:,.0f} tokens/s on 1 stage, {alone[P]['output_tokens_per_s']:,.0f} on {P} "
-         f"(PP starves without enough concurrent requests)",
+         f"low traffic: with one request in flight only one stage works at a time, the other p − 1 wait, and each stage "
+         f"adds its own step overhead ({fmt_time(a1['stage_overhead_s'])}: the {a1['engine']} engine's per-step and "
+         f"per-sequence overheads) and each boundary a send"
+         + (f" ({fmt_time(aP['send_s'])} on {aP['link']}): per token {fmt_time(a1['tpot_s'])} on 1 stage, "
+            f"{fmt_time(aP['tpot_s'])} on {P} = {fmt_time(a1['tpot_s'])} + {P - 1} × ({fmt_time(a1['stage_overhead_s'])} + "
+            f"{fmt_time(aP['send_s'])}), so {a1['output_tokens_per_s']:,.0f} tokens/s on 1 stage, "
+            f"{aP['output_tokens_per_s']:,.0f} on {P} ({fall:.1%} fewer: PP starves without enough concurrent requests)"
+            if P > 1 else f": one stage has neither, {a1['output_tokens_per_s']:,.0f} tokens/s (give pp=2 or more to "
+                          f"see PP starve)"),
          f"request latency {one.request_latency_s:.2f} → {top.request_latency_s:.2f} s: the pipeline adds throughput, "
          f"not latency; for lower latency split each layer instead (TP) or use a faster GPU"],
         f"A pipeline splits the model's layers over GPUs. For training it keeps every stage busy with micro-batches; for "
         f"serving it does the same with requests: {P} stages work on {P} batches at once, so throughput grows "
         f"({top.tokens_per_s / one.tokens_per_s:.1f}× here). But every token still passes through all the layers one after "
-        f"the other, so each token takes as long as before, a little longer for the sends between stages. And with a "
-        f"single request the stages take turns: throughput stays at {alone[P]['output_tokens_per_s']:,.0f} tokens/s. Pipeline "
-        f"parallelism is for fitting a big model and serving many requests, not for answering one faster.",
+        f"the other, and each stage runs a step of its own for every micro-batch, so a token takes longer, not shorter "
+        f"({one.decode_s_per_token * 1e3:.2f} → {top.decode_s_per_token * 1e3:.2f} ms here). And with a single request the "
+        "stages take turns while each adds its own step overhead and a send: "
+        + (f"throughput falls from {a1['output_tokens_per_s']:,.0f} to {aP['output_tokens_per_s']:,.0f} tokens/s. "
+           if P > 1 else f"on more stages its {a1['output_tokens_per_s']:,.0f} tokens/s would fall. ")
+        + "Pipeline parallelism is for fitting a big model and serving many requests, not for answering one faster.",
         {"stages": {p: {"tokens_per_s": e.tokens_per_s, "decode_s_per_token": e.decode_s_per_token,
                         "request_latency_s": e.request_latency_s, "in_flight": e.in_flight, "fits": e.fits,
-                        "one_request_tokens_per_s": alone[p]["output_tokens_per_s"]} for p, e in res.items()}},
+                        "one_request_tokens_per_s": alone[p]["output_tokens_per_s"],
+                        "one_request_s_per_token": alone[p]["tpot_s"], "one_request_latency_s": alone[p]["e2e_s"]}
+                    for p, e in res.items()},
+         "stage_overhead_s": a1["stage_overhead_s"], "send_s": aP["send_s"]},
         table=(["PP", "in flight", "weights/GPU", "fits", "per token", "request", "tokens/s", "vs PP 1", "1 request tokens/s"],
                rows),
         sources=["gpipe", "narayanan", "vllm"], code=["pt-pipe", "ds-pipe"],
         commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch']} --gpu {top.case.cluster.accelerator.id}",
                   f"plan {spec.name} --inference --gpus {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}"],
-        notes=["static batches through the serving model (serving/steady.py: fluid); stages on one node's link"])
+        notes=["static batches through the serving model (serving/steady.py: fluid); the sends between stages go over "
+               "the node's link, or the network's once the stages span nodes",
+               "one request: each stage's step priced with the serving model's per-stage terms (serving/step.py: "
+               "step_time on stage_models) plus the sends; the engine's overheads are fitted to published vLLM runs "
+               "(catalog/data/engines.yaml)"])
 
 
 TOPICS = [

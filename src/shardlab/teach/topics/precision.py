@@ -23,21 +23,26 @@ def bf16_vs_fp16(v: dict) -> Explanation:
         f"A gradient of {g_small:g} (the largest is {g_large:g}): what happens to it in fp16 and in bf16, and what loss "
         f"scale would fp16 need?",
         dict(v),
-        [f"fp16 = 5 exponent + 10 mantissa bits: largest {fp16.max_value:g}, smallest normal 2^-14 = {fp16.min_normal:.3g}, "
-         f"smallest subnormal 2^-24 = {fp16.min_subnormal:.3g}; precision 2^-10 = {fp16.epsilon:.3g}",
+        [f"fp16 (IEEE 754 binary16) = 5 exponent + 10 mantissa bits: largest {fp16.max_value:g}, smallest normal "
+         f"2^-14 = {fp16.min_normal:.3g}, smallest subnormal 2^-24 = {fp16.min_subnormal:.3g}; precision 2^-10 = "
+         f"{fp16.epsilon:.3g}",
          f"bf16 = 8 exponent + 7 mantissa bits: fp32's range (up to {bf16.max_value:.3g}, down to {bf16.min_normal:.3g}) "
-         f"with precision 2^-7 = {bf16.epsilon:.3g}, 8× coarser than fp16",
+         f"with precision 2^-7 = {bf16.epsilon:.3g}, 8× coarser than fp16 [Kalamkar et al. 2019]",
          f"the gradient {g_small:g} in fp16: {classify(g_small, fp16)}"
          + (" (rounds to 0: the update is lost)" if classify(g_small, fp16) == "zero" else
             " (kept with fewer significant bits)" if classify(g_small, fp16) == "subnormal" else ""),
-         f"in bf16: {classify(g_small, bf16)}: bf16 cannot underflow where fp32 does not",
-         f"loss scaling for fp16: multiply the loss by S before backward, divide the gradients by S before the update; "
-         f"lifting {g_small:g} to fp16's smallest normal needs S = 2^{need.bit_length() - 1} = {need:,}",
+         f"in bf16: {classify(g_small, bf16)}: bf16's normal numbers reach fp32's smallest normal 2^-126 = "
+         f"{bf16.min_normal:.3g}, so a gradient that is a normal fp32 number never rounds to 0 in bf16",
+         f"loss scaling for fp16 [Micikevicius et al. 2018 §3.2]: multiply the loss by S before backward, divide the "
+         f"gradients by S before the update; lifting {g_small:g} to fp16's smallest normal needs "
+         f"S = 2^{need.bit_length() - 1} = {need:,}",
          f"the largest gradient {g_large:g} stays finite up to S = 2^{safe.bit_length() - 1} = {safe:,}: "
          + ("a scale that fits both exists" if ok else "NO single scale fits both: some gradients underflow or overflow")
-         + "; a dynamic scaler searches for it (halve on inf/NaN and skip the step, double after a run of clean steps)",
-         "bf16 needs no scaler at all; its cost is precision (about 2-3 significant digits), which the fp32 master "
-         "weights and fp32 reductions absorb"],
+         + "; a dynamic scaler searches for it (halve on inf/NaN and skip the step, double after a run of clean steps: "
+           "PyTorch's GradScaler, Megatron's DynamicGradScaler, in the code map below)",
+         "bf16 needs no scaler at all [Kalamkar et al. 2019]; its cost is precision (about 2-3 significant digits), "
+         "which the fp32 master copy of the weights and fp32 accumulation absorb [Micikevicius et al. 2018 §3.1, "
+         "§3.3]"],
         f"fp16 spends its bits on precision and has a narrow range: anything below about {fp16.min_subnormal:.0e} becomes "
         f"zero, and small gradients are exactly that. Loss scaling rescues fp16 by multiplying the loss (and so every "
         f"gradient) by a large factor during backward and dividing it out afterwards, but the factor must be tuned on the "

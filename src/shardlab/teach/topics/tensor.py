@@ -7,7 +7,7 @@ from shardlab.limits import MAX_MAP_GPUS
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, gib, model
+from shardlab.teach.topics._common import RUN_TRAIN_STEPS_NOTE, catalog, gib, model
 from shardlab.units import fmt_bytes, fmt_time
 
 
@@ -57,8 +57,9 @@ def tp_mlp(v: dict) -> Explanation:
         "was designed out, not optimized out. That gives one all-reduce per MLP in forward and one in backward.",
         {"tp": t, "all_reduce_bytes": size, "all_reduce_s": ar.time_s, "forward_all_reduces_per_mlp": 1,
          "backward_all_reduces_per_mlp": 1, "rows": mlp},
-        sources=["megatron"], code=["meg-column", "meg-row", "meg-f", "meg-g", "meg-mlp", "pt-tp"],
-        commands=[f"shard {spec.name} --tp {t} --seq-len {v['seq']}", "run train --strategy tp-megatron --nproc 2 --steps 1"])
+        sources=["megatron", "shardlab-runtime"], code=["meg-column", "meg-row", "meg-f", "meg-g", "meg-mlp", "pt-tp", "pt-timer"],
+        commands=[f"shard {spec.name} --tp {t} --seq-len {v['seq']}", "run train --strategy tp-megatron --nproc 2 --steps 1"],
+        notes=[RUN_TRAIN_STEPS_NOTE])
 
 
 def tp_attention(v: dict) -> Explanation:
