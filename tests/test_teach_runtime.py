@@ -69,3 +69,12 @@ def test_step_time_notes_name_an_instrumented_step_and_the_uncalibrated_cpu():
     assert step_time_notes(doc(6, False, 0.3, "cpu-core")) == []                    # close enough: no hint
     assert step_time_notes(doc(6, False, 4.9, None)) == []                          # a --profile: already calibrated
     assert step_time_notes(doc(6, False, 4.9, "h100-sxm", "cuda")) == []
+
+
+def test_run_precision_names_its_papers():
+    from shardlab.runtime.precision import PrecisionRequest, render_precision, run_precision
+
+    text = render_precision(run_precision(PrecisionRequest(steps=2, sweep=(0,))))
+    last = text.splitlines()[-1]
+    assert last.startswith("sources: Micikevicius et al. 2018") and "arXiv 1710.03740" in last
+    assert "loss scaling §3.2" in last and "Kalamkar et al. 2019" in last and "arXiv 1905.12322" in last

@@ -151,13 +151,49 @@ class EfficiencyFit:
         return gemm_efficiency(n, self.curve) * self.peak_flops
 
 
+HALF_SIZE_RANGE = 1e3
+"""The half size is searched from min(n) / HALF_SIZE_RANGE to max(n) · HALF_SIZE_RANGE."""
+MIN_FIT_GEMM = 16
+"""The largest GEMM of a fit must have n = min(M, N, K) ≥ this: smaller products take about the time of the call
+itself (dispatch, a kernel launch), whatever their size, so they say nothing of how a matrix unit fills up."""
+
+
+def efficiency_fit_problems(sizes: Sequence[float], fit: EfficiencyFit | None = None) -> tuple[list[str], list[str]]:
+    """Whether measured GEMM sizes (and the curve fitted to them) determine eff(n) = m · n / (n + h):
+    (reasons they do not — a profile from them would be meaningless —, warnings — the curve holds, with a caveat).
+
+    Not determined: every GEMM has one size (n/(n + h) is then one number: any h fits with some m); the largest
+    GEMM is below MIN_FIT_GEMM (call overhead, not matmul throughput); or the best h lies at the top of the search
+    range (the FLOP/s grow in proportion to n up to the largest GEMM: only m/h is measured, not m and h).
+    Warning: the fitted h lies above the largest GEMM, so max_fraction is reached nowhere near the data."""
+    n = sorted({float(x) for x in sizes})
+    if not n:
+        return ["no GEMM was measured"], []
+    if len(n) < 2:
+        return [f"every GEMM measured has the same size n = {n[0]:g} (n = min(M, N, K)), so the curve n/(n + half_size) "
+                f"cannot be fitted"], []
+    if n[-1] < MIN_FIT_GEMM:
+        return [f"the largest GEMM measured has n = {n[-1]:g} (n = min(M, N, K)): products below n = {MIN_FIT_GEMM} "
+                f"take the time of the call itself, not of the matrix unit"], []
+    if fit is None:
+        return [], []
+    if fit.half_size >= 0.99 * n[-1] * HALF_SIZE_RANGE:
+        return [f"the measured FLOP/s grow in proportion to n up to the largest GEMM (n = {n[-1]:g}), so the "
+                f"maximum efficiency and the half size cannot be told apart"], []
+    if fit.half_size > n[-1]:
+        return [], [f"the fitted half size {fit.half_size:.4g} is above the largest GEMM measured (n = {n[-1]:g}): the "
+                    f"maximum efficiency {fit.max_fraction:.3g} is extrapolated beyond the sizes measured"]
+    return [], []
+
+
 def fit_efficiency(sizes: Sequence[float], achieved_flops: Sequence[float], peak_flops: float) -> EfficiencyFit:
     """Least-squares fit of eff(n)·peak to measured FLOP/s, on log values (symmetric in over- and under-shoot,
     so one GEMM slowed down by a busy machine does not drag the curve down).
 
     For a given half_size h the best max_fraction is closed-form (g = n/(n+h), f = measured/peak):
-    log m = mean(log f − log g); h is searched on a log grid from 1e-3·min(n) to 1e3·max(n), then refined.
-    ``rel_rms`` is the root-mean-square of predicted/measured − 1.
+    log m = mean(log f − log g); h is searched on a log grid from min(n)/HALF_SIZE_RANGE to
+    max(n)·HALF_SIZE_RANGE, then refined. ``rel_rms`` is the root-mean-square of predicted/measured − 1.
+    Whether the data determine the curve at all is :func:`efficiency_fit_problems`' question.
     """
     n = np.asarray(sizes, float)
     f = np.asarray(achieved_flops, float) / peak_flops
@@ -170,7 +206,7 @@ def fit_efficiency(sizes: Sequence[float], achieved_flops: Sequence[float], peak
         lm = float(np.mean(lf - lg))
         return float(np.sum((lm + lg - lf) ** 2)), math.exp(lm)
 
-    lo, hi = math.log(n.min() * 1e-3), math.log(n.max() * 1e3)
+    lo, hi = math.log(n.min() / HALF_SIZE_RANGE), math.log(n.max() * HALF_SIZE_RANGE)
     for _ in range(3):
         grid = np.exp(np.linspace(lo, hi, 241))
         errs = [best(h)[0] for h in grid]

@@ -75,6 +75,59 @@ def test_bad_input_exit_2(tmp_path, monkeypatch, args, words):
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
 
 
+def _matmul_file(tmp_path, sizes, m=0.45, h=20.0, name="m.json") -> str:
+    """A `bench matmul --json` document whose GEMMs have the sizes n = min(M, N, K) in ``sizes``."""
+    mrows = [{"gemm": "qkv", "hidden": n, "tokens": 512, "m": 512, "k": n, "n": 3 * n, "size": n, "flops": 1.0,
+              "time_s": 1.0, "tflops": m * n / (n + h) * 0.096 * (1 + 0.01 * i)} for i, n in enumerate(sizes)]
+    mm = {"device": "cpu", "device_name": "test cpu", "dtype": "fp32", "threads": 1, "torch_version": "x", "rows": mrows}
+    (tmp_path / name).write_text(json.dumps(mm))
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize("sizes, h, words", [
+    ([1, 1, 1, 1], 20.0, "every GEMM measured has the same size n = 1"),
+    ([64, 64, 64], 20.0, "every GEMM measured has the same size n = 64"),
+    ([1, 2, 4, 8], 20.0, "the largest GEMM measured has n = 8"),
+    ([16, 32, 64, 128], 1e9, "grow in proportion to n up to the largest GEMM (n = 128)"),
+])
+def test_a_matmul_fit_the_sizes_do_not_determine_is_refused(tmp_path, sizes, h, words):
+    """One GEMM size (n/(n + h) is then one number), only tiny GEMMs, or FLOP/s still linear in n at the largest:
+    exit 2, one line naming the file and the flags that set the sizes; no profile written."""
+    out = tmp_path / "p.yaml"
+    code, stdout, err = cli_main("calibrate", "--out", str(out), "--from-matmul", _matmul_file(tmp_path, sizes, h=h),
+                                 "--skip-collectives", "--json")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err, err
+    assert "m.json: " in err and "--hidden" in err and "--tokens" in err and "shardlab bench matmul" in err
+    assert json.loads(stdout)["exit_code"] == 2 and not out.exists()
+
+
+def test_a_matmul_fit_extrapolated_past_the_sizes_is_written_with_a_warning(tmp_path):
+    out = tmp_path / "p.yaml"
+    m_json = _matmul_file(tmp_path, [16, 32, 64], h=300.0)        # the half size lies above every GEMM measured
+    code, stdout, err = cli_main("calibrate", "--out", str(out), "--from-matmul", m_json, "--skip-collectives", "--json")
+    assert code == 0, err
+    warnings = json.loads(stdout)["warnings"]
+    assert len(warnings) == 1 and "above the largest GEMM measured (n = 64)" in warnings[0] and out.exists()
+    assert "# warning: the fitted half size" in out.read_text()
+    code, text, _ = cli_main("calibrate", "--out", str(out), "--from-matmul", m_json, "--skip-collectives")
+    assert code == 0 and [ln for ln in text.splitlines() if ln.startswith("warning:")] == [f"warning: {warnings[0]}"]
+    # a well-measured curve, as the default sizes give: no warning
+    code, stdout, _ = cli_main("calibrate", "--out", str(out), "--from-matmul", _matmul_file(tmp_path, [32, 64, 128, 256, 512]),
+                               "--skip-collectives", "--json")
+    assert code == 0 and json.loads(stdout)["warnings"] == []
+
+
+def test_fit_problems_of_the_default_grids():
+    """The default --hidden/--tokens grids have several sizes, all above the overhead floor: nothing to refuse."""
+    from shardlab.calibration import efficiency_fit_problems, gemm_size
+    from shardlab.runtime.bench_matmul import GEMMS, default_grid
+
+    for device in ("cpu", "cuda"):
+        hidden, tokens = default_grid(device)
+        sizes = [gemm_size(t, nn * h, kk * h) for h in hidden for t in tokens for _, kk, nn in GEMMS]
+        assert efficiency_fit_problems(sizes) == ([], [])
+
+
 @pytest.mark.slow
 def test_measured_profile_on_this_machine(tmp_path):
     pytest.importorskip("torch")

@@ -1,5 +1,6 @@
 """`shardlab run train|infer` without launching: lazy imports, one-line errors with the fix, exit codes."""
 
+import json
 import subprocess
 import sys
 
@@ -37,3 +38,96 @@ def test_bad_input_exits_2_with_one_line(args, match):
     pytest.importorskip("torch")
     code, out, err = cli_main(*args)
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def _fake_launch(steps_done: int, signum: int):
+    """A `launch` that leaves what a real job leaves in its run folder after `steps_done` steps (per-step records,
+    heartbeats), then is interrupted as launch is (the job stopped, the run folder attached to the interrupt)."""
+    def launch(module, nproc, args, *, timeout_s, torchrun_args=None, observer=None, **kw):
+        import json as _json
+
+        from shardlab.interrupts import Interrupted
+        from shardlab.runtime.launch import _temp_run_dir
+
+        rd = _temp_run_dir()
+        for r in range(nproc):
+            recs = [{"step": k, "rank": r, "step_s": 0.1, "wait_s": 0.01 * r, "data_s": 0.0, "compute_s": 0.08,
+                     "blocked_s": 0.02, "coll_s": 0.02, "coll_calls": 2, "coll_bytes": 64, "injected_s": 0.0,
+                     "loss": 1.0, "time": 1.0 + k} for k in range(steps_done)]
+            (rd / f"rank{r}.steps.jsonl").write_text("".join(_json.dumps(x) + "\n" for x in recs) + '{"step": 9, "ra')
+            (rd / f"rank{r}.heartbeat.json").write_text(_json.dumps({"rank": r, "seq": 9, "phase": f"step {steps_done} "
+                                                                     "forward/backward", "time": 1.0}))
+        e = Interrupted(signum)
+        e.run_dir = rd
+        raise e
+    return launch
+
+
+def _one_json_document(text: str) -> dict:
+    def no_constant(name):
+        raise AssertionError(f"{name} in the JSON")
+    return json.loads(text, parse_constant=no_constant)      # one document, all of stdout, strict JSON
+
+
+@pytest.mark.parametrize("cmd, signum, unit", [
+    (["run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "50"], 2, "step"),
+    (["run", "infer", "--tp", "2", "--max-new-tokens", "50"], 15, "token"),
+])
+def test_an_interrupted_run_prints_one_json_document(tmp_path, monkeypatch, cmd, signum, unit):
+    """Ctrl-C or SIGTERM while the job runs: under --json still one document (interrupted, the steps every rank
+    recorded, where the records are), the stderr line and the exit code 128 + signal as before."""
+    pytest.importorskip("torch")
+    from shardlab.runtime import launch
+
+    monkeypatch.setattr(launch, "launch", _fake_launch(7, signum))
+    series = tmp_path / "s.jsonl"
+    code, out, err = cli_main(*cmd, "--no-metrics", "--steps-jsonl", str(series), "--json")
+    assert code == 128 + signum and err.strip().splitlines() == [f"interrupted ({'SIGINT' if signum == 2 else 'SIGTERM'}): "
+                                                                 "stopped"], err
+    d = _one_json_document(out)
+    assert d["interrupted"] is True and d["exit_code"] == code and d["command"] == " ".join(cmd[:2])
+    p = d["progress"]
+    assert p["unit"] == unit and p["planned"] == 50 and p["finished"] == 7 and not p["job_finished"]
+    assert [r["last_phase"] for r in p["ranks"]] == ["step 7 forward/backward"] * 2
+    assert set(p["time_split"]) == {"0", "1"}                       # the recorded steps past the instrumented ones
+    assert p["logs"]["steps_jsonl"] == str(series) and len(series.read_text().splitlines()) == 14
+    assert "7 of 50" in d["note"] and str(series) in d["note"]
+    # text mode is as it was: no document, the one stderr line
+    code, out, err = cli_main(*cmd, "--no-metrics")
+    assert code == 128 + signum and out == "" and len(err.strip().splitlines()) == 1
+
+
+def test_interrupted_before_the_job_started_is_one_json_document(monkeypatch):
+    pytest.importorskip("torch")
+    from shardlab.runtime import train
+
+    def interrupted(req):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "prepare", interrupted)
+    code, out, err = cli_main("run", "train", "--no-metrics", "--json")
+    d = _one_json_document(out)
+    assert code == 130 and d["exit_code"] == 130 and d["signal"] == "SIGINT" and d["progress"] is None
+    assert "before the job started" in d["note"] and "interrupted (SIGINT)" in err
+
+
+@pytest.mark.parametrize("target, argv, words", [
+    ("shardlab.runtime.bench_collectives:run_collectives", ["bench", "collectives", "--nproc", "2"], "nothing measured"),
+    ("shardlab.runtime.bench_matmul:bench_matmul", ["calibrate", "--out", "p.yaml", "--skip-collectives"],
+     "no profile was written"),
+    ("shardlab.runtime.precision:run_precision", ["run", "precision"], "nothing measured was kept"),
+])
+def test_other_measuring_commands_interrupted_print_one_json_document(tmp_path, monkeypatch, target, argv, words):
+    pytest.importorskip("torch")
+    import importlib
+
+    from shardlab.interrupts import Interrupted
+
+    def stopped(*a, **k):
+        raise Interrupted(15)
+    mod, attr = target.split(":")
+    monkeypatch.setattr(importlib.import_module(mod), attr, stopped)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main(*argv, "--json")
+    d = _one_json_document(out)
+    assert code == 143 and d["exit_code"] == 143 and d["signal"] == "SIGTERM" and words in d["note"], (out, err)
+    assert err.strip().splitlines() == ["interrupted (SIGTERM): stopped"] and not (tmp_path / "p.yaml").exists()

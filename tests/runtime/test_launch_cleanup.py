@@ -116,6 +116,47 @@ def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
     wait_for(lambda: not list(tmp.glob("shardlab-run-*")), 20, "the temporary run folder to be removed")
 
 
+def test_shardlab_run_json_interrupted_by_ctrl_c_prints_one_document(tmp_path):
+    """`run train --json` stopped by Ctrl-C while it trains: one JSON document on stdout (interrupted, the steps
+    every rank recorded), the stderr line, exit code 130, and no rank left behind."""
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "100000",
+           "--timeout", "600", "--no-metrics", "--json"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=_as_from_a_terminal)
+    seen: set[int] = set()
+
+    def training():
+        seen.update(_descendants(p.pid))
+        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and b"distributed.run" not in _cmdline(q)]
+        return len(ranks) >= 2 and _steps_past(ranks, 3)
+    try:
+        wait_for(training, 180, "both ranks to train a few steps")
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert err.decode().strip().splitlines()[-1] == "interrupted (SIGINT): stopped"
+    d = json.loads(out)                                            # all of stdout: one document
+    assert d["interrupted"] and d["exit_code"] == 130 and d["progress"]["finished"] >= 1, d
+    assert d["progress"]["logs"]["run_dir"] and d["progress"]["logs"]["run_dir_removed_at_exit"]
+    wait_for(lambda: not any(_alive(q) for q in seen), 20, "torchrun and the ranks to stop after Ctrl-C")
+
+
+def _steps_past(ranks: list[int], k: int) -> bool:
+    """Every rank's heartbeat names a step after step ``k``."""
+    import re
+
+    for q in ranks:
+        m = re.search(rb'"phase": "step (\d+)', _heartbeat(q))
+        if not m or int(m.group(1)) <= k:
+            return False
+    return True
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

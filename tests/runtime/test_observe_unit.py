@@ -142,6 +142,84 @@ def test_summary_finds_a_rank_waiting_inside_collectives():
     assert st["rank"] == 1 and st["compute_ratio"] == pytest.approx(1.5) and st["others_wait_s"] == pytest.approx(0.05)
 
 
+def _lagged_infer_records(n_tokens: int = 20, slowed=(4, 14)) -> list[dict]:
+    """Inference on 2 ranks, rank 1 slowed 3x on a few tokens (--slow-rank 1:3:0.1): rank 0 waits for it inside the
+    *next* token's all-reduce, and on the other tokens rank 0 is a hair slower (1 ms) so rank 1 waits that hair."""
+    out = []
+    for k in range(n_tokens):
+        slow = k in slowed
+        late = k - 1 in slowed                        # rank 0 waits 200 ms in this token's collectives
+        c0, c1 = 0.101, 0.1 * (3 if slow else 1)
+        b0, b1 = 0.02 + (0.2 if late else 0.0), 0.021 if not late else 0.02
+        for r, c, b in ((0, c0, b0), (1, c1, b1)):
+            out.append({"step": k, "rank": r, "step_s": c + b, "compute_s": c, "blocked_s": b, "coll_s": b,
+                        "coll_calls": 2, "coll_bytes": 64, "data_s": 0.0, "wait_s": 0.0, "loss": None, "time": k,
+                        "injected_s": 0.2 if r == 1 and slow else 0.0})
+    return out
+
+
+def test_the_slowest_rank_is_the_slow_one_by_one_rule():
+    """The rank named slowest is the one slowed (or the longest compute): not a rank charged with its peers'
+    waiting one token late (inference waits inside the next token's all-reduce), which named rank 0 "the slowest"."""
+    from shardlab.runtime.observe.report import render_observability, slowest_line
+    from shardlab.runtime.observe.summary import rank_time_split, slowest_of_split, summarise
+
+    recs = _lagged_infer_records()
+    for injected in (None, 1):
+        st = summarise(recs, skip_steps=1, kind="infer", injected=injected)["straggler"]
+        assert st["rank"] == 1 and st["rank_from"] == ("measured" if injected is None else "--slow-rank"), st
+    split = rank_time_split(recs, 1)
+    named = slowest_of_split(split)
+    assert named["rank"] == 1 and named["compute_ratio"] > 1.1           # 0.12 s mean compute against 0.101 s
+    assert slowest_of_split(split, injected=0)["rank"] == 0                # the --slow-rank rank is the one named
+    # one wording everywhere: the run commands' line and the observability summary's
+    doc = summarise(recs, skip_steps=1, kind="infer", injected=1)
+    assert "slowest rank 1 (slowed with --slow-rank)" in render_observability(doc, unit="token")
+    assert slowest_line({**slowest_of_split(split, 1)}, "token").startswith("slowest rank 1 (slowed with --slow-rank): ")
+    assert "rank 0, the slowest" not in render_observability(summarise(recs, skip_steps=1, kind="infer"), unit="token")
+
+
+def test_each_rank_step_splits_into_compute_collectives_and_waiting():
+    """The per-rank step includes the time a rank waited for the slow one (at the step-end barrier in training,
+    inside collectives in inference): compute + collectives + waiting = the step, the same on every rank."""
+    from shardlab.runtime.observe.summary import rank_time_split
+
+    split = rank_time_split(_records(2.0, world=2), skip_steps=2)           # training: rank 1 computes 2x
+    assert split[0]["compute_s"] == pytest.approx(0.1) and split[0]["wait_s"] == pytest.approx(0.1)
+    assert split[1]["compute_s"] == pytest.approx(0.2) and split[1]["wait_s"] == pytest.approx(0.0)
+    for sp in split.values():
+        assert sp["collectives_s"] == pytest.approx(0.02) and sp["steps"] == 18
+        assert sp["step_s"] == pytest.approx(sp["compute_s"] + sp["collectives_s"] + sp["wait_s"]) == pytest.approx(0.22)
+    inf = rank_time_split(_lagged_infer_records(), 1)                       # inference: the wait is in the all-reduce
+    assert inf[0]["wait_s"] > 10 * inf[1]["wait_s"] and inf[0]["compute_s"] < inf[1]["compute_s"]
+    assert inf[0]["step_s"] == pytest.approx(inf[0]["compute_s"] + inf[0]["collectives_s"] + inf[0]["wait_s"])
+
+
+def test_run_train_reports_the_whole_step_per_rank_and_the_slowest_by_compute():
+    """`run train`'s per-rank step_time_s and table include the waiting; the slowest rank is the slowed one even
+    though every rank's whole step is as long (the others wait for it); text and JSON agree."""
+    from shardlab.runtime.observe.summary import rank_time_split
+    from shardlab.runtime.train import apply_time_split, measured_step_time, render_train
+
+    doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
+    recs = [r | {"rank": r["rank"]} for r in _records(2.0, world=4, slow=2)]
+    split = rank_time_split(recs, 2)
+    apply_time_split(doc["ranks"], split, 512)
+    st, slowest = measured_step_time(doc["ranks"], split, injected=2)
+    doc["step_time"].update(st)
+    doc["slowest"] = slowest
+    r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
+    assert r0["step_time_s"] == pytest.approx(0.22) and r0["time_split"]["wait_s"] == pytest.approx(0.1)
+    assert st["slowest_rank"] == slowest["rank"] == 2 and st["slowest_rank_from"] == "--slow-rank"
+    assert st["spread_of"] == "compute" and st["spread"] == pytest.approx(1.0)
+    assert measured_step_time(doc["ranks"], split, injected=None)[1]["rank"] == 2     # measured: the same rank
+    text = render_train(doc)
+    assert "compute + in collectives + waiting" in text and "slowest rank 2 (slowed with --slow-rank): compute " in text
+    row0 = next(ln for ln in text.splitlines() if ln.split()[:2] == ["0", "0,0,0"])
+    assert row0.split()[2:10] == ["100.00", "ms", "20.00", "ms", "100.00", "ms", "220.00", "ms"], row0
+    json.dumps(doc, allow_nan=False)
+
+
 def _dashboard_metric_names() -> set[str]:
     dash = json.loads((EXAMPLES / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
@@ -227,3 +305,14 @@ def test_infer_slow_rank_prediction_is_made():
     pred = infer_prediction(spec, 2, 16, req)
     assert pred is not None and "decode roofline" in pred["source"]
     assert json.dumps(pred, allow_nan=False)
+
+
+@pytest.mark.parametrize("steps, which", [(1, "step 0, the only one"), (2, "step 1 (it carries the collective recorder")])
+def test_the_instrumented_step_note_names_a_step_the_run_has(steps, which):
+    from shardlab.runtime.train import step_time_notes
+
+    doc = {"step_time": {"instrumented": True}, "workload": {"steps": steps}, "ranks": [{"device": "cuda"}]}
+    note, = step_time_notes(doc)
+    assert f"with --steps {steps} it is {which}" in note and "median of steps 2 and later" in note
+    assert ("step 1" in note) == (steps > 1)
+    assert "--steps 3 or more" in note and "torch/utils/benchmark/utils/timer.py" in note

@@ -7,7 +7,11 @@ import argparse
 
 from shardlab.cli.common import BOUNDED, add_output_args, int_list
 from shardlab.cli.report_cmd import add_html_arg
+from shardlab.cli.runtime_cmds import reports_interrupt
 from shardlab.errors import ShardlabError
+
+_STOPPED = "stopped before it finished: nothing measured was kept"
+_NO_PROFILE = "stopped before it finished: no profile was written"
 
 MAX_CHECKED_RANKS = 256
 """Ranks `shard-check --ranks` may execute (each is a fresh interpreter building the model on the meta device)."""
@@ -201,6 +205,7 @@ def _validate_coll_flags(args) -> None:
         bc.parse_sizes(args.sizes)
 
 
+@reports_interrupt("bench collectives", note=_STOPPED)
 def cmd_collectives(args):
     from shardlab.runtime import bench_collectives as bc
 
@@ -233,6 +238,7 @@ def _matmul(args, device: str, catalog) -> dict:
     return doc
 
 
+@reports_interrupt("bench matmul", note=_STOPPED)
 def cmd_matmul(args):
     from shardlab.catalog import get_catalog
     from shardlab.runtime import bench_matmul as bm
@@ -249,6 +255,7 @@ def cmd_matmul(args):
     return doc, bm.render(doc)
 
 
+@reports_interrupt("calibrate", note=_NO_PROFILE)
 def cmd_calibrate(args):
     from shardlab.catalog import get_catalog
     from shardlab.runtime import bench_collectives as bc
@@ -282,6 +289,7 @@ def cmd_calibrate(args):
         acc = cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"]))
         with _blaming(args.from_matmul, "matmul"):
             mm = bm.analyse(mm, acc)
+    warnings = cal.matmul_fit_warnings(mm, args.from_matmul)   # before the collectives: a meaningless fit stops here
     if want_coll:
         set_status("shardlab calibrate: measuring collectives")
         if coll is None:
@@ -290,7 +298,7 @@ def cmd_calibrate(args):
             with _blaming(args.from_collectives, "collectives"):
                 coll = bc.analyse(coll)
     return cal.make_profile(mm, coll, cat, out=args.out, link=args.link, link_fit=args.link_fit, suffix=args.name,
-                            matmul_file=args.from_matmul, collectives_file=args.from_collectives)
+                            matmul_file=args.from_matmul, collectives_file=args.from_collectives, warnings=warnings)
 
 
 class _blaming:
@@ -347,6 +355,7 @@ def _calibrate_framework(args):
     return {"profile_path": str(path), "profile": out, "fit": fit.__dict__, "base_framework": base}, kv_lines(pairs)
 
 
+@reports_interrupt("shard-check", note=_STOPPED)
 def cmd_shard_check(args):
     from shardlab.cli import emit
     from shardlab.layout import Layout, validate

@@ -6,8 +6,9 @@ Imports stay lazy: nothing here imports torch; the handlers check for it and say
 from __future__ import annotations
 
 import argparse
-
+import functools
 import re
+from contextlib import contextmanager
 
 from shardlab.cli.common import BOUNDED, int_list
 from shardlab.cli.observe_args import add_observe_args, observe_options
@@ -168,6 +169,51 @@ def register(sub) -> None:
     pr.set_defaults(func=cmd_precision)
 
 
+def reports_interrupt(command: str, note: str | None = None):
+    """Decorator of a command handler that runs a job or measures: :func:`interrupt_reported` around it."""
+    def wrap(handler):
+        @functools.wraps(handler)
+        def run(args):
+            with interrupt_reported(args, command, note):
+                return handler(args)
+        return run
+    return wrap
+
+
+@contextmanager
+def interrupt_reported(args, command: str, note: str | None = None):
+    """Around a run command: SIGTERM and SIGHUP raise ``interrupts.Interrupted`` as Ctrl-C raises KeyboardInterrupt
+    (``launch`` stops the job for all three), and under --json an interrupted command still prints its one JSON
+    document (``runtime.interrupted.interrupted_doc``: what the job had done, where its records are) before the
+    interrupt goes on to ``main``, which writes the stderr line and exits 128 + the signal (130 for Ctrl-C).
+    ``note``: what the document says when no job had reported progress (default: none had started)."""
+    import signal
+
+    from shardlab import interrupts
+
+    try:
+        # SIGINT stays Python's own handler here: launch's signals_raise takes it from there while the job runs
+        with interrupts.signals_raise((signal.SIGTERM, signal.SIGHUP)):
+            yield
+    except KeyboardInterrupt as e:
+        if getattr(args, "json", False):
+            from shardlab.cli import emit
+            from shardlab.errors import ShardlabError
+            from shardlab.runtime.interrupted import interrupted_doc
+
+            doc = interrupted_doc(command, getattr(e, "signum", signal.SIGINT), getattr(e, "progress", None),
+                                  getattr(e, "sweep", None))
+            if note and doc["progress"] is None:
+                doc["note"] = note
+            try:
+                with interrupts.shielded():      # a second signal does not cut the document in two
+                    emit(args, doc, "")
+            except (ShardlabError, OSError):      # stdout gone: main's stderr line still says it
+                pass
+        raise
+
+
+@reports_interrupt("run train")
 def cmd_train(args):
     from shardlab.runtime.train import TrainRequest, run_train
 
@@ -188,6 +234,7 @@ def cmd_train(args):
     return doc, render_train(doc)
 
 
+@reports_interrupt("run infer")
 def cmd_infer(args):
     from shardlab.runtime.infer import InferRequest, render_infer, render_sweep, run_infer, run_sweep
 
@@ -209,6 +256,7 @@ def cmd_infer(args):
     return doc, render_infer(doc)
 
 
+@reports_interrupt("run precision", note="interrupted while training in this process: nothing measured was kept")
 def cmd_precision(args):
     from shardlab.errors import ShardlabError
     from shardlab.runtime.precision import PrecisionRequest, render_precision, run_precision

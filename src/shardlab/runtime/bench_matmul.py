@@ -202,18 +202,19 @@ def bench_matmul(dtype: str, device: str, hidden: tuple[int, ...], tokens: tuple
 
 def analyse(doc: dict, accelerator) -> dict:
     """Fit eff(n)·peak to the rows (peak = ``accelerator``'s for the dtype, or the best measured when it has none)."""
-    from shardlab.calibration import fit_efficiency
+    from shardlab.calibration import efficiency_fit_problems, fit_efficiency
     from shardlab.runtime.calibrate import fit_summary
 
     rows = doc["rows"]
     peak = accelerator.peak_tflops.get(doc["dtype"]) or max(r["tflops"] for r in rows)
     fit = fit_efficiency([r["size"] for r in rows], [r["tflops"] * 1e12 for r in rows], peak * 1e12)
+    undetermined, warnings = efficiency_fit_problems([r["size"] for r in rows], fit)
     for r in rows:
         r["fitted_tflops"] = float(fit.predict_flops(r["size"])) / 1e12
         r["fraction_of_peak"] = r["tflops"] / peak
     doc["accelerator"] = accelerator.id
     doc["peak_tflops"] = peak
-    doc["fit"] = fit_summary(fit)
+    doc["fit"] = {**fit_summary(fit), "determined": not undetermined, "warnings": undetermined + warnings}
     doc["size_definition"] = "n = min(M, N, K) of the (M x K)(K x N) product; M = tokens"
     return doc
 
@@ -235,6 +236,8 @@ def render(doc: dict) -> str:
            "",
            f"fit: achieved = {f['max_fraction']:.4g} * n/(n + {f['half_size']:.4g}) x peak, n = min(M, N, K); "
            f"rel. rms {f['rel_rms']:.1%} over {f['points']} GEMMs"]
+    fix = "" if f.get("determined", True) else "; the fit means nothing: give --hidden and --tokens a range of sizes"
+    out += [f"warning: {w}{fix}" for w in f.get("warnings") or []]
     st = doc.get("stream")
     if st:
         out.append(f"memory-bound kernels (add, mul, silu, rms_norm, softmax; eager, fp32): {st['gbps']:.3g} GB/s "

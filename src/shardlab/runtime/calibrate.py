@@ -313,10 +313,30 @@ def _check_bench_values(doc: dict, kind: str, path: str) -> None:
             raise ShardlabError(f"{path}: overlap must be the mapping `bench collectives` writes")
 
 
+def matmul_fit_warnings(mm: dict, matmul_file: str | None = None) -> list[str]:
+    """The caveats of the analysed matmul benchmark's fit (``calibration.efficiency_fit_problems``), for the profile.
+    A fit the GEMM sizes do not determine is refused: one line naming the file it came from (``matmul_file``, None
+    when measured here) and the fix, the flags that set the sizes (--hidden, --tokens)."""
+    from shardlab.calibration import EfficiencyFit, efficiency_fit_problems
+    from shardlab.runtime.bench_matmul import default_grid
+
+    fit = EfficiencyFit(**{k: mm["fit"][k] for k in ("max_fraction", "half_size", "peak_flops", "rel_rms", "points")})
+    bad, warnings = efficiency_fit_problems([r["size"] for r in mm["rows"]], fit)
+    if bad:
+        hidden, tokens = default_grid(mm["device"])
+        sizes = f"--hidden {','.join(map(str, hidden))} --tokens {','.join(map(str, tokens))}"
+        fix = (f"remeasure with `shardlab bench matmul {sizes} --json`" if matmul_file else
+               f"give --hidden and --tokens a range of sizes (the {mm['device']} defaults: {sizes})")
+        raise ShardlabError(f"{matmul_file + ': ' if matmul_file else ''}{bad[0]}; no profile written: {fix}")
+    return warnings
+
+
 def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | None, link_fit: str,
-                 suffix: str, matmul_file: str | None = None, collectives_file: str | None = None) -> tuple[dict, str]:
+                 suffix: str, matmul_file: str | None = None, collectives_file: str | None = None,
+                 warnings: list[str] | None = None) -> tuple[dict, str]:
     """Fit, build and write the profile; returns the command's (JSON document, text). ``matmul_file`` and
-    ``collectives_file``: the files the measurements came from (named in errors), None when measured here."""
+    ``collectives_file``: the files the measurements came from (named in errors), None when measured here;
+    ``warnings``: caveats of the fits (:func:`matmul_fit_warnings`), in the JSON, the text and the profile's header."""
     from shardlab.calibration import AlphaBetaFit, EfficiencyFit
     from shardlab.report.table import kv_lines
 
@@ -341,6 +361,8 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     header = (f"matmul: {eff.points} {mm['dtype']} GEMMs; collectives: "
               + (f"{coll.get('backend', '?')} on {coll['world_size']} ranks, link = the '{link_fit}' fit"
                  if coll else "not measured (catalog link kept)"))
+    warnings = list(warnings or [])
+    header += "".join(f"\nwarning: {w}" for w in warnings)
     mm_src, coll_src = matmul_file or "the matmul benchmark", collectives_file or "the collectives benchmark"
     _check_fitted(doc, mm["dtype"], mm_src, coll_src)
     path = write_profile(doc, out, header, inputs=" and ".join(dict.fromkeys(
@@ -368,8 +390,9 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     pairs += [("inter link", f"{prof['inter_link']} (catalog: one host cannot measure it)"),
               ("gpus per node", prof["gpus_per_node"]),
               ("use it", use_command(doc, str(path)))]
-    result = {"profile_path": str(path), "profile": doc, "matmul": mm, "collectives": coll}
-    return result, kv_lines(pairs)
+    result = {"profile_path": str(path), "profile": doc, "matmul": mm, "collectives": coll, "warnings": warnings}
+    text = kv_lines(pairs)
+    return result, text + "".join(f"\nwarning: {w}" for w in warnings)
 
 
 def gpus_per_node(device: str) -> int:

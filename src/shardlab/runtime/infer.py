@@ -59,6 +59,20 @@ def reference_tokens(spec, tokens: list[int], max_new: int, seed: int) -> list[i
 
 
 def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
+    """Run, gather, compare; returns the JSON document. Interrupted (Ctrl-C, SIGTERM), the job is stopped and the
+    interrupt goes on with what the job had done attached (``runtime.interrupted.note_interrupt``)."""
+    from shardlab.runtime.interrupted import note_interrupt
+
+    state: dict = {}
+    try:
+        return _run_infer(req, state, check_reference)
+    except KeyboardInterrupt as e:
+        note_interrupt(e, state.get("run_dir"), unit="token", planned=req.max_new_tokens, skip_steps=1,
+                       steps_jsonl=getattr(req.observe, "steps_jsonl", None), job_done="run_dir" in state)
+        raise
+
+
+def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     from shardlab.memory.inference import kv_cache_bytes, weight_bytes_per_rank
     from shardlab.runtime import require_torch
     from shardlab.runtime.launch import launch
@@ -92,9 +106,21 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
     obs = observation_for(req.observe, t // nodes, t, "infer", req.torchrun_args)
     res = launch("shardlab.runtime.infer_worker", t // nodes, args, timeout_s=req.timeout_s,
                  torchrun_args=list(req.torchrun_args), observer=obs)
+    state["run_dir"] = res.run_dir
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()
+    from shardlab.runtime.observe.launcher import step_records
+    from shardlab.runtime.observe.summary import TIME_SPLIT_DEFINITIONS, rank_time_split, slowest_of_split, slowest_rank
+    from shardlab.runtime.train import injected_rank
+
+    split = rank_time_split(step_records(res.run_dir), 1)   # token 0 is the prefill
+    for d in ranks:
+        d["time_split"] = split.get(d["rank"])
+        if d["time_split"] is not None:   # the decoded tokens' whole time: compute + collectives + waiting
+            d["latency_per_token_s"] = d["time_split"]["step_s"]
+    slowest = (slowest_of_split(split, injected_rank(req.observe)) if split else
+               slowest_rank({d["rank"]: d["latency_per_token_s"] for d in ranks}, injected_rank(req.observe)))
     w_pred = weight_bytes_per_rank(spec, t, 1, ELEM_BYTES)[0]
     kv_pred = kv_cache_bytes(spec, 1, total, t, 1, ELEM_BYTES)
     tokens = ranks[0]["tokens"]
@@ -106,12 +132,14 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
         "matches_tp1": None if ref is None else tokens == ref,
         "ranks_agree": all(d["tokens"] == tokens for d in ranks),
         "ranks": [{"rank": d["rank"], "weight_bytes": d["weight_bytes"], "kv_cache_bytes": d["kv_cache_bytes"],
-                   "latency_per_token_s": d["latency_per_token_s"], "prefill_s": d["prefill_s"],
+                   "latency_per_token_s": d["latency_per_token_s"], "time_split": d["time_split"],
+                   "prefill_s": d["prefill_s"],
                    "collectives": d["collectives"], "megatron_counter": d["megatron_counter"]} for d in ranks],
         "predicted": {"weight_bytes": w_pred, "kv_cache_bytes": kv_pred,
                       "source": "shardlab.memory.inference (fp32, batch 1, prompt + new tokens cached)"},
         "memory_exact": all(d["weight_bytes"] == w_pred and d["kv_cache_bytes"] == kv_pred for d in ranks),
-        "latency_per_token_s": lat, "cached_tokens": total,
+        "latency_per_token_s": lat, "cached_tokens": total, "slowest": slowest,
+        "time_split_definitions": TIME_SPLIT_DEFINITIONS if split else None,
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir)},
     }
     if obs is not None:  # step 0 is the prefill: the percentiles are of decoded tokens
@@ -151,7 +179,13 @@ def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] |
     why = "the T values asked for"
     if tps is None:
         tps, why = sweep_tps(resolve_spec(req.model), req.strategy, req.device, max_tp)
-    runs = [run_infer(replace(req, tp=t), check_reference=False) for t in tps]
+    runs = []
+    for t in tps:
+        try:
+            runs.append(run_infer(replace(req, tp=t), check_reference=False))
+        except KeyboardInterrupt as e:   # what the sweep had done, for the interrupted document
+            e.sweep = {"finished": [r["tp"] for r in runs], "stopped": t, "unit": "tp"}
+            raise
     base = runs[0]["latency_per_token_s"]
     points = [{"tp": r["tp"], "latency_per_token_s": r["latency_per_token_s"],
                "speedup": base / r["latency_per_token_s"], "tokens_identical_to_tp1": r["tokens"] == runs[0]["tokens"],
@@ -207,19 +241,34 @@ def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -
 
 def render_infer(doc: dict) -> str:
     from shardlab.report.table import table
+    from shardlab.runtime.observe.report import slowest_line
     from shardlab.units import fmt_bytes, fmt_time
 
     p = doc["predicted"]
+    split = all(r.get("time_split") for r in doc["ranks"])
     rows = [[r["rank"], f"{r['weight_bytes']:,}", f"{p['weight_bytes']:,}", f"{r['kv_cache_bytes']:,}",
-             f"{p['kv_cache_bytes']:,}", fmt_time(r["prefill_s"]), fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
+             f"{p['kv_cache_bytes']:,}", fmt_time(r["prefill_s"]),
+             *([fmt_time(r["time_split"][k]) for k in ("compute_s", "collectives_s", "wait_s")] if split else []),
+             fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
+    times = (f"; per token, mean of the {min(r['time_split']['steps'] for r in doc['ranks'])} decoded token(s) after "
+             f"the first: compute + in collectives + waiting (the ranks' per-token records)" if split else
+             "; per token: mean of the decoded tokens after the first")
     out = [f"shardlab run infer: {doc['model']} on tp {doc['tp']} ({doc['strategy']}), {len(doc['tokens'])} new tokens, "
            f"{doc['cached_tokens']} cached", f"tokens: {doc['tokens']}",
            f"identical to tp 1 (same model in one process): {doc['matches_tp1']}; all ranks agree: {doc['ranks_agree']}", "",
-           table(["rank", "weights B meas", "pred", "KV cache B meas", "pred", "prefill", "per token"], rows,
-                 title=f"per rank: measured (tensor storages) vs predicted ({p['source']})"),
-           f"memory {'matches the model exactly' if doc['memory_exact'] else 'DIFFERS from the model'}; "
-           f"per-token latency (slowest rank): {fmt_time(doc['latency_per_token_s'])}; "
-           f"weights {fmt_bytes(p['weight_bytes'])}/rank"]
+           table(["rank", "weights B meas", "pred", "KV cache B meas", "pred", "prefill",
+                  *(["compute", "in collectives", "waiting"] if split else []), "per token"], rows,
+                 title=f"per rank: memory measured (tensor storages) vs predicted ({p['source']}){times}")]
+    if split:
+        out.append("  compute: the rank's own work on a token minus time blocked in collectives; in collectives: the "
+                   "time the least-waiting rank spent in them (the transfer); waiting: for other ranks, inside the "
+                   "collectives")
+    out.append(f"memory {'matches the model exactly' if doc['memory_exact'] else 'DIFFERS from the model'}; "
+               f"per-token latency (the longest over ranks): {fmt_time(doc['latency_per_token_s'])}; "
+               f"weights {fmt_bytes(p['weight_bytes'])}/rank")
+    line = slowest_line(doc.get("slowest"), "token") if doc["tp"] > 1 else None
+    if line:
+        out.append(line)
     if doc.get("observability"):
         from shardlab.runtime.observe.report import render_observability
 

@@ -93,8 +93,6 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     ``shardlab.runtime.observe.launcher.Observation``) adds the ranks' metrics settings and scrapes them while
     they run.
     """
-    from shardlab import interrupts, proctree
-
     if nproc < 1:
         raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
     temporary = not run_dir and not os.environ.get("SHARDLAB_KEEP_RUN_DIR")
@@ -112,7 +110,23 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     if observer is not None:
         full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args)
+    try:
+        proc, out, err, timed_out, t0 = _run_job(cmd, full_env, rd, timeout_s, temporary, observer)
+    except KeyboardInterrupt as e:      # the job is stopped; the run command reports what it left in the folder
+        e.run_dir = rd
+        raise
+    res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
+    res.failed_rank, res.summary = summarise(res, timeout_s)
+    return res
+
+
+def _run_job(cmd: list[str], full_env: dict, rd: Path, timeout_s: float, temporary: bool, observer):
+    """Start the job, wait for it (or its deadline) and stop every process of it: (torchrun's Popen, stdout, stderr,
+    timed out, monotonic start). Ctrl-C, SIGTERM and SIGHUP raise ``interrupts.Interrupted`` once the job is stopped."""
+    from shardlab import interrupts, proctree
+
     timed_out = False
+    out = err = None
     with interrupts.signals_raise() as caught, proctree.subreaper():
         before = proctree.children_of(os.getpid())
         tree = proctree.ProcessTree(exclude=before)
@@ -144,9 +158,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
                     observer.stop()
     if caught.signum is not None:               # a signal whose exception was dropped after the job ended
         raise interrupts.Interrupted(caught.signum)
-    res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
-    res.failed_rank, res.summary = summarise(res, timeout_s)
-    return res
+    return proc, out, err, timed_out, t0
 
 
 def wait_job(proc: subprocess.Popen, deadline: float, caught) -> tuple[str | None, str | None, bool]:

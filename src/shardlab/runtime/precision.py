@@ -194,4 +194,7 @@ def render_precision(doc: dict) -> str:
         + ("its gradients underflowed and training stalled" if fp16 - fp32 > 0.1 else "no visible harm at this k")
         + f"; dynamic loss scaling ends at {t['fp16+scaling']['final_loss']:.3f}, bf16 at {t['bf16']['final_loss']:.3f} "
           "(fp32's range: nothing to scale)",
+        "sources: Micikevicius et al. 2018, Mixed Precision Training, arXiv 1710.03740 (fp32 master weights §3.1, loss "
+        "scaling §3.2); Kalamkar et al. 2019, A Study of BFLOAT16 for Deep Learning Training, arXiv 1905.12322 (bf16 "
+        "keeps fp32's range: no loss scaling); IEEE 754-2008 (binary16 and binary32)",
     ])

@@ -19,7 +19,11 @@ def run_scaling(req, nprocs: tuple[int, ...]) -> dict:
         raise ShardlabError("--sweep-nproc needs at least two different process counts, e.g. 1,2")
     points = []
     for n in sorted(nprocs):
-        d = run_train(replace(req, nproc=n))
+        try:
+            d = run_train(replace(req, nproc=n))
+        except KeyboardInterrupt as e:   # what the sweep had done, for the interrupted document
+            e.sweep = {"finished": [p["nproc"] for p in points], "stopped": n, "unit": "nproc"}
+            raise
         st = d["step_time"]
         points.append({"nproc": n, "layout": d["layout"], "measured_step_s": st["measured_median_s"],
                        "slowest_rank_step_s": st["slowest_s"], "predicted_step_s": st["predicted_s"],

@@ -109,8 +109,27 @@ def worker_args(req: TrainRequest, mb: int) -> list[str]:
     return a + (["--dump-grads"] if req.check_parity else [])
 
 
+def skip_steps(steps: int) -> int:
+    """Steps the ranks instrument and the timings leave out: 0 (memory tracker) and 1 (collective recorder), as
+    many as leave one timed step."""
+    return min(2, steps - 1)
+
+
 def run_train(req: TrainRequest) -> dict:
-    """Run, gather, compare; returns the JSON document."""
+    """Run, gather, compare; returns the JSON document. Interrupted (Ctrl-C, SIGTERM), the job is stopped and the
+    interrupt goes on with what the job had done attached (``runtime.interrupted.note_interrupt``)."""
+    from shardlab.runtime.interrupted import note_interrupt
+
+    state: dict = {}
+    try:
+        return _run_train(req, state)
+    except KeyboardInterrupt as e:
+        note_interrupt(e, state.get("run_dir"), unit="step", planned=req.steps, skip_steps=skip_steps(req.steps),
+                       steps_jsonl=getattr(req.observe, "steps_jsonl", None), job_done="run_dir" in state)
+        raise
+
+
+def _run_train(req: TrainRequest, state: dict) -> dict:
     from shardlab.runtime import require_torch
     from shardlab.runtime.compare import RunShape, memory_notes, memory_rows, predicted_estimate, predicted_memory
     from shardlab.runtime.launch import launch
@@ -121,9 +140,17 @@ def run_train(req: TrainRequest) -> dict:
     obs = observation_for(req.observe, req.nproc, st.world_size, "train", req.torchrun_args)
     res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
                  torchrun_args=list(req.torchrun_args), observer=obs)
+    state["run_dir"] = res.run_dir
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()
+    from shardlab.runtime.observe.launcher import step_records
+    from shardlab.runtime.observe.summary import TIME_SPLIT_DEFINITIONS, rank_time_split
+
+    split = rank_time_split(step_records(res.run_dir), skip_steps(req.steps))
+    tokens = req.global_batch * req.seq_len
+    apply_time_split(ranks, split, tokens)
+    step_time, slowest = measured_step_time(ranks, split, injected_rank(req.observe))
     shape = RunShape(req.seq_len, req.global_batch, mb, req.optimizer)
     report = predicted_memory(spec, st, shape)
     rows = memory_rows(report, ranks, spec)
@@ -135,9 +162,7 @@ def run_train(req: TrainRequest) -> dict:
         gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
         est, pred_src = predicted_estimate(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
     pred_s = est.step_time_s if est is not None else None
-    times = {d["rank"]: d["step_time_s"] for d in ranks}
-    slow = max(times, key=times.get)
-    med = statistics.median(times.values())
+    med = step_time["measured_median_s"]
     loss_rank = next((d for d in ranks if d.get("losses")), None)
     doc = {
         "strategy": st.name, "world_size": st.world_size, "model": spec.name, "model_ref": req.model,
@@ -146,23 +171,23 @@ def run_train(req: TrainRequest) -> dict:
                      "optimizer": req.optimizer, "precision": "fp32"},
         "losses": loss_rank["losses"] if loss_rank else None,
         "loss_rank": loss_rank["rank"] if loss_rank else None,
-        "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "step_times_s", "tokens_per_s",
-                                         "peak_bytes", "collectives", "megatron_counter", "megatron_sites", "model_states_bytes",
-                                         "params_local", "backend", "device")} for d in ranks],
+        "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "time_split", "step_times_s",
+                                         "tokens_per_s", "peak_bytes", "collectives", "megatron_counter",
+                                         "megatron_sites", "model_states_bytes", "params_local", "backend", "device")}
+                  for d in ranks],
         "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
         "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],
         "memory_comparison": rows,
         "memory_states_exact": all(r["states_exact"] for r in rows),
         "memory_notes": memory_notes(rows, st),
-        "step_time": {"measured_median_s": med, "slowest_rank": slow, "slowest_s": times[slow],
-                      "fastest_s": min(times.values()),
-                      "spread": (times[slow] - min(times.values())) / med if med else None,
-                      "predicted_s": pred_s, "predicted_from": pred_src,
+        "step_time": {**step_time, "predicted_s": pred_s, "predicted_from": pred_src,
                       "error": (med - pred_s) / pred_s if pred_s else None,
                       "predicted_catalog_gpu": gpu,
                       "timed_steps": min(d.get("timed_steps", 0) for d in ranks),
                       "instrumented": any(d.get("step_time_instrumented") for d in ranks)},
-        "tokens_per_s": req.global_batch * req.seq_len / times[slow],
+        "slowest": slowest,
+        "time_split_definitions": {**TIME_SPLIT_DEFINITIONS, **STEP_TIME_DEFINITIONS} if split else None,
+        "tokens_per_s": tokens / step_time["job_step_s"],
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary},
     }
     doc["megatron_breakdown"] = megatron_breakdown(doc)
@@ -173,9 +198,62 @@ def run_train(req: TrainRequest) -> dict:
         data = SyntheticData(spec.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
         doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed)
     if obs is not None:  # steps 0 and 1 carry the memory tracker and the dispatch recorder: left out
-        doc["observability"] = obs.finish(skip_steps=min(2, req.steps - 1),
+        doc["observability"] = obs.finish(skip_steps=skip_steps(req.steps),
                                           predicted=train_prediction(est, req.observe, pred_src))
     return doc
+
+
+STEP_TIME_DEFINITIONS = {
+    "step_time_s": "per rank: time_split.step_s, its whole step (compute + collectives + wait)",
+    "step_times_s": "per rank: each step's own time (forward, backward, optimizer), the wait at the step-end barrier "
+                    "not included; steps 0 and 1 instrumented",
+    "measured_median_s": "step_time: the median over ranks of step_time_s",
+    "spread": "step_time: (largest - smallest) / median of the ranks' compute_s"}
+"""What the step-time numbers of ``run train --json`` are, beside ``TIME_SPLIT_DEFINITIONS``."""
+
+
+def injected_rank(observe) -> int | None:
+    """The rank slowed with ``--slow-rank`` (``ObserveOptions.slow_rank``), or None."""
+    slow = getattr(observe, "slow_rank", None)
+    return slow.rank if slow is not None else None
+
+
+def apply_time_split(ranks: list[dict], split: dict[int, dict], tokens_per_step: int) -> None:
+    """Give each rank document its ``time_split`` (``observe.summary.rank_time_split``) and make its
+    ``step_time_s`` the whole step, waits included (compute + collectives + wait), with ``tokens_per_s`` from it.
+    A rank without records keeps the median of its own steps (waits at the step end not included) and no split."""
+    for d in ranks:
+        sp = split.get(d["rank"])
+        d["time_split"] = sp
+        if sp is not None:
+            d["step_time_s"] = sp["step_s"]
+            d["tokens_per_s"] = tokens_per_step / sp["step_s"] if sp["step_s"] > 0 else None
+
+
+def measured_step_time(ranks: list[dict], split: dict[int, dict], injected: int | None) -> tuple[dict, dict | None]:
+    """(the document's ``step_time`` measurements, the slowest rank).
+
+    Over every rank of the job when the split has them (each node reads the whole job's records), else over this
+    node's ranks: the median whole step, the job's step (the longest: synchronous ranks move at the slowest's pace),
+    the slowest rank by the one rule (``observe.summary.slowest_rank``: the ``--slow-rank`` one, else the longest
+    compute) and the spread of compute (slowest − fastest) / median. Without a split compute is not separated from
+    waiting: the ranks' own step times stand in for it."""
+    from shardlab.runtime.observe.summary import slowest_of_split, slowest_rank
+
+    if split:
+        times = {k: v["step_s"] for k, v in split.items()}
+        compute = {k: v["compute_s"] for k, v in split.items()}
+        slowest = slowest_of_split(split, injected)
+    else:
+        times = compute = {d["rank"]: d["step_time_s"] for d in ranks}
+        slowest = slowest_rank(compute, injected)
+    med, cmed = statistics.median(times.values()), statistics.median(compute.values())
+    return {"measured_median_s": med, "job_step_s": max(times.values()),
+            "slowest_rank": slowest["rank"], "slowest_rank_from": slowest["from"],
+            "slowest_s": times[slowest["rank"]], "slowest_compute_s": slowest["compute_s"],
+            "fastest_s": min(times.values()),
+            "spread": (max(compute.values()) - min(compute.values())) / cmed if cmed else None,
+            "spread_of": "compute" if split else "step"}, slowest
 
 
 def _pct(x: float | None) -> str:
@@ -233,9 +311,13 @@ def step_time_notes(doc: dict) -> list[str]:
     CPU, that the catalog's generic core is not this machine."""
     st, notes = doc["step_time"], []
     if st.get("instrumented"):
-        notes.append(f"  measured on an instrumented step: with --steps {doc['workload']['steps']}, step 0 carries the "
-                     f"memory tracker and step 1 the collective recorder (a dispatch mode on every operator); "
-                     f"--steps 3 or more gives clean step times")
+        steps = doc['workload']['steps']
+        which = ("step 0, the only one (it carries the memory tracker)" if steps == 1 else
+                 "step 1 (it carries the collective recorder, a dispatch mode on every operator)")
+        notes.append(f"  measured on an instrumented step: steps count from 0 and the step time is the median of steps 2 "
+                     f"and later; with --steps {steps} it is {which}; --steps 3 or more gives clean step times (warm-up "
+                     f"and instrumented steps left out, as PyTorch's benchmark Timer warms up before it measures: "
+                     f"torch/utils/benchmark/utils/timer.py)")
     cpu = all(r.get("device") == "cpu" for r in doc["ranks"])
     if cpu and st.get("predicted_catalog_gpu") == "cpu-core" and st.get("error") is not None and abs(st["error"]) > 0.5:
         notes.append("  the prediction uses the catalog's generic cpu-core, not this machine, and no host time per "
@@ -243,6 +325,38 @@ def step_time_notes(doc: dict) -> list[str]:
                      "and `shardlab calibrate --from-run RUN.json --framework BASE` fits the host time a run spends "
                      "(docs/calibration.md)")
     return notes
+
+
+def per_rank_time_table(doc: dict) -> list[str]:
+    """The measured per-rank table: where each rank's step went (compute, collectives, waiting for the others;
+    they add up to the step) beside its throughput, peak memory and collectives, and where the numbers come from."""
+    from shardlab.report.table import table
+    from shardlab.units import fmt_bytes, fmt_time
+
+    ranks = doc["ranks"]
+    split = all(r.get("time_split") for r in ranks)
+    rows = []
+    for r in ranks:
+        sp = r.get("time_split") or {}
+        times = [fmt_time(sp[k]) for k in ("compute_s", "collectives_s", "wait_s")] if split else []
+        rows.append([r["rank"], "{pp},{dp},{tp}".format(**r["coords"]), *times, fmt_time(r["step_time_s"]),
+                     "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}",
+                     fmt_bytes((r.get("peak_bytes") or {}).get("by_category", {}).get("Total", 0)),
+                     _colls(r["collectives"])])
+    head = ["rank", "pp,dp,tp", *(["compute", "in collectives", "waiting"] if split else []), "step", "tokens/s",
+            "peak", "collectives per step: fwd/bwd count (time)"]
+    n = min((r["time_split"]["steps"] for r in ranks), default=0) if split else doc["step_time"].get("timed_steps")
+    if split:
+        title = (f"measured per rank, mean of {n} timed step(s), step = compute + in collectives + waiting (the ranks' "
+                 f"per-step records)")
+        notes = ["  compute: the rank's own work (batch, forward, backward, optimizer) minus time blocked in "
+                 "collectives; in collectives: the time the least-waiting rank spent in them that step (the "
+                 "transfer); waiting: for other ranks, at the step-end barrier and inside collectives; peak: torch "
+                 "MemTracker; collectives: counted on step 0, timed on step 1 (the dispatch recorder)"]
+    else:
+        title = "measured per rank (step: median of the rank's timed steps, waiting at the step end not included)"
+        notes = ["  peak: torch MemTracker; collectives: counted on step 0, timed on step 1 (the dispatch recorder)"]
+    return [table(head, rows, title=title), *notes]
 
 
 def render_train(doc: dict) -> str:
@@ -259,14 +373,14 @@ def render_train(doc: dict) -> str:
     if doc.get("losses"):
         out.append(f"loss per step (global batch, seen by rank {doc['loss_rank']}): "
                    + "  ".join(f"{v:.4f}" for v in doc["losses"]))
-    rows = [[r["rank"], "{pp},{dp},{tp}".format(**r["coords"]), fmt_time(r["step_time_s"]), f"{r['tokens_per_s']:.0f}",
-             fmt_bytes((r.get("peak_bytes") or {}).get("by_category", {}).get("Total", 0)),
-             _colls(r["collectives"])] for r in doc["ranks"]]
-    out += ["", table(["rank", "pp,dp,tp", "step", "tokens/s", "peak", "collectives per step: fwd/bwd count (time)"],
-                      rows, title="measured per rank (step time: median of timed steps; peak: torch MemTracker)")]
+    out += ["", *per_rank_time_table(doc)]
     st = doc["step_time"]
-    out.append(f"slowest rank {st['slowest_rank']}: {fmt_time(st['slowest_s'])}; spread (slowest - fastest) / median "
-               f"= {st['spread'] * 100:.1f}%")
+    from shardlab.runtime.observe.report import slowest_line
+
+    line = slowest_line(doc.get("slowest"), "step") if doc["world_size"] > 1 else None
+    if line:
+        out.append(f"{line}; spread of {st.get('spread_of', 'step')} (slowest - fastest) / median = "
+                   f"{(st['spread'] or 0) * 100:.1f}%")
     mrows = []
     for r in doc["memory_comparison"]:
         p, m = r["predicted"], r["measured"]
@@ -281,8 +395,8 @@ def render_train(doc: dict) -> str:
                                   "DIFFER from the memory model:"))
     out += [f"  {n}" for n in doc.get("memory_notes", [])]
     if st["predicted_s"]:
-        out.append(f"step time: measured {fmt_time(st['measured_median_s'])} (median over ranks) vs predicted "
-                   f"{fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
+        out.append(f"step time: measured {fmt_time(st['measured_median_s'])} (median over ranks, waits included) vs "
+                   f"predicted {fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
     else:
         out.append(f"step time: measured {fmt_time(st['measured_median_s'])}; {st['predicted_from']}")
     out += step_time_notes(doc)

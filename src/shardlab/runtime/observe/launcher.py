@@ -130,27 +130,16 @@ class Observation:
             return []
 
     def records(self) -> list[dict]:
-        """Every rank's step records: the gathered ``job.steps.json``, else this node's ``rank*.steps.jsonl``."""
-        rd = self.run_dir
-        try:
-            return json.loads((rd / "job.steps.json").read_text())
-        except (OSError, ValueError):
-            pass
-        out = []
-        for p in sorted(rd.glob("rank*.steps.jsonl")):
-            for line in p.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
+        """Every rank's step records (:func:`step_records`)."""
+        return step_records(self.run_dir)
 
     def finish(self, *, skip_steps: int, predicted: dict | None = None) -> dict:
         """The aggregate document; writes the JSONL series and TensorBoard scalars."""
         from shardlab.runtime.observe.summary import compare_prediction, summarise
 
         recs = sorted(self.records(), key=lambda r: (r["step"], r["rank"]))
-        doc = summarise(recs, skip_steps=skip_steps, kind=self.kind)
+        injected = self.opts.slow_rank.rank if self.opts.slow_rank is not None else None
+        doc = summarise(recs, skip_steps=skip_steps, kind=self.kind, injected=injected)
         path = Path(self.opts.steps_jsonl) if self.opts.steps_jsonl else self.run_dir / "steps.jsonl"
         try:
             path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -171,6 +160,34 @@ class Observation:
         doc["metrics"] = {"enabled": self.opts.metrics, "job_id": self.job_id, "host": self.host, "ports": self.bound_ports(),
                           **(self.view.report() if self.view else {})}
         return doc
+
+
+def step_records(run_dir) -> list[dict]:
+    """Every rank's step records (``rank.STEP_FIELDS``): the gathered ``job.steps.json`` (every node's, written when
+    the ranks finish), else this node's ``rank*.steps.jsonl`` (written step by step: what an interrupted job left).
+    A line cut short or a record without the fields is skipped; no folder, no records."""
+    from shardlab.runtime.observe.rank import STEP_FIELDS
+
+    if run_dir is None:
+        return []
+    rd = Path(run_dir)
+    try:
+        recs = json.loads((rd / "job.steps.json").read_text())
+    except (OSError, ValueError):
+        recs = []
+        for p in sorted(rd.glob("rank*.steps.jsonl")):
+            try:
+                lines = p.read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:
+                    continue
+    if not isinstance(recs, list):
+        return []
+    return [r for r in recs if isinstance(r, dict) and all(k in r for k in STEP_FIELDS)]
 
 
 def _asdict(x) -> dict | None:

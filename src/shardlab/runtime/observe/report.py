@@ -25,6 +25,29 @@ def train_prediction(est, opts, source: str) -> dict | None:
     return {**eff.to_dict(), "source": f"shardlab.estimate.straggler on {source}"}
 
 
+SLOWEST_FROM = {"--slow-rank": "slowed with --slow-rank", "measured": "the longest compute, measured"}
+"""How the slowest rank was found (``summary.slowest_rank``'s ``from``), in words."""
+
+
+def slowest_phrase(rank: int, source: str) -> str:
+    """The one wording of the slowest rank in every report (run train, run infer, the observability summary):
+    'slowest rank 1 (slowed with --slow-rank)' or 'slowest rank 0 (the longest compute, measured)'."""
+    return f"slowest rank {rank} ({SLOWEST_FROM.get(source, source)})"
+
+
+def slowest_line(slowest: dict | None, unit: str = "step") -> str | None:
+    """``run train``/``run infer``'s line on the slowest rank (``summary.slowest_rank`` plus the others' wait)."""
+    if not slowest:
+        return None
+    line = f"{slowest_phrase(slowest['rank'], slowest['from'])}: compute {_t(slowest['compute_s'])} per {unit}"
+    if slowest.get("compute_ratio") is not None:
+        line += f", {slowest['compute_ratio']:.2f}× the other ranks' median {_t(slowest['others_compute_s'])}"
+    if slowest.get("others_wait_s") is not None:
+        line += (f"; the other ranks wait {_t(slowest['others_wait_s'])} per {unit} on average, it waits "
+                 f"{_t(slowest['own_wait_s'])}")
+    return line
+
+
 def _t(v) -> str:
     from shardlab.units import fmt_time
 
@@ -43,7 +66,9 @@ def render_observability(doc: dict, unit: str = "step") -> str:
     skipped = doc.get("skipped_steps", 0)
     out = [table(["rank", f"{unit}s", "p50", "p90", "p99", "compute", "in collectives", "waited for others",
                   "injected"], rows,
-                 title=f"per-rank {unit} time ("
+                 title=f"per-rank {unit} time (p50/p90/p99: the rank's own {unit}, "
+                       + ("the wait at the step-end barrier not included; " if unit == "step" else
+                          "waits inside its collectives included; ")
                        + (f"first {skipped} {unit}(s) instrumented, left out" if skipped else
                           f"every {unit} kept, instrumented ones included: too few to leave them out")
                        + f"; compute = {unit} - "
@@ -56,8 +81,8 @@ def render_observability(doc: dict, unit: str = "step") -> str:
     inj = (doc.get("injected") or {}).get("slow_rank")
     if st:
         share = st["others_wait_s"] / st["period_s"] if st["period_s"] else 0.0
-        head = (f"straggler: rank {st['rank']}" if st["is_straggler"] else
-                f"no straggler (rank {st['rank']}, the slowest, is within 10% of the others)")
+        head = slowest_phrase(st["rank"], st.get("rank_from", "measured")) + (
+            ": a straggler" if st["is_straggler"] else ": within 10% of the others, no straggler")
         out.append(f"{head}. It set the pace on {st['paced_steps_fraction']:.0%} of the {unit}s; its compute is "
                    f"{st['compute_ratio']:.2f}× the other ranks' median (p99: {st['p99_compute_ratio']:.2f}×)"
                    + (f", injected {inj['factor']:g}× on rank {inj['rank']} (without the injection "

@@ -9,9 +9,11 @@ Pure functions over the records of ``rank.STEP_FIELDS`` (no torch). For every st
 - own_r,k = data + step − excess: how long the step would take if rank r never waited;
 - the job's step period_k = max over ranks of own_r,k (synchronous: the slowest sets the pace).
 
-The straggler is the rank that made the others wait most: each step the rank with the largest own time
-sets the pace and the others' waiting that step is charged to it (a rank slowed only now and then is found
-too). Its compute ratio is the geometric mean over steps of its compute time (step − blocked: its own
+The straggler is the slowest rank (:func:`slowest_rank`, the one rule ``run train`` and ``run infer`` name it
+by): the rank slowed with ``--slow-rank`` when one was, else the rank with the longest mean compute (its own
+work, waits left out; a rank slowed only now and then is found too, its slow steps raise its mean). Each
+step the rank with the largest own time sets the pace; the others' waiting that step is charged to it. Its
+compute ratio is the geometric mean over steps of its compute time (step − blocked: its own
 work) over the other ranks' median that step (paired, so load that varies over time cancels; geometric,
 because a shared machine's noise is multiplicative), and at p99 the ratio of the 99th percentiles; its
 natural ratio leaves the injected sleep out (how much slower the rank was on its own, e.g. on a busier core). Its drag = median period / median own time of the other ranks − 1: how much longer
@@ -60,8 +62,75 @@ def derive(records: list[dict]) -> dict[int, list[dict]]:
     return dict(sorted(out.items()))
 
 
-def summarise(records: list[dict], *, skip_steps: int, kind: str = "train") -> dict:
-    """The aggregate document (JSON-safe): per-rank rows, the job's period, the straggler and its drag."""
+def rank_time_split(records: list[dict], skip_steps: int) -> dict[int, dict]:
+    """Per rank, the mean over its timed steps (``skip_steps`` on) of where a step's time went, adding up:
+
+    - compute_s = data + step − blocked: the rank's own work (batch, forward, backward, optimizer; injected sleep
+      included), time blocked in collectives left out;
+    - collectives_s = blocked − excess: the time in collectives the least-waiting rank needed that step (the
+      transfer itself);
+    - wait_s = boundary wait + excess: time spent waiting for other ranks, at the step-end barrier and inside
+      collectives;
+    - step_s = compute_s + collectives_s + wait_s = data + step + boundary wait: the rank's whole step.
+
+    Empty when there are no records (the ranks wrote none)."""
+    return _split(derive(clean_records(records, skip_steps)))
+
+
+def _split(recs: dict[int, list[dict]]) -> dict[int, dict]:
+    """:func:`rank_time_split` of records already through :func:`derive`."""
+    out = {}
+    for rank, rr in recs.items():
+        compute = float(np.mean([r["data_s"] + r["step_s"] - r["blocked_s"] for r in rr]))
+        coll = float(np.mean([r["blocked_s"] - r["excess_s"] for r in rr]))
+        wait = float(np.mean([r["waited_s"] for r in rr]))
+        out[rank] = {"steps": len(rr), "compute_s": compute, "collectives_s": coll, "wait_s": wait,
+                     "step_s": compute + coll + wait}
+    return out
+
+
+TIME_SPLIT_DEFINITIONS = {
+    "compute_s": "own work (batch, forward, backward, optimizer; injected sleep included) minus time blocked in "
+                 "collectives",
+    "collectives_s": "time blocked in collectives that the least-waiting rank also needed that step (the transfer)",
+    "wait_s": "time waiting for other ranks: at the step-end barrier and inside collectives beyond the least-waiting "
+              "rank's",
+    "step_s": "compute_s + collectives_s + wait_s: the rank's whole step",
+    "source": "means over the timed steps of the ranks' per-step records (rank*.steps.jsonl: perf_counter around "
+              "each step, the collective tap's blocked time, the step-end barrier's wait)"}
+"""What each number of a rank's ``time_split`` is (JSON and text say the same)."""
+
+
+def slowest_rank(compute_s: dict[int, float], injected: int | None = None) -> dict | None:
+    """The rank named slowest, by the one rule every report uses: the rank slowed with ``--slow-rank`` when one
+    was (and ran), else the rank with the longest compute (ties: the lowest rank). Returns {rank, from, compute_s,
+    others_compute_s (the other ranks' median), compute_ratio}, or None without ranks."""
+    if not compute_s:
+        return None
+    if injected is not None and injected in compute_s:
+        rank, source = injected, "--slow-rank"
+    else:
+        rank, source = max(sorted(compute_s), key=lambda k: compute_s[k]), "measured"
+    others = [v for k, v in compute_s.items() if k != rank]
+    ref = _median(others) if others else None
+    return {"rank": rank, "from": source, "compute_s": compute_s[rank], "others_compute_s": ref,
+            "compute_ratio": compute_s[rank] / ref if ref else None}
+
+
+def slowest_of_split(split: dict[int, dict], injected: int | None = None) -> dict | None:
+    """:func:`slowest_rank` over a :func:`rank_time_split`, with the waits that show its cost: the other ranks'
+    mean wait per step (``others_wait_s``) and its own (``own_wait_s``)."""
+    named = slowest_rank({k: v["compute_s"] for k, v in split.items()}, injected)
+    if named is None:
+        return None
+    others = [v["wait_s"] for k, v in split.items() if k != named["rank"]]
+    return {**named, "others_wait_s": float(np.mean(others)) if others else None,
+            "own_wait_s": split[named["rank"]]["wait_s"]}
+
+
+def summarise(records: list[dict], *, skip_steps: int, kind: str = "train", injected: int | None = None) -> dict:
+    """The aggregate document (JSON-safe): per-rank rows, the job's period, the straggler and its drag.
+    ``injected``: the rank slowed with ``--slow-rank`` (named the straggler, :func:`slowest_rank`)."""
     recs = derive(clean_records(records, skip_steps))
     if not recs:
         return {"ranks": [], "steps": 0, "straggler": None, "note": "no step records (the run took no timed step)"}
@@ -81,14 +150,15 @@ def summarise(records: list[dict], *, skip_steps: int, kind: str = "train") -> d
     job = {"steps": len(periods), **{f"p{q}_period_s": _pct(periods, q) for q in PERCENTILES},
            "mean_period_s": float(np.mean(periods))}
     doc = {"kind": kind, "skipped_steps": skip_steps, "ranks": rows, "job": job,
-           "straggler": _straggler(rows, recs, job),
+           "straggler": _straggler(rows, recs, job, injected),
            "definitions": {
                "step_s": "the rank's own step (train: forward+backward+optimizer; infer: one token)",
                "compute_s": "step_s - time blocked in collectives",
                "waited_s": "boundary wait + collective time beyond the least-waiting rank's, per step",
                "period_s": "max over ranks of (data + step - excess collective time): the job's pace",
                "drag": "median period / median own time of the other ranks - 1 (p99_drag: the same at p99)",
-               "straggler": "the rank charged with most of the others' waiting (it had the largest own time)"}}
+               "straggler": "the slowest rank: the one slowed with --slow-rank, else the one with the longest mean "
+                            "compute"}}
     return doc
 
 
@@ -100,9 +170,11 @@ def _by_step(recs: dict[int, list[dict]]) -> dict[int, list[dict]]:
     return dict(sorted(steps.items()))
 
 
-def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict | None:
+def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict, injected: int | None) -> dict | None:
     if len(rows) < 2:
         return None
+    split = _split(recs)
+    named = slowest_rank({k: v["compute_s"] for k, v in split.items()}, injected)
     # every step, the rank with the largest own time set the pace; the others' waiting is charged to it
     caused: dict[int, float] = defaultdict(float)
     paced: dict[int, int] = defaultdict(int)
@@ -111,8 +183,7 @@ def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict
         pacer = max(recs_k, key=lambda r: r["own_s"])
         paced[pacer["rank"]] += 1
         caused[pacer["rank"]] += sum(r["waited_s"] for r in recs_k if r is not pacer)
-    by_rank = {r["rank"]: r for r in rows}
-    slow = by_rank[max(by_rank, key=lambda k: (caused[k], by_rank[k]["median_compute_s"]))]
+    slow = next(r for r in rows if r["rank"] == named["rank"])
     others = [r for r in rows if r is not slow]
     comp = {r["rank"]: [x["compute_s"] for x in recs[r["rank"]]] for r in rows}
     ratio = _paired_ratio(steps, slow["rank"], lambda r: r["compute_s"])
@@ -121,7 +192,8 @@ def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict) -> dict
     ratio99 = _pct(comp[slow["rank"]], 99) / ref99 if ref99 > 0 else 0.0
     own_others = [r["own_s"] for o in others for r in recs[o["rank"]]]
     base, base99 = _median(own_others), _pct(own_others, 99)
-    return {"rank": slow["rank"], "compute_ratio": ratio, "natural_compute_ratio": natural, "p99_compute_ratio": ratio99,
+    return {"rank": slow["rank"], "rank_from": named["from"], "compute_ratio": ratio, "natural_compute_ratio": natural,
+            "p99_compute_ratio": ratio99,
             "is_straggler": max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD,
             "paced_steps_fraction": paced[slow["rank"]] / len(steps), "caused_wait_s": caused[slow["rank"]] / len(steps),
             "drag": job["p50_period_s"] / base - 1.0 if base > 0 else 0.0, "base_step_s": base,
