@@ -9,7 +9,8 @@ from shardlab.catalog import get_catalog
 from shardlab.comm.collectives import alpha_beta_time, bus_factor
 from shardlab.errors import ShardlabError
 from shardlab.estimate.hardware import gemm_efficiency
-from shardlab.runtime.calibrate import build_profile, load_bench, match_accelerator, write_profile
+from shardlab.runtime.bench_files import load_bench
+from shardlab.runtime.calibrate import build_profile, match_accelerator, write_profile
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 SIZES = [2 ** k for k in range(10, 27, 2)]

@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 
 from shardlab.catalog import get_catalog  # noqa: E402
 from shardlab.runtime.parallel.megatron import CollectiveCounter  # noqa: E402
-from shardlab.runtime.train import per_block_summary  # noqa: E402
+from shardlab.runtime.train_report import per_block_summary  # noqa: E402
 
 
 def test_counter_by_site_and_per_block_summary():
@@ -57,7 +57,7 @@ def test_fp16_without_scaling_loses_small_gradients_that_scaling_and_bf16_keep()
 
 
 def test_step_time_notes_name_an_instrumented_step_and_the_uncalibrated_cpu():
-    from shardlab.runtime.train import step_time_notes
+    from shardlab.runtime.train_report import step_time_notes
 
     def doc(steps, instrumented, error, gpu, device="cpu"):
         return {"workload": {"steps": steps}, "ranks": [{"device": device}] * 2,

@@ -154,8 +154,10 @@ class EfficiencyFit:
 HALF_SIZE_RANGE = 1e3
 """The half size is searched from min(n) / HALF_SIZE_RANGE to max(n) · HALF_SIZE_RANGE."""
 MIN_FIT_GEMM = 16
-"""The largest GEMM of a fit must have n = min(M, N, K) ≥ this: smaller products take about the time of the call
-itself (dispatch, a kernel launch), whatever their size, so they say nothing of how a matrix unit fills up."""
+"""The largest GEMM of a fit must have n = min(M, N, K) ≥ this, one matrix-unit tile (NVIDIA tensor cores multiply
+16 × 16 fragments: PTX ISA, wmma .m16n16k16; a 512-bit AVX vector holds 16 fp32): smaller products take about the
+time of the call itself (dispatch, a kernel launch), whatever their size, so they say nothing of how a matrix unit
+fills up."""
 
 
 def efficiency_fit_problems(sizes: Sequence[float], fit: EfficiencyFit | None = None) -> tuple[list[str], list[str]]:

@@ -199,7 +199,8 @@ def test_run_train_reports_the_whole_step_per_rank_and_the_slowest_by_compute():
     """`run train`'s per-rank step_time_s and table include the waiting; the slowest rank is the slowed one even
     though every rank's whole step is as long (the others wait for it); text and JSON agree."""
     from shardlab.runtime.observe.summary import rank_time_split
-    from shardlab.runtime.train import apply_time_split, measured_step_time, render_train
+    from shardlab.runtime.step_time import apply_time_split, measured_step_time
+    from shardlab.runtime.train_report import render_train
 
     doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
     recs = [r | {"rank": r["rank"]} for r in _records(2.0, world=4, slow=2)]
@@ -309,7 +310,7 @@ def test_infer_slow_rank_prediction_is_made():
 
 @pytest.mark.parametrize("steps, which", [(1, "step 0, the only one"), (2, "step 1 (it carries the collective recorder")])
 def test_the_instrumented_step_note_names_a_step_the_run_has(steps, which):
-    from shardlab.runtime.train import step_time_notes
+    from shardlab.runtime.train_report import step_time_notes
 
     doc = {"step_time": {"instrumented": True}, "workload": {"steps": steps}, "ranks": [{"device": "cuda"}]}
     note, = step_time_notes(doc)

@@ -261,6 +261,7 @@ def cmd_calibrate(args):
     from shardlab.runtime import bench_collectives as bc
     from shardlab.runtime import bench_matmul as bm
     from shardlab.runtime import calibrate as cal
+    from shardlab.runtime.bench_files import load_bench, matmul_fit_warnings
     from shardlab.safeout import check_output_path
 
     check_output_path(args.out, "--out")
@@ -277,8 +278,8 @@ def cmd_calibrate(args):
     want_coll = not args.skip_collectives
     if want_coll and not args.from_collectives:
         _validate_coll_flags(args)
-    mm = cal.load_bench(args.from_matmul, "matmul") if args.from_matmul else None
-    coll = cal.load_bench(args.from_collectives, "collectives") if want_coll and args.from_collectives else None
+    mm = load_bench(args.from_matmul, "matmul") if args.from_matmul else None
+    coll = load_bench(args.from_collectives, "collectives") if want_coll and args.from_collectives else None
     device = _device(args) if mm is None or (want_coll and coll is None) else mm["device"]
     from shardlab.cli.progress import set_status
 
@@ -289,7 +290,7 @@ def cmd_calibrate(args):
         acc = cat.accelerator(args.gpu or cal.match_accelerator(mm["device_name"], mm["device"]))
         with _blaming(args.from_matmul, "matmul"):
             mm = bm.analyse(mm, acc)
-    warnings = cal.matmul_fit_warnings(mm, args.from_matmul)   # before the collectives: a meaningless fit stops here
+    warnings = matmul_fit_warnings(mm, args.from_matmul)   # before the collectives: a meaningless fit stops here
     if want_coll:
         set_status("shardlab calibrate: measuring collectives")
         if coll is None:

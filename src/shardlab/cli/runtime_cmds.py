@@ -228,7 +228,7 @@ def cmd_train(args):
 
         doc = run_scaling(req, args.sweep_nproc)
         return doc, render_scaling(doc)
-    from shardlab.runtime.train import render_train
+    from shardlab.runtime.train_report import render_train
 
     doc = run_train(req)
     return doc, render_train(doc)

@@ -112,7 +112,7 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     ranks = res.rank_results()
     from shardlab.runtime.observe.launcher import step_records
     from shardlab.runtime.observe.summary import TIME_SPLIT_DEFINITIONS, rank_time_split, slowest_of_split, slowest_rank
-    from shardlab.runtime.train import injected_rank
+    from shardlab.runtime.step_time import injected_rank
 
     split = rank_time_split(step_records(res.run_dir), 1)   # token 0 is the prefill
     for d in ranks:

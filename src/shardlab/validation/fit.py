@@ -41,6 +41,8 @@ limit_all_gathers); DeepSpeed's ZeRO-3 parameter coordinator and activation chec
 with stream synchronisations (deepspeed/runtime/zero/partitioned_param_coordinator.py, activation_checkpointing/);
 FSDP2 (torchtitan, KempnerForge) runs per-parameter DTensor hooks and the all-gather copy-in/copy-out on the host
 for every unit (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)."""
+PIPELINE_ENGINE_FIELDS = {"pipeline_host_s": (0.0, 0.2, 0.0)}
+"""(low, high, prior) of a pipeline engine's fitted mechanisms."""
 PIPELINE_ENGINE_FRAMEWORKS = ("deepspeed",)
 """Frameworks whose pipeline engine issues the schedule from the host, one instruction at a time, so their
 pipeline_host_s (per micro-batch, pass and stage) is fitted: DeepSpeed's PipelineEngine interprets TrainSchedule's
@@ -196,7 +198,7 @@ def default_params(runs, catalog) -> list[Param]:
         for fld, (lo, hi, prior) in FRAMEWORK_FIELDS.items():
             out.append(Param("framework", f, fld, lo, hi, prior))
         if f in PIPELINE_ENGINE_FRAMEWORKS:
-            out.append(Param("framework", f, "pipeline_host_s", 0.0, 0.2, 0.0))
+            out += [Param("framework", f, fld, lo, hi, prior) for fld, (lo, hi, prior) in PIPELINE_ENGINE_FIELDS.items()]
     return out
 
 

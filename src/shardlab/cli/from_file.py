@@ -1,0 +1,161 @@
+"""--from FILE on estimate, memory and plan: read a framework's file (``shardlab.export.read_file``), set the
+command's flags from it (a flag the user set to something else is a conflict), check what it says against the
+model, and show what was read beside the command's own output."""
+
+from __future__ import annotations
+
+
+def add_from_arg(p) -> None:
+    p.add_argument("--from", dest="from_file", metavar="FILE", default=None,
+                   help="read the layout from a framework file (torchtitan TOML, DeepSpeed JSON, Accelerate YAML, "
+                        "Megatron-LM arguments, vllm serve line, Slurm or SkyPilot script)")
+
+
+ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero": "zero",
+          "vpp": "vpp", "micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
+          "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
+          "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
+          "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
+          "weights": "weights", "kv_cache": "kv_cache_dtype"}
+GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
+"""A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
+
+
+def apply_import(args, imp, parser) -> None:
+    """Set the command's flags from an import; a flag the user set to something else is a conflict (exit 2)."""
+    from shardlab.errors import ShardlabError
+
+    f = dict(imp.fields)
+    serving = "max_num_seqs" in f or imp.source == "vllm" or (imp.framework == "vllm")
+    if serving:
+        if not hasattr(args, "inference"):
+            raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
+        args.inference = True
+        f.pop("gpus", None)
+        if f.get("replicas", 1) > 1:
+            f["max_num_seqs"] = f.get("max_num_seqs", 1)
+    if "dp_from_world" in f and "dp" not in f:
+        f.pop("dp_from_world")
+    if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
+        f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
+    for key, dest in ARG_OF.items():
+        if key not in f or not hasattr(args, dest):
+            continue
+        val = f[key]
+        if dest == "stage_layers" and val is not None:
+            val = tuple(val)
+        cur, default = getattr(args, dest), parser.get_default(dest)
+        if dest == "model" and cur is None:
+            setattr(args, dest, val)
+            continue
+        if cur is not None and cur != default and cur != val:
+            raise ShardlabError(f"--{dest.replace('_', '-')} {cur} conflicts with {args.from_file} ({key} = {val}); "
+                                f"drop the flag or edit the file")
+        setattr(args, dest, val)
+    _apply_dropout(args, f)
+    red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
+    if red and hasattr(args, red):
+        other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]
+        if getattr(args, other, False):
+            raise ShardlabError(f"--{other.replace('_', '-')} conflicts with {args.from_file}, which reduces gradients in "
+                                f"{'fp32' if red == 'grad_reduce_fp32' else 'bf16/fp16'}; drop the flag or edit the file")
+        setattr(args, red, True)
+    if imp.framework and hasattr(args, "framework") and getattr(args, "framework", None) is None:
+        args.framework = imp.framework
+    if "model" not in f and getattr(args, "model", None) is None and getattr(args, "params", None) is None:
+        unknown = next((x for x in imp.ignored if "give MODEL" in x), None)
+        if unknown:                     # never the command's default model in its place
+            raise ShardlabError(f"{args.from_file} names a model shardlab does not know ({unknown.split(' (')[0]}); "
+                                f"give MODEL: a catalog id (see `shardlab models`), hf:ORG/NAME or a config.json")
+    _check_against_model(args, f, imp)
+    from shardlab.export import check_batch, field_names
+
+    check_batch(f, args.from_file, field_names(imp.source, imp.framework))
+
+
+def _apply_dropout(args, f: dict) -> None:
+    """A file's dropout (Megatron-LM's --attention/--hidden-dropout) onto --dropout: a switch on estimate/plan,
+    auto/on/off on memory."""
+    from shardlab.errors import ShardlabError
+
+    if "dropout" not in f or not hasattr(args, "dropout"):
+        return
+    want, cur = bool(f["dropout"]), args.dropout
+    if isinstance(cur, str):                           # memory: auto / on / off
+        if cur != "auto" and (cur == "on") != want:
+            raise ShardlabError(f"--dropout {cur} conflicts with {args.from_file}, which {'has' if want else 'has no'} "
+                                f"dropout; drop the flag or edit the file")
+        args.dropout = "on" if want else "off"
+        return
+    if cur and not want:                               # estimate / plan: the switch given, the file has none
+        raise ShardlabError(f"--dropout conflicts with {args.from_file}, which has no dropout; drop the flag or edit "
+                            f"the file")
+    args.dropout = want
+
+
+def _check_against_model(args, fields: dict, imp) -> None:
+    """The file's degrees against the catalog model the command will run (named in the file or given as MODEL), before
+    the command's own checks, which would name flags (--pp, --tp) the user never gave: this names the file's fields."""
+    from shardlab.catalog import get_catalog
+    from shardlab.export import check_against_model, field_names
+
+    name = getattr(args, "model", None) or getattr(args, "model_default", None)
+    if not isinstance(name, str) or getattr(args, "params", None) is not None:
+        return
+    spec = get_catalog(getattr(args, "catalog", None) or ()).models.get(name.lower())
+    if spec is None:                  # hf: ids and model files are read by the command itself
+        return
+    mine = {k: v for k, v in fields.items() if k in ("tp", "pp", "vpp", "ep", "stage_layers")}
+    if "pp" in mine or "vpp" in mine:          # the other factor of pp × vpp may be a flag
+        mine.update(pp=getattr(args, "pp", None) or 1, vpp=getattr(args, "vpp", None) or 1)
+    check_against_model(mine, spec, args.from_file, field_names(imp.source, imp.framework))
+
+
+def import_text(imp) -> str:
+    from shardlab.report.table import table
+
+    rows = [[a, b] for a, b in imp.understood]
+    lines = [table(["in the file", "became"], rows, title=f"read as {imp.source} ({imp.framework or 'framework unknown'})",
+                   align="ll")]
+    if imp.ignored:
+        lines.append("ignored (not modelled or not in the file): " + "; ".join(imp.ignored))
+    return "\n".join(lines)
+
+
+def _beside_best(args, doc: dict) -> str:
+    """plan --from: the imported layout's own estimate beside the search's winner."""
+    from shardlab.cli.plan_cmds import _catalog, training_estimate_from_args
+    from shardlab.errors import ShardlabError
+
+    if args.inference or not doc.get("plans"):
+        return ""
+    args.gpus = args.gpus or doc["gpus"]
+    try:
+        mine = training_estimate_from_args(args, _catalog(args))
+    except ShardlabError as e:
+        return f"your file's layout: cannot be estimated on {doc['gpus']} GPUs ({e})"
+    best = doc["plans"][0]["step_time_s"]
+    doc["imported_estimate"] = {"layout": mine.layout.to_dict(), "step_time_s": mine.step_time_s,
+                                "fits": mine.memory.fits if hasattr(mine, "memory") else None,
+                                "best_step_time_s": best}
+    return (f"your file's layout: {mine.step_time_s:.2f} s/step; the best plan: {best:.2f} s/step "
+            f"({mine.step_time_s / best:.2f}× the best's time)")
+
+
+def with_from(parser, fn):
+    """Wrap a handler (estimate, memory, plan): with --from FILE, fill the flags from the file first."""
+
+    def handler(args):
+        if not getattr(args, "from_file", None):
+            return fn(args)
+        from shardlab.catalog import get_catalog
+        from shardlab.export import read_file
+
+        imp = read_file(args.from_file, get_catalog(args.catalog))
+        apply_import(args, imp, parser)
+        doc, text = fn(args)
+        doc["imported"] = imp.to_dict()
+        extra = _beside_best(args, doc) if parser.prog.endswith(" plan") else ""
+        return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")
+
+    return handler
