@@ -106,3 +106,38 @@ def test_report_risk_examples_are_what_plan_says():
         said |= {w.get("risk") for w in d["worksheet"]} | {c.get("risk") for c in d["communication"]}
     for q in quoted:
         assert q in said, f"docs/report.md quotes a risk no plan says now: {q!r}"
+
+
+def test_inference_validation_summary_in_readme():
+    """The README's serving accuracy line: in sample and leave-one-source-out mean errors per target."""
+    d = _json("validate", "--inference")["summary"]
+    ins, loso = d["in_sample"]["by_group"], d["leave_one_source_out"]["by_group"]
+    f = lambda s, g: f"{s[g]['mean_abs_error'] * 100:.1f}%"  # noqa: E731
+    _assert_quoted("README.md", f"in sample per-token latency {f(ins, 'tpot')}, TTFT {f(ins, 'ttft')}, throughput "
+                   f"{f(ins, 'throughput')} mean error; leave-one-source-out {f(loso, 'tpot')}, {f(loso, 'ttft')} and "
+                   f"{f(loso, 'throughput')}")
+
+
+def test_poisson_prompt_spread_example():
+    """docs/inference.md's short-output example: evenly spaced prompts, the Poisson spread, the simulation."""
+    import numpy as np
+
+    from shardlab.catalog import get_catalog
+    from shardlab.serving import steady
+    from shardlab.serving.case import prepare
+    from shardlab.serving.engines import get_engine
+    from shardlab.serving.simulate import simulate
+    from shardlab.specs.hardware import Cluster
+
+    cat = get_catalog()
+    acc = cat.accelerator("h100-sxm")
+    node = Cluster(acc, 8, 8, cat.link(acc.system["intra_link"]), cat.link(acc.system["inter_link"]))
+    case = prepare(cat.model("llama-3.1-70b"), node, get_engine("tensorrt-llm"), tp=4, prompt_len=467, output_len=16)
+    a = steady.arrays([case])
+    B = float(steady.fluid(a, [2], [16.0])["in_flight"][0])
+    D, r = np.array([B * 15 / 16]), np.array([B / 16])
+    even = float(steady._cycle(a, D, r)["cycle_s"][0])
+    spread = float(steady._cycle(a, D, r, poisson=np.array([True]))["cycle_s"][0])
+    sim = float(np.mean([simulate(case, arrival_rate=16.0, requests=2000, seed=s).tpot_s.mean for s in range(3)]))
+    _assert_quoted("docs/inference.md", f"{even * 1e3:.1f} ms per token with evenly spaced prompts, {spread * 1e3:.1f} ms "
+                   f"with the Poisson spread, {sim * 1e3:.1f} ms in the simulation below")

@@ -5,12 +5,13 @@ advances every decoding sequence by one token and starts r = B/O new prompts, so
 decode and (by Little's law, Little 1961, Oper. Res. 9(3)) the replica completes B/(O·cycle) requests/s and
 emits B/cycle output tokens/s. The cycle is the time per output token (TPOT) a request sees:
 - mixed scheduling (in-flight batching, chunked prefill): one step runs the D decodes and the new prompts
-  together (``step.step_time``), within the token budget; prompts arrive whole, so a share r − ⌊r⌋ of the
-  cycles carries ⌈r⌉ prompts and the rest ⌊r⌋ (averaging r·S tokens into every cycle would hide the
-  compute-bound cycles: the step time is convex in its tokens);
-- prefill-first (vLLM v0, SGLang): a decode step of D sequences, plus r/n_b prefill steps of n_b prompts each
-  (n_b = r, at least 1, at most what the budget holds); with pipeline stages a prefill holds every stage in
-  turn, so the decodes wait for its time through the whole pipeline.
+  together (``step.step_time``), within the token budget; prompts arrive whole: under a closed loop a share
+  r − ⌊r⌋ of the cycles carries ⌈r⌉ prompts and the rest ⌊r⌋, under Poisson arrivals a cycle carries
+  Poisson(r) of them (``prompt_mix``); averaging r·S tokens into every cycle would hide the compute-bound
+  cycles: the step time is convex in its tokens;
+- prefill-first (vLLM v0, SGLang): a decode step of D sequences, plus, for the n prompts waiting (spread as
+  above), ⌈n/cap⌉ prefill steps of up to cap prompts (what the budget holds); with pipeline stages a prefill
+  holds every stage in turn, so the decodes wait for its time through the whole pipeline.
 Pipeline parallelism keeps n = min(pp, B) micro-batches in flight: cycle = max(time through all stages +
 sends, n × the slowest stage's time) — more stages add sequences and throughput, not per-token speed.
 
@@ -104,7 +105,7 @@ def take(a, idx):
 def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
     """(B, overloaded) of cases under Poisson arrivals λ: the root of f(B) = B − λ·O·cycle(B) on [0, Bmax],
     by the Illinois variant of regula falsi (Dowell & Jarratt 1971, BIT 11) on the bracket."""
-    f = lambda B: B - lam * a.O * _cycle(a, B * (a.O - 1) / a.O, B / a.O)["cycle_s"]  # noqa: E731
+    f = lambda B: B - lam * a.O * _cycle(a, B * (a.O - 1) / a.O, B / a.O, poisson=True)["cycle_s"]  # noqa: E731
     lo, hi = np.zeros_like(Bmax), Bmax.copy()
     flo, fhi = f(lo), f(hi)
     over = fhi < 0
@@ -150,40 +151,67 @@ def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
     return np.maximum(through, nmb * stage)
 
 
-def _cycle(a: Arrays, D, r, extra_prompt=0.0) -> dict:
-    """Time per scheduling cycle with D decoding sequences and r new prompts per cycle (module doc);
-    ``extra_prompt`` adds one more prompt's tokens to the mixed step (the step a measured prompt rides in)."""
+def prompt_mix(r, poisson=False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(share of cycles, prompts in them) pairs averaging r prompts per cycle. Prompts come whole. A closed loop
+    admits them as regularly as requests finish: ⌊r⌋ or ⌈r⌉ in a cycle. Poisson arrivals bring Poisson(r) of them
+    (the count of a Poisson process in an interval, Kleinrock 1975, Queueing Systems Vol. 1 §2.5): none with
+    probability e^−r, one with r·e^−r, and the rest, n ≥ 2, at their conditional mean, exact while a step's time
+    is linear in prompts beyond the first (a prompt of a few hundred tokens already makes the step compute-bound).
+    The step time is convex in its prompts, so the spread costs time an average would hide."""
+    r = np.asarray(r, dtype=float)
+    lo = np.floor(r)
+    frac = r - lo
+    if not np.any(poisson):
+        return [(1 - frac, lo), (frac, lo + 1)]
+    p0 = np.exp(-r)
+    p1 = r * p0
+    tail = np.clip(1 - p0 - p1, 0.0, 1.0)
+    big = tail > 1e-12
+    tail_n = np.where(big, np.maximum((r - p1) / np.where(big, tail, 1.0), 2.0), 2.0)
+    z = np.zeros_like(r)
+    pois = np.asarray(poisson, dtype=bool)
+    pick = lambda x, y: np.where(pois, x, y)  # noqa: E731
+    return [(pick(p0, 1 - frac), pick(z, lo)), (pick(p1, frac), pick(z + 1, lo + 1)),
+            (pick(np.where(big, tail, 0.0), z), tail_n)]
+
+
+def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
+    """Time per scheduling cycle with D decoding sequences and r new prompts per cycle on average, spread as
+    ``prompt_mix`` says (``poisson``: per case, prompts arrive as a Poisson stream); ``extra_prompt`` adds one more
+    prompt's tokens to the mixed step (the step a measured prompt rides in)."""
     S, ctx = a.S, D * a.ctx
     extra = np.asarray(extra_prompt) > 0
-    lo = np.floor(r)                                  # prompts come whole: ⌊r⌋ or ⌈r⌉ of them in a cycle
-    frac = r - lo
+    mix = prompt_mix(r, poisson)
     mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, n * S * S / 2 + extra_prompt * S / 2, D + n + extra, D + n)
-                for w, n in ((1 - frac, lo), (frac, lo + 1)))
+                for w, n in mix)
     decode = cycle_time(a, D, ctx, seqs=D)
-    nb = np.clip(r, 1, np.maximum(1, np.floor(a.budget / S)))
-    prefill_batch, _ = micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * S / 2, nb)   # every decode waits it out
-    separate = decode + (r / nb) * prefill_batch
+    cap = np.maximum(1, np.floor(a.budget / S))       # prompts one prefill step holds
+    separate = decode
+    for w, n in mix:                                  # the n waiting prompts, in ⌈n/cap⌉ steps every decode waits out
+        nb = np.clip(n, 1, cap)
+        separate = separate + w * (n / nb) * micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * S / 2, nb)[0]
+    nb = np.clip(r, 1, cap)
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
 
-def _prefill_latency(a: Arrays, D, r, nb) -> np.ndarray:
-    """Time from a prompt's first scheduled step to its first token."""
+def _prefill_latency(a: Arrays, D, r, nb, poisson=False) -> np.ndarray:
+    """Time from a prompt's first scheduled step to its first token (``poisson``: as in ``_cycle``)."""
     k, S = a.kernels, a.S
     nmb = np.clip(np.minimum(a.pp, np.ceil(D + r)), 1, None)
     room = np.where(a.chunked > 0, np.maximum(1.0, a.budget - (D + r * S) / nmb), S)
     chunks = np.ceil(S / np.minimum(room, S))
-    mixed = chunks * (_cycle(a, D, r, extra_prompt=S / chunks)["cycle_s"])
+    mixed = chunks * (_cycle(a, D, r, extra_prompt=S / chunks, poisson=poisson)["cycle_s"])
     n_sep = np.where(a.chunked > 0, np.ceil(nb * S / a.budget), 1.0)
     separate = step_time(a.whole, k, 0.0, 0.0, nb * S, nb * S * S / 2, nb) + _through(a, nb * S) \
         + (n_sep - 1) * k.step_overhead_s
     return np.where(a.mixed > 0, mixed, separate)
 
 
-def _one_prompt_s(a: Arrays, D, r) -> np.ndarray:
+def _one_prompt_s(a: Arrays, D, r, poisson=False) -> np.ndarray:
     """Service time one more prompt adds to the slowest stage (the prefill 'server' of the M/D/1 queue)."""
     k, S = a.kernels, a.S
-    with_it = _cycle(a, D, r, extra_prompt=S)["cycle_s"]
-    base = _cycle(a, D, r)["cycle_s"]
+    with_it = _cycle(a, D, r, extra_prompt=S, poisson=poisson)["cycle_s"]
+    base = _cycle(a, D, r, poisson=poisson)["cycle_s"]
     separate = step_time(a.slowest, k, 0.0, 0.0, S, S * S / 2, 1.0)
     return np.where(a.mixed > 0, np.maximum(with_it - base, 1e-9), separate)
 
@@ -212,14 +240,15 @@ def fluid(a: Arrays, mode, n) -> dict:
     # static batch: decode all B, no new prompts; steady modes: D decoding, r prompts per cycle
     D = np.where(mode == 0, B, B * (O - 1) / O)
     r = np.where(mode == 0, 0.0, B / O)
-    cyc = _cycle(a, D, r)
+    pois = mode == 2
+    cyc = _cycle(a, D, r, poisson=pois)
     tpot = cyc["cycle_s"]
     nb = np.where(mode == 0, B, cyc["prefill_batch"])
-    prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb)
+    prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb, pois)
     batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * S / 2, B) + _through(a, B * S) \
         + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s
     req_s = np.where(mode == 0, 0.0, B / (O * tpot))
-    t1 = _one_prompt_s(a, D, r)
+    t1 = _one_prompt_s(a, D, r, pois)
     rho = np.minimum(lam * t1, 0.999999)
     queue = np.where(mode == 2, rho * t1 / (2 * (1 - rho)), np.where(mode == 1, np.maximum(n - B, 0) / np.maximum(req_s, 1e-12), 0.0))
     busy = np.where(mode == 2, 1 - np.exp(-B), 1.0)        # P(engine busy) under Poisson arrivals (M/G/∞)
