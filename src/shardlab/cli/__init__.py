@@ -54,6 +54,22 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {line}\n")
         raise UsageError(line)
 
+    def _get_value(self, action, arg_string):
+        """An empty value ('--gpu ""', 'MODEL ""') is refused: handlers read an empty text as 'not given' and would
+        silently fall back to a default. The guarded command after '--' keeps its own arguments, and the flags in
+        ``_OWN_EMPTY_CHECK`` name the problem in their own words."""
+        if (isinstance(arg_string, str) and not arg_string.strip() and action.type in (None, str)
+                and action.nargs not in (argparse.REMAINDER, argparse.PARSER) and action.dest not in _OWN_EMPTY_CHECK):
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            self.error(f"argument {name}: the value is empty; give {action.metavar or action.dest.upper()} "
+                       f"or leave the {'flag' if action.option_strings else 'argument'} out")
+        return super()._get_value(action, arg_string)
+
+
+_OWN_EMPTY_CHECK = frozenset({"prompt", "run", "plot", "model_out", "out", "mermaid", "markdown", "steps_jsonl", "answers",
+                              "budget_name", "parent"})
+"""Flags whose handlers refuse an empty value with their own message (tests pin those words)."""
+
 
 class UsageError(SystemExit):
     """A command line argparse refused (exit code 2); ``message`` is the line written to stderr."""

@@ -37,8 +37,51 @@ def observe_options(args):
         from shardlab.safeout import check_output_path
 
         check_output_path(args.steps_jsonl, "--steps-jsonl")
+    if args.tensorboard:
+        _check_tensorboard_dir(args.tensorboard)
+    if args.metrics_host and not args.no_metrics:
+        _check_metrics_host(args.metrics_host)
     return ObserveOptions(
         metrics=not args.no_metrics, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         live=not (args.no_live or args.no_metrics or getattr(args, "json", False)) and sys.stderr.isatty(),
         slow_rank=parse_slow_rank(sr) if sr else None, slow_link=parse_slow_link(sl) if sl else None,
         steps_jsonl=args.steps_jsonl, tensorboard=args.tensorboard)
+
+
+def _check_tensorboard_dir(path: str) -> None:
+    """--tensorboard names a folder (existing or new): a file, a FIFO or a device there is an error before the job
+    runs, not when its scalars are written at the end."""
+    import os
+    import stat
+
+    from shardlab.errors import ShardlabError
+    from shardlab.safeio import check_name
+
+    p = check_name(path, "--tensorboard")
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ShardlabError(f"--tensorboard {p}: {e.strerror or e}; give a folder to write into") from None
+    if not stat.S_ISDIR(mode):
+        raise ShardlabError(f"--tensorboard {p} exists and is not a folder; give a folder (existing or new)")
+
+
+def _check_metrics_host(host: str) -> None:
+    """--metrics-host must be an address of this machine the ranks can listen on (tried here, before the job: each
+    rank would otherwise fail at its start)."""
+    import re
+    import socket
+
+    from shardlab.errors import ShardlabError
+
+    fix = "give an address of this machine (127.0.0.1, 0.0.0.0, ::) or leave the flag out"
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,253}", host):
+        raise ShardlabError(f"--metrics-host {host[:60]!r} is not a host name or IP address; {fix}")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(addr)
+    except (OSError, UnicodeError) as e:
+        raise ShardlabError(f"--metrics-host {host}: cannot listen there ({getattr(e, 'strerror', None) or e}); {fix}") from None

@@ -138,6 +138,14 @@ class Ledger:
                                       f"lacks {', '.join(sorted(needed - have)[:4])}; it was left untouched: pass "
                                       f"--ledger NEW_PATH")
             self._migrate()
+            return
+        needed = {"budgets": V1_COLUMNS["budgets"] | {"parent"}, "runs": set(RUN_COLUMNS)}
+        for table, cols in needed.items():      # a hand edit that dropped a column: one line, not sqlite3's error
+            have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+            if not cols <= have:
+                raise LedgerError(f"{self.path} says it is a schema-{version} shardlab ledger but its {table} table "
+                                  f"lacks {', '.join(sorted(cols - have)[:4])}; it was left untouched: pass "
+                                  f"--ledger NEW_PATH")
 
     def _migrate(self) -> None:
         """Bring an older schema up to date in one transaction (re-checked inside it: another process may

@@ -86,6 +86,12 @@ def prepare(req: TrainRequest):
         raise ShardlabError("mixture-of-experts models run with ddp or fsdp only in the runtime")
     if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:
         raise ShardlabError("tied embeddings with DTensor tp and pp are not supported; use tp-megatron+pp or untie")
+    if req.profile or req.predict_gpu:      # read now: a bad file or id is an error before the job, not after it
+        from shardlab.catalog import get_catalog
+
+        cat = get_catalog([req.profile] if req.profile else [])
+        if req.predict_gpu:
+            cat.accelerator(req.predict_gpu)
     return spec, st, mb
 
 

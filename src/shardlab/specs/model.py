@@ -12,7 +12,7 @@ bias (MPT), a head bias (GPT-J), OPT's position offset and embedding projection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Literal
 
 from shardlab.errors import ShardlabError
@@ -274,15 +274,26 @@ def model_from_dict(name: str, d: dict, where: str) -> ModelSpec:
     if unknown:
         raise ShardlabError(f"{where}: model '{name}' has unknown field(s) {sorted(unknown)}; allowed: {sorted(MODEL_KEYS)}")
     kw = dict(d)
+
+    def require(cls, given: dict, part: str = "") -> None:
+        """Name the required fields a mapping lacks, with the fix (not Python's 'missing 7 positional arguments')."""
+        lack = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+                and f.name != "name" and f.name not in given]
+        if lack:
+            raise ShardlabError(f"{where}: model '{name}'{part} is missing {lack}; add them (`shardlab models ID --json` "
+                                f"shows a complete entry)")
+
     for key, cls, allowed in (("moe", MoESpec, MOE_KEYS), ("mla", MLASpec, MLA_KEYS)):
         if kw.get(key) is not None:
             sub = kw[key]
             if not isinstance(sub, dict) or set(sub) - allowed:
                 raise ShardlabError(f"{where}: model '{name}' field '{key}' must be a mapping with keys from {sorted(allowed)}")
+            require(cls, sub, f" field '{key}'")
             try:
                 kw[key] = cls(**sub)
             except TypeError as e:
                 raise ShardlabError(f"{where}: model '{name}' field '{key}': {e}") from None
+    require(ModelSpec, kw)
     try:
         spec = ModelSpec(name=name, **kw)
     except TypeError as e:
