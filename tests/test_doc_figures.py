@@ -141,3 +141,37 @@ def test_poisson_prompt_spread_example():
     sim = float(np.mean([simulate(case, arrival_rate=16.0, requests=2000, seed=s).tpot_s.mean for s in range(3)]))
     _assert_quoted("docs/inference.md", f"{even * 1e3:.1f} ms per token with evenly spaced prompts, {spread * 1e3:.1f} ms "
                    f"with the Poisson spread, {sim * 1e3:.1f} ms in the simulation below")
+
+
+def test_launch_doc_names_the_main_plan_it_exports():
+    """docs/launch.md's prose names the layout its generated torchtitan header states."""
+    text = (ROOT / "docs/launch.md").read_text(encoding="utf-8")
+    layout = re.search(r"# shardlab export --to torchtitan: train \S+ on .*?\): (.*?), micro-batch", text).group(1)
+    assert f"The README's main plan ({layout}," in text
+
+
+def test_fp8_validation_figures_in_modern_doc():
+    """docs/modern.md's FP8 rows are the leave-one-source-out figures `validate` prints."""
+    rows = {r["id"]: r for r in _json("validate")["runs"]}
+    pct = lambda i: f"{rows[i]['loso_error'] * 100:+.0f}%".replace("-", "−").replace("+0%", "0%").replace("−0%", "0%")  # noqa: E731
+    nemo = rows["mfsdp-8b-h100-25.09"]["loso_predicted"]
+    _assert_quoted("docs/modern.md", f"predicted out of sample {round(nemo, -1):,.0f} ({pct('mfsdp-8b-h100-25.09')} and "
+                   f"{pct('mfsdp-8b-h100-25.11')})",
+                   f"32 and 64 GPUs): {pct('titan-8b-h200-32-float8')} and {pct('titan-8b-h200-64-float8')}.",
+                   f"compiled, 8 and 128 GPUs): {pct('titan-8b-h100-8-float8')} and {pct('titan-8b-h100-128-float8')};")
+
+
+def test_estimate_doc_quotes_the_committed_fit():
+    """docs/estimate.md's fitted constants are fitted.yaml's, as the estimate prints them."""
+    import yaml
+
+    fit = yaml.safe_load((ROOT / "src/shardlab/catalog/data/fitted.yaml").read_text())
+    gen, fw = fit["generations"], fit["frameworks"]
+    _assert_quoted("docs/estimate.md",
+                   f"Ampere {gen['ampere']['max_fraction']:.3f}, Hopper {gen['hopper']['max_fraction']:.3f}, half-size "
+                   f"{fit['shared']['half_size']:.0f}",
+                   f"bandwidth (Ampere {gen['ampere']['memory']:.2f}, Hopper {gen['hopper']['memory']:.2f})",
+                   f"the fitted overlap share ({fit['shared']['overlap']:.2f}:",
+                   f"| {fw['deepspeed']['layer_host_s'] * 1e3:.1f} ms, plus {fw['deepspeed']['pipeline_host_s'] * 1e3:.1f} ms "
+                   f"per micro-batch, pass and stage under its pipeline engine | "
+                   f"{fw['pytorch-fsdp']['layer_host_s'] * 1e3:.1f} ms | {fw['torchtitan']['layer_host_s'] * 1e3:.1f} ms |")
