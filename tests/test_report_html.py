@@ -95,6 +95,20 @@ def test_run_page_shows_ranks_collectives_memory_and_extra_summaries():
     assert "straggler_rank" in text and "all_reduce backward" in text and "rank 3 measured" in text
 
 
+def test_run_page_splits_each_rank_into_compute_collectives_and_waiting():
+    """With per-rank time splits the step-time chart stacks compute + in collectives + waiting (the bars of a rank
+    held up by a slow one are mostly waiting); without them it draws whole steps."""
+    doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
+    whole = render_report("run-train", doc, "x")
+    for r in doc["ranks"]:
+        slow = r["rank"] == 1
+        r["time_split"] = {"compute_s": 0.120 if slow else 0.040, "collectives_s": 0.005, "wait_s": 0.0 if slow else 0.085,
+                           "step_s": 0.125, "steps": 3}
+    text = render_report("run-train", doc, "x")
+    assert "waiting for other ranks" in text and "waiting for other ranks" not in whole
+    assert "rank 0: waiting for other ranks 85.00 ms" in text and "rank 1: compute 120.00 ms" in text
+
+
 @pytest.mark.parametrize("argv, kind", [
     (("estimate", "llama-3.1-8b", "--inference", "--tp", "2", "--batch", "16"), "latency"),
     (("memory", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"), "memory"),
@@ -208,3 +222,13 @@ def test_rank_map_colours_by_ep_rank_and_serving_plan_names_its_targets(tmp_path
     assert code == 0, err
     page = out.read_text()
     assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and "4 replicas" in page
+
+
+def test_estimate_page_names_the_pipeline_engine_term_only_with_stages(tmp_path):
+    """DeepSpeed's per-pass pipeline host time is listed beside its per-block host time when the layout has stages."""
+    base = ("estimate", "gpt3-175b", "--gpus", "64", "--framework", "deepspeed", "--tp", "8", "--zero", "1")
+    for pp, shown in (("8", True), ("1", False)):
+        out = tmp_path / f"pp{pp}.html"
+        code, _, err = cli_main(*base, "--pp", pp, "--html", str(out))
+        assert code == 0, err
+        assert ("per micro-batch, pass and stage of its pipeline engine" in out.read_text(encoding="utf-8")) is shown

@@ -32,8 +32,11 @@ def _inputs(doc: dict, cluster: dict, extra: list[tuple[str, str]]) -> str:
     fw = doc.get("framework")
     if isinstance(fw, dict) and fw.get("id"):
         pairs.append(("framework", f"{fw['id']}: {fw.get('kernels', '?')} kernels, {fw.get('attention_kernel', '?')} attention, "
-                                   f"host {1e3 * (fw.get('layer_host_s') or 0):.1f} ms per block pass "
-                                   "(catalog/data/frameworks.yaml has the sources)"))
+                                   f"host {1e3 * (fw.get('layer_host_s') or 0):.1f} ms per block pass"
+                                   + (f" and {1e3 * fw['pipeline_host_s']:.1f} ms per micro-batch, pass and stage of its "
+                                      "pipeline engine" if fw.get("pipeline_host_s") and doc.get("layout", {}).get("pp", 1) > 1
+                                      else "")
+                                   + " (catalog/data/frameworks.yaml has the sources)"))
     assume = doc.get("assumptions") or {}
     pairs += [(k.replace("_", " "), num(v) if not isinstance(v, str) else v) for k, v in assume.items() if v is not None]
     return kv_table([(k, esc(v)) for k, v in pairs])

@@ -17,6 +17,21 @@ def _rest(page: Page, doc: dict, shown: set[str], heading: str = "Everything els
         page.add("more", heading, generic(rest))
 
 
+SPLIT = (("compute", "#4e79a7", "compute_s"), ("in collectives", "#f28e2b", "collectives_s"),
+         ("waiting for other ranks", "#bab0ac", "wait_s"))
+"""The parts of a rank's measured step (``observe.summary.rank_time_split``), with their colours."""
+
+
+def _split_bars(ranks: list, ref: tuple[str, float] | None = None) -> str | None:
+    """Each rank's measured step as compute + in collectives + waiting (stacked), against the prediction; None when a
+    rank has no split (the caller draws whole steps)."""
+    if not ranks or not all(r.get("time_split") for r in ranks):
+        return None
+    rows = [(f"rank {r['rank']}", [r["time_split"].get(k) or 0.0 for _, _, k in SPLIT]) for r in ranks]
+    return svg.stacked_bars(rows, [(n, c) for n, c, _ in SPLIT], fmt_time, capacity=ref[1] if ref else None,
+                            cap_label=ref[0] if ref else "", scale=1e-3)
+
+
 def run_train_page(doc: dict) -> Page:
     lay = doc["layout"]
     page = Page(f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks ({doc['model']})",
@@ -28,9 +43,9 @@ def run_train_page(doc: dict) -> Page:
     st = doc.get("step_time") or {}
     ranks = doc["ranks"]
     if any(r.get("step_time_s") for r in ranks):
-        rows = [(f"rank {r['rank']}", r["step_time_s"] or 0.0) for r in ranks]
         ref = ("predicted", st["predicted_s"]) if st.get("predicted_s") else None
-        chart = svg.bars(rows, fmt_time, ref=ref)
+        chart = _split_bars(ranks, ref) or svg.bars([(f"rank {r['rank']}", r["step_time_s"] or 0.0) for r in ranks],
+                                                    fmt_time, ref=ref)
         summary = (f"<p>measured median {fmt_time(st.get('measured_median_s') or 0)}, slowest rank {st.get('slowest_rank')} "
                    f"({fmt_time(st.get('slowest_s') or 0)}), spread {100 * (st.get('spread') or 0):.1f}%; predicted "
                    f"{fmt_time(st.get('predicted_s') or 0)} ({esc(st.get('predicted_from', ''))})"
@@ -97,7 +112,8 @@ def run_infer_page(doc: dict) -> Page:
              fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
     page.add("ranks", "Per rank: memory predicted / measured, times measured",
              "<h3>Measured latency per token</h3>"
-             + svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]], fmt_time)
+             + (_split_bars(doc["ranks"]) or svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]],
+                                                      fmt_time))
              + table(["rank", "weights (predicted / measured)", "KV cache (predicted / measured)", "prefill (measured)",
                       "per token (measured)"], rows)
              + f"<p class='note'>prediction: {esc(pred['source'])}</p>")
