@@ -120,3 +120,24 @@ def test_run_train_good_profile_and_host_still_reach_the_launch(tmp_path, no_lau
     with pytest.raises(no_launch):
         cli_main("run", "train", "--strategy", "ddp", "--nproc", "2", "--predict-gpu", "a100-80gb",
                  "--metrics-host", "127.0.0.1", "--tensorboard", str(tmp_path / "tb"))
+
+
+def test_metrics_port_check_speaks_ipv6():
+    """`--metrics-host ::1 --metrics-port N` checks N on ::1 (it used to try an IPv4 socket there, so every port
+    looked taken and the message blamed the port)."""
+    import socket
+
+    from shardlab.runtime.observe.launcher import port_free
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        held = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        held.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    with held:
+        held.listen()
+        port = held.getsockname()[1]
+        assert not port_free("::1", port)
+    assert port_free("::1", 0)
