@@ -42,6 +42,21 @@ def cli_main(*args: str):
     return code, out.getvalue(), err.getvalue()
 
 
+def hand_edit(path, *statements) -> None:
+    """Edit a SQLite file behind shardlab's back, as a user with the sqlite3 shell could: each statement is SQL text
+    or (SQL, parameters); committed and closed."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        for st in statements:
+            sql, params = (st, ()) if isinstance(st, str) else st
+            con.execute(sql, params)
+        con.commit()
+    finally:
+        con.close()
+
+
 def pytest_collection_finish(session):
     """torch.testing._internal.common_distributed (imported by the threaded tests at collection) sets
     TORCH_SHOW_CPP_STACKTRACES=1 in this process; every torchrun job a later test starts would inherit it and

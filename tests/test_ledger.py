@@ -4,14 +4,13 @@ corrupt files left untouched, reports. In-process (fast); the guard's subprocess
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from conftest import cli_main
+from conftest import cli_main, hand_edit
 from shardlab.errors import ShardlabError
 from shardlab.ledger import Ledger, LedgerError, Refusal, RunRequest, default_ledger_path
 from shardlab.ledger.report import markdown_report
@@ -110,11 +109,8 @@ def test_dead_guard_and_overdue_runs_become_unfinished_charged_as_reserved(tmp_p
         a, _ = led.reserve(req(hours=1, grace_s=36))          # guard died: charged its reservation
         b, _ = led.reserve(req(ceiling=None, hours=0.001))    # our own pid, but long overdue
         c, _ = led.reserve(req(ceiling=None, hours=1))        # our own pid, in time: still running
-    con = sqlite3.connect(path)
-    con.execute("UPDATE runs SET guard_pid = ? WHERE id = ?", (dead_pid(), a.id))
-    con.execute("UPDATE runs SET started_at = '2020-01-01T00:00:00+00:00' WHERE id = ?", (b.id,))
-    con.commit()
-    con.close()
+    hand_edit(path, ("UPDATE runs SET guard_pid = ? WHERE id = ?", (dead_pid(), a.id)),
+              ("UPDATE runs SET started_at = '2020-01-01T00:00:00+00:00' WHERE id = ?", (b.id,)))
     with Ledger(path) as led:
         assert led.recover_unfinished() == [a.id, b.id]
         runs = {r.id: r for r in led.runs()}
@@ -159,10 +155,7 @@ def test_corrupt_ledger_is_reported_and_left_untouched(tmp_path, make):
 
 def test_other_sqlite_database_is_not_taken_over(tmp_path):
     path = tmp_path / "other.db"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE notes (x)")
-    con.commit()
-    con.close()
+    hand_edit(path, "CREATE TABLE notes (x)")
     before = digest(path)
     with pytest.raises(LedgerError, match="not a shardlab ledger"):
         Ledger(path)
@@ -196,10 +189,7 @@ def test_ledger_cli_json_markdown_and_missing(tmp_path):
         r1, _ = led.reserve(req(budget="exp-a", ceiling=10, price=2, command="python a.py | tee"))
         led.finish(r1.id, status="finished", exit_code=0, wall_s=900, actual_usd=0.5)
         r2, _ = led.reserve(req(budget="exp-b", ceiling=3, price=1))
-    con = sqlite3.connect(path)
-    con.execute("UPDATE runs SET guard_pid = ? WHERE id = ?", (dead_pid(), r2.id))
-    con.commit()
-    con.close()
+    hand_edit(path, ("UPDATE runs SET guard_pid = ? WHERE id = ?", (dead_pid(), r2.id)))
     code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
     assert code == 0, err
     d = json.loads(out)
@@ -251,10 +241,7 @@ def test_invalid_utf8_written_by_hand_is_shown_escaped_not_a_crash(tmp_path):
     with Ledger(path) as led:
         run, _ = led.reserve(req(budget="lab"))
         led.finish(run.id, status="finished", exit_code=0, wall_s=1, actual_usd=0.1)
-    con = sqlite3.connect(path)
-    con.execute("UPDATE runs SET note = CAST(x'ff41' AS TEXT), command = CAST(x'fe42' AS TEXT)")
-    con.commit()
-    con.close()
+    hand_edit(path, "UPDATE runs SET note = CAST(x'ff41' AS TEXT), command = CAST(x'fe42' AS TEXT)")
     code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
     assert code == 0, err
     r, = json.loads(out)["runs"]

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from conftest import cli_main
+from conftest import cli_main, hand_edit
 from shardlab.errors import ShardlabError
 from shardlab.ledger import Ledger, LedgerError, Refusal, RunRequest
 
@@ -121,10 +121,7 @@ def test_tampered_rows_are_named_never_a_traceback(tmp_path, column, value, frag
     with Ledger(path) as led:
         run, _ = led.reserve(req(ceiling=10.0))
         led.finish(run.id, status="finished", exit_code=0, wall_s=1, actual_usd=0.1)
-    con = sqlite3.connect(path)
-    con.execute(f"UPDATE runs SET {column} = {value} WHERE id = 1")
-    con.commit()
-    con.close()
+    hand_edit(path, f"UPDATE runs SET {column} = {value} WHERE id = 1")
     before = path.read_bytes()
     for args in (["ledger", "--ledger", str(path)], ["ledger", "--ledger", str(path), "--json"],
                  ["guard", "--ledger", str(path), "--budget-name", "lab", "--gpus", "1", "--price", "1", "--hours", "0.001",
@@ -138,11 +135,7 @@ def test_tampered_budget_row(tmp_path):
     path = tmp_path / "l.sqlite"
     with Ledger(path) as led:
         led.set_budget("total", 5.0)
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA ignore_check_constraints = 1")
-    con.execute("UPDATE budgets SET ceiling_usd = 'x'")
-    con.commit()
-    con.close()
+    hand_edit(path, "PRAGMA ignore_check_constraints = 1", "UPDATE budgets SET ceiling_usd = 'x'")
     code, _, err = cli_main("ledger", "--ledger", str(path))
     assert code == 2 and "budget 'total' has an invalid ceiling_usd" in err
 
@@ -297,10 +290,7 @@ def test_a_ledger_labelled_older_than_it_is_opens(tmp_path):
     path = tmp_path / "l.sqlite"
     with Ledger(path) as led:
         led.reserve(req(ceiling=5.0, setup_hours=0.5))
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA user_version = 1")
-    con.commit()
-    con.close()
+    hand_edit(path, "PRAGMA user_version = 1")
     code, out, err = cli_main("ledger", "--ledger", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["runs"][0]["setup_hours"] == 0.5

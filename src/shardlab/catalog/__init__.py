@@ -267,4 +267,3 @@ def load_model_file(path: Path) -> ModelSpec:
         (name, d), = data["models"].items()
         return model_from_dict(str(name), d, str(path))
     return model_from_dict(path.stem, data, str(path))
-

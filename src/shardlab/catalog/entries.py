@@ -157,8 +157,8 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d.get(key)!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
         raise ShardlabError(f"{where}: framework '{name}' grad_reduce_bytes must be 0 (gradient dtype), 2 or 4")
-    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("pipeline_host_s", 0, 60), ("zero3_live_params", 0, 1e15),
-                        ("zero3_reduce_bucket_params", 0, 1e15)):
+    for key, lo, hi in (("step_overhead_s", 0, 3600), ("layer_host_s", 0, 60), ("pipeline_host_s", 0, 60),
+                        ("zero3_live_params", 0, 1e15), ("zero3_reduce_bucket_params", 0, 1e15)):
         v = d.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")

@@ -72,16 +72,13 @@ def _check_metrics_host(host: str) -> None:
     """--metrics-host must be an address of this machine the ranks can listen on (tried here, before the job: each
     rank would otherwise fail at its start)."""
     import re
-    import socket
 
     from shardlab.errors import ShardlabError
+    from shardlab.runtime.observe.launcher import bind_error
 
     fix = "give an address of this machine (127.0.0.1, 0.0.0.0, ::) or leave the flag out"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,253}", host):
         raise ShardlabError(f"--metrics-host {host[:60]!r} is not a host name or IP address; {fix}")
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as s:
-            s.bind(addr)
-    except (OSError, UnicodeError) as e:
-        raise ShardlabError(f"--metrics-host {host}: cannot listen there ({getattr(e, 'strerror', None) or e}); {fix}") from None
+    why = bind_error(host, 0)
+    if why:
+        raise ShardlabError(f"--metrics-host {host}: cannot listen there ({why}); {fix}")

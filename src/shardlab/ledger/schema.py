@@ -71,6 +71,11 @@ V1_COLUMNS = {
 }
 """Columns a schema-1 ledger has: a file claiming schema 1 without them is not migrated (nor written)."""
 
+CURRENT_COLUMNS = {t: cols | {c for step in MIGRATIONS.values() for tt, c, _ in step if tt == t}
+                   for t, cols in V1_COLUMNS.items()}
+"""Columns a ledger of the current schema has (schema 1's plus every migration's): one that lacks any, a hand edit, is
+refused rather than read into sqlite3's errors."""
+
 
 def corrupt(path: Path, why: str) -> LedgerError:
     return LedgerError(f"ledger {path} is unreadable or corrupt ({why}); it was left untouched: move it aside "

@@ -21,7 +21,7 @@ from shardlab.errors import ShardlabError
 from shardlab.ledger.model import (RUN_COLUMNS, BudgetSummary, LedgerError, Refusal, RunRecord, RunRequest, RunTerms,
                                    process_start_ticks)
 from shardlab.ledger.rows import check_budget_row, check_run_row, parse_time
-from shardlab.ledger.schema import (MIGRATIONS, SCHEMA, SCHEMA_VERSION, V1_COLUMNS, check_file, corrupt,
+from shardlab.ledger.schema import (CURRENT_COLUMNS, MIGRATIONS, SCHEMA, SCHEMA_VERSION, V1_COLUMNS, check_file, corrupt,
                                     write_backup)
 
 STALE_SLACK_S = 60.0
@@ -130,22 +130,14 @@ class Ledger:
             raise LedgerError(f"ledger {self.path} is a schema-{version} ledger and read-only: it needs a one-time "
                               f"upgrade to schema {SCHEMA_VERSION}; make it writable (or copy it somewhere writable "
                               f"and pass --ledger COPY)")
-        if version < SCHEMA_VERSION:
-            for table, needed in V1_COLUMNS.items():
-                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
-                if not needed <= have:
-                    raise LedgerError(f"{self.path} says it is a schema-{version} shardlab ledger but its {table} table "
-                                      f"lacks {', '.join(sorted(needed - have)[:4])}; it was left untouched: pass "
-                                      f"--ledger NEW_PATH")
-            self._migrate()
-            return
-        needed = {"budgets": V1_COLUMNS["budgets"] | {"parent"}, "runs": set(RUN_COLUMNS)}
-        for table, cols in needed.items():      # a hand edit that dropped a column: one line, not sqlite3's error
+        for table, needed in (V1_COLUMNS if version < SCHEMA_VERSION else CURRENT_COLUMNS).items():
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
-            if not cols <= have:
+            if not needed <= have:               # e.g. a hand edit that dropped a column: one line, not sqlite3's error
                 raise LedgerError(f"{self.path} says it is a schema-{version} shardlab ledger but its {table} table "
-                                  f"lacks {', '.join(sorted(cols - have)[:4])}; it was left untouched: pass "
+                                  f"lacks {', '.join(sorted(needed - have)[:4])}; it was left untouched: pass "
                                   f"--ledger NEW_PATH")
+        if version < SCHEMA_VERSION:
+            self._migrate()
 
     def _migrate(self) -> None:
         """Bring an older schema up to date in one transaction (re-checked inside it: another process may

@@ -42,19 +42,22 @@ class ObserveOptions:
     """Seconds between scrapes of the live view."""
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be bound on ``host`` (an IPv4 or IPv6 address or name: the family its address has)."""
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``port`` cannot be bound on ``host`` (an IPv4 or IPv6 address or name: the family its address has), or
+    None when it can (port 0: whether the host can be listened on at all)."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except (OSError, UnicodeError):
-        return False
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(addr)
-            return True
-        except OSError:
-            return False
+    except (OSError, UnicodeError) as e:
+        return getattr(e, "strerror", None) or str(e)
+    return None
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` (``bind_error``)."""
+    return bind_error(host, port) is None
 
 
 def choose_ports(host: str, nproc: int, base: int | None) -> list[int]:
