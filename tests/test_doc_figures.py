@@ -175,3 +175,16 @@ def test_estimate_doc_quotes_the_committed_fit():
                    f"| {fw['deepspeed']['layer_host_s'] * 1e3:.1f} ms, plus {fw['deepspeed']['pipeline_host_s'] * 1e3:.1f} ms "
                    f"per micro-batch, pass and stage under its pipeline engine | "
                    f"{fw['pytorch-fsdp']['layer_host_s'] * 1e3:.1f} ms | {fw['torchtitan']['layer_host_s'] * 1e3:.1f} ms |")
+
+
+def test_planner_doc_memory_fraction_example():
+    doc = _doc("docs/planner.md")
+    full, capped = _json("plan", "--top", "1"), _json("plan", "--top", "1", "--max-memory-fraction", "0.9")
+    extra = capped["rejected"]["uses more than 90% of GPU memory (--max-memory-fraction 0.9)"]
+    p0, p1 = full["plans"][0], capped["plans"][0]
+    delta = 100 * (p1["step_time_s"] / p0["step_time_s"] - 1)
+    from shardlab.planner.report import _layout_str
+
+    short = lambda p: " ".join(_layout_str(p["layout"]).split()[:4 if p["layout"]["cp"] > 1 else 3])
+    assert (f"rejects {extra} more layouts and picks {short(p1)} at {p1['memory_bytes'] / GIB:.1f} GiB instead of "
+            f"{short(p0)} at {p0['memory_bytes'] / GIB:.1f} GiB, for {delta:.1f}% more step time") in doc

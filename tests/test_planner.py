@@ -126,3 +126,34 @@ def test_vectorized_memory_agrees_with_exact_report_for_moe():
     assert res.plans
     for p in res.plans:
         assert abs(p["memory_bytes_approx"] - p["memory_bytes"]) / p["memory_bytes"] < 0.02, p["layout"]
+
+
+def test_max_memory_fraction_keeps_headroom():
+    """--max-memory-fraction 0.85: every plan, and every layout the search still counts as fitting, needs at most 85%
+    of the GPU; the layouts it removes are counted under their own reason, apart from those that do not fit at all."""
+    from shardlab.planner.search import over_limit_reason
+
+    spec, wl = CAT.models["llama-3.1-70b"], Workload(seq_len=4096, global_batch=1024)
+    cap = CAT.accelerators["h100-sxm"].memory_bytes
+    full = plan_training(spec, cl(n=64), wl, top=3)
+    assert full.plans[0]["memory_bytes"] > 0.85 * cap        # the unconstrained winner uses more than 85%
+    res = plan_training(spec, cl(n=64), wl, top=3, memory_fraction=0.85)
+    assert res.plans and all(p["memory_bytes"] <= 0.85 * cap for p in res.plans)
+    assert np.all(res.scores["memory_bytes"][np.isfinite(res.scores["key"])] <= 0.85 * cap)
+    assert res.rejected[over_limit_reason(0.85)] > 0 and res.rejected[NOT_FIT] == full.rejected[NOT_FIT]
+    assert res.plans[0]["step_time_s"] >= full.plans[0]["step_time_s"]
+
+
+def test_max_memory_fraction_cli():
+    code, out, _ = cli_main("plan", "--max-memory-fraction", "0.85", "--top", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["memory_fraction"] == 0.85
+    assert doc["plans"][0]["memory_bytes"] <= 0.85 * doc["capacity_bytes"]
+    assert any("--max-memory-fraction 0.85" in r for r in doc["rejected"])
+    code, out, _ = cli_main("plan", "--max-memory-fraction", "0.85", "--top", "1")
+    assert code == 0 and "memory limit: 85% of 79.6 GiB = 67.7 GiB per GPU" in out
+    for bad in ("0", "1.5", "nan", "-0.1"):
+        code, _, err = cli_main("plan", "--max-memory-fraction", bad)
+        assert code == 2 and "--max-memory-fraction" in err
+    code, _, err = cli_main("plan", "--inference", "--serve", "--concurrency", "8", "--max-memory-fraction", "0.9")
+    assert code == 2 and "--gpu-memory-utilization" in err

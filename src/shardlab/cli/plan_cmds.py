@@ -104,6 +104,10 @@ def add_plan_args(p) -> None:
                    help="throughput: fastest step; cost: least GPU-time per token using up to --gpus; memory: least per-GPU "
                         "memory; latency (with --inference): lowest request latency")
     g.add_argument("--top", type=positive_int, default=5, help="plans to list")
+    g.add_argument("--max-memory-fraction", type=BOUNDED["share"], default=1.0, metavar="F",
+                   help="keep only layouts whose worst rank needs at most this share of a GPU's memory (e.g. 0.9 keeps "
+                        "10%% free for what no estimate sees; default 1: the estimate already adds a 10%% fragmentation "
+                        "allowance on activations and buffers)")
     g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
                    help="pin an axis: tp, pp, cp, ep, zero, mb (micro_batch), vpp as integers, sp=0|1, hs=0|1 "
                         "(hybrid sharding off/on), rc=none|selective|full, schedule=NAME; e.g. --fix tp=8; repeatable. "
@@ -273,6 +277,9 @@ def cmd_plan(args):
     cat = _catalog(args)
     if args.inference:
         _refuse_recipe_flags(args)
+        if args.max_memory_fraction != 1.0:
+            raise ShardlabError("--max-memory-fraction is for training plans; a serving plan leaves memory free with "
+                                "--gpu-memory-utilization F (the engine's own setting)")
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
         return with_explanation(args, *plan_inference_cmd(args, cat))
@@ -305,7 +312,8 @@ def cmd_plan(args):
 
     with bar(1, "plan", unit="step") as tick:
         res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=fixed,
-                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw)
+                            overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw,
+                            memory_fraction=args.max_memory_fraction)
     offload_note = None
     if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None:
         # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host)
@@ -317,12 +325,15 @@ def cmd_plan(args):
         try:         # ZeRO-3 has nothing to shard on one GPU (or the framework lacks it): the first search's reasons stand
             res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top,
                                     fixed={**fixed, "zero": 3}, framework=fw,
-                                    overheads=load_overheads(args.overheads, args.no_overheads))
+                                    overheads=load_overheads(args.overheads, args.no_overheads),
+                                    memory_fraction=args.max_memory_fraction)
         except ShardlabError:
             res_off = None
         if res_off is not None and res_off.plans:
             res, wl = res_off, wl_off
-            offload_note = ("no layout fits in GPU memory without offload: these plans keep parameters, gradients and "
+            within = (f"within {100 * args.max_memory_fraction:g}% of GPU memory" if args.max_memory_fraction < 1.0
+                      else "in GPU memory")
+            offload_note = (f"no layout fits {within} without offload: these plans keep parameters, gradients and "
                             "optimizer state in host memory (--zero 3 --offload both, FSDP CPU offload)")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else None
     doc = {"model": spec.name, **_model_ref(cat, args), "gpus": gpus, "gpu": cluster.accelerator.id,
@@ -341,6 +352,7 @@ def cmd_plan(args):
             p["train_days"] = steps * p["step_time_s"] / 86400
             p["gpu_hours"] = steps * p["step_time_s"] / 3600 * p["gpus"]
     doc["capacity_bytes"] = cluster.accelerator.memory_bytes
+    doc["memory_fraction"] = args.max_memory_fraction
     doc["assumptions"] = _assumptions(args)
     if res.plans:
         doc["worksheet"] = axis_reasons(res)

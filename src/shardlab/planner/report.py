@@ -33,11 +33,17 @@ def render_plan(doc: dict) -> str:
                 if wl.get("lora_rank") else ""),
              f"framework: {doc['framework']['id']} (searches what it runs; --framework to change)" if doc.get("framework") else "",
              f"searched {doc['combinations']:,} combinations, scored {doc['evaluated']:,} in {doc['search_s']:.2f} s; rejected:"]
+    frac = doc.get("memory_fraction", 1.0)
+    if frac < 1.0 and doc.get("capacity_bytes"):
+        lines.insert(-1, f"memory limit: {100 * frac:g}% of {doc['capacity_bytes'] / 2**30:.1f} GiB = "
+                         f"{frac * doc['capacity_bytes'] / 2**30:.1f} GiB per GPU (--max-memory-fraction)")
     for reason, n in sorted(doc["rejected"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {n:>9,}  {reason}")
     lines += [f"note: {n}" for n in doc.get("notes", [])]
     if not doc["plans"]:
-        lines += ["", "NO LAYOUT FITS: every scored layout runs out of GPU memory. Add GPUs, use a GPU with more memory, "
+        lines += ["", "NO LAYOUT FITS: every scored layout runs out of GPU memory"
+                      + (f" or needs more than {100 * frac:g}% of it (--max-memory-fraction)" if frac < 1.0 else "")
+                      + ". Add GPUs, use a GPU with more memory, "
                       "or lower the precision/optimizer state (--precision bf16, --optimizer adam-8bit)."]
         return "\n".join(lines)
     rows = []

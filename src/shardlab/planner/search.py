@@ -29,6 +29,11 @@ NOT_FIT = "does not fit in GPU memory"
 NOT_FIT_EXACT = "does not fit in GPU memory (exact per-tensor check of a top plan)"
 
 
+def over_limit_reason(fraction: float) -> str:
+    """The rejection reason for layouts that fit the GPU but not the share of it --max-memory-fraction allows."""
+    return f"uses more than {100 * fraction:g}% of GPU memory (--max-memory-fraction {fraction:g})"
+
+
 @dataclass
 class PlanResult:
     """The answer of ``shardlab plan``."""
@@ -82,8 +87,11 @@ def _concat(parts: list[dict]) -> dict:
 
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
                   fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
-                  progress=None, framework=None) -> PlanResult:
+                  progress=None, framework=None, memory_fraction: float = 1.0) -> PlanResult:
     """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs).
+
+    ``memory_fraction``: keep only layouts whose worst rank needs at most this share of a GPU's memory (the margin a
+    team keeps for what no estimate sees: a longer sample, a framework's extra buffer, a newer library's workspace).
 
     ``progress(done, total, label)``, if given, is called after each world size scored and each exact memory check."""
     if objective not in OBJECTIVES:
@@ -115,6 +123,12 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     fits = r["fits"].copy()
     if (~fits).any():
         rejected[NOT_FIT] += int((~fits).sum())
+    limit = memory_fraction * cluster.accelerator.memory_bytes
+    if memory_fraction < 1.0:
+        over = fits & (r["memory_bytes"] > limit)
+        if over.any():
+            rejected[over_limit_reason(memory_fraction)] += int(over.sum())
+        fits &= ~over
     world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
     key = {"throughput": r["step_time_s"], "memory": r["memory_bytes"] + r["step_time_s"] * 1e-6,
            "cost": world * r["step_time_s"]}[objective]
@@ -132,8 +146,8 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
             progress(len(worlds) + checked, steps, "exact memory check of a top plan")
         plan = _plan_dict(spec, cluster, wl, c, r, int(i), overheads, exact=checked < exact_check)
         checked += 1
-        if plan.get("fits") is False:
-            rejected[NOT_FIT_EXACT] += 1
+        if plan.get("fits") is False or plan["memory_bytes"] > limit:
+            rejected[NOT_FIT_EXACT if plan.get("fits") is False else over_limit_reason(memory_fraction)] += 1
             fits[i] = False
             continue
         plans.append(plan)
