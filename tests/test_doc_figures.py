@@ -188,3 +188,26 @@ def test_planner_doc_memory_fraction_example():
     short = lambda p: " ".join(_layout_str(p["layout"]).split()[:4 if p["layout"]["cp"] > 1 else 3])
     assert (f"rejects {extra} more layouts and picks {short(p1)} at {p1['memory_bytes'] / GIB:.1f} GiB instead of "
             f"{short(p0)} at {p0['memory_bytes'] / GIB:.1f} GiB, for {delta:.1f}% more step time") in doc
+
+
+def test_inference_doc_serving_plan_block_is_what_plan_prints():
+    cmd = ("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--ttft-slo", "0.5", "--gpus", "8",
+           "--gpu", "h100-sxm")
+    code, out, err = cli_main(*cmd)
+    assert code == 0, err
+    text = (ROOT / "docs/inference.md").read_text(encoding="utf-8")
+    block = text.split("$ shardlab " + " ".join(cmd) + "\n", 1)[1].split("```", 1)[0].splitlines()
+    printed = out.splitlines()
+    assert block and all(line in printed for line in block), [line for line in block if line not in printed]
+
+
+def test_inference_doc_preemption_example():
+    args = ("estimate", "llama-3.1-70b", "--inference", "--serve", "--tp", "2", "--concurrency", "64", "--prompt-len",
+            "1024", "--output-len", "256")
+    d = _json(*args)
+    ss, sim = d["steady_state"], d["simulation"]
+    _assert_quoted("docs/inference.md",
+                   f"({d['kv_blocks']['num_blocks']:,} blocks, {d['capacity']['sequences']} sequences of 1024 + 256 tokens)",
+                   f"steady state {ss['tpot_s'] * 1e3:.1f} ms per token and {ss['output_tokens_per_s']:,.0f} tokens/s; the "
+                   f"simulation preempts {sim['preemptions']} times over {sim['requests']} requests and gives "
+                   f"{sim['tpot_s']['mean'] * 1e3:.1f} ms and {sim['output_tokens_per_s']:,.0f} tokens/s")

@@ -174,6 +174,41 @@ def test_on_demand_blocks_preempt_when_the_pool_runs_out():
     assert case.capacity < 64 and s.preemptions > 0 and s.mean_running <= case.blocks.num_blocks / (2048 / 16)
 
 
+def test_saturation_rate_is_where_the_steady_state_overloads():
+    """limits' saturation rate under arrivals is the rate where fluid's overload test flips (both use the Poisson
+    spread of prompts), so every rate the SLO sweep skips is overloaded."""
+    from shardlab.serving.limits import limits
+
+    case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("vllm"), tp=4, prompt_len=512, output_len=256)
+    sat = limits(case, rate=True).saturation_rate
+    over = fluid(arrays([case, case]), [2, 2], [0.999 * sat, 1.001 * sat])["overloaded"]
+    assert (bool(over[0]), bool(over[1])) == (False, True)
+    assert sat > limits(case, rate=False).saturation_rate * 0.95
+
+
+def test_simulated_rate_of_a_stable_replica_is_what_arrives():
+    """At 11 req/s, 91% of saturation, the replica keeps up but fills for tens of seconds: the simulation measures
+    after the first lifetime and reports the arrival rate it kept up with, not a completion count diluted by the
+    filling and the drain (which gave 9.7-9.9 req/s)."""
+    case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("vllm"), tp=4, prompt_len=512, output_len=256)
+    f = {k: float(v[0]) for k, v in fluid(arrays([case]), [2], [11.0]).items()}
+    s = simulate(case, arrival_rate=11.0, lifetime_s=f["e2e_s"])
+    assert not f["overloaded"] and s.requests_per_s == pytest.approx(11.0, rel=0.05)
+    assert s.tpot_s.mean == pytest.approx(f["tpot_s"], rel=0.05)
+
+
+def test_serve_estimate_notes_preemption():
+    from conftest import cli_main
+    import json
+
+    args = ("estimate", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--prompt-len", "1024",
+            "--output-len", "256", "--json")
+    tight = json.loads(cli_main(*args, "--tp", "2")[1])
+    roomy = json.loads(cli_main(*args, "--tp", "8")[1])
+    assert tight["simulation"]["preemptions"] > 0 and "recomputed" in tight["notes"][0]
+    assert roomy["simulation"]["preemptions"] == 0 and "notes" not in roomy
+
+
 def test_one_request_larger_than_the_pool_is_refused():
     case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("tensorrt-llm"), tp=2, precision=InferencePrecision(),
                    prompt_len=120000, output_len=1000)

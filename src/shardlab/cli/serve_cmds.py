@@ -69,6 +69,14 @@ def estimate_serve(args, spec, cluster, prec, engine):
             ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
             ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""],
             ["sequences in flight", f"{res['in_flight']:,.1f}", f"{sim.mean_running:,.1f}", "", ""]]
+    preempt_note = None
+    if sim.preemptions:
+        preempt_note = (f"preemption: the engine admits a sequence once its prompt's blocks are free and gives it blocks "
+                        f"as it grows, so the KV pool runs out and the newest sequence is recomputed: {sim.preemptions:,} "
+                        f"preemptions over the simulation. The steady state runs only the {case.capacity:,} sequences "
+                        f"whose full length fits and counts no recomputation: read the simulated column (or add "
+                        f"blocks: --gpu-memory-utilization, --kv-cache-dtype fp8, more --tp)")
+        doc["notes"] = [preempt_note]
     unit = lim.unit
     binds = [f"the replica runs at most {lim.max_in_flight:,.0f} sequences at once (bound: {lim.bound}); it saturates at "
              f"{lim.saturation_rate:,.2f} requests/s"]
@@ -88,6 +96,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
         *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
         *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]
           if res["overloaded"] else []),
+        *([preempt_note] if preempt_note else []),
         "", "steady state: continuous batching (serving.steady, Little's law, M/D/1 prefill queue); percentiles: a "
             "deterministic simulation of the same scheduler (serving.simulate); kernel rates fitted per engine "
             "(`shardlab validate --inference`)"])

@@ -53,7 +53,10 @@ def limits(case: ServeCase, *, rate: bool, ttft_slo: float | None = None, tpot_s
     one = arrays([case])
     bmax = float(max_in_flight(one)[0])
     bound = case.capacity_bound if bmax >= case.capacity else "token-budget"
-    sat = float(fluid(one, [1], [bmax])["requests_per_s"][0])
+    # the rate at which the replica saturates: its completion rate with bmax sequences in flight, prompts arriving
+    # as the load brings them (a closed loop's even spread, or Poisson arrivals' spread: the overload test of
+    # steady._rate_in_flight uses the same cycle, so the sweep below reaches every rate it calls stable)
+    sat = float(fluid(one, [2], [1e12])["requests_per_s"][0] if rate else fluid(one, [1], [bmax])["requests_per_s"][0])
     if rate:
         load = sat * np.linspace(0.01, 0.995, points)
         mode = 2

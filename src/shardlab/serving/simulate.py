@@ -183,9 +183,14 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         arrive = np.full(N, np.inf)
         arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
     else:
-        N = requests or int(min(1000, max(100, 40 * arrival_rate)))
-        warm, drain = N // 10, 0
+        # 40 s of arrivals, or five request lifetimes when they are longer (the replica is full after one)
+        N = requests or int(min(1000, max(100, arrival_rate * max(40.0, 5 * lifetime_s))))
         arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
+        # measure neither the requests that find the replica filling up (those of the first lifetime: Little's law
+        # has λ·lifetime in flight only after it) nor those that finish while it drains (the last lifetime's);
+        # at least a tenth of the run is warm-up, at most a third each
+        warm = min(N // 3, max(N // 10, int(np.count_nonzero(arrive < lifetime_s))))
+        drain = min(N // 3, int(np.count_nonzero(arrive > arrive[-1] - lifetime_s))) if lifetime_s > 0 else 0
     rep = _Replica(case, N)
     think_s = float(cycle_time(rep.a, 1.0, float(S)))      # one decode cycle: jitter that breaks lock-step
     first, done_t = np.full(N, np.nan), np.full(N, np.nan)
@@ -199,6 +204,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     steps = [0] * pp
     cycles, completed = 0, 0
     trace_t, trace_run = [0.0], [0]
+    last_arrival = float(arrive[-1]) if concurrency is None else np.inf
+    waiting_at_end = 0                           # requests arrived but not admitted when the last one arrives
     while completed < N and cycles < max_cycles:
         v = min(range(pp), key=lambda i: ready[i])
         t = ready[v]
@@ -206,6 +213,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
             queue.append(heapq.heappop(pending)[1])
         if steps[v] % case.scheduler_steps == 0 or not rep.engines[v]:   # an idle engine admits at once
             rep.admit(queue)
+        if t >= last_arrival:
+            waiting_at_end, last_arrival = len(queue), np.inf
         d, ch = rep.compose(rep.engines[v])
         victims = rep.grow(d, queue)
         if victims:
@@ -247,14 +256,16 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         trace_run.append(rep.running)
     over = case.engine.request_overhead_us * 1e-6
     order = np.argsort(trace_t, kind="stable")
+    behind = waiting_at_end > max(10, N // 20)     # a stable replica admits arrivals at its next scheduling step
     return _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
-                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency)
+                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
 
 
-def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncated, clients) -> SimResult:
+def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncated, clients, behind=False) -> SimResult:
     """Latencies of requests lo..hi−1 (the request overhead is already in first/done). Rates: a closed loop
     of C clients completes C / mean E2E requests/s (Little's law, Little 1961); under arrivals, the measured
-    requests' realised arrival rate, or the completion rate when the replica falls behind."""
+    requests' realised arrival rate, or, when the replica falls ``behind`` (requests still wait for a slot when the
+    last one arrives), its completion rate while full."""
     idx = np.arange(lo, hi)
     idx = idx[np.isfinite(done_t[idx])]
     if not len(idx):
@@ -272,8 +283,13 @@ def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncat
     mean_run = float(np.sum(run[1:][inside[1:]] * dts[inside[1:]]) / span) if inside.any() else float(run.mean())
     if clients:
         req_s = clients / float(np.mean(e2e))
-    else:                                  # a stable replica completes what arrives; an overloaded one its own rate
-        done_by = float(done_t[idx].max())
-        req_s = min((len(idx) - 1) / span, float(np.count_nonzero((done_t >= t0) & (done_t <= done_by))) / (done_by - t0))
+    elif behind:   # completions from the first measured one to the last arrival: full, neither filling nor draining
+        c0, c1 = float(done_t[idx].min()), float(np.max(arrive[np.isfinite(arrive)]))
+        if c1 <= c0:
+            c1 = float(done_t[idx].max())
+        served = np.count_nonzero((done_t >= c0) & (done_t <= c1)) / (c1 - c0) if c1 > c0 else np.inf
+        req_s = min((len(idx) - 1) / span, float(served))
+    else:          # a stable replica completes what arrives
+        req_s = (len(idx) - 1) / span
     return SimResult(len(idx), _spread(ttft), _spread(tpot), _spread(e2e), req_s * O, req_s, mean_run,
                      cycles, preempt, truncated)
