@@ -317,3 +317,14 @@ def test_the_instrumented_step_note_names_a_step_the_run_has(steps, which):
     assert f"with --steps {steps} it is {which}" in note and "median of steps 2 and later" in note
     assert ("step 1" in note) == (steps > 1)
     assert "--steps 3 or more" in note and "torch/utils/benchmark/utils/timer.py" in note
+
+
+def test_a_lone_rank_waits_for_nobody():
+    """One rank: its step-end barrier (about 150 µs on gloo) is the call's own cost, counted in collectives, not
+    'waiting for other ranks'; the step still adds up."""
+    from shardlab.runtime.observe.summary import rank_time_split
+
+    recs = [{**r, "wait_s": 0.00015} for r in _records(1.0, world=1)]
+    sp = rank_time_split(recs, skip_steps=2)[0]
+    assert sp["wait_s"] == 0.0 and sp["collectives_s"] == pytest.approx(0.02015)
+    assert sp["step_s"] == pytest.approx(0.1 + 0.02 + 0.00015)

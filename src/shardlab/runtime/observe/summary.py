@@ -70,7 +70,7 @@ def rank_time_split(records: list[dict], skip_steps: int) -> dict[int, dict]:
     - collectives_s = blocked − excess: the time in collectives the least-waiting rank needed that step (the
       transfer itself);
     - wait_s = boundary wait + excess: time spent waiting for other ranks, at the step-end barrier and inside
-      collectives;
+      collectives (0 for a lone rank, whose barrier counts in collectives_s);
     - step_s = compute_s + collectives_s + wait_s = data + step + boundary wait: the rank's whole step.
 
     Empty when there are no records (the ranks wrote none)."""
@@ -80,10 +80,13 @@ def rank_time_split(records: list[dict], skip_steps: int) -> dict[int, dict]:
 def _split(recs: dict[int, list[dict]]) -> dict[int, dict]:
     """:func:`rank_time_split` of records already through :func:`derive`."""
     out = {}
+    alone = len(recs) == 1        # a lone rank waits for nobody: its step-end barrier is the call's own cost
     for rank, rr in recs.items():
         compute = float(np.mean([r["data_s"] + r["step_s"] - r["blocked_s"] for r in rr]))
         coll = float(np.mean([r["blocked_s"] - r["excess_s"] for r in rr]))
         wait = float(np.mean([r["waited_s"] for r in rr]))
+        if alone:
+            coll, wait = coll + wait, 0.0
         out[rank] = {"steps": len(rr), "compute_s": compute, "collectives_s": coll, "wait_s": wait,
                      "step_s": compute + coll + wait}
     return out
@@ -92,7 +95,8 @@ def _split(recs: dict[int, list[dict]]) -> dict[int, dict]:
 TIME_SPLIT_DEFINITIONS = {
     "compute_s": "own work (batch, forward, backward, optimizer; injected sleep included) minus time blocked in "
                  "collectives",
-    "collectives_s": "time blocked in collectives that the least-waiting rank also needed that step (the transfer)",
+    "collectives_s": "time blocked in collectives that the least-waiting rank also needed that step (the transfer); "
+                     "a lone rank's step-end barrier too",
     "wait_s": "time waiting for other ranks: at the step-end barrier and inside collectives beyond the least-waiting "
               "rank's",
     "step_s": "compute_s + collectives_s + wait_s: the rank's whole step",
