@@ -138,7 +138,9 @@ def test_poisson_prompt_spread_example():
     D, r = np.array([B * 15 / 16]), np.array([B / 16])
     even = float(steady._cycle(a, D, r)["cycle_s"][0])
     spread = float(steady._cycle(a, D, r, poisson=np.array([True]))["cycle_s"][0])
-    sim = float(np.mean([simulate(case, arrival_rate=16.0, requests=2000, seed=s).tpot_s.mean for s in range(3)]))
+    life = float(steady.fluid(a, [2], [16.0])["e2e_s"][0])      # as `estimate --serve --requests 2000 --seed 0/1/2`
+    sim = float(np.mean([simulate(case, arrival_rate=16.0, requests=2000, seed=s, lifetime_s=life).tpot_s.mean
+                         for s in range(3)]))
     _assert_quoted("docs/inference.md", f"{even * 1e3:.1f} ms per token with evenly spaced prompts, {spread * 1e3:.1f} ms "
                    f"with the Poisson spread, {sim * 1e3:.1f} ms in the simulation below")
 
@@ -211,3 +213,13 @@ def test_inference_doc_preemption_example():
                    f"steady state {ss['tpot_s'] * 1e3:.1f} ms per token and {ss['output_tokens_per_s']:,.0f} tokens/s; the "
                    f"simulation preempts {sim['preemptions']} times over {sim['requests']} requests and gives "
                    f"{sim['tpot_s']['mean'] * 1e3:.1f} ms and {sim['output_tokens_per_s']:,.0f} tokens/s")
+
+
+def test_inference_doc_run_detail_block():
+    """docs/inference.md's `validate --inference --run` excerpt is what the command prints now."""
+    code, out, err = cli_main("validate", "--inference", "--run", "trtllm-0.14-triton-online/h100-sxm/l70b/tp4/202-214/rate2")
+    assert code == 0, err
+    text = (ROOT / "docs/inference.md").read_text(encoding="utf-8")
+    for name in ("ttft_s", "tpot_s"):
+        printed = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert printed in text.splitlines(), printed
