@@ -89,6 +89,21 @@ def test_bf16_keeps_what_fp16_loses():
     assert n["grad_fp16"] == "zero" and n["grad_bf16"] == "normal" and n["loss_scale_needed"] == 2**13
 
 
+def test_loss_scale_verdict_tells_subnormal_from_zero():
+    """grad 1e-8, largest 10: S = 2^13 makes 1e-8 normal but overflows 10 (81,920 > 65,504); S = 2^12 keeps both
+    finite and non-zero (4.1e-5 is a subnormal: 687 × 2^-24, 10 significant bits). fp16 rounds to zero only below
+    half its smallest subnormal, 2^-25 ≈ 3e-08."""
+    ex = explain("bf16-vs-fp16", ["grad=1e-8", "max_grad=10"])
+    n, text = ex.numbers, " ".join(ex.derivation) + " " + ex.plain
+    assert (n["loss_scale_needed"], n["loss_scale_nonzero"], n["largest_safe_scale"]) == (2**13, 2**3, 2**12)
+    assert n["significant_bits_at_safe_scale"] == 10
+    assert "no single scale keeps both normal" in text and "NO single scale fits both" not in text
+    assert "below about 3e-08" in text
+    worst = explain("bf16-vs-fp16", ["grad=1e-12", "max_grad=10"]).derivation
+    assert any("NO single scale fits both" in line for line in worst)
+    assert "a scale that keeps both normal exists" in " ".join(explain("bf16-vs-fp16", ["grad=1e-6", "max_grad=1"]).derivation)
+
+
 @pytest.mark.parametrize("args,msg", [
     (["explain"], "no topic"),
     (["explain", "zro"], "did you mean zero"),
