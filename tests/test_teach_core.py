@@ -34,6 +34,8 @@ def test_fsdp_wrap_prices_each_policy_with_memory_comm_and_estimate():
     b, g, m = n["block"], n["4-blocks"], n["model"]
     assert b["units"] == 33 and g["units"] == 9 and m["units"] == 1                  # 32 blocks (+ the root unit)
     assert b["calls_per_step"] > g["calls_per_step"] > m["calls_per_step"] == 2     # the whole model: no backward gather
+    # forward gathers + reduce-scatters of every unit, backward gathers of all but the one forward ends with
+    assert (b["calls_per_step"], g["calls_per_step"]) == (33 + 33 + 32, 9 + 9 + 8)
     assert b["unit_bytes"] < g["unit_bytes"] < m["unit_bytes"]
     # the largest unit of 'block' and '4-blocks' is the root (FSDP's root wrapper: embedding 128,256 × 4096, final norm
     # 4096, head 4096 × 128,256 = 1,050,677,248 parameters), 2 gathered + 1 reducing, 2 bytes each

@@ -248,9 +248,15 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
             out.append(fsdp("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, ov,
                              f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward"
                              + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
+            # FSDP leaves the unit that forward ends with gathered for backward (FSDP1 and FSDP2's default keep the
+            # root: torch/distributed/fsdp/_runtime_utils.py, _fully_shard/_fsdp_state.py; torchtitan and
+            # shardlab's runtime keep the last block); DeepSpeed's module-wise ZeRO-3 releases every module
+            modulewise = bool(getattr(framework, "zero3_live_params", 0))
+            regathered = units if modulewise else units - 1
             if units > 1:
-                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
-                                 f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"))
+                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, regathered * m, n, dspan, cluster, ov,
+                                 f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"
+                                 + ("" if modulewise else "; the unit forward ends with stays gathered")))
             if framework is not None and framework.zero3_regather_for_recompute and recompute_fwd:
                 out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
                                  f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the recomputed forward (weights released "

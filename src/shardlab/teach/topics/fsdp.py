@@ -83,6 +83,8 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"bytes per call = the units' bf16 weights, averaged over the units: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
          f"{fmt_bytes(m['unit_bytes'])}; calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
          f"{m['calls_per_step']}; a unit moves its weights twice (forward and backward gathers) and its gradients once, "
+         f"except the one forward ends with, which stays gathered for backward (FSDP keeps the root, torchtitan the "
+         f"last block), "
          f"the whole model, gathered once and held, its weights once: {b['comm_s'] * 1e3:,.0f}, {g['comm_s'] * 1e3:,.0f} "
          f"and {m['comm_s'] * 1e3:,.0f} ms of collectives per step on {b['link']}",
          f"gathered-memory peak (fsdp_buffers) = {ov.fsdp_prefetch_units} gathered units (the current one and the "
