@@ -182,7 +182,9 @@ def test_estimate_doc_quotes_the_committed_fit():
 def test_planner_doc_memory_fraction_example():
     doc = _doc("docs/planner.md")
     full, capped = _json("plan", "--top", "1"), _json("plan", "--top", "1", "--max-memory-fraction", "0.9")
-    extra = capped["rejected"]["uses more than 90% of GPU memory (--max-memory-fraction 0.9)"]
+    from shardlab.planner.search import over_limit_reason
+
+    extra = capped["rejected"][over_limit_reason(0.9)]
     p0, p1 = full["plans"][0], capped["plans"][0]
     delta = 100 * (p1["step_time_s"] / p0["step_time_s"] - 1)
     from shardlab.planner.report import _layout_str

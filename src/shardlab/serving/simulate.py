@@ -256,7 +256,9 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         trace_run.append(rep.running)
     over = case.engine.request_overhead_us * 1e-6
     order = np.argsort(trace_t, kind="stable")
-    behind = waiting_at_end > max(10, N // 20)     # a stable replica admits arrivals at its next scheduling step
+    # a stable replica admits what arrives at its next scheduling step; one falling behind has a backlog (here: more
+    # than a twentieth of the run, at least 10 requests, still waiting for a slot when the last request arrives)
+    behind = waiting_at_end > max(10, N // 20)
     return _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
                     np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
 

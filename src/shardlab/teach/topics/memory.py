@@ -116,7 +116,8 @@ def bytes_per_param(v: dict) -> Explanation:
          f"(4 B) beside the 2-B weights, so model states are {'the same' if fp32 == mixed else f'{100 * mixed / fp32:.0f}% of fp32'}, "
          "not half; the saving is in activations (2 B instead of 4) and in speed",
          f"inference needs only the weights: {fmt_count(n)} × 2 B (fp16/bf16) = {unit(weights_fp16)}",
-         f"training holds {sb.weights}-B weights; against them its model states are {sb.total:g}/{sb.weights} = {sb.total / sb.weights:g}× "
+         f"training holds {sb.weights}-B weights; against them its model states are {sb.total:g}/{sb.weights} = "
+         f"{sb.total / sb.weights:g}× "
          f"with {v['precision']} + {v['optimizer']}, the optimizer state alone (master + moments) "
          f"{(sb.master + sb.moments) / sb.weights:g}×; the '4×' rule of thumb is fp32 + Adam's 16/4 bytes "
          f"({state_bytes('fp32', 'adamw').total:g} B against 4-B weights)"],

@@ -50,20 +50,20 @@ def bf16_vs_fp16(v: dict) -> Explanation:
          f"gradients by S before the update; lifting {g_small:g} to fp16's smallest normal needs "
          f"S = 2^{need.bit_length() - 1} = {need:,}",
          f"the largest gradient {g_large:g} stays finite up to S = 2^{safe.bit_length() - 1} = {safe:,}: "
-         + verdict + "; a dynamic scaler searches for it (halve on inf/NaN and skip the step, double after a run of clean steps: "
-           "PyTorch's GradScaler, Megatron's DynamicGradScaler, in the code map below)",
+         + verdict + "; a dynamic scaler searches for it (halve on inf/NaN and skip the step, double after a run of "
+           "clean steps: PyTorch's GradScaler, Megatron's DynamicGradScaler, in the code map below)",
          "bf16 needs no scaler at all [Kalamkar et al. 2019]; its cost is precision (about 2-3 significant digits), "
          "which the fp32 master copy of the weights and fp32 accumulation absorb [Micikevicius et al. 2018 §3.1, "
          "§3.3]"],
-        f"fp16 spends its bits on precision and has a narrow range: anything below about {fp16.min_subnormal / 2:.0e} (half the smallest "
-        f"subnormal) rounds to zero, and small gradients are exactly that. Loss scaling rescues fp16 by multiplying the loss (and so every "
-        f"gradient) by a large factor during backward and dividing it out afterwards, but the factor must be tuned on the "
+        f"fp16 spends its bits on precision and has a narrow range: anything below about {fp16.min_subnormal / 2:.0e} "
+        f"(half the smallest subnormal) rounds to zero, and small gradients are exactly that. Loss scaling rescues fp16 "
+        f"by multiplying the loss (and so every gradient) by a large factor during backward and dividing it out afterwards, but the factor must be tuned on the "
         f"fly so the largest gradients do not overflow. bf16 keeps fp32's exponent, so the same gradients simply fit: "
         f"coarser numbers, but nothing vanishes and no scaler can go wrong. That is why bf16 is the stable default.",
         {"grad_fp16": classify(g_small, fp16), "grad_bf16": classify(g_small, bf16), "loss_scale_needed": need,
-         "loss_scale_nonzero": keep, "largest_safe_scale": safe, "significant_bits_at_safe_scale": bits, "formats": {f.name: {"max": f.max_value, "min_normal": f.min_normal,
-                                                          "min_subnormal": f.min_subnormal, "epsilon": f.epsilon}
-                                                 for f in FORMATS.values()}},
+         "loss_scale_nonzero": keep, "largest_safe_scale": safe, "significant_bits_at_safe_scale": bits,
+         "formats": {f.name: {"max": f.max_value, "min_normal": f.min_normal, "min_subnormal": f.min_subnormal,
+                              "epsilon": f.epsilon} for f in FORMATS.values()}},
         table=(["format", "exp bits", "mantissa bits", "max", "min normal", "min subnormal", "epsilon", "digits",
                 f"{g_small:g} is"], rows),
         sources=["mixed-precision", "bf16", "ieee754"], code=["pt-autocast", "pt-scaler", "meg-scaler", "ds-scaler"],
