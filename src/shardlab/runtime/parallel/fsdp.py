@@ -10,6 +10,8 @@ ranks, which shard on dim 1 (torchtitan's MoE ``shard_placement_fn``). ``shardla
 
 from __future__ import annotations
 
+import warnings
+
 import torch.nn as nn
 
 
@@ -22,6 +24,10 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True, mp
 
     from torch.distributed.tensor import Shard
 
+    # FSDP2 warns when a wrapped module returns a view (the TP head's gathered logits are one): an in-place op
+    # on it would skip the pre-backward hook. shardlab's losses only read the logits
+    # (``F.cross_entropy(logits.float())``, runtime/parallel/build.py and runtime/precision.py): nothing to warn of.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
     size = mesh.size()
 
     def placement(param):  # stacked experts (E, out, in): split dim 1 when each rank cannot get an expert
