@@ -94,11 +94,19 @@ def test_zero_traffic_ratios_match_the_paper():
     ds = CAT.framework("deepspeed")
     z3ds = layout_collectives(L7, Layout(dp=8, zero=3), cluster(8, 8), seq_len=4096, microbatches=1, framework=ds)
     assert _volume([i for i in z3ds if "recomputed" not in i.note]) == pytest.approx(1.5 * ddp, rel=1e-7)
-    # FSDP keeps the unit forward ends with gathered (the root, or the last block): one of 33 units not re-gathered
-    assert _volume(items(L7, Layout(dp=8, zero=3))) == pytest.approx((1.5 - 0.5 / 33) * ddp, rel=1e-7)
+    # FSDP keeps the root unit gathered from forward through backward: the embedding and head (2 × 32000 × 4096)
+    # and the final norm (4096) are not re-gathered
+    root, psi = 2 * 32000 * 4096 + 4096, param_counts(L7).total
+    assert _volume(items(L7, Layout(dp=8, zero=3))) == pytest.approx((1.5 - 0.5 * root / psi) * ddp, rel=1e-7)
     z3 = items(L7, Layout(dp=8, zero=3), m=4)
-    assert find(z3, "FSDP", "all-gather", "forward").calls_per_step == (32 + 1) * 4
-    assert find(z3, "FSDP", "all-gather", "backward").calls_per_step == 32 * 4
+    gathers = [i for i in z3 if i.axis == "FSDP" and i.op == "all-gather"]
+    assert [(i.phase, i.calls_per_step, i.overlap) for i in gathers] == [
+        ("forward", 32 * 4, "overlappable"), ("backward", 32 * 4, "overlappable"), ("forward", 4, "critical")]
+    # each block unit carries one block; the root unit its own size (not the average of 33 units)
+    assert gathers[0].bytes_per_call == (psi - root) // 32 * 2
+    assert gathers[2].bytes_per_call == root * 2
+    rs = [i for i in z3 if i.axis == "FSDP" and i.op == "reduce-scatter"]
+    assert [(i.calls_per_step, i.overlap) for i in rs] == [(32 * 4, "overlappable"), (4, "critical")]
 
 
 def test_context_parallel_ring_passes_kv_blocks():

@@ -61,7 +61,7 @@ def test_zero3_gathers_say_bytes_link_and_exposed_time():
          "group_size": 32, "link_id": "ib-ndr", "nodes_spanned": 4, "time_per_call_s": 0.03, "time_per_step_s": 9.72,
          "overlap": "overlappable", "regime": "bandwidth", "risk": ""}
     inp = inputs(layout={"zero": 3}, comm=(c,), breakdown={"compute_s": 9.0, "zero3_comm_s": 0.1})
-    assert axis_risk("zero", inp) == ("ZeRO-3 gathers 1.12 GiB per layer per micro-batch over 50 GB/s ib-ndr: exposed "
+    assert axis_risk("zero", inp) == ("ZeRO-3 gathers 1.12 GiB per unit per micro-batch over 50 GB/s ib-ndr: exposed "
                                       "9.72 s (97.2%) if prefetch fails (now 0.10 s)")
     assert collective_risk(c, inp).startswith("hidden behind compute while overlap holds; if it fails +9.72 s (97.2%)")
 

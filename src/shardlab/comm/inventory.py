@@ -32,7 +32,7 @@ from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_width_local
+from shardlab.specs.tensors import PRE, kv_width_local
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25`` (MiB)."""
@@ -213,12 +213,14 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              "tied embedding: first and last stage all-reduce the shared matrix's gradient (Megatron)"))
 
     # ---- data parallel / ZeRO / FSDP ----------------------------------------------------------------
-    dense_n = expert_n = 0
+    dense_n = expert_n = root_n = 0
     for st in stages:
         d = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component != "experts")
         ex = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component == "experts")
         if d + ex > dense_n + expert_n:
             dense_n, expert_n = d, ex
+            # the root unit: what no block holds (embedding, final norm, head)
+            root_n = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.layer in (PRE, spec.num_layers))
     wrap = layout.wrap                              # FSDP wraps every `wrap` blocks (0: the model is one unit)
     units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the root unit (embedding, final norm, head)
     for label, numel, n in (("", dense_n, layout.dp_shard), (" (experts)", expert_n, layout.expert_dp)):
@@ -239,31 +241,48 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
                              "(Megatron's --overlap-param-gather hides it behind the next forward)"))
         else:
-            ov = "overlappable" if units > 1 else "critical"
             # DeepSpeed ZeRO-3's traffic leaves through each rank's own NIC (Framework.zero3_comm_per_gpu_nic)
             z3nic = bool(getattr(framework, "zero3_comm_per_gpu_nic", False))
 
             def fsdp(*a):
                 return _item(*a, per_gpu_nic=z3nic)
-            out.append(fsdp("FSDP", "all-gather", "forward", wbytes / units, units * m, n, dspan, cluster, ov,
-                             f"ZeRO-3/FSDP: gather each unit's parameters{label} before its forward"
-                             + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
-            # FSDP leaves the unit that forward ends with gathered for backward (FSDP1 and FSDP2's default keep the
-            # root: torch/distributed/fsdp/_runtime_utils.py, _fully_shard/_fsdp_state.py; torchtitan and
-            # shardlab's runtime keep the last block); DeepSpeed's module-wise ZeRO-3 releases every module
             modulewise = bool(getattr(framework, "zero3_live_params", 0))
-            regathered = units if modulewise else units - 1
+            regather = framework is not None and framework.zero3_regather_for_recompute and recompute_fwd
+            # the blocks are `units - 1` units of equal size; the root unit (embedding, final norm, head) has its own
+            bunits = units - 1 if units > 1 else 1
+            root = root_n if label == "" and units > 1 else 0
+            bw, bg = (numel - root) * sb.weights / bunits, (numel - root) * gb / bunits
+            ov = "overlappable" if units > 1 else "critical"
+            what = "block unit's" if units > 1 else "unit's"
+            out.append(fsdp("FSDP", "all-gather", "forward", bw, bunits * m, n, dspan, cluster, ov,
+                             f"ZeRO-3/FSDP: gather each {what} parameters{label} before its forward"
+                             + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
             if units > 1:
-                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, regathered * m, n, dspan, cluster, ov,
-                                 f"ZeRO-3/FSDP: gather again for backward (resharded after forward){label}"
-                                 + ("" if modulewise else "; the unit forward ends with stays gathered")))
-            if framework is not None and framework.zero3_regather_for_recompute and recompute_fwd:
-                out.append(fsdp("FSDP", "all-gather", "backward", wbytes / units, units * m, n, dspan, cluster, ov,
-                                 f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the recomputed forward (weights released "
-                                 f"after each module's forward){label}"))
-            out.append(fsdp("FSDP", "reduce-scatter", "backward", gbytes / units, units * m, n, dspan, cluster, "overlappable",
-                             f"ZeRO-3/FSDP: reduce-scatter each unit's gradients{label} in every micro-batch's backward "
+                # FSDP1 and FSDP2 (reshard_after_forward left at its default) keep the root gathered from forward
+                # through backward (torch/distributed/fsdp/_runtime_utils.py, _fully_shard/_fsdp_state.py);
+                # torchtitan and shardlab's runtime reshard the root and keep the last block instead: as many calls,
+                # one root's bytes in place of one block's. DeepSpeed's module-wise ZeRO-3 releases every module
+                out.append(fsdp("FSDP", "all-gather", "backward", bw, bunits * m, n, dspan, cluster, ov,
+                                 f"ZeRO-3/FSDP: gather each block unit's parameters{label} again for backward (resharded "
+                                 "after forward)" + ("" if modulewise or not root else "; the root unit stays gathered")))
+            if regather:   # blocks only: recomputation re-runs the blocks' forward, not the embedding or the head
+                out.append(fsdp("FSDP", "all-gather", "backward", bw, bunits * m, n, dspan, cluster, ov,
+                                 f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the "
+                                 f"recomputed forward (weights released after each module's forward){label}"))
+            out.append(fsdp("FSDP", "reduce-scatter", "backward", bg, bunits * m, n, dspan, cluster, ov,
+                             f"ZeRO-3/FSDP: reduce-scatter each {what} gradients{label} in every micro-batch's backward "
                              "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))
+            if root:
+                rw, rg = root * sb.weights, root * gb
+                out.append(fsdp("FSDP", "all-gather", "forward", rw, m, n, dspan, cluster, "critical",
+                                 "ZeRO-3/FSDP: gather the root unit (embedding, final norm, head) before the first block: "
+                                 "nothing runs before it"))
+                if modulewise:
+                    out.append(fsdp("FSDP", "all-gather", "backward", rw, m, n, dspan, cluster, "critical",
+                                     "DeepSpeed ZeRO-3: gather the embedding and head again for backward (module-wise release)"))
+                out.append(fsdp("FSDP", "reduce-scatter", "backward", rg, m, n, dspan, cluster, "critical",
+                                 "ZeRO-3/FSDP: reduce-scatter the root unit's gradients after the last backward: nothing "
+                                 "runs after it"))
 
     # ---- hybrid sharding: replicas all-reduce their gradient shards ----------------------------------------
     rep = layout.dp_replicate

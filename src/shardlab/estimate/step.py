@@ -255,6 +255,15 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         dense = part("dense") + (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0)
         if last and spec.tied_embeddings and pp > 1:
             dense = dense + g["emb_params"]
+        # ZeRO-3: the root unit (embedding, final norm, head: what no block holds) is gathered once per micro-batch
+        # before the first block's forward and reduce-scattered after the last backward, with nothing to hide under
+        # (FSDP keeps it gathered from forward through backward: Zhao et al. 2023, arXiv 2304.11277 §3.3)
+        if first or last:
+            root_coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"],
+                                               dense_params=dense - part("dense"), expert_params=zeros,
+                                               grad_bytes=gbytes * recipe.trainable, weight_bytes=recipe.gather_bytes,
+                                               per_gpu_nic=wl.zero3_comm_per_gpu_nic)
+            t["z3"] = t["z3"] + np.where(zero == 3, ct.zero3_edges_s(root_coll), 0.0)
         expert = part("expert")
         total_p = dense + expert
         D, De = dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1)

@@ -175,7 +175,7 @@ def _zero(inp: RiskInputs) -> str:
             return "ZeRO-3 with nothing to shard (dp·cp = 1)"
         lk = _link(inp, ag[0]["link_id"])
         total = sum(c["time_per_step_s"] for c in ag)
-        return (f"ZeRO-3 gathers {fmt_bytes(ag[0]['bytes_per_call'])} per layer per micro-batch over "
+        return (f"ZeRO-3 gathers {fmt_bytes(ag[0]['bytes_per_call'])} per unit per micro-batch over "
                 f"{_bw(lk)}: exposed {total:.2f} s ({_pct(total, inp)}) if prefetch fails "
                 f"(now {_b(inp, 'zero3_comm_s'):.2f} s)")
     if z in (1, 2):

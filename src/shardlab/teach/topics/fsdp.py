@@ -30,9 +30,10 @@ def price_policy(spec, cl, n_blocks: int, *, seq: int, framework, recompute: str
     lay = Layout(dp=cl.num_gpus, zero=3, wrap=n_blocks, recompute=recompute)
     est = estimate_training(spec, lay, cl, seq_len=seq, global_batch=cl.num_gpus, framework=framework)
     items = [i for i in layout_collectives(spec, lay, cl, seq_len=seq, microbatches=1, framework=framework) if i.axis == "FSDP"]
-    gather = next(i for i in items if i.op == "all-gather" and i.phase == "forward")
+    fwd = [i for i in items if i.op == "all-gather" and i.phase == "forward"]   # the block units, then the root unit
+    gather = fwd[0]
     w = est.memory.worst
-    return {"wrap": wrap_word(n_blocks), "units": gather.calls_per_step, "unit_bytes": gather.bytes_per_call,
+    return {"wrap": wrap_word(n_blocks), "units": sum(i.calls_per_step for i in fwd), "unit_bytes": gather.bytes_per_call,
             "calls_per_step": sum(i.calls_per_step for i in items), "comm_s": sum(i.time_per_step_s for i in items),
             "critical": [f"{i.op} {i.phase}" for i in items if i.overlap == "critical"], "link": gather.link_id,
             "fsdp_buffers_bytes": w.other.get("fsdp_buffers", 0), "total_bytes": w.total, "fits": bool(est.fits),
@@ -80,8 +81,9 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"a unit is gathered whole before its forward and, resharded after it, again before its backward; its gradients "
          f"are reduce-scattered after its backward. Units per step: block {b['units']} (one per block + the root unit, "
          f"which holds the embedding, final norm and head as FSDP's root wrapper does), {n}-blocks {g['units']}, model {m['units']} [comm/inventory.py: layout_collectives]",
-         f"bytes per call = the units' bf16 weights, averaged over the units: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
-         f"{fmt_bytes(m['unit_bytes'])}; calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
+         f"bytes per call = a block unit's bf16 weights: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
+         f"{fmt_bytes(m['unit_bytes'])} (the root unit is a call of its own: {fmt_bytes(root_p * b['unit_bytes'] / block_p)}); "
+         f"calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
          f"{m['calls_per_step']}; a unit moves its weights twice (forward and backward gathers) and its gradients once, "
          f"except the one forward ends with, which stays gathered for backward (FSDP keeps the root, torchtitan the "
          f"last block), "
@@ -114,7 +116,7 @@ def fsdp_wrap(v: dict) -> Explanation:
         commands=[f"memory {cmd} --wrap {wrap_word(n)}", f"comm plan {cmd} --wrap model",
                   f"estimate {cmd} --wrap model"],
         notes=[f"one sequence of {seq} tokens per GPU per step (micro-batch 1), recompute {v['recompute']}; {fw.id}'s mechanisms "
-               "(catalog/data/frameworks.yaml); bytes per call average the units, the peak uses the largest "
-               "(often the embedding or head); the call count takes the embedding and head as one root unit (FSDP1's "
+               "(catalog/data/frameworks.yaml); bytes per call are a block unit's (the root unit of embedding, final "
+               "norm and head is one call of its own), the peak uses the largest unit (often the embedding or head); the call count takes the embedding and head as one root unit (FSDP1's "
                "root, as shardlab's runtime wraps them), the peak takes each as a unit of its own (as torchtitan wraps "
                "them), the smaller of the two peaks"])
