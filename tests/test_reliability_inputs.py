@@ -278,9 +278,13 @@ def _write(path, doc) -> str:
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    ("framework", 5, "framework must be a name"), ("gpus_per_node", "8", "not a `shardlab plan --json` document"),
+    ("framework", 5, "framework must be a name"), ("gpus_per_node", "8", "gpus_per_node must be 1 to"),
+    ("gpus_per_node", -8, "gpus_per_node must be 1 to"),
     ("model", 7, "not a `shardlab plan --json` document"), ("workload.seq_len", 10**400, "above the limit"),
-    ("workload.global_batch", 0, "positive whole number"), ("workload.precision", ["x"], "precision must be a name"),
+    ("workload.global_batch", 0, "positive whole number"), ("workload.precision", ["x"], "are not shardlab's"),
+    ("workload.precision", "fp4", "are not shardlab's"), ("workload.optimizer", "lion", "are not shardlab's"),
+    ("workload.global_batch", 1023, "not a whole number of micro-batch × dp"),
+    ("plans.0.layout.ep", 2, "needs a mixture-of-experts model"), ("plans.0.layout.vpp", 1000, "--vpp > 1 needs --pp > 1"),
 ])
 def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment):
     code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--top", "1", "--json")
@@ -289,11 +293,30 @@ def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment)
     *head, last = field.split(".")
     node = doc
     for key in head:
-        node = node[key]
+        node = node[int(key) if key.isdigit() else key]
     node[last] = value
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(doc))
     one_line_error(["export", "--to", "megatron", "--plan", str(bad)], fragment)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("plans.0.replicas", 0, "ZeroDivisionError"), ("plans.0.tp", 0, "tp must be a positive whole number"),
+    ("batch", -32, "batch must be a positive whole number"), ("serving.weights", "fp4", "are not shardlab settings"),
+    ("serving.gpu_memory_utilization", 1.5, "must be in (0, 1]"),
+])
+def test_export_of_a_tampered_serving_plan_is_one_line(tmp_path, field, value, fragment):
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "2", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    *head, last = field.split(".")
+    node = doc
+    for key in head:
+        node = node[int(key) if key.isdigit() else key]
+    node[last] = value
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(doc))
+    one_line_error(["export", "--to", "vllm", "--plan", str(bad)], fragment)
 
 
 @pytest.mark.parametrize("field, value, fragment", [

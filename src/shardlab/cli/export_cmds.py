@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from shardlab.cli.common import add_estimate_args, add_output_args, positive_int
 
@@ -42,8 +43,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_export)
 
 
-def add_export_file_args(g) -> None:
-    g.add_argument("--out", metavar="PATH", default=None, help="write the file here (default: print it)")
+def add_export_file_args(g, default_out: str = "print it") -> None:
+    g.add_argument("--out", metavar="PATH", default=None,
+                   help=f"write the file here, replacing a file of that name (default: {default_out})")
     g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm"), default=None,
                    help="slurm/skypilot: the framework each node runs (default: the plan's, or --framework's; torchtitan "
                         "when that is none of these; vllm to serve)")
@@ -82,9 +84,13 @@ def job_from_args(args, cat):
                                  output_len=args.output_len, precision=prec, engine=engine_from_args(args))
         blocks = int(est.case.blocks.num_blocks)   # the serving model's KV allocation (memory.inference.kv_blocks)
         lay = validate(Layout(tp=args.tp, pp=args.pp), spec)
-        return LaunchJob(spec.name, lay, args.prompt_len + args.output_len, per, args.precision, gpu=cluster.accelerator.id,
+        engine = engine_from_args(args)
+        cap = min(per, args.max_num_seqs or per)     # --max-num-seqs caps the sequences each replica runs at once
+        return LaunchJob(spec.name, lay, args.prompt_len + args.output_len, per,
+                         "fp16-mixed" if asked.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
                          gpus_per_node=cluster.gpus_per_node, framework="vllm",
-                         serve=Serve(per, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
+                         serve=Serve(cap, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
+                                     gpu_memory_utilization=engine.gpu_memory_utilization,
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",
                                      weights=asked.weights),
                          notes=price_notes(cat, cluster.accelerator.id, spot))
@@ -162,7 +168,7 @@ def _write(exp, job, out: str | None, as_json: bool):
 def cmd_export(args):
     from shardlab.cli.plan_cmds import _catalog
     from shardlab.errors import ShardlabError
-    from shardlab.export.build import job_from_plan, plan_model
+    from shardlab.export.build import check_job, job_from_plan, plan_model
 
     cat = _catalog(args)
     if args.plan:
@@ -173,7 +179,7 @@ def cmd_export(args):
         doc = load_json(args.plan, "--plan (a `shardlab plan --json` document)")
         try:     # a tampered or hand-edited plan: a field of the wrong type is one line, never a traceback
             spec = plan_model(doc, cat)
-            job = job_from_plan(doc, cat, args.rank, spec)
+            job = check_job(job_from_plan(doc, cat, args.rank, spec), spec, f"--plan {args.plan}")
             if not job.serve:
                 from shardlab.export import check_fields
                 from shardlab.export.job import job_fields
@@ -195,7 +201,7 @@ def cmd_export(args):
             return _write(exp, job, args.out, args.json)
         except ShardlabError:
             raise
-        except (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError) as e:
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError, ArithmeticError) as e:
             raise ShardlabError(f"--plan {args.plan} is not a `shardlab plan --json` document as written "
                                 f"({type(e).__name__}: {str(e)[:100]}); regenerate it with shardlab plan --json") from None
     else:
@@ -212,13 +218,18 @@ def add_plan_export_args(p) -> None:
     g = p.add_argument_group("export the winner")
     g.add_argument("--export", choices=TARGETS, default=None, metavar="TARGET",
                    help=f"write the best plan as a framework file ({', '.join(TARGETS)})")
-    add_export_file_args(g)
+    add_export_file_args(g, "the file name the export gives, in the current directory; an existing file there is "
+                            "never replaced")
 
 
 def with_export(fn):
     """Wrap `plan`'s handler: with --export, write the winner's file and add it to the output."""
 
     def handler(args):
+        if not getattr(args, "export", None) and (getattr(args, "out", None) or getattr(args, "launch", None)):
+            from shardlab.errors import ShardlabError
+
+            raise ShardlabError("--out and --launch say where and how to write an export: add --export TARGET")
         doc, text = fn(args)
         if not getattr(args, "export", None):
             return doc, text
@@ -236,6 +247,11 @@ def with_export(fn):
         job = job_from_plan(plan, cat, 1, spec)
         job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
+        if not args.out and os.path.lexists(out):
+            from shardlab.errors import ShardlabError
+
+            raise ShardlabError(f"--export {args.export} would write {out}, which exists: give --out PATH (a new name, "
+                                f"or {out} to replace it)")
         edoc, etext = _write(exp, job, out, True)
         doc["export"] = edoc
         return doc, text + "\n\n" + etext

@@ -19,7 +19,7 @@ import yaml
 from shardlab.errors import ShardlabError
 from shardlab import safeio
 from shardlab.safeio import yaml_load
-from shardlab.export.job import Export, Imported, LaunchJob
+from shardlab.export.job import Export, Imported, LaunchJob, Refused
 from shardlab.export.text import FieldError, FileError
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot")
@@ -35,6 +35,11 @@ def _module(target: str):
 def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Export:
     """The framework file for ``job`` (``inner``: which framework a launcher target runs)."""
     mod = _module(target)
+    if job.gpus > job.gpus_per_node and job.gpus % job.gpus_per_node:
+        # launchers start the same number of processes on every node (torchrun --nproc-per-node, deepspeed --num_gpus)
+        raise Refused(f"{job.gpus} GPUs do not fill whole nodes of {job.gpus_per_node}: launchers start as many processes "
+                      f"on every node; use a multiple of {job.gpus_per_node} GPUs (or --gpus-per-node that divides "
+                      f"{job.gpus})")
     if target in LAUNCHERS:
         return mod.render(job, spec, inner)
     if inner is not None:

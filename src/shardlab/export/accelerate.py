@@ -14,7 +14,7 @@ import yaml
 
 from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
 from shardlab.export.names import layer_class
 from shardlab.export.text import FieldError, comment_block, flag, section, whole
 
@@ -26,6 +26,10 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
     lay = job.layout
     if job.serve is not None:
         raise Refused("this Accelerate export is a training config; export an inference plan with --to vllm")
+    if lay.zero == 0 and (lay.tp > 1 or lay.cp > 1) and lay.dp * lay.pp > 1:
+        # accelerate.parallelism_config.ParallelismConfig refuses tp/cp beside replicated data parallelism
+        raise Refused("Accelerate combines tensor or context parallelism with FSDP only, not with replicated data "
+                      "parallelism (ZeRO-0); use --zero 2 or 3, or --to deepspeed / megatron")
     uns = []
     if lay.zero == 1:
         uns.append(Unsupported("zero", 1, "Accelerate's FSDP has no optimizer-only (ZeRO-1) sharding: written as "
@@ -52,9 +56,20 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
             Unsupported("seq_len", job.seq_len, "set by the training script's tokenizer/collator")]
     if job.precision == "bf16":
         uns.append(Unsupported("precision", "bf16", "Accelerate's mixed_precision keeps fp32 parameters (bf16-mixed)"))
+    if job.precision not in MIXED:
+        uns.append(Unsupported("precision", job.precision, "Accelerate's fp8 needs a recipe (fp8_config: Transformer "
+                                                           "Engine, torchao or MS-AMP) chosen in your setup: written as bf16"))
+    if lay.zero >= 1 and lay.wrap != 1:
+        uns.append(Unsupported("wrap", wrap_word(lay.wrap), "Accelerate's TRANSFORMER_BASED_WRAP makes every decoder layer "
+                                                          "its own FSDP unit"))
+    if lay.recompute == "op":
+        uns.append(Unsupported("recompute", "op", "Accelerate checkpoints whole wrapped layers (full) or nothing; left off"))
+    if lay.recompute == "full" and lay.recompute_fraction < 1:
+        uns.append(Unsupported("recompute_fraction", lay.recompute_fraction, "Accelerate checkpoints every wrapped layer: "
+                                                                             "written as full recomputation of all"))
     cfg = {"compute_environment": "LOCAL_MACHINE", "debug": False,
            "distributed_type": "MULTI_GPU" if lay.zero == 0 else "FSDP",  # zero 1 → FSDP (listed above)
-           "mixed_precision": MIXED[job.precision], "downcast_bf16": "no", "machine_rank": 0,
+           "mixed_precision": MIXED.get(job.precision, "bf16"), "downcast_bf16": "no", "machine_rank": 0,
            "main_training_function": "main", "num_machines": job.nodes, "num_processes": job.gpus,
            "rdzv_backend": "static", "same_network": True, "use_cpu": False}
     if lay.zero >= 1:
@@ -67,8 +82,9 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
     elif lay.recompute == "full":
         uns.append(Unsupported("recompute", "full", "Accelerate switches activation checkpointing on through FSDP only"))
     if lay.tp > 1 or lay.cp > 1 or lay.zero >= 1:
-        cfg["parallelism_config"] = {"parallelism_config_dp_replicate_size": lay.dp * lay.pp if lay.zero == 0 else 1,
-                                     "parallelism_config_dp_shard_size": lay.dp * lay.pp if lay.zero >= 1 else 1,
+        rep = lay.dp * lay.pp if lay.zero == 0 else lay.dp_replicate     # HSDP: replicas of the sharded group
+        cfg["parallelism_config"] = {"parallelism_config_dp_replicate_size": rep,
+                                     "parallelism_config_dp_shard_size": lay.dp * lay.pp // lay.dp_replicate if lay.zero >= 1 else 1,
                                      "parallelism_config_tp_size": lay.tp, "parallelism_config_cp_size": lay.cp}
     return cfg, uns
 

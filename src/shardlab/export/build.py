@@ -42,6 +42,60 @@ def plan_model(doc: dict, catalog):
     return catalog.model(ref or doc["model"])
 
 
+def _serving_settings(sv) -> dict:
+    """The serving settings an inference plan was made with (``plan --inference --json``'s ``serving``): weights,
+    KV-cache dtype, memory fraction and sequence cap, checked (a tampered file gets one line, not a wrong file)."""
+    from shardlab.serving.precision import KV_BYTES, WEIGHT_BITS
+
+    sv = {} if sv is None else sv
+    if not isinstance(sv, dict):
+        raise ShardlabError("--plan FILE: 'serving' must be a mapping; export the plan again with `shardlab plan --json`")
+    w, kv = sv.get("weights", "bf16"), sv.get("kv_cache_dtype", "bf16")
+    util, cap = sv.get("gpu_memory_utilization", 0.9), sv.get("max_num_seqs")
+    if w not in WEIGHT_BITS or kv not in KV_BYTES:
+        raise ShardlabError(f"--plan FILE: serving weights {str(w)[:20]!r} / kv_cache_dtype {str(kv)[:20]!r} are not "
+                            f"shardlab settings; export the plan again with `shardlab plan --json`")
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        raise ShardlabError("--plan FILE: serving gpu_memory_utilization must be in (0, 1]; export the plan again")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ShardlabError("--plan FILE: serving max_num_seqs must be a positive integer; export the plan again")
+    return {"weights": w, "kv_cache_dtype": "fp8" if kv == "fp8" else "auto", "gpu_memory_utilization": float(util),
+            "max_num_seqs": cap}
+
+
+def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
+    """A job read from a plan file meets what the flags would have required (a hand-edited file is input too):
+    a valid layout for the model, a global batch that splits into whole micro-batches, known precision and
+    optimizer, a positive GPUs-per-node; serving: positive replicas and sequences."""
+    from shardlab import limits as L
+    from shardlab.layout import validate
+    from shardlab.memory.precision import OPTIMIZERS, PRECISIONS
+
+    try:
+        if not isinstance(job.gpus_per_node, int) or isinstance(job.gpus_per_node, bool) or \
+                not 1 <= job.gpus_per_node <= L.MAX_GPUS_PER_NODE:
+            raise ShardlabError(f"gpus_per_node must be 1 to {L.MAX_GPUS_PER_NODE}, got {str(job.gpus_per_node)[:20]}")
+        if job.serve is not None:
+            for name, v in (("tp", job.layout.tp), ("pp", job.layout.pp), ("replicas", job.serve.replicas),
+                            ("batch", job.serve.max_num_seqs), ("prompt_len", job.serve.prompt_len),
+                            ("output_len", job.serve.output_len)):
+                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= L.MAX_GPUS * L.MAX_BATCH:
+                    raise ShardlabError(f"{name} must be a positive whole number, got {str(v)[:20]}")
+            validate(job.layout, spec, seq_len=job.seq_len)
+            return job
+        validate(job.layout, spec, seq_len=job.seq_len)
+        if job.precision not in PRECISIONS or job.optimizer not in OPTIMIZERS:
+            raise ShardlabError(f"precision {str(job.precision)[:20]!r} / optimizer {str(job.optimizer)[:20]!r} are not "
+                                f"shardlab's ({', '.join(PRECISIONS)}; {', '.join(OPTIMIZERS)})")
+        per_step = job.layout.micro_batch * job.layout.dp
+        if not isinstance(job.global_batch, int) or isinstance(job.global_batch, bool) or job.global_batch % per_step:
+            raise ShardlabError(f"global_batch {str(job.global_batch)[:20]} is not a whole number of micro-batch × dp = "
+                                f"{per_step} sequences")
+    except ShardlabError as e:
+        raise ShardlabError(f"{where}: {e}; export the plan again with `shardlab plan --json`") from None
+    return job
+
+
 def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
     """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document. The model is ``spec`` when
     given, else the document's ``model_ref`` (a file or hf: id) or its catalog ``model``."""
@@ -59,9 +113,13 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
         per = -(-doc["batch"] // p["replicas"])
         cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
         blocks = p.get("kv_blocks") or kv_blocks(spec, cluster, p["tp"], p["pp"], per, doc["prompt_len"], doc["output_len"])
-        serve = Serve(max_num_seqs=per, prompt_len=doc["prompt_len"], output_len=doc["output_len"],
-                      replicas=p["replicas"], kv_blocks=blocks)
-        return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, "bf16-mixed", gpu=acc.id,
+        sv = _serving_settings(doc.get("serving"))
+        serve = Serve(max_num_seqs=min(per, sv["max_num_seqs"] or per), prompt_len=doc["prompt_len"],
+                      output_len=doc["output_len"], replicas=p["replicas"], kv_blocks=blocks,
+                      gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
+                      weights=sv["weights"])
+        prec = "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed"
+        return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
                          gpus_per_node=gpn, framework="vllm", serve=serve,
                          notes={"step_time_s": None, **price_notes(catalog, acc.id)})
     lay = {k: v for k, v in p["layout"].items() if k in LAYOUT_FIELDS}

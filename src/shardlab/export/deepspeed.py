@@ -13,7 +13,7 @@ import json
 
 from shardlab.errors import ShardlabError
 from shardlab.safeio import json_loads
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, wrap_word
 from shardlab.export.text import FieldError, section, whole
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"
@@ -53,6 +53,11 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         uns.append(Unsupported("stage_layers", lay.stage_layers, "PipelineModule(partition_method=...) decides the split"))
     if job.precision == "bf16":
         uns.append(Unsupported("precision", "bf16", "DeepSpeed keeps fp32 master weights with bf16 enabled"))
+    if lay.dp_replicate > 1:
+        uns.append(Unsupported("dp_replicate", lay.dp_replicate, "written as ZeRO over the whole data-parallel group "
+                                                                 "(DeepSpeed's MiCS/hpZ groups are set by hand)"))
+    if lay.zero == 3 and lay.wrap != 1:
+        uns.append(Unsupported("wrap", wrap_word(lay.wrap), "DeepSpeed ZeRO-3 gathers module by module"))
     cfg = {"train_batch_size": job.global_batch, "train_micro_batch_size_per_gpu": lay.micro_batch,
            "gradient_accumulation_steps": accumulation, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": lay.zero}}
@@ -62,10 +67,14 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         cfg["zero_optimization"]["reduce_scatter"] = True
     if job.precision in ("bf16-mixed", "bf16"):
         cfg["bf16"] = {"enabled": True}
-    if job.grad_reduce_bytes == 4 and job.precision in ("bf16-mixed", "bf16", "fp16-mixed"):
-        cfg["communication_data_type"] = "fp32"      # DeepSpeed reduces in the model's dtype unless told otherwise
-    elif job.precision == "fp16-mixed":
+    if job.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if job.precision == "fp8-mixed":
+        cfg["bf16"] = {"enabled": True}
+        uns.append(Unsupported("precision", "fp8-mixed", "DeepSpeed's config has no FP8 GEMMs (Transformer Engine layers "
+                                                         "in the model script do that): written as bf16"))
+    if job.grad_reduce_bytes == 4 and job.precision in ("bf16-mixed", "bf16", "fp16-mixed", "fp8-mixed"):
+        cfg["communication_data_type"] = "fp32"      # DeepSpeed reduces in the model's dtype unless told otherwise
     if lay.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": lay.tp}
     if lay.ep > 1:

@@ -36,6 +36,22 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
 
     if inner not in INNER:
         raise ShardlabError(f"--launch {inner}: choose one of {', '.join(INNER)}")
+    if inner == "vllm" and job.serve is not None and job.nodes > 1 and \
+            job.layout.tp * job.layout.pp <= job.gpus_per_node:
+        # a replica fits a node: every node serves its own replicas (vLLM's data parallelism is per node here)
+        import dataclasses
+
+        from shardlab.export.job import Unsupported
+
+        per_node = job.gpus_per_node // (job.layout.tp * job.layout.pp)
+        node_job = dataclasses.replace(job, serve=dataclasses.replace(job.serve, replicas=per_node))
+        exp = render(node_job, spec, inner)
+        note = Unsupported("replicas", job.serve.replicas, f"each of the {job.nodes} nodes runs its own vllm serve of "
+                                                          f"{per_node} replica(s) with its own endpoint: put a load "
+                                                          f"balancer in front")
+        exp = dataclasses.replace(exp, unsupported=(*exp.unsupported, note))
+        start = re.search(r"^vllm serve ", exp.text, flags=re.M)
+        return "", exp.text[start.start():].rstrip(), exp
     inner_exp = render(job, spec, inner)
     fn = inner_exp.filename
     if inner == "torchtitan":
@@ -49,8 +65,18 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
         cmd = (f"accelerate launch --config_file {fn} --num_machines {job.nodes} --num_processes {job.gpus} "
                f"--machine_rank {accelerate_rank} --main_process_ip {head} --main_process_port 29500 train.py")
         return heredoc(fn, inner_exp.text), cmd, inner_exp
-    body = inner_exp.text[inner_exp.text.index("vllm serve"):]
-    return "", body.rstrip(), inner_exp
+    start = re.search(r"^vllm serve ", inner_exp.text, flags=re.M)   # the command line, not a comment naming it
+    return "", inner_exp.text[start.start():].rstrip(), inner_exp
+
+
+def per_node_replicas(fields: dict, und: list, nodes: int, gpus_per_node: int | None) -> None:
+    """A launcher serving on ``nodes`` nodes whose replicas fit one node runs the vllm command on every node
+    (``node_commands``): the replicas in the command are per node."""
+    group = fields.get("tp", 1) * fields.get("pp", 1)
+    reps = fields.get("replicas", 1)
+    if nodes > 1 and gpus_per_node and group * reps <= gpus_per_node:
+        fields["replicas"] = reps * nodes
+        und.append((f"{reps} replica(s) on each of {nodes} nodes", f"{fields['replicas']} replicas"))
 
 
 def read_embedded(text: str, catalog):

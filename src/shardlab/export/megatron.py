@@ -16,7 +16,7 @@ import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
 from shardlab.export.names import models_with_shape
 from shardlab.export.text import FieldError, Said, as_int, comment_block, even_split, flags_dict, split_command, whole
 
@@ -127,6 +127,11 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         uns.append(Unsupported("optimizer", "adam-8bit", "Megatron-LM's optimizers are adam and sgd; adam written"))
     if lay.tp > 1 and lay.ep > 1:
         pass  # experts keep TP (expert-tensor-parallel-size defaults to tp), as shardlab splits them
+    if lay.dp_replicate > 1:
+        uns.append(Unsupported("dp_replicate", lay.dp_replicate, "written as sharding over the whole data-parallel "
+                                                                 "group (no hybrid replicas)"))
+    if lay.zero == 3 and lay.wrap != 1:
+        uns.append(Unsupported("wrap", wrap_word(lay.wrap), "Megatron-FSDP shards module by module"))
     out = [("tensor-model-parallel-size", lay.tp), ("pipeline-model-parallel-size", lay.pp)]
     out += _stage_flags(job, spec, uns)
     if lay.cp > 1:
@@ -135,10 +140,24 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out.append(("expert-model-parallel-size", lay.ep))
     if lay.sequence_parallel:
         out.append(("sequence-parallel", True))
-    if lay.recompute == "selective":
+    if lay.recompute in ("selective", "op"):
         out.append(("recompute-granularity", "selective"))
+        if lay.recompute == "op":
+            uns.append(Unsupported("recompute", "op", "Megatron-LM has no per-operator checkpointing: written as its "
+                                                      "selective recomputation (the attention core, less memory saved)"))
     elif lay.recompute == "full":
-        out += [("recompute-granularity", "full"), ("recompute-method", "uniform"), ("recompute-num-layers", 1)]
+        # --recompute-method block recomputes the first N layers of each (virtual) stage: a fraction N / layers there
+        per_chunk = spec.num_layers / (lay.pp * lay.vpp)
+        n = round(lay.recompute_fraction * per_chunk)
+        if lay.recompute_fraction < 1 and n >= 1 and abs(n - lay.recompute_fraction * per_chunk) < 1e-9 \
+                and not lay.stage_layers:
+            out += [("recompute-granularity", "full"), ("recompute-method", "block"), ("recompute-num-layers", n)]
+        else:
+            if lay.recompute_fraction < 1:
+                uns.append(Unsupported("recompute_fraction", lay.recompute_fraction,
+                                       "not a whole number of layers per stage (--recompute-method block N): written as "
+                                       "full recomputation of every layer"))
+            out += [("recompute-granularity", "full"), ("recompute-method", "uniform"), ("recompute-num-layers", 1)]
     out += [("micro-batch-size", lay.micro_batch), ("global-batch-size", job.global_batch), ("seq-length", job.seq_len)]
     if lay.zero == 1:
         out.append(("use-distributed-optimizer", True))

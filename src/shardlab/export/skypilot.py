@@ -11,7 +11,7 @@ import yaml
 from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, header
-from shardlab.export.launcher import INSTALL, default_inner, node_commands, read_embedded
+from shardlab.export.launcher import INSTALL, default_inner, node_commands, per_node_replicas, read_embedded
 from shardlab.export.names import gpu_from_skypilot, skypilot_accelerator
 from shardlab.export.text import FieldError, comment_block, flag, section, whole
 
@@ -95,6 +95,8 @@ def read(text: str, catalog) -> Imported:
         f["gpus_per_node"] = per
         if inner.source != "vllm":
             f["gpus"] = nodes * per
+        else:
+            per_node_replicas(f, und, nodes, per)
         und.append((f"resources.accelerators {accs[:60]} × num_nodes {nodes}", f"{gpu or name[:40]}"))
     elif accs is not None:
         raise FieldError("resources.accelerators", "an accelerator name and count (H100:8)", accs, wrong_type=True)

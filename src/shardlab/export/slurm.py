@@ -10,7 +10,7 @@ import re
 from shardlab.limits import MAX_GPUS, MAX_GPUS_PER_NODE
 
 from shardlab.export.job import Export, Imported, LaunchJob, header
-from shardlab.export.launcher import default_inner, node_commands, read_embedded
+from shardlab.export.launcher import default_inner, node_commands, per_node_replicas, read_embedded
 from shardlab.export.text import comment_block
 
 CHECKED = "bash -n; torch 2.13 torchrun argument parser (torch.distributed.run)"
@@ -57,4 +57,6 @@ def read(text: str, catalog) -> Imported:
         und.append((f"#SBATCH {nodes.group(1)} nodes × {gpn.group(1)} GPUs", f"{f['gpus']} GPUs"))
     if gpn:
         f["gpus_per_node"] = int(gpn.group(1))
+    if nodes and inner.source == "vllm":
+        per_node_replicas(f, und, int(nodes.group(1)), f.get("gpus_per_node"))
     return Imported("slurm", f, tuple(und), inner.ignored, inner.framework)

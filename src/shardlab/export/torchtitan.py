@@ -10,7 +10,8 @@ Mapping (shardlab → torchtitan):
   pipeline chunks (pp·vpp, shardlab.memory.states.chunk_layers) → module_fqns_per_model_part, exactly
   micro_batch → pipeline_parallel_microbatch_size (pp > 1; local_batch_size = micro_batch × microbatches)
                or local_batch_size (pp = 1; gradient accumulation = global / (local × dp))
-  recompute → activation_checkpoint.mode (selective = per-op SAC, selective_ac_option "op")
+  recompute → activation_checkpoint.mode (op = per-op SAC: selective, selective_ac_option "op"; a recompute fraction
+  1/N = selective, option "N")
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import tomllib
 
 from shardlab.errors import ShardlabError
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
 from shardlab.export.names import model_from_torchtitan, torchtitan_flavor
 from shardlab.export.text import FieldError, Said, even_split, section, toml_dump, whole
 from shardlab.layout import Layout
@@ -61,6 +62,15 @@ def render(job: LaunchJob, spec) -> Export:
     if lay.pp > 1 and lay.schedule == "zb-h1" and lay.vpp < 2:
         raise Refused("torch.distributed.pipelining has no single-chunk ZB-H1 schedule; use --vpp 2 "
                       "(InterleavedZeroBubble) or --schedule 1f1b")
+    m = job.microbatches
+    if lay.pp > 1 and lay.schedule == "1f1b" and lay.vpp == 1 and m < lay.pp:
+        # torch.distributed.pipelining.Schedule1F1B: "Number of microbatches must be >= the number of stages"
+        raise Refused(f"torch's 1F1B schedule needs at least as many micro-batches as stages ({m} < pp {lay.pp}); raise "
+                      f"--global-batch to {lay.pp * lay.micro_batch * lay.dp} or more")
+    if lay.pp > 1 and lay.vpp > 1 and m % max(1, m // lay.pp):
+        rounds = max(1, m // lay.pp)
+        raise Refused(f"torch's interleaved schedules run micro-batches in rounds of pp: {m} micro-batches is not a "
+                      f"multiple of its {rounds} rounds; use a multiple of pp {lay.pp} micro-batches (--global-batch)")
     if lay.pp > 1 and lay.vpp > 1 and lay.schedule in ("gpipe", "1f1b"):
         raise Refused(f"{lay.schedule} runs one stage per pipeline rank; --vpp {lay.vpp} needs --schedule interleaved")
     uns = []
@@ -78,7 +88,10 @@ def render(job: LaunchJob, spec) -> Export:
     if lay.tp > 1 and not lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", False, "torchtitan 0.2.2 always shards norms over TP (sequence parallel)"))
     dtype, mp = PRECISION[job.precision]
-    dp_rep, dp_shard = (lay.dp, 1) if lay.zero == 0 else (1, lay.dp)
+    # HSDP: replicas of a sharded group (torchtitan's data_parallel_replicate_degree × data_parallel_shard_degree)
+    dp_rep, dp_shard = (lay.dp, 1) if lay.zero == 0 else (lay.dp_replicate, lay.dp // lay.dp_replicate)
+    if lay.zero >= 2 and lay.wrap != 1:
+        uns.append(Unsupported("wrap", wrap_word(lay.wrap), "torchtitan wraps every block as its own FSDP unit"))
     local = lay.micro_batch * job.microbatches if lay.pp > 1 else lay.micro_batch
     par = {"data_parallel_replicate_degree": dp_rep, "data_parallel_shard_degree": dp_shard,
            "fsdp_reshard_after_forward": {3: "always", 2: "never", 1: "never"}.get(lay.zero, "default"),
@@ -90,9 +103,23 @@ def render(job: LaunchJob, spec) -> Export:
         par.update({"pipeline_parallel_schedule": SCHEDULES[lay.schedule],
                     "pipeline_parallel_microbatch_size": lay.micro_batch,
                     "module_fqns_per_model_part": _chunk_fqns(spec, lay)})
+    # torchtitan's modes: none, full, selective with option "op" (per-op SAC: shardlab's recompute 'op') or "N" (full
+    # recomputation of every N-th block: shardlab's --recompute-fraction 1/N)
     ac = {"mode": lay.recompute}
+    if lay.recompute in ("op", "selective"):
+        ac = {"mode": "selective", "selective_ac_option": "op"}
     if lay.recompute == "selective":
-        ac["selective_ac_option"] = "op"
+        uns.append(Unsupported("recompute", "selective", "torchtitan has no attention-core-only recomputation; written as "
+                                                         "its per-op selective checkpointing (shardlab's --recompute op)"))
+    frac = lay.recompute_fraction
+    if lay.recompute == "full" and frac < 1:
+        every = round(1 / frac)
+        if abs(every * frac - 1) < 1e-9:
+            ac = {"mode": "selective", "selective_ac_option": str(every)}
+        else:
+            uns.append(Unsupported("recompute_fraction", frac, "torchtitan recomputes every N-th block "
+                                                               "(selective_ac_option N: a fraction 1/N); written as full "
+                                                               "recomputation of every block"))
     sections = {
         "job": {"dump_folder": "./outputs", "description": f"{job.model}: exported by shardlab"},
         "model": {"name": flavor[0], "flavor": flavor[1], "hf_assets_path": f"./assets/hf/{job.model}"},
@@ -231,7 +258,7 @@ def read(text: str, catalog) -> Imported:
         raise FieldError("activation_checkpoint.selective_ac_option", "'op' or a number of blocks as text ('2')", opt,
                          wrong_type=True)
     opt = str(opt)[:20]
-    f["recompute"] = {"none": "none", "full": "full"}.get(mode, "selective" if opt == "op" else "full")
+    f["recompute"] = {"none": "none", "full": "full"}.get(mode, "op" if opt == "op" else "full")
     if mode == "selective" and opt != "op":
         ign.append(f"selective_ac_option {opt} (full recompute of every {opt}th block: modelled as full)")
     und.append((f"activation_checkpoint.mode = {mode!r}", f["recompute"]))
