@@ -287,7 +287,13 @@ def _write(path, doc) -> str:
     ("plans.0.layout.ep", 2, "needs a mixture-of-experts model"), ("plans.0.layout.vpp", 1000, "--vpp > 1 needs --pp > 1"),
 ])
 def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment):
-    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--top", "1", "--json")
+    bad = _tampered_plan(tmp_path, ("llama-3.1-8b", "--gpus", "8", "--top", "1"), field, value)
+    one_line_error(["export", "--to", "megatron", "--plan", str(bad)], fragment)
+
+
+def _tampered_plan(tmp_path, plan_args, field: str, value):
+    """A `plan --json` file with one field (dotted path, list indexes as digits) set to ``value``."""
+    code, out, err = cli_main("plan", *plan_args, "--json")
     assert code == 0, err
     doc = json.loads(out)
     *head, last = field.split(".")
@@ -297,7 +303,7 @@ def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment)
     node[last] = value
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(doc))
-    one_line_error(["export", "--to", "megatron", "--plan", str(bad)], fragment)
+    return bad
 
 
 @pytest.mark.parametrize("field, value, fragment", [
@@ -306,16 +312,7 @@ def test_export_of_a_tampered_plan_is_one_line(tmp_path, field, value, fragment)
     ("serving.gpu_memory_utilization", 1.5, "must be in (0, 1]"),
 ])
 def test_export_of_a_tampered_serving_plan_is_one_line(tmp_path, field, value, fragment):
-    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "2", "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    *head, last = field.split(".")
-    node = doc
-    for key in head:
-        node = node[int(key) if key.isdigit() else key]
-    node[last] = value
-    bad = tmp_path / "plan.json"
-    bad.write_text(json.dumps(doc))
+    bad = _tampered_plan(tmp_path, ("llama-3.1-8b", "--inference", "--gpus", "2"), field, value)
     one_line_error(["export", "--to", "vllm", "--plan", str(bad)], fragment)
 
 
