@@ -59,10 +59,25 @@ def test_builtin_prices_are_sourced_dated_and_defaults_flagged():
     assert not table[("h100-sxm", "aws")].estimate
 
 
+NEOCLOUDS = ("lambda", "runpod", "runpod-community", "runpod-secure", "nebius", "coreweave", "vast")
+
+
+@pytest.mark.parametrize("acc", ["h100-sxm", "a100-80gb", "a100-40gb", "h200", "b200", "l40s"])
+def test_default_price_is_the_median_neocloud_quote_rounded_up(acc):
+    """prices.yaml's rule for `default`: the median of the neocloud quotes listed, rounded up to 5 cents."""
+    import math
+    import statistics
+
+    table = price_table(get_catalog())
+    quotes = [e.on_demand_usd_per_gpu_hour for (a, prov), e in table.items() if a == acc and prov in NEOCLOUDS]
+    median = statistics.median(quotes)
+    assert table[(acc, "default")].on_demand_usd_per_gpu_hour == pytest.approx(math.ceil(round(median * 20, 6)) / 20)
+
+
 def test_resolve_price_default_provider_spot_and_given():
     cat = get_catalog()
     p = resolve_price(cat, "h100-sxm")
-    assert (p.usd_per_gpu_hour, p.provider, p.kind, p.estimate) == (3.50, "default", "on-demand", True)
+    assert (p.usd_per_gpu_hour, p.provider, p.kind, p.estimate) == (3.95, "default", "on-demand", True)
     assert "inferred" in p.source and "prices.yaml" in p.source
     p = resolve_price(cat, "H100-SXM", provider="gcp", spot=True)
     assert (p.usd_per_gpu_hour, p.kind) == (6.57, "spot") and "2026-09-26" in p.source
@@ -191,7 +206,7 @@ def test_cost_cli_plan_path_uses_the_estimate_contract(monkeypatch):
     d = json.loads(out)
     assert seen == {"gpu": "h100-sxm", "model": "llama-2-7b", "tokens": "1e9"}
     assert d["hours_from"] == "plan" and d["run_hours"] == pytest.approx(2.0) and d["hours"] == pytest.approx(2.5)
-    assert d["usd"] == pytest.approx(8 * 3.50 * 2.5) and d["plan"] == {"train_time_s": 7200.0, "gpus": 8}
+    assert d["usd"] == pytest.approx(8 * 3.95 * 2.5) and d["plan"] == {"train_time_s": 7200.0, "gpus": 8}
     assert "including set-up" in d["sentence"] and real_catalog().accelerator(d["gpu"]).id == "h100-sxm"
     code, _, err = cli_main("cost", "llama-2-7b", "--gpus", "8")
     assert code == 2 and "add --tokens" in err

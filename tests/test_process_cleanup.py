@@ -109,3 +109,54 @@ def test_setup_hours_are_reserved_and_charged(tmp_path):
                                  "--setup-hours", "0.6", "--grace-s", "0", "--", "true"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "estimate $4.20 including 0.6 h set-up" in r.stderr    # $4.20 > $5 - $1.00
+
+
+LAUNCHER = r'''
+import os, signal, subprocess, sys, time
+out = sys.argv[1]
+if len(sys.argv) > 2:                                   # the worker: checkpoints for 1.5 s on SIGTERM
+    def save(signum, frame):
+        time.sleep(1.5)
+        open(out, "w").write("saved")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, save)
+    open(out + ".ready", "w").write("")
+    while True:
+        time.sleep(0.05)
+subprocess.Popen([sys.executable, __file__, out, "worker"])
+signal.signal(signal.SIGTERM, lambda s, f: os._exit(143))   # the launcher exits at once on SIGTERM
+while True:
+    time.sleep(0.05)
+'''
+
+
+def test_a_launcher_exiting_on_sigterm_leaves_its_workers_the_grace_period(tmp_path):
+    script, saved = tmp_path / "launcher.py", tmp_path / "ckpt"
+    script.write_text(LAUNCHER)
+    r = subprocess.run(guard_cmd(tmp_path / "l.sqlite", "--budget-name", "b", "--ceiling", "10", "--gpus", "1",
+                                 "--price", "1", "--hours", "0.0005", "--grace-s", "4", "--", sys.executable,
+                                 str(script), str(saved)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert saved.read_text() == "saved"           # the worker finished its 1.5 s checkpoint inside the 4 s grace
+
+
+@pytest.mark.parametrize("stop", ["SIGTSTP", "SIGSTOP"])
+def test_a_stopped_guard_still_ends_the_job_at_its_limit(tmp_path, stop):
+    """Ctrl-Z (SIGTSTP) is ignored by the guard; SIGSTOP cannot be, and the watchdog ends the job at the
+    reservation's end (+1 s) instead. No process outlives the paid time + grace either way."""
+    flag = tmp_path / "pid"
+    g = subprocess.Popen(guard_cmd(tmp_path / "l.sqlite", "--budget-name", "b", "--ceiling", "10", "--gpus", "1",
+                                   "--price", "1", "--hours", "0.0003", "--grace-s", "1", "--", sys.executable, "-c",
+                                   f"import os,time; open({str(flag)!r},'w').write(str(os.getpid())); time.sleep(60)"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for(lambda: flag.exists() and flag.read_text(), timeout_s=20, what="the command to start")
+        pid = int(flag.read_text())
+        g.send_signal(getattr(signal, stop))
+        wait_for(lambda: not _alive(pid), timeout_s=15, what="the command to be stopped at its limit")
+        g.send_signal(signal.SIGCONT)
+        assert g.wait(timeout=30) in (124, 137, -9), g.stderr.read().decode()
+    finally:
+        if g.poll() is None:
+            g.send_signal(signal.SIGCONT)
+            g.kill()

@@ -60,6 +60,8 @@ class _State:
     tree: proctree.ProcessTree | None = None
     received: int | None = None
     received_at: float | None = None
+    term_at: float | None = None
+    """When the guard sent SIGTERM (the time limit, or a signal it passed on)."""
 
 
 def _exit_code(rc: int) -> int:
@@ -101,7 +103,10 @@ def _supervise(state: _State, t0: float, limit_s: float, grace_s: float) -> tupl
         except subprocess.TimeoutExpired:
             continue
         if reason is None and state.received is not None:     # the signal came while we waited
-            reason = "interrupted"
+            reason, term_at = "interrupted", state.received_at
+        if reason is None and time.monotonic() - t0 >= limit_s:  # it ended past the limit (the watchdog ended it
+            reason, term_at = "time-limit", t0 + limit_s          # while the guard was stopped)
+        state.term_at = term_at
         return reason, killed, rc
 
 
@@ -169,12 +174,19 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
                                      note=f"could not start: {e.strerror or e}"), code)
             state.tree.track(state.child.pid)
             watchdog.track(state.child.pid)
+            # past the reservation (+1 s: the guard's own SIGKILL comes first) the watchdog stops the job even if
+            # the guard cannot (stopped with SIGSTOP)
+            watchdog.deadline(t0 + req.hours * 3600 + req.grace_s + 1.0)
             if state.received is not None:          # a signal between the reservation and the start
                 _signal_job(state, state.received)
             reason, killed, rc = _supervise(state, t0, req.hours * 3600, req.grace_s)
-            left_s = max(0.0, t0 + req.hours * 3600 + req.grace_s - time.monotonic())
-            leftovers = state.tree.stop(0.0 if reason else min(req.grace_s, left_s), groups=[state.child.pid],
-                                        skip_reap=[state.child.pid])
+            now = time.monotonic()
+            left_s = max(0.0, t0 + req.hours * 3600 + req.grace_s - now)
+            # what the command left running gets the rest of its grace period: from the SIGTERM when there was
+            # one (a launcher that exits on SIGTERM must not cut its workers' checkpointing short), else a full one
+            grace_left = (0.0 if killed else max(0.0, state.term_at + req.grace_s - KILL_MARGIN_S - now)) if reason \
+                else min(req.grace_s, left_s)
+            leftovers = state.tree.stop(grace_left, groups=[state.child.pid], skip_reap=[state.child.pid])
             wall_s = time.monotonic() - t0
         finally:
             if state.child is not None and state.child.poll() is None:
@@ -201,6 +213,9 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
         _signal_job(state, signum)
 
     old = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    # Ctrl-Z would stop only the guard (the command has its own process group), and a stopped guard enforces no
+    # time limit: ignore it (the watchdog's deadline covers an uncatchable SIGSTOP)
+    old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, signal.SIG_IGN)
     try:
         with Ledger(ledger_path) as ledger:
             run, change = ledger.reserve(req)

@@ -51,6 +51,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)   # the guard ignores Ctrl-Z; the command keeps its default
         prctl(PR_SET_PDEATHSIG, int(sig))
         if os.getppid() != parent:          # the parent died before prctl took effect
             os._exit(128 + int(sig))
@@ -273,6 +274,11 @@ class Watchdog:
         """Tell the helper about a child just started (before its first scan could see it)."""
         self._send(f"track {pid}")
 
+    def deadline(self, at_monotonic_s: float) -> None:
+        """Stop every descendant (SIGKILL) if the job still runs at ``at_monotonic_s`` (``time.monotonic()``, one
+        clock for every process of the machine): the root cannot enforce its limit while it is stopped (SIGSTOP)."""
+        self._send(f"deadline {at_monotonic_s!r}")
+
     def remove_on_death(self, path: str | os.PathLike) -> None:
         """Ask the helper to delete ``path`` (a temporary ``shardlab-run-*`` folder of this job) if the root
         dies without calling ``close()``: nothing else would, since a SIGKILLed root runs no exit handler."""
@@ -308,9 +314,12 @@ def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:
     for s in (signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     tree = ProcessTree(root, exclude | {os.getpid()}, marker=marker)
-    fd, pending, remove = sys.stdin.fileno(), b"", []
+    fd, pending, remove, deadline = sys.stdin.fileno(), b"", [], None
     while True:
         tree.scan()
+        if deadline is not None and time.monotonic() >= deadline:   # the root is stopped past its job's end
+            tree.stop(0.0)
+            deadline = None
         ready, _, _ = select.select([fd], [], [], SCAN_INTERVAL_S)
         if not ready:
             continue
@@ -324,6 +333,8 @@ def _watch(root: int, grace_s: float, marker: str, exclude: set[int]) -> int:
                 return 0
             if line.startswith(b"track "):
                 tree.track(int(line.split()[1]))
+            elif line.startswith(b"deadline "):
+                deadline = float(line.split()[1])
             elif line.startswith(b"remove "):
                 remove.append(os.fsdecode(line[len(b"remove "):]))
     tree.scan()

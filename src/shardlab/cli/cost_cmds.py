@@ -127,9 +127,18 @@ def cmd_cost(args):
     alternatives = _alternatives(cat, acc, est) if acc is not None else []
     doc = {**est.to_dict(), "price_source": price.source, "gpu": acc.id if acc else args.gpu, "price": price.to_dict(),
            "hours_from": "plan" if plan else "given", "sentence": line, "alternatives": alternatives}
+    text = _cost_text(line, est, price, plan, acc, alternatives)
     if plan is not None:
         doc["plan"] = plan.to_dict()
-    return doc, _cost_text(line, est, price, plan, acc, alternatives)
+        fits = getattr(plan, "fits", None)       # an estimate says whether its layout fits in GPU memory
+        if fits is not None:
+            doc["fits"] = bool(fits)
+        if fits is False:
+            need, have = plan.memory.worst.total / 2**30, acc.memory_bytes / 2**30
+            text = (f"DOES NOT FIT: this layout needs {need:,.1f} GiB per GPU of {have:,.1f} GiB, so this prices a run "
+                    f"that cannot start; `shardlab plan` with the same model and GPUs finds a layout that fits, or "
+                    f"says why none does\n" + text)
+    return doc, text
 
 
 def _alternatives(cat, acc, est) -> list[dict]:
