@@ -119,9 +119,24 @@ def _is_sqlite(p: Path) -> bool:
         os.close(fd)
 
 
+def save_with(writer, path: str | os.PathLike, what: str = "output file") -> Path:
+    """``writer(path)`` (a figure's ``savefig``) after the same checks as ``write_text``: a write that fails (disk
+    full, file-size limit) is one line, and the partial file it left is removed when there was none before."""
+    p = check_output_path(path, what)
+    existed = p.exists()
+    try:
+        writer(p)
+    except OSError as e:
+        if not existed and p.is_file():
+            p.unlink(missing_ok=True)
+        raise ShardlabError(f"cannot write {what} {p}: {e.strerror or e}; choose another path") from None
+    return p
+
+
 def write_text(path: str | os.PathLike, text: str, what: str = "output file") -> Path:
     """Write ``text`` (UTF-8) to a regular file, refusing FIFOs, devices and directories (never blocks)."""
     p = check_output_path(path, what)
+    existed = p.exists()
     data = text.encode("utf-8")
     try:
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -137,6 +152,8 @@ def write_text(path: str | os.PathLike, text: str, what: str = "output file") ->
             n = os.write(fd, view)
             view = view[n:]
     except OSError as e:
+        if not existed:              # do not leave a truncated file the user never had
+            p.unlink(missing_ok=True)
         raise ShardlabError(f"cannot write {what} {p}: {e.strerror or e}; choose another path") from None
     finally:
         os.close(fd)

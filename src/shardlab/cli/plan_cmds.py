@@ -315,8 +315,9 @@ def cmd_plan(args):
                             overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw,
                             memory_fraction=args.max_memory_fraction)
     offload_note = None
-    if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None:
-        # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host)
+    if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None and fixed.get("zero", 3) == 3:
+        # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host);
+        # not when the user fixed another ZeRO stage (the search keeps what the user fixed)
         from dataclasses import replace
 
         from shardlab.memory.offload import Offload

@@ -58,7 +58,13 @@ def register(sub) -> None:
 
 
 def layout_given(args) -> bool:
-    """Did the user give a layout (then the page is that layout's estimate)?"""
+    """Did the user give a layout (then the page is that layout's estimate)? A flag written on the command line
+    counts even at its default value (``--tp 1 --zero 0``); args built in code count the values that differ."""
+    from shardlab.cli.common import given_flags
+
+    given = given_flags(args)
+    if given is not None and given & set(LAYOUT_FLAGS):
+        return True
     return any(getattr(args, k) != v for k, v in LAYOUT_FLAGS.items())
 
 

@@ -44,7 +44,7 @@ def _group_text(g: list[int]) -> str:
     if stride == 1 and g[-1] - g[0] == len(g) - 1:
         return f"ranks {g[0]}-{g[-1]}"
     if all(b - a == stride for a, b in zip(g, g[1:])):
-        shown = ", ".join(str(r) for r in g[:3]) + (f", … {g[-1]}" if len(g) > 3 else "")
+        shown = ", ".join(str(r) for r in g) if len(g) <= 4 else ", ".join(str(r) for r in g[:3]) + f", … {g[-1]}"
         return f"ranks {shown} ({len(g)} ranks, stride {stride})"
     return "ranks " + ", ".join(str(r) for r in g[:4]) + (f", … {g[-1]} ({len(g)} ranks)" if len(g) > 4 else "")
 
@@ -160,6 +160,7 @@ def layout_detail(spec: ModelSpec, layout: Layout, cluster: Cluster, mem: Memory
         "memory": memory_stages(mem),
         "pipeline": pipeline_detail(layout, microbatches, breakdown.get("compute_s", 0.0),
                                     breakdown.get("pp_p2p_s", 0.0) / max(1, 2 * microbatches * layout.vpp)),
-        "tp_diagram": block_mermaid(spec, layout.tp, seq_len=seq_len, micro_batch=layout.micro_batch,
+        # a TP group works on its context-parallel rank's s/cp tokens (what comm plan prices)
+        "tp_diagram": block_mermaid(spec, layout.tp, seq_len=seq_len // layout.cp, micro_batch=layout.micro_batch,
                                     sequence_parallel=layout.sequence_parallel, elem_bytes=sb.weights),
     }

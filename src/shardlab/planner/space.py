@@ -107,7 +107,7 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         num_gpus % mp == 0,
         ok_tp,
         pp * vpp <= spec.num_layers,
-        (seq_len % cp == 0) & (seq_len // cp >= 256),
+        (cp == 1) | ((seq_len % cp == 0) & (seq_len // cp >= 256)),     # a short sequence is not split, not refused
         (E % ep == 0) & (np.where(dp > 0, dp, 1) % ep == 0),
         (dp > 0) & (global_batch % np.maximum(mb * dp, 1) == 0),
         (sched != SCHEDULE_CODES["interleaved"]) | ((m % pp == 0) & (m >= pp)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
+from shardlab.safeout import save_with
 
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 """Forward blue, backward orange, weight-gradient green (colour-blind safe 'deep' palette)."""
@@ -102,7 +103,7 @@ def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = 
     ax.grid(axis="x", color="#eeeeee", zorder=0)
     ax.set_axisbelow(True)
     fig.tight_layout(rect=(0, (0.1 + 0.3 * legend_rows) / fig_h, 1, 1))
-    fig.savefig(p_out, dpi=130)
+    save_with(lambda f: fig.savefig(f, dpi=130), p_out, "--plot")
     plt.close(fig)
     return p_out
 
@@ -145,7 +146,7 @@ def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str
     ax_t.legend(title="link (◆ = latency/bandwidth crossover)", fontsize=9, title_fontsize=9)
     fig.suptitle(f"α–β model of {op} on {ranks} ranks" + (f" — {subtitle}" if subtitle else ""), fontsize=11)
     fig.tight_layout()
-    fig.savefig(p_out, dpi=130)
+    save_with(lambda f: fig.savefig(f, dpi=130), p_out, "--plot")
     plt.close(fig)
     return p_out
 
@@ -203,6 +204,6 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
     fig.suptitle(title + "\nfilled: leave-one-source-out (refitted without the run's source); hollow: in sample; "
                          "×: outside the target (in sample)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(p)
+    save_with(fig.savefig, p, "--plot")
     plt.close(fig)
     return p

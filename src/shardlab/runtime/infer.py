@@ -203,6 +203,8 @@ def run_sweep(req: InferRequest, plot: str | None = None, tps: tuple[int, ...] |
 def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -> str:
     import matplotlib
 
+    from shardlab.safeout import save_with
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -234,7 +236,7 @@ def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    fig.savefig(path)
+    save_with(fig.savefig, path, "--plot")
     plt.close(fig)
     return path
 

@@ -58,8 +58,7 @@ def write_report(path: str, kind: str, doc: dict, command: str) -> int:
     """Write the page for ``doc`` to ``path``; returns its size in bytes."""
     text = render_report(kind, doc, command)
     data = text.encode("utf-8")
-    try:
-        Path(check_html_path(path)).write_bytes(data)
-    except OSError as e:
-        raise ShardlabError(f"--html {path}: cannot write ({e.strerror}); choose another path") from None
+    from shardlab.safeout import save_with
+
+    save_with(lambda f: Path(f).write_bytes(data), check_html_path(path), "HTML page")   # no partial page left
     return len(data)

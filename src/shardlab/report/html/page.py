@@ -140,8 +140,10 @@ class Page:
 
 
 def _json_script(v) -> str:
-    """JSON safe inside a <script> element (no '</' sequences)."""
-    return json.dumps(v, separators=(",", ":"), default=str).replace("</", "<\\/")
+    """JSON safe inside a <script> element: every '<', '>' and '&' escaped (\\u003c...), so no '</script>' or
+    '<!--' in a user's text can end the element or open an HTML comment; JSON.parse gives back the same text."""
+    return (json.dumps(v, separators=(",", ":"), default=str)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
 CSS = """

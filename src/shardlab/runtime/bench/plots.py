@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from shardlab.comm.collectives import bus_factor
 from shardlab.runtime.bench_matmul import GEMMS
+from shardlab.safeout import save_with
 
 
 def size_ticks(ax, sizes: list[int], most: int = 9) -> None:
@@ -53,7 +54,7 @@ def plot_collectives(doc: dict, path: str) -> str:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_with(lambda f: fig.savefig(f, dpi=120), path, "--plot")
     plt.close(fig)
     return path
 
@@ -96,6 +97,6 @@ def plot_matmul(doc: dict, path: str) -> str:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_with(lambda f: fig.savefig(f, dpi=120), path, "--plot")
     plt.close(fig)
     return path
