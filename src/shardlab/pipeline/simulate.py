@@ -130,8 +130,8 @@ def pass_times(schedule: str, forward_s: float, backward_s: float, weight_grad_s
     if schedule == "zb-h1":
         if weight_grad_s is None:
             return forward_s, backward_s / 2, backward_s / 2, (
-                f"zb-h1: no --weight-grad-s given, the backward {backward_s:g} s is split in half: "
-                f"input gradient B = weight gradient W = {backward_s / 2:g} s")
+                f"zb-h1: no weight-gradient time given (`shardlab pipeline --weight-grad-s`), the backward "
+                f"{backward_s:.4g} s is split in half: input gradient B = weight gradient W = {backward_s / 2:.4g} s")
         return forward_s, backward_s, weight_grad_s, ""
     return forward_s, backward_s + (weight_grad_s or 0.0), 0.0, ""
 
