@@ -66,3 +66,11 @@ def test_the_tp_diagram_works_on_the_context_parallel_ranks_tokens():
     local = block_mermaid(spec, 2, seq_len=4096 // 4, micro_batch=1, sequence_parallel=True)
     assert "(1, 512, 8192)" in local                 # s/cp = 1024 tokens, split over tp 2 by sequence parallelism
     assert _group_text([9, 11, 13, 15]) == "ranks 9, 11, 13, 15 (4 ranks, stride 2)"
+
+
+def test_models_names_the_split_by_role_not_by_dim_index():
+    code, out, err = cli_main("models", "mixtral-8x7b")
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("layers.0.")}
+    assert "dim 1 (column)" in rows["layers.0.moe.experts.w1"] and "dim 2 (row)" in rows["layers.0.moe.experts.w2"]
+    assert "dim 0 (column)" in rows["layers.0.attention.wq.weight"]

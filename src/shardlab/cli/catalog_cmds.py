@@ -68,8 +68,7 @@ def _model_detail(m):
     first = [t for t in model_tensors(m) if t.layer in (0,)]
     lines.append(table(["tensor (layer 0)", "shape", "numel", "TP split"],
                        [[t.name, "×".join(map(str, t.shape)), f"{t.numel:,}",
-                         {None: "replicated", 0: "dim 0 (column/vocab)", 1: "dim 1 (row)", 2: "dim 2 (row)"}[t.tp_dim]
-                         + (" + EP dim 0" if t.ep_dim is not None else "")] for t in first]))
+                         _split_label(t) + (" + EP dim 0" if t.ep_dim is not None else "")] for t in first]))
     lines.append("")
     if m.mlp == "gelu" and m.position == "learned" and m.norm == "layernorm" and m.moe is None:
         L, h, V, s = m.num_layers, m.hidden_size, m.vocab_size, m.max_seq_len
@@ -109,3 +108,13 @@ def cmd_links(args):
     text = table(["id", "name", "GB/s/dir", "eff", "busbw GB/s", "alpha µs", "scope"], rows,
                  title="links (per GPU, per direction; busbw = line rate × efficiency; sources: `--json`)")
     return {"links": [asdict(l) for l in cat.links.values()]}, text
+
+
+def _split_label(t) -> str:
+    """How TP splits a weight (out, in) or stacked experts (E, out, in): the output dim is column-parallel (the
+    vocabulary for an embedding), the input dim row-parallel (Shoeybi et al. 2019, §3)."""
+    if t.tp_dim is None:
+        return "replicated"
+    if t.tp_dim == len(t.shape) - 2:
+        return f"dim {t.tp_dim} ({'vocab' if 'embed' in t.name or t.name.startswith('output') else 'column'})"
+    return f"dim {t.tp_dim} (row)"
