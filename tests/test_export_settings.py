@@ -67,6 +67,11 @@ def test_multi_node_serving_runs_one_engine_per_node(tmp_path, target):
 def test_gpus_that_do_not_fill_nodes_are_refused():
     assert "do not fill whole nodes of 8" in refused("--to", "deepspeed", "llama-3.1-8b", "--gpus", "12", "--tp", "4",
                                                      "--zero", "1", "--global-batch", "48")
+    # a vllm serve file launches no per-node processes: 3 replicas of TP 4 on 12 GPUs is written
+    assert "--data-parallel-size 3" in text("--to", "vllm", "llama-3.1-8b", "--inference", "--gpus", "12", "--tp", "4")
+    # a launcher running one engine per node needs the replicas to spread evenly over the nodes
+    assert "do not spread evenly" in refused("--to", "slurm", "llama-3.1-8b", "--inference", "--gpus", "24", "--tp", "2",
+                                             "--pp", "3", "--batch", "32")
 
 
 def test_torchtitan_recomputation_modes():

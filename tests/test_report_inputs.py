@@ -74,3 +74,7 @@ def test_models_names_the_split_by_role_not_by_dim_index():
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("layers.0.")}
     assert "dim 1 (column)" in rows["layers.0.moe.experts.w1"] and "dim 2 (row)" in rows["layers.0.moe.experts.w2"]
     assert "dim 0 (column)" in rows["layers.0.attention.wq.weight"]
+    code, out, err = cli_main("models", "gpt2")
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("layers.0.")}
+    assert "dim 0 (column)" in rows["layers.0.attention.wq.bias"]       # a column-parallel layer's bias splits too

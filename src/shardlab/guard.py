@@ -62,6 +62,8 @@ class _State:
     received_at: float | None = None
     term_at: float | None = None
     """When the guard sent SIGTERM (the time limit, or a signal it passed on)."""
+    by_watchdog: bool = False
+    """The watchdog ended the job at the reservation's end while the guard was stopped."""
 
 
 def _exit_code(rc: int) -> int:
@@ -104,14 +106,19 @@ def _supervise(state: _State, t0: float, limit_s: float, grace_s: float) -> tupl
             continue
         if reason is None and state.received is not None:     # the signal came while we waited
             reason, term_at = "interrupted", state.received_at
-        if reason is None and time.monotonic() - t0 >= limit_s:  # it ended past the limit (the watchdog ended it
-            reason, term_at = "time-limit", t0 + limit_s          # while the guard was stopped)
+        if reason is None and rc < 0 and time.monotonic() - t0 >= limit_s + grace_s:
+            # killed by a signal after the reservation ended, which the guard did not send: its watchdog ended the
+            # job while the guard was stopped (SIGSTOP)
+            reason, term_at, state.by_watchdog = "time-limit", t0 + limit_s, True
         state.term_at = term_at
         return reason, killed, rc
 
 
 def _outcome(req: RunRequest, state: _State, reason: str | None, killed: bool, rc: int) -> tuple[str, int, str]:
     """(status, guard exit code, note)."""
+    if reason == "time-limit" and state.by_watchdog:
+        return ("killed-time-limit", EXIT_TIME_LIMIT, f"paid time {req.hours:g} h and the {req.grace_s:g} s grace ran out "
+                "while the guard was stopped: its watchdog stopped the job (SIGTERM, then SIGKILL at once)")
     if reason == "time-limit":
         note = f"paid time {req.hours:g} h ran out: SIGTERM" + (f", then SIGKILL after {req.grace_s:g} s" if killed else "")
         return "killed-time-limit", EXIT_TIME_LIMIT, note
@@ -128,8 +135,8 @@ def _charge(req: RunRequest, wall_s: float) -> tuple[float, str]:
     rate = req.gpus * req.price_per_gpu_hour
     if wall_s <= paid_s:
         return rate * (req.setup_hours + wall_s / 3600), ""
-    return req.reserved_usd, (f"measured {wall_s:.3f} s, past the reserved {paid_s:g} s by the time the kernel took to "
-                              f"deliver SIGKILL; charged the reservation")
+    return req.reserved_usd, (f"measured {wall_s:.3f} s, past the reserved {paid_s:g} s (the guard was stopped, or "
+                              f"SIGKILL took longer than its margin to land); charged the reservation")
 
 
 def _record_end(ledger: Ledger, run: RunRecord, log: Callable[[str], None], **end) -> tuple[RunRecord, bool]:

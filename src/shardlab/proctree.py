@@ -275,7 +275,7 @@ class Watchdog:
         self._send(f"track {pid}")
 
     def deadline(self, at_monotonic_s: float) -> None:
-        """Stop every descendant (SIGKILL) if the job still runs at ``at_monotonic_s`` (``time.monotonic()``, one
+        """Stop every descendant (SIGTERM, then SIGKILL at once) if the job still runs at ``at_monotonic_s`` (``time.monotonic()``, one
         clock for every process of the machine): the root cannot enforce its limit while it is stopped (SIGSTOP)."""
         self._send(f"deadline {at_monotonic_s!r}")
 

@@ -35,7 +35,7 @@ def _module(target: str):
 def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Export:
     """The framework file for ``job`` (``inner``: which framework a launcher target runs)."""
     mod = _module(target)
-    if job.gpus > job.gpus_per_node and job.gpus % job.gpus_per_node:
+    if job.gpus > job.gpus_per_node and job.gpus % job.gpus_per_node and (job.serve is None or target in LAUNCHERS):
         # launchers start the same number of processes on every node (torchrun --nproc-per-node, deepspeed --num_gpus)
         raise Refused(f"{job.gpus} GPUs do not fill whole nodes of {job.gpus_per_node}: launchers start as many processes "
                       f"on every node; use a multiple of {job.gpus_per_node} GPUs (or --gpus-per-node that divides "

@@ -41,9 +41,14 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
         # a replica fits a node: every node serves its own replicas (vLLM's data parallelism is per node here)
         import dataclasses
 
-        from shardlab.export.job import Unsupported
+        from shardlab.export.job import Refused, Unsupported
 
-        per_node = job.gpus_per_node // (job.layout.tp * job.layout.pp)
+        group = job.layout.tp * job.layout.pp
+        per_node = job.gpus_per_node // group
+        if per_node * job.nodes != job.serve.replicas:
+            raise Refused(f"{job.serve.replicas} replicas of TP×PP {group} do not spread evenly over {job.nodes} nodes of "
+                          f"{job.gpus_per_node} GPUs ({per_node} fit on each): use a TP×PP that divides "
+                          f"{job.gpus_per_node}, or --gpus {per_node * job.nodes * group}")
         node_job = dataclasses.replace(job, serve=dataclasses.replace(job.serve, replicas=per_node))
         exp = render(node_job, spec, inner)
         note = Unsupported("replicas", job.serve.replicas, f"each of the {job.nodes} nodes runs its own vllm serve of "

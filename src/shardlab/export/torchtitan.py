@@ -62,6 +62,8 @@ def render(job: LaunchJob, spec) -> Export:
     if lay.pp > 1 and lay.schedule == "zb-h1" and lay.vpp < 2:
         raise Refused("torch.distributed.pipelining has no single-chunk ZB-H1 schedule; use --vpp 2 "
                       "(InterleavedZeroBubble) or --schedule 1f1b")
+    if lay.pp > 1 and lay.vpp > 1 and lay.schedule in ("gpipe", "1f1b"):
+        raise Refused(f"{lay.schedule} runs one stage per pipeline rank; --vpp {lay.vpp} needs --schedule interleaved")
     m = job.microbatches
     if lay.pp > 1 and lay.schedule == "1f1b" and lay.vpp == 1 and m < lay.pp:
         # torch.distributed.pipelining.Schedule1F1B: "Number of microbatches must be >= the number of stages"
@@ -71,8 +73,6 @@ def render(job: LaunchJob, spec) -> Export:
         rounds = max(1, m // lay.pp)
         raise Refused(f"torch's interleaved schedules run micro-batches in rounds of pp: {m} micro-batches is not a "
                       f"multiple of its {rounds} rounds; use a multiple of pp {lay.pp} micro-batches (--global-batch)")
-    if lay.pp > 1 and lay.vpp > 1 and lay.schedule in ("gpipe", "1f1b"):
-        raise Refused(f"{lay.schedule} runs one stage per pipeline rank; --vpp {lay.vpp} needs --schedule interleaved")
     uns = []
     if lay.zero == 1:
         uns.append(Unsupported("zero", 1, "torchtitan shards with FSDP2 only (no optimizer-only ZeRO-1): written as "
