@@ -112,6 +112,11 @@ def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def wrap_word(n: int) -> str:
+    """The --wrap value of an FSDP unit of ``n`` blocks (0: the whole model; ``cli.common.wrap_policy`` reads it)."""
+    return "model" if n == 0 else "block" if n == 1 else f"{n}-blocks"
+
+
 def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: int | None = None) -> Layout:
     """Check degrees against each other, the GPU count and the model; raise ShardlabError with the fix."""
     for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "dp_replicate"):

@@ -80,11 +80,11 @@ def job_from_args(args, cat):
         prec = asked = precision_from_args(args, cluster.accelerator)
         if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
             prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16")
+        engine = engine_from_args(args)
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,
-                                 output_len=args.output_len, precision=prec, engine=engine_from_args(args))
+                                 output_len=args.output_len, precision=prec, engine=engine)
         blocks = int(est.case.blocks.num_blocks)   # the serving model's KV allocation (memory.inference.kv_blocks)
         lay = validate(Layout(tp=args.tp, pp=args.pp), spec)
-        engine = engine_from_args(args)
         cap = min(per, args.max_num_seqs or per)     # --max-num-seqs caps the sequences each replica runs at once
         return LaunchJob(spec.name, lay, args.prompt_len + args.output_len, per,
                          "fp16-mixed" if asked.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,

@@ -14,7 +14,8 @@ import yaml
 
 from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
+from shardlab.layout import wrap_word
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import layer_class
 from shardlab.export.text import FieldError, comment_block, flag, section, whole
 

@@ -76,11 +76,15 @@ def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
                 not 1 <= job.gpus_per_node <= L.MAX_GPUS_PER_NODE:
             raise ShardlabError(f"gpus_per_node must be 1 to {L.MAX_GPUS_PER_NODE}, got {str(job.gpus_per_node)[:20]}")
         if job.serve is not None:
-            for name, v in (("tp", job.layout.tp), ("pp", job.layout.pp), ("replicas", job.serve.replicas),
-                            ("batch", job.serve.max_num_seqs), ("prompt_len", job.serve.prompt_len),
-                            ("output_len", job.serve.output_len)):
-                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= L.MAX_GPUS * L.MAX_BATCH:
+            from shardlab.export import check_fields
+
+            fields = {"tp": job.layout.tp, "pp": job.layout.pp, "replicas": job.serve.replicas,
+                      "batch": job.serve.max_num_seqs, "prompt_len": job.serve.prompt_len,
+                      "output_len": job.serve.output_len}
+            for name, v in fields.items():
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     raise ShardlabError(f"{name} must be a positive whole number, got {str(v)[:20]}")
+            check_fields(fields, None)         # the upper bounds of the matching flags
             validate(job.layout, spec, seq_len=job.seq_len)
             return job
         validate(job.layout, spec, seq_len=job.seq_len)

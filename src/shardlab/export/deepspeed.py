@@ -13,7 +13,8 @@ import json
 
 from shardlab.errors import ShardlabError
 from shardlab.safeio import json_loads
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, wrap_word
+from shardlab.layout import wrap_word
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
 from shardlab.export.text import FieldError, section, whole
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"

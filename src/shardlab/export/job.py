@@ -210,8 +210,3 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     for u in (*unsupported, *recipe_unsupported(job)):
         out.append(f"could not express {u.line()}")
     return out
-
-
-def wrap_word(n: int) -> str:
-    """The --wrap value of an FSDP unit of ``n`` blocks (0: the whole model)."""
-    return "model" if n == 0 else "block" if n == 1 else f"{n}-blocks"

@@ -55,8 +55,7 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
                                                           f"{per_node} replica(s) with its own endpoint: put a load "
                                                           f"balancer in front")
         exp = dataclasses.replace(exp, unsupported=(*exp.unsupported, note))
-        start = re.search(r"^vllm serve ", exp.text, flags=re.M)
-        return "", exp.text[start.start():].rstrip(), exp
+        return "", _vllm_command(exp.text), exp
     inner_exp = render(job, spec, inner)
     fn = inner_exp.filename
     if inner == "torchtitan":
@@ -70,8 +69,12 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
         cmd = (f"accelerate launch --config_file {fn} --num_machines {job.nodes} --num_processes {job.gpus} "
                f"--machine_rank {accelerate_rank} --main_process_ip {head} --main_process_port 29500 train.py")
         return heredoc(fn, inner_exp.text), cmd, inner_exp
-    start = re.search(r"^vllm serve ", inner_exp.text, flags=re.M)   # the command line, not a comment naming it
-    return "", inner_exp.text[start.start():].rstrip(), inner_exp
+    return "", _vllm_command(inner_exp.text), inner_exp
+
+
+def _vllm_command(text: str) -> str:
+    """The `vllm serve ...` command of a vllm export (the command line, not a comment naming it)."""
+    return text[re.search(r"^vllm serve ", text, flags=re.M).start():].rstrip()
 
 
 def per_node_replicas(fields: dict, und: list, nodes: int, gpus_per_node: int | None) -> None:

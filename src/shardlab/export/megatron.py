@@ -16,7 +16,8 @@ import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
+from shardlab.layout import wrap_word
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import models_with_shape
 from shardlab.export.text import FieldError, Said, as_int, comment_block, even_split, flags_dict, split_command, whole
 

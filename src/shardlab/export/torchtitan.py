@@ -19,10 +19,10 @@ from __future__ import annotations
 import tomllib
 
 from shardlab.errors import ShardlabError
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header, wrap_word
+from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import model_from_torchtitan, torchtitan_flavor
 from shardlab.export.text import FieldError, Said, even_split, section, toml_dump, whole
-from shardlab.layout import Layout
+from shardlab.layout import Layout, wrap_word
 
 CHECKED = "torchtitan 0.2.2 (ConfigManager/JobConfig)"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}

@@ -8,17 +8,10 @@ ZeRO-3 time and the step): the same functions ``shardlab memory|comm plan|estima
 
 from __future__ import annotations
 
+from shardlab.layout import wrap_word
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.topics._common import catalog, cluster, gib
 from shardlab.units import fmt_bytes, fmt_count
-
-POLICY_FLAG = {1: "block"}
-"""--wrap word of a policy (N > 1: 'N-blocks', 0: 'model')."""
-
-
-def wrap_word(n: int) -> str:
-    """The --wrap value of ``n`` blocks per unit (0: the whole model)."""
-    return "model" if n == 0 else POLICY_FLAG.get(n, f"{n}-blocks")
 
 
 def price_policy(spec, cl, n_blocks: int, *, seq: int, framework, recompute: str = "none") -> dict:
@@ -34,6 +27,7 @@ def price_policy(spec, cl, n_blocks: int, *, seq: int, framework, recompute: str
     gather = fwd[0]
     w = est.memory.worst
     return {"wrap": wrap_word(n_blocks), "units": sum(i.calls_per_step for i in fwd), "unit_bytes": gather.bytes_per_call,
+            "root_bytes": fwd[-1].bytes_per_call if len(fwd) > 1 else 0,
             "calls_per_step": sum(i.calls_per_step for i in items), "comm_s": sum(i.time_per_step_s for i in items),
             "critical": [f"{i.op} {i.phase}" for i in items if i.overlap == "critical"], "link": gather.link_id,
             "fsdp_buffers_bytes": w.other.get("fsdp_buffers", 0), "total_bytes": w.total, "fits": bool(est.fits),
@@ -82,7 +76,7 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"are reduce-scattered after its backward. Units per step: block {b['units']} (one per block + the root unit, "
          f"which holds the embedding, final norm and head as FSDP's root wrapper does), {n}-blocks {g['units']}, model {m['units']} [comm/inventory.py: layout_collectives]",
          f"bytes per call = a block unit's bf16 weights: {fmt_bytes(b['unit_bytes'])} → {fmt_bytes(g['unit_bytes'])} → "
-         f"{fmt_bytes(m['unit_bytes'])} (the root unit is a call of its own: {fmt_bytes(root_p * b['unit_bytes'] / block_p)}); "
+         f"{fmt_bytes(m['unit_bytes'])} (the root unit is a call of its own: {fmt_bytes(b['root_bytes'])}); "
          f"calls per step {b['calls_per_step']} → {g['calls_per_step']} → "
          f"{m['calls_per_step']}; a unit moves its weights twice (forward and backward gathers) and its gradients once, "
          f"except the one forward ends with, which stays gathered for backward (FSDP keeps the root, torchtitan the "
