@@ -157,3 +157,14 @@ def test_max_memory_fraction_cli():
         assert code == 2 and "--max-memory-fraction" in err
     code, _, err = cli_main("plan", "--inference", "--serve", "--concurrency", "8", "--max-memory-fraction", "0.9")
     assert code == 2 and "--gpu-memory-utilization" in err
+
+
+def testorder_note_only_when_a_simpler_layout_jumped_a_faster_one():
+    from shardlab.planner.report import order_note
+
+    plans = [{"step_time_s": 1.0, "memory_bytes": 5, "gpus": 8}, {"step_time_s": 1.2, "memory_bytes": 4, "gpus": 8}]
+    assert order_note({"objective": "throughput", "plans": plans}) == []
+    note = order_note({"objective": "memory", "plans": plans})
+    assert len(note) == 1 and "near-tie goes to the simpler layout" in note[0] and "0.3%" in note[0]
+    swapped = [plans[1], plans[0]]
+    assert order_note({"objective": "throughput", "plans": swapped})

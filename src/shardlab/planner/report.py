@@ -53,6 +53,7 @@ def render_plan(doc: dict) -> str:
                      f"{p['model_tflops_per_gpu']:.0f}", f"{100 * p['mfu']:.1f}%", f"{p['memory_bytes'] / 2**30:.1f}", extra])
     lines += ["", table(["#", "GPUs", "layout", "step s", "tokens/s", "TF/s/GPU", "MFU", "GiB/GPU", "days" if "train_days" in doc["plans"][0] else ""],
                         rows, title="best plans (estimates; model FLOPs per Korthikanti 2022 Eq. 7)")]
+    lines += order_note(doc)
     best = doc["plans"][0]
     b = best["breakdown"]
     parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.2f}" for k, v in b.items() if v > 1e-6)
@@ -74,3 +75,18 @@ def render_plan(doc: dict) -> str:
         lines += ["", table(["axis", "collective", "phase", "bytes/call", "calls/step", "group", "link", "time/step", "overlap", "risk"],
                             crows, title="communication table of the winner (`shardlab comm plan` with its layout shows the formulas)")]
     return "\n".join(lines)
+
+
+def order_note(doc: dict) -> list[str]:
+    """A line when the table is not sorted by the objective alone: near-ties went to the simpler layout."""
+    from shardlab.planner.search import SIMPLICITY
+
+    key = {"throughput": lambda p: p["step_time_s"], "memory": lambda p: p["memory_bytes"],
+           "cost": lambda p: p["gpus"] * p["step_time_s"]}.get(doc.get("objective", "throughput"))
+    vals = [key(p) for p in doc["plans"]] if key else []
+    if all(a <= b for a, b in zip(vals, vals[1:])):
+        return []
+    return [f"order: the {doc.get('objective', 'throughput')} objective with {100 * SIMPLICITY:.1f}% added per extra axis "
+            "or memory trick (tp, pp, cp, ep, ZeRO, ZeRO-3, recomputation, interleaving, replicas), "
+            "so a near-tie goes to the simpler layout"]
+

@@ -83,7 +83,10 @@ def _plans(doc: dict) -> str:
                 for i, p in enumerate(plans)]
     widest = max(len(label) for label, _ in labelled)     # about 7 px per character at the chart's 12 px font
     bars = svg.stacked_bars(labelled, cats, lambda s: f"{s:.3g} s", label_w=max(270, int(7.2 * widest) + 12))
-    return table(head, rows, cls="plans") + "<h3>Step time of each plan</h3>" + bars
+    from shardlab.planner.report import order_note
+
+    note = "".join(f"<p class='note'>{esc(n)}</p>" for n in order_note(doc))
+    return table(head, rows, cls="plans") + note + "<h3>Step time of each plan</h3>" + bars
 
 
 def plan_page(doc: dict) -> Page:
