@@ -168,3 +168,30 @@ def test_validate_inference_run_shows_one_measurement_and_refuses_training_flags
     assert code == 2 and err.count("\n") == 1 and "no published serving measurement" in err
     code, _, err = cli_main("validate", "--inference", "--run", rid, "--framework", "vllm")
     assert code == 2 and err.count("\n") == 1 and "--framework" in err and "training" in err
+
+
+def test_plan_serve_missing_the_slo_recommends_the_nearest_miss():
+    code, out, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--tpot-slo", "0.001",
+                              "--gpus", "8", "--json")
+    assert code == 0, err
+    plans = strict_json(out)["plans"]
+    assert not plans[0]["meets_slo"]
+    assert plans[0]["tpot_s"] == min(p["tpot_s"] for p in plans)      # closest to a TPOT target = the lowest TPOT
+    code, text, _ = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--tpot-slo",
+                             "0.001", "--gpus", "8")
+    assert "comes closest" in text and "× the tightest target" in text
+    code, text, _ = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--arrival-rate", "1000", "--gpus", "8")
+    assert code == 0 and "every layout is overloaded" in text and "NO layout meets the SLO" not in text
+    assert "overloaded ms" not in text
+
+
+def test_plans_skip_layouts_that_split_quantization_groups_and_name_the_real_cause():
+    code, out, err = cli_main("plan", "qwen2.5-72b", "--inference", "--weights", "int4", "--gpus", "8", "--json")
+    assert code == 0, err
+    d = strict_json(out)
+    assert {p["tp"] for p in d["plans"]} == {1} and any("does not divide" in k for k in d["rejected"])
+    code, _, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "4", "--gpus", "8",
+                            "--prompt-len", "200000")
+    assert code == 2 and "131072 positions" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli_main("comm", "inference", "llama-2-7b", "--prompt-len", "1000000")
+    assert code == 2 and "4096 positions" in err

@@ -247,3 +247,77 @@ def test_poisson_arrivals_lengthen_short_output_cycles_toward_the_simulation():
     assert spread > 1.03 * even
     sim = np.mean([simulate(case, arrival_rate=16.0, requests=1500, seed=s).tpot_s.mean for s in range(3)])
     assert even < spread <= sim * 1.02
+
+
+# ---- fixes from a review by hand (stacked experts, whole groups, saturation, chunked budget, SLO limits) --------
+def test_stacked_experts_take_the_weight_precision():
+    """Mixtral's routed experts (E, out, in) carry no '.weight' suffix; they are block matmuls all the same:
+    32 layers × 8 experts × 3 × 14336 × 4096 = 45.1e9 parameters, at int4 g128 about 0.52 B each."""
+    mix = CAT.model("mixtral-8x7b")
+    bf16 = weight_bytes_per_rank(mix, 4, 1)[0]
+    int4 = weight_bytes_per_rank(mix, 4, 1, precision=make_precision("int4"))[0]
+    experts = 32 * 8 * 3 * 14336 * 4096 // 4
+    assert bf16 - int4 > 0.7 * 2 * experts                       # the experts shrank from 2 B to about 0.52 B
+    assert int4 < 0.3 * bf16
+
+
+@pytest.mark.parametrize("tp,ok", [(1, True), (2, False), (4, False), (8, False)])
+def test_group_size_must_divide_each_ranks_input_width(tp, ok):
+    """Qwen2.5-72B's FFN is 29,568 wide: 231 groups of 128 at TP 1, but 14,784 per rank at TP 2 splits a group,
+    which vLLM's AWQ/GPTQ create_weights refuse (the reason Qwen pads its AWQ checkpoints)."""
+    q = CAT.model("qwen2.5-72b")
+    if ok:
+        assert weight_bytes_per_rank(q, tp, 1, precision=make_precision("int4"))[0] > 0
+    else:
+        with pytest.raises(ShardlabError, match="does not divide .* use a --tp that keeps whole groups"):
+            weight_bytes_per_rank(q, tp, 1, precision=make_precision("int4"))
+
+
+def test_fp8_fix_offered_on_a100_is_one_the_engine_runs():
+    with pytest.raises(ShardlabError) as e:
+        make_precision("fp8", activations="fp8", peaks=CAT.accelerator("a100-80gb").peak_tflops)
+    assert "int8" not in str(e.value).split("use --activations")[1]
+
+
+def _case(**kw):
+    from shardlab.serving.engines import get_engine
+
+    eng = get_engine("vllm").with_settings(**kw) if kw else get_engine("vllm")
+    return prepare(L8, node(), eng, tp=1, pp=1, precision=InferencePrecision(), prompt_len=1024, output_len=256)
+
+
+@pytest.mark.parametrize("load", [{"concurrency": 1000}, {"arrival_rate": 40.0}])
+def test_simulated_rate_never_beats_the_saturated_replica(load):
+    """Clients far beyond the replica's 256 slots, or arrivals beyond its saturation rate: the simulation measures
+    steady clients (not first requests into a building queue) and counts whole bursts of completions."""
+    case = _case()
+    res = fluid(arrays([case]), [1 if "concurrency" in load else 2], [list(load.values())[0]])
+    sat = float(res["requests_per_s"][0])
+    sim = simulate(case, **load, lifetime_s=float(res["e2e_s"][0]) if np.isfinite(res["e2e_s"][0]) else 0.0)
+    assert sim.steady and sim.requests_per_s <= 1.05 * sat
+
+
+def test_too_few_requests_for_the_clients_is_flagged():
+    sim = simulate(_case(), concurrency=300, requests=400)
+    assert not sim.steady
+
+
+@pytest.mark.parametrize("budget", [8192, 1024, 256])
+def test_steady_state_follows_the_chunked_prefill_budget(budget):
+    """A smaller token budget spreads each prompt over steps and cuts TPOT; the steady state follows the simulation
+    (TPOT within 10%, TTFT within 30%, as docs/inference.md states)."""
+    case = _case(chunked_prefill=True, max_num_batched_tokens=budget)
+    res = fluid(arrays([case]), [1], [32])
+    sim = simulate(case, concurrency=32, lifetime_s=float(res["e2e_s"][0]))
+    assert abs(res["tpot_s"][0] / sim.tpot_s.mean - 1) < 0.10
+    assert abs(res["ttft_s"][0] / sim.ttft_s.mean - 1) < 0.30
+
+
+def test_slo_limit_is_the_largest_load_that_meets_it():
+    from shardlab.serving.limits import limits
+
+    case = prepare(CAT.model("llama-3.1-70b"), node(), builtin_engines()["vllm"], tp=8, pp=1, precision=InferencePrecision(),
+                   prompt_len=1024, output_len=256)
+    lim = limits(case, rate=False, ttft_slo=0.5, tpot_slo=0.05)
+    for n, key, slo in ((lim.ttft_slo_load, "ttft_s", 0.5), (lim.tpot_slo_load, "tpot_s", 0.05)):
+        assert fluid(arrays([case]), [1], [n])[key][0] <= slo < fluid(arrays([case]), [1], [n + 1])[key][0]

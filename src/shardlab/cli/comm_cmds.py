@@ -206,6 +206,9 @@ def cmd_inference(args):
     acc = cat.accelerator(args.gpu)
     link = cat.link(args.link)
     ctx = args.context_len or args.prompt_len
+    for flag, n in (("--prompt-len", args.prompt_len), ("--context-len", ctx)):
+        if spec.max_seq_len and n > spec.max_seq_len:
+            raise ShardlabError(f"{flag} {n} exceeds {spec.name}'s {spec.max_seq_len} positions; use at most {spec.max_seq_len}")
     kw = dict(tp=args.tp, batch=args.batch, accelerator=acc, elem_bytes=DTYPE_BYTES[args.dtype], ep=args.ep,
               compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency or DEFAULT_MEMORY_EFFICIENCY,
               dtype=args.dtype)

@@ -170,7 +170,7 @@ def plan_inference_cmd(args, catalog):
 
         return plan_serve(args, spec, cluster, gpus, prec, engine)
     objective = args.objective
-    plans, rejected = [], {}
+    plans, rejected, errors = [], {}, {}
     from shardlab.layout import divisors
 
     for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node]:
@@ -179,8 +179,15 @@ def plan_inference_cmd(args, catalog):
                 rejected["tp does not divide the heads, KV heads or FFN"] = rejected.get("tp does not divide the heads, KV heads or FFN", 0) + 1
                 continue
             replicas = gpus // (tp * pp)
-            served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
-                                         prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine)
+            try:
+                served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
+                                             prompt_len=args.prompt_len, output_len=args.output_len, precision=prec,
+                                             engine=engine)
+            except ShardlabError as e:                    # e.g. quantization groups split by this tp
+                why = str(e).split(": ")[0][:100]
+                rejected[why] = rejected.get(why, 0) + 1
+                errors[str(e)] = errors.get(str(e), 0) + 1
+                continue
             est = served.largest
             if not est.fits:
                 rejected["does not fit in GPU memory"] = rejected.get("does not fit in GPU memory", 0) + 1
@@ -190,6 +197,8 @@ def plan_inference_cmd(args, catalog):
                           "decode_s_per_token": est.decode_s_per_token, "prefill_s": est.prefill_s,
                           "request_latency_s": est.request_latency_s, "memory_bytes": est.total_bytes,
                           "kv_blocks": est.case.blocks.num_blocks, "max_batch": est.max_batch})
+    if not plans and errors and "does not fit in GPU memory" not in rejected:
+        raise ShardlabError(max(errors, key=errors.get))      # every layout failed for a reason that names its fix
     if not plans:
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with batch {args.batch}; "
                             f"add GPUs, quantize (--weights), or lower the batch")

@@ -13,6 +13,12 @@ def _ms(s: float | None) -> str:
     return "overloaded" if s is None or not math.isfinite(s) else f"{1e3 * s:,.1f}"
 
 
+def _with_ms(s: float | None) -> str:
+    """Milliseconds with the unit, or 'overloaded' alone."""
+    text = _ms(s)
+    return text if text == "overloaded" else f"{text} ms"
+
+
 def _load(args) -> tuple[int, float, str]:
     """(steady.MODES index, load, words) of the --concurrency / --arrival-rate flags."""
     if args.concurrency is not None:
@@ -35,6 +41,7 @@ def _memory_lines(case) -> list[tuple[str, str]]:
 
 def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.errors import ShardlabError
+    from shardlab.limits import MAX_SIM_REQUESTS
     from shardlab.report.table import kv_lines, table
     from shardlab.serving.case import prepare
     from shardlab.serving.limits import limits
@@ -69,14 +76,24 @@ def estimate_serve(args, spec, cluster, prec, engine):
             ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
             ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""],
             ["sequences in flight", f"{res['in_flight']:,.1f}", f"{sim.mean_running:,.1f}", "", ""]]
+    notes = []
+    if not sim.steady:
+        notes.append(f"the simulation measured some clients' first requests ({args.concurrency:,} clients, "
+                     f"{sim.requests:,} requests measured): they met a queue still building, so its latencies read low "
+                     f"and its rate high; " + (f"raise --requests to at least {3 * args.concurrency:,} for the steady state"
+                                                   if 3 * args.concurrency <= MAX_SIM_REQUESTS else
+                                                   "read the steady-state column (the simulation holds at most "
+                                                   f"{MAX_SIM_REQUESTS:,} requests)"))
     preempt_note = None
     if sim.preemptions:
         preempt_note = (f"preemption: the engine admits a sequence once its prompt's blocks are free and gives it blocks "
                         f"as it grows, so the KV pool runs out and the newest sequence is recomputed: {sim.preemptions:,} "
                         f"preemptions over the simulation. The steady state runs only the {case.capacity:,} sequences "
-                        f"whose full length fits and counts no recomputation: read the simulated column (or add "
+                        f"the pool holds at {case.blocks_per_seq} blocks each and counts no recomputation: read the simulated column (or add "
                         f"blocks: --gpu-memory-utilization, --kv-cache-dtype fp8, more --tp)")
-        doc["notes"] = [preempt_note]
+        notes.append(preempt_note)
+    if notes:
+        doc["notes"] = notes
     unit = lim.unit
     binds = [f"the replica runs at most {lim.max_in_flight:,.0f} sequences at once (bound: {lim.bound}); it saturates at "
              f"{lim.saturation_rate:,.2f} requests/s"]
@@ -96,7 +113,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
         *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
         *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]
           if res["overloaded"] else []),
-        *([preempt_note] if preempt_note else []),
+        *notes,
         "", "steady state: continuous batching (serving.steady, Little's law, M/D/1 prefill queue); percentiles: a "
             "deterministic simulation of the same scheduler (serving.simulate); kernel rates fitted per engine "
             "(`shardlab validate --inference`)"])
@@ -125,19 +142,23 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     from shardlab.cli.inference_cmds import finite
 
     mode, load, words = _load(args)
-    cases, meta, rejected = [], [], {}
+    cases, meta, rejected, errors = [], [], {}, {}
     for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
         try:
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
                         prompt_len=args.prompt_len, output_len=args.output_len)
         except ShardlabError as e:
-            rejected[str(e)[:60]] = rejected.get(str(e)[:60], 0) + 1
+            why = str(e).split(": ")[0][:100]
+            rejected[why] = rejected.get(why, 0) + 1
+            errors[str(e)] = errors.get(str(e), 0) + 1
             continue
         if c.capacity < 1:
             rejected["no room for one sequence's KV cache"] = rejected.get("no room for one sequence's KV cache", 0) + 1
             continue
         cases.append(c)
         meta.append((tp, pp, gpus // (tp * pp), cap))
+    if not cases and errors and not any(k.startswith("no room") for k in rejected):
+        raise ShardlabError(max(errors, key=errors.get))      # every layout failed for a reason that names its fix
     if not cases:
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with a "
                             f"{args.prompt_len + args.output_len}-token request; add GPUs or quantize (--weights)")
@@ -152,6 +173,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
                       "ttft_s": ttft, "tpot_s": tpot, "e2e_s": float(res["e2e_s"][i]),
                       "output_tokens_per_s": float(res["output_tokens_per_s"][i]) * r,
                       "requests_per_s": float(res["requests_per_s"][i]) * r, "meets_slo": bool(ok),
+                      "overloaded": bool(res["overloaded"][i]), "slo_ratio": _slo_ratio(args, ttft, tpot, res["overloaded"][i]),
                       "kv_blocks_per_gpu": c.blocks.num_blocks, "kv_block_size": c.blocks.block_size,
                       "kv_bytes_per_gpu": c.blocks.kv_bytes, "capacity_per_replica": c.capacity,
                       "weights_bytes_per_gpu": c.blocks.weights_bytes, "_case": c})
@@ -163,7 +185,9 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
             unique.append(p)
     plans = unique
     latency = args.objective == "latency"
-    key = (lambda p: (not p["meets_slo"], p["e2e_s"] if latency else -p["output_tokens_per_s"], p["tp"] * p["pp"]))
+    # meeting the SLO first; among layouts that miss it, the nearest miss (the largest measured/target ratio)
+    key = (lambda p: (not p["meets_slo"], 0.0 if p["meets_slo"] else p["slo_ratio"],
+                      p["e2e_s"] if latency else -p["output_tokens_per_s"], p["tp"] * p["pp"]))
     plans.sort(key=key)
     best = plans[0]
     sim = simulate(best["_case"], concurrency=None if mode == 2 else max(1, round(load / best["replicas"])),
@@ -189,13 +213,31 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
                "capacity", "SLO"], rows),
         "",
         f"recommended: {best['replicas']} replica(s) of TP {best['tp']} × PP {best['pp']}, max-num-seqs {best['max_num_seqs']}: "
-        f"TTFT {_ms(best['ttft_s'])} ms, TPOT {_ms(best['tpot_s'])} ms, {best['output_tokens_per_s']:,.0f} output tokens/s "
-        f"({best['requests_per_s']:,.2f} requests/s)" + ("" if best["meets_slo"] else " — NO layout meets the SLO; this one comes closest"),
+        f"TTFT {_with_ms(best['ttft_s'])}, TPOT {_with_ms(best['tpot_s'])}, {best['output_tokens_per_s']:,.0f} output tokens/s "
+        f"({best['requests_per_s']:,.2f} requests/s)" + _miss(best),
         f"  each GPU allocates {best['kv_blocks_per_gpu']:,} KV blocks of {best['kv_block_size']} tokens "
         f"({_gib(best['kv_bytes_per_gpu'])}) beside {_gib(best['weights_bytes_per_gpu'])} of weights: "
         f"{best['capacity_per_replica']:,} sequences per replica",
-        f"  simulated ({sim.requests} requests): TTFT p50 {_ms(sim.ttft_s.p50)} / p99 {_ms(sim.ttft_s.p99)} ms, "
-        f"TPOT p50 {_ms(sim.tpot_s.p50)} / p99 {_ms(sim.tpot_s.p99)} ms",
+        f"  simulated ({sim.requests} requests): TTFT p50 {_with_ms(sim.ttft_s.p50)} / p99 {_with_ms(sim.ttft_s.p99)}, "
+        f"TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}",
         f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),
         "pipeline stages add sequences in flight (throughput), not per-token speed; replicas split the load."])
     return finite(doc), text
+
+
+def _slo_ratio(args, ttft: float, tpot: float, overloaded) -> float:
+    """How far a layout is from the SLO: the largest measured/target ratio (1 = on target); overloaded = inf."""
+    if overloaded:
+        return math.inf
+    return max([1.0] + [v / t for v, t in ((ttft, args.ttft_slo), (tpot, args.tpot_slo)) if t])
+
+
+def _miss(best: dict) -> str:
+    """What the recommendation line adds when the best layout does not meet the targets."""
+    if best["meets_slo"]:
+        return ""
+    if best["overloaded"]:
+        return (" — every layout is overloaded at this load (requests arrive faster than it serves them, so TTFT "
+                "grows without bound); this one serves the most: add GPUs or lower the load")
+    return f" — NO layout meets the SLO; this one comes closest ({best['slo_ratio']:.2f}× the tightest target)"
+

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from shardlab.layout import Layout
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import kv_heads_local
+from shardlab.specs.tensors import is_matmul_weight, kv_heads_local
 
 
 def weight_bytes_per_rank(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes: int = 2, precision=None) -> list[int]:
@@ -32,7 +32,7 @@ def weight_bytes_per_rank(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes:
     lay = Layout(tp=tp, pp=pp)
     if precision is None:
         return [sum(math.prod(t.local_shape(spec, tp)) for t in st.tensors) * elem_bytes for st in stage_tensors(spec, lay)]
-    return [sum(precision.tensor_bytes(t.component, t.local_shape(spec, tp), t.name.endswith("weight")) for t in st.tensors)
+    return [sum(precision.tensor_bytes(t.component, t.local_shape(spec, tp), is_matmul_weight(t)) for t in st.tensors)
             for st in stage_tensors(spec, lay)]
 
 

@@ -2,7 +2,8 @@
 
 Sweeps the steady-state model (``serving.steady.fluid``) over the load: concurrency 1 … 4 × the most
 sequences the replica holds (closed loop), or arrival rates up to the rate at which it saturates. TTFT and
-TPOT grow with the load, so the largest load meeting a target is the last point of the sweep that does.
+TPOT grow with the load, so the largest load meeting a target lies between the last point of the sweep that
+meets it and the first that does not; bisection finds it.
 """
 
 from __future__ import annotations
@@ -37,14 +38,27 @@ class Limits:
                 "ttft_slo_load": self.ttft_slo_load, "tpot_slo_load": self.tpot_slo_load, "unit": self.unit}
 
 
-def _last_ok(load: np.ndarray, values: np.ndarray, slo: float | None) -> float | None:
+def _last_ok(one, mode: int, load: np.ndarray, values: np.ndarray, key: str, slo: float | None) -> float | None:
+    """The largest load meeting ``slo``: the sweep brackets it, bisection (on the same steady state) pins it to a
+    client, or to 0.1% of the rate."""
     if slo is None:
         return None
     ok = values <= slo
     if not ok[0]:
         return 0.0
-    first_bad = np.argmin(ok) if not ok.all() else len(ok)
-    return float(load[first_bad - 1])
+    if ok.all():
+        return float(load[-1])
+    first_bad = int(np.argmin(ok))
+    lo, hi = float(load[first_bad - 1]), float(load[first_bad])
+    for _ in range(40):
+        if (hi - lo <= 1) if mode == 1 else (hi - lo <= 1e-3 * hi):
+            break
+        mid = np.floor((lo + hi) / 2) if mode == 1 else (lo + hi) / 2
+        if float(fluid(one, [mode], [mid])[key][0]) <= slo:
+            lo = float(mid)
+        else:
+            hi = float(mid)
+    return lo
 
 
 def limits(case: ServeCase, *, rate: bool, ttft_slo: float | None = None, tpot_slo: float | None = None,
@@ -64,5 +78,5 @@ def limits(case: ServeCase, *, rate: bool, ttft_slo: float | None = None, tpot_s
         load = np.unique(np.round(np.geomspace(1, max(4 * bmax, 2), points)))
         mode = 1
     res = fluid(arrays([case] * len(load)), np.full(len(load), mode), load)
-    return Limits(bmax, bound, sat, _last_ok(load, res["ttft_s"], ttft_slo), _last_ok(load, res["tpot_s"], tpot_slo),
-                  "requests/s" if rate else "clients")
+    return Limits(bmax, bound, sat, _last_ok(one, mode, load, res["ttft_s"], "ttft_s", ttft_slo),
+                  _last_ok(one, mode, load, res["tpot_s"], "tpot_s", tpot_slo), "requests/s" if rate else "clients")

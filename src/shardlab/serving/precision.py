@@ -81,7 +81,12 @@ class InferencePrecision:
         if self.weights == "fp8":
             return data + 8                                    # fp32 weight scale + fp32 input scale
         if self.group_size:                                    # AWQ/GPTQ groups: fp16 scale + packed zero
-            groups = out_features * math.ceil(in_features / self.group_size)
+            if in_features % self.group_size:                  # vLLM's AWQ/GPTQ create_weights refuse partial groups
+                fit = next((g for g in (128, 64, 32, 16) if in_features % g == 0), math.gcd(in_features, self.group_size))
+                raise ShardlabError(f"--group-size {self.group_size} does not divide {in_features:,}, the input features "
+                                    f"of a quantized matrix on each rank: AWQ/GPTQ kernels need whole groups; use a --tp "
+                                    f"that keeps whole groups, or --group-size {fit}")
+            groups = out_features * (in_features // self.group_size)
             return data + groups * 2 + -(-groups * bits // 8)
         return data + 2 * out_features                         # per-channel fp16 scale, symmetric
 
@@ -121,11 +126,19 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
     if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8"):
         raise ShardlabError(f"--activations {activations} needs 8-bit weights (--weights fp8 or int8): a 16-bit "
                             f"weight cannot feed an {activations} GEMM")
-    if activations == "int8" and weights != "int8" or activations == "fp8" and weights not in ("fp8", "int4"):
+    if not _runs(weights, activations):
         raise ShardlabError(f"--activations {activations} with --weights {weights} is not a scheme engines run; "
                             f"use W8A8 (--weights {activations} --activations {activations}) or 16-bit activations")
     if peaks is not None and not peaks.get(activations):
-        have = [k for k in ACTIVATION_DTYPES if peaks.get(k)]
+        have = [k for k in ACTIVATION_DTYPES if peaks.get(k) and _runs(weights, k)]
         raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use --activations "
                             f"{' or '.join(have)}")
     return InferencePrecision(weights, group_size, kv_cache, activations)
+
+
+def _runs(weights: str, activations: str) -> bool:
+    """True for a weight/activation pair engines run: 16-bit GEMMs under any weights, int8 GEMMs only on int8
+    weights (SmoothQuant W8A8), fp8 GEMMs on fp8 weights or on int4 weights (W4A8, TensorRT-LLM/ModelOpt)."""
+    if activations in ("bf16", "fp16"):
+        return True
+    return weights == "int8" if activations == "int8" else weights in ("fp8", "int4")

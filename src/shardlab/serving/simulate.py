@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
+
+MAX_CLOSED_REQUESTS = 10_000
+"""Most requests a closed-loop simulation issues by default (about 3 s; limits.MAX_SIM_REQUESTS bounds --requests)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,15 @@ class SimResult:
     """Sequences preempted (recomputed) when the KV pool ran out."""
     truncated: bool
     """The cycle bound stopped the run early."""
+    steady: bool = True
+    """False when a closed loop's measured requests include clients' first ones (too few requests for the
+    clients): they met a queue still building, so the latencies are lower and the rate higher than steady."""
 
     def to_dict(self) -> dict:
         return {"requests": self.requests, "ttft_s": self.ttft_s.to_dict(), "tpot_s": self.tpot_s.to_dict(),
                 "e2e_s": self.e2e_s.to_dict(), "output_tokens_per_s": self.output_tokens_per_s,
                 "requests_per_s": self.requests_per_s, "mean_running": self.mean_running, "cycles": self.cycles,
-                "preemptions": self.preemptions, "truncated": self.truncated}
+                "preemptions": self.preemptions, "truncated": self.truncated, "steady": self.steady}
 
 
 def _spread(x: np.ndarray) -> Spread:
@@ -178,7 +184,10 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         raise ShardlabError("simulate needs either a concurrency or an arrival rate")
     S, O = case.prompt_len, case.output_len
     if concurrency is not None:
-        N = requests or min(1200, max(100, 5 * concurrency))
+        # every client's first request arrives into a ramp (the queue is still building): measure only later ones,
+        # so the run holds at least three waves of clients (bounded: past 3,333 clients they are measured anyway,
+        # and the result says so: ``steady`` False)
+        N = requests or min(MAX_CLOSED_REQUESTS, max(100, min(5 * concurrency, max(1200, 4 * concurrency))))
         warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
         arrive = np.full(N, np.inf)
         arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
@@ -259,8 +268,21 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     # a stable replica admits what arrives at its next scheduling step; one falling behind has a backlog (here: more
     # than a twentieth of the run, at least 10 requests, still waiting for a slot when the last request arrives)
     behind = waiting_at_end > max(10, N // 20)
-    return _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
-                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
+    res = _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
+                   np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
+    return replace(res, steady=concurrency is None or warm >= concurrency)
+
+
+def _completion_rate(done_t: np.ndarray, lo: int, hi: int, run: np.ndarray) -> float:
+    """Completions per second between the lo-th completion and the last before the final batch drains (or the
+    hi-th). A full replica finishes a batch's sequences together, in bursts: the count takes whole bursts (those
+    after the first instant, up to and including the last) over the time between the two instants."""
+    ends = np.sort(done_t[np.isfinite(done_t)])
+    i1, i2 = min(lo, len(ends) - 1), min(hi - 1, len(ends) - 1 - int(np.max(run)))
+    if i2 <= i1 or ends[i2] <= ends[i1]:
+        return math.inf
+    t1, t2 = float(ends[i1]), float(ends[i2])
+    return np.count_nonzero((ends > t1) & (ends <= t2)) / (t2 - t1)
 
 
 def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncated, clients, behind=False) -> SimResult:
@@ -283,14 +305,10 @@ def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncat
     inside = (tt >= t0) & (tt <= t1)
     dts = np.diff(tt)
     mean_run = float(np.sum(run[1:][inside[1:]] * dts[inside[1:]]) / span) if inside.any() else float(run.mean())
-    if clients:
-        req_s = clients / float(np.mean(e2e))
-    elif behind:   # completions from the first measured one to the last arrival: full, neither filling nor draining
-        c0, c1 = float(done_t[idx].min()), float(np.max(arrive[np.isfinite(arrive)]))
-        if c1 <= c0:
-            c1 = float(done_t[idx].max())
-        served = np.count_nonzero((done_t >= c0) & (done_t <= c1)) / (c1 - c0) if c1 > c0 else np.inf
-        req_s = min((len(idx) - 1) / span, float(served))
+    if clients:    # Little's law, or the completion rate when clients outnumber what the replica runs at once
+        req_s = min(clients / float(np.mean(e2e)), _completion_rate(done_t, lo, hi, run))
+    elif behind:   # the completion rate while the replica is full (a backlog keeps it full)
+        req_s = min((len(idx) - 1) / span, _completion_rate(done_t, lo, hi, run))
     else:          # a stable replica completes what arrives
         req_s = (len(idx) - 1) / span
     return SimResult(len(idx), _spread(ttft), _spread(tpot), _spread(e2e), req_s * O, req_s, mean_run,

@@ -184,6 +184,8 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     mix = prompt_mix(r, poisson)
     mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, n * S * S / 2 + extra_prompt * S / 2, D + n + extra, D + n)
                 for w, n in mix)
+    if np.any(a.chunked > 0):
+        mixed = np.where(a.chunked > 0, _chunked_cycle(a, D, ctx, np.asarray(r, dtype=float), extra_prompt, mix, mixed), mixed)
     decode = cycle_time(a, D, ctx, seqs=D)
     cap = np.maximum(1, np.floor(a.budget / S))       # prompts one prefill step holds
     separate = decode
@@ -194,11 +196,33 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
 
+def _chunked_cycle(a: Arrays, D, ctx, r, extra_prompt, mix, whole):
+    """The mixed cycle under chunked prefill. While whole prompts fit beside the decodes they ride whole
+    (``whole``, the prompt mix); when they would overflow the token budget, the scheduler fills each step to the
+    budget and carries the rest over (vLLM _schedule_chunked_prefill; SGLang chunked_prefill_size): a prompt of S
+    tokens takes k = ⌈S / room⌉ steps, room = budget × micro-batches − D, so a share min(1, r·k) of the cycles
+    carries r·S / share prompt tokens each (their mean attention pairs S/2 per token: a prompt's chunks sum to
+    S²/2) and the rest decode alone. Smoothing the prompt over steps is what cuts TPOT as the budget shrinks."""
+    S = a.S
+    nmb = np.clip(np.minimum(a.pp, np.ceil(D + r)), 1, None)
+    room = np.maximum(1.0, a.budget * nmb - D)
+    most = np.maximum.reduce([np.where(np.asarray(w) > 0, n, 0.0) for w, n in mix])   # most prompts a cycle brings
+    k = np.ceil(S / np.minimum(room, S))
+    share = np.clip(r * k, 1e-12, 1.0)
+    tokens = r * S / share
+    extra = np.asarray(extra_prompt) > 0
+    busy = cycle_time(a, D, ctx, tokens + extra_prompt, (tokens + extra_prompt) * S / 2, D + r / share + extra, D + 1)
+    idle = cycle_time(a, D, ctx, extra_prompt, extra_prompt * S / 2, D + extra, D)
+    chunked = np.where(r > 0, share * busy + (1 - share) * idle, idle)
+    return np.where(most * S + extra_prompt > room, chunked, whole)
+
+
 def _prefill_latency(a: Arrays, D, r, nb, poisson=False) -> np.ndarray:
     """Time from a prompt's first scheduled step to its first token (``poisson``: as in ``_cycle``)."""
     k, S = a.kernels, a.S
     nmb = np.clip(np.minimum(a.pp, np.ceil(D + r)), 1, None)
-    room = np.where(a.chunked > 0, np.maximum(1.0, a.budget - (D + r * S) / nmb), S)
+    room = np.where(a.chunked > 0, np.maximum(1.0, a.budget - D / nmb), S)    # first come, first served: the
+    # oldest waiting prompt takes all the budget the decodes leave (those ahead of it are the queue term)
     chunks = np.ceil(S / np.minimum(room, S))
     mixed = chunks * (_cycle(a, D, r, extra_prompt=S / chunks, poisson=poisson)["cycle_s"])
     n_sep = np.where(a.chunked > 0, np.ceil(nb * S / a.budget), 1.0)

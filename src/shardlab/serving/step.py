@@ -37,6 +37,7 @@ from shardlab.memory.states import stage_tensors
 from shardlab.serving.precision import InferencePrecision
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
+from shardlab.specs.tensors import is_matmul_weight
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
         for t in st.tensors:
             if t.component in ("embedding", "position") and not (st.holds_head and t.name == "output.weight"):
                 continue                                      # embeddings are gathered by row, not streamed
-            n = precision.tensor_bytes(t.component, t.local_shape(spec, tp), t.name.endswith("weight"))
+            n = precision.tensor_bytes(t.component, t.local_shape(spec, tp), is_matmul_weight(t))
             if t.component == "head" or t.name == "output.weight":
                 head += n
             elif t.component == "experts":
