@@ -115,6 +115,12 @@ def test_loss_scale_verdict_tells_subnormal_from_zero():
     (["explain", "stragglers", "slow_stage=9"], "outside the pipeline"),
     (["explain", "ring-all-reduce", "ranks=1"], "at least 2"),
     (["explain", "zero", "--list"], "not both"),
+    (["explain", "decode-vs-prefill", "tp=3"], "tp=3 does not divide"),
+    (["explain", "sequence-parallel", "tp=64"], "tp=64 does not divide"),
+    (["explain", "kv-cache", "seq=8192"], "4,096 positions"),
+    (["explain", "fsdp-wrap", "seq=200000"], "131,072 positions"),
+    (["explain", "pp-inference", "pp=3"], "power of two"),
+    (["explain", "ring-all-reduce", "size=0"], "at least 1"),
 ])
 def test_bad_input_is_one_line_exit_2(args, msg):
     code, out, err = cli_main(*args)
@@ -282,3 +288,13 @@ def test_the_budgets_topics_guard_command_reserves_run_1s_cost(tmp_path):
     v = ex.inputs
     assert r.returncode == 0, r.stderr
     assert f"estimate {first[3]} for {v['setup']:g} h set-up + {v['hours']:g} h" in r.stderr
+
+
+def test_wording_follows_the_computed_regime_and_ratio():
+    big = explain("decode-vs-prefill", ["batch=1024"])
+    assert "bandwidth-bound" in big.derivation[1] and "latency-bound" not in big.derivation[1]
+    assert not big.title.startswith("Decode is latency-bound")
+    assert explain("decode-vs-prefill").title.startswith("Decode is latency-bound")
+    ratio = explain("link-bandwidth", ["links=nvlink4,nvlink3"])
+    assert "1.6× longer" in " ".join([ratio.question, *ratio.derivation, ratio.plain])
+

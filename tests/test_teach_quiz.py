@@ -148,3 +148,24 @@ def test_endless_standard_input_is_refused_not_read(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("1\n"))                      # a normal pipe still works
     code, out, _ = cli_main("quiz", "--seed", "1", "--questions", "2")
     assert code == 0 and "stopped after 1 question(s)" in out
+
+
+def test_zero_question_asks_in_the_unit_its_solution_gives():
+    """The worked solution derives GB (10^9 bytes); copying its figure must score right."""
+    for q in make_quiz(6, seed=3, topics=["zero"]):
+        figure = f"{q.answer:.2f} GB"
+        assert q.unit == "GB" and figure in " ".join(q.solution), (figure, q.solution)
+        assert check(q, f"{q.answer:.2f}")[0]
+
+
+def test_letters_only_and_ctrl_d_counts_the_rest_unanswered():
+    q = next(q for q in make_quiz(40, seed=11) if q.kind == "choice")
+    for junk in (")", "bc", "ab)", ""):
+        assert not check(q, junk)[0]
+    letter = "abcdefgh"[int(q.answer)]
+    assert check(q, letter + ")")[0] and check(q, letter.upper())[0]
+    qs = key(1, 10)
+    first = right(qs[0])
+    r = subprocess.run([sys.executable, "-m", "shardlab", "quiz", "--seed", "1", "--questions", "10"], input=first + "\n",
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "1/10" in r.stdout and "PASS" not in r.stdout.replace("pass mark", "")

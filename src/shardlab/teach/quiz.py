@@ -89,11 +89,11 @@ def q_zero(rng: random.Random) -> Question:
 
     n = rng.choice([7, 13, 30, 70]) * 10**9
     d, z = rng.choice([8, 16, 32, 64, 128]), rng.choice([1, 2, 3])
-    gib = state_report_from_count(n, Layout(dp=d, zero=z), state_bytes("bf16-mixed", "adamw")).total / 2**30
-    sol, cmd = _explained("zero", params=n, gpus=d, stage=z)
+    gb = state_report_from_count(n, Layout(dp=d, zero=z), state_bytes("bf16-mixed", "adamw")).total / 1e9
+    sol, cmd = _explained("zero", params=n, gpus=d, stage=z)      # in GB (10^9 bytes), as the ZeRO paper and the solution
     return Question("zero", f"ZeRO-{z} on {d} GPUs for a {fmt_count(n)}-parameter model in bf16 mixed precision with AdamW: "
-                            f"model-state memory per GPU, in GiB?", "numeric", round(gib, 3), unit="GiB",
-                    tolerance=round(0.02 * gib, 3), solution=sol, command=cmd)
+                            f"model-state memory per GPU, in GB (10^9 bytes)?", "numeric", round(gb, 3), unit="GB",
+                    tolerance=round(0.02 * gb, 3), solution=sol, command=cmd)
 
 
 def q_bubble(rng: random.Random) -> Question:
@@ -249,7 +249,8 @@ def q_heads(rng: random.Random) -> Question:
     spec = catalog().model(mid)
     ok = [t for t in valid_tp(spec) if t > 1]
     t = rng.choice(ok[:4])
-    sol, cmd = _explained("tp-attention", model=mid, tp=t)
+    short = {"seq": spec.max_seq_len} if spec.max_seq_len < 4096 else {}     # the topic's default 4,096 tokens, or fewer
+    sol, cmd = _explained("tp-attention", model=mid, tp=t, **short)
     return Question("tp-attention", f"{mid} ({spec.num_heads} attention heads) with TP {t}: how many whole query heads does "
                                     f"each GPU compute?", "numeric", spec.num_heads // t, unit="heads",
                     solution=sol[:1], command=cmd)

@@ -23,8 +23,8 @@ def check(q: Question, given: str | None) -> tuple[bool, str]:
         letters = "abcdefgh"[: len(q.choices)]
         if len(g) == 1 and g.lower() in letters:
             pick = letters.index(g.lower())
-        elif g.lower().rstrip(")") in letters and len(g) <= 2:
-            pick = letters.index(g.lower().rstrip(")"))
+        elif len(g) == 2 and g[1] == ")" and g[0].lower() in letters:      # 'b)'
+            pick = letters.index(g[0].lower())
         else:
             matches = [i for i, c in enumerate(q.choices) if c.lower() == g.lower()]
             if not matches:
@@ -174,9 +174,8 @@ def _session(qs: list[Question], head: str) -> int:
         print(ask_text(i, len(qs), q), flush=True)
         try:
             given = _answer_line("your answer: ")
-        except EOFError:
-            print(f"\nstopped after {i - 1} question(s)")
-            qs = qs[: i - 1]
+        except EOFError:     # the questions left unanswered count as wrong, as a missing line in --answers does
+            print(f"\nstopped after {i - 1} question(s); the {len(qs) - i + 1} left count as unanswered")
             break
         ok, why = check(q, given)
         right += ok

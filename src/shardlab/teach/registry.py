@@ -66,4 +66,26 @@ def explain(name: str, words: list[str] | None = None, **values) -> Explanation:
         raise ShardlabError(f"'{bad[0]}' is not a number {t.id} takes")
     vals.update(values)
     vals.update(t.presets)
+    _check_model_values(vals)
     return t.build(vals)
+
+
+def _check_model_values(vals: dict) -> None:
+    """The rules every topic's model obeys, checked once: T divides the heads (Megatron's whole-heads split), a
+    sequence fits the model's positions."""
+    if not isinstance(vals.get("model"), str):
+        return
+    from shardlab.catalog import get_catalog
+    from shardlab.layout import Layout, validate
+
+    spec = get_catalog().model(vals["model"])
+    if isinstance(vals.get("tp"), int) and vals["tp"] >= 1:
+        try:
+            validate(Layout(tp=vals["tp"]), spec)
+        except ShardlabError as e:
+            raise ShardlabError(str(e).replace(f"--tp {vals['tp']}", f"tp={vals['tp']}", 1)) from None
+    for key in ("seq", "prompt"):
+        n = vals.get(key)
+        if isinstance(n, int) and spec.max_seq_len and n > spec.max_seq_len:
+            raise ShardlabError(f"{key}={n:,} exceeds {spec.name}'s {spec.max_seq_len:,} positions; use at most "
+                                f"{spec.max_seq_len:,} (or another model=)")

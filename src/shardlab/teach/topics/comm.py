@@ -145,7 +145,7 @@ def link_bandwidth(v: dict) -> Explanation:
         f"A link's bandwidth is quoted in two ways that differ by up to 16×: NVLink's '600 GB/s' adds both directions, "
         f"so one direction carries 300 GB/s; InfiniBand's '200 Gb/s' is bits in one direction, 25 GB/s. A ring collective "
         f"sends one way around the ring, so the per-direction byte rate is the number to use. That is why the same "
-        f"all-reduce takes {times[slow.id] / times[fast.id]:,.0f}× longer on {slow.id} than on {fast.id}, and why the "
+        f"all-reduce takes {_ratio(times[slow.id] / times[fast.id])}× longer on {slow.id} than on {fast.id}, and why the "
         f"chattiest parallelism stays on the fastest link.",
         {"time_s": times, "per_direction_gbps": {ln.id: ln.bandwidth_gbps for ln in links}},
         table=(["link", "GB/s both ways", "GB/s per direction", "Gb/s per direction", "β GB/s", "α µs", "all-reduce"], rows),
@@ -205,7 +205,7 @@ def _ar(algo: str):
     return lambda v: all_reduce({**v, "algorithm": algo})
 
 
-_AR_PARAMS = (Param("size", "size", 256 * 2**20, "message size S (256MiB, 8KB)", minimum=0),
+_AR_PARAMS = (Param("size", "size", 256 * 2**20, "message size S (256MiB, 8KB)", minimum=1),
               Param("ranks", "int", 8, "ranks n", minimum=2), link("nvlink4"))
 TOPICS = [
     Topic("ring-all-reduce", "Ring all-reduce", "2(n−1)/n·S/β + 2(n−1)·α; why it is bandwidth-bound", (30,), _AR_PARAMS,
@@ -220,3 +220,8 @@ TOPICS = [
     Topic("tp-in-node", "TP inside a node", "TP all-reduces on NVLink vs across nodes", (16, 38),
           (model("llama-3.1-70b"), Param("gpus", "int", 64, "GPUs"), gpu("h100-sxm")), tp_in_node),
 ]
+
+
+def _ratio(x: float) -> str:
+    """A ratio as people say it: two significant figures below 10 (1.6), whole numbers above (27)."""
+    return f"{x:.2g}" if x < 10 else f"{x:,.0f}"

@@ -14,7 +14,7 @@ def kv_cache(v: dict) -> Explanation:
     from shardlab.estimate.inference import estimate_inference
 
     spec = catalog().model(v["model"])
-    seq = min(v["seq"], spec.max_seq_len)
+    seq = v["seq"]                                    # at most the model's positions (registry._check_model_values)
     per_tp = {}
     for t in sorted({1, v["tp"]}):
         per_tp[t] = estimate_inference(spec, cluster(v["gpu"], t), tp=t, batch=v["batch"], prompt_len=seq // 2,
@@ -97,23 +97,34 @@ def decode_vs_prefill(v: dict) -> Explanation:
     worst = max(links, key=lambda ln: res[ln.id][0].comm_fraction)
     dw = res[worst.id][0]
     return Explanation(
-        "decode-vs-prefill", "Decode is latency-bound, prefill bandwidth-bound",
+        "decode-vs-prefill", ("Decode is latency-bound, prefill bandwidth-bound"
+                              if (d0.comm_regime, p0.comm_regime) == ("latency", "bandwidth")
+                              else f"Decode ({d0.comm_regime}-bound here) vs prefill ({p0.comm_regime}-bound here)"),
         f"{spec.name} with TP {v['tp']} on {acc.id}: how much of a decode step and of a prefill of {v['prompt']} tokens is "
         f"communication, on each link?",
         dict(v),
         [f"both: 2 all-reduces per layer × {spec.num_layers} layers = {d0.comm_calls} per step",
-         f"decode message: b·h·2 B = {fmt_bytes(d0.comm_bytes_per_call)}: far below the latency/bandwidth crossover, so "
-         f"each all-reduce costs its α steps ({d0.comm_regime}-bound)",
+         f"decode message: b·h·2 B = {fmt_bytes(d0.comm_bytes_per_call)}: "
+         + ("below the latency/bandwidth crossover, so each all-reduce costs its α steps (latency-bound)"
+            if d0.comm_regime == "latency" else
+            f"above the latency/bandwidth crossover on {links[0].id}, so even decode's all-reduces are bandwidth-bound "
+            f"(a batch of {v['batch']} makes the message large)"),
          f"prefill message: b·s·h·2 B = {fmt_bytes(p0.comm_bytes_per_call)}: {p0.comm_regime}-bound",
          *[f"{ln.id}: decode {fmt_time(res[ln.id][0].step_time_s)}, comm {pct(res[ln.id][0].comm_fraction)}; prefill "
            f"{fmt_time(res[ln.id][1].step_time_s)}, comm {pct(res[ln.id][1].comm_fraction)}" for ln in links],
          f"on {worst.id}, {pct(dw.comm_fraction)} of every decode step is communication"
          + (" (over 40%: keep TP inside a node)" if dw.comm_fraction > 0.4 else "")],
-        f"Each generated token needs 2 × {spec.num_layers} all-reduces of only {fmt_bytes(d0.comm_bytes_per_call)}: the "
-        f"bytes are nothing, the per-message latency is everything, so decode over a slow network spends "
-        f"{pct(dw.comm_fraction)} of its time waiting ({worst.id}). Prefill sends the same number of messages but each "
-        f"carries the whole prompt, so its cost is bandwidth. The right interconnect depends on the workload, and for "
-        f"token-by-token decoding with tensor parallelism only a fast in-node link works.",
+        (f"Each generated token needs 2 × {spec.num_layers} all-reduces of only {fmt_bytes(d0.comm_bytes_per_call)}: the "
+         f"bytes are nothing, the per-message latency is everything, so decode over a slow network spends "
+         f"{pct(dw.comm_fraction)} of its time waiting ({worst.id}). " if d0.comm_regime == "latency" else
+         f"Each generated token needs 2 × {spec.num_layers} all-reduces; a batch of {v['batch']} makes each carry "
+         f"{fmt_bytes(d0.comm_bytes_per_call)}, enough that bandwidth, not latency, sets their cost, and decode over "
+         f"{worst.id} spends {pct(dw.comm_fraction)} of its time communicating. ")
+        + "Prefill sends the same number of messages but each carries the whole prompt"
+        + (", so its cost is bandwidth. " if p0.comm_regime == "bandwidth" else
+           f"; a prompt of {v['prompt']} tokens is short enough that latency still sets it. ")
+        + "The right interconnect depends on the workload, and for token-by-token decoding with tensor parallelism "
+          "only a fast in-node link works.",
         {ln: {"decode_comm_fraction": d.comm_fraction, "decode_regime": d.comm_regime, "prefill_comm_fraction": p.comm_fraction,
               "prefill_regime": p.comm_regime, "decode_step_s": d.step_time_s, "prefill_step_s": p.step_time_s}
          for ln, (d, p) in res.items()},
@@ -174,8 +185,14 @@ def pp_inference(v: dict) -> Explanation:
     from shardlab.serving.step import step_parts
     from shardlab.serving.steady import micro_batch_times, scalars
 
+    from shardlab.errors import ShardlabError
+
     spec = catalog().model(v["model"])
-    stages = [p for p in (1, 2, 4, 8, 16, 32) if p <= v["pp"]]
+    doubling = [p for p in (1, 2, 4, 8, 16, 32) if p <= spec.num_layers]
+    if v["pp"] not in doubling:
+        raise ShardlabError(f"pp={v['pp']}: the table doubles the stages from 1, so give a power of two up to "
+                            f"{doubling[-1]} ({spec.name} has {spec.num_layers} layers), e.g. pp=8")
+    stages = [p for p in doubling if p <= v["pp"]]
     res, alone = {}, {}
     for p in stages:
         cl = cluster(v["gpu"], p)
