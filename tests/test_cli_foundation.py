@@ -1,6 +1,7 @@
 """CLI: tables by default, one JSON document with --json, one-line errors with exit code 2."""
 
 import json
+import re
 
 import pytest
 
@@ -173,3 +174,29 @@ def test_the_readme_catalog_example_adds_a_gpu_a_link_and_a_price():
                               example, "--json")
     assert code == 0, err
     assert json.loads(out)["price"]["usd_per_gpu_hour"] == 0.90
+
+
+def test_help_describes_what_each_command_does_with_shared_flags():
+    """--params only where a bare count works; plan's help gives plan's defaults and names estimate-only flags."""
+    for cmd in (["estimate"], ["plan"], ["cost"], ["comm", "plan"]):
+        code, out, _ = cli_main(*cmd, "--help")
+        assert code == 0 and "--params" not in out
+    code, out, _ = cli_main("memory", "--help")
+    assert "--params" in out and "--framework deepspeed   # the ZeRO paper's worked example (16.64 GB)" in out
+    code, out, _ = cli_main("plan", "--help")
+    flat = " ".join(out.split())
+    assert "GPUs to plan for (default 64" in flat and "default: 4M tokens per step" in flat
+    assert "--dp DP estimate only" in flat and "--wrap POLICY estimate only" in flat
+    code, out, _ = cli_main("report", "--help")
+    assert "data-parallel degree" in " ".join(out.split())
+
+
+def test_flash1_line_shows_the_rate_it_uses_and_pinned_plans_name_the_pins():
+    rates = {}
+    for k in ("flash1", "flash2"):
+        code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "8", "--attention-kernel", k)
+        assert code == 0, err
+        rates[k] = int(re.search(rf"attention kernel \({k}\) at (\d+)%", out).group(1))
+    assert abs(rates["flash1"] * 2 - rates["flash2"]) <= 1
+    code, _, err = cli_main("plan", "--framework", "deepspeed", "--fix", "zero=3", "--fix", "pp=2")
+    assert code == 2 and "pin fewer axes (pinned: zero=3, pp=2)" in err

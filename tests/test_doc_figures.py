@@ -161,6 +161,14 @@ def test_fp8_validation_figures_in_modern_doc():
                    f"{pct('mfsdp-8b-h100-25.11')})",
                    f"32 and 64 GPUs): {pct('titan-8b-h200-32-float8')} and {pct('titan-8b-h200-64-float8')}.",
                    f"compiled, 8 and 128 GPUs): {pct('titan-8b-h100-8-float8')} and {pct('titan-8b-h100-128-float8')};")
+    import math
+
+    nemo_pct = sorted(round(100 * rows[i]["loso_error"]) for i in ("mfsdp-8b-h100-25.09", "mfsdp-8b-h100-25.11"))
+    titan = max(abs(100 * rows[i]["loso_error"]) for i in ("titan-8b-h100-8-float8", "titan-8b-h100-128-float8",
+                                                             "titan-8b-h200-32-float8", "titan-8b-h200-64-float8"))
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"predicted {nemo_pct[0]}-{nemo_pct[1]}% fast, torchtitan's Float8 runs on H100 and H200 within " \
+           f"{math.ceil(titan)}%" in readme
 
 
 def test_estimate_doc_quotes_the_committed_fit():

@@ -118,14 +118,18 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
                    help="extra catalog YAML (sections models/accelerators/links/prices); repeatable")
 
 
-def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: str | None = None) -> None:
+def add_model_args(p: argparse.ArgumentParser, required: bool = False, default: str | None = None,
+                   bare_count: bool = False) -> None:
+    """MODEL and --params. ``bare_count``: the command works from a bare parameter count (memory's model states);
+    elsewhere --params stays parsed, so that using it gets the one-line refusal naming the fix, but out of --help."""
     p.set_defaults(model_default=default)
     p.add_argument("model", nargs=None if required else "?", default=None, metavar="MODEL",
                    help="catalog id (see `shardlab models`), hf:ORG/NAME (config.json from the Hugging Face Hub, cached), "
                         "a Hugging Face config.json, or a YAML model file"
                         + (f" (default: {default})" if default else ""))
     p.add_argument("--params", type=str, default=None, metavar="N",
-                   help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates")
+                   help="bare parameter count (e.g. 7.5e9 or 70B) for model-state-only estimates" if bare_count
+                   else argparse.SUPPRESS)
 
 
 class Given(argparse.Action):

@@ -9,7 +9,7 @@ from shardlab.cli.report_cmd import add_html_arg
 EXAMPLES = """examples:
   shardlab memory llama-3.1-8b --gpus 8 --zero 3
   shardlab memory llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --sequence-parallel --recompute selective
-  shardlab memory --params 7.5e9 --dp 64 --zero 2          # the ZeRO paper's worked example
+  shardlab memory --params 7.5e9 --dp 64 --zero 2 --framework deepspeed   # the ZeRO paper's worked example (16.64 GB)
   shardlab memory path/to/config.json --gpus 4 --tp 4 --json
   shardlab memory llama-2-7b --gpu rtx-4090 --lora-rank 16 --quantize-base nf4 --seq-len 2048   # QLoRA on one GPU
   shardlab memory --finetune-ladder --gpu rtx-4090 --seq-len 2048 --lora-rank 16   # where full, LoRA and QLoRA stop
@@ -25,7 +25,7 @@ def register(sub) -> None:
                        description="Peak memory per GPU for training: model states, activations and the overheads "
                                    "estimators usually forget, for the worst rank, and whether it fits.",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p, default="llama-3.1-8b")
+    add_model_args(p, default="llama-3.1-8b", bare_count=True)
     add_layout_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("assumptions")

@@ -65,6 +65,7 @@ def register(sub) -> None:
                                    "and print the design worksheet of the winner.",
                        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_args(p)
+    _plan_help(p)
     add_html_arg(p, "plan")
     export_cmds.hook(p, cmd_plan, export=True)
 
@@ -116,6 +117,23 @@ def add_plan_args(p) -> None:
     _add_assumption_args(p)
     _add_inference_args(p)
     add_output_args(p)
+
+
+PLAN_REFUSED = ("dp", "microbatches", "stage_layers", "wrap", "recompute_fraction", "dp_replicate")
+"""Estimate's layout flags plan refuses (it derives or searches them); `plan --help` says so."""
+
+
+def _plan_help(p) -> None:
+    """The shared estimate flags, described as plan uses them."""
+    for a in p._actions:
+        if a.dest == "gpus":
+            a.help = f"GPUs to plan for (default {PLAN_DEFAULT_GPUS}, or --nodes × GPUs per node)"
+        elif a.dest == "global_batch":
+            a.help = "sequences per optimizer step (default: 4M tokens per step, e.g. 1024 sequences of 4096)"
+        elif a.dest in PLAN_REFUSED:
+            a.help = "estimate only: plan derives or searches it (refused here)"
+        elif a.dest in ("tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute", "sequence_parallel", "schedule", "vpp"):
+            a.help = (a.help or "") + "; written here, it pins the axis (as --fix does)"
 
 
 # ---- shared ----------------------------------------------------------------------------------------

@@ -81,8 +81,13 @@ def attention_time_s(flops, acc: Accelerator, dtype: str, kernel: str = "flash2"
     """Time of ``flops`` of fused attention at the accelerator's attention share: FlashAttention-2 ('flash2'), its
     predecessor ('flash1', half as fast) or the generation's native kernel ('native': FlashAttention-3 / cuDNN on
     Hopper, faster by the generation's speed-up)."""
-    speedup = acc.attention_native_speedup if kernel == "native" else ATTENTION_FLASH1_SPEED if kernel == "flash1" else 1.0
-    return np.asarray(flops, dtype=float) / (acc.peak_flops(dtype) * attention_efficiency(acc) * speedup)
+    return np.asarray(flops, dtype=float) / (acc.peak_flops(dtype) * attention_efficiency(acc)
+                                             * attention_kernel_speed(acc, kernel))
+
+
+def attention_kernel_speed(acc: Accelerator, kernel: str) -> float:
+    """The kernel's rate relative to FlashAttention-2's on ``acc`` (``attention_time_s``)."""
+    return acc.attention_native_speedup if kernel == "native" else ATTENTION_FLASH1_SPEED if kernel == "flash1" else 1.0
 
 
 @dataclass(frozen=True)

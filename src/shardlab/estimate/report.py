@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from shardlab.estimate.hardware import attention_efficiency, matmul_curve, memory_efficiency, overlap_efficiency
+from shardlab.estimate.hardware import (attention_efficiency, attention_kernel_speed, matmul_curve, memory_efficiency,
+                                       overlap_efficiency)
 from shardlab.estimate.training import TrainingEstimate
 from shardlab.memory.precision import state_bytes
 from shardlab.report.table import table
@@ -32,7 +33,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"the average GPU's {stage_flops:.3g} model FLOP over this time is {100 * achieved:.0f}% of "
                       f"{peak / 1e12:g} TFLOP/s while computing (MFU, which counts the whole step, is lower) "
                       f"[GEMMs: {curve.max_fraction:.3g}·n/(n+{curve.half_size:.3g}) of peak, n = min(M, N, K){' (default curve, estimate)' if default else ''}; "
-                      + (f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * (acc.attention_native_speedup if wl.attention_kernel == 'native' else 1):.0%}; "
+                      + (f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * attention_kernel_speed(acc, wl.attention_kernel):.0%}; "
                        if wl.flash_attention else "unfused attention: QKᵀ and PV as batched GEMMs on the GEMM curve, softmax streamed through HBM; ")
                       + f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
                       f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"

@@ -117,7 +117,10 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
             score_parts.append(evaluate(spec, cl, wl, c, overheads))
     if not cand_parts:
         raise ShardlabError(f"no valid layout: every one of {total} combinations was rejected "
-                            f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); change --gpus, --global-batch or --seq-len")
+                            f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); "
+                            + (f"pin fewer axes (pinned: {', '.join(f'{k}={v}' for k, v in fixed.items())}) or " if fixed else "")
+                            + "change --gpus, --global-batch or --seq-len"
+                            + (" (or --framework)" if any("framework" in k for k in rejected) else ""))
     c, r = _concat(cand_parts), _concat(score_parts)
     evaluated = len(c["dp"])
     fits = r["fits"].copy()
