@@ -95,7 +95,7 @@ def fit_alpha_beta(rows: Sequence[dict], op: str | None = None) -> AlphaBetaFit:
     ``op`` None fits one α and β to all rows together (the 'joint' link); otherwise only that op's rows.
     """
     sel = [r for r in rows if op is None or r["op"] == op]
-    if len(sel) < 2:
+    if len({float(r["size_bytes"]) for r in sel}) < 2:     # one size cannot separate latency from bandwidth
         raise ShardlabError(f"need at least two measured sizes to fit α and β{' for ' + op if op else ''}; "
                             f"give a size range such as --sizes 1KB:1MB")
     n = int(sel[0]["world_size"])

@@ -42,7 +42,16 @@ def check_output_path(path: str | os.PathLike, what: str) -> Path:
     if _is_sqlite(p):
         raise ShardlabError(f"{what} {p} is an SQLite database (a ledger, or its backup?); shardlab never writes over "
                             f"one: give another file name")
+    kinds = OUTPUT_KINDS.get(what)
+    if kinds and st.st_size > 0 and p.suffix.lower() not in kinds:
+        raise ShardlabError(f"{what} {p} already exists and is not a {'/'.join(kinds)} file; shardlab replaces an "
+                            f"existing file only with its own kind of output: give a new file name")
     return p
+
+
+OUTPUT_KINDS = {"--steps-jsonl": (".jsonl", ".ndjson", ".json"), "--plot": (".png", ".svg", ".pdf", ".jpg", ".jpeg"),
+                "--html": (".html", ".htm"), "calibrate --out": (".yaml", ".yml")}
+"""Suffixes an existing file must have for an output flag to replace it (a README named as --steps-jsonl is kept)."""
 
 
 OUTPUT_DESTS = ("out", "mermaid", "markdown", "plot", "html", "model_out", "steps_jsonl")
@@ -158,3 +167,18 @@ def write_text(path: str | os.PathLike, text: str, what: str = "output file") ->
     finally:
         os.close(fd)
     return p
+
+
+def replace_text(path: str | os.PathLike, text: str, what: str = "output file") -> Path:
+    """Write ``text`` to a new file beside ``path`` and rename it over ``path`` (POSIX rename is atomic): a failed
+    write leaves the old file as it was, never truncated."""
+    p = check_output_path(path, what)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ShardlabError(f"cannot write {what} {p}: {e.strerror or e}; choose another path") from None
+    return p
+

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import cli_main
+from shardlab.errors import ShardlabError
 
 
 def test_cli_registration_does_not_import_torch():
@@ -131,3 +132,44 @@ def test_other_measuring_commands_interrupted_print_one_json_document(tmp_path, 
     d = _one_json_document(out)
     assert code == 143 and d["exit_code"] == 143 and d["signal"] == "SIGTERM" and words in d["note"], (out, err)
     assert err.strip().splitlines() == ["interrupted (SIGTERM): stopped"] and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "infer", "--plot", "x.png"], "--plot applies to a --sweep"),
+    (["run", "infer", "--sweep", "--plot", "x.txt"], "use a .png, .svg or .pdf"),
+    (["run", "infer", "--prompt", "a" * 45000], "at most 8,192"),
+    (["run", "train", "--strategy", "tp+sp", "--nproc", "2", "--model", "tiny-gpt2"], "RoPE models"),
+    (["run", "train", "--strategy", "tp+sp", "--nproc", "2", "--seq-len", "63"], "use --seq-len 62"),
+    (["bench", "matmul", "--hidden", "1000000"], "give smaller --hidden"),
+    (["bench", "collectives", "--sizes", "1KiB:1TiB", "--no-metrics"], "give smaller --sizes"),
+])
+def test_runtime_inputs_refused_before_anything_runs(argv, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main(*argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_outputs_keep_files_of_another_kind_and_torchrun_logs_stay_in_the_run_folder(tmp_path):
+    from shardlab.runtime.launch import torchrun_command
+    from shardlab.safeout import check_output_path, replace_text
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# mine\n")
+    for what in ("--steps-jsonl", "--plot", "--html", "calibrate --out"):
+        with pytest.raises(ShardlabError, match="only with its own kind"):
+            check_output_path(readme, what)
+    old = tmp_path / "steps.jsonl"
+    old.write_text('{"step": 0}\n')
+    replace_text(old, '{"step": 1}\n', "--steps-jsonl")
+    assert old.read_text() == '{"step": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "steps.jsonl"]
+    cmd = torchrun_command("m", 2, [], log_dir=tmp_path / "te")
+    assert cmd[cmd.index("--log-dir") + 1] == str(tmp_path / "te")
+    assert torchrun_command("m", 2, [], ["--log-dir", "/x"], log_dir=tmp_path).count("--log-dir") == 1   # the user's
+
+
+def test_alpha_beta_needs_two_distinct_sizes():
+    from shardlab.calibration import fit_alpha_beta
+
+    rows = [{"op": "all-reduce", "size_bytes": 8, "time_s": 1e-5, "world_size": 2}] * 3
+    with pytest.raises(ShardlabError, match="two measured sizes"):
+        fit_alpha_beta(rows)

@@ -328,3 +328,14 @@ def test_a_lone_rank_waits_for_nobody():
     sp = rank_time_split(recs, skip_steps=2)[0]
     assert sp["wait_s"] == 0.0 and sp["collectives_s"] == pytest.approx(0.02015)
     assert sp["step_s"] == pytest.approx(0.1 + 0.02 + 0.00015)
+
+
+def test_logs_reader_takes_paths_with_dashes():
+    """torch's glog prefix carries the file's path; a venv inside a project named with a dash must still parse."""
+    from shardlab.runtime.observe.logs import parse_startup
+
+    text = (DATA / "logs" / "torchrun-gloo-ddp-2ranks.log").read_text()
+    dashed = text.replace(" torch/distributed/", " /home/me/my-proj/.venv/lib/python3.11/site-packages/torch/distributed/")
+    assert dashed != text
+    facts = parse_startup(dashed)
+    assert facts["torchrun"]["nproc_per_node"] == "2" and facts["rendezvous"]["global_ranks"] == [[0, 1]]

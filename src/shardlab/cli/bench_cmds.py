@@ -159,7 +159,7 @@ def _device(args) -> str:
     return args.device
 
 
-def _check_plot_path(path: str | None) -> None:
+def check_plot_path(path: str | None) -> None:
     """Fail before a long measurement, not after it, when the plot cannot be written."""
     if not path:
         return
@@ -210,7 +210,7 @@ def cmd_collectives(args):
     from shardlab.runtime import bench_collectives as bc
 
     _validate_coll_flags(args)
-    _check_plot_path(args.plot)
+    check_plot_path(args.plot)
     doc = _collectives(args, _device(args))
     if args.plot:
         from shardlab.runtime.bench.plots import plot_collectives
@@ -228,6 +228,11 @@ def _matmul(args, device: str, catalog) -> dict:
         raise ShardlabError(f"--dtype {dtype} on CPU: PyTorch emulates {dtype} matmuls on most CPUs and the CPU runtime "
                             f"trains in fp32; use --dtype fp32 (the CPU default)")
     hidden, tokens = bm.default_grid(device)
+    from shardlab.runtime import check_host_bytes
+
+    h, t = max(args.hidden or hidden), max(args.tokens or tokens)       # the largest GEMM: (t, 4h) × (4h, h) and more
+    check_host_bytes((t * 4 * h + 4 * h * h + t * 4 * h) * (4 if dtype == "fp32" else 2), f"bench matmul at hidden {h:,} "
+                     f"and {t:,} tokens", "give smaller --hidden/--tokens", device)
     doc = bm.bench_matmul(dtype, device, args.hidden or hidden, args.tokens or tokens,
                           min_time_s=args.matmul_time, threads=args.threads)
     acc = catalog.accelerator(args.gpu or match_accelerator(doc["device_name"], device))
@@ -243,7 +248,7 @@ def cmd_matmul(args):
     from shardlab.catalog import get_catalog
     from shardlab.runtime import bench_matmul as bm
 
-    _check_plot_path(args.plot)
+    check_plot_path(args.plot)
     cat = get_catalog(args.catalog)
     if args.gpu:
         cat.accelerator(args.gpu)
@@ -264,7 +269,7 @@ def cmd_calibrate(args):
     from shardlab.runtime.bench_files import load_bench, matmul_fit_warnings
     from shardlab.safeout import check_output_path
 
-    check_output_path(args.out, "--out")
+    check_output_path(args.out, "calibrate --out")
     for f in (args.from_matmul, args.from_collectives):
         if f:
             from shardlab.safeio import read_bytes

@@ -241,14 +241,13 @@ def cmd_infer(args):
     req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
                        torchrun_args=torchrun_args(args), observe=observe_options(args))
-    if args.plot:
-        from shardlab.safeout import check_output_path
+    from shardlab.cli.bench_cmds import check_plot_path
+    from shardlab.errors import ShardlabError
 
-        check_output_path(args.plot, "--plot")
-    if args.max_tp and not args.sweep:
-        from shardlab.errors import ShardlabError
-
-        raise ShardlabError("--max-tp limits a --sweep; add --sweep, or use --tp N for one run")
+    for flag, given in (("--max-tp", args.max_tp), ("--plot", args.plot)):
+        if given and not args.sweep:
+            raise ShardlabError(f"{flag} applies to a --sweep; add --sweep, or drop it for one run")
+    check_plot_path(args.plot)                  # before the sweep runs, not after
     if args.sweep:
         doc = run_sweep(req, plot=args.plot, max_tp=args.max_tp)
         return doc, render_sweep(doc)

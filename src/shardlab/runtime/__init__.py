@@ -27,10 +27,8 @@ def check_host_memory(spec, bytes_per_param: int, what: str, device: str | None 
     kernel kill it (or the machine) part way. GPU runs and machines without /proc/meminfo are not checked."""
     if device == "cuda":
         return
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    avail = host_memory_available()
+    if avail is None:
         return
     from shardlab.specs.tensors import param_counts
 
@@ -41,6 +39,24 @@ def check_host_memory(spec, bytes_per_param: int, what: str, device: str | None 
                             f"({bytes_per_param} B per parameter), more than the {avail / 1e9:.1f} GB available here; use "
                             f"--model tiny or small (the runtime checks the models, it does not train large ones), or "
                             f"`shardlab shard-check` for a large model's shards on the meta device")
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def check_host_bytes(need: float, what: str, fix: str, device: str | None = None) -> None:
+    """Refuse, in one line, CPU work whose buffers (``need`` bytes) would not fit in the memory available here,
+    before it starts, instead of letting the kernel kill a process part way."""
+    avail = None if device == "cuda" else host_memory_available()
+    if avail is not None and need > 0.8 * avail:
+        raise ShardlabError(f"{what} needs about {need / 1e9:,.1f} GB of buffers on this machine, more than the "
+                            f"{avail / 1e9:.1f} GB available; {fix}")
 
 
 def require_torch(load: bool = True):

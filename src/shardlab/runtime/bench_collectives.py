@@ -94,9 +94,13 @@ def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int 
     """Launch the benchmark on ``nproc`` ranks; returns {backend, device, world_size, rows, overlap, launch_s}
     (``overlap``: ``runtime.bench.overlap.measure_overlap``'s result, or None). ``observe``: metrics options
     (``runtime.observe``; each (op, size) measurement is one step)."""
+    from shardlab.runtime import check_host_bytes
     from shardlab.runtime.launch import launch
     from shardlab.runtime.observe.report import observation_for
 
+    # every rank holds an input and an output of the largest size, and all-gather/reduce-scatter a world's worth
+    check_host_bytes(nproc * (2 + nproc) * max(sizes, default=0), f"bench collectives of {max(sizes, default=0):,} B on "
+                     f"{nproc} ranks", "give smaller --sizes (the CPU default stops at 64MiB)", device)
     if nproc < 2:
         raise ShardlabError(f"--nproc must be at least 2 for a collective, got {nproc}")
     args = ["--ops", ",".join(ops), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),

@@ -11,6 +11,8 @@ from shardlab.errors import ShardlabError
 
 ELEM_BYTES = 4
 """CPU runs are float32."""
+MAX_PROMPT_TOKENS = 8192
+"""Most prompt tokens `run infer` takes (they are one argument of each worker: Linux caps one at 128 KiB)."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,11 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     if req.strategy == "tp-megatron" and spec.num_kv_heads % t:
         raise ShardlabError(f"tp-megatron needs --tp {t} to divide the {spec.num_kv_heads} KV heads; use --strategy tp")
     toks = prompt_tokens(req.prompt, spec.vocab_size)
+    if len(toks) > MAX_PROMPT_TOKENS:     # the tokens travel on the workers' command line (one argument: 128 KiB)
+        raise ShardlabError(f"--prompt is {len(toks):,} tokens; run infer takes at most {MAX_PROMPT_TOKENS:,} (it runs "
+                            f"the layout to check it, not a long-context benchmark): shorten it")
     total = len(toks) + req.max_new_tokens
-    if spec.position == "learned" and total > spec.max_seq_len:
+    if total > spec.max_seq_len:
         raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
     args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
             "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])

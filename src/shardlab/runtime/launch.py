@@ -69,12 +69,17 @@ class LaunchResult:
         return self
 
 
-def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: list[str] | None = None) -> list[str]:
-    """The torchrun command line: standalone on one node, or with the caller's rendezvous flags."""
+def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: list[str] | None = None,
+                     log_dir: str | os.PathLike | None = None) -> list[str]:
+    """The torchrun command line: standalone on one node, or with the caller's rendezvous flags. ``log_dir``: where
+    torchelastic keeps its per-run folder (by default a new /tmp/torchelastic_* that nothing removes), unless the
+    caller's flags name one."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     extra = list(torchrun_args or [])
     if not any(a.startswith(("--rdzv", "--rdzv_", "--master")) for a in extra):
         cmd.append("--standalone")
+    if log_dir is not None and not any(a.startswith(("--log-dir", "--log_dir")) for a in extra):
+        cmd += ["--log-dir", str(log_dir)]
     cmd += ["--nproc-per-node", str(nproc), *extra, "-m", module, *args]
     return cmd
 
@@ -109,7 +114,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     warn_oversubscribed(nproc, args, full_env)
     if observer is not None:
         full_env.update(observer.prepare(rd))
-    cmd = torchrun_command(module, nproc, args, torchrun_args)
+    cmd = torchrun_command(module, nproc, args, torchrun_args, log_dir=rd / "torchelastic")
     try:
         proc, out, err, timed_out, t0 = _run_job(cmd, full_env, rd, timeout_s, temporary, observer)
     except KeyboardInterrupt as e:      # the job is stopped; the run command reports what it left in the folder

@@ -86,6 +86,13 @@ def prepare(req: TrainRequest):
         raise ShardlabError("mixture-of-experts models run with ddp or fsdp only in the runtime")
     if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:
         raise ShardlabError("tied embeddings with DTensor tp and pp are not supported; use tp-megatron+pp or untie")
+    if st.sequence_parallel:                      # the ranks would refuse (or abort) after the launch
+        if spec.tied_embeddings or spec.position == "learned":
+            raise ShardlabError("sequence parallel is implemented for RoPE models with an untied head (e.g. --model tiny); "
+                                "use plain tp for GPT-2-style models")
+        if req.seq_len % st.tp:
+            raise ShardlabError(f"sequence parallel splits the sequence over tp: --seq-len {req.seq_len} is not divisible "
+                                f"by tp {st.tp}; use --seq-len {req.seq_len - req.seq_len % st.tp or st.tp}")
     if req.profile or req.predict_gpu:      # read now: a bad file or id is an error before the job, not after it
         from shardlab.catalog import get_catalog
 

@@ -149,10 +149,9 @@ class Observation:
         injected = self.opts.slow_rank.rank if self.opts.slow_rank is not None else None
         doc = summarise(recs, skip_steps=skip_steps, kind=self.kind, injected=injected)
         path = Path(self.opts.steps_jsonl) if self.opts.steps_jsonl else self.run_dir / "steps.jsonl"
-        try:
-            path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        except OSError as e:
-            raise ShardlabError(f"cannot write --steps-jsonl {path}: {e.strerror}; choose a writable path") from None
+        from shardlab.safeout import replace_text
+
+        replace_text(path, "".join(json.dumps(r) + "\n" for r in recs), "--steps-jsonl")
         from shardlab.runtime.launch import removed_at_exit
 
         # in a temporary run folder the series goes with the folder when the command exits: report no path then

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-_PREFIX = r"(?:^[IWE]\d{4} [\d:.]+ \d+ [\w/.]+:\d+\] )?"
+_PREFIX = r"(?:^[IWE]\d{4} [\d:.]+ \d+ [^\s\]]+:\d+\] )?"
 """glog prefix torch's Python logging adds under LOGLEVEL=INFO (``I1122 23:40:11.831000 30646 path.py:254] ``)."""
 _NCCL = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN) (?P<msg>.*)$")
 _CONFIG = re.compile(_PREFIX + r"\s+(?P<key>entrypoint|min_nodes|max_nodes|nproc_per_node|run_id|rdzv_backend|"
