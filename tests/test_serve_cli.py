@@ -195,3 +195,16 @@ def test_plans_skip_layouts_that_split_quantization_groups_and_name_the_real_cau
     assert code == 2 and "131072 positions" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli_main("comm", "inference", "llama-2-7b", "--prompt-len", "1000000")
     assert code == 2 and "4096 positions" in err
+
+
+def test_overloaded_latency_plan_still_serves_the_most_and_truncation_is_said():
+    code, out, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--arrival-rate", "1000", "--gpus", "8",
+                              "--objective", "latency", "--json")
+    assert code == 0, err
+    plans = strict_json(out)["plans"]
+    assert plans[0]["output_tokens_per_s"] == max(p["output_tokens_per_s"] for p in plans)
+    from shardlab.cli.serve_cmds import sim_notes
+    from types import SimpleNamespace
+
+    assert "60,000-cycle bound" in sim_notes(SimpleNamespace(truncated=True, steady=False), 10)[0]
+    assert sim_notes(SimpleNamespace(truncated=False, steady=True), 10) == []

@@ -269,7 +269,7 @@ def test_group_size_must_divide_each_ranks_input_width(tp, ok):
     if ok:
         assert weight_bytes_per_rank(q, tp, 1, precision=make_precision("int4"))[0] > 0
     else:
-        with pytest.raises(ShardlabError, match="does not divide .* use a --tp that keeps whole groups"):
+        with pytest.raises(ShardlabError, match="does not divide .* use a TP degree that keeps whole groups"):
             weight_bytes_per_rank(q, tp, 1, precision=make_precision("int4"))
 
 

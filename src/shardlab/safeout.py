@@ -43,15 +43,31 @@ def check_output_path(path: str | os.PathLike, what: str) -> Path:
         raise ShardlabError(f"{what} {p} is an SQLite database (a ledger, or its backup?); shardlab never writes over "
                             f"one: give another file name")
     kinds = OUTPUT_KINDS.get(what)
-    if kinds and st.st_size > 0 and p.suffix.lower() not in kinds:
-        raise ShardlabError(f"{what} {p} already exists and is not a {'/'.join(kinds)} file; shardlab replaces an "
-                            f"existing file only with its own kind of output: give a new file name")
+    if kinds and st.st_size > 0 and p.suffix.lower() not in kinds[0] and not _starts_with(p, kinds[1]):
+        raise ShardlabError(f"{what} {p} already exists and is neither a {'/'.join(kinds[0])} file nor one shardlab "
+                            f"wrote; shardlab replaces an existing file only with its own kind of output: give a new "
+                            f"file name")
     return p
 
 
-OUTPUT_KINDS = {"--steps-jsonl": (".jsonl", ".ndjson", ".json"), "--plot": (".png", ".svg", ".pdf", ".jpg", ".jpeg"),
-                "--html": (".html", ".htm"), "calibrate --out": (".yaml", ".yml")}
-"""Suffixes an existing file must have for an output flag to replace it (a README named as --steps-jsonl is kept)."""
+OUTPUT_KINDS = {"--steps-jsonl": ((".jsonl", ".ndjson", ".json"), b'{"step": '),
+                "calibrate --out": ((".yaml", ".yml"), b"# shardlab ")}
+"""(suffixes, the first bytes shardlab writes) of outputs whose flags are free-form paths: an existing file is
+replaced only when it has one of the suffixes or starts as shardlab's own output does (a README named as
+--steps-jsonl is kept). --plot and --html refuse other suffixes outright."""
+
+
+def _starts_with(p: Path, head: bytes) -> bool:
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        return os.read(fd, len(head)) == head
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 OUTPUT_DESTS = ("out", "mermaid", "markdown", "plot", "html", "model_out", "steps_jsonl")
@@ -172,10 +188,12 @@ def write_text(path: str | os.PathLike, text: str, what: str = "output file") ->
 def replace_text(path: str | os.PathLike, text: str, what: str = "output file") -> Path:
     """Write ``text`` to a new file beside ``path`` and rename it over ``path`` (POSIX rename is atomic): a failed
     write leaves the old file as it was, never truncated."""
-    p = check_output_path(path, what)
+    p = Path(os.path.realpath(check_output_path(path, what)))    # a link's target is replaced, the link kept
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
+        if p.exists():
+            os.chmod(tmp, stat.S_IMODE(os.stat(p).st_mode))
         os.replace(tmp, p)
     except OSError as e:
         tmp.unlink(missing_ok=True)

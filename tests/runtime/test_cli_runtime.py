@@ -149,19 +149,23 @@ def test_runtime_inputs_refused_before_anything_runs(argv, needle, tmp_path, mon
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_outputs_keep_files_of_another_kind_and_torchrun_logs_stay_in_the_run_folder(tmp_path):
+def test_outputs_keep_files_of_another_kind_and_torchrun_takes_a_log_dir(tmp_path):
     from shardlab.runtime.launch import torchrun_command
     from shardlab.safeout import check_output_path, replace_text
 
     readme = tmp_path / "README.md"
     readme.write_text("# mine\n")
-    for what in ("--steps-jsonl", "--plot", "--html", "calibrate --out"):
-        with pytest.raises(ShardlabError, match="only with its own kind"):
+    for what in ("--steps-jsonl", "calibrate --out"):
+        with pytest.raises(ShardlabError, match="neither a .* nor one shardlab wrote"):
             check_output_path(readme, what)
+    prof = tmp_path / "prof"                                   # shardlab's own output, whatever its name: replaced
+    prof.write_text("# shardlab hardware profile\n")
+    assert check_output_path(prof, "calibrate --out") == prof
     old = tmp_path / "steps.jsonl"
     old.write_text('{"step": 0}\n')
     replace_text(old, '{"step": 1}\n', "--steps-jsonl")
-    assert old.read_text() == '{"step": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "steps.jsonl"]
+    assert old.read_text() == '{"step": 1}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "prof", "steps.jsonl"]
     cmd = torchrun_command("m", 2, [], log_dir=tmp_path / "te")
     assert cmd[cmd.index("--log-dir") + 1] == str(tmp_path / "te")
     assert torchrun_command("m", 2, [], ["--log-dir", "/x"], log_dir=tmp_path).count("--log-dir") == 1   # the user's

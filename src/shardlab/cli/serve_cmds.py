@@ -41,7 +41,6 @@ def _memory_lines(case) -> list[tuple[str, str]]:
 
 def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.errors import ShardlabError
-    from shardlab.limits import MAX_SIM_REQUESTS
     from shardlab.report.table import kv_lines, table
     from shardlab.serving.case import prepare
     from shardlab.serving.limits import limits
@@ -76,21 +75,14 @@ def estimate_serve(args, spec, cluster, prec, engine):
             ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
             ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""],
             ["sequences in flight", f"{res['in_flight']:,.1f}", f"{sim.mean_running:,.1f}", "", ""]]
-    notes = []
-    if not sim.steady:
-        notes.append(f"the simulation measured some clients' first requests ({args.concurrency:,} clients, "
-                     f"{sim.requests:,} requests measured): they met a queue still building, so its latencies read low "
-                     f"and its rate high; " + (f"raise --requests to at least {3 * args.concurrency:,} for the steady state"
-                                                   if 3 * args.concurrency <= MAX_SIM_REQUESTS else
-                                                   "read the steady-state column (the simulation holds at most "
-                                                   f"{MAX_SIM_REQUESTS:,} requests)"))
+    notes = sim_notes(sim, args.concurrency)
     preempt_note = None
     if sim.preemptions:
         preempt_note = (f"preemption: the engine admits a sequence once its prompt's blocks are free and gives it blocks "
                         f"as it grows, so the KV pool runs out and the newest sequence is recomputed: {sim.preemptions:,} "
                         f"preemptions over the simulation. The steady state runs only the {case.capacity:,} sequences "
-                        f"the pool holds at {case.blocks_per_seq} blocks each and counts no recomputation: read the simulated column (or add "
-                        f"blocks: --gpu-memory-utilization, --kv-cache-dtype fp8, more --tp)")
+                        f"the pool holds at {case.blocks_per_seq} blocks each and counts no recomputation: read the "
+                        f"simulated column (or add blocks: --gpu-memory-utilization, --kv-cache-dtype fp8, more --tp)")
         notes.append(preempt_note)
     if notes:
         doc["notes"] = notes
@@ -187,7 +179,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     latency = args.objective == "latency"
     # meeting the SLO first; among layouts that miss it, the nearest miss (the largest measured/target ratio)
     key = (lambda p: (not p["meets_slo"], 0.0 if p["meets_slo"] else p["slo_ratio"],
-                      p["e2e_s"] if latency else -p["output_tokens_per_s"], p["tp"] * p["pp"]))
+                      p["e2e_s"] if latency else -p["output_tokens_per_s"], -p["output_tokens_per_s"], p["tp"] * p["pp"]))
     plans.sort(key=key)
     best = plans[0]
     sim = simulate(best["_case"], concurrency=None if mode == 2 else max(1, round(load / best["replicas"])),
@@ -220,6 +212,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         f"{best['capacity_per_replica']:,} sequences per replica",
         f"  simulated ({sim.requests} requests): TTFT p50 {_with_ms(sim.ttft_s.p50)} / p99 {_with_ms(sim.ttft_s.p99)}, "
         f"TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}",
+        *(f"  note: {n}" for n in sim_notes(sim, None if mode == 2 else max(1, round(load / best["replicas"])))),
         f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),
         "pipeline stages add sequences in flight (throughput), not per-token speed; replicas split the load."])
     return finite(doc), text
@@ -240,4 +233,19 @@ def _miss(best: dict) -> str:
         return (" — every layout is overloaded at this load (requests arrive faster than it serves them, so TTFT "
                 "grows without bound); this one serves the most: add GPUs or lower the load")
     return f" — NO layout meets the SLO; this one comes closest ({best['slo_ratio']:.2f}× the tightest target)"
+
+
+def sim_notes(sim, clients: int | None) -> list[str]:
+    """What the simulated column cannot be trusted for: a run cut at its cycle bound, or too few requests."""
+    from shardlab.limits import MAX_SIM_REQUESTS
+
+    if sim.truncated:
+        return ["the simulation stopped at its 60,000-cycle bound before every request finished: its column covers "
+                "part of the run; read the steady-state column (or give fewer --requests, or shorter outputs)"]
+    if sim.steady or not clients:
+        return []
+    return [f"the simulation measured some clients' first requests ({clients:,} clients, {sim.requests:,} requests "
+            f"measured): they met a queue still building, so its latencies read low and its rate high; "
+            + (f"raise --requests to at least {3 * clients:,} for the steady state" if 3 * clients <= MAX_SIM_REQUESTS
+               else f"read the steady-state column (the simulation holds at most {MAX_SIM_REQUESTS:,} requests)")]
 

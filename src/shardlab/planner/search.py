@@ -118,7 +118,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     if not cand_parts:
         raise ShardlabError(f"no valid layout: every one of {total} combinations was rejected "
                             f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); "
-                            + (f"pin fewer axes (pinned: {', '.join(f'{k}={v}' for k, v in fixed.items())}) or " if fixed else "")
+                            + (f"pin fewer axes (pinned: {_pins(fixed)}) or " if fixed else "")
                             + "change --gpus, --global-batch or --seq-len"
                             + (" (or --framework)" if any("framework" in k for k in rejected) else ""))
     c, r = _concat(cand_parts), _concat(score_parts)
@@ -177,3 +177,13 @@ def _plan_dict(spec, cluster, wl, c, r, i, overheads, exact: bool) -> dict:
         d["memory_bytes"] = d["memory_bytes_approx"]
         d["fits"] = True
     return d
+
+
+def _pins(fixed: dict) -> str:
+    """The pinned axes as --fix writes them (rc=full, schedule=1f1b), not as the search codes them."""
+    from shardlab.planner.space import SCHED_NAMES
+
+    names = {"rc": ("none", "selective", "full"), "schedule": SCHED_NAMES}
+    return ", ".join(f"{k}={names[k][v] if k in names and v in (range(3) if k == 'rc' else names[k]) else v}"
+                     for k, v in fixed.items())
+

@@ -55,8 +55,8 @@ def check_host_bytes(need: float, what: str, fix: str, device: str | None = None
     before it starts, instead of letting the kernel kill a process part way."""
     avail = None if device == "cuda" else host_memory_available()
     if avail is not None and need > 0.8 * avail:
-        raise ShardlabError(f"{what} needs about {need / 1e9:,.1f} GB of buffers on this machine, more than the "
-                            f"{avail / 1e9:.1f} GB available; {fix}")
+        raise ShardlabError(f"{what} needs about {need / 1e9:,.1f} GB of buffers on this machine, more than 80% of "
+                            f"the {avail / 1e9:.1f} GB available; {fix}")
 
 
 def require_torch(load: bool = True):

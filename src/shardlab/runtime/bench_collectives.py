@@ -98,8 +98,8 @@ def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int 
     from shardlab.runtime.launch import launch
     from shardlab.runtime.observe.report import observation_for
 
-    # every rank holds an input and an output of the largest size, and all-gather/reduce-scatter a world's worth
-    check_host_bytes(nproc * (2 + nproc) * max(sizes, default=0), f"bench collectives of {max(sizes, default=0):,} B on "
+    # every rank holds an input and an output of at most the largest size (_op_fn)
+    check_host_bytes(2 * nproc * max(sizes, default=0), f"bench collectives of {max(sizes, default=0):,} B on "
                      f"{nproc} ranks", "give smaller --sizes (the CPU default stops at 64MiB)", device)
     if nproc < 2:
         raise ShardlabError(f"--nproc must be at least 2 for a collective, got {nproc}")

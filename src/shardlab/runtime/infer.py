@@ -97,7 +97,7 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
         raise ShardlabError(f"--prompt is {len(toks):,} tokens; run infer takes at most {MAX_PROMPT_TOKENS:,} (it runs "
                             f"the layout to check it, not a long-context benchmark): shorten it")
     total = len(toks) + req.max_new_tokens
-    if total > spec.max_seq_len:
+    if spec.position == "learned" and total > spec.max_seq_len:     # RoPE positions are computed as they come
         raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
     args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
             "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])

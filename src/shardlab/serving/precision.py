@@ -84,8 +84,8 @@ class InferencePrecision:
             if in_features % self.group_size:                  # vLLM's AWQ/GPTQ create_weights refuse partial groups
                 fit = next((g for g in (128, 64, 32, 16) if in_features % g == 0), math.gcd(in_features, self.group_size))
                 raise ShardlabError(f"--group-size {self.group_size} does not divide {in_features:,}, the input features "
-                                    f"of a quantized matrix on each rank: AWQ/GPTQ kernels need whole groups; use a --tp "
-                                    f"that keeps whole groups, or --group-size {fit}")
+                                    f"of a quantized matrix on each rank: AWQ/GPTQ kernels need whole groups; use a TP "
+                                    f"degree that keeps whole groups, or --group-size {fit}")
             groups = out_features * (in_features // self.group_size)
             return data + groups * 2 + -(-groups * bits // 8)
         return data + 2 * out_features                         # per-channel fp16 scale, symmetric

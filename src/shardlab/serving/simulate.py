@@ -270,7 +270,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     behind = waiting_at_end > max(10, N // 20)
     res = _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
-    return replace(res, steady=concurrency is None or warm >= concurrency)
+    return replace(res, steady=(concurrency is None or warm >= concurrency) and not res.truncated)
 
 
 def _completion_rate(done_t: np.ndarray, lo: int, hi: int, run: np.ndarray) -> float:
@@ -306,7 +306,9 @@ def _measure(arrive, first, done_t, O, lo, hi, tt, run, cycles, preempt, truncat
     dts = np.diff(tt)
     mean_run = float(np.sum(run[1:][inside[1:]] * dts[inside[1:]]) / span) if inside.any() else float(run.mean())
     if clients:    # Little's law, or the completion rate when clients outnumber what the replica runs at once
-        req_s = min(clients / float(np.mean(e2e)), _completion_rate(done_t, lo, hi, run))
+        req_s = clients / float(np.mean(e2e))
+        if clients > np.max(run):                # a full replica and a queue: Little's law needs the steady queue
+            req_s = min(req_s, _completion_rate(done_t, lo, hi, run))
     elif behind:   # the completion rate while the replica is full (a backlog keeps it full)
         req_s = min((len(idx) - 1) / span, _completion_rate(done_t, lo, hi, run))
     else:          # a stable replica completes what arrives
