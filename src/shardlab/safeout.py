@@ -58,6 +58,7 @@ replaced only when it has one of the suffixes or starts as shardlab's own output
 
 
 def _starts_with(p: Path, head: bytes) -> bool:
+    """Whether an existing file's first bytes are ``head`` (read without blocking on odd files)."""
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -132,16 +133,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 def _is_sqlite(p: Path) -> bool:
     """Whether an existing regular file starts with SQLite's header (what a user recorded: never overwritten)."""
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        return os.read(fd, len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return _starts_with(p, _SQLITE_MAGIC)
 
 
 def save_with(writer, path: str | os.PathLike, what: str = "output file") -> Path:
