@@ -206,5 +206,5 @@ def test_overloaded_latency_plan_still_serves_the_most_and_truncation_is_said():
     from shardlab.cli.serve_cmds import sim_notes
     from types import SimpleNamespace
 
-    assert "60,000-cycle bound" in sim_notes(SimpleNamespace(truncated=True, steady=False), 10)[0]
+    assert "60,000-cycle bound" in sim_notes(SimpleNamespace(truncated=True, steady=False, cycles=60000), 10)[0]
     assert sim_notes(SimpleNamespace(truncated=False, steady=True), 10) == []

@@ -20,7 +20,8 @@ COMMAND_MODULES = (
     "shardlab.cli.comm_cmds",      # comm, shard, pipeline
     "shardlab.cli.cost_cmds",      # cost, guard, ledger
     "shardlab.cli.runtime_cmds",   # run (train, infer)
-    "shardlab.cli.bench_cmds",     # bench, calibrate, shard-check
+    "shardlab.cli.bench_cmds",     # bench, calibrate
+    "shardlab.cli.shard_check_cmd",  # shard-check
     "shardlab.cli.catalog_cmds",   # models, gpus, links
     "shardlab.cli.report_cmd",     # report
     "shardlab.cli.teach_cmds",     # explain, quiz
@@ -37,7 +38,7 @@ COMMAND_OWNERS = {
     "comm": "shardlab.cli.comm_cmds", "shard": "shardlab.cli.comm_cmds", "pipeline": "shardlab.cli.comm_cmds",
     "cost": "shardlab.cli.cost_cmds", "guard": "shardlab.cli.cost_cmds", "ledger": "shardlab.cli.cost_cmds",
     "run": "shardlab.cli.runtime_cmds",
-    "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.bench_cmds",
+    "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.shard_check_cmd",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
     "report": "shardlab.cli.report_cmd",
     "explain": "shardlab.cli.teach_cmds", "quiz": "shardlab.cli.teach_cmds",

@@ -1,5 +1,5 @@
-"""shardlab bench collectives | bench matmul | calibrate | shard-check: measure this machine, write a
-hardware profile the estimate can use, and check the memory model's shards against PyTorch's at scale."""
+"""shardlab bench collectives | bench matmul | calibrate: measure this machine and write a hardware profile the
+estimate can use (shard-check: cli/shard_check_cmd.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from shardlab.errors import ShardlabError
 _STOPPED = "stopped before it finished: nothing measured was kept"
 _NO_PROFILE = "stopped before it finished: no profile was written"
 
-MAX_CHECKED_RANKS = 256
-"""Ranks `shard-check --ranks` may execute (each is a fresh interpreter building the model on the meta device)."""
 
 EXAMPLES_BENCH = """examples:
   shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --plot busbw.png
@@ -25,11 +23,6 @@ EXAMPLES_CALIBRATE = """examples:
   shardlab calibrate --out profile.yaml                   # matmul + collectives on 2 ranks
   shardlab estimate llama-3.1-8b --gpus 8 --profile profile.yaml --precision fp32   # fp32: a CPU has no bf16 peak
   shardlab calibrate --out p.yaml --from-matmul m.json --from-collectives c.json   # reuse `bench ... --json` output
-"""
-EXAMPLES_SHARD = """examples:
-  shardlab shard-check llama-3.1-70b --world-size 64 --fsdp 64
-  shardlab shard-check llama-3.1-70b --world-size 64 --dp 8 --tp 8
-  shardlab shard-check llama-2-7b --fsdp 60 --ranks all --json
 """
 
 
@@ -123,25 +116,6 @@ def register(sub) -> None:
     add_html_arg(cal, "calibrate")
     cal.set_defaults(func=cmd_calibrate)
 
-    sc = sub.add_parser("shard-check", help="PyTorch's real per-rank shards at target scale vs the memory model",
-                        description="Build MODEL on the meta device, apply FSDP2/TP with PyTorch's fake process group "
-                                    "at --world-size ranks, and compare every rank's parameter shards with the memory "
-                                    "model byte for byte (exit 1 on any difference).",
-                        epilog=EXAMPLES_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sc.add_argument("model", metavar="MODEL", help="catalog id, config.json path, or runtime preset (tiny, small)")
-    sc.add_argument("--world-size", type=BOUNDED["gpus"], default=None, help="ranks (default: dp x tp)")
-    sc.add_argument("--fsdp", type=BOUNDED["gpus"], default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
-    sc.add_argument("--dp", type=BOUNDED["gpus"], default=None, help="data-parallel degree (default: world size / tp)")
-    sc.add_argument("--tp", type=BOUNDED["gpus"], default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
-    sc.add_argument("--zero", type=int, choices=(0, 3), default=3,
-                    help="3: FSDP2 shards over dp (default); 0: dp replicas")
-    sc.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16", help="parameter dtype (default bf16)")
-    sc.add_argument("--ranks", default="auto", help="ranks to execute: auto (one per shard class, default), all, "
-                                                   "or a comma list (rank 0 always runs)")
-    sc.add_argument("--timeout", type=BOUNDED["timeout"], default=600, help="seconds per rank process (default 600)")
-    add_output_args(sc)
-    sc.set_defaults(func=cmd_shard_check)
-
 
 
 def _need_sub(parser) -> int:
@@ -161,16 +135,10 @@ def _device(args) -> str:
 
 def check_plot_path(path: str | None) -> None:
     """Fail before a long measurement, not after it, when the plot cannot be written."""
-    if not path:
-        return
-    from pathlib import Path
+    if path:
+        from shardlab.report.plots import MEASURED_PLOT_SUFFIXES, check_picture_path
 
-    from shardlab.safeout import check_output_path
-
-    p = Path(path)
-    if p.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
-        raise ShardlabError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    check_output_path(p, "--plot")
+        check_picture_path(path, MEASURED_PLOT_SUFFIXES)
 
 
 def _collectives(args, device: str) -> dict:
@@ -230,8 +198,9 @@ def _matmul(args, device: str, catalog) -> dict:
     hidden, tokens = bm.default_grid(device)
     from shardlab.runtime import check_host_bytes
 
-    h, t = max(args.hidden or hidden), max(args.tokens or tokens)       # the largest GEMM: (t, 4h) × (4h, h) and more
-    check_host_bytes((t * 4 * h + 4 * h * h + t * 4 * h) * (4 if dtype == "fp32" else 2), f"bench matmul at hidden {h:,} "
+    h, t = max(args.hidden or hidden), max(args.tokens or tokens)
+    # the largest GEMMs (bench_matmul.GEMMS: mlp up and down) hold t·h + 4h·h + 4t·h elements
+    check_host_bytes((5 * t * h + 4 * h * h) * (4 if dtype == "fp32" else 2), f"bench matmul at hidden {h:,} "
                      f"and {t:,} tokens", "give smaller --hidden/--tokens", device)
     doc = bm.bench_matmul(dtype, device, args.hidden or hidden, args.tokens or tokens,
                           min_time_s=args.matmul_time, threads=args.threads)
@@ -359,47 +328,3 @@ def _calibrate_framework(args):
              ("runs", fit.runs), ("relative RMS error", f"{fit.rel_rms_before:.1%} with {base} -> {fit.rel_rms_after:.1%} fitted"),
              ("use it", "shardlab estimate MODEL ... " + (f"--catalog {args.profile} " if args.profile else "") + f"--profile {path}")]
     return {"profile_path": str(path), "profile": out, "fit": fit.__dict__, "base_framework": base}, kv_lines(pairs)
-
-
-@reports_interrupt("shard-check", note=_STOPPED)
-def cmd_shard_check(args):
-    from shardlab.cli import emit
-    from shardlab.layout import Layout, validate
-    from shardlab.runtime import require_torch
-    from shardlab.runtime.shard_check import render, resolve_spec, shard_check
-
-    dp, tp, zero = args.dp, args.tp, args.zero
-    if args.fsdp is not None:
-        if args.dp is not None and args.dp != args.fsdp:
-            raise ShardlabError(f"--fsdp {args.fsdp} and --dp {args.dp} disagree; give one of them")
-        dp, zero = args.fsdp, 3
-    world = args.world_size or (dp or 1) * tp
-    if dp is None:
-        if world % tp:
-            raise ShardlabError(f"--world-size {world} is not divisible by --tp {tp}; choose a tp that divides it")
-        dp = world // tp
-    if dp * tp != world:
-        raise ShardlabError(f"dp x tp = {dp} x {tp} = {dp * tp} but --world-size is {world}; make them agree")
-    ranks = args.ranks
-    if ranks not in ("auto", "all"):
-        try:
-            ranks = sorted({int(x) for x in ranks.split(",")})
-        except ValueError:
-            raise ShardlabError(f"--ranks '{args.ranks}': use auto, all or a comma list such as 0,63") from None
-        if ranks[0] < 0 or ranks[-1] >= world:
-            raise ShardlabError(f"--ranks {args.ranks}: ranks run from 0 to {world - 1}")
-    if (len(ranks) if isinstance(ranks, list) else world if ranks == "all" else 0) > MAX_CHECKED_RANKS:
-        raise ShardlabError(f"shard-check runs one process per rank checked: at most {MAX_CHECKED_RANKS} "
-                            f"(about a second each); use --ranks auto (one rank per shard class) or a shorter list")
-    require_torch()
-    spec = resolve_spec(args.model, args.catalog)
-    layout = validate(Layout(dp=dp, tp=tp, zero=zero), spec, num_gpus=world)
-    if spec.mla is not None:
-        raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
-                            f"choose a GQA/MHA model")
-    doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
-    from shardlab.cli.progress import clear
-
-    clear()
-    emit(args, doc, render(doc))
-    return 0 if doc["exact"] else 1

@@ -22,7 +22,7 @@ EXAMPLES = """examples:
 
 
 def register(sub) -> None:
-    from shardlab.cli.plan_cmds import _add_assumption_args, _add_inference_args
+    from shardlab.cli.plan_args import add_assumption_args, add_inference_args
 
     p = sub.add_parser("export", help="write a plan or layout as a framework's config (torchtitan, megatron, "
                                       "deepspeed, accelerate, vllm, slurm, skypilot)",
@@ -37,8 +37,8 @@ def register(sub) -> None:
     g.add_argument("--rank", type=positive_int, default=1, help="with --plan: which plan (1 = the winner)")
     add_export_file_args(g)
     g.add_argument("--spot", action="store_true", help="skypilot: ask for spot instances (and price them so)")
-    _add_assumption_args(p)
-    _add_inference_args(p)
+    add_assumption_args(p)
+    add_inference_args(p)
     add_output_args(p)
     p.set_defaults(func=cmd_export)
 

@@ -151,6 +151,21 @@ def _estimate_static(args, spec, cluster, prec, engine):
     return finite(doc), "\n".join(lines)
 
 
+def reject(rejected: dict, errors: dict, e: Exception) -> None:
+    """Count a layout a plan loop skipped: by the reason (the message up to its fix) and by the whole message."""
+    why = str(e).split(": ")[0][:100]
+    rejected[why] = rejected.get(why, 0) + 1
+    errors[str(e)] = errors.get(str(e), 0) + 1
+
+
+def raise_common_error(errors: dict, rejected: dict, capacity_reason: str) -> None:
+    """When every layout failed with an error (none for lack of memory), the most common one: it names its fix."""
+    from shardlab.errors import ShardlabError
+
+    if errors and not any(k.startswith(capacity_reason) for k in rejected):
+        raise ShardlabError(max(errors, key=errors.get))
+
+
 def plan_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import serve_over_replicas
@@ -184,9 +199,7 @@ def plan_inference_cmd(args, catalog):
                                              prompt_len=args.prompt_len, output_len=args.output_len, precision=prec,
                                              engine=engine)
             except ShardlabError as e:                    # e.g. quantization groups split by this tp
-                why = str(e).split(": ")[0][:100]
-                rejected[why] = rejected.get(why, 0) + 1
-                errors[str(e)] = errors.get(str(e), 0) + 1
+                reject(rejected, errors, e)
                 continue
             est = served.largest
             if not est.fits:
@@ -197,9 +210,8 @@ def plan_inference_cmd(args, catalog):
                           "decode_s_per_token": est.decode_s_per_token, "prefill_s": est.prefill_s,
                           "request_latency_s": est.request_latency_s, "memory_bytes": est.total_bytes,
                           "kv_blocks": est.case.blocks.num_blocks, "max_batch": est.max_batch})
-    if not plans and errors and "does not fit in GPU memory" not in rejected:
-        raise ShardlabError(max(errors, key=errors.get))      # every layout failed for a reason that names its fix
     if not plans:
+        raise_common_error(errors, rejected, "does not fit in GPU memory")
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with batch {args.batch}; "
                             f"add GPUs, quantize (--weights), or lower the batch")
     key = (lambda p: -p["tokens_per_s"]) if objective == "throughput" else (lambda p: p["request_latency_s"])

@@ -44,7 +44,7 @@ def write_html(args, doc: dict, argv: list[str]) -> None:
 
 
 def register(sub) -> None:
-    from shardlab.cli.plan_cmds import add_plan_args
+    from shardlab.cli.plan_args import add_plan_args
 
     p = sub.add_parser("report", help="one self-contained HTML page: plan (or a given layout's estimate), offline",
                        description="Plan (default) or, when a layout is given (--tp/--pp/--cp/--ep/--dp/--zero/--vpp/"

@@ -131,7 +131,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     from shardlab.serving.simulate import simulate
     from shardlab.serving.steady import arrays, fluid
 
-    from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.inference_cmds import finite, raise_common_error, reject
 
     mode, load, words = _load(args)
     cases, meta, rejected, errors = [], [], {}, {}
@@ -140,18 +140,15 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
                         prompt_len=args.prompt_len, output_len=args.output_len)
         except ShardlabError as e:
-            why = str(e).split(": ")[0][:100]
-            rejected[why] = rejected.get(why, 0) + 1
-            errors[str(e)] = errors.get(str(e), 0) + 1
+            reject(rejected, errors, e)
             continue
         if c.capacity < 1:
             rejected["no room for one sequence's KV cache"] = rejected.get("no room for one sequence's KV cache", 0) + 1
             continue
         cases.append(c)
         meta.append((tp, pp, gpus // (tp * pp), cap))
-    if not cases and errors and not any(k.startswith("no room") for k in rejected):
-        raise ShardlabError(max(errors, key=errors.get))      # every layout failed for a reason that names its fix
     if not cases:
+        raise_common_error(errors, rejected, "no room")
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with a "
                             f"{args.prompt_len + args.output_len}-token request; add GPUs or quantize (--weights)")
     reps = np.array([m[2] for m in meta], dtype=float)
@@ -240,8 +237,8 @@ def sim_notes(sim, clients: int | None) -> list[str]:
     from shardlab.limits import MAX_SIM_REQUESTS
 
     if sim.truncated:
-        return ["the simulation stopped at its 60,000-cycle bound before every request finished: its column covers "
-                "part of the run; read the steady-state column (or give fewer --requests, or shorter outputs)"]
+        return [f"the simulation stopped at its {sim.cycles:,}-cycle bound before every request finished: its column "
+                "covers part of the run; read the steady-state column (or give fewer --requests, or shorter outputs)"]
     if sim.steady or not clients:
         return []
     return [f"the simulation measured some clients' first requests ({clients:,} clients, {sim.requests:,} requests "

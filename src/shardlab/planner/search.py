@@ -183,7 +183,6 @@ def _pins(fixed: dict) -> str:
     """The pinned axes as --fix writes them (rc=full, schedule=1f1b), not as the search codes them."""
     from shardlab.planner.space import SCHED_NAMES
 
-    names = {"rc": ("none", "selective", "full"), "schedule": SCHED_NAMES}
-    return ", ".join(f"{k}={names[k][v] if k in names and v in (range(3) if k == 'rc' else names[k]) else v}"
-                     for k, v in fixed.items())
+    names = {"rc": dict(enumerate(("none", "selective", "full"))), "schedule": SCHED_NAMES}
+    return ", ".join(f"{k}={names.get(k, {}).get(v, v)}" for k, v in fixed.items())
 

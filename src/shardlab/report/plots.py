@@ -24,14 +24,20 @@ def _plt():
     return plt
 
 
-def check_picture_path(path: str) -> Path:
-    """The path to save to; a ShardlabError when the suffix is not .png or .svg or the folder is missing."""
+def check_picture_path(path: str, suffixes: tuple[str, ...] = (".png", ".svg")) -> Path:
+    """The path to save to; a ShardlabError when the suffix is not one of ``suffixes`` or the folder is missing.
+    Checked before a long measurement or search, not after it."""
     from shardlab.safeout import check_output_path
 
     p = Path(path)
-    if p.suffix.lower() not in (".png", ".svg"):
-        raise ShardlabError(f"cannot save a picture as '{path}': use a .png or .svg file name")
+    if p.suffix.lower() not in suffixes:
+        names = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
+        raise ShardlabError(f"cannot save a picture as '{path}': use a {names} file name")
     return check_output_path(p, "--plot")
+
+
+MEASURED_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+"""What `bench` and `run infer --sweep` save their plots as (matplotlib by suffix)."""
 
 
 def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = "",

@@ -36,11 +36,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shardlab.errors import ShardlabError
+from shardlab.limits import MAX_SIM_REQUESTS
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
-
-MAX_CLOSED_REQUESTS = 10_000
-"""Most requests a closed-loop simulation issues by default (about 3 s; limits.MAX_SIM_REQUESTS bounds --requests)."""
 
 
 @dataclass(frozen=True)
@@ -185,9 +183,9 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     S, O = case.prompt_len, case.output_len
     if concurrency is not None:
         # every client's first request arrives into a ramp (the queue is still building): measure only later ones,
-        # so the run holds at least three waves of clients (bounded: past 3,333 clients they are measured anyway,
-        # and the result says so: ``steady`` False)
-        N = requests or min(MAX_CLOSED_REQUESTS, max(100, min(5 * concurrency, max(1200, 4 * concurrency))))
+        # so the run holds four requests per client beyond 300 clients (bounded by MAX_SIM_REQUESTS: past 3,333
+        # clients first requests are measured anyway, and the result says so: ``steady`` False)
+        N = requests or min(MAX_SIM_REQUESTS, max(100, min(5 * concurrency, 1200), 4 * concurrency))
         warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
         arrive = np.full(N, np.inf)
         arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
