@@ -195,3 +195,20 @@ def test_too_few_gemms_name_the_file(tmp_path):
     _refused(tmp_path, ["calibrate", "--out", str(tmp_path / "out.yaml"), "--from-matmul",
                         _write(tmp_path / "mm_one.json", mm), "--skip-collectives"],
              "mm_one.json: need at least two GEMMs", "shardlab bench matmul --json")
+
+
+@pytest.mark.parametrize("name", ["a b", "x/y", "a" * 33, "ü"])
+def test_a_bad_name_blames_the_flag_not_the_benchmark_files(tmp_path, name):
+    err = _refused(tmp_path, ["calibrate", "--from-matmul", str(DATA / "bench_matmul_cpu.json"), "--from-collectives",
+                              str(DATA / "bench_collectives_cpu.json"), "--name", name, "--out",
+                              str(tmp_path / "out.yaml")], "argument --name", "is not an id suffix")
+    assert "bench_matmul_cpu.json" not in err
+
+
+def test_an_upper_case_name_writes_a_profile_that_loads(tmp_path):
+    out = tmp_path / "p.yaml"
+    code, _, err = cli_main("calibrate", "--from-matmul", str(DATA / "bench_matmul_cpu.json"), "--from-collectives",
+                            str(DATA / "bench_collectives_cpu.json"), "--name", "BOX", "--out", str(out))
+    assert code == 0, err
+    code, _, err = cli_main("estimate", "tiny-gpt2", "--precision", "fp32", "--profile", str(out), "--gpus", "2")
+    assert code == 0, err

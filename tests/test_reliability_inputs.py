@@ -409,3 +409,14 @@ def test_errors_under_json_are_one_document_on_stdout_too(args, fragment):
     assert doc == {"error": err.strip()[len("error: "):], "exit_code": 2} and fragment in doc["error"]
     code, out, err = cli_main(*[a for a in args if a != "--json"])
     assert code == 2 and out == ""                                             # without --json stdout stays empty
+
+
+def test_a_bad_catalog_is_refused_by_commands_that_read_none():
+    # bench collectives prices nothing from the catalog; a broken --catalog still gets its one line, before launch
+    one_line_error(["bench", "collectives", "--nproc", "2", "--catalog", "/dev/zero"], "character device")
+    one_line_error(["run", "train", "--timeout", "99999999"], "99,999,999", "604,800 (a week)")
+
+
+def test_an_unknown_flag_points_to_its_subcommands_help():
+    one_line_error(["run", "infer", "--nproc", "2"], "--nproc 2", "see `shardlab run infer --help`")
+    one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--bogus"], "see `shardlab plan --help`")

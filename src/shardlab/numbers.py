@@ -22,7 +22,10 @@ def _fmt(v: float | int) -> str:
         return f"{v:,}"
     if isinstance(v, int) and v.bit_length() > 1000:          # beyond any float: say how many digits, never overflow
         return f"{'-' if v < 0 else ''}a {len(str(abs(v))) if v.bit_length() < 14000 else 'more than 4,000'}-digit number"
-    return f"{float(v):.4g}"
+    f = float(v)
+    if f.is_integer() and 1e4 <= abs(f) < 1e15:                # 604,800, not 6.048e+05
+        return f"{int(f):,}"
+    return f"{f:.4g}"
 
 
 SMALLEST = 1e-12

@@ -215,3 +215,18 @@ def test_from_run_bad_input_exit_2(tmp_path):
     other.write_text(json.dumps({"rows": []}))
     r = run_cli("calibrate", "--from-run", str(other), "--out", str(tmp_path / "o.yaml"))
     assert r.returncode == 2 and "run train --json" in r.stderr
+
+
+def test_a_fit_above_the_peak_raises_it_and_says_so():
+    from shardlab.calibration import EfficiencyFit
+    from shardlab.catalog import get_catalog
+    from shardlab.runtime.calibrate import accelerator_entry
+
+    base = get_catalog().accelerator("h100-sxm")
+    fit = EfficiencyFit(max_fraction=1.2, half_size=100.0, peak_flops=base.peak_tflops["bf16"] * 1e12, rel_rms=0.01,
+                        points=9)
+    d = accelerator_entry(base, fit, "bf16", "nvlink4", 8, "test")
+    assert d["peak_tflops"]["bf16"] == pytest.approx(1.2 * base.peak_tflops["bf16"], rel=1e-3)
+    assert d["efficiency"]["max_fraction"] == 1.0 and "peak raised from the catalog's" in d["efficiency"]["source"]
+    below = accelerator_entry(base, EfficiencyFit(0.8, 100.0, fit.peak_flops, 0.01, 9), "bf16", "nvlink4", 8, "test")
+    assert below["peak_tflops"]["bf16"] == base.peak_tflops["bf16"] and "raised" not in below["efficiency"]["source"]

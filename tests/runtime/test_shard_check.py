@@ -110,6 +110,7 @@ def test_a_difference_fails_loudly_with_the_tensor(monkeypatch):
 @pytest.mark.parametrize("args,words", [
     (["no-such-model", "--fsdp", "4"], "unknown model"),
     (["tiny", "--fsdp", "4", "--dp", "2"], "disagree"),
+    (["tiny", "--fsdp", "2", "--zero", "0"], "--dp 2 --zero 0"),
     (["tiny", "--world-size", "6", "--tp", "4"], "not divisible"),
     (["tiny", "--fsdp", "2", "--ranks", "5"], "ranks run from 0 to 1"),
     (["tiny", "--fsdp", "2", "--ranks", "x"], "comma list"),

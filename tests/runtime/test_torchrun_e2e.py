@@ -43,6 +43,11 @@ def test_fsdp_train_json_contract_parity_and_exact_memory():
     assert st["slowest_rank"] in (0, 1) and st["spread"] >= 0
     assert st["instrumented"] is False and st["timed_steps"] == 1   # step 2: no tracker, no recorder
     assert st["predicted_catalog_gpu"] == "cpu-core"
+    # the project's one sign convention (validate's too): (predicted − measured) / measured
+    assert st["error"] == pytest.approx((st["predicted_s"] - st["measured_median_s"]) / st["measured_median_s"])
+    for r in d["memory_comparison"]:
+        p, m = r["predicted"]["activations"], r["measured"]["activations"]
+        assert r["activations_error"] == pytest.approx((p - m) / m)
 
 
 def test_interleaved_pipeline_with_tied_embeddings_matches_one_process():
@@ -51,7 +56,14 @@ def test_interleaved_pipeline_with_tied_embeddings_matches_one_process():
     assert d["layout"]["vpp"] == 2 and d["loss_rank"] == 1         # chunk 3 (the head) lives on rank 1
     assert d["parity"]["ok"], d["parity"]
     assert d["memory_states_exact"]                                 # the head copy of the tied embedding included
-    assert sum(r["collectives"].get("send", {}).get("forward", {}).get("count", 0) for r in d["ranks"]) > 0
+    # per step, each of the 3 chunk boundaries carries one activation forward and one gradient backward per
+    # micro-batch, filed under the phase that built it (1F1B fires a forward send with a backward receive);
+    # the first step's warm-up vote and shape exchange are setup, not per-step traffic
+    m = d["microbatches"]
+    for op in ("send", "recv"):
+        for ph in ("forward", "backward"):
+            assert sum(r["collectives"][op][ph]["count"] for r in d["ranks"]) == 3 * m, (op, ph, d["ranks"])
+        assert all(r["setup_collectives"][op]["first step"]["count"] > 0 for r in d["ranks"])
 
 
 def test_megatron_tp_issues_one_all_reduce_per_attention_and_mlp_on_gloo():
@@ -109,6 +121,10 @@ def test_infer_tp2_tokens_equal_tp1_and_memory_equals_model():
     for r in d["ranks"]:
         assert r["weight_bytes"] == d["predicted"]["weight_bytes"] and r["kv_cache_bytes"] == d["predicted"]["kv_cache_bytes"]
     assert d["latency_per_token_s"] > 0
+    # the f/g counter covers the counted pass only, as the dispatch recorder does (it counted both passes)
+    for r in d["ranks"]:
+        assert r["megatron_counter"] == {f"{op}/{ph}": v["count"] for op, d_ in r["collectives"].items()
+                                         for ph, v in d_.items()}, r
 
 
 def _gpus() -> int:

@@ -50,8 +50,25 @@ COMMAND_OWNERS = {
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: 'error: ... (see shardlab CMD --help)', exit code 2."""
 
+    argv: list[str] = []
+    """The command line being parsed (set by ``main``): an unrecognized flag, which argparse reports from the top
+    parser, points to the help of the subcommand it was given to."""
+
+    def _deepest_prog(self) -> str:
+        parser, words = self, list(self.argv)
+        while words:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            word = words.pop(0)
+            if word.startswith("-") or not subs or word not in subs[0].choices:
+                if word.startswith("-") and subs:
+                    continue
+                break
+            parser = subs[0].choices[word]
+        return parser.prog
+
     def error(self, message: str):  # noqa: D401
-        line = f"{one_line(message)} (see `{self.prog} --help`)"
+        prog = self._deepest_prog() if message.startswith("unrecognized arguments") else self.prog
+        line = f"{one_line(message)} (see `{prog} --help`)"
         sys.stderr.write(f"error: {line}\n")
         raise UsageError(line)
 
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     try:
         parser = build_parser(argv[0] if argv and argv[0] in COMMAND_OWNERS else None)
+        _Parser.argv = list(argv[:argv.index("--")] if "--" in argv else argv)
         args = parser.parse_args(argv)
     except UsageError as e:
         if _asks_json(argv[:argv.index("--")] if "--" in argv else argv):   # not a guarded command's flag
@@ -235,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         from shardlab.safeout import refuse_output_over_input
 
         refuse_output_over_input(args)
+        if getattr(args, "catalog", None):       # checked here too for commands that read no catalog (bench
+            from shardlab.catalog import get_catalog   # collectives): a bad --catalog is never silently ignored
+
+            get_catalog(args.catalog)
         with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
             result = args.func(args)
         if isinstance(result, int):

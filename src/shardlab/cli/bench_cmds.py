@@ -10,6 +10,17 @@ from shardlab.cli.report_cmd import add_html_arg
 from shardlab.cli.runtime_cmds import reports_interrupt
 from shardlab.errors import ShardlabError
 
+
+def _id_suffix(text: str) -> str:
+    """calibrate --name: the suffix of the catalog ids it writes (``<base>-<name>``), so a catalog id's characters;
+    ids are case-insensitive (the catalog lowercases them), so the suffix is lowercased here too."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}", text):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an id suffix: use 1-32 letters, digits and . _ + - "
+                                         f"(starting with a letter or digit), e.g. --name mybox")
+    return text.lower()
+
 _STOPPED = "stopped before it finished: nothing measured was kept"
 _NO_PROFILE = "stopped before it finished: no profile was written"
 
@@ -99,7 +110,8 @@ def register(sub) -> None:
     cal.add_argument("--link", default=None, help="base link id (default: the accelerator's intra-node link)")
     cal.add_argument("--link-fit", default="joint", help="which α–β fit becomes the link: joint (one fit over "
                                                           "every op, default) or one op, e.g. all-reduce")
-    cal.add_argument("--name", default="calibrated", help="suffix of the new ids (default: <base>-calibrated)")
+    cal.add_argument("--name", default="calibrated", type=_id_suffix,
+                     help="suffix of the new ids: 1-32 letters, digits and . _ + - (default: <base>-calibrated)")
     cal.add_argument("--from-matmul", metavar="FILE", help="use `shardlab bench matmul --json` output instead of measuring")
     cal.add_argument("--from-collectives", metavar="FILE",
                      help="use `shardlab bench collectives --json` output instead of measuring")

@@ -31,7 +31,7 @@ def register(sub) -> None:
     sc.add_argument("--fsdp", type=BOUNDED["gpus"], default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
     sc.add_argument("--dp", type=BOUNDED["gpus"], default=None, help="data-parallel degree (default: world size / tp)")
     sc.add_argument("--tp", type=BOUNDED["gpus"], default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
-    sc.add_argument("--zero", type=int, choices=(0, 3), default=3,
+    sc.add_argument("--zero", type=int, choices=(0, 3), default=None,
                     help="3: FSDP2 shards over dp (default); 0: dp replicas")
     sc.add_argument("--dtype", choices=("bf16", "fp32", "fp16"), default="bf16", help="parameter dtype (default bf16)")
     sc.add_argument("--ranks", default="auto", help="ranks to execute: auto (one per shard class, default), all, "
@@ -48,11 +48,14 @@ def cmd_shard_check(args):
     from shardlab.runtime import require_torch
     from shardlab.runtime.shard_check import render, resolve_spec, shard_check
 
-    dp, tp, zero = args.dp, args.tp, args.zero
+    dp, tp, zero = args.dp, args.tp, 3 if args.zero is None else args.zero
     if args.fsdp is not None:
         if args.dp is not None and args.dp != args.fsdp:
             raise ShardlabError(f"--fsdp {args.fsdp} and --dp {args.dp} disagree; give one of them")
-        dp, zero = args.fsdp, 3
+        if zero != 3:
+            raise ShardlabError(f"--fsdp {args.fsdp} shards (zero 3) but --zero {zero} replicates; use --dp "
+                                f"{args.fsdp} --zero {zero} for replicas, or drop --zero")
+        dp = args.fsdp
     world = args.world_size or (dp or 1) * tp
     if dp is None:
         if world % tp:

@@ -63,7 +63,7 @@ def memory_rows(report, ranks: list[dict], spec=None) -> list[dict]:
             "rank": d["rank"], "stage": d["coords"]["pp"], "predicted": pred, "measured": meas,
             "states_exact": all(meas[k] == pred[k] for k in STATE_KEYS),
             "diff": {k: (meas[k] - pred[k]) if meas[k] is not None else None for k in STATE_KEYS},
-            "activations_error": (act - st.activations) / st.activations if act is not None and st.activations else None,
+            "activations_error": (st.activations - act) / act if act else None,   # (predicted − measured) / measured
         })
     return rows
 

@@ -108,7 +108,8 @@ def run(args, rr) -> dict:
     rr.beat("generate (counting collectives)")
     with rec:  # the recorder slows every op: this pass counts and times collectives, the next one is timed clean
         first, _, _ = generate(model, prompt, args.max_new_tokens, new_cache(), sync)
-    rr.beat("generate (timed)")
+    megatron = {f"{op}/{ph}": n for (op, ph), n in counter.counts.items()} if counter else {}  # this pass only,
+    rr.beat("generate (timed)")                                                             # as the recorder's
     cache = new_cache()
     obs.bind(mesh)  # per-token records and metrics, slowness injection: on the timed pass only
     tokens, prefill_s, lat = generate(model, prompt, args.max_new_tokens, cache, sync, obs.token)
@@ -117,7 +118,7 @@ def run(args, rr) -> dict:
            "cached_tokens": total, "prefill_s": prefill_s, "decode_latencies_s": lat,
            "latency_per_token_s": sum(lat) / len(lat) if lat else prefill_s,
            "collectives": rec.summary(),
-           "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in counter.counts.items()} if counter else {}}
+           "megatron_counter": megatron}
     obs.finish(barrier=False)
     rr.beat("shutdown")
     destroy()

@@ -60,10 +60,15 @@ class CollectiveRecorder(TorchDispatchMode):
         self.time_s: dict[tuple[str, str], float] = defaultdict(float)
         self._pending: dict[int, tuple[tuple[str, str], float]] = {}
         self._lock = threading.Lock()
+        self.p2p_phase: dict[int, str] = {}
+        """Phase of a pending send/recv by its tensor's data pointer, set when the op is built: a pipeline
+        schedule fires one phase's sends together with the other phase's receives (1F1B), so the phase current
+        at dispatch can be the wrong one."""
 
     def reset(self) -> None:
         with self._lock:
             self.counts.clear(), self.bytes.clear(), self.time_s.clear(), self._pending.clear()
+            self.p2p_phase.clear()
 
     def _add_time(self, key, dt: float) -> None:
         with self._lock:
@@ -84,6 +89,8 @@ class CollectiveRecorder(TorchDispatchMode):
         if op is None:
             return func(*args, **kwargs)
         phase = "backward" if torch._C._current_autograd_node() is not None else self.phase
+        if op in ("send", "recv") and args and isinstance(args[0], (list, tuple)) and args[0]:
+            phase = self.p2p_phase.pop(args[0][0].data_ptr(), phase)
         key = (op, phase)
         with self._lock:
             self.counts[key] += 1

@@ -186,7 +186,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "losses": loss_rank["losses"] if loss_rank else None,
         "loss_rank": loss_rank["rank"] if loss_rank else None,
         "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "time_split", "step_times_s",
-                                         "tokens_per_s", "peak_bytes", "collectives", "megatron_counter",
+                                         "tokens_per_s", "peak_bytes", "collectives", "setup_collectives", "megatron_counter",
                                          "megatron_sites", "model_states_bytes", "params_local", "backend", "device")}
                   for d in ranks],
         "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
@@ -195,7 +195,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "memory_states_exact": all(r["states_exact"] for r in rows),
         "memory_notes": memory_notes(rows, st),
         "step_time": {**step_time, "predicted_s": pred_s, "predicted_from": pred_src,
-                      "error": (med - pred_s) / pred_s if pred_s else None,
+                      "error": (pred_s - med) / med if pred_s and med else None,   # (predicted − measured) / measured, as validate
                       "predicted_catalog_gpu": gpu,
                       "timed_steps": min(d.get("timed_steps", 0) for d in ranks),
                       "instrumented": any(d.get("step_time_instrumented") for d in ranks)},

@@ -100,10 +100,12 @@ def per_rank_time_table(doc: dict) -> list[str]:
         notes = ["  compute: the rank's own work (batch, forward, backward, optimizer) minus time blocked in "
                  "collectives; in collectives: the time the least-waiting rank spent in them that step (the "
                  "transfer); waiting: for other ranks, at the step-end barrier and inside collectives; peak: torch "
-                 "MemTracker; collectives: counted on step 0, timed on step 1 (the dispatch recorder)"]
+                 "MemTracker; collectives: counted on step 0 (a pipeline's one-time warm-up and shape exchange left "
+                 "out: setup_collectives in --json), timed on step 1 (the dispatch recorder)"]
     else:
         title = "measured per rank (step: median of the rank's timed steps, waiting at the step end not included)"
-        notes = ["  peak: torch MemTracker; collectives: counted on step 0, timed on step 1 (the dispatch recorder)"]
+        notes = ["  peak: torch MemTracker; collectives: counted on step 0 (a pipeline's one-time warm-up and shape "
+                 "exchange left out: setup_collectives in --json), timed on step 1 (the dispatch recorder)"]
     return [table(head, rows, title=title), *notes]
 
 
@@ -144,7 +146,8 @@ def render_train(doc: dict) -> str:
     out += [f"  {n}" for n in doc.get("memory_notes", [])]
     if st["predicted_s"]:
         out.append(f"step time: measured {fmt_time(st['measured_median_s'])} (median over ranks, waits included) vs "
-                   f"predicted {fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])}")
+                   f"predicted {fmt_time(st['predicted_s'])} [{st['predicted_from']}]: error {_pct(st['error'])} "
+                   "((predicted − measured) / measured)")
     else:
         out.append(f"step time: measured {fmt_time(st['measured_median_s'])}; {st['predicted_from']}")
     out += step_time_notes(doc)

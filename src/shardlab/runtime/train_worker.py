@@ -119,6 +119,12 @@ def run(args, rr) -> dict:
             peak["saved_activations"] = saved.peak_bytes
             obs.memory(states, {c.lower(): v for c, v in peak.get("by_category", {}).items()})
             coll_counts, megatron_step0, megatron_sites = rec.summary(), dict(setup.counter.counts), setup.counter.by_site()
+            # a pipeline's first step also exchanges shapes and votes once: setup traffic, not per-step traffic
+            for op, phases in list(coll_counts.items()):
+                if "setup" in phases:
+                    setup_collectives.setdefault(op, {})["first step"] = phases.pop("setup")
+                    if not phases:
+                        del coll_counts[op]
             if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 and rr.run_dir:
                 torch.save(grads, rr.run_dir / f"rank{ctx.rank}.grads.pt")
         if k == coll_step:

@@ -27,8 +27,13 @@ from shardlab.memory.states import chunk_layers
 from shardlab.runtime.gpt import build_model
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-_FORWARD = ("forward_one_chunk", "get_fwd_send_ops", "get_fwd_recv_ops")
-_BACKWARD = ("backward_one_chunk", "backward_weight_one_chunk", "get_bwd_send_ops", "get_bwd_recv_ops")
+_FORWARD = ("forward_one_chunk",)
+_BACKWARD = ("backward_one_chunk", "backward_weight_one_chunk")
+_P2P_OPS = {"get_fwd_send_ops": "forward", "get_fwd_recv_ops": "forward", "get_bwd_send_ops": "backward",
+            "get_bwd_recv_ops": "backward"}
+_SETUP = ("_prepare_forward_infra", "_prepare_backward_infra", "_warmup_forward_vote", "_warmup_backward_result",
+          "_send_meta", "_recv_meta")
+"""Stage methods that run once, on the first step: the P2P warm-up vote and the shape (metadata) exchange."""
 
 
 @dataclass
@@ -72,19 +77,50 @@ def make_chunk(spec, layers: range, first: bool, last: bool, seed: int, device) 
 
 
 def tag_phases(stage, recorder) -> None:
-    """Make a stage set the recorder's phase, so its sends and receives are filed under forward/backward."""
+    """Make a stage file its sends and receives under forward/backward, and its first step's one-time
+    messages (warm-up vote, shape exchange) under "setup".
+
+    Each send/recv is tagged when the schedule builds it (``get_*_ops``), not when it fires: 1F1B fires the
+    last warm-up forward send together with the first backward receive (torch/distributed/pipelining/
+    schedules.py, "fwd_send_bwd_recv"), so the phase current at dispatch would mislabel one of them."""
     if recorder is None:
         return
+
+    def wrap(name, before, after=None):
+        fn = getattr(stage, name, None)
+        if fn is None:
+            return
+
+        def wrapped(*a, **kw):
+            prev = before()
+            try:
+                out = fn(*a, **kw)
+            finally:
+                if after:
+                    after(prev)
+            return out
+        setattr(stage, name, wrapped)
+
+    def set_phase(ph):
+        prev, recorder.phase = recorder.phase, ph
+        return prev
+
     for names, phase in ((_FORWARD, "forward"), (_BACKWARD, "backward")):
         for name in names:
-            fn = getattr(stage, name, None)
-            if fn is None:
-                continue
+            wrap(name, lambda ph=phase: set_phase(ph))
+    for name in _SETUP:
+        wrap(name, lambda: set_phase("setup"), lambda prev: setattr(recorder, "phase", prev))
+    for name, phase in _P2P_OPS.items():
+        fn = getattr(stage, name, None)
+        if fn is None:
+            continue
 
-            def wrapped(*a, _fn=fn, _phase=phase, **kw):
-                recorder.phase = _phase
-                return _fn(*a, **kw)
-            setattr(stage, name, wrapped)
+        def tagged(*a, _fn=fn, _phase=phase, **kw):
+            ops = _fn(*a, **kw)
+            for op in ops:
+                recorder.p2p_phase[op.tensor.data_ptr()] = _phase
+            return ops
+        setattr(stage, name, tagged)
 
 
 def build_pipeline(spec, layout: Layout, pp_rank: int, pp_group, microbatches: int, loss_fn, *, seed: int = 0,
