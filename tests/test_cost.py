@@ -59,6 +59,22 @@ def test_builtin_prices_are_sourced_dated_and_defaults_flagged():
     assert not table[("h100-sxm", "aws")].estimate
 
 
+def test_l4_default_is_not_below_the_full_vm_rates_it_summarises():
+    table = price_table(get_catalog())
+    vms = [table[("l4", p)].on_demand_usd_per_gpu_hour for p in ("aws", "gcp")]
+    assert min(vms) <= table[("l4", "default")].on_demand_usd_per_gpu_hour <= max(vms)
+
+
+def test_providers_or_gpus_that_differ_only_by_case_are_refused(tmp_path):
+    from conftest import cli_main
+
+    entry = '      on_demand: 2.0\n      date: "2026-01-01"\n      source: q\n'
+    f = tmp_path / "p.yaml"
+    f.write_text("prices:\n  h100-sxm:\n    X:\n" + entry + "    x:\n" + entry)
+    code, _, err = cli_main("cost", "--gpus", "1", "--gpu", "h100-sxm", "--hours", "1", "--catalog", str(f))
+    assert code == 2 and "provider 'x' twice" in err, err
+
+
 NEOCLOUDS = ("lambda", "runpod", "runpod-community", "runpod-secure", "nebius", "coreweave", "vast")
 
 
@@ -220,3 +236,18 @@ def test_a_budget_met_exactly_is_not_over_and_tiny_prices_keep_their_digits():
     est = cost_estimate(1, 3.0, 0.1, budget_usd=0.3)           # 0.1 × 3 = 0.30000000000000004 in binary
     assert est.spare_usd == 0.0 and "OVER" not in sentence(est, "GPU")
     assert [fmt_rate(x) for x in (0.35, 0.375, 0.0004, 2.1)] == ["$0.35", "$0.375", "$0.0004", "$2.10"]
+
+
+def test_time_to_train_counts_whole_steps_and_keeps_the_estimated_mark_with_setup():
+    import json
+
+    from conftest import cli_main
+
+    code, out, err = cli_main("cost", "llama-2-7b", "--gpus", "8", "--zero", "1", "--micro-batch", "1",
+                              "--global-batch", "512", "--tokens", "1e6", "--setup-hours", "0.5", "--json")
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert plan["steps"] == 1                                  # 1e6 tokens < one 512 × 4,096-token step
+    assert plan["train_time_s"] == pytest.approx(plan["step_time_s"])
+    code, out, _ = cli_main("cost", "llama-2-7b", "--gpus", "8", "--zero", "1", "--tokens", "1e9", "--setup-hours", "0.5")
+    assert "to train (estimated) including set-up" in out.splitlines()[0]

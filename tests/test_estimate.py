@@ -1,5 +1,6 @@
 """Step-time model: each component against hand-computed cases, conventions, invariants, JSON contract."""
 
+import math
 import numpy as np
 import pytest
 
@@ -160,7 +161,8 @@ def test_mfu_hfu_and_time_to_train():
     ratio = narayanan_eq3(1, s, L, h, V) / korthikanti_eq7(1, s, L, h, V)
     assert est.hfu / est.mfu == pytest.approx(ratio, rel=1e-9)
     assert est.mfu == pytest.approx(est.model_tflops_per_gpu * 1e12 / 989.4e12)
-    assert est.train_time_s == pytest.approx(1e9 / (64 * 2048) * est.step_time_s)
+    assert est.steps == math.ceil(1e9 / (64 * 2048)) == 7630                   # whole steps
+    assert est.train_time_s == pytest.approx(est.steps * est.step_time_s)
     assert est.gpu_hours == pytest.approx(est.train_time_s / 3600 * 8)
     # 6ΨD leaves out attention and logits FLOPs: it must come out shorter, but within 15% here
     six = est.six_psi_d_time_s()

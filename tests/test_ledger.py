@@ -248,3 +248,49 @@ def test_invalid_utf8_written_by_hand_is_shown_escaped_not_a_crash(tmp_path):
     assert r["command"] == "\\xfeB" and r["budget"] == "lab"          # the bytes escaped, the record kept
     code, out, err = cli_main("ledger", "--ledger", str(path))
     assert code == 0 and "\\xfeB" in out and "Traceback" not in err
+
+
+def test_a_guard_cannot_move_a_budget_out_of_its_total(tmp_path):
+    import dataclasses
+
+    with Ledger(tmp_path / "l.sqlite") as led:
+        led.set_budget("course", 5.0)
+        led.set_budget("other", 100.0)
+        led.set_budget("lab", 5.0, parent="course")
+        run, _ = led.reserve(dataclasses.replace(req(budget="lab", ceiling=None, price=3.6), parent="course"))
+        led.finish(run.id, status="finished", exit_code=0, wall_s=3600, actual_usd=3.6)
+        # one guard call naming another parent would take the lab's $3.60 out of the $5 course total
+        with pytest.raises(ShardlabError, match="is part of 'course'; the guard does not move"):
+            led.reserve(dataclasses.replace(req(budget="lab", ceiling=None), parent="other"))
+        assert {b.name: b.parent for b in led.budgets()}["lab"] == "course"
+        assert led.set_budget("lab", None, parent="other") is None        # the ledger moves it, on purpose
+        assert {b.name: b.parent for b in led.budgets()}["lab"] == "other"
+        with pytest.raises(ShardlabError, match="set its ceiling with --set-ceiling USD"):
+            led.set_budget("new", None, parent="course")
+
+
+def test_a_refusal_says_the_ceiling_it_changed_is_kept(tmp_path):
+    with Ledger(tmp_path / "l.sqlite") as led:
+        led.set_budget("exp", 50.0)
+        with pytest.raises(Refusal) as e:
+            led.reserve(req(ceiling=0.5))
+        assert "--ceiling changed it from $50.00, and the change is kept" in str(e.value)
+        assert e.value.ceiling_change == (50.0, 0.5) and led.budgets()[0].ceiling_usd == 0.5
+
+
+def test_a_run_filed_under_no_budget_is_refused(tmp_path):
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        run, _ = led.reserve(req())
+        led.finish(run.id, status="finished", exit_code=0, wall_s=3600, actual_usd=1.0)
+    hand_edit(path, "UPDATE runs SET budget = 'ghost'")
+    code, _, err = cli_main("ledger", "--ledger", str(path))
+    assert code == 2 and "filed under budget 'ghost', which the ledger does not hold" in err, err
+
+
+def test_ledger_json_without_a_ledger_has_every_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDLAB_LEDGER", str(tmp_path / "none.sqlite"))
+    code, out, err = cli_main("ledger", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["exists"] is False and not (tmp_path / "none.sqlite").exists()
+    assert d["read_only"] is False and d["recovered_unfinished"] == [] and d["over_ceiling"] == []

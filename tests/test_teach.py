@@ -298,3 +298,9 @@ def test_wording_follows_the_computed_regime_and_ratio():
     ratio = explain("link-bandwidth", ["links=nvlink4,nvlink3"])
     assert "1.6× longer" in " ".join([ratio.question, *ratio.derivation, ratio.plain])
 
+
+
+def test_budgets_takes_a_catalog_gpu():
+    code, _, err = cli_main("explain", "budgets", "gpu=banana")
+    assert code == 2 and "unknown GPU 'banana'" in err and len(err.strip().splitlines()) == 1
+    assert "2 × h100-sxm at" in json.dumps(explain("budgets", ["gpu=H100-SXM"]).to_dict(), ensure_ascii=False)

@@ -228,7 +228,9 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
             run, change = ledger.reserve(req)
             if state.received is not None:          # interrupted before the command started: do not start it
                 name = signal.Signals(state.received).name
-                rec = ledger.finish(run.id, status="interrupted", exit_code=None, wall_s=0.0, actual_usd=0.0,
+                # set-up is charged in full, as when the command cannot start (126/127): it is not timed
+                rec = ledger.finish(run.id, status="interrupted", exit_code=None, wall_s=0.0,
+                                    actual_usd=req.setup_hours * req.gpus * req.price_per_gpu_hour,
                                     note=f"the guard received {name} before the command started; not started")
                 return GuardOutcome(rec, 128 + state.received, change, ledger.budgets(req.budget)[0])
             if change:

@@ -268,7 +268,8 @@ def cmd_ledger(args):
     from shardlab.ledger.schema import backup_path
 
     if not setting and not os.path.lexists(path) and not os.path.lexists(backup_path(path)) and not args.ledger:
-        return ({"ledger": str(path), "exists": False, "budgets": [], "runs": []},
+        return ({"ledger": str(path), "exists": False, "read_only": False, "budgets": [], "runs": [],
+                 "recovered_unfinished": [], "over_ceiling": []},
                 f"no ledger at {path} yet: `shardlab guard` creates it on its first run, or `shardlab ledger "
                 f"--budget-name NAME --set-ceiling USD`")
     with Ledger(path, create=setting) as led:

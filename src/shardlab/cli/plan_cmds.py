@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from shardlab.cli import export_cmds
 from shardlab.cli.common import add_estimate_args, add_output_args, resolve_framework
@@ -283,7 +284,7 @@ def cmd_plan(args):
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}
     if tokens:
         for p in doc["plans"]:
-            steps = tokens / (seq * gb)
+            steps = math.ceil(tokens / (seq * gb) - 1e-9)          # whole steps, as estimate and cost count them
             p["train_days"] = steps * p["step_time_s"] / 86400
             p["gpu_hours"] = steps * p["step_time_s"] / 3600 * p["gpus"]
     doc["capacity_bytes"] = cluster.accelerator.memory_bytes

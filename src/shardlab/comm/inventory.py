@@ -199,7 +199,8 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         pp_span = 2 if axis_stride(layout, "pp") >= gpn or group_span_nodes(layout, "pp", gpn) > 1 else 1
         msg = act / t                          # Megatron's scatter/gather: each TP rank sends 1/t (Narayanan 2021 §4.1)
         ov = "overlappable" if layout.schedule == "interleaved" else "critical"
-        pnote = ("Megatron overlaps interleaved p2p with compute (overlap_p2p_comm)" if ov == "overlappable"
+        pnote = ("Megatron overlaps interleaved p2p with compute (overlap_p2p_comm); the step-time estimate still "
+                 "charges it in full (pp_p2p_s), an upper bound" if ov == "overlappable"
                  else "on the critical path while the pipeline fills and drains")
         calls = m * layout.vpp
         out.append(_item("PP", "send-recv", "forward", msg, calls, 2, pp_span, cluster, ov,

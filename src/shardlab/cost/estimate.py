@@ -89,7 +89,8 @@ def sentence(est: CostEstimate, gpu_label: str, *, price_is_estimate: bool = Fal
     """The line a careful engineer writes before launching, e.g.
     '2 × RTX 4090 at $0.35/h each = $0.70/h; about 3.0 h including set-up = $2.10. Budget $3.00: $0.90 to spare.'"""
     each = " each" if est.gpus > 1 else ""
-    what = "including set-up" if est.setup_hours > 0 else ("to train (estimated)" if hours_from_plan else "")
+    what = " ".join(w for w in ("to train (estimated)" if hours_from_plan else "",
+                                "including set-up" if est.setup_hours > 0 else "") if w)
     s = (f"{est.gpus} × {gpu_label} at {fmt_rate(est.price_per_gpu_hour)}/h{each} = {fmt_rate(est.usd_per_hour)}/h; "
          f"about {fmt_hours(est.hours)}{' ' + what if what else ''} = {fmt_usd(est.usd)}.")
     if est.budget_usd is not None:

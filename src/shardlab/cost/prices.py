@@ -111,8 +111,12 @@ def parse_prices(section: object, where: str, accelerator_ids) -> dict[tuple[str
         raise ShardlabError(f"{where}: 'prices' must map accelerator ids to providers")
     out: dict[tuple[str, str], PriceEntry] = {}
     known = set(accelerator_ids)
+    seen_acc: set[str] = set()
     for acc, providers in section.items():
         acc = str(acc).lower()
+        if acc in seen_acc:          # ids are case-insensitive: 'H100-SXM' and 'h100-sxm' would silently merge
+            raise ShardlabError(f"{where}: prices list accelerator '{acc}' twice (ids ignore case); keep one")
+        seen_acc.add(acc)
         if acc not in known:
             raise ShardlabError(f"{where}: prices for unknown accelerator '{acc}'{did_you_mean(acc, known)}; "
                                 f"use an id from `shardlab gpus` or add the accelerator in the same file")
@@ -121,6 +125,9 @@ def parse_prices(section: object, where: str, accelerator_ids) -> dict[tuple[str
                                 f"e.g. {acc}: {{default: {{on_demand: 2.0, date: 2026-01-01, source: my quote}}}}")
         for provider, d in providers.items():
             provider = str(provider).lower()
+            if (acc, provider) in out:
+                raise ShardlabError(f"{where}: prices for '{acc}' list provider '{provider}' twice (ids ignore case); "
+                                    f"keep one")
             out[(acc, provider)] = entry_from_dict(acc, provider, d, where)
     return out
 

@@ -61,8 +61,12 @@ class TrainingEstimate:
         return bool(self.memory.fits)
 
     @property
-    def steps(self) -> float | None:
-        return None if self.tokens is None else self.tokens / (self.workload.global_batch * self.workload.seq_len)
+    def steps(self) -> int | None:
+        """Optimizer steps to see ``tokens``: whole steps (the last one runs in full), so never less than one."""
+        import math
+
+        return None if self.tokens is None else math.ceil(self.tokens / (self.workload.global_batch * self.workload.seq_len)
+                                                          - 1e-9)
 
     @property
     def train_time_s(self) -> float | None:

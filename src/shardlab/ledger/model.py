@@ -141,12 +141,15 @@ class Refusal(ShardlabError):
     exit_code = 3
 
     def __init__(self, req: RunRequest, spent_usd: float, reserved_usd: float, ceiling_usd: float,
-                 binding: str | None = None):
+                 binding: str | None = None, ceiling_change: tuple[float, float] | None = None):
         from shardlab.cost.estimate import fmt_usd
 
         self.req, self.spent_usd, self.reserved_usd, self.ceiling_usd = req, spent_usd, reserved_usd, ceiling_usd
         self.binding = binding or req.budget
-        self.ceiling_change: tuple[float, float] | None = None
+        self.ceiling_change = ceiling_change
+        """(old, new) ceiling when this call's --ceiling changed it: the change is kept although the run is refused."""
+        changed = (f"; --ceiling changed it from {fmt_usd(ceiling_change[0])}, and the change is kept"
+                   if ceiling_change else "")
         left = ceiling_usd - spent_usd - reserved_usd
         grace = req.reserved_usd - req.estimate_usd
         whose = (f"budget '{req.budget}'" if self.binding == req.budget else
@@ -156,7 +159,7 @@ class Refusal(ShardlabError):
             f"refused: {whose} cannot pay for this run: estimate {fmt_usd(req.estimate_usd)}{setup}"
             f"{f' (+ {fmt_usd(grace)} for the {req.grace_s:g} s grace)' if grace > 0 else ''}, "
             f"spent so far {fmt_usd(spent_usd)}, reserved by running jobs {fmt_usd(reserved_usd)}, "
-            f"ceiling {fmt_usd(ceiling_usd)} ({fmt_usd(left)} left); lower --hours or --gpus, or raise "
+            f"ceiling {fmt_usd(ceiling_usd)} ({fmt_usd(left)} left{changed}); lower --hours or --gpus, or raise "
             + ("--ceiling" if self.binding == req.budget else
                f"the ceiling of '{self.binding}' (shardlab ledger --budget-name {self.binding} --set-ceiling USD)"))
 

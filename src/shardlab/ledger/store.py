@@ -181,6 +181,10 @@ class Ledger:
         for name, ceiling, parent in c.execute("SELECT name, ceiling_usd, parent FROM budgets"):
             name, ceiling, parent = check_budget_row(self.path, name, ceiling, parent)
             out[name] = (ceiling, parent)
+        orphan = c.execute("SELECT id, budget FROM runs WHERE budget NOT IN (SELECT name FROM budgets) LIMIT 1").fetchone()
+        if orphan:      # its money would count in no budget's totals (the file was edited by hand)
+            raise LedgerError(f"ledger {self.path}: run {orphan[0]} is filed under budget {str(orphan[1])[:40]!r}, "
+                              f"which the ledger does not hold; restore the file from its .bak or fix the row")
         return out
 
     def _chain(self, budgets: dict, name: str) -> list[str]:
@@ -213,12 +217,20 @@ class Ledger:
         c.execute("UPDATE budgets SET parent = ?, updated_at = ? WHERE name = ?", (parent, stamp, name))
         budgets[name] = (budgets[name][0], parent)
 
-    def _upsert(self, c, name: str, ceiling: float | None, parent: str | None) -> tuple[dict, tuple | None]:
-        """Create or update a budget; returns (all budgets, (old, new) ceiling when it changed)."""
+    def _upsert(self, c, name: str, ceiling: float | None, parent: str | None, *,
+                flag: str = "--ceiling", move: bool = True) -> tuple[dict, tuple | None]:
+        """Create or update a budget; returns (all budgets, (old, new) ceiling when it changed). ``move``: an existing
+        budget may leave the budget it is part of (``ledger``); a run's reservation (``guard``) may not, or one
+        call could escape its course total."""
         budgets, stamp, change = self._budget_rows(c), now_iso(), None
+        if name in budgets and not move and parent is not None and budgets[name][1] not in (None, parent):
+            old = budgets[name][1]
+            raise ShardlabError(f"budget '{name}' is part of '{old}'; the guard does not move a budget out of another: "
+                                f"drop --parent {parent}, or move it first with `shardlab ledger --budget-name {name} "
+                                f"--parent {parent}`")
         if name not in budgets:
             if ceiling is None:
-                raise ShardlabError(f"budget '{name}' is new: set its ceiling with --ceiling USD")
+                raise ShardlabError(f"budget '{name}' is new: set its ceiling with {flag} USD")
             c.execute("INSERT INTO budgets (name, ceiling_usd, created_at, updated_at) VALUES (?, ?, ?, ?)",
                       (name, ceiling, stamp, stamp))
             budgets[name] = (ceiling, None)
@@ -232,7 +244,7 @@ class Ledger:
     def set_budget(self, name: str, ceiling: float | None, parent: str | None = None) -> tuple[float, float] | None:
         """Create a budget or change its ceiling or parent, without a run. Returns (old, new) ceiling if changed."""
         with self._tx(backup=True) as c:
-            return self._upsert(c, name, ceiling, parent)[1]
+            return self._upsert(c, name, ceiling, parent, flag="--set-ceiling")[1]
 
     def over_ceiling(self, name: str) -> list[tuple[str, float, float]]:
         """(budget, spent + reserved, ceiling) for ``name`` and each budget it is part of that is over its ceiling
@@ -280,15 +292,17 @@ class Ledger:
         refusal = None
         with self._tx(backup=True) as c:
             self._recover(c)
-            budgets, change = self._upsert(c, req.budget, req.ceiling_usd, req.parent)
+            budgets, change = self._upsert(c, req.budget, req.ceiling_usd, req.parent, move=False)
             for name in self._chain(budgets, req.budget):
                 spent, reserved = self._totals(c, name)
                 ceiling = budgets[name][0]
                 if spent + reserved + req.reserved_usd > ceiling + 1e-9:
-                    refusal = Refusal(req, spent, reserved, ceiling, binding=name)
+                    refusal = Refusal(req, spent, reserved, ceiling, binding=name, ceiling_change=change)
                     break
             if refusal is None:
-                note = f"ceiling changed from ${change[0]:.2f} to ${change[1]:.2f}" if change else ""
+                from shardlab.cost.estimate import fmt_usd
+
+                note = f"ceiling changed from {fmt_usd(change[0])} to {fmt_usd(change[1])}" if change else ""
                 row = {f.name: getattr(req, f.name) for f in fields(RunTerms)}
                 row.update(shell=int(req.shell), estimate_usd=req.estimate_usd, reserved_usd=req.reserved_usd,
                            status="running", started_at=now_iso(), note=note, host=socket.gethostname(),
@@ -298,7 +312,6 @@ class Ledger:
                                 tuple(row.values()))
                 run_id = cur.lastrowid
         if refusal:
-            refusal.ceiling_change = change
             raise refusal
         return self.run(run_id), change
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
+from shardlab.teach.topics._common import catalog, gpu
 from shardlab.teach.registry import Topic
 
 
@@ -19,6 +20,7 @@ def budgets(v: dict) -> Explanation:
     from shardlab.cost.estimate import fmt_usd
     from shardlab.ledger import Ledger, Refusal, RunRequest
 
+    v = {**v, "gpu": catalog().accelerator(v["gpu"]).id}   # a catalog GPU (unknown ids get the catalog's one line)
     rate = v["gpus"] * v["price"]
     total, lab, setup = v["total"], v["lab"], v["setup"]
     # run 1 fits the lab; run 2 would pass the lab's ceiling; run 3 fits a second lab but passes the total
@@ -71,7 +73,7 @@ def budgets(v: dict) -> Explanation:
 
 TOPICS = [
     Topic("budgets", "Budgets", "set-up time in every reservation, and a lab budget inside a course total", (5,),
-          (Param("gpus", "int", 2, "GPUs rented"), Param("gpu", "str", "rtx-4090", "GPU label"),
+          (Param("gpus", "int", 2, "GPUs rented"), gpu("rtx-4090"),
            Param("price", "float", 0.35, "USD per GPU-hour", minimum=0.0001),
            Param("hours", "float", 2.5, "paid hours of the first run", minimum=0.0001),
            Param("setup", "float", 0.5, "set-up hours per run", minimum=0),
