@@ -125,3 +125,51 @@ def test_falcon_variants():
     assert spec.num_kv_heads == 1 and spec.block_norms == "shared" and spec.tied_embeddings
     spec40 = load_model_file(DIR / "falcon-40b.json")
     assert spec40.num_kv_heads == 8 and spec40.block_norms == "pre"
+
+
+def _shrink(d: dict, layers: int = 2) -> dict:
+    return {**d, "num_hidden_layers": layers}
+
+
+@pytest.mark.parametrize("name, drop, extra", [
+    ("qwen3-30b-a3b", "head_dim", {}),                                # Qwen3MoeConfig: hidden / heads, not 128
+    ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", {}),     # Qwen2MoeConfig: 5632
+    ("gemma-7b", "num_key_value_heads", {}),                          # GemmaConfig: 16
+    ("gemma-2-2b", "num_key_value_heads", {}),                        # Gemma2Config: 4
+    ("qwen3-8b", "num_key_value_heads", {}),                          # Qwen3Config: 32
+    ("phi-3-mini-4k", None, {"attention_bias": True, "mlp_bias": True}),  # Phi3 builds no biases
+    ("qwen1.5-moe-a2.7b", None, {"qkv_bias": False}),                 # Qwen2MoeAttention honours qkv_bias
+])
+def test_missing_or_ignored_fields_follow_transformers(name, drop, extra):
+    d = _shrink(json.loads((DIR / f"{name}.json").read_text()))
+    d = {k: v for k, v in d.items() if k != drop}
+    d.update(extra)
+    n, _ = _transformers_count(d)
+    assert param_counts(from_hf_config(dict(d))).total == n
+
+
+def test_qwen_sliding_window_applies_from_max_window_layers():
+    d = json.loads((DIR / "qwen3-8b.json").read_text())
+    on = {**d, "use_sliding_window": True, "sliding_window": 4096}
+    spec = from_hf_config({**on, "max_window_layers": d["num_hidden_layers"]})      # no layer slides
+    assert spec.sliding_window == 0
+    assert from_hf_config({**on, "max_window_layers": 0}).sliding_window == 4096   # every layer slides
+    part = from_hf_config({**on, "max_window_layers": 20})                          # 20..35 slide: full cache, said
+    assert part.sliding_window == 0 and "counted in full" in part.source
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("num_key_value_heads", "8", "'num_key_value_heads' must be a positive integer"),
+    ("max_position_embeddings", -1, "'max_position_embeddings' must be a positive integer"),
+    ("head_dim", 1.5, "'head_dim' must be an integer >= 0"),
+])
+def test_bad_optional_fields_name_the_files_own_key(field, value, words):
+    d = json.loads((DIR / "qwen3-8b.json").read_text())
+    with pytest.raises(ShardlabError, match=words):
+        from_hf_config({**d, field: value})
+
+
+def test_an_absurd_total_is_refused():
+    d = json.loads((DIR / "qwen3-30b-a3b.json").read_text())
+    with pytest.raises(ShardlabError, match="above the limit"):
+        from_hf_config({**d, "num_experts": 2 ** 20, "num_hidden_layers": 10_000, "moe_intermediate_size": 2 ** 16})

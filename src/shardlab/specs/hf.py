@@ -28,16 +28,26 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
 """transformers class names, used when a file has no model_type."""
 
 DEFAULTS = {
-    "gemma": {"tie_word_embeddings": True, "head_dim": 256},
-    "gemma2": {"tie_word_embeddings": True, "head_dim": 256},
-    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072},
-    "qwen3": {"head_dim": 128},
-    "qwen3_moe": {"head_dim": 128},
+    "mistral": {"num_key_value_heads": 8},
+    "mixtral": {"num_key_value_heads": 8},
+    "qwen2": {"num_key_value_heads": 32, "max_window_layers": 28},
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "num_key_value_heads": 16},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "num_key_value_heads": 4},
+    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072,
+                    "num_key_value_heads": 4},
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_window_layers": 28},
+    "qwen2_moe": {"num_key_value_heads": 16, "shared_expert_intermediate_size": 5632, "max_window_layers": 28},
+    "qwen3_moe": {"num_key_value_heads": 4},
+    "deepseek_v3": {"n_shared_experts": 1, "first_k_dense_replace": 3},
+    "gpt2": {"n_positions": 1024},
     "falcon": {"vocab_size": 65024, "max_position_embeddings": 2048},
     "mpt": {"vocab_size": 50368, "max_seq_len": 2048, "expansion_ratio": 4},
     "opt": {"max_position_embeddings": 2048},
 }
-"""transformers' config defaults for fields published files may leave out (Gemma3TextConfig, Qwen3Config, ...)."""
+"""transformers' config defaults for fields published files may leave out (its ``*Config`` classes' keyword defaults:
+MistralConfig's num_key_value_heads=8, Qwen2MoeConfig's shared_expert_intermediate_size=5632, DeepseekV3Config's
+first_k_dense_replace=3, ...). Families not listed default num_key_value_heads to num_attention_heads (LlamaConfig,
+Phi3Config, Olmo2Config); Qwen3MoeConfig has no head_dim default (hidden_size / heads)."""
 
 
 class _Cfg:
@@ -57,6 +67,20 @@ class _Cfg:
     def opt(self, key: str, default):
         v = self.d.get(key)
         return default if v is None else v
+
+    def count(self, key: str, default: int, minimum: int = 0) -> int:
+        """An optional whole-number field, checked here so that the error names the file's own key."""
+        v = self.opt(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+            bound = "a positive integer" if minimum > 0 else "an integer >= 0"
+            raise ShardlabError(f"{self.where}: '{key}' must be {bound}, got {v!r}; fix the config")
+        return v
+
+    def text(self, key: str, default: str) -> str:
+        v = self.opt(key, default)
+        if not isinstance(v, str):
+            raise ShardlabError(f"{self.where}: '{key}' must be text, got {v!r}; fix the config")
+        return v
 
     def flag(self, key: str, default: bool) -> bool:
         """A true/false field: JSON's true or false (a string "false" is not read as true)."""
@@ -110,8 +134,8 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
 def _gpt2(c: _Cfg, common: dict) -> ModelSpec:
     h = c.req("n_embd")
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer"), num_heads=c.req("n_head"),
-                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
-                     max_seq_len=c.req("n_positions", "n_ctx"), mlp="gelu", norm="layernorm", position="learned",
+                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.count("n_inner", 4 * h, 1), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.req("n_positions"), mlp="gelu", norm="layernorm", position="learned",
                      tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
                      fused_qkv=True)
 
@@ -121,7 +145,7 @@ def _bloom(c: _Cfg, common: dict) -> ModelSpec:
     a = c.req("n_head", "num_attention_heads")
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=a,
                      num_kv_heads=a, ffn_hidden_size=4 * h, vocab_size=c.req("vocab_size"),
-                     max_seq_len=c.opt("seq_length", 2048), mlp="gelu", norm="layernorm", position="alibi",
+                     max_seq_len=c.count("seq_length", 2048, 1), mlp="gelu", norm="layernorm", position="alibi",
                      tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=True, out_bias=True,
                      mlp_bias=True, embedding_norm=True, fused_qkv=True)
 
@@ -131,7 +155,7 @@ def _gpt_neox(c: _Cfg, common: dict) -> ModelSpec:
     bias = c.flag("attention_bias", True)
     return ModelSpec(**common, hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
                      num_kv_heads=a, ffn_hidden_size=c.req("intermediate_size"), vocab_size=c.req("vocab_size"),
-                     max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm", position="rope",
+                     max_seq_len=c.count("max_position_embeddings", 2048, 1), mlp="gelu", norm="layernorm", position="rope",
                      tied_embeddings=c.flag("tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
                      mlp_bias=True, parallel_residual=c.flag("use_parallel_residual", True), fused_qkv=True)
 
@@ -141,13 +165,13 @@ def _falcon(c: _Cfg, common: dict) -> ModelSpec:
     shared LayerNorm per block for parallel attention (Falcon-7B), two with the new architecture (ln_attn, ln_mlp)."""
     h, a = c.req("hidden_size", "n_embed"), c.req("num_attention_heads", "n_head")
     new = c.flag("new_decoder_architecture", False)
-    kv = c.opt("num_kv_heads", a) if new else (1 if c.flag("multi_query", True) else a)
+    kv = c.count("num_kv_heads", a, 1) if new else (1 if c.flag("multi_query", True) else a)
     parallel = c.flag("parallel_attn", True)
-    one_norm = (not new and parallel) or (new and c.opt("num_ln_in_parallel_attn", 2) == 1)
+    one_norm = (not new and parallel) or (new and c.count("num_ln_in_parallel_attn", 2, 1) == 1)
     bias = c.flag("bias", False)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers", "n_layer"), num_heads=a, num_kv_heads=kv,
-                     ffn_hidden_size=c.opt("ffn_hidden_size", 4 * h), vocab_size=c.req("vocab_size"),
-                     max_seq_len=c.opt("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
+                     ffn_hidden_size=c.count("ffn_hidden_size", 4 * h, 1), vocab_size=c.req("vocab_size"),
+                     max_seq_len=c.count("max_position_embeddings", 2048, 1), mlp="gelu", norm="layernorm",
                      position="alibi" if c.flag("alibi", False) else "rope",
                      tied_embeddings=c.flag("tie_word_embeddings", True), qkv_bias=bias, out_bias=bias, mlp_bias=bias,
                      parallel_residual=parallel or new, block_norms="shared" if one_norm else "pre", fused_qkv=True)
@@ -169,7 +193,7 @@ def _gptj(c: _Cfg, common: dict) -> ModelSpec:
     (rotary_dim; no parameters), an untied head with a bias."""
     h = c.req("n_embd", "hidden_size")
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("n_layer", "num_hidden_layers"), num_heads=c.req("n_head"),
-                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.opt("n_inner", 4 * h), vocab_size=c.req("vocab_size"),
+                     num_kv_heads=c.req("n_head"), ffn_hidden_size=c.count("n_inner", 4 * h, 1), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("n_positions", "max_position_embeddings"), mlp="gelu", norm="layernorm",
                      position="rope", tied_embeddings=c.flag("tie_word_embeddings", False), mlp_bias=True,
                      parallel_residual=True, block_norms="shared", head_bias=True)
@@ -181,7 +205,7 @@ def _opt(c: _Cfg, common: dict) -> ModelSpec:
     project_in/out when word_embed_proj_dim differs from hidden_size (OPT-350m)."""
     h, a = c.req("hidden_size"), c.req("num_attention_heads")
     bias = c.flag("enable_bias", True)
-    proj = c.opt("word_embed_proj_dim", h)
+    proj = c.count("word_embed_proj_dim", h, 1)
     return ModelSpec(**common, hidden_size=h, num_layers=c.req("num_hidden_layers"), num_heads=a, num_kv_heads=a,
                      ffn_hidden_size=c.req("ffn_dim"), vocab_size=c.req("vocab_size"),
                      max_seq_len=c.req("max_position_embeddings"), mlp="gelu", norm="layernorm", position="learned",
@@ -203,19 +227,33 @@ def _sparse_layers_check(c: _Cfg) -> None:
 def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
     """Llama-style families: RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU has the same three matrices), RoPE, GQA."""
     a = c.req("num_attention_heads")
-    attn_bias = c.flag("attention_bias", False)
+    # Mistral, Mixtral and Phi-3 build no attention or MLP biases whatever the file says (their modeling code)
+    no_bias_flags = mt in ("mistral", "mixtral", "phi3")
+    attn_bias = False if no_bias_flags else c.flag("attention_bias", False)
     kw = dict(hidden_size=c.req("hidden_size"), num_layers=c.req("num_hidden_layers"), num_heads=a,
-              num_kv_heads=c.opt("num_key_value_heads", a), ffn_hidden_size=c.req("intermediate_size"),
-              vocab_size=c.req("vocab_size"), max_seq_len=c.opt("max_position_embeddings", 2048), mlp="swiglu",
+              num_kv_heads=c.count("num_key_value_heads", a, 1), ffn_hidden_size=c.req("intermediate_size"),
+              vocab_size=c.req("vocab_size"), max_seq_len=c.count("max_position_embeddings", 2048, 1), mlp="swiglu",
               norm="rmsnorm", position="rope", tied_embeddings=c.flag("tie_word_embeddings", False),
-              head_dim=c.opt("head_dim", 0) or 0, qkv_bias=attn_bias, out_bias=attn_bias,
-              mlp_bias=c.flag("mlp_bias", False))
-    if mt in ("qwen2", "qwen2_moe"):
+              head_dim=c.count("head_dim", 0), qkv_bias=attn_bias, out_bias=attn_bias,
+              mlp_bias=False if no_bias_flags else c.flag("mlp_bias", False))
+    if mt == "qwen2":
         kw.update(qkv_bias=True, out_bias=False)  # Qwen2Attention: q/k/v with bias, o_proj without
+    if mt == "qwen2_moe":
+        kw.update(qkv_bias=c.flag("qkv_bias", True), out_bias=False)  # Qwen2MoeAttention: bias=config.qkv_bias
     if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.flag("use_sliding_window", False):
-        kw["sliding_window"] = c.opt("sliding_window", 0) or 0
+        window = c.count("sliding_window", 4096)
+        # Qwen2, Qwen3 and Qwen2-MoE slide only from layer max_window_layers on (Qwen2Config.layer_types; Qwen3-MoE
+        # slides every layer);
+        # one window for the whole cache is modelled, so a window on only some layers keeps the full cache (an
+        # upper bound) and says so
+        full = c.count("max_window_layers", 0) if mt != "qwen3_moe" else 0
+        if full == 0:
+            kw["sliding_window"] = window
+        elif full < kw["num_layers"]:
+            common["source"] += (f"; sliding window {window} on layers {full}-{kw['num_layers'] - 1} only: "
+                                 f"the KV cache is counted in full (an upper bound)")
     if mt in ("mistral", "mixtral", "phi3"):
-        kw["sliding_window"] = c.opt("sliding_window", 0) or 0
+        kw["sliding_window"] = c.count("sliding_window", 0)
     if mt == "phi3":
         kw.update(fused_qkv=True, fused_gate_up=True)  # Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
     # Gemma 2/3 alternate local (sliding) and global layers: the KV cache is not capped as a whole, so no sliding_window
@@ -230,7 +268,7 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
                             expert_ffn_hidden_size=c.req("intermediate_size"))
     if mt in ("qwen2_moe", "qwen3_moe"):
         _sparse_layers_check(c)
-        shared = c.opt("shared_expert_intermediate_size", 0) if mt == "qwen2_moe" else 0
+        shared = c.count("shared_expert_intermediate_size", 0) if mt == "qwen2_moe" else 0
         kw["moe"] = MoESpec(num_experts=c.req("num_experts"), top_k=c.req("num_experts_per_tok"),
                             expert_ffn_hidden_size=c.req("moe_intermediate_size"), num_shared_experts=1 if shared else 0,
                             shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared))
@@ -238,10 +276,10 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
         kw["num_kv_heads"] = a
         kw["moe"] = MoESpec(num_experts=c.req("n_routed_experts"), top_k=c.req("num_experts_per_tok"),
                             expert_ffn_hidden_size=c.req("moe_intermediate_size"),
-                            num_shared_experts=c.opt("n_shared_experts", 0) or 0,
-                            first_dense_layers=c.opt("first_k_dense_replace", 0) or 0,
-                            router_bias=c.opt("topk_method", "") == "noaux_tc")
-        kw["mla"] = MLASpec(q_lora_rank=c.opt("q_lora_rank", 0) or 0, kv_lora_rank=c.req("kv_lora_rank"),
+                            num_shared_experts=c.count("n_shared_experts", 0),
+                            first_dense_layers=c.count("first_k_dense_replace", 0),
+                            router_bias=c.text("topk_method", "") == "noaux_tc")
+        kw["mla"] = MLASpec(q_lora_rank=c.count("q_lora_rank", 0), kv_lora_rank=c.req("kv_lora_rank"),
                             qk_nope_head_dim=c.req("qk_nope_head_dim"), qk_rope_head_dim=c.req("qk_rope_head_dim"),
                             v_head_dim=c.req("v_head_dim"))
     return ModelSpec(**common, **kw)

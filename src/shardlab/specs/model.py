@@ -206,6 +206,13 @@ class ModelSpec:
                 raise ShardlabError(f"model '{self.name}': moe top_k {m.top_k} must be in 1..num_experts ({m.num_experts})")
             if not (0 <= m.first_dense_layers < self.num_layers):
                 raise ShardlabError(f"model '{self.name}': moe first_dense_layers must be below num_layers")
+        from shardlab.limits import MAX_PARAMS
+        from shardlab.specs.tensors import param_counts
+
+        total = param_counts(self).total          # each dimension is capped, but their product can still be absurd
+        if total > MAX_PARAMS:
+            raise ShardlabError(f"model '{self.name}' has {total:.3g} parameters, above the limit of {MAX_PARAMS:.0e} "
+                                f"(1,000× the largest published model); check its sizes")
         return self
 
 
