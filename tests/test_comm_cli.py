@@ -136,3 +136,14 @@ def test_comm_cli_imports_stay_light():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_a_hierarchical_sweep_names_both_links_and_its_own_asymptote():
+    import json
+
+    from conftest import cli_main
+
+    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--ranks", "64", "--nodes", "8", "--link", "ib-ndr", "--json")
+    s = json.loads(out)["sweep"][0]
+    assert code == 0 and s["label"] == "ib-ndr between nodes + nvlink4 inside"
+    assert s["beta_gbps"] == s["busbw_gbps"][-1] > 47 and "1/8 of the data" in s["beta_from"]

@@ -153,10 +153,10 @@ def _config(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes, fragment", [
-    ({"head_dim": -4537}, "head_dim must be zero or more"),
+    ({"head_dim": -4537}, "'head_dim' must be an integer >= 0"),      # the file's own key names
     ({"intermediate_size": "11008"}, "intermediate_size' must be a positive integer"),
-    ({"num_key_value_heads": "32"}, "num_kv_heads must be a whole number"),
-    ({"max_position_embeddings": 4096.5}, "max_seq_len must be a whole number"),
+    ({"num_key_value_heads": "32"}, "'num_key_value_heads' must be a positive integer"),
+    ({"max_position_embeddings": 4096.5}, "'max_position_embeddings' must be a positive integer"),
     ({"num_hidden_layers": 10**9}, "num_layers 1,000,000,000 is above the limit"),
     ({"hidden_size": 2**40}, "hidden_size"),
 ])

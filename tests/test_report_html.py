@@ -232,3 +232,16 @@ def test_estimate_page_names_the_pipeline_engine_term_only_with_stages(tmp_path)
         code, _, err = cli_main(*base, "--pp", pp, "--html", str(out))
         assert code == 0, err
         assert ("per micro-batch, pass and stage of its pipeline engine" in out.read_text(encoding="utf-8")) is shown
+
+
+def test_pages_carry_the_warnings_and_refusals_the_terminal_prints():
+    doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
+    doc["launch"]["warnings"] = ["4 ranks on 2 CPU core(s): the ranks take turns on the cores"]
+    assert "<p class='bad'>warning: 4 ranks on 2 CPU core(s)" in render_report("run-train", doc, "x")
+    from conftest import cli_main
+
+    code, out, err = cli_main("estimate", "llama-3.1-405b", "--inference", "--tp", "2", "--batch", "4", "--json")
+    text = render_report("estimate", json.loads(out), "x")
+    assert code == 0 and "DOES NOT FIT" in text and "usable" in text
+    code, out, err = cli_main("estimate", "llama-3.1-405b", "--gpus", "8", "--tp", "8", "--json")
+    assert code == 0 and "<p class='bad'>DOES NOT FIT" in render_report("estimate", json.loads(out), "x")

@@ -90,3 +90,10 @@ def test_mermaid_diagram_is_well_formed():
         assert ("reduce-scatter" in text) == sp and ("all-reduce" in text) == (not sp)
     text = block_mermaid(CAT.model("llama-3.1-8b"), 4, seq_len=4096)
     assert "4096 → 1024 per rank" in text and "8 of 32 heads" in text and "3584" in text
+
+
+def test_the_block_diagram_divides_experts_by_ep():
+    text = block_mermaid(CAT.model("mixtral-8x7b"), 1, seq_len=4096, ep=8)
+    assert "1 of 8 experts (EP 8) per rank" in text and "1 expert on each of 8" in text
+    assert "8 experts per rank" not in text
+    assert "8 experts per rank" in block_mermaid(CAT.model("mixtral-8x7b"), 1, seq_len=4096)

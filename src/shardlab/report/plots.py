@@ -114,7 +114,8 @@ def pipeline_timeline(res, path: str, title: str | None = None, subtitle: str = 
     return p_out
 
 
-def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str = "") -> Path:
+def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str = "",
+               dashed: str = "link β (line rate × efficiency)") -> Path:
     """Time and busbw against message size, one line per link.
 
     ``series``: [{"label", "sizes_bytes", "time_s", "busbw_gbps", "crossover_bytes", "beta_gbps"}]; the
@@ -145,7 +146,7 @@ def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str
     ax_t.set_title(f"{op} time, n = {ranks}", loc="left")
     ax_b.set_xlabel("message size S (bytes)")
     ax_b.set_ylabel("bus bandwidth (GB/s, nccl-tests busbw)")
-    ax_b.set_title(f"{op} busbw; dashed: link β (line rate × efficiency)", loc="left")
+    ax_b.set_title(f"{op} busbw; dashed: {dashed}", loc="left")
     ax_b.set_ylim(bottom=0)
     for ax in (ax_t, ax_b):
         ax.grid(True, which="major", color="#dddddd")

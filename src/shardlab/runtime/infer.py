@@ -145,7 +145,7 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
         "memory_exact": all(d["weight_bytes"] == w_pred and d["kv_cache_bytes"] == kv_pred for d in ranks),
         "latency_per_token_s": lat, "cached_tokens": total, "slowest": slowest,
         "time_split_definitions": TIME_SPLIT_DEFINITIONS if split else None,
-        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir)},
+        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "warnings": res.warnings},
     }
     if obs is not None:  # step 0 is the prefill: the percentiles are of decoded tokens
         doc["observability"] = obs.finish(skip_steps=1, predicted=infer_prediction(spec, t, len(toks), req))

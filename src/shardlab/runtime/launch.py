@@ -53,6 +53,8 @@ class LaunchResult:
     """One line: 'ok' or what failed, on which rank, and why."""
     command: list[str] = field(default_factory=list)
     """The command that was run."""
+    warnings: list[str] = field(default_factory=list)
+    """What the launcher warned about (more CPU ranks than cores), for the run's JSON and page."""
 
     @property
     def ok(self) -> bool:
@@ -111,7 +113,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     full_env.setdefault("SHARDLAB_PG_TIMEOUT_S", f"{max(5.0, min(DEFAULT_PG_TIMEOUT_S, 0.5 * timeout_s)):g}")
     full_env.setdefault("TORCHELASTIC_ERROR_FILE", str(rd / "torchelastic_error.json"))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    warn_oversubscribed(nproc, args, full_env)
+    warning = warn_oversubscribed(nproc, args, full_env)
     if observer is not None:
         full_env.update(observer.prepare(rd))
     cmd = torchrun_command(module, nproc, args, torchrun_args, log_dir=rd / "torchelastic")
@@ -120,7 +122,8 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     except KeyboardInterrupt as e:      # the job is stopped; the run command reports what it left in the folder
         e.run_dir = rd
         raise
-    res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd)
+    res = LaunchResult(proc.returncode, out or "", err or "", time.monotonic() - t0, rd, timed_out, command=cmd,
+                       warnings=[warning] if warning else [])
     res.failed_rank, res.summary = summarise(res, timeout_s)
     return res
 
@@ -211,12 +214,12 @@ def removed_at_exit(path: str | os.PathLike | None) -> bool:
     return path is not None and Path(path) in _TEMP_DIRS
 
 
-def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> bool:
-    """On CPU, more ranks than cores time-slice: say that timings will be meaningless (stderr). Returns
-    whether it warned."""
+def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> str:
+    """On CPU, more ranks than cores time-slice: say that timings will be meaningless (stderr). Returns the
+    warning, or "" when there is none."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if nproc <= cores:
-        return False
+        return ""
     device = env.get("SHARDLAB_DEVICE") or (args[args.index("--device") + 1] if "--device" in args[:-1] else None)
     if device is None:
         try:
@@ -226,11 +229,11 @@ def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> bool:
         except ImportError:
             device = "cpu"
     if device != "cpu":
-        return False
-    sys.stderr.write(f"warning: {nproc} ranks on {cores} CPU core(s): the ranks take turns on the cores, so step "
-                     f"times and bandwidths will be meaningless (correctness checks still hold); use --nproc {cores} "
-                     f"or fewer for timings\n")
-    return True
+        return ""
+    msg = (f"{nproc} ranks on {cores} CPU core(s): the ranks take turns on the cores, so step times and bandwidths "
+           f"will be meaningless (correctness checks still hold); use --nproc {cores} or fewer for timings")
+    sys.stderr.write(f"warning: {msg}\n")
+    return msg
 
 
 def _stop_job(proc: subprocess.Popen, tree, grace_s: float = STOP_GRACE_S) -> None:

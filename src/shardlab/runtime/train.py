@@ -202,7 +202,8 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "slowest": slowest,
         "time_split_definitions": {**TIME_SPLIT_DEFINITIONS, **STEP_TIME_DEFINITIONS} if split else None,
         "tokens_per_s": tokens / step_time["job_step_s"],
-        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary},
+        "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary,
+                   "warnings": res.warnings},
     }
     doc["megatron_breakdown"] = megatron_breakdown(doc)
     if req.check_parity:

@@ -8,9 +8,9 @@ from shardlab.specs.tensors import TensorSpec, model_tensors
 
 
 def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 1, sequence_parallel: bool = False,
-                  elem_bytes: int = 2) -> str:
+                  elem_bytes: int = 2, ep: int = 1) -> str:
     """A Mermaid flowchart of one sharded block (the MoE block for MoE models): per-rank weight shapes and
-    the f/g communication operators between them."""
+    the f/g communication operators between them; with expert parallelism ``ep`` each rank holds E/ep experts."""
     from shardlab.report.mermaid import edge, flowchart, node
     from shardlab.units import fmt_bytes
 
@@ -34,7 +34,8 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
         loc = t.local_shape(spec, tp)
         kind = split_kind(t, spec, tp)
         short = t.name.split(f"layers.{layer}.", 1)[1]
-        dims = f"{loc[-1]} → {loc[-2]}" + (f", {loc[0]} experts" if len(loc) == 3 else "")
+        experts = (f", {loc[0] // ep} of {loc[0]} experts (EP {ep})" if ep > 1 else f", {loc[0]} experts")
+        dims = f"{loc[-1]} → {loc[-2]}" + (experts if len(loc) == 3 else "")
         return f"{short}: {kind}\n{dims} per rank"
 
     def section(tag: str, norm: str, comps: tuple[str, ...], core: str, src: str) -> str:
@@ -72,7 +73,10 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
     src = section("attn", "attention_norm", ("attention",), f"attention over {a_loc} of {spec.num_heads} heads", "x")
     if spec.is_moe_layer(layer):
         m = spec.moe
-        core = f"route each token to {m.top_k} of {m.num_experts} experts; {'SiLU(gate)·up' if spec.mlp == 'swiglu' else 'GELU'}"
+        core = (f"route each token to {m.top_k} of {m.num_experts} experts"
+                + (f" (all-to-all to the EP rank holding it: {m.num_experts // ep} "
+                   f"expert{'s' if m.num_experts // ep != 1 else ''} on each of {ep})"
+                   if ep > 1 else "") + f"; {'SiLU(gate)·up' if spec.mlp == 'swiglu' else 'GELU'}")
         src = section("mlp", "ffn_norm", ("router", "experts", "shared_experts"), core, src)
     else:
         core = f"{'SiLU(gate) · up' if spec.mlp == 'swiglu' else 'GELU'} on (b, s, {spec.ffn_hidden_size // tp}) per rank"

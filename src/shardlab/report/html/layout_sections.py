@@ -170,7 +170,7 @@ def rank_map_section(page: Page, detail: dict, comm: list[dict], layout: dict) -
         cells_by_node.setdefault(c["node"], []).append(cell)
     nodes = "".join(f"<div class='node'><span class='nl'>node {n}</span>{''.join(cells)}</div>" for n, cells in cells_by_node.items())
     stage_mem = {s["stage"]: s for s in mem["stages"]}
-    info = {"stages": {}, "cp": layout.get("cp", 1) > 1, "axes": []}
+    info = {"stages": {}, "cp": layout.get("cp", 1) > 1, "ep": ep, "axes": []}
     for st in rm["stages"]:
         s = stage_mem[st["stage"]]
         holds = (f"<p><b>holds</b>: layers {esc(st['layers'])}" + (f" + {esc(', '.join(st['extra']))}" if st["extra"] else "")

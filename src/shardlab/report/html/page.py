@@ -160,7 +160,7 @@ table.kv td:first-child{color:var(--muted);white-space:nowrap}table.kv>thead{dis
 .note{color:var(--muted);font-size:13px;margin:4px 0}.big{font-size:20px;font-weight:600}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}.card{border:1px solid var(--line);border-radius:6px;padding:8px 12px;min-width:150px}
 .card .l{color:var(--muted);font-size:12px}.card .v{font-size:18px;font-weight:600}
-svg{max-width:100%;height:auto;font-family:inherit}svg text{font-size:12px;fill:var(--fg)}
+svg{max-width:100%;height:auto;font-family:inherit}.chart{overflow-x:auto}.chart svg{min-width:760px}svg text{font-size:12px;fill:var(--fg)}
 svg text.halo{paint-order:stroke;stroke:var(--bg,#fff);stroke-width:3px;stroke-linejoin:round}
 .risk{color:#8a4b00}.ok{color:#1a7f37}.bad{color:#cf222e;font-weight:600}
 .rankmap{display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap;max-width:100%;overflow-x:auto}
@@ -172,7 +172,7 @@ table.comm td:last-child{min-width:30ch}
  color:#111;overflow:hidden;outline:none}
 .nodes.compact .rank{width:13px;height:13px;padding:0;font-size:0;border-radius:2px}
 .rank:hover,.rank:focus,.rank.sel{box-shadow:0 0 0 2px #111}
-#rank-panel{flex:1 1 320px;min-width:300px;max-width:620px;border:1px solid var(--line);border-radius:6px;padding:10px;background:var(--soft)}
+#rank-panel{position:sticky;top:8px;max-height:calc(100vh - 16px);overflow-y:auto;flex:1 1 320px;min-width:300px;max-width:620px;border:1px solid var(--line);border-radius:6px;padding:10px;background:var(--soft)}
 .legend[hidden]{display:none}.legend{display:flex;flex-wrap:wrap;gap:4px 12px;font-size:12px;margin:4px 0}.sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 pre{white-space:pre-wrap}pre.json{max-height:420px;overflow:auto;background:var(--soft);padding:8px;font-size:12px}
 pre.mermaid{background:var(--soft);padding:8px;font-size:12px}pre.mermaid[data-processed]{background:none}
@@ -192,7 +192,8 @@ JS = r"""
       c.stage = c.pp;
       var st = info.stages[c.stage], h = '<h3>rank ' + r + '</h3>';
       h += '<p>node ' + c.node + ', GPU ' + c.gpu + ' &middot; pipeline stage ' + c.stage + ' &middot; TP rank ' + c.tp +
-           ' &middot; DP replica ' + c.dp + (info.cp ? ' &middot; CP rank ' + c.cp : '') + '</p>';
+           ' &middot; DP replica ' + c.dp + (info.cp ? ' &middot; CP rank ' + c.cp : '') +
+           (info.ep ? ' &middot; EP rank ' + c.ep : '') + '</p>';
       h += st.holds + st.memory;
       var g = '';
       info.axes.forEach(function(a){ var idx = c[a.key + '_group'];

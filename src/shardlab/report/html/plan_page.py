@@ -82,7 +82,7 @@ def _plans(doc: dict) -> str:
     labelled = [(f"#{i + 1} {layout_text(p['layout'])}", [p["breakdown"].get(k, 0.0) for k in keys])
                 for i, p in enumerate(plans)]
     widest = max(len(label) for label, _ in labelled)     # about 7 px per character at the chart's 12 px font
-    bars = svg.stacked_bars(labelled, cats, lambda s: f"{s:.3g} s", label_w=max(270, int(7.2 * widest) + 12))
+    bars = svg.stacked_bars(labelled, cats, fmt_time, label_w=max(270, int(7.2 * widest) + 12))
     from shardlab.planner.report import order_note
 
     note = "".join(f"<p class='note'>{esc(n)}</p>" for n in order_note(doc))
@@ -133,7 +133,12 @@ def estimate_page(doc: dict) -> Page:
              ("fits", "yes" if doc["fits"] else "NO")]
     if "train_days" in doc:
         cards.append(("days to train", f"{doc['train_days']:.1f}"))
-    page.add("summary", "Summary", _cards(cards) + "".join(f"<p class='note'>{esc(n)}</p>" for n in doc.get("notes", [])))
+    nofit = ("" if doc["fits"] else
+             f"<p class='bad'>DOES NOT FIT: {gib(doc['memory']['per_gpu']['total'])} per GPU against "
+             f"{gib(doc['memory']['capacity_bytes'])}; the times below are for a "
+             f"layout that cannot run (`shardlab plan` searches the ones that fit)</p>")
+    page.add("summary", "Summary", nofit + _cards(cards)
+             + "".join(f"<p class='note'>{esc(n)}</p>" for n in doc.get("notes", [])))
     detail = doc.get("detail")
     if detail:
         ls.rank_map_section(page, detail, doc.get("communication") or [], lay)

@@ -38,8 +38,9 @@ def run_train_page(doc: dict) -> Page:
                 f"dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']}, ZeRO-{lay['zero']}; measured with torch.distributed "
                 f"beside the predictions")
     wl = doc["workload"]
-    page.add("inputs", "What ran", kv_table([(k.replace("_", " "), esc(num(v))) for k, v in wl.items()]
-                                            + [("launch", esc(doc["launch"].get("summary", "")))]))
+    warned = "".join(f"<p class='bad'>warning: {esc(w)}</p>" for w in doc["launch"].get("warnings", []))
+    page.add("inputs", "What ran", warned + kv_table([(k.replace("_", " "), esc(num(v))) for k, v in wl.items()]
+                                                     + [("launch", esc(doc["launch"].get("summary", "")))]))
     st = doc.get("step_time") or {}
     ranks = doc["ranks"]
     if any(r.get("step_time_s") for r in ranks):
@@ -102,6 +103,8 @@ def run_infer_page(doc: dict) -> Page:
         _rest(page, doc, {"model", "strategy", "points", "cpu_cores"})
         return page
     page = Page(f"shardlab run infer: {doc['model']} on TP {doc['tp']}", f"{doc['strategy']}; greedy decoding with a KV cache")
+    for w in (doc.get("launch") or {}).get("warnings", []):
+        page.add("warning", "Warning", f"<p class='bad'>warning: {esc(w)}</p>")
     page.add("summary", "Result", kv_table([
         ("tokens", esc(doc["tokens"])), ("text (bytes of an untrained model)", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"]))),
         ("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
@@ -136,7 +139,9 @@ def _collective_sections(page: Page, doc: dict) -> None:
     ops = list(dict.fromkeys(r["op"] for r in doc["rows"]))
     series = [(op, [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
                [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)]) for i, op in enumerate(ops)]
-    chart = svg.line_chart(series, lambda x: fmt_bytes(x, binary=False), lambda y: f"{y:.3g}", "message size", "busbw (GB/s)")
+    # sizes are powers of two (as `bench collectives --plot` labels them): KiB/MiB ticks
+    chart = svg.line_chart(series, lambda x: fmt_bytes(x).replace(".00 ", " "), lambda y: f"{y:.3g}", "message size",
+                           "busbw (GB/s)", tick_base=32)
     rows = [[r["op"], fmt_bytes(r["size_bytes"]), fmt_time(r["time_s"]), f"{r['algbw_gbps']:.4g}", f"{r['busbw_gbps']:.4g}",
              fmt_time(r["fitted_time_s"]) if r.get("fitted_time_s") else "—"] for r in doc["rows"]]
     page.add("busbw", "Bus bandwidth by message size", chart
@@ -182,7 +187,7 @@ def memory_page(doc: dict) -> Page:
     stages = doc["stages"]
     rows = [(f"stage {s['stage']}" if len(stages) > 1 else "every rank", [s.get(c, 0) for c, _ in MEMORY_CATS]) for s in stages]
     chart = svg.stacked_bars(rows, MEMORY_CATS, gib_short, capacity=doc.get("capacity_bytes"), cap_label="GPU memory",
-                             scale=2**30)
+                             scale=2**30, cap_fmt=gib)
     pg = doc["per_gpu"]
     expl = doc.get("explain", {})
     trows = [[k, gib(pg[k]), expl.get(k, "")] for k in ("weights", "gradients", "optimizer", "model_states", "activations",
@@ -207,8 +212,12 @@ def inference_page(doc: dict) -> Page:
     pg = mem["per_gpu"]
     cats = [(k, PALETTE[i]) for i, k in enumerate(k for k in pg if k != "total")]
     chart = svg.stacked_bars([("per GPU", [pg[k] for k, _ in cats])], cats, gib_short,
-                             capacity=mem.get("usable_bytes"), cap_label="usable", scale=2**30)
-    page.add("memory", "Memory per GPU", chart + kv_table([(k, gib(v)) for k, v in pg.items()]
+                             capacity=mem.get("usable_bytes"), cap_label="usable", scale=2**30,
+                             cap_fmt=gib)
+    nofit = ("" if mem.get("fits", True) else
+             f"<p class='bad'>DOES NOT FIT: {gib(pg['total'])} per GPU against {gib(mem['usable_bytes'])} usable; the "
+             f"latencies below are for a layout that cannot run (raise --tp or --pp, or `shardlab plan --inference`)</p>")
+    page.add("memory", "Memory per GPU", nofit + chart + kv_table([(k, gib(v)) for k, v in pg.items()]
                                                             + [("capacity", gib(mem["capacity_bytes"])),
                                                                ("usable", gib(mem["usable_bytes"]))]))
     phases = [(ph, doc[ph]) for ph in ("prefill", "decode") if isinstance(doc.get(ph), dict)]
@@ -221,7 +230,13 @@ def inference_page(doc: dict) -> Page:
         roof = (f"<p class='note'>linear = max(weights read {fmt_time(d['weights_read_s'])}, GEMM compute "
                 f"{fmt_time(d['gemm_compute_s'])}): the parts above add up to the step.</p>"
                 if all(isinstance(d.get(a), (int, float)) for a in arms) else "")
-        parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {fmt_time(step)}</h3>"
+        whole = doc.get("prefill_s" if ph == "prefill" else "decode_s_per_token")
+        what = "the request's prefill" if ph == "prefill" else "per output token"
+        # with pipeline stages the request's figure (the table above) is not one engine step (the bars)
+        step_txt = (f"one engine step {fmt_time(step)} (the bars); {what} {fmt_time(whole)} across {doc.get('pp')} "
+                    f"pipeline stages" if isinstance(whole, (int, float)) and step and abs(whole - step) > 1e-3 * step
+                    else fmt_time(step))
+        parts.append(f"<h3>{ph} ({esc(d.get('bound', ''))}-bound): {step_txt}</h3>"
                      + svg.bars(rows, fmt_time) + roof + (f"<pre>{esc(d['formula'])}</pre>" if d.get("formula") else ""))
     head = kv_table([("request latency", fmt_time(doc["request_latency_s"])), ("prefill", fmt_time(doc["prefill_s"])),
                      ("decode per token", fmt_time(doc["decode_s_per_token"])),

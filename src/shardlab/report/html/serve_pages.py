@@ -28,8 +28,9 @@ def _target(slo_s, load, unit: str) -> str:
     return f"{_ms(slo_s)}: met up to {num(load)} {esc(unit)}" if load is not None else f"{_ms(slo_s)}: not met at any load"
 
 
-def _percentiles(sim: dict | None) -> str:
-    """The simulation's mean / p50 / p99 of TTFT, TPOT and end-to-end latency, as a table and bars."""
+def _percentiles(sim: dict | None, replicas: int = 1) -> str:
+    """The simulation's mean / p50 / p99 of TTFT, TPOT and end-to-end latency, as a table and bars. The simulation
+    runs one replica: with ``replicas`` > 1 its throughput is said to be one replica's."""
     if not sim:
         return "<p>No simulation in this document.</p>"
     rows, bars = [], []
@@ -41,7 +42,9 @@ def _percentiles(sim: dict | None) -> str:
             bars += [(f"{short} {q}", d[q]) for q in ("p50", "p99") if isinstance(d.get(q), (int, float))]
     note = (f"<p class='note'>{sim.get('requests', 0):,} simulated requests, {sim.get('cycles', 0):,} scheduling cycles, "
             f"{sim.get('preemptions', 0):,} preemptions{'; truncated at its cycle bound' if sim.get('truncated') else ''}; "
-            f"{num(sim.get('output_tokens_per_s', 0))} output tokens/s.</p>")
+            f"{num(sim.get('output_tokens_per_s', 0))} output tokens/s"
+            + (f" for one replica (× {replicas} replicas = {num(replicas * sim.get('output_tokens_per_s', 0))})"
+               if replicas > 1 else "") + ".</p>")
     return (table(["latency", "mean", "p50", "p99"], rows) + (svg.bars(bars, fmt_time, label_w=170) if bars else "")
             + note)
 
@@ -68,7 +71,8 @@ def serve_estimate_page(doc: dict) -> Page:
         cats = [(name, PALETTE[i]) for i, name in enumerate(("weights", "activations", "other", "KV cache", "held back"))]
         parts = [kv.get("weights_bytes", 0), kv.get("activation_bytes", 0), kv.get("other_bytes", 0),
                  kv.get("kv_bytes", 0), max(kv["capacity_bytes"] - kv.get("reserved_bytes", kv["capacity_bytes"]), 0)]
-        chart = svg.stacked_bars([("per GPU", parts)], cats, gib_short, capacity=kv["capacity_bytes"], scale=2**30)
+        chart = svg.stacked_bars([("per GPU", parts)], cats, gib_short, capacity=kv["capacity_bytes"], scale=2**30,
+                                 cap_fmt=gib)
         page.add("kv-cache", "KV-cache blocks", chart + kv_table([
             ("blocks", f"{kv.get('num_blocks', 0):,} of {kv.get('block_size', 0)} tokens ({fmt_bytes(kv.get('bytes_per_block', 0))} "
                        f"each)"), ("the engine's share", f"{gib(kv.get('reserved_bytes', 0))} (the rest is held back: "
@@ -77,7 +81,7 @@ def serve_estimate_page(doc: dict) -> Page:
     lim, cap, slo = doc.get("limits") or {}, doc.get("capacity") or {}, doc.get("slo") or {}
     page.add("limits", "Where the load limit binds", kv_table([
         ("sequences a replica holds", f"{num(cap.get('sequences'))} (bound: {esc(cap.get('bound', ''))})"),
-        ("saturation", f"{num(lim.get('saturation_rate'))} {esc(lim.get('unit', ''))} (bound: {esc(lim.get('bound', ''))})"),
+        ("saturation", f"{num(lim.get('saturation_rate'))} requests/s (bound: {esc(lim.get('bound', ''))})"),
         ("TTFT target", _target(slo.get("ttft_s"), lim.get("ttft_slo_load"), lim.get("unit", ""))),
         ("TPOT target", _target(slo.get("tpot_s"), lim.get("tpot_slo_load"), lim.get("unit", ""))),
         ("targets met", ("yes" if slo.get("met") else "<span class='bad'>no</span>")
@@ -104,7 +108,8 @@ def serve_plan_page(doc: dict) -> Page:
     page.add("plans", "Layouts, best first", chart + table(
         ["layout", "max seqs", "sequences a replica holds", "in flight", "TTFT", "TPOT", "output tokens/s", "KV blocks/GPU",
          "meets targets"], rows))
-    page.add("simulation", "The best layout, simulated", _percentiles(doc.get("best_simulated")))
+    best = (doc.get("plans") or [{}])[0]
+    page.add("simulation", "The best layout, simulated", _percentiles(doc.get("best_simulated"), best.get("replicas", 1)))
     rest = {k: v for k, v in doc.items() if k not in {"plans", "best_simulated"}}
     page.add("more", "Everything else in the document", generic(rest))
     return page

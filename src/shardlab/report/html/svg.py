@@ -25,8 +25,9 @@ def _nice_ticks(vmax: float, n: int = 5) -> list[float]:
 
 
 def _svg(h: float, body: str, label: str) -> str:
-    return (f'<svg viewBox="0 0 {W} {h:.0f}" width="{W}" height="{h:.0f}" role="img" aria-label="{esc(label)}" '
-            f'xmlns="http://www.w3.org/2000/svg">{body}</svg>')
+    # in a scrolling box: on a narrow screen the chart keeps a readable size and scrolls, as tables do
+    return (f'<div class="chart"><svg viewBox="0 0 {W} {h:.0f}" width="{W}" height="{h:.0f}" role="img" '
+            f'aria-label="{esc(label)}" xmlns="http://www.w3.org/2000/svg">{body}</svg></div>')
 
 
 def _rect(x, y, w, h, fill, title: str = "", extra: str = "") -> str:
@@ -168,8 +169,9 @@ def bars(rows: Sequence[tuple[str, float]], fmt: Callable[[float], str], color: 
 
 
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str]], xfmt: Callable[[float], str],
-               yfmt: Callable[[float], str], xlabel: str, ylabel: str) -> str:
-    """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour)."""
+               yfmt: Callable[[float], str], xlabel: str, ylabel: str, tick_base: int = 10) -> str:
+    """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour); x ticks at the powers of
+    ``tick_base`` (32 for bytes: 1 KiB, 32 KiB, 1 MiB, ...)."""
     xs = [x for _, sx, _, _ in series for x in sx if x > 0]
     ys = [y for _, _, sy, _ in series for y in sy]
     if not xs:
@@ -185,9 +187,11 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str
     for t in _nice_ticks(ymax):
         out.append(f'<line x1="{x0}" x2="{x1}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#e5e7eb"/>'
                    + _text(x0 - 6, py(t) + 4, yfmt(t), "end", size=11))
-    for e in range(math.ceil(lo), math.floor(hi) + 1):
-        out.append(f'<line x1="{px(10 ** e):.1f}" x2="{px(10 ** e):.1f}" y1="{top}" y2="{yb}" stroke="#e5e7eb"/>'
-                   + _text(px(10 ** e), yb + 14, xfmt(10 ** e), "middle", size=11))
+    lb = math.log10(tick_base)
+    for e in range(math.ceil(lo / lb - 1e-9), math.floor(hi / lb + 1e-9) + 1):
+        t = float(tick_base) ** e
+        out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{yb}" stroke="#e5e7eb"/>'
+                   + _text(px(t), yb + 14, xfmt(t), "middle", size=11))
     for label, sx, sy, color in series:
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(sx, sy) if x > 0)
         out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"><title>{esc(label)}</title></polyline>')
