@@ -147,3 +147,19 @@ def test_a_hierarchical_sweep_names_both_links_and_its_own_asymptote():
     s = json.loads(out)["sweep"][0]
     assert code == 0 and s["label"] == "ib-ndr between nodes + nvlink4 inside"
     assert s["beta_gbps"] == s["busbw_gbps"][-1] > 47 and "1/8 of the data" in s["beta_from"]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_comm_plan_and_estimate_price_the_same_ep_calls_under_recomputation(recompute):
+    import json
+
+    from conftest import cli_main
+
+    args = ["mixtral-8x7b", "--gpus", "32", "--tp", "2", "--ep", "4", "--pp", "2", "--sequence-parallel",
+            "--microbatches", "4", "--recompute", recompute, "--json"]
+    code, out, err = cli_main("comm", "plan", *args)
+    assert code == 0, err
+    ep = sum(i["time_per_step_s"] for i in json.loads(out)["items"] if i["axis"] == "EP")
+    code, out, err = cli_main("estimate", *args)
+    assert code == 0, err
+    assert ep == pytest.approx(json.loads(out)["breakdown"]["ep_comm_s"], rel=1e-6)   # the re-run forward's too

@@ -1,5 +1,6 @@
 """Step-time model: each component against hand-computed cases, conventions, invariants, JSON contract."""
 
+import json
 import math
 import numpy as np
 import pytest
@@ -505,3 +506,15 @@ def test_deepspeed_pipeline_engine_host_time_per_micro_batch_pass_and_stage():
     assert flat["breakdown"]["host_overhead_s"] == pytest.approx(64 // 8 * 32 * 2 * fw["layer_host_s"], rel=1e-6)
     meg = est("--pp", "4", "--framework", "megatron-lm")
     assert meg["framework"]["pipeline_host_s"] == 0 and meg["breakdown"]["host_overhead_s"] == 0
+
+
+def test_a_wrap_unit_holds_at_most_a_stage():
+    from conftest import cli_main
+
+    times = []
+    for w in ("32-blocks", "1000-blocks"):
+        code, out, err = cli_main("estimate", "llama-3.1-8b", "--dp", "8", "--zero", "3", "--global-batch", "64",
+                                  "--wrap", w, "--json")
+        assert code == 0, err
+        times.append(json.loads(out)["step_time_s"])
+    assert times[0] == pytest.approx(times[1])           # 32 layers: both are one unit (1000-blocks was 7.5x slower)

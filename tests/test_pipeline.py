@@ -149,3 +149,20 @@ def test_simulator_is_fast():
     took = time.process_time() - t
     assert r.bubble_fraction == pytest.approx(63 / 1087, abs=1e-12)
     assert took < 2.0   # typically ~0.2 s; generous for a loaded 2-core CI machine (benchmarks/bench_pipeline.py)
+
+
+@pytest.mark.parametrize("schedule, p, x, v, want", [
+    ("zb-h1", 16, 0.05, 1, 95),     # 15 idle vs 3m of work once m >= p (Qi et al. 2023 §3.1): 15/(3m+15) <= 0.05
+    ("zb-h1", 64, 0.01, 1, 2079),   # was 4,094 and refused as over the pass limit
+    ("zb-h1", 8, 0.02, 1, 115),
+    ("1f1b", 8, 0.10, 1, 63),       # (p-1)/(m+p-1) <= x
+    ("interleaved", 8, 0.10, 2, 32),
+])
+def test_fewest_microbatches_is_the_smallest_that_meets_the_bound(schedule, p, x, v, want):
+    from shardlab.pipeline.closed_form import bubble_fraction_closed_form, min_microbatches
+
+    m = min_microbatches(schedule, p, x, v)
+    step = p if schedule == "interleaved" else 1
+    assert m == want
+    assert bubble_fraction_closed_form(schedule, p, m, v) <= x + 1e-12
+    assert m - step < step or bubble_fraction_closed_form(schedule, p, m - step, v) > x

@@ -84,6 +84,18 @@ def test_cost_objective_may_use_fewer_gpus():
     assert per_token[0] <= min(per_token) * 1.03
 
 
+def test_the_worksheet_explains_alternatives_by_what_was_ranked():
+    from shardlab.planner.explain import axis_reasons
+
+    res = plan_training(CAT.models["gpt2"], cl(n=16), Workload(seq_len=1024, global_batch=64), objective="cost", top=3)
+    reasons = [a["reason"] for a in axis_reasons(res) if a["reason"].startswith("the best with")]
+    assert reasons and all("GPU-time per token" in r or "cheaper" in r for r in reasons), reasons
+    assert not any("faster but more complex" in r or "step time (" in r for r in reasons)
+    res = plan_training(CAT.models["gpt2"], cl(n=16), Workload(seq_len=1024, global_batch=64), objective="memory", top=3)
+    reasons = [a["reason"] for a in axis_reasons(res) if a["reason"].startswith("the best with")]
+    assert reasons and all(("GiB" in r or "ties on memory" in r) and "faster" not in r for r in reasons), reasons
+
+
 def test_plan_cli_json_contract_and_worksheet():
     code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "16", "--global-batch", "64", "--top", "3", "--json")
     assert code == 0, err

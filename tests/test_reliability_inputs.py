@@ -420,3 +420,23 @@ def test_a_bad_catalog_is_refused_by_commands_that_read_none():
 def test_an_unknown_flag_points_to_its_subcommands_help():
     one_line_error(["run", "infer", "--nproc", "2"], "--nproc 2", "see `shardlab run infer --help`")
     one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--bogus"], "see `shardlab plan --help`")
+
+
+@pytest.mark.parametrize("fix, words", [
+    ("tp=0", "tp is a whole number from 1"), ("pp=0", "pp is a whole number from 1"), ("mb=0", "mb is a whole number"),
+    ("rc=7", "rc is one of 0, 1, 2"), ("sp=2", "sp is one of 0, 1"), ("vpp=16", "vpp is one of 1, 2, 4, 8"),
+    ("zero=4", "zero is one of 0, 1, 2, 3"), ("ep=0", "ep is a whole number from 1"),
+])
+def test_plan_fix_values_outside_the_search_are_refused(fix, words):
+    # tp=0 and pp=0 were ZeroDivisionError tracebacks; mb=0 said "NO LAYOUT FITS"; sp=2 was read as on
+    err = one_line_error(["plan", "--fix", fix], words)
+    assert "Warning" not in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["comm", "all-reduce", "--size", "0", "--ranks", "8"], "0 bytes sends nothing"),
+    (["pipeline", "--stages", "4", "--slowdown", "2"], "--slowdown needs --slow-stage"),
+    (["pipeline", "--stages", "4", "--slow-stage", "2", "--slowdown", "0.5"], "a straggler runs slower"),
+])
+def test_comm_and_pipeline_inputs_that_mean_nothing(args, words):
+    one_line_error(args, words)

@@ -129,7 +129,11 @@ def cmd_collective(args):
     if not args.sweep:
         if args.size is None:
             raise ShardlabError("--size is required (e.g. --size 256MiB), or use --sweep for 1 B to 1 GiB")
-        cost = collective_time(args.op, parse_size(args.size, "--size"), args.ranks, links[0], args.algorithm, **kw)
+        size = parse_size(args.size, "--size")
+        if size < 1:
+            raise ShardlabError(f"--size {args.size}: a collective of 0 bytes sends nothing (NCCL returns at once); "
+                                f"give 1 B or more")
+        cost = collective_time(args.op, size, args.ranks, links[0], args.algorithm, **kw)
         doc = {k: v for k, v in cost.__dict__.items() if k != "phases"}
         from shardlab.comm.collectives import bus_factor
         doc.update(link=links[0].id, intra_link=intra.id if intra else None, bus_factor=bus_factor(args.op, args.ranks),
@@ -313,7 +317,8 @@ def register_pipeline(sub) -> None:
     p.add_argument("--weight-grad-s", type=BOUNDED["seconds0"], default=None, help="weight-gradient pass W (split off for zb-h1)")
     p.add_argument("--p2p-s", type=BOUNDED["seconds0"], default=0.0, help="time of one activation transfer between stages")
     p.add_argument("--slow-stage", type=BOUNDED["stage_index"], default=None, metavar="I", help="a straggler: stage I runs --slowdown× slower")
-    p.add_argument("--slowdown", type=BOUNDED["factor"], default=2.0, metavar="X", help="straggler factor (default 2)")
+    p.add_argument("--slowdown", type=BOUNDED["factor"], default=None, metavar="X",
+                   help="straggler factor, 1 or more (default 2; needs --slow-stage)")
     p.add_argument("--max-bubble", type=BOUNDED["share"], default=None, metavar="X",
                    help="answer the inverse question: fewest micro-batches with bubble ≤ X (e.g. 0.10)")
     p.add_argument("--plot", metavar="FILE", help="save the timeline as a picture (.png or .svg)")
@@ -342,9 +347,15 @@ def cmd_pipeline(args):
 
         m = args.microbatches or default_microbatches(p)
     slow = None
+    if args.slowdown is not None and args.slow_stage is None:
+        raise ShardlabError("--slowdown needs --slow-stage I (the stage that runs slower)")
     if args.slow_stage is not None:
         if not 0 <= args.slow_stage < p:
             raise ShardlabError(f"--slow-stage {args.slow_stage} is outside the pipeline (stages 0..{p - 1})")
+        args.slowdown = 2.0 if args.slowdown is None else args.slowdown
+        if args.slowdown < 1:
+            raise ShardlabError(f"--slowdown {args.slowdown:g}: a straggler runs slower; give a factor of 1 or more "
+                                f"(1.5 = 50% slower)")
         slow = {args.slow_stage: args.slowdown}
     if args.plot:
         from shardlab.limits import MAX_PLOTTED_PASSES
@@ -358,4 +369,8 @@ def cmd_pipeline(args):
     base = simulate(args.schedule, p, m, v, p2p_s=args.p2p_s, **times) if slow else None
     plot = save_timeline(res, args.plot, times, args.p2p_s, args.slow_stage if slow else None, args.slowdown) if args.plot else None
     doc = pipeline_doc(res, times, base=base, max_bubble=args.max_bubble, plot=plot)
+    if args.max_bubble is not None and (args.p2p_s or slow):
+        doc["max_bubble_caveat"] = (f"by the closed form, which has no sends and equal stages; with "
+                                    f"{'--p2p-s' if args.p2p_s else '--slow-stage'} the simulated bubble at this m is "
+                                    f"{100 * res.bubble_fraction:.2f}%")
     return doc, render_pipeline(res, doc)

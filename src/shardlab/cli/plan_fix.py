@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.limits import MAX_GPUS
 from shardlab.memory.training import RECOMPUTE_CODES
 
 PLAN_RECOMPUTE = {k: v for k, v in RECOMPUTE_CODES.items() if k != "op"}
@@ -33,10 +34,22 @@ def parse_fix(items: list[str]) -> dict:
             raise ShardlabError(f"--fix {it}: use AXIS=VALUE with AXIS in tp, pp, cp, ep, zero, micro_batch, vpp "
                                 f"(integers), sp, hs (0 or 1), recompute (none/selective/full) or schedule "
                                 f"({'/'.join(SCHEDULE_CODES)})")
-        if key in out and out[key] != int(val):
+        v = int(val)
+        allowed = _FIX_RANGES.get(key)
+        if allowed is not None and v not in allowed:
+            raise ShardlabError(f"--fix {it}: {key} is one of {', '.join(map(str, allowed))}" + _FIX_WHY.get(key, ""))
+        if key in ("tp", "pp", "cp", "ep", "mb") and not 1 <= v <= MAX_GPUS:
+            raise ShardlabError(f"--fix {it}: {key} is a whole number from 1 to {MAX_GPUS:,}")
+        if key in out and out[key] != v:
             raise ShardlabError(f"--fix {it} contradicts an earlier --fix of {key}; pin each axis once")
-        out[key] = int(val)
+        out[key] = v
     return out
+
+
+_FIX_RANGES = {"zero": (0, 1, 2, 3), "sp": (0, 1), "rc": tuple(sorted(PLAN_RECOMPUTE.values())), "vpp": (1, 2, 4, 8)}
+"""Values a pinned axis can take: those the search enumerates (planner.space)."""
+_FIX_WHY = {"rc": " (none, selective, full; or their codes)",
+            "vpp": " (the virtual stages the search tries: interleaving needs vpp 2, 4 or 8; 1 is no interleaving)"}
 
 
 def layout_flags_as_fixes(args, fixed: dict) -> dict:

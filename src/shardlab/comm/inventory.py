@@ -193,6 +193,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                          "overlappable", f"ring attention: pass the local K/V block around the ring ({steps} steps per layer)"))
         out.append(_item("CP", "send-recv", "backward", 2 * kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
                          "overlappable", "ring attention backward: K/V and their gradients dK/dV travel the ring"))
+        if recompute_fwd:                           # the re-run forward passes the K/V ring again (estimate: cp_per_block_s)
+            out.append(_item("CP", "send-recv", "backward", kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
+                             "overlappable", "ring attention of the forward re-run by full recomputation"))
 
     # ---- pipeline parallel ------------------------------------------------------------------------
     if layout.pp > 1:
@@ -301,8 +304,11 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         k = spec.moe.top_k
         a2a = b * s * k * h * e                     # this rank's b·s tokens, k copies each, h wide
         for phase in ("forward", "backward"):
-            out.append(_item("EP", "all-to-all", phase, a2a, 2 * moe_L * m, layout.ep, span["ep"], cluster, "critical",
-                             f"MoE dispatch and combine: {k} copies of each token to its experts and back"))
+            calls = (4 if phase == "backward" and recompute_fwd else 2) * moe_L * m   # estimate: ep_per_moe_block_s
+            out.append(_item("EP", "all-to-all", phase, a2a, calls, layout.ep, span["ep"], cluster, "critical",
+                             f"MoE dispatch and combine: {k} copies of each token to its experts and back"
+                             + (" (+2 per MoE layer re-run by full recomputation)"
+                                if phase == "backward" and recompute_fwd else "")))
     return out
 
 

@@ -181,7 +181,9 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             _lora_bt(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
         # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
-        nb = np.where(c["wrap"] > 0, c["wrap"], 1)
+        # a unit holds at most a stage's blocks (memory.buffers.largest_unit_bytes: --wrap 1000-blocks on 32 layers is
+        # one unit of 32, not of 1,000)
+        nb = np.where(c["wrap"] > 0, np.minimum(c["wrap"], -(-spec.num_layers // np.asarray(c["pp"]))), 1)
         coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=nb * dense,
                                       expert_params=nb * expert, grad_bytes=gbytes * recipe.trainable,
                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)

@@ -62,19 +62,24 @@ def min_microbatches(schedule: str, p: int, max_bubble: float, v: int = 1, *, fo
     if not need <= MAX_MICROBATCHES:
         raise ShardlabError(f"--max-bubble {max_bubble:g} needs about {need:.3g} micro-batches (closed form), over the "
                             f"limit of {MAX_MICROBATCHES:,}; allow a larger bubble")
-    m = max(1, math.ceil(need - 1e-9))
     step = p if schedule == "interleaved" else 1
     floor = p if schedule == "interleaved" else 1
-    m = max(floor, -(-m // step) * step)
-    frac = lambda k: bubble_fraction_closed_form(schedule, p, k, v, forward_s, backward_s, weight_grad_s)  # noqa: E731
-    for _ in range(64):                    # the closed form is within a step or two; float rounding aside
-        if frac(m) <= max_bubble + 1e-12:
-            break
-        m += step
-    for _ in range(64):
-        if not (m - step >= floor and frac(m - step) <= max_bubble + 1e-12):
-            break
-        m -= step
+    ok = lambda k: bubble_fraction_closed_form(schedule, p, k * step, v, forward_s, backward_s,  # noqa: E731
+                                               weight_grad_s) <= max_bubble + 1e-12
+    # the bubble share falls as m grows; the m = 1 idle time is only a first guess (ZB-H1 idles (p−1)(F+B) at
+    # m = 1 but (p−1)(F+B−W) once m ≥ p), so bisect for the smallest multiple of `step` that meets the bound
+    lo, hi = floor // step, max(floor // step, -(-max(1, math.ceil(need - 1e-9)) // step))
+    while not ok(hi):
+        lo, hi = hi, 2 * hi
+        if hi * step > MAX_MICROBATCHES:
+            raise ShardlabError(f"--max-bubble {max_bubble:g} needs more than {MAX_MICROBATCHES:,} micro-batches "
+                                f"(closed form); allow a larger bubble")
+    if ok(lo):
+        hi = lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    m = hi * step
     check_inputs(schedule, p, m, v)
     return m
 

@@ -96,7 +96,8 @@ def render_pipeline(res: PipelineResult, doc: dict) -> str:
     if "max_bubble" in doc:
         extra = (f"; m = {m - 1} would give {100 * doc['bubble_fraction_with_one_less']:.2f}%"
                  if "bubble_fraction_with_one_less" in doc else "")
-        lines += [f"fewest micro-batches with bubble ≤ {100 * doc['max_bubble']:g}%: m = {m}{extra}", ""]
+        caveat = f"; {doc['max_bubble_caveat']}" if doc.get("max_bubble_caveat") else ""
+        lines += [f"fewest micro-batches with bubble ≤ {100 * doc['max_bubble']:g}%: m = {m}{extra}{caveat}", ""]
     pairs = [("step time", f"{res.step_time_s:.6g} s"),
              ("ideal (busiest stage's work)", f"{res.ideal_time_s:.6g} s"),
              ("bubble (simulated)", f"{100 * res.bubble_fraction:.2f}% of the step (idle share averaged over stages)"),

@@ -78,13 +78,14 @@ def axis_reasons(res: PlanResult) -> list[dict]:
         other = c[key] != c[key][w] if key != "sched" else (c["sched"] != c["sched"][w]) | (c["vpp"] != c["vpp"][w])
         alt_fit = other & r["fits"]
         if alt_fit.any():
-            j = int(np.argmin(np.where(alt_fit, r["step_time_s"], np.inf)))
+            # the best alternative by what was ranked (step time, GPU-time per token, or memory)
+            j = int(np.argmin(np.where(alt_fit, _objective_key(res), np.inf)))
             from shardlab.planner.report import _layout_str
 
-            d = (r["step_time_s"][j] - step_w) / step_w
             reason = (f"the best with {name} = {_value(c, key, j)} ({_layout_str(layout_of(c, j).to_dict())}): "
-                      + _verdict(d, (r["memory_bytes"][j] - r["memory_bytes"][w]) / 2**30,
-                                 _biggest_difference(_breakdown(res, j), _breakdown(res, w))))
+                      + objective_verdict(res.objective, (r["step_time_s"][j], step_w), (_world(c, j), _world(c, w)),
+                                          (r["memory_bytes"][j], r["memory_bytes"][w]),
+                                          lambda: _biggest_difference(_breakdown(res, j), _breakdown(res, w))))
         elif other.any():
             reason = f"every other {name} value runs out of memory"
         else:
@@ -92,6 +93,36 @@ def axis_reasons(res: PlanResult) -> list[dict]:
         out.append({"axis": name, "key": key, "value": val, "placement": _placement(res, key, w), "reason": reason, "role": role,
                     "risk": axis_risk(key, inp)})
     return out
+
+
+def _world(c: dict, i: int) -> int:
+    return int(c["dp"][i] * c["tp"][i] * c["pp"][i] * c["cp"][i])
+
+
+def _objective_key(res: PlanResult):
+    """What the search ranked (planner.search, before the simplicity factor)."""
+    c, r = res.cands, res.scores
+    if res.objective == "cost":
+        return c["dp"] * c["tp"] * c["pp"] * c["cp"] * r["step_time_s"]
+    return r["memory_bytes"] if res.objective == "memory" else r["step_time_s"]
+
+
+def objective_verdict(objective: str, steps: tuple, gpus: tuple, mems: tuple, slower) -> str:
+    """How an alternative compares with the winner under the ranked objective: (alternative, winner) step times,
+    GPU counts and memory bytes; ``slower()`` names the component that grew most (throughput only)."""
+    simpler = "the ranking asks 0.3% per extra axis (planner.search.SIMPLICITY)"
+    if objective == "memory":
+        dm = (mems[0] - mems[1]) / 2**30
+        return (f"needs {dm:+.2f} GiB per GPU" if dm > 5e-3 else
+                f"needs {-dm:.2f} GiB less per GPU but is more complex; {simpler}" if dm < -5e-3 else
+                "ties on memory; the simpler layout is kept")
+    if objective == "cost":
+        c = gpus[0] * steps[0] / (gpus[1] * steps[1]) - 1
+        return (f"costs {100 * c:.1f}% more GPU-time per token ({gpus[0]} GPUs × {steps[0]:.3g} s vs {gpus[1]} × "
+                f"{steps[1]:.3g} s)" if c >= 5e-4 else
+                f"{100 * -c:.2f}% cheaper but more complex; {simpler}" if c < 0 else
+                "ties on GPU-time per token; the simpler layout is kept")
+    return _verdict((steps[0] - steps[1]) / steps[1], (mems[0] - mems[1]) / 2**30, slower())
 
 
 def _verdict(d: float, mem_delta_gib: float, slower: str) -> str:
@@ -112,15 +143,9 @@ def runner_up(res: PlanResult) -> dict | None:
     a, b = res.plans[0], res.plans[1]
     d = (b["step_time_s"] - a["step_time_s"]) / a["step_time_s"]
     diff = {k: b["layout"][k] for k in b["layout"] if b["layout"][k] != a["layout"][k]}
-    if res.objective == "memory":
-        why = f"needs {(b['memory_bytes'] - a['memory_bytes']) / 2**30:+.2f} GiB per GPU"
-    elif res.objective == "cost":
-        c = b["gpus"] * b["step_time_s"] / (a["gpus"] * a["step_time_s"]) - 1
-        why = (f"costs {100 * c:.1f}% more GPU-time per token" if c >= 5e-4 else
-               f"{100 * -c:.2f}% cheaper but more complex; the ranking asks 0.3% per extra axis (planner.search.SIMPLICITY)"
-               if c < 0 else "ties on GPU-time per token; the simpler layout is kept")
-    else:
-        why = _verdict(d, (b["memory_bytes"] - a["memory_bytes"]) / 2**30, _biggest_difference(b["breakdown"], a["breakdown"]))
+    why = objective_verdict(res.objective, (b["step_time_s"], a["step_time_s"]), (b["gpus"], a["gpus"]),
+                            (b["memory_bytes"], a["memory_bytes"]),
+                            lambda: _biggest_difference(b["breakdown"], a["breakdown"]))
     return {"differs_in": diff, "step_time_delta": d, "why": why}
 
 

@@ -41,10 +41,7 @@ def render_plan(doc: dict) -> str:
         lines.append(f"  {n:>9,}  {reason}")
     lines += [f"note: {n}" for n in doc.get("notes", [])]
     if not doc["plans"]:
-        lines += ["", "NO LAYOUT FITS: every scored layout runs out of GPU memory"
-                      + (f" or needs more than {100 * frac:g}% of it (--max-memory-fraction)" if frac < 1.0 else "")
-                      + ". Add GPUs, use a GPU with more memory, "
-                      "or lower the precision/optimizer state (--precision bf16, --optimizer adam-8bit)."]
+        lines += ["", "NO LAYOUT FITS: " + no_fit_advice(doc)]
         return "\n".join(lines)
     rows = []
     for k, p in enumerate(doc["plans"], 1):
@@ -90,3 +87,12 @@ def order_note(doc: dict) -> list[str]:
             "or memory trick (tp, pp, cp, ep, ZeRO, ZeRO-3, recomputation, interleaving, replicas), "
             "so a near-tie goes to the simpler layout"]
 
+
+
+def no_fit_advice(doc: dict) -> str:
+    """Why no layout was recommended and what to change (the terminal's last line and the page's verdict)."""
+    frac = doc.get("memory_fraction", 1.0)
+    return ("every scored layout runs out of GPU memory"
+            + (f" or needs more than {100 * frac:g}% of it (--max-memory-fraction)" if frac < 1.0 else "")
+            + ". Add GPUs, use a GPU with more memory, "
+              "or lower the precision/optimizer state (--precision bf16, --optimizer adam-8bit).")

@@ -97,7 +97,9 @@ def plan_page(doc: dict) -> Page:
     rej = table(["rejected", "layouts"], [[k, f"{v:,}"] for k, v in sorted(doc["rejected"].items(), key=lambda kv: -kv[1])])
     page.add("inputs", "Inputs and assumptions", _inputs(doc, cluster, [("objective", doc["objective"])]) + rej)
     if not doc["plans"]:
-        page.add("verdict", "No layout fits", "<p class='bad'>Every scored layout runs out of GPU memory.</p>")
+        from shardlab.planner.report import no_fit_advice
+
+        page.add("verdict", "No layout fits", f"<p class='bad'>NO LAYOUT FITS: {esc(no_fit_advice(doc))}</p>")
         return page
     best = doc["plans"][0]
     cards = [("layout", layout_text(best["layout"])), ("step time", f"{best['step_time_s']:.3f} s"),
