@@ -66,6 +66,9 @@ def test_planner_uses_offload_when_nothing_fits(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["workload"]["offload"] == "both" and doc["plans"][0]["layout"]["zero"] == 3
     assert "without offload" in doc["notes"][0] and doc["plans"][0]["breakdown"]["offload_s"] > 0
+    # the host RAM it needs is stated (the catalog holds no host capacity to check it against)
+    assert doc["host_bytes_per_gpu"] > 0 and "host memory the winner needs" in doc["notes"][1]
+    assert f"{doc['host_bytes_per_gpu'] / 2**30:,.1f} GiB per GPU" in doc["notes"][1]
 
 
 def test_qlora_plan_and_estimate_cli(capsys):

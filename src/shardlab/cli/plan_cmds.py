@@ -295,6 +295,14 @@ def cmd_plan(args):
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
         doc["detail"] = _winner_detail(res, args)
+        host = doc["detail"].pop("host_bytes_per_gpu", 0.0)
+        if offload_note:
+            # host RAM is not in the catalog, so it cannot be checked: say how much the plan needs
+            gpn = min(cluster.gpus_per_node, gpus)
+            doc["host_bytes_per_gpu"] = host
+            doc["notes"].append(f"host memory the winner needs: {host / 2**30:,.1f} GiB per GPU = "
+                                f"{host * gpn / 2**40:,.2f} TiB per node of {gpn} GPUs (`shardlab memory` with its "
+                                f"layout and --offload both); check your servers' RAM, which the catalog does not hold")
     return with_explanation(args, doc, render_plan(doc))
 
 
@@ -321,5 +329,7 @@ def _winner_detail(res, args) -> dict:
     lay = layout_of(res.cands, best["index"])
     m = best["layout"]["microbatches"]
     mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
-    return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
-                         breakdown=best["breakdown"], precision=wl.precision)
+    detail = layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
+                           breakdown=best["breakdown"], precision=wl.precision)
+    detail["host_bytes_per_gpu"] = float(mem.to_dict().get("host_per_gpu", {}).get("total", 0.0))
+    return detail

@@ -175,7 +175,11 @@ def _zero(inp: RiskInputs) -> str:
             return "ZeRO-3 with nothing to shard (dp·cp = 1)"
         lk = _link(inp, ag[0]["link_id"])
         total = sum(c["time_per_step_s"] for c in ag)
-        return (f"ZeRO-3 gathers {fmt_bytes(ag[0]['bytes_per_call'])} per unit per micro-batch over "
+        # a block unit's forward gathers: the dense weights and, with MoE, the expert weights (their own group)
+        unit = [c for c in ag if c["phase"] == "forward" and c["calls_per_step"] == max(x["calls_per_step"] for x in ag)]
+        parts = (f" ({' + '.join(fmt_bytes(c['bytes_per_call']) for c in unit)}: dense and expert weights)"
+                 if len(unit) > 1 else "")
+        return (f"ZeRO-3 gathers {fmt_bytes(sum(c['bytes_per_call'] for c in unit))}{parts} per unit per micro-batch over "
                 f"{_bw(lk)}: exposed {total:.2f} s ({_pct(total, inp)}) if prefetch fails "
                 f"(now {_b(inp, 'zero3_comm_s'):.2f} s)")
     if z in (1, 2):
