@@ -163,3 +163,16 @@ def test_comm_plan_and_estimate_price_the_same_ep_calls_under_recomputation(reco
     code, out, err = cli_main("estimate", *args)
     assert code == 0, err
     assert ep == pytest.approx(json.loads(out)["breakdown"]["ep_comm_s"], rel=1e-6)   # the re-run forward's too
+
+
+def test_tp_groups_straddling_nodes_are_priced_alike_by_plan_and_estimate():
+    import json
+
+    from conftest import cli_main
+
+    args = ["llama-3.1-8b", "--gpus", "24", "--tp", "4", "--gpus-per-node", "6", "--microbatches", "1", "--json"]
+    code, out, err = cli_main("comm", "plan", *args)
+    items = [i for i in json.loads(out)["items"] if i["axis"] == "TP"]
+    assert code == 0 and all(i["nodes_spanned"] == 2 for i in items)        # ranks 4-7 sit on nodes 0 and 1
+    code, out, err = cli_main("estimate", *args)
+    assert json.loads(out)["breakdown"]["tp_comm_s"] == pytest.approx(sum(i["time_per_step_s"] for i in items), rel=1e-3)

@@ -105,3 +105,18 @@ def test_expert_parallel():
         validate(Layout(dp=6, ep=3), spec)
     with pytest.raises(ShardlabError, match="must divide --dp"):
         validate(Layout(dp=4, ep=8), spec)
+
+
+def test_group_span_nodes_equals_listing_the_groups_even_when_nodes_are_not_a_multiple():
+    import random
+
+    from shardlab.layout import all_groups, group_span_nodes
+
+    rng = random.Random(7)
+    for _ in range(200):
+        lay = Layout(dp=rng.choice([1, 2, 3, 4, 6]), tp=rng.choice([1, 2, 4, 8]), pp=rng.choice([1, 2, 3]),
+                     cp=rng.choice([1, 2]))
+        gpn = rng.choice([2, 4, 6, 8, 12])          # 6 per node (Summit-style): groups of 4 straddle nodes
+        for ax in ("tp", "pp", "dp", "cp"):
+            exact = max(len({r // gpn for r in g}) for g in all_groups(lay, ax))
+            assert group_span_nodes(lay, ax, gpn) == exact, (ax, lay, gpn)

@@ -288,13 +288,21 @@ def group_span_nodes(layout: Layout, axis: str, gpus_per_node: int) -> int:
 
     Groups are regular: members are ``stride`` apart. When stride·size fits in a node (and nodes hold
     a multiple of it) the group stays inside one node; otherwise it spans
-    ceil(size / members-per-node) nodes.
+    ceil(size / members-per-node) nodes. When a node's GPU count is not a multiple of the group's extent (6 GPUs
+    per node and groups of 4), groups straddle nodes: the widest group is found from the groups' first ranks (one
+    per group, no rank lists), never more nodes than the job has.
     """
     size = {"ep": layout.ep, "dp_shard": layout.dp_shard}.get(axis) or axis_sizes(layout)[axis]
     stride = layout.tp if axis == "dp_shard" else axis_stride(layout, axis)
     if size == 1:
         return 1
-    if stride >= gpus_per_node:
-        return size
-    per_node = max(1, gpus_per_node // stride)
-    return -(-size // per_node)
+    nodes = -(-layout.world_size // gpus_per_node)
+    if stride >= gpus_per_node:                     # consecutive members at least a node apart
+        return min(size, nodes)
+    extent = stride * size
+    if gpus_per_node % extent == 0 or (extent % gpus_per_node == 0 and gpus_per_node % stride == 0):
+        return -(-size // max(1, gpus_per_node // stride))     # aligned: every group spans the same nodes
+    span_ranks = (size - 1) * stride
+    widest = max((b + span_ranks) // gpus_per_node - b // gpus_per_node + 1
+                 for hi in range(0, layout.world_size, extent) for b in range(hi, hi + stride))
+    return min(widest, nodes)

@@ -125,6 +125,13 @@ def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> Gro
     size = np.asarray(size)
     per_node = ranks_per_node(cluster, size, stride)
     nodes = -(-size // per_node)
+    # a node whose GPU count is not a multiple of the group's extent (6 per node, groups of 4) has groups straddling
+    # two nodes; the slowest group sets the pace (layout.group_span_nodes finds the widest exactly)
+    st, gpn = np.maximum(np.asarray(stride), 1), cluster.gpus_per_node
+    ext = st * size
+    straddle = ((size > 1) & (ext < gpn) & (gpn % ext != 0) & (cluster.num_gpus > gpn))
+    nodes = np.where(straddle, np.maximum(nodes, 2), nodes)
+    per_node = np.where(straddle, np.maximum(size // 2, 1), per_node)   # its members split over the two nodes
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1
     across = across_nodes_bytes_per_s(cluster, per_node, per_gpu_nic)
