@@ -170,6 +170,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         if sp and first:
             out.append(_item("SP", "reduce-scatter", "forward", act, m, t, span["tp"], cluster, "critical",
                              "vocabulary-parallel embedding output, scattered along the sequence (first stage)"))
+            out.append(_item("SP", "all-gather", "backward", act, m, t, span["tp"], cluster, "critical",
+                             "gradient of the embedding's scatter, gathered back to (b, s, h) (first stage; with the "
+                             "forward reduce-scatter, the bytes of the estimate's one all-reduce)"))
         if sp and last:
             out.append(_item("SP", "all-gather", "forward", act, m, t, span["tp"], cluster, "critical",
                              "gather the sequence before the column-parallel output head (last stage)"))
