@@ -140,9 +140,12 @@ def _dp(inp: RiskInputs) -> str:
     # total: the collectives as `comm plan` prices them, bucket by bucket; exposed: the step model's share (the same
     # rings priced once for the whole gradient, so without the buckets' latency terms)
     group = f"DP × CP {d} ({dp} × {cp})" if cp > 1 else f"DP {d}"
+    more = sum(c["time_per_step_s"] for c in items if c["overlap"] == "overlappable") - exposed
+    worse = (f"up to +{_pct(more, inp)} step time (its overlappable traffic, bucket by bucket; `estimate "
+             f"--no-dp-overlap` prices it with the step model)" if more > 5e-4 * inp.step_time_s else
+             "little more than now (what could overlap is already about as long as what is exposed)")
     return (f"{group} {where} on {_bw(lk)}: {total:.2f} s of gradient/parameter traffic per step (comm plan), "
-            f"{exposed:.2f} s exposed in the step time; if it stops overlapping backward: "
-            f"+{_pct(max(0.0, total - exposed), inp)} step time")
+            f"{exposed:.2f} s exposed in the step time; if it stops overlapping backward: {worse}")
 
 
 def _cp(inp: RiskInputs) -> str:
