@@ -294,3 +294,17 @@ def test_ledger_json_without_a_ledger_has_every_key(tmp_path, monkeypatch):
     d = json.loads(out)
     assert code == 0 and d["exists"] is False and not (tmp_path / "none.sqlite").exists()
     assert d["read_only"] is False and d["recovered_unfinished"] == [] and d["over_ceiling"] == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["ledger", "--budget-name", "x", "--parent", "y"], "set its ceiling with --set-ceiling"),
+    (["guard", "--budget-name", "x", "--gpus", "1", "--price", "1", "--hours", "0.01", "--", "true"],
+     "set its ceiling with --ceiling"),
+    (["guard", "--budget-name", "x", "--ceiling", "1", "--parent", "zz", "--gpus", "1", "--price", "1", "--hours",
+      "0.01", "--", "true"], "parent budget 'zz' does not exist"),
+])
+def test_a_refused_first_call_leaves_no_empty_ledger(tmp_path, monkeypatch, args, words):
+    monkeypatch.setenv("SHARDLAB_LEDGER", str(tmp_path / "l.sqlite"))
+    code, _, err = cli_main(*args)
+    assert code == 2 and words in err, err
+    assert os.listdir(tmp_path) == []

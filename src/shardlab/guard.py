@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from shardlab import proctree
 from shardlab.cost.estimate import fmt_usd
 from shardlab.ledger import BudgetSummary, Ledger, LedgerError, RunRecord, RunRequest
+from shardlab.ledger.store import check_before_creating
 
 EXIT_TIME_LIMIT = 124
 """Exit code of the guard when it stopped the command at its time limit (as coreutils `timeout`)."""
@@ -224,6 +225,7 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
     # time limit: ignore it (the watchdog's deadline covers an uncatchable SIGSTOP)
     old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, signal.SIG_IGN)
     try:
+        check_before_creating(ledger_path, req.budget, req.ceiling_usd, req.parent, "--ceiling")
         with Ledger(ledger_path) as ledger:
             run, change = ledger.reserve(req)
             if state.received is not None:          # interrupted before the command started: do not start it

@@ -251,7 +251,7 @@ def cmd_ledger(args):
     from shardlab.errors import did_you_mean
     from shardlab.ledger import Ledger, default_ledger_path
     from shardlab.ledger.report import markdown_report, text_report
-    from shardlab.ledger.store import now_iso
+    from shardlab.ledger.store import check_before_creating, now_iso
     from shardlab.safeio import expand_user
 
     if args.json and args.markdown:
@@ -272,6 +272,8 @@ def cmd_ledger(args):
                  "recovered_unfinished": [], "over_ceiling": []},
                 f"no ledger at {path} yet: `shardlab guard` creates it on its first run, or `shardlab ledger "
                 f"--budget-name NAME --set-ceiling USD`")
+    if setting:
+        check_before_creating(path, args.budget_name, args.set_ceiling, args.parent, "--set-ceiling")
     with Ledger(path, create=setting) as led:
         change = led.set_budget(args.budget_name, args.set_ceiling, args.parent) if setting else None
         over = led.over_ceiling(args.budget_name) if setting else []

@@ -64,6 +64,22 @@ def storable_text(text: str) -> str:
         return raw.decode("utf-8", "backslashreplace")
 
 
+def check_before_creating(path, budget: str, ceiling: float | None, parent: str | None, flag: str) -> None:
+    """Refuse, before a new ledger file is created, what an empty ledger would refuse anyway (a new budget without a
+    ceiling, a parent that cannot exist yet): a failed call leaves no empty ledger behind."""
+    from shardlab.ledger.schema import backup_path
+    from shardlab.safeio import expand_user
+
+    path = expand_user(path, "the ledger path")
+    if os.path.lexists(path) or os.path.lexists(backup_path(path)):
+        return
+    if ceiling is None:
+        raise ShardlabError(f"budget '{budget}' is new: set its ceiling with {flag} USD")
+    if parent is not None:
+        raise ShardlabError(f"parent budget '{parent}' does not exist; create it first: "
+                            f"shardlab ledger --budget-name {parent} --set-ceiling USD")
+
+
 class Ledger:
     """A ledger file, validated on open. Use as a context manager, or call ``close()``."""
 
