@@ -98,7 +98,8 @@ def fetch_config(ref: str) -> tuple[dict, str]:
     try:                        # size, file kind, nesting and NaN checks: a cache entry is a file like any other
         data = load_json(path, "cached config.json")
     except ShardlabError as e:
-        raise ShardlabError(f"{ref}: {e}; delete it and fetch again") from None
+        why = str(e).removesuffix("; fix or regenerate it").removesuffix("; is it the right file?")  # one fix: ours
+        raise ShardlabError(f"{ref}: {why}; delete it and fetch again") from None
     if not isinstance(data, dict):
         raise ShardlabError(f"{ref}: config.json at {path} is not a JSON object; delete it and fetch again")
     return data, str(path)
