@@ -139,9 +139,15 @@ def _collective_sections(page: Page, doc: dict) -> None:
     ops = list(dict.fromkeys(r["op"] for r in doc["rows"]))
     series = [(op, [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
                [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)]) for i, op in enumerate(ops)]
+    for i, op in enumerate(ops):   # the α–β fit, as `bench collectives --plot` draws it: busbw scales as 1 / time
+        fit = [r for r in doc["rows"] if r["op"] == op and r.get("fitted_time_s") and r["time_s"]]
+        if fit:
+            series.append((f"{op} (α–β fit)", [r["size_bytes"] for r in fit],
+                           [r["busbw_gbps"] * r["time_s"] / r["fitted_time_s"] for r in fit],
+                           PALETTE[i % len(PALETTE)] + "88"))
     # sizes are powers of two (as `bench collectives --plot` labels them): KiB/MiB ticks
     chart = svg.line_chart(series, lambda x: fmt_bytes(x).replace(".00 ", " "), lambda y: f"{y:.3g}", "message size",
-                           "busbw (GB/s)", tick_base=32)
+                           "busbw (GB/s)", tick_base=8)
     rows = [[r["op"], fmt_bytes(r["size_bytes"]), fmt_time(r["time_s"]), f"{r['algbw_gbps']:.4g}", f"{r['busbw_gbps']:.4g}",
              fmt_time(r["fitted_time_s"]) if r.get("fitted_time_s") else "—"] for r in doc["rows"]]
     page.add("busbw", "Bus bandwidth by message size", chart

@@ -171,7 +171,7 @@ def bars(rows: Sequence[tuple[str, float]], fmt: Callable[[float], str], color: 
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str]], xfmt: Callable[[float], str],
                yfmt: Callable[[float], str], xlabel: str, ylabel: str, tick_base: int = 10) -> str:
     """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour); x ticks at the powers of
-    ``tick_base`` (32 for bytes: 1 KiB, 32 KiB, 1 MiB, ...)."""
+    ``tick_base`` (8 for bytes: 1 KiB, 8 KiB, 64 KiB, ...)."""
     xs = [x for _, sx, _, _ in series for x in sx if x > 0]
     ys = [y for _, _, sy, _ in series for y in sy]
     if not xs:
@@ -179,11 +179,13 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str
     lo, hi = math.log10(min(xs)), math.log10(max(xs))
     hi = hi if hi > lo else lo + 1
     ymax = (max(ys) if ys else 1) * 1.1 or 1.0
-    x0, x1, top, h = 70, W - 20, 24, 340
+    items = [(s[0], s[3]) for s in series]
+    extra = 18 * (legend_rows(items) - 1)          # a legend of several rows pushes the plot down
+    x0, x1, top, h = 70, W - 20, 24 + extra, 340 + extra
     yb = h - 40
     px = lambda x: x0 + (x1 - x0) * (math.log10(x) - lo) / (hi - lo)
     py = lambda y: yb - (yb - top) * y / ymax
-    out = [legend([(s[0], s[3]) for s in series])]
+    out = [legend(items)]
     for t in _nice_ticks(ymax):
         out.append(f'<line x1="{x0}" x2="{x1}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#e5e7eb"/>'
                    + _text(x0 - 6, py(t) + 4, yfmt(t), "end", size=11))
