@@ -245,3 +245,9 @@ def test_pages_carry_the_warnings_and_refusals_the_terminal_prints():
     assert code == 0 and "DOES NOT FIT" in text and "usable" in text
     code, out, err = cli_main("estimate", "llama-3.1-405b", "--gpus", "8", "--tp", "8", "--json")
     assert code == 0 and "<p class='bad'>DOES NOT FIT" in render_report("estimate", json.loads(out), "x")
+
+
+def test_bench_page_draws_the_fit_and_binary_size_ticks():
+    doc = json.loads((DATA / "bench_collectives_cpu.json").read_text())
+    text = render_report("bench-collectives", doc, "x")
+    assert "send-recv (α–β fit)" in text and ">8 KiB<" in text and ">10.00 KB<" not in text
