@@ -250,4 +250,4 @@ def test_pages_carry_the_warnings_and_refusals_the_terminal_prints():
 def test_bench_page_draws_the_fit_and_binary_size_ticks():
     doc = json.loads((DATA / "bench_collectives_cpu.json").read_text())
     text = render_report("bench-collectives", doc, "x")
-    assert "send-recv (α–β fit)" in text and ">8 KiB<" in text and ">10.00 KB<" not in text
+    assert "send-recv (α–β fit)" in text and ">32 KiB<" in text and ">10.00 KB<" not in text

@@ -171,7 +171,7 @@ def bars(rows: Sequence[tuple[str, float]], fmt: Callable[[float], str], color: 
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str]], xfmt: Callable[[float], str],
                yfmt: Callable[[float], str], xlabel: str, ylabel: str, tick_base: int = 10) -> str:
     """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour); x ticks at the powers of
-    ``tick_base`` (8 for bytes: 1 KiB, 8 KiB, 64 KiB, ...)."""
+    ``tick_base`` (8 for bytes: 4 KiB, 32 KiB, 256 KiB, ...)."""
     xs = [x for _, sx, _, _ in series for x in sx if x > 0]
     ys = [y for _, _, sy, _ in series for y in sy]
     if not xs:
