@@ -518,3 +518,37 @@ def test_a_wrap_unit_holds_at_most_a_stage():
         assert code == 0, err
         times.append(json.loads(out)["step_time_s"])
     assert times[0] == pytest.approx(times[1])           # 32 layers: both are one unit (1000-blocks was 7.5x slower)
+
+
+def test_cpu_adam_is_priced_for_the_gpus_a_host_really_has():
+    from conftest import cli_main
+
+    off = []
+    for g in ("1", "8"):
+        code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", g, "--zero", "1", "--offload", "optimizer",
+                                  "--seq-len", "4096", "--global-batch", "8", "--json")
+        assert code == 0, err
+        off.append(json.loads(out)["offload"]["cpu_adam_s"])
+    # the whole model's Adam runs on one host either way (ZeRO-Offload Table 3 rate): 1 GPU is not charged for 8
+    assert off[0] == pytest.approx(off[1], rel=0.01)
+
+
+def test_zb_h1_bubble_with_recomputation_matches_the_pipeline_simulation():
+    from conftest import cli_main
+
+    code, out, err = cli_main("estimate", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "8", "--schedule",
+                              "zb-h1", "--global-batch", "64", "--seq-len", "4096", "--recompute", "full", "--json")
+    assert code == 0, err
+    assert json.loads(out)["breakdown"]["pp_bubble_s"] == pytest.approx(0.4143, abs=2e-4)   # W was 2/3 of a forward
+
+
+@pytest.mark.parametrize("args, words", [
+    (["gpt3-175b", "--gpus", "1024", "--gpu", "a100-80gb", "--tp", "8", "--pp", "16", "--global-batch", "1536",
+      "--seq-len", "8192"], "2,048 learned positions"),
+    (["llama-3.1-8b", "--gpus", "8", "--tp", "8", "--sequence-parallel", "--seq-len", "4097"], "does not divide them"),
+])
+def test_sequences_the_model_or_layout_cannot_take_are_refused(args, words):
+    from conftest import cli_main
+
+    code, _, err = cli_main("estimate", *args)
+    assert code == 2 and words in err, err

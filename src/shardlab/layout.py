@@ -166,6 +166,10 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
         _validate_against_model(layout, spec)
     if seq_len is not None and seq_len % layout.cp:
         raise ShardlabError(f"--seq-len {seq_len} is not divisible by --cp {layout.cp}; pick a sequence length that is a multiple of cp")
+    if seq_len is not None and layout.sequence_parallel and layout.tp > 1 and (seq_len // layout.cp) % layout.tp:
+        raise ShardlabError(f"sequence parallelism splits each rank's {seq_len // layout.cp:,} tokens over --tp {layout.tp}, "
+                            f"which does not divide them (Megatron requires it); pick a multiple of {layout.tp * layout.cp} "
+                            f"for --seq-len, or drop --sequence-parallel")
     return layout
 
 

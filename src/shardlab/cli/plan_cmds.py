@@ -233,6 +233,9 @@ def cmd_plan(args):
         raise ShardlabError(f"--nodes {args.nodes} × {probe.gpus_per_node} GPUs per node ≠ --gpus {args.gpus}; give one of them")
     cluster = cluster_from_args(args, cat, gpus)
     seq = _seq_len(args, spec)
+    from shardlab.estimate.training import positions_notes
+
+    seq_notes = positions_notes(spec, seq)      # learned positions: refused; RoPE/ALiBi beyond: said
     gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
     if getattr(args, "export", None) and not args.framework:   # search what the export target runs
         args.framework = EXPORT_FRAMEWORK.get(getattr(args, "launch", None) or "") or EXPORT_FRAMEWORK.get(args.export)
@@ -279,7 +282,7 @@ def cmd_plan(args):
                         "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
                         "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
                         "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none"},
-           "notes": [offload_note] if offload_note else [],
+           "notes": seq_notes + ([offload_note] if offload_note else []),
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}
     if tokens:

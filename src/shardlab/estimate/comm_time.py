@@ -58,7 +58,9 @@ def tp_embedding_head_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes
 def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: int, attn_fwd_s, recompute_code,
                    eta=1.0):
     """Ring-attention K/V exchange of one block per micro-batch, beyond what the attention core hides."""
-    link = group_link(cluster, cp, tp)
+    # a ring hop is one send/recv: across nodes it leaves through the GPU's own NIC (no pooling of the node's NICs,
+    # which models NCCL's multi-channel collectives); comm plan prices it the same way
+    link = group_link(cluster, cp, tp, per_gpu_nic=True)
     cp = np.asarray(cp)
     block = tokens * kv_width * elem_bytes                           # K and V of the local sequence chunk (kv_width: both)
     step = link.alpha_s + block / link.beta_bytes_per_s
@@ -89,7 +91,7 @@ def pp_p2p_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, pp, vpp, tokens, hi
     """Blocking send of activations (forward) and their gradient (backward) per micro-batch per stage;
     interleaving sends v times as often. Each TP rank sends 1/tp of the tensor over its own NIC."""
     pp = np.asarray(pp)
-    link = group_link(cluster, pp, np.asarray(tp) * np.asarray(cp) * np.asarray(dp))
+    link = group_link(cluster, pp, np.asarray(tp) * np.asarray(cp) * np.asarray(dp), per_gpu_nic=True)  # one NIC
     one = link.alpha_s + tokens * hidden * elem_bytes / np.asarray(tp) / link.beta_bytes_per_s
     return np.where(pp > 1, 2 * np.asarray(vpp) * one, 0.0)
 

@@ -108,6 +108,7 @@ def offload_detail(est) -> dict | None:
     m, b = est.microbatches, est.breakdown
     r = offload_time(off, partition_params=partition * (f.trainable if off.what == "optimizer" else 1), microbatches=m,
                      compute_per_microbatch_s=(b["compute_s"] + b["recompute_s"]) / m, backward_last_s=b["compute_s"] / m * 2 / 3,
-                     link_bytes_per_s=wl.recipe.host_link_bytes_per_s, gpus_per_node=est.cluster.gpus_per_node)
+                     link_bytes_per_s=wl.recipe.host_link_bytes_per_s,
+                     gpus_per_node=min(est.cluster.gpus_per_node, est.cluster.num_gpus))   # ranks sharing the host's CPU
     return {**asdict(r), "what": off.what, "device": off.device, "partition_params": partition,
             "host_link": est.cluster.accelerator.host_link}

@@ -303,7 +303,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             opt = opt * 0
         off = offload_exposed_s(wl.recipe, partition_params=np.where(zero >= 1, flat, total_p), microbatches=m,
                                 compute_per_microbatch_s=t["compute"] + t["rec"], backward_last_s=part("bwd"),
-                                gpus_per_node=cluster.gpus_per_node, f=recipe)
+                                gpus_per_node=min(cluster.gpus_per_node, cluster.num_gpus), f=recipe)
         rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt,
                          off=off + zeros, host=host + zeros, bwd=part("bwd")))
 
@@ -316,7 +316,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     elif sched == SCHEDULE_CODES["interleaved"]:
         pipe = m * t_max + (pp - 1) / vpp * t_max
     elif sched == SCHEDULE_CODES["zb-h1"]:
-        w = pick(np.stack([r["t"]["compute"] - r["t"]["rec"] for r in rows])) / 3.0  # weight-gradient pass ≈ one forward
+        # weight-gradient pass ≈ one forward: compute = F + B = 3F already leaves recomputation out (it is "rec")
+        w = pick(np.stack([r["t"]["compute"] for r in rows])) / 3.0
         pipe = m * t_max + np.maximum((pp - 1) * (t_max - w) - (np.minimum(m, pp) - 1) * w, 0)
     else:
         pipe = (m - 1) * t_max + sum(r["count"] * r["time"] for r in rows)

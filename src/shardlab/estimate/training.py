@@ -122,6 +122,19 @@ class TrainingEstimate:
         return d
 
 
+def positions_notes(spec: ModelSpec, seq_len: int) -> list[str]:
+    """A sequence longer than the model's positions: refused for a learned position table (it has no row for them),
+    a note for RoPE and ALiBi (long-context training extends them; the estimate prices the length asked)."""
+    if seq_len <= spec.max_seq_len:
+        return []
+    if spec.position == "learned":
+        raise ShardlabError(f"--seq-len {seq_len:,} exceeds {spec.name}'s {spec.max_seq_len:,} learned positions; use "
+                            f"at most {spec.max_seq_len:,}")
+    return [f"--seq-len {seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,} positions: priced as asked, as "
+            f"long-context training that extends its {'RoPE' if spec.position == 'rope' else 'ALiBi'} "
+            f"positions would run"]
+
+
 def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, global_batch: int | None = None,
                       microbatches: int | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
@@ -137,7 +150,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         from shardlab.catalog import get_catalog
 
         framework = get_catalog().framework(DEFAULT_FRAMEWORK)
-    notes: list[str] = []
+    notes: list[str] = positions_notes(spec, seq_len)
     why = framework.refusal(layout)
     if why:   # a what-if stays answerable; `plan` only searches what the framework runs, `export` refuses
         notes.append(f"{why} (priced as asked, with {framework.id}'s mechanisms)")

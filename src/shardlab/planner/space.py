@@ -29,7 +29,7 @@ REJECT_REASONS = (
     "tp×pp×cp does not divide the GPU count",
     "tp does not divide the attention heads, KV heads or FFN width",
     "pp×vpp exceeds the number of layers",
-    "cp does not divide the sequence or leaves fewer than 256 tokens per rank",
+    "cp does not divide the sequence or leaves fewer than 256 tokens per rank (or tp its share, under sequence parallel)",
     "ep does not divide the experts or the data-parallel degree",
     "global batch is not divisible by micro-batch × dp",
     "interleaved schedule needs the micro-batch count to be a multiple of pp",
@@ -107,7 +107,8 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         num_gpus % mp == 0,
         ok_tp,
         pp * vpp <= spec.num_layers,
-        (cp == 1) | ((seq_len % cp == 0) & (seq_len // cp >= 256)),     # a short sequence is not split, not refused
+        ((cp == 1) | ((seq_len % cp == 0) & (seq_len // cp >= 256)))     # a short sequence is not split, not refused
+        & ((sp == 0) | ((seq_len // np.maximum(cp, 1)) % tp == 0)),       # Megatron SP splits the sequence over tp
         (E % ep == 0) & (np.where(dp > 0, dp, 1) % ep == 0),
         (dp > 0) & (global_batch % np.maximum(mb * dp, 1) == 0),
         (sched != SCHEDULE_CODES["interleaved"]) | ((m % pp == 0) & (m >= pp)),
