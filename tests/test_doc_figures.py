@@ -113,9 +113,10 @@ def test_inference_validation_summary_in_readme():
     d = _json("validate", "--inference")["summary"]
     ins, loso = d["in_sample"]["by_group"], d["leave_one_source_out"]["by_group"]
     f = lambda s, g: f"{s[g]['mean_abs_error'] * 100:.1f}%"  # noqa: E731
-    _assert_quoted("README.md", f"in sample per-token latency {f(ins, 'tpot')}, TTFT {f(ins, 'ttft')}, throughput "
-                   f"{f(ins, 'throughput')} mean error; leave-one-source-out {f(loso, 'tpot')}, {f(loso, 'ttft')} and "
-                   f"{f(loso, 'throughput')}")
+    _assert_quoted("README.md", f"Out of sample (leave-one-source-out) the mean error is {f(loso, 'tpot')} on "
+                   f"per-token latency and {f(loso, 'ttft')} on TTFT")
+    _assert_quoted("README.md", f"and {f(loso, 'throughput')} on throughput, within its 15%; in sample "
+                   f"{f(ins, 'tpot')}, {f(ins, 'ttft')} and {f(ins, 'throughput')}.")
 
 
 def test_poisson_prompt_spread_example():

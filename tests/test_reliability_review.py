@@ -112,6 +112,8 @@ def test_an_abbreviated_json_flag_still_gets_the_error_document():
     (["comm"], "choose what to price: a collective"),
     (["run"], "choose what to run: train, infer or precision"),
     (["validate", "--run", ""], "--run needs a run id"),
+    (["validate", "--run", "zero3-175b-384", "--framework", "torchtitan"], "--framework goes with the whole set"),
+    (["validate", "--run", "zero3-175b-384", "--refit"], "--refit goes with the whole set"),
     (["plan", "--fix", "tp=\u0662"], "--fix tp=\u0662: use AXIS=VALUE"),          # Arabic-Indic two
     (["plan", "--fix", "tp=\u00b2"], "--fix tp=\u00b2: use AXIS=VALUE"),          # superscript two
     (["plan", "--gpus", "\u0668"], "is not a whole number"),

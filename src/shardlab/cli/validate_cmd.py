@@ -30,6 +30,11 @@ def cmd_validate_training(args, catalog):
 
     runs = load_runs()
     if args.run:
+        given = [f for f, on in (("--plot", args.plot), ("--refit", args.refit), ("--framework", args.framework)) if on]
+        if given:            # they shape the whole table; one run is shown with the committed fit and its own framework
+            raise ShardlabError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with the whole set, not "
+                                f"--run {args.run}; drop {'it' if len(given) == 1 else 'them'} (the run states its "
+                                f"framework and is shown with the committed fit)")
         return _one_run(args, catalog, runs)
     if args.model_out:
         raise ShardlabError("--model-out goes with --run ID (it writes that run's model)")
@@ -73,7 +78,7 @@ def cmd_validate_training(args, catalog):
               title="predicted vs published throughput (docs/validation.md has every source and assumption)"),
         "", family_table(ins, loso), "",
         "out of sample = leave-one-source-out: predicted with the efficiencies refitted without that run's source",
-        "info = reported, outside the target (the run's `assumed` says why: settings not published, or flagged by its source)",
+        "info = reported, outside the target (the run's `assumed` says why: settings not published, or an outlier by its table's own numbers)",
     ])
     if args.plot:
         from shardlab.report.plots import predicted_vs_measured
@@ -142,7 +147,8 @@ def cmd_validate(args):
     if getattr(args, "run", None) is not None and not args.run.strip():
         from shardlab.errors import ShardlabError
 
-        raise ShardlabError("--run needs a run id (`shardlab validate --json` lists them); drop --run for all runs")
+        listing = "validate --inference --json" if getattr(args, "inference", False) else "validate --json"
+        raise ShardlabError(f"--run needs a run id (`shardlab {listing}` lists them); drop --run for all runs")
     if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
         from shardlab.report.plots import check_picture_path
 
