@@ -35,7 +35,8 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
             raise ShardlabError(f"cannot parse {what} '{text}': use a number with an optional unit, e.g. 8KB, 256MiB, 1e9")
         num, unit = m.group(1), m.group(2).lower()
     if unit not in _SIZE_UNITS:
-        raise ShardlabError(f"unknown unit '{unit}' in {what} '{text}': use B, KB, MB, GB, KiB, MiB or GiB")
+        raise ShardlabError(f"unknown unit '{unit}' in {what} '{text}': use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB "
+                            f"(K, M, G: binary, as nccl-tests)")
     return parse_number(num, what, integer=True, allow_min=True, maximum=MAX_BYTES, reason="1 EiB",
                         scale=float(_SIZE_UNITS[unit]), round_to_int=True)
 

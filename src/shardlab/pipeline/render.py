@@ -89,7 +89,7 @@ def render_pipeline(res: PipelineResult, doc: dict) -> str:
 
     p, m, v = res.stages, res.microbatches, res.vpp
     d = res.durations_s
-    head = (f"shardlab pipeline: {res.schedule}, p = {p} stages, m = {m} micro-batches" + (f", v = {v} chunks per rank" if v > 1 else "")
+    head = (f"shardlab pipeline: {res.schedule}, p = {p} stage{'s' if p != 1 else ''}, m = {m} micro-batch{'es' if m != 1 else ''}" + (f", v = {v} chunks per rank" if v > 1 else "")
             + f"; per {d['per']}: F {d['forward_s']:g} s, B {d['backward_s']:g} s"
             + (f", W {d['weight_grad_s']:g} s" if d["weight_grad_s"] else "") + (f", p2p {d['p2p_s']:g} s" if d["p2p_s"] else ""))
     lines = [head, ""]
