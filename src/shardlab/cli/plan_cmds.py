@@ -298,8 +298,8 @@ def cmd_plan(args):
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
         doc["detail"] = _winner_detail(res, args)
-        host = doc["detail"].pop("host_bytes_per_gpu", 0.0)
         if offload_note:
+            host = _winner_host_bytes(res, args)
             # host RAM is not in the catalog, so it cannot be checked: say how much the plan needs
             gpn = min(cluster.gpus_per_node, gpus)
             doc["host_bytes_per_gpu"] = host
@@ -332,7 +332,17 @@ def _winner_detail(res, args) -> dict:
     lay = layout_of(res.cands, best["index"])
     m = best["layout"]["microbatches"]
     mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
-    detail = layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
-                           breakdown=best["breakdown"], precision=wl.precision)
-    detail["host_bytes_per_gpu"] = float(mem.to_dict().get("host_per_gpu", {}).get("total", 0.0))
-    return detail
+    return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
+                         breakdown=best["breakdown"], precision=wl.precision)
+
+
+def _winner_host_bytes(res, args) -> float:
+    """Host memory per GPU the best plan needs (offload keeps model states there)."""
+    from shardlab.estimate.workload import workload_memory
+    from shardlab.memory import load_overheads
+    from shardlab.planner.search import layout_of
+
+    best = res.plans[0]
+    mem = workload_memory(layout_of(res.cands, best["index"]), res.model, res.cluster.accelerator, res.workload,
+                          best["layout"]["microbatches"], load_overheads(args.overheads, args.no_overheads))
+    return float(mem.worst.host_total)
