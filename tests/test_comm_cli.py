@@ -146,7 +146,10 @@ def test_a_hierarchical_sweep_names_both_links_and_its_own_asymptote():
     code, out, err = cli_main("comm", "all-reduce", "--sweep", "--ranks", "64", "--nodes", "8", "--link", "ib-ndr", "--json")
     s = json.loads(out)["sweep"][0]
     assert code == 0 and s["label"] == "ib-ndr between nodes + nvlink4 inside"
-    assert s["beta_gbps"] == s["busbw_gbps"][-1] > 47 and "1/8 of the data" in s["beta_from"]
+    assert s["beta_gbps"] == s["busbw_gbps"][-1] > 47 and "hierarchical" in s["beta_from"]
+    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--ranks", "2", "--nodes", "2", "--link", "ib-ndr", "--json")
+    s = json.loads(out)["sweep"][0]
+    assert s["label"] == "ib-ndr" and s["beta_from"] == "the link's line rate × efficiency"     # one rank per node
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])

@@ -156,6 +156,7 @@ def test_qwen_sliding_window_applies_from_max_window_layers():
     assert from_hf_config({**on, "max_window_layers": 0}).sliding_window == 4096   # every layer slides
     part = from_hf_config({**on, "max_window_layers": 20})                          # 20..35 slide: full cache, said
     assert part.sliding_window == 0 and "counted in full" in part.source
+    assert from_hf_config({**on, "sliding_window": None, "max_window_layers": 0}).sliding_window == 0   # null: none
 
 
 @pytest.mark.parametrize("field, value, words", [

@@ -66,7 +66,7 @@ def test_stage_layers_and_vpp_do_not_mix():
     (dict(ep=2, dp=2), "dense"),
     (dict(pp=100), "exceeds"),
     (dict(vpp=2, pp=1), "needs --pp"),
-    (dict(vpp=2, pp=2, schedule="1f1b"), "interleaved schedule only"),   # memory and comm plan took it silently
+    (dict(vpp=2, pp=2, schedule="1f1b"), "runs one chunk per rank"),   # memory and comm plan took it silently
     (dict(zero=4), "--zero"),
     (dict(recompute="some"), "--recompute"),
 ])

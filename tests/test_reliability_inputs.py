@@ -440,3 +440,21 @@ def test_plan_fix_values_outside_the_search_are_refused(fix, words):
 ])
 def test_comm_and_pipeline_inputs_that_mean_nothing(args, words):
     one_line_error(args, words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["memory", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "16", "--seq-len", "8192"], "2,048 learned positions"),
+    (["comm", "plan", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "16", "--seq-len", "8192"],
+     "2,048 learned positions"),
+    (["plan", "llama-3.1-8b", "--gpus", "8", "--vpp", "3"], "--vpp 3: plan searches vpp in 1, 2, 4, 8"),
+    (["shard", "llama-3.1-8b", "--tp", "8", "--sequence-parallel", "--seq-len", "4100"], "does not divide them"),
+])
+def test_every_command_applies_the_same_sequence_and_layout_rules(args, words):
+    one_line_error(args, words)
+
+
+def test_zero_bubble_with_chunks_per_rank_still_exports_to_torchtitan(tmp_path):
+    code, out, err = cli_main("export", "llama-3.1-8b", "--gpus", "16", "--pp", "4", "--dp", "4", "--zero", "3",
+                              "--schedule", "zb-h1", "--vpp", "2", "--global-batch", "64", "--to", "torchtitan",
+                              "--out", str(tmp_path / "tt.toml"))
+    assert code == 0 and "InterleavedZeroBubble" in (tmp_path / "tt.toml").read_text(), err

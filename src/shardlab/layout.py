@@ -152,9 +152,10 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
         raise ShardlabError(f"--ep {layout.ep} must divide --dp {layout.dp} (expert parallelism borrows data-parallel ranks)")
     if layout.vpp > 1 and layout.pp == 1:
         raise ShardlabError("--vpp > 1 needs --pp > 1 (virtual stages interleave pipeline ranks)")
-    if layout.vpp > 1 and layout.schedule != "interleaved":   # as the estimate's schedule check (pipeline.simulate)
-        raise ShardlabError(f"--vpp applies to the interleaved schedule only (got --schedule {layout.schedule} "
-                            f"--vpp {layout.vpp}); add --schedule interleaved")
+    # 1F1B and GPipe run one chunk per rank (zb-h1 with v chunks is torchtitan's InterleavedZeroBubble: allowed)
+    if layout.vpp > 1 and layout.schedule in ("1f1b", "gpipe"):
+        raise ShardlabError(f"--vpp {layout.vpp} does not apply to --schedule {layout.schedule}, which runs one chunk "
+                            f"per rank; add --schedule interleaved")
     if layout.schedule == "interleaved" and layout.pp > 1 and layout.vpp < 2:
         raise ShardlabError("--schedule interleaved needs --vpp 2 or more")
     if layout.stage_layers is not None:

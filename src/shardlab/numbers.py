@@ -23,8 +23,8 @@ def _fmt(v: float | int) -> str:
     if isinstance(v, int) and v.bit_length() > 1000:          # beyond any float: say how many digits, never overflow
         return f"{'-' if v < 0 else ''}a {len(str(abs(v))) if v.bit_length() < 14000 else 'more than 4,000'}-digit number"
     f = float(v)
-    if f.is_integer() and 1e4 <= abs(f) < 1e15:                # 604,800, not 6.048e+05
-        return f"{int(f):,}"
+    if 1e4 <= abs(f) < 1e15:                                  # 604,800 and 604,800.5, not 6.048e+05
+        return f"{int(f):,}" if f.is_integer() else f"{f:,.7g}"
     return f"{f:.4g}"
 
 

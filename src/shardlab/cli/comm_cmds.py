@@ -145,22 +145,24 @@ def cmd_collective(args):
         costs = [collective_time(args.op, s, args.ranks, ln, args.algorithm, **kw) for s in sizes]
         # hierarchical: the intra-node stage cuts what crosses the node link, so the busbw over every rank tends to
         # the model's own large-message busbw, not the node link's β
-        series.append({"label": f"{ln.id} between nodes + {intra.id} inside" if intra else ln.id, "link": ln.id,
+        inside = intra is not None and args.ranks > args.nodes          # one rank per node: nothing inside
+        series.append({"label": f"{ln.id} between nodes + {intra.id} inside" if inside else ln.id, "link": ln.id,
                        "sizes_bytes": sizes, "time_s": [c.time_s for c in costs],
                        "algbw_gbps": [c.algbw_gbps for c in costs], "busbw_gbps": [c.busbw_gbps for c in costs],
                        "regime": [c.regime for c in costs], "algorithm": [c.algorithm for c in costs],
                        "crossover_bytes": costs[-1].crossover_bytes,
-                       "beta_gbps": costs[-1].busbw_gbps if intra else ln.bytes_per_s / 1e9,
-                       "beta_from": ("the 1 GiB call's busbw (hierarchical: each node link carries 1/"
-                                     f"{args.ranks // args.nodes} of the data)" if intra
-                                     else "the link's line rate × efficiency")})
+                       "beta_gbps": costs[-1].busbw_gbps if inside else ln.bytes_per_s / 1e9,
+                       "beta_from": ("the 1 GiB call's busbw (hierarchical: the stage inside each node changes what "
+                                     "crosses the node link, so busbw over every rank is not the node link's β)"
+                                     if inside else "the link's line rate × efficiency")})
     plot = None
     if args.plot:
         from shardlab.report.plots import comm_sweep
 
         sub = "hierarchical over " + f"{args.nodes} nodes" if args.nodes > 1 else f"algorithm {args.algorithm}"
         plot = str(comm_sweep(series, args.plot, args.op, args.ranks, subtitle=f"{sub}; shardlab comm --sweep",
-                              dashed="large-message busbw" if intra else "link β (line rate × efficiency)"))
+                              dashed="large-message busbw" if intra and args.ranks > args.nodes
+                              else "link β (line rate × efficiency)"))
     doc = {"op": args.op, "ranks": args.ranks, "nodes": args.nodes, "algorithm": args.algorithm, "sweep": series, "plot": plot}
     return doc, render_sweep(args.op, args.ranks, series, plot)
 
@@ -181,8 +183,10 @@ def cmd_plan(args):
     layout = layout_from_args(args)
     cluster = cluster_from_args(args, cat, layout.world_size)
     seq = args.seq_len or min(spec.max_seq_len, 4096)
+    from shardlab.estimate.training import positions_notes
     from shardlab.layout import default_microbatches
 
+    positions_notes(spec, seq)          # a learned position table has no rows past its length: refused as estimate does
     m = args.microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
@@ -277,6 +281,10 @@ def cmd_shard(args):
         raise ShardlabError("shard needs a model's shapes (give MODEL, not --params)")
     kw = dict(seq_len=args.seq_len or min(spec.max_seq_len, 4096), micro_batch=args.micro_batch,
               sequence_parallel=args.sequence_parallel, elem_bytes=DTYPE_BYTES[args.dtype])
+    if args.sequence_parallel and args.tp > 1:      # the layout rule estimate, memory and comm plan apply
+        from shardlab.layout import Layout, validate
+
+        validate(Layout(tp=args.tp, sequence_parallel=True), seq_len=kw["seq_len"])
     doc = shard_report(spec, args.tp, **kw)
     text = render_shard(doc)
     if args.mermaid:

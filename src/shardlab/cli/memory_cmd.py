@@ -71,6 +71,10 @@ def cmd_memory(args):
     from shardlab.specs.framework import effective_grad_bytes
 
     acc = cat.accelerator(resolve_gpu(args, cat))
+    if spec is not None and args.seq_len:
+        from shardlab.estimate.training import positions_notes
+
+        positions_notes(spec, args.seq_len)   # a learned position table has no rows past its length (as estimate)
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
     compiled = fw.kernels_for(args.compile) == "compiled"
     grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]   # 0: the gradient dtype

@@ -298,14 +298,15 @@ def cmd_plan(args):
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
         doc["detail"] = _winner_detail(res, args)
-        if offload_note:
+        if wl.recipe.offload.what != "none":      # chosen here or asked for with --offload
             host = _winner_host_bytes(res, args)
             # host RAM is not in the catalog, so it cannot be checked: say how much the plan needs
             gpn = min(cluster.gpus_per_node, gpus)
             doc["host_bytes_per_gpu"] = host
             doc["notes"].append(f"host memory the winner needs: {host / 2**30:,.1f} GiB per GPU = "
                                 f"{host * gpn / 2**40:,.2f} TiB per node of {gpn} GPUs (`shardlab memory` with its "
-                                f"layout and --offload both); check your servers' RAM, which the catalog does not hold")
+                                f"layout and --offload {wl.recipe.offload.what}); check your servers' RAM, which the "
+                                f"catalog does not hold")
     return with_explanation(args, doc, render_plan(doc))
 
 

@@ -91,5 +91,10 @@ def layout_flags_as_fixes(args, fixed: dict) -> dict:
             continue
         if axis in out and out[axis] != value:
             raise ShardlabError(f"the layout flag for {axis} and --fix {axis}={out[axis]} disagree; give one of them")
+        allowed = _FIX_RANGES.get(axis)
+        if allowed is not None and value not in allowed:      # as --fix: only values the search enumerates
+            flag = "--" + dest.get(axis, axis).replace("_", "-")
+            raise ShardlabError(f"{flag} {value}: plan searches {axis} in {', '.join(map(str, allowed))}"
+                                + _FIX_WHY.get(axis, ""))
         out[axis] = value
     return out

@@ -240,7 +240,8 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
         kw.update(qkv_bias=True, out_bias=False)  # Qwen2Attention: q/k/v with bias, o_proj without
     if mt == "qwen2_moe":
         kw.update(qkv_bias=c.flag("qkv_bias", True), out_bias=False)  # Qwen2MoeAttention: bias=config.qkv_bias
-    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.flag("use_sliding_window", False):
+    explicit_none = "sliding_window" in c.d and c.d["sliding_window"] is None   # transformers: no window
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.flag("use_sliding_window", False) and not explicit_none:
         window = c.count("sliding_window", 4096)
         # Qwen2, Qwen3 and Qwen2-MoE slide only from layer max_window_layers on (Qwen2Config.layer_types; Qwen3-MoE
         # slides every layer);
