@@ -458,3 +458,9 @@ def test_zero_bubble_with_chunks_per_rank_still_exports_to_torchtitan(tmp_path):
                               "--schedule", "zb-h1", "--vpp", "2", "--global-batch", "64", "--to", "torchtitan",
                               "--out", str(tmp_path / "tt.toml"))
     assert code == 0 and "InterleavedZeroBubble" in (tmp_path / "tt.toml").read_text(), err
+
+
+def test_memory_notes_a_sequence_beyond_rope_positions():
+    code, out, err = cli_main("memory", "llama-3.1-8b", "--seq-len", "200000", "--tp", "8", "--cp", "8", "--gpus", "64",
+                              "--json")
+    assert code == 0 and any("beyond llama-3.1-8b's 131,072 positions" in n for n in json.loads(out)["notes"]), err

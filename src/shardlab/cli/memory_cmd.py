@@ -71,10 +71,11 @@ def cmd_memory(args):
     from shardlab.specs.framework import effective_grad_bytes
 
     acc = cat.accelerator(resolve_gpu(args, cat))
+    seq_notes = []
     if spec is not None and args.seq_len:
         from shardlab.estimate.training import positions_notes
 
-        positions_notes(spec, args.seq_len)   # a learned position table has no rows past its length (as estimate)
+        seq_notes = positions_notes(spec, args.seq_len)   # learned positions: refused; RoPE/ALiBi beyond: said
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
     compiled = fw.kernels_for(args.compile) == "compiled"
     grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]   # 0: the gradient dtype
@@ -89,6 +90,7 @@ def cmd_memory(args):
                             (f"gradients held in a {grad_bytes * 8}-bit main-grad buffer", fw.main_grad_buffer
                              and grad_bytes > 0)) if on]
     rep.notes.append(f"framework {fw.id}" + (f": {', '.join(mech)}" if mech else "") + " (--framework to change)")
+    rep.notes.extend(seq_notes)
     doc = rep.to_dict()
     doc["framework"] = fw.id
     doc["main_grad_bytes"] = grad_bytes               # bytes per gradient element held (0: the gradient dtype)
