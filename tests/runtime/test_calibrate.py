@@ -133,7 +133,7 @@ def test_measured_profile_on_this_machine(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "p.yaml"
     r = run_cli("calibrate", "--out", str(out), "--nproc", "2", "--ops", "all-reduce,send-recv", "--sizes", "1KB:4MB:4",
-                "--iters", "2", "--min-time", "0.01", "--hidden", "16,32,64", "--tokens", "16,64", "--matmul-time", "0.005",
+                "--iters", "2", "--min-time", "0.01", "--hidden", "32,128,512", "--tokens", "32,256", "--matmul-time", "0.005",
                 "--device", "cpu", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
