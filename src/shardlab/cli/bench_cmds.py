@@ -14,9 +14,9 @@ from shardlab.errors import ShardlabError
 def _id_suffix(text: str) -> str:
     """calibrate --name: the suffix of the catalog ids it writes (``<base>-<name>``), so a catalog id's characters;
     ids are case-insensitive (the catalog lowercases them), so the suffix is lowercased here too."""
-    import re
+    from shardlab.catalog import _ID
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}", text):
+    if len(text) > 32 or not _ID.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an id suffix: use 1-32 letters, digits and . _ + - "
                                          f"(starting with a letter or digit), e.g. --name mybox")
     return text.lower()

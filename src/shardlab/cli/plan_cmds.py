@@ -297,9 +297,10 @@ def cmd_plan(args):
         doc["worksheet"] = axis_reasons(res)
         doc["runner_up"] = runner_up(res)
         doc["communication"] = comm_table(res)
-        doc["detail"] = _winner_detail(res, args)
+        mem = _winner_memory(res, args)
+        doc["detail"] = _winner_detail(res, args, mem)
         if wl.recipe.offload.what != "none":      # chosen here or asked for with --offload
-            host = _winner_host_bytes(res, args)
+            host = float(mem.worst.host_total)
             # host RAM is not in the catalog, so it cannot be checked: say how much the plan needs
             gpn = min(cluster.gpus_per_node, gpus)
             doc["host_bytes_per_gpu"] = host
@@ -322,28 +323,22 @@ def _assumptions(args) -> dict:
             "profile": getattr(args, "profile", None)}
 
 
-def _winner_detail(res, args) -> dict:
-    """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
-    from shardlab.estimate.workload import workload_memory
-    from shardlab.memory import load_overheads
-    from shardlab.planner.detail import layout_detail
-    from shardlab.planner.search import layout_of
-
-    best, wl = res.plans[0], res.workload
-    lay = layout_of(res.cands, best["index"])
-    m = best["layout"]["microbatches"]
-    mem = workload_memory(lay, res.model, res.cluster.accelerator, wl, m, load_overheads(args.overheads, args.no_overheads))
-    return layout_detail(res.model, lay, res.cluster, mem, seq_len=wl.seq_len, microbatches=m,
-                         breakdown=best["breakdown"], precision=wl.precision)
-
-
-def _winner_host_bytes(res, args) -> float:
-    """Host memory per GPU the best plan needs (offload keeps model states there)."""
+def _winner_memory(res, args):
+    """The memory model's report for the best plan (the page detail and the offload host-RAM note read it)."""
     from shardlab.estimate.workload import workload_memory
     from shardlab.memory import load_overheads
     from shardlab.planner.search import layout_of
 
     best = res.plans[0]
-    mem = workload_memory(layout_of(res.cands, best["index"]), res.model, res.cluster.accelerator, res.workload,
-                          best["layout"]["microbatches"], load_overheads(args.overheads, args.no_overheads))
-    return float(mem.worst.host_total)
+    return workload_memory(layout_of(res.cands, best["index"]), res.model, res.cluster.accelerator, res.workload,
+                           best["layout"]["microbatches"], load_overheads(args.overheads, args.no_overheads))
+
+
+def _winner_detail(res, args, mem) -> dict:
+    """planner.detail for the best plan (rank map, per-stage memory, pipeline, TP diagram)."""
+    from shardlab.planner.detail import layout_detail
+    from shardlab.planner.search import layout_of
+
+    best, wl = res.plans[0], res.workload
+    return layout_detail(res.model, layout_of(res.cands, best["index"]), res.cluster, mem, seq_len=wl.seq_len,
+                         microbatches=best["layout"]["microbatches"], breakdown=best["breakdown"], precision=wl.precision)

@@ -74,10 +74,18 @@ def check_before_creating(path, budget: str, ceiling: float | None, parent: str 
     if os.path.lexists(path) or os.path.lexists(backup_path(path)):
         return
     if ceiling is None:
-        raise ShardlabError(f"budget '{budget}' is new: set its ceiling with {flag} USD")
+        raise _new_budget(budget, flag)
     if parent is not None:
-        raise ShardlabError(f"parent budget '{parent}' does not exist; create it first: "
-                            f"shardlab ledger --budget-name {parent} --set-ceiling USD")
+        raise _missing_parent(parent)
+
+
+def _new_budget(budget: str, flag: str) -> ShardlabError:
+    return ShardlabError(f"budget '{budget}' is new: set its ceiling with {flag} USD")
+
+
+def _missing_parent(parent: str) -> ShardlabError:
+    return ShardlabError(f"parent budget '{parent}' does not exist; create it first: "
+                         f"shardlab ledger --budget-name {parent} --set-ceiling USD")
 
 
 class Ledger:
@@ -223,8 +231,7 @@ class Ledger:
         if parent is None or budgets[name][1] == parent:
             return
         if parent not in budgets:
-            raise ShardlabError(f"parent budget '{parent}' does not exist; create it first: "
-                                f"shardlab ledger --budget-name {parent} --set-ceiling USD")
+            raise _missing_parent(parent)
         if name in self._chain(budgets, parent):
             raise ShardlabError(f"budget '{parent}' is inside '{name}': a budget cannot be its own ancestor")
         depth = len(self._chain(budgets, parent)) + 1
@@ -246,7 +253,7 @@ class Ledger:
                                 f"--parent {parent}`")
         if name not in budgets:
             if ceiling is None:
-                raise ShardlabError(f"budget '{name}' is new: set its ceiling with {flag} USD")
+                raise _new_budget(name, flag)
             c.execute("INSERT INTO budgets (name, ceiling_usd, created_at, updated_at) VALUES (?, ?, ?, ?)",
                       (name, ceiling, stamp, stamp))
             budgets[name] = (ceiling, None)

@@ -127,7 +127,6 @@ def train_modes(req: PrecisionRequest, spec, data) -> dict:
 
 def run_precision(req: PrecisionRequest) -> dict:
     """The whole experiment: the underflow sweep and the training comparison."""
-    from shardlab.errors import ShardlabError
     from shardlab.runtime import require_torch
 
     require_torch()
@@ -141,8 +140,9 @@ def run_precision(req: PrecisionRequest) -> dict:
     from shardlab.runtime import check_host_memory
 
     check_host_memory(spec, 16, "training")
-    if req.seq_len > spec.max_seq_len and spec.position == "learned":
-        raise ShardlabError(f"--seq-len {req.seq_len} exceeds {spec.name}'s {spec.max_seq_len} positions")
+    from shardlab.estimate.training import positions_notes
+
+    positions_notes(spec, req.seq_len)          # a learned position table has no rows past its length
     torch.set_num_threads(1)
     data = SyntheticData(spec.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
     sweep = underflow_sweep(req, spec, data)

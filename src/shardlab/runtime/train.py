@@ -77,8 +77,9 @@ def prepare(req: TrainRequest):
     mb = req.micro_batch or (1 if st.pp > 1 else local)
     if local % mb:
         raise ShardlabError(f"each data-parallel rank gets {local} sequences, not divisible by --micro-batch {mb}")
-    if req.seq_len > spec.max_seq_len and spec.position == "learned":
-        raise ShardlabError(f"--seq-len {req.seq_len} exceeds {spec.name}'s {spec.max_seq_len} learned positions")
+    from shardlab.estimate.training import positions_notes
+
+    positions_notes(spec, req.seq_len)          # a learned position table has no rows past its length
     if st.tp > 1 and spec.num_kv_heads % st.tp:
         raise ShardlabError(f"training with --tp {st.tp} needs it to divide {spec.name}'s {spec.num_kv_heads} KV heads "
                             f"(duplicated KV heads are for inference only)")
