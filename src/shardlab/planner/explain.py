@@ -7,7 +7,7 @@ import numpy as np
 
 from shardlab.layout import group_span_nodes
 from shardlab.planner.risk import RiskInputs, axis_risk, collective_risk
-from shardlab.planner.search import PlanResult, layout_of
+from shardlab.planner.search import PlanResult, layout_of, objective_key
 
 AXES = (
     ("tp", "tensor parallel", "splits every weight matrix and its activations by tp; 4 all-reduces per block per micro-batch "
@@ -79,7 +79,7 @@ def axis_reasons(res: PlanResult) -> list[dict]:
         alt_fit = other & r["fits"]
         if alt_fit.any():
             # the best alternative by what was ranked (step time, GPU-time per token, or memory)
-            j = int(np.argmin(np.where(alt_fit, _objective_key(res), np.inf)))
+            j = int(np.argmin(np.where(alt_fit, objective_key(res.objective, c, r), np.inf)))
             from shardlab.planner.report import _layout_str
 
             reason = (f"the best with {name} = {_value(c, key, j)} ({_layout_str(layout_of(c, j).to_dict())}): "
@@ -97,14 +97,6 @@ def axis_reasons(res: PlanResult) -> list[dict]:
 
 def _world(c: dict, i: int) -> int:
     return int(c["dp"][i] * c["tp"][i] * c["pp"][i] * c["cp"][i])
-
-
-def _objective_key(res: PlanResult):
-    """What the search ranked (planner.search, before the simplicity factor)."""
-    c, r = res.cands, res.scores
-    if res.objective == "cost":
-        return c["dp"] * c["tp"] * c["pp"] * c["cp"] * r["step_time_s"]
-    return r["memory_bytes"] if res.objective == "memory" else r["step_time_s"]
 
 
 def objective_verdict(objective: str, steps: tuple, gpus: tuple, mems: tuple, slower) -> str:

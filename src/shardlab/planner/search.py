@@ -85,6 +85,16 @@ def _concat(parts: list[dict]) -> dict:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def objective_key(objective: str, c: dict, r: dict):
+    """What the search ranks, per candidate (before the simplicity factor): step time, GPU-time per step (cost), or
+    memory with step time breaking ties."""
+    if objective == "cost":
+        return c["dp"] * c["tp"] * c["pp"] * c["cp"] * r["step_time_s"]
+    if objective == "memory":
+        return r["memory_bytes"] + r["step_time_s"] * 1e-6
+    return r["step_time_s"]
+
+
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
                   fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
                   progress=None, framework=None, memory_fraction: float = 1.0) -> PlanResult:
@@ -132,9 +142,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
         if over.any():
             rejected[over_limit_reason(memory_fraction)] += int(over.sum())
         fits &= ~over
-    world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
-    key = {"throughput": r["step_time_s"], "memory": r["memory_bytes"] + r["step_time_s"] * 1e-6,
-           "cost": world * r["step_time_s"]}[objective]
+    key = objective_key(objective, c, r)
     # near-ties (e.g. dp·mb traded for cp·mb) go to the simpler layout, then to the one needing less memory
     complexity = ((c["tp"] > 1) * 1 + (c["pp"] > 1) + (c["cp"] > 1) + (c["ep"] > 1) + (c["zero"] > 0) + (c["rc"] > 0)
                   + (c["vpp"] > 1) + (c["zero"] == 3) + (c["rep"] > 1))
