@@ -131,6 +131,25 @@ def test_expert_parallel_all_to_alls():
     assert [i.group_size for i in its if i.axis == "DP"] == [8, 2]  # dense over dp, experts over dp/ep
 
 
+def test_expert_dispatch_under_tp_sends_each_tp_ranks_share_and_gathers_over_tp():
+    """Megatron-core's alltoall dispatcher with experts split by TP: each TP rank all-to-alls its 1/t share of the
+    group's routed copies over EP, the TP group all-gathers what it received and reduce-scatters the experts' output;
+    those replace the MLP's TP pair, so a MoE layer issues one SP pair (attention) per pass, not two."""
+    lay = Layout(dp=8, tp=2, ep=4, sequence_parallel=True)
+    its = items(MIX, lay, m=2)
+    routed = 1 * 4096 * 2 * 4096 * 2                              # b·s tokens × top-2 copies × h × bf16
+    a2a = find(its, "EP", "all-to-all", "forward")
+    assert a2a.bytes_per_call == routed // 2 and a2a.group_size == 4 and a2a.calls_per_step == 2 * 32 * 2
+    for op in ("all-gather", "reduce-scatter"):
+        f = find(its, "EP", op, "forward")
+        assert (f.bytes_per_call, f.group_size, f.calls_per_step, f.link_id) == (routed, 2, 32 * 2, "nvlink4")
+    assert find(its, "SP", "all-gather", "forward").calls_per_step == 32 * 2       # attention only: 1 per layer
+    # without EP the MLP keeps its own TP pair; with EP and no TP nothing is gathered over TP
+    assert find(items(MIX, Layout(dp=8, tp=2, sequence_parallel=True), m=2), "SP", "all-gather", "forward"
+                ).calls_per_step == 2 * 32 * 2
+    assert not [i for i in items(MIX, Layout(dp=8, ep=8), m=2) if i.axis == "EP" and i.op != "all-to-all"]
+
+
 def test_summary_adds_up():
     its = items(L7, Layout(tp=8, pp=2, dp=4), m=8)
     s = summarize(its)

@@ -16,7 +16,9 @@ Sources (``formulas.md`` "Communication"):
   (2Ψ); ZeRO-3 / FSDP: all-gather of each unit's parameters in forward and again in backward,
   reduce-scatter of gradients (3Ψ). Expert tensors reduce over the expert-data-parallel group dp·cp/ep.
 - EP (Lepikhin et al. 2020, GShard; DeepSpeed-MoE): two all-to-alls (dispatch, combine) per MoE layer
-  forward, two backward, each rank sending its b·s·k token copies.
+  forward, two backward, each rank sending its b·s·k token copies; with TP (experts split by TP, Megatron-core's
+  alltoall dispatcher) each TP rank sends its 1/t share, the TP group all-gathers what its members received
+  and reduce-scatters the experts' output, in place of the MLP's own TP pair.
 - CP, ring attention (Liu et al. 2023, arXiv 2310.01889; Megatron-core context parallel): per layer cp−1
   send/recv steps of the local K/V block forward, K/V plus dK/dV backward, overlapped with attention.
 """
@@ -154,7 +156,11 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
 
     # ---- tensor parallel (and sequence parallel) ---------------------------------------------------
     if t > 1:
-        fwd, bwd = 2 * L * m, (4 if recompute_fwd else 2) * L * m
+        # per layer and pass one TP pair for attention and one for the MLP; a MoE layer under EP leaves the MLP's to
+        # the expert dispatcher (below), unless a shared expert runs beside the routed ones
+        moe_busy = sum(spec.is_moe_layer(i) for i in stages[busiest].layers)
+        pairs = 2 * L - (moe_busy if layout.ep > 1 and not spec.moe.shared_width else 0)
+        fwd, bwd = pairs * m, (2 if recompute_fwd else 1) * pairs * m
         rnote = " (+2 per layer re-run by full recomputation)" if recompute_fwd else ""
         if sp:
             for phase, calls in (("forward", fwd), ("backward", bwd)):
@@ -305,13 +311,20 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     # ---- expert parallel -------------------------------------------------------------------------
     if layout.ep > 1 and moe_L:
         k = spec.moe.top_k
-        a2a = b * s * k * h * e                     # this rank's b·s tokens, k copies each, h wide
+        routed = b * s * k * h * e                  # the TP group's b·s tokens, k copies each, h wide
         for phase in ("forward", "backward"):
-            calls = (4 if phase == "backward" and recompute_fwd else 2) * moe_L * m   # estimate: ep_per_moe_block_s
-            out.append(_item("EP", "all-to-all", phase, a2a, calls, layout.ep, span["ep"], cluster, "critical",
+            passes = (2 if phase == "backward" and recompute_fwd else 1) * moe_L * m   # estimate: ep_per_moe_block_s
+            rnote = (" (+1 per MoE layer re-run by full recomputation)" if phase == "backward" and recompute_fwd else "")
+            out.append(_item("EP", "all-to-all", phase, routed / t, 2 * passes, layout.ep, span["ep"], cluster, "critical",
                              f"MoE dispatch and combine: {k} copies of each token to its experts and back"
-                             + (" (+2 per MoE layer re-run by full recomputation)"
-                                if phase == "backward" and recompute_fwd else "")))
+                             + (f" (each TP rank sends its 1/{t} share)" if t > 1 else "")
+                             + rnote.replace("+1", "+2")))
+            if t > 1:
+                out.append(_item("EP", "all-gather", phase, routed, passes, t, span["tp"], cluster, "critical",
+                                 "expert TP: gather the token copies the TP group received (Megatron-core alltoall "
+                                 "dispatcher, experts split by TP)" + rnote))
+                out.append(_item("EP", "reduce-scatter", phase, routed, passes, t, span["tp"], cluster, "critical",
+                                 "expert TP: reduce-scatter the experts' output before the combine" + rnote))
     return out
 
 

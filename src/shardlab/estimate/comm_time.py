@@ -7,8 +7,11 @@ crosses (``hardware.group_link``); what is exposed depends on what it can overla
   into a reduce-scatter + all-gather of the same volume. On the critical path (no overlap).
 - CP (ring attention, Liu et al. 2023): cp − 1 exchanges of the K/V block in forward and of K/V and
   their gradients in backward, overlapped with the attention core; exposed only beyond it.
-- EP (Lepikhin et al. 2020, GShard): dispatch + combine all-to-alls of b·s·top_k·h per MoE block in
-  forward, 2 in backward (+2 recomputed); on the critical path.
+- EP (Lepikhin et al. 2020, GShard): dispatch + combine all-to-alls per MoE block in forward, 2 in backward
+  (+2 recomputed); on the critical path. With TP the experts are split by TP too (Megatron-core's
+  expert-tensor-parallel size defaults to tp): each TP rank dispatches only its 1/tp share of the group's
+  b·s·top_k·h token copies, then the TP group all-gathers what its members received and reduce-scatters the
+  experts' output (``ep_per_moe_block_s``); those two replace the MLP's own TP pair in a MoE block.
 - PP (Narayanan 2021 §4.1): one send of the stage's output activations per micro-batch in forward and
   one of its gradient in backward, split across the TP ranks (scatter/gather optimisation); blocking.
 - DP (ZeRO, Rajbhandari 2019 §7): ZeRO-0 all-reduces the gradients once per step; ZeRO-1 reduce-scatters
@@ -41,11 +44,14 @@ def _time(op, size, n, link):
     return np.where(n > 1, alpha_beta_time(op, size, np.maximum(n, 1), link.alpha_s, link.beta_bytes_per_s, "ring"), 0.0)
 
 
-def tp_per_block_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int, recompute_code):
-    """TP/SP communication of one block per micro-batch (critical path)."""
+def tp_per_block_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int, recompute_code, mlp=True):
+    """TP/SP communication of one block per micro-batch (critical path): two all-reduces (or SP pairs) per pass,
+    one for attention and one for the MLP; ``mlp`` False (array-safe) counts attention's alone (a MoE block whose
+    expert dispatch does the MLP's TP collectives, ``ep_per_moe_block_s``)."""
     link = group_link(cluster, tp, 1)
     one = _time("all-reduce", tokens * hidden * elem_bytes, tp, link)
-    count = 4 + 2 * (np.asarray(recompute_code) == 2)
+    per_pass = 1 + np.asarray(mlp, dtype=float)
+    count = per_pass * (2 + (np.asarray(recompute_code) == 2))
     return count * one
 
 
@@ -71,20 +77,34 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
 
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code):
-    """Dispatch and combine all-to-alls of one MoE block per micro-batch (critical path).
-
-    Pairwise exchange (as ``comm.collectives`` prices it for `comm plan`): a rank sends S/n to each of its n − 1 peers,
-    the g − 1 in its node over the intra-node link and the n − g on other nodes through its own NIC (every rank's
-    traffic leaves the node, so the node's NICs are not pooled for it); the two run at once, the busier sets the pace."""
+    """Dispatch and combine of one MoE block per micro-batch (critical path), as Megatron-core's alltoall token
+    dispatcher runs them with the experts split by TP (megatron/core/transformer/moe/token_dispatcher.py,
+    MoEAlltoAllTokenDispatcher; --expert-tensor-parallel-size defaults to the TP size, the split shardlab's
+    memory and compute use). Per pass, with R = tokens·top_k·hidden·elem_bytes the token copies the TP group routes:
+    - all-to-all over the EP group of R / tp per rank: each TP rank sends its own share (the sequence-parallel
+      shard), so the group's tokens cross the EP links once, not tp times (DeepSpeed-MoE drops the TP duplicates
+      before its all-to-all for the same reason: deepspeed/moe/sharded_moe.py, drop_tokens);
+    - all-gather over the TP group of what its members received (R in all), the experts' TP GEMMs, and a
+      reduce-scatter of their output over TP;
+    - the all-to-all back (combine).
+    The all-to-all is a pairwise exchange (as ``comm.collectives`` prices it for `comm plan`): a rank sends S/n to
+    each of its n − 1 peers, the g − 1 in its node over the intra-node link and the n − g on other nodes through its
+    own NIC (every rank's traffic leaves the node, so the node's NICs are not pooled for it); the two run at once,
+    the busier sets the pace. Forward, backward (the gradients take the same path back) and a re-run forward under
+    full recomputation."""
     n = np.maximum(np.asarray(ep), 1)
-    g = ranks_per_node(cluster, n, np.asarray(tp) * np.asarray(cp))   # the rank and its peers in one node
-    size = tokens * top_k * hidden * elem_bytes
+    tp = np.asarray(tp)
+    g = ranks_per_node(cluster, n, tp * np.asarray(cp))   # the rank and its peers in one node
+    routed = tokens * top_k * hidden * elem_bytes
+    size = routed / np.maximum(tp, 1)
     intra, inter = cluster.intra_link, cluster.inter_link
     lat = (g - 1) * intra.latency_s + (n - g) * inter.latency_s
     bw = np.maximum((g - 1) / n * size / intra.bytes_per_s, (n - g) / n * size / inter.bytes_per_s)
-    one = np.where(n > 1, lat + bw, 0.0)
-    count = 4 + 2 * (np.asarray(recompute_code) == 2)
-    return count * one
+    a2a = np.where(n > 1, lat + bw, 0.0)
+    link = group_link(cluster, tp, 1)
+    etp = np.where(n > 1, _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link), 0.0)
+    passes = 2 + (np.asarray(recompute_code) == 2)
+    return passes * (2 * a2a + etp)
 
 
 def pp_p2p_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, pp, vpp, tokens, hidden: int, elem_bytes: int):

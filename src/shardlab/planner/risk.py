@@ -164,10 +164,12 @@ def _ep(inp: RiskInputs) -> str:
     if e == 1:
         return f"EP 1: every GPU holds all experts of its layers ({headroom(inp)})"
     items = _items(inp, ("EP",))
-    lk = _link(inp, items[0]["link_id"]) if items else inp.intra_link
+    a2as = [i for i in items if i["op"] == "all-to-all"]
+    lk = _link(inp, a2as[0]["link_id"]) if a2as else inp.intra_link
     a2a = _b(inp, "ep_comm_s")
-    return (f"EP {e}: {_per_layer(items, inp)} all-to-alls per layer per micro-batch on {_bw(lk)}, {a2a:.2f} s on the "
-            f"critical path ({_pct(a2a, inp)}); uneven routing makes the busiest expert rank slower still")
+    etp = " (with the expert-TP gathers and scatters)" if len(a2as) < len(items) else ""
+    return (f"EP {e}: {_per_layer(a2as, inp)} all-to-alls per layer per micro-batch on {_bw(lk)}, {a2a:.2f} s on the "
+            f"critical path{etp} ({_pct(a2a, inp)}); uneven routing makes the busiest expert rank slower still")
 
 
 def _zero(inp: RiskInputs) -> str:
