@@ -140,14 +140,17 @@ def test_expert_dispatch_under_tp_sends_each_tp_ranks_share_and_gathers_over_tp(
     routed = 1 * 4096 * 2 * 4096 * 2                              # b·s tokens × top-2 copies × h × bf16
     a2a = find(its, "EP", "all-to-all", "forward")
     assert a2a.bytes_per_call == routed // 2 and a2a.group_size == 4 and a2a.calls_per_step == 2 * 32 * 2
-    for op in ("all-gather", "reduce-scatter"):
-        f = find(its, "EP", op, "forward")
-        assert (f.bytes_per_call, f.group_size, f.calls_per_step, f.link_id) == (routed, 2, 32 * 2, "nvlink4")
+    etp = [i for i in its if i.axis == "EP" and i.op != "all-to-all" and i.phase == "forward" and i.group_size == 2]
+    assert sorted((i.op, i.bytes_per_call, i.calls_per_step, i.link_id) for i in etp) == [
+        ("all-gather", routed, 32 * 2, "nvlink4"), ("reduce-scatter", routed, 32 * 2, "nvlink4")]
+    counts = [i for i in its if i.axis == "EP" and i.group_size == 8]      # the dispatcher's token counts, TP × EP
+    assert [(i.op, i.phase, i.bytes_per_call, i.calls_per_step) for i in counts] == [("all-gather", "forward", 8 * 8 * 8, 32 * 2)]
     assert find(its, "SP", "all-gather", "forward").calls_per_step == 32 * 2       # attention only: 1 per layer
     # without EP the MLP keeps its own TP pair; with EP and no TP nothing is gathered over TP
     assert find(items(MIX, Layout(dp=8, tp=2, sequence_parallel=True), m=2), "SP", "all-gather", "forward"
                 ).calls_per_step == 2 * 32 * 2
-    assert not [i for i in items(MIX, Layout(dp=8, ep=8), m=2) if i.axis == "EP" and i.op != "all-to-all"]
+    assert [(i.op, i.group_size) for i in items(MIX, Layout(dp=8, ep=8), m=2) if i.axis == "EP" and i.op != "all-to-all"
+            ] == [("all-gather", 8)]                                   # only the token counts
 
 
 def test_summary_adds_up():

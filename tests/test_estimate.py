@@ -485,23 +485,26 @@ def test_expert_all_to_alls_priced_alike_by_estimate_and_inventory(lay):
 
 def test_expert_dispatch_under_tp_crosses_the_ep_links_once_per_tp_group():
     """Hand-checked ep_per_moe_block_s: with TP 2 each rank's all-to-all carries half the routed copies (Megatron-core
-    sends the sequence-parallel shard), plus an all-gather and a reduce-scatter of all of them over the TP group."""
+    sends the sequence-parallel shard), plus an all-gather and a reduce-scatter of all of them over the TP group;
+    each forward first gathers the E token counts over the TP × EP group."""
     from shardlab.comm.collectives import alpha_beta_time
     from shardlab.estimate import comm_time as ct
 
     cl = cluster(n=32)
     T, h, k, e = 4096, 4096, 2, 2
-    one = dict(cp=1, ep=4, tokens=T, hidden=h, top_k=k, elem_bytes=e, recompute_code=0)
+    one = dict(cp=1, ep=4, tokens=T, hidden=h, top_k=k, elem_bytes=e, recompute_code=0, num_experts=8)
     routed = T * k * h * e
     nv, ib = cl.intra_link, cl.inter_link
     a2a = lambda size, g: max((g - 1) / 4 * size / nv.bytes_per_s, (4 - g) / 4 * size / ib.bytes_per_s) \
         + (g - 1) * nv.latency_s + (4 - g) * ib.latency_s                        # noqa: E731
+    counts = lambda n: alpha_beta_time("all-gather", n * 8 * 8, n, nv.latency_s, nv.bytes_per_s, "ring")  # noqa: E731
     t1 = float(ct.ep_per_moe_block_s(cl, tp=1, **one))
-    assert t1 == pytest.approx(2 * 2 * a2a(routed, 4))                          # EP over 4 ranks of one node
+    assert t1 == pytest.approx(2 * 2 * a2a(routed, 4) + counts(4))              # EP over 4 ranks of one node
     tg = float(ct.ep_per_moe_block_s(cl, tp=2, **one))
     etp = sum(alpha_beta_time(op, routed, 2, nv.latency_s, nv.bytes_per_s, "ring") for op in ("all-gather", "reduce-scatter"))
-    assert tg == pytest.approx(2 * (2 * a2a(routed / 2, 4) + etp))              # EP groups stride 2: 4 per node
-    assert float(ct.ep_per_moe_block_s(cl, tp=2, **{**one, "recompute_code": 2})) == pytest.approx(1.5 * tg)
+    assert tg == pytest.approx(2 * (2 * a2a(routed / 2, 4) + etp) + counts(8))  # EP groups stride 2: 4 per node
+    assert float(ct.ep_per_moe_block_s(cl, tp=2, **{**one, "recompute_code": 2})) == pytest.approx(
+        3 * (2 * a2a(routed / 2, 4) + etp) + 2 * counts(8))                    # the re-run forward's too
 
 
 def test_deepspeed_pipeline_engine_host_time_per_micro_batch_pass_and_stage():

@@ -122,3 +122,31 @@ class FourRanks(_Base):
 
     def test_ddp_x_megatron(self):
         self.check("ddp+tp-megatron")
+
+    def test_ddp_x_expert_parallel_two_by_two(self):
+        """4 data-parallel ranks, experts split over EP groups of 2 (expert-data-parallel 2): gradients equal the
+        single process's, and the dispatcher's calls are comm plan's: per MoE layer one count all-gather and two
+        all-to-alls forward, two all-to-alls backward; the copies sent per rank average b·s·k·h elements."""
+        from shardlab.comm.inventory import layout_collectives
+        from shardlab.runtime.gpt import _preset
+        from shardlab.specs.hardware import Cluster
+        from shardlab.catalog import get_catalog
+
+        spec = _preset("tiny-moe")
+        s, _ = self.check("ddp+ep", spec=spec, ep=2)
+        assert s.strategy.ep == 2 and len(s.expert_params) == 3 * spec.num_layers   # w1, w3, w2 per layer
+        assert s.expert_params[0].shape[0] == spec.moe.num_experts // 2
+        L, b, sq, k, h = spec.num_layers, 2, DATA.seq_len, spec.moe.top_k, spec.hidden_size   # 8 sequences / 4 ranks
+        c = s.dispatch.calls
+        assert (c[("all_gather", "forward")], c[("all_to_all", "forward")], c[("all_to_all", "backward")]) == (L, 2 * L, 2 * L)
+        sent = torch.tensor([s.dispatch.sent_bytes[("all_to_all", "forward")]], dtype=torch.float64)
+        torch.distributed.all_reduce(sent)
+        assert sent.item() / 4 / (2 * L) == b * sq * k * h * 4          # balanced on average: every copy is sent once
+        cat = get_catalog()
+        cl = Cluster(cat.accelerator("cpu-core"), 4, 4, cat.link("loopback"), cat.link("loopback"))
+        plan = {(i.op, i.phase): i for i in layout_collectives(spec, s.strategy.layout(b), cl, seq_len=sq,
+                                                              microbatches=1, precision="fp32") if i.axis == "EP"}
+        a2a = plan[("all-to-all", "forward")]
+        assert (a2a.calls_per_step, a2a.bytes_per_call) == (2 * L, b * sq * k * h * 4)
+        assert plan[("all-to-all", "backward")].calls_per_step == 2 * L
+        assert plan[("all-gather", "forward")].calls_per_step == L

@@ -25,6 +25,12 @@ def test_layout_for_the_memory_model():
     assert (inter.vpp, inter.layout().schedule) == (2, "interleaved")
 
 
+def test_expert_parallel_is_carved_out_of_data_parallelism():
+    st = parse_strategy("ep+ddp", 4)
+    assert (st.name, st.dp, st.ep, st.layout().ep) == ("ddp+ep", 4, 4, 4)        # default: every DP rank
+    assert parse_strategy("ddp+ep", 4, ep=2).layout().ep == 2
+
+
 def test_mesh_order_matches_the_rank_grid():
     """The runtime's (pp, dp, tp) row-major mesh is the analytic core's grid (tp fastest, pp slowest)."""
     st = parse_strategy("ddp+tp-megatron+pp", 8)
@@ -38,7 +44,8 @@ def test_mesh_order_matches_the_rank_grid():
     ("zero", 2, {}, "parts are"), ("ddp+fsdp", 2, {}, "one of ddp/fsdp"), ("sp", 2, {}, "tp\\+sp"),
     ("ddp+tp", 4, {}, "DDP cannot wrap DTensor"), ("tp", 3, {"tp": 2}, "not divisible"),
     ("tp", 4, {"tp": 2}, "no ddp/fsdp part"), ("ddp", 2, {"tp": 2}, "no tp part"),
-    ("ddp", 2, {"vpp": 2}, "--vpp"),
+    ("ddp", 2, {"vpp": 2}, "--vpp"), ("ddp", 2, {"ep": 2}, "no ep part"), ("ep", 2, {}, "runs as ddp\\+ep"),
+    ("fsdp+ep", 2, {}, "runs as ddp\\+ep"), ("ddp+ep", 4, {"ep": 3}, "must divide the data-parallel degree 4"),
 ])
 def test_bad_strategies_name_the_fix(text, n, kw, match):
     with pytest.raises(ShardlabError, match=match):

@@ -85,6 +85,24 @@ def test_megatron_tp_issues_one_all_reduce_per_attention_and_mlp_on_gloo():
     assert d["memory_states_exact"]
 
 
+def test_expert_parallel_on_gloo_matches_one_process_and_comm_plan():
+    """ddp+ep on 2 ranks (each holds 2 of tiny-moe's 4 experts): the all-to-alls go through gloo, the gradients
+    equal one process's, model states equal the memory model's, and the dispatcher's calls and average bytes
+    equal `comm plan`'s."""
+    d = run_json("run", "train", "--strategy", "ddp+ep", "--nproc", "2", "--model", "tiny-moe", "--steps", "2",
+                 "--check-parity")
+    assert d["layout"]["ep"] == 2 and d["parity"]["ok"], d["parity"]
+    assert d["memory_states_exact"]
+    rows = {r["collective"]: r for r in d["expert_dispatch"]}
+    assert set(rows) == {"all_gather/forward", "all_to_all/forward", "all_to_all/backward"}
+    assert all(r["match"] for r in rows.values()), rows
+    assert rows["all_to_all/forward"]["measured_calls"] == 2 * L
+    assert rows["all_to_all/forward"]["measured_bytes_per_call"] == 4 * 64 * 2 * 64 * 4   # b·s·k·h fp32
+    for r in d["ranks"]:   # the tap saw them too: dispatch and combine in each pass, the counts in forward
+        assert r["collectives"]["all_to_all"]["forward"]["count"] == 2 * L
+        assert r["collectives"]["all_to_all"]["backward"]["count"] == 2 * L
+
+
 def test_two_nodes_rendezvous_on_localhost():
     """The README's two-node command, both "nodes" on this machine: torchrun's c10d rendezvous joins them."""
     from shardlab.runtime.dist import free_port

@@ -20,6 +20,7 @@ TRAIN_EXAMPLES = """examples:
   shardlab run train --strategy tp-megatron --nproc 2 --model tiny-gpt2
   shardlab run train --strategy pp --nproc 2 --schedule interleaved
   shardlab run train --strategy fsdp+tp --nproc 4            # 2-D: dp 2 x tp 2
+  shardlab run train --strategy ddp+ep --nproc 4 --ep 2 --model tiny-moe   # experts split over 2 ranks, all-to-all
   shardlab run train --strategy fsdp --nproc 2 --steps 200 --slow-rank 1:2   # live table, straggler named
   shardlab run train --strategy ddp --nproc 2 --steps 50 --metrics-port 9510 --tensorboard tb/
   # two nodes (run on each, node-rank 0 and 1):
@@ -112,7 +113,8 @@ def register(sub) -> None:
     t = rsub.add_parser("train", help="train a small GPT with a parallel strategy; measured vs predicted",
                         epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--strategy", default="ddp",
-                   help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron")
+                   help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron, "
+                        "ddp+ep (experts split, with --model tiny-moe)")
     t.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
     t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
     t.add_argument("--steps", type=BOUNDED["steps"], default=4,
@@ -123,6 +125,8 @@ def register(sub) -> None:
     t.add_argument("--seq-len", type=BOUNDED["seq_len"], default=64, help="tokens per sequence")
     t.add_argument("--tp", type=BOUNDED["gpus"], default=None, help="tensor-parallel degree (default: all ranks, 2 when combined)")
     t.add_argument("--pp", type=BOUNDED["gpus"], default=None, help="pipeline degree (default: all ranks, 2 when combined)")
+    t.add_argument("--ep", type=BOUNDED["gpus"], default=None,
+                   help="expert-parallel degree, out of the data-parallel ranks (ddp+ep; default: all of them)")
     t.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b", help="pipeline schedule")
     t.add_argument("--vpp", type=BOUNDED["stages"], default=1, help="model chunks per pipeline rank (interleaved: 2 by default)")
     t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (sgd = with momentum)")
@@ -219,7 +223,7 @@ def cmd_train(args):
 
     req = TrainRequest(strategy=args.strategy, nproc=args.nproc, model=args.model, steps=args.steps,
                        global_batch=args.global_batch, micro_batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp,
-                       pp=args.pp, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
+                       pp=args.pp, ep=args.ep, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
                        predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args),
                        observe=observe_options(args))

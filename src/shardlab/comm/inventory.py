@@ -18,7 +18,8 @@ Sources (``formulas.md`` "Communication"):
 - EP (Lepikhin et al. 2020, GShard; DeepSpeed-MoE): two all-to-alls (dispatch, combine) per MoE layer
   forward, two backward, each rank sending its b·s·k token copies; with TP (experts split by TP, Megatron-core's
   alltoall dispatcher) each TP rank sends its 1/t share, the TP group all-gathers what its members received
-  and reduce-scatters the experts' output, in place of the MLP's own TP pair.
+  and reduce-scatters the experts' output, in place of the MLP's own TP pair; before each forward dispatch
+  the TP × EP group all-gathers its per-expert token counts (E int64 per rank).
 - CP, ring attention (Liu et al. 2023, arXiv 2310.01889; Megatron-core context parallel): per layer cp−1
   send/recv steps of the local K/V block forward, K/V plus dK/dV backward, overlapped with attention.
 """
@@ -319,6 +320,13 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                              f"MoE dispatch and combine: {k} copies of each token to its experts and back"
                              + (f" (each TP rank sends its 1/{t} share)" if t > 1 else "")
                              + rnote.replace("+1", "+2")))
+            counts = moe_L * m if phase == "forward" or recompute_fwd else 0   # forward passes, a re-run one included
+            if counts:
+                E = spec.moe.num_experts
+                out.append(_item("EP", "all-gather", phase, t * layout.ep * E * 8, counts, t * layout.ep, span["ep"],
+                                 cluster, "critical", f"the dispatcher's token counts: {E} int64 per rank over the "
+                                 "TP × EP group, so each rank knows what it receives (Megatron-core's preprocess)"
+                                 + (" (the re-run forward's)" if phase == "backward" else "")))
             if t > 1:
                 out.append(_item("EP", "all-gather", phase, routed, passes, t, span["tp"], cluster, "critical",
                                  "expert TP: gather the token copies the TP group received (Megatron-core alltoall "

@@ -76,11 +76,14 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
     return exposed + (np.asarray(recompute_code) == 2) * exposed_s(fwd, attn_fwd_s, eta)
 
 
-def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code):
+def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code,
+                       num_experts: int = 0):
     """Dispatch and combine of one MoE block per micro-batch (critical path), as Megatron-core's alltoall token
     dispatcher runs them with the experts split by TP (megatron/core/transformer/moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher; --expert-tensor-parallel-size defaults to the TP size, the split shardlab's
     memory and compute use). Per pass, with R = tokens·top_k·hidden·elem_bytes the token copies the TP group routes:
+    - in a forward pass (the first, and a re-run one), an all-gather of the per-expert token counts (E int64 per
+      rank) over the TP × EP group, so each rank knows what it will receive (the dispatcher's preprocess);
     - all-to-all over the EP group of R / tp per rank: each TP rank sends its own share (the sequence-parallel
       shard), so the group's tokens cross the EP links once, not tp times (DeepSpeed-MoE drops the TP duplicates
       before its all-to-all for the same reason: deepspeed/moe/sharded_moe.py, drop_tokens);
@@ -103,8 +106,11 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     a2a = np.where(n > 1, lat + bw, 0.0)
     link = group_link(cluster, tp, 1)
     etp = np.where(n > 1, _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link), 0.0)
-    passes = 2 + (np.asarray(recompute_code) == 2)
-    return passes * (2 * a2a + etp)
+    group = tp * n
+    counts = np.where(n > 1, _time("all-gather", group * num_experts * 8, group, group_link(cluster, n, tp * np.asarray(cp))),
+                      0.0)
+    rerun = np.asarray(recompute_code) == 2
+    return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
 
 
 def pp_p2p_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, pp, vpp, tokens, hidden: int, elem_bytes: int):

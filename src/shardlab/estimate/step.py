@@ -201,7 +201,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
-                                      recompute_code=rc) if kind else np.zeros_like(T)),
+                                      recompute_code=rc, num_experts=spec.moe.num_experts) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0),
             z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)

@@ -104,6 +104,40 @@ def predicted_estimate(spec, strategy: Strategy, shape: RunShape, accelerator: s
         return None, f"no step-time prediction ({type(e).__name__}: {e})"
 
 
+def expert_dispatch(spec, strategy: Strategy, shape: RunShape, ranks: list[dict]) -> list[dict] | None:
+    """The expert dispatcher's collectives per step beside `comm plan`'s (``comm.inventory``, balanced routing), per
+    (op, phase): calls on every rank (they must be the plan's) and bytes per call averaged over all ranks and calls.
+    Routing makes each rank's all-to-alls uneven, but every token copy is sent once each way, so the average is the
+    plan's b·s·k·h·4 exactly (fp32). None without expert parallelism."""
+    if strategy.ep <= 1:
+        return None
+    from shardlab.catalog import get_catalog
+    from shardlab.comm.inventory import layout_collectives
+    from shardlab.specs.hardware import Cluster
+
+    cat, n = get_catalog(), strategy.world_size
+    cluster = Cluster(cat.accelerator("cpu-core"), n, n, cat.link("loopback"), cat.link("loopback"))
+    plan: dict = {}
+    for i in layout_collectives(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
+                                microbatches=shape.microbatches(strategy), precision="fp32"):
+        if i.axis == "EP":
+            p = plan.setdefault(f"{i.op.replace('-', '_')}/{i.phase}", {"calls": 0, "bytes": 0})
+            p["calls"] += i.calls_per_step
+            p["bytes"] += i.bytes_per_call * i.calls_per_step
+    measured = [r.get("expert_dispatch") or {} for r in ranks]
+    rows = []
+    for key in sorted(set(plan) | {k for m in measured for k in m}):
+        calls = sorted({m.get(key, {}).get("calls", 0) for m in measured})
+        sent = sum(m.get(key, {}).get("sent_bytes", 0) for m in measured)
+        total = sum(m.get(key, {}).get("calls", 0) for m in measured)
+        pc = plan.get(key, {}).get("calls", 0)
+        rows.append({"collective": key, "measured_calls": calls[0] if len(calls) == 1 else calls, "predicted_calls": pc,
+                     "measured_bytes_per_call": sent / total if total else None,
+                     "predicted_bytes_per_call": plan[key]["bytes"] / pc if pc else None,
+                     "match": calls == [pc] and bool(total) and sent == plan[key]["bytes"] * len(measured)})
+    return rows
+
+
 def parity(spec, data, run_dir, ranks: list[dict], seed: int = 0) -> dict:
     """Loss and gradients of step 0 against a single-process step on the same global batch.
 

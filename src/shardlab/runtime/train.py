@@ -36,6 +36,8 @@ class TrainRequest:
     """Tensor-parallel degree (default: all ranks, or 2 when combined)."""
     pp: int | None = None
     """Pipeline degree (default: all ranks, or 2 when combined)."""
+    ep: int | None = None
+    """Expert-parallel degree (ddp+ep; default: the data-parallel degree)."""
     schedule: str = "1f1b"
     """gpipe, 1f1b or interleaved."""
     vpp: int = 1
@@ -70,7 +72,7 @@ def prepare(req: TrainRequest):
 
     check_host_memory(spec, 16, "training", req.device)
     st = parse_strategy(req.strategy, req.nproc * _nnodes(req.torchrun_args), tp=req.tp, pp=req.pp, vpp=req.vpp,
-                        schedule=req.schedule)
+                        schedule=req.schedule, ep=req.ep)
     if req.global_batch % st.dp:
         raise ShardlabError(f"--global-batch {req.global_batch} is not divisible by the {st.dp} data-parallel ranks")
     local = req.global_batch // st.dp
@@ -84,7 +86,12 @@ def prepare(req: TrainRequest):
         raise ShardlabError(f"training with --tp {st.tp} needs it to divide {spec.name}'s {spec.num_kv_heads} KV heads "
                             f"(duplicated KV heads are for inference only)")
     if spec.moe is not None and (st.tp > 1 or st.pp > 1):
-        raise ShardlabError("mixture-of-experts models run with ddp or fsdp only in the runtime")
+        raise ShardlabError("mixture-of-experts models run with ddp, fsdp or ddp+ep only in the runtime")
+    if st.ep > 1 and spec.moe is None:
+        raise ShardlabError(f"--strategy {st.name} splits routed experts, and {spec.name} has none; use a "
+                            "mixture-of-experts model (e.g. --model tiny-moe)")
+    if st.ep > 1 and spec.moe.num_experts % st.ep:
+        raise ShardlabError(f"--ep {st.ep} must divide {spec.name}'s {spec.moe.num_experts} experts")
     if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:
         raise ShardlabError("tied embeddings with DTensor tp and pp are not supported; use tp-megatron+pp or untie")
     if st.sequence_parallel:                      # the ranks would refuse (or abort) after the launch
@@ -116,7 +123,7 @@ def worker_args(req: TrainRequest, mb: int) -> list[str]:
     a = ["--model", req.model, "--strategy", req.strategy, "--steps", str(req.steps), "--global-batch",
          str(req.global_batch), "--micro-batch", str(mb), "--seq-len", str(req.seq_len), "--schedule", req.schedule,
          "--vpp", str(req.vpp), "--optimizer", req.optimizer, "--seed", str(req.seed)]
-    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--device", req.device)):
+    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--device", req.device)):
         if v is not None:
             a += [flag, str(v)]
     return a + (["--dump-grads"] if req.check_parity else [])
@@ -188,7 +195,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "loss_rank": loss_rank["rank"] if loss_rank else None,
         "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "time_split", "step_times_s",
                                          "tokens_per_s", "peak_bytes", "collectives", "setup_collectives", "megatron_counter",
-                                         "megatron_sites", "model_states_bytes", "params_local", "backend", "device")}
+                                         "megatron_sites", "expert_dispatch", "model_states_bytes", "params_local", "backend", "device")}
                   for d in ranks],
         "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
         "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],
@@ -207,6 +214,9 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
                    "warnings": res.warnings},
     }
     doc["megatron_breakdown"] = megatron_breakdown(doc)
+    from shardlab.runtime.compare import expert_dispatch
+
+    doc["expert_dispatch"] = expert_dispatch(spec, st, shape, ranks)
     if req.check_parity:
         from shardlab.runtime.compare import parity
         from shardlab.runtime.data import SyntheticData

@@ -54,6 +54,24 @@ def _megatron_lines(doc: dict) -> list[str]:
     return ["Megatron f/g collectives per micro-batch (our operators' counter): " + "; ".join(parts)]
 
 
+def expert_lines(doc: dict) -> list[str]:
+    """The expert dispatcher's collectives per step, measured beside `comm plan`'s."""
+    rows = doc.get("expert_dispatch")
+    if not rows:
+        return []
+    from shardlab.units import fmt_bytes
+
+    def b(x):
+        return "-" if x is None else fmt_bytes(x)
+
+    parts = [f"{r['collective'].replace('_', '-')}: {r['measured_calls']} calls of {b(r['measured_bytes_per_call'])} "
+             f"on average (plan {r['predicted_calls']} of {b(r['predicted_bytes_per_call'])})"
+             for r in rows]
+    ok = all(r["match"] for r in rows)
+    return ["expert dispatch per step, every rank (all-to-all bytes vary with routing; their average is exact): "
+            + "; ".join(parts) + (" — as comm plan predicts" if ok else " — DIFFERS from comm plan")]
+
+
 def step_time_notes(doc: dict) -> list[str]:
     """What the measured-vs-predicted line needs beside it: a timed step that carried instrumentation, and on a
     CPU, that the catalog's generic core is not this machine."""
@@ -116,10 +134,12 @@ def render_train(doc: dict) -> str:
 
     lay, wl = doc["layout"], doc["workload"]
     out = [f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks (dp {lay['dp']} × tp {lay['tp']} × "
-           f"pp {lay['pp']}{', vpp ' + str(lay['vpp']) if lay['vpp'] > 1 else ''}), model {doc['model']}, "
+           f"pp {lay['pp']}{', vpp ' + str(lay['vpp']) if lay['vpp'] > 1 else ''}"
+           f"{', ep ' + str(lay['ep']) if lay.get('ep', 1) > 1 else ''}), model {doc['model']}, "
            f"{wl['steps']} steps of {wl['global_batch']} × {wl['seq_len']} tokens, fp32 {wl['optimizer']}, "
            f"{doc['microbatches']} micro-batch(es) of {wl['micro_batch']}"]
     out += _megatron_lines(doc)
+    out += expert_lines(doc)
     if doc.get("losses"):
         out.append(f"loss per step (global batch, seen by rank {doc['loss_rank']}): "
                    + "  ".join(f"{v:.4f}" for v in doc["losses"]))

@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--tp", type=int, default=None)
     p.add_argument("--pp", type=int, default=None)
+    p.add_argument("--ep", type=int, default=None)
     p.add_argument("--vpp", type=int, default=1)
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--steps", type=int, default=4)
@@ -64,7 +65,8 @@ def run(args, rr) -> dict:
 
     ctx = init_from_env(device_type=args.device)
     spec = resolve_spec(args.model)
-    st = parse_strategy(args.strategy, ctx.world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, schedule=args.schedule)
+    st = parse_strategy(args.strategy, ctx.world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, schedule=args.schedule,
+                        ep=args.ep)
     local = args.global_batch // st.dp
     m = local // args.micro_batch
     data = SyntheticData(spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)
@@ -79,12 +81,14 @@ def run(args, rr) -> dict:
     setup_collectives = rec.summary()
     rec.reset()
     setup.counter.reset()
+    setup.dispatch.reset()
     dp_group = setup.mesh["dp"].get_group()
     obs.bind(setup.mesh, setup.modules, dp_group)  # per-step collectives, metrics endpoint, slowness injection
     # step 0: memory (MemTracker + saved activations) and collective counts; step 1: time in collectives
     # (the recorder is a Python dispatch mode: it slows every op); steps 2+: clean step times
     coll_step = 1 if args.steps > 1 else 0
     losses, times, states, peak, coll_counts, coll_times, megatron_step0, megatron_sites = [], [], None, {}, {}, {}, {}, {}
+    dispatch0: dict = {}
     for k in range(args.steps):
         with obs.data():
             x, y = data.shard(k, setup.coords["dp"], st.dp)
@@ -119,6 +123,7 @@ def run(args, rr) -> dict:
             peak["saved_activations"] = saved.peak_bytes
             obs.memory(states, {c.lower(): v for c, v in peak.get("by_category", {}).items()})
             coll_counts, megatron_step0, megatron_sites = rec.summary(), dict(setup.counter.counts), setup.counter.by_site()
+            dispatch0 = setup.dispatch.summary()
             # a pipeline's first step also exchanges shapes and votes once: setup traffic, not per-step traffic
             for op, phases in list(coll_counts.items()):
                 if "setup" in phases:
@@ -155,6 +160,7 @@ def run(args, rr) -> dict:
         "collectives": coll, "setup_collectives": setup_collectives,
         "megatron_counter": {f"{op}/{ph}": n for (op, ph), n in megatron_step0.items()},
         "megatron_sites": megatron_sites,
+        "expert_dispatch": dispatch0,
         "model_states_bytes": states, "peak_bytes": peak,
         "params_local": sum(p.numel() for p in setup.params),
     }

@@ -35,7 +35,8 @@ def _split_bars(ranks: list, ref: tuple[str, float] | None = None) -> str | None
 def run_train_page(doc: dict) -> Page:
     lay = doc["layout"]
     page = Page(f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks ({doc['model']})",
-                f"dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']}, ZeRO-{lay['zero']}; measured with torch.distributed "
+                f"dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']}{f' (ep {ep})' if (ep := lay.get('ep', 1)) > 1 else ''}, "
+                f"ZeRO-{lay['zero']}; measured with torch.distributed "
                 f"beside the predictions")
     wl = doc["workload"]
     warned = "".join(f"<p class='bad'>warning: {esc(w)}</p>" for w in doc["launch"].get("warnings", []))

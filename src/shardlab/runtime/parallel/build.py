@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardlab.runtime.gpt import build_model
+from shardlab.runtime.parallel.expert import DispatchCounter, ExpertGroups
 from shardlab.runtime.parallel.megatron import CollectiveCounter, apply_megatron_tp
 from shardlab.runtime.parallel.strategy import Strategy
 
@@ -41,6 +42,12 @@ class RankSetup:
     """Collectives issued by the Megatron f/g operators."""
     device: torch.device = torch.device("cpu")
     """Where the model lives."""
+    experts: ExpertGroups | None = None
+    """Expert-parallel and expert-data-parallel groups (ep > 1)."""
+    expert_params: list = field(default_factory=list)
+    """This rank's routed-expert parameters (their gradients are reduced by ``expert.sync_expert_grads``)."""
+    dispatch: DispatchCounter = field(default_factory=DispatchCounter)
+    """Collectives issued by the expert dispatcher."""
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -86,9 +93,23 @@ def setup_rank(spec, strategy: Strategy, *, microbatches: int = 1, optimizer: st
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = init_device_mesh(device_type, (strategy.pp, strategy.dp, strategy.tp), mesh_dim_names=("pp", "dp", "tp"))
     coords = {k: mesh.get_local_rank(k) for k in ("pp", "dp", "tp")}
-    counter = CollectiveCounter()
+    counter, dispatch = CollectiveCounter(), DispatchCounter()
+    experts, expert_params = None, []
+    if strategy.ep > 1:
+        from shardlab.runtime.parallel.expert import expert_groups
+
+        experts = expert_groups(mesh, strategy.dp, strategy.ep, coords)
 
     def shard(m: nn.Module) -> nn.Module:
+        if experts is not None:
+            from shardlab.runtime.parallel.expert import apply_expert_parallel
+
+            names = set(apply_expert_parallel(m, experts, dispatch))
+            expert_params.extend(p for n, p in m.named_parameters() if n in names)
+            if strategy.data == "ddp":   # the experts' gradients are reduced over their own group
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                DDP._set_params_and_buffers_to_ignore_for_model(m, sorted(names))
         if strategy.tp_kind == "dtensor":
             from shardlab.runtime.parallel.tensor import apply_tp
 
@@ -116,7 +137,8 @@ def setup_rank(spec, strategy: Strategy, *, microbatches: int = 1, optimizer: st
     else:
         modules = [shard(build_model(spec, device=device, seed=seed))]
     params = [p for m in modules for p in m.parameters()]
-    return RankSetup(strategy, rank, coords, modules, make_optimizer(params, optimizer, lr), mesh, pipe, counter, device)
+    return RankSetup(strategy, rank, coords, modules, make_optimizer(params, optimizer, lr), mesh, pipe, counter, device,
+                     experts, expert_params, dispatch)
 
 
 def forward_backward(setup: RankSetup, x: torch.Tensor, y: torch.Tensor, microbatches: int, recorder=None):
@@ -145,6 +167,10 @@ def forward_backward(setup: RankSetup, x: torch.Tensor, y: torch.Tensor, microba
                 recorder.phase = "backward"
             loss.backward()
         total += loss.detach()
+    if setup.experts is not None:
+        from shardlab.runtime.parallel.expert import sync_expert_grads
+
+        sync_expert_grads(setup.expert_params, setup.experts)
     return total
 
 
@@ -162,12 +188,17 @@ def full_grads(setup: RankSetup, spec) -> dict[str, torch.Tensor]:
 
     inv = {t.name: t for t in model_tensors(spec)}
     tp_group = setup.mesh["tp"].get_group() if setup.strategy.tp > 1 else None
+    experts = {id(p) for p in setup.expert_params}
     out = {}
     for m in setup.modules:
         for name, p in m.named_parameters():
             name = name.removeprefix("module.")
             g = p.grad
-            if isinstance(g, DTensor):
+            if id(p) in experts:
+                from shardlab.runtime.parallel.expert import gather_experts
+
+                g = gather_experts(g, setup.experts.ep)
+            elif isinstance(g, DTensor):
                 g = g.full_tensor()
             elif setup.strategy.tp_kind == "megatron" and tp_group is not None:
                 t = inv.get(name) or inv.get("tok_embeddings.weight")

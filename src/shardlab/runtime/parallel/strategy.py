@@ -1,9 +1,10 @@
 """Strategy names (``ddp``, ``fsdp+tp``, ``pp``, ...) -> degrees and the Layout the analytic core predicts.
 
 A strategy is '+'-joined parts: one data-parallel kind (``ddp`` or ``fsdp``), one tensor-parallel kind
-(``tp``: DTensor; ``tp-megatron``: our f/g layers), ``sp`` (sequence parallel, with ``tp``) and ``pp``.
+(``tp``: DTensor; ``tp-megatron``: our f/g layers), ``sp`` (sequence parallel, with ``tp``), ``pp`` and ``ep``
+(expert parallel, carved out of ``ddp``: ``--ep`` consecutive data-parallel ranks split the experts).
 Degrees: a part alone takes all ranks; combined, ``tp`` and ``pp`` default to 2 (``--tp``/``--pp``
-override) and data parallelism takes the rest. Ranks are placed on the analytic core's grid
+override) and data parallelism takes the rest; ``ep`` defaults to the data-parallel degree. Ranks are placed on the analytic core's grid
 (``shardlab.layout``: tp fastest, then dp, pp slowest), as a (pp, dp, tp) device mesh.
 """
 
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from shardlab.errors import ShardlabError
 from shardlab.layout import Layout
 
-PARTS = ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp")
-EXAMPLES = ("ddp", "fsdp", "tp", "tp+sp", "tp-megatron", "pp", "fsdp+tp", "ddp+pp", "fsdp+pp", "ddp+tp-megatron")
+PARTS = ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp", "ep")
+EXAMPLES = ("ddp", "fsdp", "tp", "tp+sp", "tp-megatron", "pp", "fsdp+tp", "ddp+pp", "fsdp+pp", "ddp+tp-megatron",
+            "ddp+ep")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Strategy:
     """Model chunks per pipeline rank (interleaved schedule)."""
     schedule: str = "1f1b"
     """Pipeline schedule: gpipe, 1f1b or interleaved."""
+    ep: int = 1
+    """Expert-parallel degree (divides dp: ``ep`` data-parallel ranks split the routed experts)."""
 
     @property
     def world_size(self) -> int:
@@ -47,13 +51,13 @@ class Strategy:
 
     def layout(self, micro_batch: int = 1) -> Layout:
         """The Layout the memory and step-time models are evaluated on (fsdp = ZeRO-3, ddp = ZeRO-0)."""
-        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, zero=3 if self.data == "fsdp" else 0, vpp=self.vpp,
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, zero=3 if self.data == "fsdp" else 0, vpp=self.vpp,
                       micro_batch=micro_batch, sequence_parallel=self.sequence_parallel,
                       schedule=self.schedule if self.pp > 1 else "1f1b")
 
 
 def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | None = None, vpp: int = 1,
-                   schedule: str = "1f1b") -> Strategy:
+                   schedule: str = "1f1b", ep: int | None = None) -> Strategy:
     """Parse ``text`` for ``nproc`` ranks; raises a one-line ShardlabError with the fix on bad input."""
     parts = [p.strip().lower() for p in text.split("+") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
@@ -76,6 +80,12 @@ def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | No
         raise ShardlabError(f"--tp {tp} given but --strategy '{text}' has no tp part; add +tp")
     if pp and not has_pp:
         raise ShardlabError(f"--pp {pp} given but --strategy '{text}' has no pp part; add +pp")
+    has_ep = "ep" in parts
+    if ep and not has_ep:
+        raise ShardlabError(f"--ep {ep} given but --strategy '{text}' has no ep part; add +ep")
+    if has_ep and (data != ["ddp"] or tpk or has_pp):
+        raise ShardlabError(f"--strategy '{text}': expert parallelism runs as ddp+ep (experts split over data-parallel "
+                            "ranks, the rest replicated); with tp, pp or fsdp it is predicted only")
     if nproc % (t * p):
         raise ShardlabError(f"--nproc {nproc} is not divisible by tp×pp = {t}×{p}; choose --nproc as a multiple of {t * p}")
     dp = nproc // (t * p)
@@ -87,6 +97,10 @@ def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | No
         vpp = 2
     if vpp > 1 and not (has_pp and sched == "interleaved"):
         raise ShardlabError("--vpp > 1 needs pp with --schedule interleaved")
-    canon = "+".join(x for x in ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp") if x in parts)
+    e = (ep or dp) if has_ep else 1
+    if dp % e:
+        raise ShardlabError(f"--ep {e} must divide the data-parallel degree {dp} (--nproc {nproc}); e.g. --ep "
+                            f"{max(d for d in range(1, dp + 1) if dp % d == 0 and d <= e)}")
+    canon = "+".join(x for x in PARTS if x in parts)
     return Strategy(canon, data[0] if data else None, {"tp": "dtensor", "tp-megatron": "megatron"}.get(tpk[0]) if tpk else None,
-                    sp, dp, t, p, vpp, sched)
+                    sp, dp, t, p, vpp, sched, e)
