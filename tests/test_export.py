@@ -131,11 +131,12 @@ REFUSE = [
 ]
 
 
-@pytest.mark.parametrize("target,lay,msg", REFUSE)
+@pytest.mark.parametrize("target,lay,msg", REFUSE + [
+    ("megatron", Layout(dp=8, tp=2, ep=4), "MoE layers under tensor parallelism only with sequence parallelism")])
 def test_refusals_name_the_reason(target, lay, msg):
     from shardlab.export.job import LaunchJob
 
-    job = LaunchJob("llama-3.1-8b", lay, 4096, 64)
+    job = LaunchJob("mixtral-8x7b" if lay.ep > 1 else "llama-3.1-8b", lay, 4096, 64)
     with pytest.raises(Refused, match=msg):
         render(job, CAT.model(job.model), target)
 

@@ -60,6 +60,24 @@ def test_rejections_are_counted_and_add_up():
     assert np.all(96 % (c["mb"] * c["dp"]) == 0)
 
 
+def test_megatron_searches_moe_under_tp_only_with_sequence_parallelism():
+    """Megatron-Core's MoELayer refuses tensor parallelism without sequence parallelism in training (megatron-core
+    0.16.1, moe_layer.py): its profile says so and the search keeps only SP layouts there; a profile without the
+    rule keeps both, and a dense model is unaffected."""
+    mix, meg = CAT.models["mixtral-8x7b"], CAT.framework("megatron-lm")
+    c, rej, _ = enumerate_space(mix, 32, 8, 4096, 256, framework=meg)
+    assert rej["the framework trains MoE layers under tp only with sequence parallelism"] > 0
+    assert np.all(c["sp"][c["tp"] > 1] == 1)
+    c, rej, _ = enumerate_space(mix, 32, 8, 4096, 256)
+    assert np.any(c["sp"][c["tp"] > 1] == 0) and not rej["the framework trains MoE layers under tp only with sequence parallelism"]
+    c, rej, _ = enumerate_space(CAT.models["llama-3.1-8b"], 32, 8, 4096, 256, framework=meg)
+    assert np.any(c["sp"][c["tp"] > 1] == 0)
+    from shardlab.layout import Layout
+
+    assert meg.refusal(Layout(dp=16, tp=2, ep=4), mix).endswith(
+        "add --sequence-parallel")
+
+
 def test_vectorized_memory_agrees_with_exact_report():
     spec = CAT.models["llama-3.1-70b"]
     res = plan_training(spec, cl(n=64), Workload(seq_len=4096, global_batch=256), top=3, exact_check=3)

@@ -128,7 +128,8 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
-_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer", "pipeline_host_s"}
+_FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer", "pipeline_host_s",
+                "moe_tp_needs_sp"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -152,7 +153,7 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
     if d["kernels"] not in KERNELS:
         raise ShardlabError(f"{where}: framework '{name}' kernels must be one of {', '.join(KERNELS)}, got {d['kernels']!r}")
     for key in ("compiles", "fused_loss", "dp_overlap", "zero3_prefetch", "zero3_regather_for_recompute",
-                "zero3_comm_per_gpu_nic", "hybrid_sharding", "main_grad_buffer"):
+                "zero3_comm_per_gpu_nic", "hybrid_sharding", "main_grad_buffer", "moe_tp_needs_sp"):
         if not isinstance(d.get(key, False), bool):
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d.get(key)!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
@@ -173,4 +174,5 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         lists[key] = tuple(v)
     live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params", "pipeline_host_s")}
     return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists, **live},
-                     notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False))
+                     notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False),
+                     moe_tp_needs_sp=d.get("moe_tp_needs_sp", False))

@@ -151,7 +151,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
 
         framework = get_catalog().framework(DEFAULT_FRAMEWORK)
     notes: list[str] = positions_notes(spec, seq_len)
-    why = framework.refusal(layout)
+    why = framework.refusal(layout, spec)
     if why:   # a what-if stays answerable; `plan` only searches what the framework runs, `export` refuses
         notes.append(f"{why} (priced as asked, with {framework.id}'s mechanisms)")
     per_mb = layout.micro_batch * layout.dp

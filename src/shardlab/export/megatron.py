@@ -126,6 +126,9 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         uns.append(Unsupported("precision", "bf16", "Megatron-LM keeps fp32 master weights with --bf16 (bf16-mixed)"))
     if job.optimizer == "adam-8bit":
         uns.append(Unsupported("optimizer", "adam-8bit", "Megatron-LM's optimizers are adam and sgd; adam written"))
+    if spec.moe is not None and lay.tp > 1 and not lay.sequence_parallel:
+        raise Refused("Megatron-Core trains MoE layers under tensor parallelism only with sequence parallelism "
+                      "(MoELayer.forward raises otherwise); add --sequence-parallel (or plan with it)")
     if lay.tp > 1 and lay.ep > 1:
         pass  # experts keep TP (expert-tensor-parallel-size defaults to tp), as shardlab splits them
     if lay.dp_replicate > 1:

@@ -36,6 +36,7 @@ REJECT_REASONS = (
     "redundant: sequence parallel without tp, or ZeRO with nothing to shard",
     "hybrid sharding needs ZeRO, more than one node's worth of data parallelism, and a framework that has it",
     "the framework does not combine this ZeRO stage with pipeline parallelism",
+    "the framework trains MoE layers under tp only with sequence parallelism",
 )
 
 
@@ -116,6 +117,7 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         (hs == 0) | ((zero > 0) & (rep > 1) & (dp % np.maximum(rep, 1) == 0) & ((dp // np.maximum(rep, 1)) % ep == 0)
                      & (fw is None or fw.hybrid_sharding)),
         (pp == 1) | (zero <= (3 if fw is None else fw.pipeline_max_zero)),
+        ~((tp > 1) & (sp == 0) & bool(spec.moe is not None and fw is not None and fw.moe_tp_needs_sp)),
     ]
     rejected = Counter()
     alive = np.ones(len(tp), dtype=bool)

@@ -99,9 +99,12 @@ class Framework:
     """Host time per micro-batch, pass (forward, backward) and pipeline stage that the GPU waits for, seconds: a
     pipeline engine that interprets its schedule instruction by instruction in Python with blocking point-to-point
     handshakes (DeepSpeed's PipelineEngine). 0 where the schedule is issued ahead of the GPU."""
+    moe_tp_needs_sp: bool = False
+    """It trains mixture-of-experts layers under tensor parallelism only with sequence parallelism (Megatron-Core's
+    MoELayer.forward raises otherwise: its token dispatcher expects each TP rank's sequence shard)."""
 
-    def refusal(self, layout) -> str | None:
-        """Why this framework cannot run ``layout`` (one line naming the fix), or None."""
+    def refusal(self, layout, spec=None) -> str | None:
+        """Why this framework cannot run ``layout`` (of ``spec``, when given) (one line naming the fix), or None."""
         if layout.pp > 1 and not self.schedules:
             return f"{self.id} has no pipeline parallelism; use --pp 1 or a framework that has it (megatron-lm, torchtitan)"
         if layout.pp > 1 and layout.schedule not in self.schedules:
@@ -116,6 +119,10 @@ class Framework:
         if layout.pp > 1 and layout.zero > self.pipeline_max_zero:
             return (f"{self.id} does not combine ZeRO-{layout.zero} with pipeline parallelism; use --zero "
                     f"{self.pipeline_max_zero} or less with --pp {layout.pp}")
+        if self.moe_tp_needs_sp and spec is not None and spec.moe is not None and layout.tp > 1 \
+                and not layout.sequence_parallel:
+            return (f"{self.id} trains mixture-of-experts layers under tensor parallelism only with sequence "
+                    f"parallelism; add --sequence-parallel")
         return None
 
     def kernels_for(self, compile: bool | None) -> str:
