@@ -123,7 +123,7 @@ class ExpertParallelMoE(nn.Module):
         send = counts.view(self.ep, self.local).sum(1).tolist()
         recv = mine.sum(1).tolist()
         got = AllToAll.apply(flat[token], send, recv, self.group, self.counter)   # (Σ recv, h), by source then expert
-        local_expert = torch.repeat_interleave(torch.arange(self.local).repeat(self.ep), mine.flatten())
+        local_expert = torch.repeat_interleave(torch.arange(self.local, device=x.device).repeat(self.ep), mine.flatten())
         out = torch.zeros_like(got)
         for j in range(self.local):
             rows = (local_expert == j).nonzero(as_tuple=True)[0]
