@@ -146,9 +146,12 @@ def test_expert_dispatch_under_tp_sends_each_tp_ranks_share_and_gathers_over_tp(
     counts = [i for i in its if i.axis == "EP" and i.group_size == 8]      # the dispatcher's token counts, TP × EP
     assert [(i.op, i.phase, i.bytes_per_call, i.calls_per_step) for i in counts] == [("all-gather", "forward", 8 * 8 * 8, 32 * 2)]
     assert find(its, "SP", "all-gather", "forward").calls_per_step == 32 * 2       # attention only: 1 per layer
-    # without EP the MLP keeps its own TP pair; with EP and no TP nothing is gathered over TP
-    assert find(items(MIX, Layout(dp=8, tp=2, sequence_parallel=True), m=2), "SP", "all-gather", "forward"
-                ).calls_per_step == 2 * 32 * 2
+    # without EP the dispatcher still gathers the copies (and the counts) over TP in place of the MLP's pair, with
+    # no all-to-all; with EP and no TP nothing is gathered over TP
+    noep = items(MIX, Layout(dp=8, tp=2, sequence_parallel=True), m=2)
+    assert find(noep, "SP", "all-gather", "forward").calls_per_step == 32 * 2
+    assert sorted((i.op, i.bytes_per_call) for i in noep if i.axis == "EP" and i.phase == "forward") == [
+        ("all-gather", 2 * 8 * 8), ("all-gather", routed), ("reduce-scatter", routed)]
     assert [(i.op, i.group_size) for i in items(MIX, Layout(dp=8, ep=8), m=2) if i.axis == "EP" and i.op != "all-to-all"
             ] == [("all-gather", 8)]                                   # only the token counts
 

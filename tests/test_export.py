@@ -193,12 +193,14 @@ def test_from_user_files(tmp_path):
     meg.write_text("--tensor-model-parallel-size 8\n--pipeline-model-parallel-size 2\n--sequence-parallel\n"
                    "--num-layers 80\n--hidden-size 8192\n--num-attention-heads 64\n--group-query-attention\n"
                    "--num-query-groups 8\n--ffn-hidden-size 28672\n--vocab-size 128256\n--micro-batch-size 1\n--global-batch-size 512\n"
-                   "--seq-length 4096\n--bf16\n--use-distributed-optimizer\n--lr 1e-4\n")
+                   "--seq-length 4096\n--bf16\n--use-distributed-optimizer\n--lr 1e-4\n"
+                   "--moe-token-dispatcher-type allgather\n")
     code, out, err = cli_main("estimate", "--from", str(meg), "--gpus", "64", "--json")
     assert code == 0, err
     d = json.loads(out)
     assert d["model"] == "llama-3.1-70b" and d["layout"]["tp"] == 8 and d["layout"]["zero"] == 1
     assert "--lr" in d["imported"]["ignored"]
+    assert "--moe-token-dispatcher-type allgather (shardlab prices the alltoall dispatcher)" in d["imported"]["ignored"]
     vl = tmp_path / "serve.sh"
     vl.write_text("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2 --max-model-len 4096 --max-num-seqs 16 "
                   "--quantization awq\n")

@@ -205,7 +205,8 @@ def scan_yaml_tokens(text: str) -> tuple[int, int | None]:
             elif isinstance(tok, (yaml.AnchorToken, yaml.AliasToken)):
                 return worst, tok.start_mark.line + 1
     except yaml.YAMLError as e:
-        # recent PyYAML scanners refuse deep nesting themselves, before handing out the tokens that open it
+        # libyaml's scanner (PyYAML's CSafeLoader, 6.0.4 seen) refuses deep nesting itself, before handing out the
+        # tokens that open it
         if "nesting depth" in str(getattr(e, "problem", None) or ""):
             return MAX_NESTING + 1, None
     finally:

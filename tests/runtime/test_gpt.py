@@ -13,7 +13,8 @@ def _names_shapes(model):
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
-@pytest.mark.parametrize("spec", [tiny_spec(), small_spec(), tiny_gpt2_spec()], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [tiny_spec(), small_spec(), tiny_gpt2_spec(), get_catalog().model("tiny-moe")],
+                         ids=lambda s: s.name)
 def test_presets_match_inventory(spec):
     model = build_model(spec)
     assert _names_shapes(model) == [(t.name, t.shape) for t in model_tensors(spec)]

@@ -106,6 +106,34 @@ class TwoRanks(_Base):
         assert c.get("all_reduce", "backward") == 2 * L + 1
         assert c.get("all_gather", "forward") == 1 and c.get("all_gather", "backward") == 0
 
+    def test_experts_that_receive_no_token_still_take_part(self):
+        """All tokens routed to rank 1's experts: rank 0's experts run on no rows, get zero gradients, and both ranks
+        run the backward all-to-alls (a rank that skipped them would leave its peer waiting forever)."""
+        from shardlab.runtime.gpt import MoE, _preset
+        from shardlab.runtime.parallel.expert import DispatchCounter, ExpertGroups, ExpertParallelMoE, sync_expert_grads
+
+        spec = _preset("tiny-moe")
+        with _LOCK:
+            torch.manual_seed(0)
+            full = MoE(spec)
+            for p in full.parameters():
+                torch.nn.init.normal_(p, std=0.02)
+            with torch.no_grad():          # positive inputs: experts 2 and 3 (rank 1's) win every token
+                full.router.weight.zero_()
+                full.router.weight[2:] = 1.0
+                full.router.weight[2, 0] += 0.1
+            x = torch.rand(1, 8, spec.hidden_size)
+            want = full(x)
+        moe = ExpertParallelMoE(full, torch.distributed.group.WORLD, DispatchCounter())
+        y = moe(x.clone().requires_grad_())     # as inside a model: the input carries gradients too
+        assert (y - want).abs().max().item() <= 1e-6
+        y.sum().backward()
+        params = list(moe.experts.parameters())
+        sync_expert_grads(params, ExpertGroups(torch.distributed.group.WORLD, None, 1))
+        assert all(p.grad is not None for p in params)
+        assert all(p.grad.abs().max().item() == 0 for p in params) == (self.rank == 0)
+        assert moe.counter.calls[("all_to_all", "backward")] == 2
+
     def test_gpt2_style_tp_both_ways(self):
         self.check("tp", spec=tiny_gpt2_spec())
         self.check("tp-megatron", spec=tiny_gpt2_spec())

@@ -157,23 +157,27 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
 
     # ---- tensor parallel (and sequence parallel) ---------------------------------------------------
     if t > 1:
-        # per layer and pass one TP pair for attention and one for the MLP; a MoE layer under EP leaves the MLP's to
-        # the expert dispatcher (below), unless a shared expert runs beside the routed ones
+        # per layer and pass one TP pair for attention and one for the MLP; a MoE layer leaves the MLP's to the expert
+        # dispatcher (below), unless a shared expert runs beside the routed ones
         moe_busy = sum(spec.is_moe_layer(i) for i in stages[busiest].layers)
-        pairs = 2 * L - (moe_busy if layout.ep > 1 and not spec.moe.shared_width else 0)
+        pairs = 2 * L - (moe_busy if spec.moe is not None and not spec.moe.shared_width else 0)
+        mlp_note = " (attention alone in a MoE layer: the dispatcher gathers for its experts)" if pairs < 2 * L else ""
         fwd, bwd = pairs * m, (2 if recompute_fwd else 1) * pairs * m
         rnote = " (+2 per layer re-run by full recomputation)" if recompute_fwd else ""
         if sp:
             for phase, calls in (("forward", fwd), ("backward", bwd)):
                 out.append(_item("SP", "all-gather", phase, act, calls, t, span["tp"], cluster, "critical",
-                                 "all-gather of (b, s, h) before QKV and before the MLP" + (rnote if phase == "backward" else "")))
+                                 "all-gather of (b, s, h) before QKV and before the MLP" + mlp_note
+                                 + (rnote if phase == "backward" else "")))
                 out.append(_item("SP", "reduce-scatter", phase, act, calls, t, span["tp"], cluster, "critical",
-                                 "reduce-scatter of (b, s, h) after attention out-proj and MLP down-proj"))
+                                 "reduce-scatter of (b, s, h) after attention out-proj and MLP down-proj" + mlp_note))
         else:
             out.append(_item("TP", "all-reduce", "forward", act, fwd, t, span["tp"], cluster, "critical",
-                             "Megatron g: all-reduce of (b, s, h) after attention out-proj and after MLP down-proj"))
+                             "Megatron g: all-reduce of (b, s, h) after attention out-proj and after MLP down-proj"
+                             + mlp_note))
             out.append(_item("TP", "all-reduce", "backward", act, bwd, t, span["tp"], cluster, "critical",
-                             "Megatron f: all-reduce of the input gradient before QKV and before the MLP" + rnote))
+                             "Megatron f: all-reduce of the input gradient before QKV and before the MLP" + mlp_note
+                             + rnote))
         if sp and first:
             out.append(_item("SP", "reduce-scatter", "forward", act, m, t, span["tp"], cluster, "critical",
                              "vocabulary-parallel embedding output, scattered along the sequence (first stage)"))
@@ -310,16 +314,17 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                          "(FSDP HYBRID_SHARD, torchtitan data_parallel_replicate_degree)"))
 
     # ---- expert parallel -------------------------------------------------------------------------
-    if layout.ep > 1 and moe_L:
+    if moe_L and (layout.ep > 1 or t > 1):
         k = spec.moe.top_k
         routed = b * s * k * h * e                  # the TP group's b·s tokens, k copies each, h wide
         for phase in ("forward", "backward"):
             passes = (2 if phase == "backward" and recompute_fwd else 1) * moe_L * m   # estimate: ep_per_moe_block_s
             rnote = (" (+1 per MoE layer re-run by full recomputation)" if phase == "backward" and recompute_fwd else "")
-            out.append(_item("EP", "all-to-all", phase, routed / t, 2 * passes, layout.ep, span["ep"], cluster, "critical",
-                             f"MoE dispatch and combine: {k} copies of each token to its experts and back"
-                             + (f" (each TP rank sends its 1/{t} share)" if t > 1 else "")
-                             + rnote.replace("+1", "+2")))
+            if layout.ep > 1:
+                out.append(_item("EP", "all-to-all", phase, routed / t, 2 * passes, layout.ep, span["ep"], cluster,
+                                 "critical", f"MoE dispatch and combine: {k} copies of each token to its experts and back"
+                                 + (f" (each TP rank sends its 1/{t} share)" if t > 1 else "")
+                                 + rnote.replace("+1", "+2")))
             counts = moe_L * m if phase == "forward" or recompute_fwd else 0   # forward passes, a re-run one included
             if counts:
                 E = spec.moe.num_experts

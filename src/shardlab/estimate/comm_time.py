@@ -90,6 +90,8 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     - all-gather over the TP group of what its members received (R in all), the experts' TP GEMMs, and a
       reduce-scatter of their output over TP;
     - the all-to-all back (combine).
+    With TP and no EP the dispatcher still gathers the counts and the copies over TP and reduce-scatters them back;
+    Megatron-core also all-to-alls the routing probabilities with their tokens (one value per copy: not priced).
     The all-to-all is a pairwise exchange (as ``comm.collectives`` prices it for `comm plan`): a rank sends S/n to
     each of its n − 1 peers, the g − 1 in its node over the intra-node link and the n − g on other nodes through its
     own NIC (every rank's traffic leaves the node, so the node's NICs are not pooled for it); the two run at once,
@@ -105,10 +107,11 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     bw = np.maximum((g - 1) / n * size / intra.bytes_per_s, (n - g) / n * size / inter.bytes_per_s)
     a2a = np.where(n > 1, lat + bw, 0.0)
     link = group_link(cluster, tp, 1)
-    etp = np.where(n > 1, _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link), 0.0)
+    etp = _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link)   # 0 without TP
     group = tp * n
-    counts = np.where(n > 1, _time("all-gather", group * num_experts * 8, group, group_link(cluster, n, tp * np.asarray(cp))),
-                      0.0)
+    # the TP × EP group crosses the links its EP members do (TP stays inside a node)
+    counts = np.where(group > 1, _time("all-gather", group * num_experts * 8, group,
+                                       group_link(cluster, n, tp * np.asarray(cp))), 0.0)
     rerun = np.asarray(recompute_code) == 2
     return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
 

@@ -45,7 +45,9 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
                       f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"),
         "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",
-        "ep_comm_s": f"dispatch + combine all-to-alls over {lay.ep} ranks per MoE block",
+        "ep_comm_s": ("expert dispatch per MoE block: the token counts gathered"
+                      + (f", dispatch + combine all-to-alls over {lay.ep} ranks" if lay.ep > 1 else "")
+                      + (f", the copies gathered and scattered over the {lay.tp} expert-TP ranks" if lay.tp > 1 else "")),
         "pp_p2p_s": (f"blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP rank "
                      f"({_pp_link(est)})"),
         "zero3_comm_s": (f"ZeRO-3 weight gathers and gradient reduce-scatters per block beyond the compute they overlap "
@@ -75,7 +77,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"under compute and the CPU Adam step (ZeRO-Offload Table 3 rate), docs/modern.md"),
     }
     names = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
-             "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
+             "cp_comm_s": "CP communication", "ep_comm_s": "expert dispatch", "pp_p2p_s": "pipeline sends",
              "zero3_comm_s": "ZeRO-3 communication", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
              "optimizer_s": "optimizer step", "host_overhead_s": "host overhead", "offload_s": "offload (host link, CPU)"}
     return [[names[k], f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%", text[k]] for k, v in b.items() if v > 1e-9]

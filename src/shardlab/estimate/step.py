@@ -195,9 +195,9 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         z3 = np.where(c["wrap"] > 0, z3_unit / nb, coll["ag"] + coll["rs"] + coll["ar"])
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
-            # a MoE block under EP: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
+            # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
             tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc,
-                                 mlp=~(bool(kind) & (np.asarray(ep) > 1) & (not (spec.moe and spec.moe.shared_width)))),
+                                 mlp=not (kind and not spec.moe.shared_width)),
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,

@@ -142,6 +142,8 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out.append(("context-parallel-size", lay.cp))
     if lay.ep > 1:
         out.append(("expert-model-parallel-size", lay.ep))
+    if spec.moe is not None and (lay.ep > 1 or lay.tp > 1):   # the dispatcher shardlab prices (the default is allgather)
+        out.append(("moe-token-dispatcher-type", "alltoall"))
     if lay.sequence_parallel:
         out.append(("sequence-parallel", True))
     if lay.recompute in ("selective", "op"):
@@ -341,8 +343,11 @@ def read(text: str, catalog) -> Imported:
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
              "pipeline-model-parallel-layout",
              "num-attention-heads", "ffn-hidden-size", "num-experts", "vocab-size", "group-query-attention",
-             "num-query-groups", "attention-dropout", "hidden-dropout"}
+             "num-query-groups", "attention-dropout", "hidden-dropout", "moe-token-dispatcher-type"}
     shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
+    disp = fl.get("moe-token-dispatcher-type")
+    if disp is not None and disp != "alltoall":
+        ign.append(f"--moe-token-dispatcher-type {str(disp)[:20]} (shardlab prices the alltoall dispatcher)")
     ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
     return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")
 

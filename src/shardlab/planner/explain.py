@@ -23,7 +23,7 @@ AXES = (
     ("sp", "sequence parallel", "splits norm/dropout activations across TP ranks at no extra communication volume"),
 )
 BREAKDOWN_LABELS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP communication",
-                    "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
+                    "cp_comm_s": "CP communication", "ep_comm_s": "expert dispatch", "pp_p2p_s": "pipeline sends",
                     "zero3_comm_s": "ZeRO-3 gathers", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
                     "optimizer_s": "optimizer step"}
 

@@ -32,6 +32,13 @@ class RunShape:
         return self.global_batch // strategy.dp // self.micro_batch
 
 
+def one_host(accelerator, link, ranks: int):
+    """The cluster a run's predictions use: ``ranks`` accelerators on one host joined by ``link``."""
+    from shardlab.specs.hardware import Cluster
+
+    return Cluster(accelerator=accelerator, num_gpus=ranks, gpus_per_node=ranks, intra_link=link, inter_link=link)
+
+
 def predicted_memory(spec, strategy: Strategy, shape: RunShape):
     """The memory model's report for this run (fp32: CPU runs are fp32)."""
     return training_memory(strategy.layout(shape.micro_batch), model=spec, precision="fp32", optimizer=shape.optimizer,
@@ -87,14 +94,13 @@ def predicted_estimate(spec, strategy: Strategy, shape: RunShape, accelerator: s
         return None, "no step-time prediction yet (shardlab.estimate is not available)"
     try:
         from shardlab.catalog import get_catalog
-        from shardlab.specs.hardware import Cluster
 
         cat = get_catalog([profile] if profile else [])
         prof = cat.profile or {}
         acc = cat.accelerator(accelerator or prof.get("gpu") or "cpu-core")
         ln = cat.link(link or prof.get("intra_link") or "loopback")
         n = strategy.world_size
-        cluster = Cluster(accelerator=acc, num_gpus=n, gpus_per_node=n, intra_link=ln, inter_link=ln)
+        cluster = one_host(acc, ln, n)
         fw = cat.framework(prof["framework"]) if prof.get("framework") else None   # `calibrate --from-run`
         est = estimate_training(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
                                 global_batch=shape.global_batch, precision="fp32", optimizer=shape.optimizer,
@@ -113,10 +119,9 @@ def expert_dispatch(spec, strategy: Strategy, shape: RunShape, ranks: list[dict]
         return None
     from shardlab.catalog import get_catalog
     from shardlab.comm.inventory import layout_collectives
-    from shardlab.specs.hardware import Cluster
 
-    cat, n = get_catalog(), strategy.world_size
-    cluster = Cluster(cat.accelerator("cpu-core"), n, n, cat.link("loopback"), cat.link("loopback"))
+    cat = get_catalog()
+    cluster = one_host(cat.accelerator("cpu-core"), cat.link("loopback"), strategy.world_size)
     plan: dict = {}
     for i in layout_collectives(spec, strategy.layout(shape.micro_batch), cluster, seq_len=shape.seq_len,
                                 microbatches=shape.microbatches(strategy), precision="fp32"):

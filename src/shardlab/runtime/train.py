@@ -87,9 +87,12 @@ def prepare(req: TrainRequest):
                             f"(duplicated KV heads are for inference only)")
     if spec.moe is not None and (st.tp > 1 or st.pp > 1):
         raise ShardlabError("mixture-of-experts models run with ddp, fsdp or ddp+ep only in the runtime")
-    if st.ep > 1 and spec.moe is None:
+    if "ep" in st.name.split("+") and spec.moe is None:
         raise ShardlabError(f"--strategy {st.name} splits routed experts, and {spec.name} has none; use a "
                             "mixture-of-experts model (e.g. --model tiny-moe)")
+    if "ep" in st.name.split("+") and st.ep < 2:
+        raise ShardlabError(f"--strategy {st.name} needs at least 2 expert-parallel ranks to split the experts (it has "
+                            f"{st.ep}); use --nproc 2 or more and --ep 2 or more")
     if st.ep > 1 and spec.moe.num_experts % st.ep:
         raise ShardlabError(f"--ep {st.ep} must divide {spec.name}'s {spec.moe.num_experts} experts")
     if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:

@@ -15,7 +15,7 @@ STEP_COLORS = {"compute_s": "#4e79a7", "recompute_s": "#a0cbe8", "pp_bubble_s": 
                "zero3_comm_s": "#b07aa1", "dp_comm_s": "#edc948", "host_overhead_s": "#8cd17d", "offload_s": "#ff9da7"}
 """One colour per part of the step, the same in every chart of every page."""
 STEP_LABELS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
-               "cp_comm_s": "CP communication", "ep_comm_s": "EP all-to-all", "pp_p2p_s": "pipeline sends",
+               "cp_comm_s": "CP communication", "ep_comm_s": "expert dispatch", "pp_p2p_s": "pipeline sends",
                "zero3_comm_s": "ZeRO-3 gathers", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
                "optimizer_s": "optimizer step"}
 COMM_COLORS = ("#d37295", "#fabfd2", "#499894", "#86bcb6", "#d4a6c8", "#f1ce63")

@@ -127,8 +127,10 @@ class ExpertParallelMoE(nn.Module):
         out = torch.zeros_like(got)
         for j in range(self.local):
             rows = (local_expert == j).nonzero(as_tuple=True)[0]
-            if rows.numel():
-                out = out.index_copy(0, rows, self.experts.expert(j, got[rows]))
+            # an expert that received no rows still runs (on none): its weights get a zero gradient and the combine
+            # stays in the graph, so every rank runs the backward all-to-alls its peers wait for (Megatron-core keeps
+            # zero-token experts in the graph the same way: moe/experts.py)
+            out = out.index_copy(0, rows, self.experts.expert(j, got[rows]))
         back = AllToAll.apply(out, recv, send, self.group, self.counter)           # (b·s·k, h), sorted copies
         y = torch.zeros_like(flat).index_add(0, token, back * w.flatten()[order, None])
         if hasattr(self, "shared"):
@@ -185,7 +187,10 @@ def apply_expert_parallel(model: nn.Module, groups: ExpertGroups, counter: Dispa
 def sync_expert_grads(params: list[nn.Parameter], groups: ExpertGroups) -> None:
     """Sum the expert gradients over the expert-data-parallel group and divide by dp (module doc): one all-reduce
     of them all flattened, as a gradient bucket."""
-    grads = [p.grad for p in params if p.grad is not None]
+    for p in params:
+        if p.grad is None:     # a layer whose local experts saw no token in any micro-batch: the peers' sizes match
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     if not grads:
         return
     if groups.edp is not None:
