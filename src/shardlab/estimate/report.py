@@ -43,7 +43,9 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
         "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "
                       f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
-                      f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"),
+                      f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"
+                      + ("; half that in MoE blocks, whose expert dispatch gathers for the MLP"
+                         if est.model.moe is not None and not est.model.moe.shared_width else "")),
         "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",
         "ep_comm_s": ("expert dispatch per MoE block: the token counts gathered"
                       + (f", dispatch + combine all-to-alls over {lay.ep} ranks" if lay.ep > 1 else "")
