@@ -95,6 +95,20 @@ def test_run_page_shows_ranks_collectives_memory_and_extra_summaries():
     assert "straggler_rank" in text and "all_reduce backward" in text and "rank 3 measured" in text
 
 
+def test_run_page_sets_the_expert_dispatch_beside_comm_plan():
+    doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
+    doc["layout"]["ep"] = 2
+    doc["expert_dispatch"] = [
+        {"collective": "all_to_all/forward", "measured_calls": 8, "predicted_calls": 8, "measured_bytes_per_call": 131072.0,
+         "predicted_bytes_per_call": 131072.0, "match": True},
+        {"collective": "all_gather/forward", "measured_calls": 4, "predicted_calls": 3, "measured_bytes_per_call": 64.0,
+         "predicted_bytes_per_call": 64.0, "match": False}]
+    text = render_report("run-train", doc, "x")
+    assert "expert-dispatch" in scan(text).ids and "(ep 2)" in text
+    assert "<td>all-to-all forward</td><td>8 / 8</td><td>128.00 KiB / 128.00 KiB</td><td>yes</td>" in text
+    assert "<td>4 / 3</td>" in text and "<td>NO</td>" in text
+
+
 def test_run_page_splits_each_rank_into_compute_collectives_and_waiting():
     """With per-rank time splits the step-time chart stacks compute + in collectives + waiting (the bars of a rank
     held up by a slow one are mostly waiting); without them it draws whole steps."""

@@ -54,6 +54,8 @@ def run_train_page(doc: dict) -> Page:
                    + (f", error {100 * st['error']:+.0f}%" if st.get("error") is not None else "") + "</p>")
         page.add("step-times", "Step time per rank: measured vs predicted", summary + chart)
     page.add("collectives", "Collectives by op", _collectives(ranks))
+    if doc.get("expert_dispatch"):
+        page.add("expert-dispatch", "Expert dispatch: measured vs comm plan", _expert_dispatch(doc["expert_dispatch"]))
     cmp = doc.get("memory_comparison") or []
     if cmp:
         cats = [c for c, _ in MEMORY_CATS if c != "other"]
@@ -72,9 +74,22 @@ def run_train_page(doc: dict) -> Page:
     if doc.get("losses"):
         page.add("losses", "Loss per step", table(["step", "loss"], [[i, f"{v:.5f}"] for i, v in enumerate(doc["losses"])]))
     _rest(page, doc, {"strategy", "world_size", "model", "layout", "workload", "ranks", "step_time", "memory_comparison",
-                      "losses", "launch", "predicted", "measured", "memory_notes", "microbatches"})
+                      "losses", "launch", "predicted", "measured", "memory_notes", "microbatches", "expert_dispatch"})
     page.add("ranks", "Per-rank measurements", generic(ranks))
     return page
+
+
+def _expert_dispatch(rows: list[dict]) -> str:
+    """The dispatcher's collectives per step on every rank beside `comm plan`'s (``runtime.compare.expert_dispatch``)."""
+    def b(x):
+        return "-" if x is None else fmt_bytes(x)
+
+    body = [[r["collective"].replace("_", "-").replace("/", " "), f"{r['measured_calls']} / {r['predicted_calls']}",
+             f"{b(r['measured_bytes_per_call'])} / {b(r['predicted_bytes_per_call'])}", "yes" if r["match"] else "NO"]
+            for r in rows]
+    return ("<p>Per step, on every rank. Routing makes each rank's all-to-alls uneven; every token copy crosses once "
+            "each way, so their bytes averaged over ranks and calls equal the plan's b·s·k·h (balanced routing).</p>"
+            + table(["collective", "calls (measured / plan)", "bytes per call (measured average / plan)", "match"], body))
 
 
 def _collectives(ranks: list[dict]) -> str:
