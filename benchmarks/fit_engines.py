@@ -1,9 +1,12 @@
-"""Fit the serving engines' kernel numbers to the published measurements, then rewrite what depends on them.
+"""Fit the serving rates (per GPU generation) and the engines' overheads to the published measurements, then
+rewrite what depends on them.
 
-Refits the nine fitted fields of each engine (vllm, tensorrt-llm, sglang) on every target row of
-src/shardlab/validation/inference_runs.yaml, as `shardlab validate --inference` does (two-stage empirical Bayes,
-src/shardlab/validation/inference.py), repeating until the values stop moving (each pass starts from the last);
-writes them into src/shardlab/catalog/data/engines.yaml with the command and the date in their sources; then
+Refits the six rates of every GPU generation and the five overheads of every engine version jointly on every
+target row of src/shardlab/validation/inference_runs.yaml, as `shardlab validate --inference` does (two-stage
+empirical Bayes, src/shardlab/validation/inference.py), repeating until the values stop moving (each pass starts
+from the last); writes src/shardlab/catalog/data/serving_rates.yaml (with each generation's count of measured
+values and a default entry, the fitted generations' mean) and the overheads into
+src/shardlab/catalog/data/engines.yaml, with the command and the date in their sources; then
 rewrites docs/inference.md's generated tables from a fresh `validate --inference` (in sample and
 leave-one-source-out). tests/test_serve_cli.py fails when engines.yaml or the page lag behind a refit.
 
@@ -24,22 +27,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from shardlab.catalog import get_catalog  # noqa: E402
+import numpy as np  # noqa: E402
+
 from shardlab.serving.engines import ENGINES_FILE, FITTED, builtin_engines  # noqa: E402
-from shardlab.validation.inference import load_inference_runs, validate  # noqa: E402
+from shardlab.serving.rates import RATE_FIELDS, RATES_FILE, builtin_rates  # noqa: E402
+from shardlab.validation.inference import _v, _x, load_inference_runs, validate  # noqa: E402
 
 COMMAND = "python benchmarks/fit_engines.py"
-LABEL = {"vllm": "vLLM", "tensorrt-llm": "TensorRT-LLM", "sglang": "SGLang"}
+LABEL = {"vllm": "vLLM V1", "tensorrt-llm": "TensorRT-LLM 1.x", "sglang": "SGLang 0.5", "vllm-0.6": "vLLM 0.6",
+         "tensorrt-llm-0.17": "TensorRT-LLM 0.x", "sglang-0.3": "SGLang 0.3"}
 
 
 def _fmt(key: str, v: float) -> str:
-    return f"{v:.0f}" if key == "request_overhead_us" else f"{v:.4g}"
+    return f"{v:.0f}" if key in ("request_overhead_us", "first_token_overhead_us") else f"{v:.4g}"
+
+
+def rates_text(rates: dict, counts: dict, date: str) -> str:
+    """serving_rates.yaml's text: one line per fitted generation and the default (their mean in logit space)."""
+    head = [line for line in RATES_FILE.read_text().splitlines() if line.startswith("#")]
+    mean = {f: float(_v(f, np.mean([_x(f, r[f]) for r in rates.values()]))) for f in RATE_FIELDS}
+    out = list(head)
+    for gen, vals in [*sorted(rates.items()), ("default", mean)]:
+        cells = ", ".join(f"{f}: {vals[f]:.4g}" for f in RATE_FIELDS)
+        src = (f"fitted ({COMMAND}, {date}) to every engine's {counts.get(gen, 0)} measured values on {gen}" if gen != "default"
+               else f"the fitted generations' mean in logit space ({COMMAND}, {date}): no published serving row")
+        out.append(f"{gen}: {{{cells}, rows: {counts.get(gen, 0) if gen != 'default' else 0}, source: \"{src}\"}}")
+    return "\n".join(out) + "\n"
 
 
 def write_values(text: str, values: dict, date: str) -> str:
     """engines.yaml's text with each engine's FITTED values and their sources replaced."""
     out, engine = [], None
     for line in text.splitlines():
-        top = re.match(r"^([a-z0-9-]+):\s*$", line)
+        top = re.match(r"^([a-z0-9.-]+):\s*$", line)
         if top:
             engine = top.group(1)
         m = re.match(r"^  ([a-z0-9_]+): (.*)$", line)
@@ -58,15 +78,22 @@ def main() -> int:
     runs = load_inference_runs()
     for attempt in range(4):
         d = validate(get_catalog(), runs, loso=False)
-        now = {e: {k: getattr(p, k) for k in FITTED} for e, p in builtin_engines().items()}
-        moved = max(abs(d["refit"][e][k] / now[e][k] - 1) for e in d["refit"] for k in FITTED)
+        refit = d["refit"]
+        now_e = {e: {k: getattr(p, k) for k in FITTED} for e, p in builtin_engines().items()}
+        now_r = {g: {k: getattr(r, k) for k in RATE_FIELDS} for g, r in builtin_rates().items()}
+        moved = max([abs(refit["engines"][e][k] / now_e[e][k] - 1) for e in refit["engines"] for k in FITTED] +
+                    [abs(refit["rates"][g][k] / now_r.get(g, now_r["default"])[k] - 1) for g in refit["rates"] for k in RATE_FIELDS])
         print(f"pass {attempt + 1}: largest move {100 * moved:.2f}%")
-        ENGINES_FILE.write_text(write_values(ENGINES_FILE.read_text(), d["refit"], date))
+        ENGINES_FILE.write_text(write_values(ENGINES_FILE.read_text(), refit["engines"], date))
+        RATES_FILE.write_text(rates_text(refit["rates"], d["rows_per_generation"], date))
         builtin_engines.cache_clear()
+        builtin_rates.cache_clear()
         if moved < 0.005:
             break
-    for e, vals in sorted(d["refit"].items()):
-        print(f"  {e:13s} " + ", ".join(f"{k} {_fmt(k, v)}" for k, v in vals.items()))
+    for g, vals in sorted(refit["rates"].items()):
+        print(f"  {g:13s} " + ", ".join(f"{k} {v:.3f}" for k, v in vals.items()))
+    for e, vals in sorted(refit["engines"].items()):
+        print(f"  {e:18s} " + ", ".join(f"{k} {_fmt(k, v)}" for k, v in vals.items()))
     from shardlab.cli import main as cli
     from shardlab.validation.inference_markdown import blocks
     from shardlab.validation.markdown import render_into

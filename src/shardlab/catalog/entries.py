@@ -114,7 +114,10 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
 
 def link_from_dict(name: str, d: dict, where: str) -> Link:
     """Build a Link from a catalog mapping (strict keys, positive numbers, efficiency in (0, 1])."""
-    d = _strict(where, name, d, _LINK_FIELDS, set())
+    d = _strict(where, name, d, _LINK_FIELDS - {"mesh_peers"}, {"mesh_peers"})
+    mesh = d.get("mesh_peers", 0)
+    if isinstance(mesh, bool) or not isinstance(mesh, int) or not 0 <= mesh <= 1024:
+        raise ShardlabError(f"{where}: link '{name}' mesh_peers must be a whole number of peer links (0-1024), got {mesh!r}")
     for key in ("name", "scope", "source"):
         _text(where, name, key, d[key])
     eff = _positive(where, name, "efficiency", d["efficiency"])
@@ -124,7 +127,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
         raise ShardlabError(f"{where}: link '{name}' scope must be 'intra' or 'inter', got {d['scope']!r}")
     return Link(id=name, name=str(d["name"]), bandwidth_gbps=_positive(where, name, "bandwidth_gbps", d["bandwidth_gbps"]),
                 latency_us=_positive(where, name, "latency_us", d["latency_us"]), efficiency=eff, scope=d["scope"],
-                source=str(d["source"]))
+                source=str(d["source"]), mesh_peers=mesh)
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}

@@ -135,6 +135,7 @@ def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> Gro
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1
     across = across_nodes_bytes_per_s(cluster, per_node, per_gpu_nic)
-    beta = np.where(inside, intra.bytes_per_s, across)
+    lanes = np.clip(size - 1, 1, intra.mesh_peers) if intra.mesh_peers else 1    # a full mesh: one ring per peer link
+    beta = np.where(inside, intra.bytes_per_s * lanes, across)
     alpha = np.where(inside, intra.latency_s, inter.latency_s)
     return GroupLink(alpha, beta, nodes)

@@ -214,3 +214,47 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
     save_with(fig.savefig, p, "--plot")
     plt.close(fig)
     return p
+
+
+def serving_predicted_vs_measured(rows: list[dict], path: str) -> Path:
+    """Log-log scatter of ``validate --inference`` rows (target rows only): leave-one-source-out prediction against
+    the measured value, one panel per target group, one colour per family (engine version × GPU generation), with
+    the ±10% and ±35% bands."""
+    import numpy as np
+
+    p = check_picture_path(path)
+    plt = _plt()
+    rows = [r for r in rows if r["target"] in ("latency", "throughput") and r.get("loso_predicted")]
+    fams = sorted({r["family"] for r in rows})
+    colour = {f: plt.get_cmap("tab20")(i % 20) for i, f in enumerate(fams)}
+    panels = [("throughput", "output tokens/s (or requests/s)"), ("tpot", "per-token latency, s (static batch: e2e)"),
+              ("ttft", "first-token latency, s")]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.8), dpi=110)
+    for ax, (group, label) in zip(axes, panels):
+        rs = [r for r in rows if r["group"] == group]
+        if not rs:
+            ax.set_visible(False)
+            continue
+        for fam in fams:
+            fr = [r for r in rs if r["family"] == fam]
+            if fr:
+                ax.scatter([r["measured"] for r in fr], [r["loso_predicted"] for r in fr], s=16, color=colour[fam],
+                           label=f"{fam} ({len(fr)})")
+        vals = [r["measured"] for r in rs] + [r["loso_predicted"] for r in rs]
+        xs = np.array([min(vals) / 1.3, max(vals) * 1.3])
+        ax.plot(xs, xs, color="black", lw=0.8)
+        for band, style in ((0.10, "--"), (0.35, ":")):
+            ax.plot(xs, xs * (1 + band), color="grey", lw=0.7, ls=style, label=f"±{band:.0%}")
+            ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel(f"predicted, leave-one-source-out")
+        ax.legend(fontsize=6, loc="upper left")
+        ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    fig.suptitle("shardlab: serving predictions (refitted without each measurement's source) vs published measurements",
+                 fontsize=10)
+    fig.tight_layout()
+    save_with(fig.savefig, p, "--plot")
+    plt.close(fig)
+    return p

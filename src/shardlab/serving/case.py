@@ -23,6 +23,7 @@ from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_t
 from shardlab.memory.overheads import Overheads
 from shardlab.serving.engines import EngineProfile
 from shardlab.serving.precision import InferencePrecision
+from shardlab.serving.rates import rates_for
 from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -63,7 +64,7 @@ class ServeCase:
     slowest: StepModel
     """The largest stage's terms (sets the pipeline's rate)."""
     kernels: Kernels
-    """The engine's rates and overheads."""
+    """The GPU generation's rates and the engine's overheads."""
     scheduler_steps: int
     """Decode steps per scheduling decision."""
     p2p_fixed_s: float
@@ -119,5 +120,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
         p2p_tok = (big - one) / 4095
         p2p_fixed = one - p2p_tok
     steps = scheduler_steps or engine.scheduler_steps
+    acc = cluster.accelerator
+    kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
-                     budget, whole, slowest, engine.kernels(steps), steps, p2p_fixed, p2p_tok)
+                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok)

@@ -1,10 +1,11 @@
-"""Serving-engine profiles (vLLM, TensorRT-LLM, SGLang): the physical mechanisms an engine has, as data.
+"""Serving-engine profiles (vLLM, TensorRT-LLM, SGLang, each version its own id): the mechanisms an engine has,
+as data.
 
-``catalog/data/engines.yaml`` holds one entry per engine. Scheduler and memory settings are the engines'
-documented defaults (each with the file or page it comes from); the kernel rates and overheads are
+``catalog/data/engines.yaml`` holds one entry per engine version. Scheduler, memory, CUDA-graph and kernel-choice
+settings are the version's defaults, each with the file of its source they come from; the host overheads are
 fitted to published measurements (``shardlab.validation.inference``; ``python benchmarks/fit_engines.py``
 writes them here, and ``shardlab validate --inference`` says when a refit would move them) and say so in
-their source. The loader is strict: every field is required, carries a source, and is range-checked;
+their source. Kernel rates are not the engine's: they are the GPU generation's (``serving.rates``). The loader is strict: every field is required, carries a source, and is range-checked;
 unknown keys are errors.
 """
 
@@ -29,14 +30,23 @@ TRAINING_FRAMEWORKS = ("megatron-lm", "deepspeed", "pytorch-fsdp", "torchtitan")
 """Training framework ids (``--framework`` for training); refused under --inference."""
 
 
+GQA_KERNELS = ("always", "never", "16-bit-kv")
+"""Whether the engine's decode attention kernel reads each KV head once for its whole group of query heads
+(always: FlashAttention's/FlashInfer's/XQA's grouped decode; never: a kernel per query head, each reading its KV
+head again; 16-bit-kv: grouped for a 16-bit cache, per head for an fp8 cache that falls back to a paged kernel)."""
+
+
 @dataclass(frozen=True)
 class EngineProfile:
-    """One serving engine's mechanisms (every field has a source in ``sources``)."""
+    """One serving engine version's mechanisms (every field has a source in ``sources``); the kernel rates are
+    the GPU generation's (``serving.rates``), shared by every engine."""
 
     id: str
-    """Catalog id (vllm, tensorrt-llm, sglang)."""
+    """Catalog id (vllm, vllm-0.6, sglang, sglang-0.3, tensorrt-llm, tensorrt-llm-0.17)."""
     name: str
-    """Readable name and the version the defaults describe."""
+    """Readable name."""
+    version: str
+    """Engine version the defaults are taken from."""
     kv_block_size: int
     """Tokens per KV-cache block."""
     gpu_memory_utilization: float
@@ -59,34 +69,35 @@ class EngineProfile:
     """Decode steps scheduled at once (vLLM --num-scheduler-steps); new requests join every that many steps."""
     sliding_window_cache: bool
     """The KV cache drops tokens outside a sliding-window model's window (else it keeps every token)."""
-    weight_bandwidth_efficiency: float
-    """Achieved share of HBM bandwidth streaming weights (decode GEMV/GEMM)."""
-    kv_bandwidth_efficiency: float
-    """Achieved share of HBM bandwidth reading the KV cache (decode attention)."""
-    gemm_efficiency: float
-    """Achieved share of the dense 16-bit tensor-core peak in large (prefill, big-batch) GEMMs."""
-    gemm8_efficiency: float
-    """Achieved share of the dense 8-bit (fp8/int8) peak in large GEMMs (8-bit GEMMs reach a lower share)."""
-    attention_efficiency: float
-    """Achieved share of the peak in prefill attention (flash attention FLOPs)."""
+    decode_groups_query_heads: str
+    """Whether decode attention reads a KV head once per query group (see GQA_KERNELS)."""
+    cuda_graph_max_batch: int
+    """Largest decode batch replayed as a captured CUDA graph (0: none); such steps pay no per-layer launch gaps."""
+    prefix_caching: bool
+    """Prompt prefixes already in the KV cache are not recomputed (automatic prefix caching / RadixAttention)."""
     step_overhead_us: float
-    """Per step: scheduling, sampling, CUDA-graph launch and synchronisation the GPU waits for, µs."""
+    """Per step: scheduling, sampling, graph launch and synchronisation the GPU waits for, µs."""
     seq_overhead_us: float
     """Per sequence in a step: host-side bookkeeping (block tables, detokenisation, output processing), µs."""
     layer_overhead_us: float
-    """Per block per step: kernel launches and inter-kernel gaps the GPU waits for, µs (CUDA graphs shrink it)."""
+    """Per block per step outside CUDA graphs: kernel launches and inter-kernel gaps the GPU waits for, µs."""
     request_overhead_us: float
-    """Per request before its first token: API server, tokenisation, admission, µs (online serving only)."""
+    """Per request before its first token: API server, tokenisation, admission, µs (online serving)."""
+    first_token_overhead_us: float
+    """Per static batch before its first token: input preparation, first sampling and output, µs."""
     sources: dict
     """Field name -> where its value comes from."""
 
-    def kernels(self, scheduler_steps: int | None = None) -> Kernels:
-        """The achieved rates and overheads in the step model's units (multi-step scheduling spreads the
-        host part of the step overhead over its steps)."""
+    def kernels(self, rates, kv_cache: str = "bf16", scheduler_steps: int | None = None) -> Kernels:
+        """The generation's ``rates`` (``serving.rates.ServingRates``) and this engine's overheads in the step model's
+        units (multi-step scheduling spreads the host part of the step overhead over its steps)."""
         n = scheduler_steps or self.scheduler_steps
-        return Kernels(self.weight_bandwidth_efficiency, self.kv_bandwidth_efficiency, self.gemm_efficiency,
-                       self.gemm8_efficiency, self.attention_efficiency, self.step_overhead_us * 1e-6 / n, self.seq_overhead_us * 1e-6 / n,
-                       self.layer_overhead_us * 1e-6)
+        grouped = self.decode_groups_query_heads == "always" or (self.decode_groups_query_heads == "16-bit-kv"
+                                                                 and kv_cache in ("bf16", "fp16"))
+        return Kernels(rates.weight_bandwidth_efficiency, rates.kv_bandwidth_efficiency, rates.gemm16_efficiency,
+                       rates.gemm8_efficiency, rates.gemm4_efficiency, rates.attention_efficiency,
+                       self.step_overhead_us * 1e-6 / n, self.seq_overhead_us * 1e-6 / n, self.layer_overhead_us * 1e-6,
+                       0.0 if grouped else 1.0, float(self.cuda_graph_max_batch), self.first_token_overhead_us * 1e-6)
 
     def with_settings(self, **kw) -> EngineProfile:
         """A copy with settings replaced (None values ignored), for flags such as --gpu-memory-utilization;
@@ -97,13 +108,15 @@ class EngineProfile:
         return replace(self, **kw)
 
 
-FRACTIONS = ("weight_bandwidth_efficiency", "kv_bandwidth_efficiency", "gemm_efficiency", "gemm8_efficiency",
-             "attention_efficiency")
-"""Fitted fields that are shares in (0, 1]."""
-FITTED = FRACTIONS + ("step_overhead_us", "seq_overhead_us", "layer_overhead_us", "request_overhead_us")
-"""Fields fitted to published measurements (``shardlab.validation.inference``)."""
-_FRACTIONS = ("gpu_memory_utilization",) + FRACTIONS
+FITTED = ("step_overhead_us", "seq_overhead_us", "layer_overhead_us", "request_overhead_us", "first_token_overhead_us")
+"""Engine fields fitted to published measurements (``shardlab.validation.inference``); the rates are the
+generation's (``serving.rates.RATE_FIELDS``)."""
+_FRACTIONS = ("gpu_memory_utilization",)
 _FIELDS = {f.name for f in fields(EngineProfile)} - {"id"}
+_TEXT = ("name", "version")
+_BOOLS = ("chunked_prefill", "sliding_window_cache", "prefix_caching")
+_CHOICES = (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING),
+            ("chunked_scheduling", SCHEDULING), ("decode_groups_query_heads", GQA_KERNELS))
 
 
 def _check(name: str, d: object, where: str) -> EngineProfile:
@@ -118,23 +131,25 @@ def _check(name: str, d: object, where: str) -> EngineProfile:
     if not isinstance(src, dict) or set(src) != _FIELDS - {"name", "sources"}:
         lacking = sorted(_FIELDS - {"name", "sources"} - set(src or {}))
         raise ShardlabError(f"{where}: engine '{name}' needs a source for every field (missing: {lacking})")
-    for key, choices in (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING),
-                         ("chunked_scheduling", SCHEDULING)):
+    for key, choices in _CHOICES:
         if d[key] not in choices:
             raise ShardlabError(f"{where}: engine '{name}' {key} must be one of {', '.join(choices)}, got {d[key]!r}")
-    for key in _FIELDS - {"name", "sources", "kv_memory_rule", "kv_admission", "scheduling", "chunked_scheduling",
-                          "chunked_prefill", "sliding_window_cache"}:
+    for key in _TEXT:
+        if not isinstance(d[key], str) or not d[key]:
+            raise ShardlabError(f"{where}: engine '{name}' {key} must be text")
+    for key in _FIELDS - {"sources", *_TEXT, *_BOOLS, *(k for k, _ in _CHOICES)}:
         v = d[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key in _FRACTIONS and not 0 < v <= 1):
             raise ShardlabError(f"{where}: engine '{name}' field '{key}' must be a "
                                 f"{'share in (0, 1]' if key in _FRACTIONS else 'number ≥ 0'}, got {v!r}")
-    for key in ("chunked_prefill", "sliding_window_cache"):
+    for key in _BOOLS:
         if not isinstance(d[key], bool):
             raise ShardlabError(f"{where}: engine '{name}' {key} must be true or false")
-    ints = ("kv_block_size", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps")
+    ints = ("kv_block_size", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "cuda_graph_max_batch")
     vals = {k: (int(d[k]) if k in ints else d[k]) for k in _FIELDS}
-    if any(vals[k] < 1 for k in ints):
-        raise ShardlabError(f"{where}: engine '{name}' {', '.join(ints)} must be at least 1")
+    if any(vals[k] < 1 for k in ints if k != "cuda_graph_max_batch"):
+        raise ShardlabError(f"{where}: engine '{name}' kv_block_size, max_num_seqs, max_num_batched_tokens and "
+                            f"scheduler_steps must be at least 1")
     return EngineProfile(id=name, **vals)
 
 
@@ -154,7 +169,7 @@ def builtin_engines() -> dict[str, EngineProfile]:
 
 
 def get_engine(name: str | None) -> EngineProfile:
-    """The profile of ``name`` (default vllm); training framework ids and unknown ids are refused."""
+    """The profile of ``name`` (default vllm: today's V1 engine); training framework ids and unknown ids are refused."""
     name = (name or "vllm").lower()
     engines = builtin_engines()
     if name in TRAINING_FRAMEWORKS:

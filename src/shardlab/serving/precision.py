@@ -13,6 +13,8 @@ checkpoints list it among the ignored layers). Bytes of one quantized (out, in) 
   symmetric, one fp16 scale per output channel, no zero point.
 - fp8 (E4M3, Micikevicius et al. 2022, arXiv 2209.05433): per-tensor scaling, one fp32 weight scale and one
   fp32 input scale per matrix (ModelOpt/vLLM FP8 checkpoints).
+- fp4 (NVFP4: E2M1 elements, one E4M3 scale per block of 16 elements along the input, one fp32 global scale
+  per tensor; NVIDIA, "Introducing NVFP4", 2025, and ModelOpt's NVFP4 checkpoints): 4.5 bits per weight.
 - bf16/fp16: 2 bytes, no scales.
 
 KV cache: bf16/fp16 2 bytes per element, fp8 1 byte (per-tensor scales; vLLM ``--kv-cache-dtype fp8``,
@@ -27,12 +29,14 @@ from dataclasses import dataclass
 
 from shardlab.errors import ShardlabError
 
-WEIGHT_BITS = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+WEIGHT_BITS = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
 """Bits per weight element of each --weights choice."""
 KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per KV-cache element of each --kv-cache-dtype choice."""
-ACTIVATION_DTYPES = ("bf16", "fp16", "fp8", "int8")
+ACTIVATION_DTYPES = ("bf16", "fp16", "fp8", "int8", "fp4")
 """--activations choices: the dtype the GEMMs run in (its tensor-core peak applies)."""
+NVFP4_BLOCK = 16
+"""Elements per E4M3 scale of an NVFP4 tensor (NVIDIA Blackwell block scaling)."""
 DEFAULT_GROUP_SIZE = 128
 """AWQ/GPTQ default group size (AutoAWQ ``q_group_size=128``; GPTQ ``group_size=128``)."""
 QUANTIZED_COMPONENTS = ("attention", "mlp", "experts", "shared_experts")
@@ -44,13 +48,13 @@ class InferencePrecision:
     """Precision of each tensor class of a served model."""
 
     weights: str = "bf16"
-    """Block linear weights: bf16, fp16, fp8, int8 or int4."""
+    """Block linear weights: bf16, fp16, fp8, int8, int4 or fp4 (NVFP4)."""
     group_size: int | None = None
     """Input features per scale/zero group (int4/int8); None = per output channel (int8) or per tensor (fp8)."""
     kv_cache: str = "bf16"
     """KV-cache element type: bf16, fp16 or fp8."""
     activations: str = "bf16"
-    """Type the GEMMs run in (sets the peak): bf16, fp16, fp8 or int8."""
+    """Type the GEMMs run in (sets the peak): bf16, fp16, fp8, int8 or fp4 (Blackwell NVFP4 tensor cores)."""
 
     @property
     def weight_bits(self) -> int:
@@ -80,6 +84,8 @@ class InferencePrecision:
             return data
         if self.weights == "fp8":
             return data + 8                                    # fp32 weight scale + fp32 input scale
+        if self.weights == "fp4":                              # E4M3 per 16 inputs + fp32 global scales
+            return data + out_features * -(-in_features // NVFP4_BLOCK) + 8
         if self.group_size:                                    # AWQ/GPTQ groups: fp16 scale + packed zero
             if in_features % self.group_size:                  # vLLM's AWQ/GPTQ create_weights refuse partial groups
                 fit = next((g for g in (128, 64, 32, 16) if in_features % g == 0), math.gcd(in_features, self.group_size))
@@ -119,11 +125,12 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
     elif weights == "int4":
         group_size = DEFAULT_GROUP_SIZE
     if activations is None:
-        has_fp8 = bool((peaks or {}).get("fp8"))
-        activations = "fp8" if weights == "fp8" and has_fp8 else ("fp16" if weights == "fp16" else "bf16")
+        has = {k for k, v in (peaks or {}).items() if v}
+        activations = ("fp8" if weights == "fp8" and "fp8" in has else "fp4" if weights == "fp4" and "fp4" in has
+                       else "fp16" if weights == "fp16" else "bf16")
     if activations not in ACTIVATION_DTYPES:
         raise ShardlabError(f"--activations {activations}: use one of {', '.join(ACTIVATION_DTYPES)}")
-    if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8"):
+    if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8", "fp4"):
         raise ShardlabError(f"--activations {activations} needs 8-bit weights (--weights fp8 or int8): a 16-bit "
                             f"weight cannot feed an {activations} GEMM")
     if not _runs(weights, activations):
@@ -138,7 +145,10 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
 
 def _runs(weights: str, activations: str) -> bool:
     """True for a weight/activation pair engines run: 16-bit GEMMs under any weights, int8 GEMMs only on int8
-    weights (SmoothQuant W8A8), fp8 GEMMs on fp8 weights or on int4 weights (W4A8, TensorRT-LLM/ModelOpt)."""
+    weights (SmoothQuant W8A8), fp8 GEMMs on fp8 weights or on int4/fp4 weights (W4A8, TensorRT-LLM/ModelOpt),
+    fp4 GEMMs on fp4 weights only (NVFP4 W4A4)."""
     if activations in ("bf16", "fp16"):
         return True
-    return weights == "int8" if activations == "int8" else weights in ("fp8", "int4")
+    if activations == "fp4":
+        return weights == "fp4"
+    return weights == "int8" if activations == "int8" else weights in ("fp8", "int4", "fp4")

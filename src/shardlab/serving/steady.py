@@ -23,7 +23,8 @@ prefill step(s) + queueing: a closed loop of C > capacity clients waits
 t₁ = one prompt's prefill time (Pollaczek–Khinchine mean wait of an M/D/1 queue, Kleinrock 1975, Queueing
 Systems Vol. 1 §5.7). Under an arrival rate, B solves B = λ·O·cycle(B) (bisection); at or above the
 replica's capacity rate the queue grows without bound (overloaded).
-Static batches (mode 'batch'): B prompts prefilled together, then O−1 decode steps of B sequences.
+Static batches (mode 'batch'): B prompts prefilled together, then O−1 decode steps of B sequences; the first
+token also waits for the engine's fixed first-token cost (input preparation, first sampling and output).
 Everything works on numpy arrays over cases (validation evaluates all published rows at once).
 """
 
@@ -270,7 +271,7 @@ def fluid(a: Arrays, mode, n) -> dict:
     nb = np.where(mode == 0, B, cyc["prefill_batch"])
     prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb, pois)
     batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * S / 2, B) + _through(a, B * S) \
-        + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s
+        + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s + a.kernels.first_token_overhead_s
     req_s = np.where(mode == 0, 0.0, B / (O * tpot))
     t1 = _one_prompt_s(a, D, r, pois)
     rho = np.minimum(lam * t1, 0.999999)

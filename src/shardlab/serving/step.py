@@ -6,18 +6,24 @@ chunks, Agrawal et al. 2024, "Sarathi-Serve", OSDI, arXiv 2403.02310) through th
 class, a roofline (Williams et al. 2009, CACM 52(4)): the time is the larger of its HBM traffic over the
 achieved bandwidth and its FLOPs over the achieved tensor-core rate.
 
-    linear    max( W_touched / (B·η_w),  2·N·(D+P) / (peak_gemm·η_g) )      N = active linear params on the rank,
-                                                                         η_g the engine's 16-bit or 8-bit GEMM share
+    linear    max( W / (B·η_w),  2·N·(D+P) / (peak_gemm·η_g) )   per GEMM class (dense matrices; routed experts),
+                                                                N = its active params on the rank, η_g the
+                                                                generation's 16-, 8- or 4-bit GEMM share
     head      max( W_head / (B·η_w),     2·V/t·h·n_sampled / (peak_16·η_g) )  logits only for sampled rows
-    attention max( K_d·kv / (B·η_kv),     pairs_d·f_a / (peak_attn·η_a) ) + pairs_p·f_a / (peak_attn·η_a)
+    attention max( g·K_d·kv / (B·η_kv),   pairs_d·f_a / (peak_attn·η_a) ) + pairs_p·f_a / (peak_attn·η_a)
+              g = 1 when the decode kernel reads a KV head once for its query group (GQA, Ainslie et al. 2023,
+              arXiv 2305.13245), else the group size (a kernel per query head reads it again)
     elementwise  (D+P) × the block's norm/activation/RoPE traffic (``estimate.compute.layer_times``)
     comm      2 TP all-reduces per layer of (D+P)·h·2 bytes (α–β, ``comm.collectives``)
     overhead  engine step overhead (scheduling, sampling) + per-sequence overhead × sequences
-              + per-layer overhead × layers (kernel launches and gaps the GPU idles for; small with CUDA graphs)
+              + per-layer overhead × layers (kernel launches and gaps the GPU idles for), paid only by steps the
+              engine does not replay as a captured CUDA graph (pure decode batches up to its capture size)
 
 W_touched counts a MoE layer's routed experts by the share some token reaches, 1 − (1 − k/E)^(D+P)
-(uniform routing). f_a = 2·(d_qk + d_v)·heads/t FLOPs per (query, key) pair per layer (QKᵀ and PV).
-η_* and the overheads belong to the engine (``shardlab.serving.engines``). Every function here is plain
+(uniform routing); the experts have a roofline of their own: each sees T·k/E of the step's T tokens, so they
+stay weight-bound at batches where the dense matrices are compute-bound. f_a = 2·(d_qk + d_v)·heads/t FLOPs per (query, key) pair per layer (QKᵀ and PV).
+η_* belong to the GPU generation (``shardlab.serving.rates``), shared by every engine; the overheads, the CUDA
+graph sizes and the kernel's GQA grouping belong to the engine (``shardlab.serving.engines``). Every function here is plain
 arithmetic on floats or numpy arrays, so validation evaluates hundreds of rows at once.
 """
 
@@ -30,7 +36,7 @@ import numpy as np
 from shardlab.comm.collectives import collective_time
 from shardlab.estimate.compute import layer_times
 from shardlab.estimate.hardware import matmul_curve
-from shardlab.flops import attention_dims, linear_params_per_layer
+from shardlab.flops import attention_dims, layer_matmuls, linear_params_per_layer
 from shardlab.layout import Layout
 from shardlab.memory.inference import kv_cache_bytes_per_token
 from shardlab.memory.states import stage_tensors
@@ -54,6 +60,8 @@ class StepModel:
     """Output-head bytes on the rank (last stage; 16-bit)."""
     gemm_flops_per_token: object
     """2 × active linear parameters of the stage's blocks on the rank."""
+    expert_flops_per_token: object
+    """The part of gemm_flops_per_token in routed experts (0 for dense models)."""
     head_flops_per_token: object
     """2 × V/t × h for each sampled token (last stage)."""
     kv_bytes_per_token: object
@@ -74,15 +82,17 @@ class StepModel:
     """Dense peak attention runs at (fp8 with an fp8 KV cache and fp8 activations, else 16-bit)."""
     layers: object
     """Blocks on the stage (each pays the engine's per-layer launch overhead once per step)."""
-    gemm_8bit: object
-    """1 when the linear layers run 8-bit GEMMs (fp8/int8 activations), else 0."""
+    gemm_bits: object
+    """Bits of the linear layers' GEMM inputs: 16, 8 (fp8/int8 activations) or 4 (fp4)."""
+    kv_group: object
+    """Query heads per KV head (GQA group; 1 for multi-head attention)."""
     head_peak_flops: object
     """Dense 16-bit peak (the head stays 16-bit)."""
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """The engine's achieved rates and overheads (floats, or arrays over cases)."""
+    """The GPU generation's achieved rates and the engine's overheads (floats, or arrays over cases)."""
 
     weight_bandwidth_efficiency: object
     """Share of HBM bandwidth reading weights."""
@@ -92,6 +102,8 @@ class Kernels:
     """Share of the 16-bit dense peak in large GEMMs."""
     gemm8_efficiency: object
     """Share of the 8-bit dense peak in large GEMMs."""
+    gemm4_efficiency: object
+    """Share of the fp4 dense peak in large GEMMs."""
     attention_efficiency: object
     """Share of the attention dtype's peak in prefill attention."""
     step_overhead_s: object
@@ -99,7 +111,13 @@ class Kernels:
     seq_overhead_s: object
     """Seconds per sampled sequence per step."""
     layer_overhead_s: object
-    """Seconds per block per step (launch gaps)."""
+    """Seconds per block per step outside CUDA graphs (launch gaps)."""
+    per_head_kv: object
+    """1 when the decode kernel reads a KV head once per query head (no GQA grouping), else 0."""
+    graph_max_batch: object
+    """Largest pure-decode batch replayed as a CUDA graph (0: none)."""
+    first_token_overhead_s: object
+    """Fixed seconds before a static batch's first token."""
 
 
 def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
@@ -118,6 +136,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
     acc = cluster.accelerator
     h, V = spec.hidden_size, spec.vocab_size
     lin = linear_params_per_layer(spec)
+    routed = [sum(t.numel * spec.moe.top_k // spec.moe.num_experts for t in layer_matmuls(spec, i) if t.ep_dim is not None)
+              if spec.moe else 0 for i in range(spec.num_layers)]
     qk, v = attention_dims(spec)
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
     fixed, per_tok = _allreduce_terms(2 * h, tp, cluster)
@@ -154,12 +174,14 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             dense_weight_bytes=float(dense), expert_weight_bytes=float(expert),
             expert_share=spec.moe.top_k / spec.moe.num_experts if spec.moe else 0.0,
             head_weight_bytes=float(head), gemm_flops_per_token=2.0 * sum(lin[i] for i in st.layers) / tp,
+            expert_flops_per_token=2.0 * sum(routed[i] for i in st.layers) / tp,
             head_flops_per_token=2.0 * -(-V // tp) * h if st.holds_head else 0.0,
             kv_bytes_per_token=float(kv_tok[st.stage]), attn_flops_per_pair=2.0 * (qk + v) / tp * nl,
             elem_s_per_token=elem, comm_s_fixed=2 * nl * fixed, comm_s_per_token=2 * nl * per_tok,
             bandwidth_bytes_per_s=acc.memory_bandwidth_bytes_per_s, gemm_peak_flops=acc.peak_flops(precision.gemm_dtype),
             attn_peak_flops=acc.peak_flops(attn_dtype) if attn_dtype else peak16, head_peak_flops=peak16, layers=float(nl),
-            gemm_8bit=float(precision.gemm_dtype in ("fp8", "int8"))))
+            gemm_bits=float(4 if precision.gemm_dtype == "fp4" else 8 if precision.gemm_dtype in ("fp8", "int8") else 16),
+            kv_group=float(spec.num_heads / max(1, spec.num_kv_heads))))
     return out
 
 
@@ -167,7 +189,8 @@ def pipeline_models(stages: list[StepModel]) -> tuple[StepModel, StepModel]:
     """(whole, slowest): the stages' terms summed (a token crosses every stage) and the largest stage."""
     def total(m: StepModel) -> float:
         return m.dense_weight_bytes + m.expert_weight_bytes + m.head_weight_bytes + m.kv_bytes_per_token
-    keep = ("expert_share", "bandwidth_bytes_per_s", "gemm_peak_flops", "attn_peak_flops", "head_peak_flops", "gemm_8bit")
+    keep = ("expert_share", "bandwidth_bytes_per_s", "gemm_peak_flops", "attn_peak_flops", "head_peak_flops", "gemm_bits",
+            "kv_group")
     whole = StepModel(**{f.name: (getattr(stages[0], f.name) if f.name in keep else sum(getattr(s, f.name) for s in stages))
                          for f in fields(StepModel)})
     return whole, max(stages, key=total)
@@ -185,19 +208,27 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     pairs of the prefill tokens; sampled = rows whose logits are computed."""
     tokens = decode_seqs + prefill_tokens
     bw = m.bandwidth_bytes_per_s
-    gemm_eff = np.where(m.gemm_8bit > 0, k.gemm8_efficiency, k.gemm_efficiency)
-    touched = m.dense_weight_bytes + m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
+    gemm_eff = np.where(m.gemm_bits <= 4, k.gemm4_efficiency, np.where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
+    expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
+    touched = m.dense_weight_bytes + expert_touched
     read = touched / (bw * k.weight_bandwidth_efficiency)
-    compute = tokens * m.gemm_flops_per_token / (m.gemm_peak_flops * gemm_eff)
-    linear = np.maximum(read, compute)
+    rate = m.gemm_peak_flops * gemm_eff
+    compute = tokens * m.gemm_flops_per_token / rate
+    # a roofline per GEMM class: the dense matrices see all the step's tokens, a routed expert only its T·k/E share,
+    # so the experts can stay weight-bound while the dense layers are compute-bound (max of sums would hide it)
+    linear = (np.maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
+                         tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate)
+              + np.maximum(expert_touched / (bw * k.weight_bandwidth_efficiency), tokens * m.expert_flops_per_token / rate))
     head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency))
     attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
-    attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token / (bw * k.kv_bandwidth_efficiency),
+    kv_reads = 1.0 + k.per_head_kv * (m.kv_group - 1.0)        # a per-head kernel reads each KV head group times
+    attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token * kv_reads / (bw * k.kv_bandwidth_efficiency),
                            decode_ctx_tokens * attn_rate) + prefill_pairs * attn_rate
     elementwise = tokens * m.elem_s_per_token
     comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
-    overhead = k.step_overhead_s + k.seq_overhead_s * sampled + k.layer_overhead_s * m.layers
+    graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
+    overhead = k.step_overhead_s + k.seq_overhead_s * sampled + np.where(graphed, 0.0, k.layer_overhead_s * m.layers)
     parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
              "comm_s": comm, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
              "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}

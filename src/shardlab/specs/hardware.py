@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from shardlab.errors import ShardlabError
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Accelerator:
     vendor: str
     """nvidia, amd, ..."""
     peak_tflops: dict[str, float | None]
-    """Dense peak TFLOP/s (TOPS for int8/int4) by dtype (fp32, tf32, bf16, fp16, fp8, int8, int4); None where unsupported."""
+    """Dense peak TFLOP/s (TOPS for int8/int4) by dtype (fp32, tf32, bf16, fp16, fp8, int8, int4, fp4: NVFP4 block-scaled); None where unsupported."""
     memory_gib: float
     """Memory the framework can use, GiB (2**30 bytes)."""
     memory_bandwidth_gbps: float
@@ -119,6 +119,14 @@ class Link:
     """'intra' (inside a node) or 'inter' (between nodes)."""
     source: str
     """Where the numbers come from."""
+    mesh_peers: int = 0
+    """Peer links per GPU of a fully connected mesh (MI300X Infinity Fabric: 7), each of ``bandwidth_gbps``: a
+    collective over n ranks runs min(n − 1, mesh_peers) rings at once, one per link (RCCL's multi-ring mesh);
+    0 for a switched fabric or a single path."""
+
+    def lanes(self, ranks: int) -> int:
+        """Links a collective over ``ranks`` ranks drives at once (1 off a mesh)."""
+        return max(1, min(int(ranks) - 1, self.mesh_peers)) if self.mesh_peers else 1
 
     @property
     def bytes_per_s(self) -> float:

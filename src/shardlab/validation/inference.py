@@ -4,26 +4,28 @@ The rows live in ``inference_runs.yaml`` (a ``sources`` block per publication: c
 settings; ``runs`` inheriting them). Each run becomes a ServeCase (``serving.case``) and is predicted by the
 steady-state model (``serving.steady``). Errors are (predicted − measured) / measured per metric.
 
-Fit (``fit_engine``): the seven fitted fields of one engine (``serving.engines.FITTED``) minimise the squared
-log errors of its target rows (latency and throughput; each target group weighted so that the groups count
-equally and together as many as there are measurements), with
-a weak Gaussian prior (σ = 2 in logit/log space). Two stages (empirical Bayes): each engine is first fitted alone
-with the prior on PRIOR (documented values); then with the prior centred on the other engines' stage-one values
-(averaged in that space), so that a parameter no remaining row constrains falls back to what the other engines
-show. Solved by Levenberg–Marquardt (Levenberg 1944; Marquardt 1963, SIAM J. Appl.
-Math. 11(2)) with forward-difference Jacobians. Leave-one-source-out: refit the engine without one source,
-predict that source.
+Fit (``fit``): the rates of every GPU generation (``serving.rates.RATE_FIELDS``, shared by all engines on it)
+and the host overheads of every engine version (``serving.engines.FITTED``), jointly, minimise the squared log
+errors of the target rows (latency and throughput; each target group weighted so that the groups count equally
+and together as many as there are measurements), with a weak Gaussian prior (σ = 2 in logit/log space). Two
+stages (empirical Bayes): first with the prior on PRIOR (documented values); then with each generation's prior
+centred on the other generations' stage-one values and each engine's on the other engines' (averaged in that
+space), so that a parameter no remaining row constrains falls back to what the others show. Solved by
+Levenberg–Marquardt (Levenberg 1944; Marquardt 1963, SIAM J. Appl. Math. 11(2)) with forward-difference
+Jacobians. Leave-one-source-out: the whole two-stage fit without one source, then that source predicted.
+Families for the targets: engine version × GPU generation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.serving.engines import FITTED, FRACTIONS, EngineProfile, get_engine
+from shardlab.serving.engines import FITTED, EngineProfile, get_engine
+from shardlab.serving.rates import RATE_FIELDS, rates_for
 from shardlab.serving.step import Kernels
 
 RUNS_FILE = Path(__file__).parent / "inference_runs.yaml"
@@ -37,12 +39,13 @@ _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", 
              "ttft_stat", "tpot_stat", "e2e_stat"} | set(METRICS)
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
-PRIOR = {"weight_bandwidth_efficiency": 0.7, "kv_bandwidth_efficiency": 0.7, "gemm_efficiency": 0.6, "gemm8_efficiency": 0.6,
-         "attention_efficiency": 0.5, "step_overhead_us": 100.0, "seq_overhead_us": 5.0, "layer_overhead_us": 20.0,
-         "request_overhead_us": 5000.0}
+PRIOR = {"weight_bandwidth_efficiency": 0.7, "kv_bandwidth_efficiency": 0.7, "gemm16_efficiency": 0.75, "gemm8_efficiency": 0.6,
+         "gemm4_efficiency": 0.5, "attention_efficiency": 0.5, "step_overhead_us": 100.0, "seq_overhead_us": 5.0,
+         "layer_overhead_us": 20.0, "request_overhead_us": 5000.0, "first_token_overhead_us": 2000.0}
 """Prior centres: 60-70% model bandwidth utilisation (Databricks, 'LLM Inference Performance Engineering: Best
-Practices', 2023); 0.6 of the dense peak for large GEMMs (shardlab's DEFAULT_COMPUTE_EFFICIENCY); 50-73% of peak
-for FlashAttention-2 forward (Dao 2023, arXiv 2307.08691 §4.1); overheads of the order engines report (estimates)."""
+Practices', 2023); 70-80% of the dense 16-bit peak for large cuBLAS GEMMs (the training matmul curve's
+max_fraction, catalog/data/efficiencies.yaml), less for 8-bit and 4-bit (estimates); 50-73% of peak for
+FlashAttention-2 forward (Dao 2023, arXiv 2307.08691 §4.1); overheads of the order engines report (estimates)."""
 PRIOR_SIGMA = 2.0
 
 
@@ -147,6 +150,8 @@ class Prepared:
     """Scheduler steps per run (the step overheads are spread over them)."""
     cases: list = field(repr=False, default_factory=list)
     """The ServeCases."""
+    generations: list = field(default_factory=list)
+    """GPU generation per run (whose rates it uses)."""
 
 
 def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
@@ -155,28 +160,68 @@ def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
     cases = [run_case(r, catalog) for r in runs]
     modes = [run_mode(r, c.capacity) for r, c in zip(runs, cases)]
     return Prepared(runs, arrays(cases), np.array([m for m, _ in modes]), np.array([n for _, n in modes], dtype=float),
-                    np.array([c.scheduler_steps for c in cases], dtype=float), cases)
+                    np.array([c.scheduler_steps for c in cases], dtype=float), cases,
+                    [generation_of(r, catalog) for r in runs])
 
 
-def _kernels(values: dict, steps: np.ndarray) -> tuple[Kernels, np.ndarray]:
-    one = np.ones_like(steps)
-    k = Kernels(values["weight_bandwidth_efficiency"] * one, values["kv_bandwidth_efficiency"] * one,
-                values["gemm_efficiency"] * one, values["gemm8_efficiency"] * one, values["attention_efficiency"] * one,
-                values["step_overhead_us"] * 1e-6 / steps, values["seq_overhead_us"] * 1e-6 / steps,
-                values["layer_overhead_us"] * 1e-6 * one)
-    return k, values["request_overhead_us"] * 1e-6 * one
+FIELDS = RATE_FIELDS + FITTED
+"""Every fitted field: the generation's six rates, then the engine's five overheads."""
+SHARES = set(RATE_FIELDS)
+"""Fields that are shares in (0, 1] (fitted in logit space; the rest in log space)."""
+_KERNEL_OF = {"weight_bandwidth_efficiency": "weight_bandwidth_efficiency", "kv_bandwidth_efficiency": "kv_bandwidth_efficiency",
+              "gemm16_efficiency": "gemm_efficiency", "gemm8_efficiency": "gemm8_efficiency",
+              "gemm4_efficiency": "gemm4_efficiency", "attention_efficiency": "attention_efficiency"}
 
 
-def predict(prep: Prepared, values: dict | None = None, index: np.ndarray | None = None) -> dict:
-    """Predicted metrics (arrays over runs, or over ``index``), with the engines' fitted values or ``values``
-    (one engine's FITTED fields, applied to every run given; each field a number, or an array with one value per
-    entry of ``index``)."""
+def generation_of(run: InferenceRun, catalog) -> str:
+    """The GPU generation a run's rates come from."""
+    return catalog.accelerator(run.config["gpu"]).generation or "default"
+
+
+@dataclass(frozen=True)
+class Params:
+    """Fitted values: rates per GPU generation and overheads per engine."""
+
+    rates: dict
+    """generation -> RATE_FIELDS -> share."""
+    engines: dict
+    """engine id -> FITTED -> value (µs)."""
+
+    def per_run(self, prep: Prepared, idx: np.ndarray) -> dict:
+        """field -> array over ``idx`` of each run's value (its generation's rate, its engine's overhead)."""
+        out = {}
+        for f in RATE_FIELDS:
+            out[f] = np.array([self.rates[prep.generations[i]][f] for i in idx], dtype=float)
+        for f in FITTED:
+            out[f] = np.array([self.engines[prep.runs[i].engine][f] for i in idx], dtype=float)
+        return out
+
+
+def _kernels(prep: Prepared, idx: np.ndarray, values: dict) -> tuple[Kernels, np.ndarray]:
+    """Kernels of runs ``idx`` with ``values`` (field -> array over idx); the fixed per-case fields (GEMM
+    half-size, GQA grouping, CUDA-graph sizes) stay the prepared cases'."""
+    from shardlab.serving.steady import take
+
+    base = take(prep.arrays.kernels, idx)
+    steps = prep.steps[idx]
+    kw = {f.name: getattr(base, f.name) for f in fields(Kernels)}
+    kw.update({_KERNEL_OF[f]: values[f] for f in RATE_FIELDS})
+    kw.update(step_overhead_s=values["step_overhead_us"] * 1e-6 / steps, seq_overhead_s=values["seq_overhead_us"] * 1e-6 / steps,
+              layer_overhead_s=values["layer_overhead_us"] * 1e-6, first_token_overhead_s=values["first_token_overhead_us"] * 1e-6)
+    return Kernels(**kw), values["request_overhead_us"] * 1e-6
+
+
+def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarray | None = None) -> dict:
+    """Predicted metrics (arrays over runs, or over ``index``), with the catalog's values, a ``Params``, or
+    ``values`` (field -> array with one value per entry of ``index``)."""
     from shardlab.serving.steady import fluid, take
 
     idx = np.arange(len(prep.runs)) if index is None else index
     a = take(prep.arrays, idx)
     if values is not None:
-        k, req = _kernels(values, prep.steps[idx])
+        if isinstance(values, Params):
+            values = values.per_run(prep, idx)
+        k, req = _kernels(prep, idx, values)
         a = replace(a, kernels=k, request_overhead_s=req)
     return fluid(a, prep.mode[idx], prep.n[idx])
 
@@ -194,61 +239,84 @@ def _pairs(prep: Prepared, idx: np.ndarray, targets=("latency", "throughput")) -
     return out
 
 
-def _to_x(values: dict) -> np.ndarray:
-    return np.array([np.log(values[k] / (1 - values[k])) if k in FRACTIONS else np.log(values[k]) for k in FITTED])
+def _x(f: str, v):
+    return np.log(v / (1 - v)) if f in SHARES else np.log(v)
 
 
-def _from_x(x: np.ndarray) -> dict:
-    """Inverse of ``_to_x``; ``x`` of shape (fields,) gives floats, (fields, k) gives arrays of k values."""
-    conv = {k: 1 / (1 + np.exp(-v)) if k in FRACTIONS else np.exp(v) for k, v in zip(FITTED, x)}
-    return {k: float(v) if np.ndim(v) == 0 else v for k, v in conv.items()}
+def _v(f: str, x):
+    return 1 / (1 + np.exp(-x)) if f in SHARES else np.exp(x)
 
 
-def prior_centre(values: dict, engine: str) -> dict:
-    """The prior centre of ``engine``: the other engines' values, averaged in logit/log space (an engine's
-    unconstrained parameter falls back to what the other engines show); PRIOR when there are none."""
-    xs = [_to_x(v) for e, v in values.items() if e != engine]
-    return _from_x(np.mean(xs, axis=0)) if xs else dict(PRIOR)
+def _centre(values: dict, key: str, fields_: tuple) -> dict:
+    """Mean of the other keys' values (logit/log space) per field; PRIOR when there are none."""
+    others = [v for k, v in values.items() if k != key]
+    if not others:
+        return {f: PRIOR[f] for f in fields_}
+    return {f: float(_v(f, np.mean([_x(f, o[f]) for o in others]))) for f in fields_}
 
 
-def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, iterations: int = 40,
-               prior: dict | None = None) -> dict:
-    """Fit one engine's FITTED values to the target measurements of runs ``idx`` (module doc), with a prior
-    centred on ``prior`` (default PRIOR)."""
-    prior = prior or PRIOR
+def prior_centre(params: Params) -> Params:
+    """Each generation's prior centre is the other generations' values, each engine's the other engines'
+    (empirical Bayes: a parameter no remaining row constrains falls back to what the others show)."""
+    return Params({g: _centre(params.rates, g, RATE_FIELDS) for g in params.rates},
+                  {e: _centre(params.engines, e, FITTED) for e in params.engines})
+
+
+def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = None, iterations: int = 40) -> Params:
+    """Fit the rates of every generation and the overheads of every engine in runs ``idx`` jointly (module doc).
+    Each measurement depends on one generation's rates and one engine's overheads, so the Jacobian's columns
+    of one field (all generations', or all engines') come from one perturbed evaluation (column grouping,
+    Curtis, Powell & Reid 1974, IMA J. Appl. Math. 13(1)): 11 evaluations per iteration, whatever the count."""
+    gens = sorted({prep.generations[i] for i in idx})
+    engs = sorted({prep.runs[i].engine for i in idx})
+    if prior is None:
+        prior = Params({g: {f: PRIOR[f] for f in RATE_FIELDS} for g in gens}, {e: {f: PRIOR[f] for f in FITTED} for e in engs})
     pairs = _pairs(prep, idx)
     if not pairs:
-        return dict(start or prior)
+        return start
+    # parameter vector: (generation, rate field) then (engine, overhead field)
+    keys = [("r", g, f) for g in gens for f in RATE_FIELDS] + [("e", e, f) for e in engs for f in FITTED]
+    where = {k: j for j, k in enumerate(keys)}
+    col = np.array([[where[("r", prep.generations[i], f)] for f in RATE_FIELDS] +
+                    [where[("e", prep.runs[i].engine, f)] for f in FITTED] for i in idx])     # run -> param per field
+    get = lambda p, k: (p.rates if k[0] == "r" else p.engines)[k[1]][k[2]]  # noqa: E731
+    x0 = np.array([_x(k[2], get(prior, k)) for k in keys])
     pos = np.array([p for p, _, _ in pairs])
     meas = np.array([prep.runs[i].measured[m] for _, i, m in pairs])
     met = [m for _, _, m in pairs]
     groups = [METRICS[m] for m in met]
     w = np.array([np.sqrt(len(groups) / (len(set(groups)) * groups.count(g))) for g in groups])
-    x0 = _to_x(prior)
-
-    n = len(idx)
     met_ix = {m: np.array([k for k, mm in enumerate(met) if mm == m]) for m in set(met)}
+    n, nf = len(idx), len(FIELDS)
 
-    def resids(X):
-        """Residuals of every row of X (candidate parameter vectors) in one vectorised prediction: the model is
-        elementwise over cases, so stacking the candidates' copies of the runs gives each the same numbers as a
-        call of its own, for one call's interpreter overhead (the Jacobian's columns cost one evaluation)."""
-        vals = _from_x(X.T)                                    # field -> (candidates,)
-        out = predict(prep, {k: np.repeat(v, n) for k, v in vals.items()}, np.tile(idx, len(X)))
+    def data_resids(X):
+        """Data residuals for each row of X (parameter vectors), all in one vectorised prediction."""
+        vals = {f: np.concatenate([_v(f, x[col[:, j]]) for x in X]) for j, f in enumerate(FIELDS)}
+        out = predict(prep, vals, np.tile(idx, len(X)))
         pred = np.empty((len(X), len(met)))
         for m, ks in met_ix.items():
             pred[:, ks] = out[m].reshape(len(X), n)[:, pos[ks]]
-        data = w * np.log(np.clip(pred, 1e-12, 1e12) / meas)
-        return np.concatenate([np.where(np.isfinite(data), data, 10.0), (X - x0) / PRIOR_SIGMA], axis=1)
+        r = w * np.log(np.clip(pred, 1e-12, 1e12) / meas)
+        return np.where(np.isfinite(r), r, 10.0)
 
     def resid(x):
-        return resids(x[None, :])[0]
+        return np.concatenate([data_resids(x[None, :])[0], (x - x0) / PRIOR_SIGMA])
 
-    x = _to_x(start or prior)
+    run_of = np.array([p for p, _, _ in pairs])                 # residual row -> position of its run in idx
+    h = 1e-4
+    x = np.array([_x(k[2], get(start, k)) if (k[1] in (start.rates if k[0] == "r" else start.engines)) else x0[j]
+                  for j, k in enumerate(keys)])
     r = resid(x)
     lam = 1e-2
     for _ in range(iterations):
-        J = ((resids(x + 1e-4 * np.eye(len(x))) - r) / 1e-4).T
+        X = np.repeat(x[None, :], nf, axis=0)
+        for j in range(nf):                                       # perturb every parameter of field j at once
+            X[j, np.unique(col[:, j])] += h
+        D = (data_resids(X) - r[: len(met)]) / h                  # (fields, residuals)
+        J = np.zeros((len(met) + len(x), len(x)))
+        for j in range(nf):
+            J[np.arange(len(met)), col[run_of, j]] = D[j]
+        J[len(met):] = np.eye(len(x)) / PRIOR_SIGMA
         A, g = J.T @ J, J.T @ r
         improved = False
         for _ in range(8):
@@ -260,13 +328,22 @@ def fit_engine(prep: Prepared, idx: np.ndarray, start: dict | None = None, itera
             lam *= 4
         if not improved or np.max(np.abs(step)) < 1e-5:
             break
-    return _from_x(x)
+    rates = {g: {f: float(_v(f, x[where[("r", g, f)]])) for f in RATE_FIELDS} for g in gens}
+    engines = {e: {f: float(_v(f, x[where[("e", e, f)]])) for f in FITTED} for e in engs}
+    return Params({**start.rates, **rates}, {**start.engines, **engines})
 
 
-def engine_values(engine: str) -> dict:
-    """The FITTED values an engine profile carries now."""
-    e = get_engine(engine)
-    return {k: getattr(e, k) for k in FITTED}
+def catalog_params(prep: Prepared) -> Params:
+    """The values the catalog carries now (serving_rates.yaml, engines.yaml) for the runs' generations and engines."""
+    rates = {g: {f: getattr(rates_for(g), f) for f in RATE_FIELDS} for g in set(prep.generations)}
+    engines = {e: {f: getattr(get_engine(e), f) for f in FITTED} for e in {r.engine for r in prep.runs}}
+    return Params(rates, engines)
+
+
+def fit_two_stage(prep: Prepared, idx: np.ndarray, start: Params) -> Params:
+    """Stage one on PRIOR, stage two with each prior centred on the other generations'/engines' stage-one values."""
+    alone = fit(prep, idx, start)
+    return fit(prep, idx, alone, prior=prior_centre(alone))
 
 
 def errors(prep: Prepared, preds: dict, idx: np.ndarray, targets=TARGETS) -> list[dict]:
@@ -275,56 +352,75 @@ def errors(prep: Prepared, preds: dict, idx: np.ndarray, targets=TARGETS) -> lis
     for pos, i, m in _pairs(prep, idx, targets):
         p, meas = float(preds[m][pos]), prep.runs[i].measured[m]
         out.append({"run": prep.runs[i].id, "source": prep.runs[i].source, "engine": prep.runs[i].engine,
+                    "generation": prep.generations[i], "family": f"{prep.runs[i].engine} × {prep.generations[i]}",
                     "target": prep.runs[i].target, "metric": m, "group": METRICS[m], "stat": prep.runs[i].stats[m],
                     "measured": meas, "predicted": p if np.isfinite(p) else None,
                     "error": (p - meas) / meas if np.isfinite(p) else None})
     return out
 
 
-GOALS = {"tpot": 0.10, "ttft": 0.10, "throughput": 0.15}
-"""Mean |error| goals: per-token and first-token latency on latency rows, throughput on max-throughput rows."""
+GOALS = {"tpot": 0.10, "ttft": 0.12, "throughput": 0.10}
+"""Mean |error| goals per family (engine version × GPU generation) with at least FAMILY_MIN measurements,
+leave-one-source-out: per-token latency and throughput 10%, first-token latency 12%; no row beyond MAX_ERROR."""
+FAMILY_MIN = 5
+MAX_ERROR = 0.35
 
 
 def _summary(errs: list[dict], key: str) -> dict:
-    """mean and max |error| of ``key`` errors per (engine, group) and per group, target rows only."""
-    out: dict = {"by_engine": {}, "by_group": {}}
+    """mean and max |error| of ``key`` errors per family, per engine and per group, target rows only."""
+    acc: dict = {"by_family": {}, "by_engine": {}, "by_group": {}}
     for e in errs:
         if e["target"] not in ("latency", "throughput") or e[key] is None:
             continue
-        out["by_engine"].setdefault(e["engine"], {}).setdefault(e["group"], []).append(abs(e[key]))
-        out["by_group"].setdefault(e["group"], []).append(abs(e[key]))
+        acc["by_family"].setdefault(e["family"], {}).setdefault(e["group"], []).append(abs(e[key]))
+        acc["by_engine"].setdefault(e["engine"], {}).setdefault(e["group"], []).append(abs(e[key]))
+        acc["by_group"].setdefault(e["group"], []).append(abs(e[key]))
     stat = lambda v: {"n": len(v), "mean_abs_error": float(np.mean(v)), "max_abs_error": float(np.max(v))}  # noqa: E731
-    return {"by_engine": {k: {g: stat(v) for g, v in d.items()} for k, d in out["by_engine"].items()},
-            "by_group": {g: stat(v) for g, v in out["by_group"].items()}}
+    return {"by_family": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_family"].items()},
+            "by_engine": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_engine"].items()},
+            "by_group": {g: stat(v) for g, v in acc["by_group"].items()}}
+
+
+def verdict(loso: dict) -> dict:
+    """The targets, leave-one-source-out: each family with at least FAMILY_MIN measurements of a group meets its
+    goal, and no measurement is beyond MAX_ERROR."""
+    misses = [{"family": f, "group": g, "n": s["n"], "mean_abs_error": s["mean_abs_error"], "goal": GOALS[g]}
+              for f, d in loso["by_family"].items() for g, s in d.items()
+              if s["n"] >= FAMILY_MIN and s["mean_abs_error"] > GOALS[g]]
+    worst = max((s["max_abs_error"] for d in loso["by_family"].values() for s in d.values()), default=0.0)
+    return {"met": not misses and worst <= MAX_ERROR, "family_misses": misses, "worst_abs_error": worst,
+            "max_error": MAX_ERROR, "family_min": FAMILY_MIN}
 
 
 def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None) -> dict:
-    """Predict every run with the engines' values; refit them (two stages: each engine alone on PRIOR, then each
-    with its prior centred on the others' stage-one values); and leave-one-source-out: for each source, refit its
-    engine on its other sources (same centre) and predict it. Returns rows, summaries, values and refits.
-    ``only_source``: hold out that source alone and skip the full refit (``validate --inference --run``)."""
+    """Predict every run with the catalog's values; refit (two stages, all generations' rates and all engines'
+    overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
+    then the source predicted. Returns rows, summaries, values and the refit. ``only_source``: hold out that
+    source alone and skip the full refit (``validate --inference --run``)."""
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
-    engines = sorted({r.engine for r in runs})
-    idx_of = {e: np.array([i for i, r in enumerate(runs) if r.engine == e]) for e in engines}
-    values = {e: engine_values(e) for e in engines}
-    alone = {e: fit_engine(prep, idx_of[e], values[e]) for e in engines}
-    centre = {e: prior_centre(alone, e) for e in engines}
-    refit = {} if only_source else {e: fit_engine(prep, idx_of[e], values[e], prior=centre[e]) for e in engines}
-    rows = []
-    for e in engines:
-        rows += errors(prep, predict(prep, values[e], idx_of[e]), idx_of[e])
+    everything = np.arange(len(runs))
+    values = catalog_params(prep)
+    refit = None if only_source else fit_two_stage(prep, everything, values)
+    rows = errors(prep, predict(prep, values), everything)
     by_key = {(r["run"], r["metric"]): r for r in rows}
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     if loso:
         for src in [only_source] if only_source else sorted({r.source for r in runs}):
-            eng = next(r.engine for r in runs if r.source == src)
-            keep = np.array([i for i in idx_of[eng] if runs[i].source != src])
-            held = np.array([i for i in idx_of[eng] if runs[i].source == src])
-            vals = fit_engine(prep, keep, values[eng], prior=centre[eng])
+            keep = np.array([i for i in everything if runs[i].source != src])
+            held = np.array([i for i in everything if runs[i].source == src])
+            vals = fit_two_stage(prep, keep, values)
             for e in errors(prep, predict(prep, vals, held), held):
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
-    return {"rows": rows, "in_sample": _summary(rows, "error"), "loso": _summary(rows, "loso_error") if loso else None,
-            "values": values, "refit": refit, "goals": GOALS, "sources": sorted({r.source for r in runs})}
+    counts: dict = {}
+    for r in rows:
+        if r["target"] in ("latency", "throughput"):
+            counts[r["generation"]] = counts.get(r["generation"], 0) + 1
+    loso_summary = _summary(rows, "loso_error") if loso else None
+    return {"rows": rows, "in_sample": _summary(rows, "error"), "loso": loso_summary,
+            "verdict": verdict(loso_summary) if loso_summary else None,
+            "values": {"rates": values.rates, "engines": values.engines},
+            "refit": {"rates": refit.rates, "engines": refit.engines} if refit else None,
+            "rows_per_generation": counts, "goals": GOALS, "sources": sorted({r.source for r in runs})}

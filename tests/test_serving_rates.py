@@ -1,0 +1,169 @@
+"""Rates from the hardware, mechanisms from the engine: per-generation serving rates, versioned engine profiles,
+GQA-aware decode attention, CUDA graphs, the static first-token cost, NVFP4, mesh links, and the joint fit."""
+
+import numpy as np
+import pytest
+
+from shardlab.catalog import get_catalog
+from shardlab.comm.collectives import collective_time
+from shardlab.errors import ShardlabError
+from shardlab.serving.case import prepare
+from shardlab.serving.engines import builtin_engines, get_engine
+from shardlab.serving.precision import InferencePrecision, make_precision
+from shardlab.serving.rates import RATE_FIELDS, builtin_rates, load_rates, rates_for
+from shardlab.serving.step import step_parts
+from shardlab.specs.hardware import Cluster
+
+CAT = get_catalog()
+L8 = CAT.model("llama-3.1-8b")
+
+
+def node(gpu="h100-sxm", n=8):
+    acc = CAT.accelerator(gpu)
+    return Cluster(acc, n, acc.system["gpus_per_node"], CAT.link(acc.system["intra_link"]), CAT.link(acc.system["inter_link"]))
+
+
+def test_engines_share_their_generations_rates():
+    """Two engines on one GPU run at the same rates; another generation's differ; an unlisted one takes the default."""
+    a = prepare(L8, node(), get_engine("vllm"), tp=1).kernels
+    b = prepare(L8, node(), get_engine("tensorrt-llm"), tp=1).kernels
+    c = prepare(L8, node("a100-80gb"), get_engine("vllm"), tp=1).kernels
+    assert a.gemm_efficiency == b.gemm_efficiency == rates_for("hopper").gemm16_efficiency
+    assert a.weight_bandwidth_efficiency == b.weight_bandwidth_efficiency
+    assert c.gemm_efficiency == rates_for("ampere").gemm16_efficiency != a.gemm_efficiency
+    assert rates_for("volta") == builtin_rates()["default"]
+    assert all(builtin_rates()[g].rows > 0 for g in ("ampere", "hopper", "blackwell", "ada", "cdna3"))
+
+
+def test_rates_file_is_strict(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("default: {weight_bandwidth_efficiency: 1.5, kv_bandwidth_efficiency: 0.7, gemm16_efficiency: 0.7, "
+                   "gemm8_efficiency: 0.6, gemm4_efficiency: 0.5, attention_efficiency: 0.5, rows: 0, source: x}\n")
+    with pytest.raises(ShardlabError, match="share in"):
+        load_rates(bad)
+    bad.write_text("hopper: {weight_bandwidth_efficiency: 0.5}\n")
+    with pytest.raises(ShardlabError, match="default"):
+        load_rates(bad)
+
+
+def test_engine_versions():
+    """Today's engines are the defaults; older versions keep their own profiles."""
+    eng = builtin_engines()
+    assert {"vllm", "vllm-0.6", "sglang", "sglang-0.3", "tensorrt-llm", "tensorrt-llm-0.17"} <= set(eng)
+    assert get_engine(None).id == "vllm" and get_engine(None).version.startswith("0.11")
+    assert eng["vllm"].scheduling == "mixed" and eng["vllm"].chunked_prefill and eng["vllm"].scheduler_steps == 1
+    assert eng["vllm-0.6"].scheduling == "prefill-first" and not eng["vllm-0.6"].chunked_prefill
+    assert all(e.sources["version"] for e in eng.values())
+
+
+def _decode(case, D=64, ctx=2048):
+    return step_parts(case.whole, case.kernels, D, D * ctx, 0.0, 0.0, D)
+
+
+def test_a_per_head_decode_kernel_reads_the_kv_cache_once_per_query_head():
+    """vLLM 0.6 runs decode attention in FlashAttention for a 16-bit cache (one read per KV head for the group) but
+    in the per-head PagedAttention kernel for an fp8 cache: Llama-3.1-8B has 4 query heads per KV head, so the KV
+    read time is 4× what the same bytes take in a grouped kernel (V1)."""
+    fp8 = InferencePrecision(kv_cache="fp8")
+    old = prepare(L8, node(), get_engine("vllm-0.6"), tp=1, precision=fp8)
+    new = prepare(L8, node(), get_engine("vllm"), tp=1, precision=fp8)
+    old16 = prepare(L8, node(), get_engine("vllm-0.6"), tp=1)
+    assert old.kernels.per_head_kv == 1.0 and new.kernels.per_head_kv == 0.0 and old16.kernels.per_head_kv == 0.0
+    assert old.whole.kv_group == 4.0
+    assert _decode(old)["attention_s"] == pytest.approx(4 * _decode(new)["attention_s"], rel=1e-9)
+
+
+def test_cuda_graph_decode_steps_pay_no_launch_gaps():
+    """A pure decode batch up to the engine's capture size replays a graph (no per-layer overhead); a larger batch
+    or a step with prefill tokens pays it for every layer."""
+    case = prepare(L8, node(), get_engine("vllm"), tp=1)
+    k, m = case.kernels, case.whole
+    small, big = _decode(case, D=int(k.graph_max_batch)), _decode(case, D=int(k.graph_max_batch) + 1)
+    assert small["overhead_s"] == pytest.approx(k.step_overhead_s + k.seq_overhead_s * k.graph_max_batch)
+    assert big["overhead_s"] == pytest.approx(k.step_overhead_s + k.seq_overhead_s * (k.graph_max_batch + 1)
+                                              + k.layer_overhead_s * m.layers)
+    mixed = step_parts(m, k, 8, 8 * 1000, 512, 512 * 256, 9)
+    assert mixed["overhead_s"] == pytest.approx(k.step_overhead_s + 9 * k.seq_overhead_s + k.layer_overhead_s * 32)
+
+
+def test_static_batch_first_token_pays_the_fixed_cost():
+    from shardlab.serving.steady import arrays, fluid
+
+    case = prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=128, output_len=64)
+    a = arrays([case])
+    with_cost = float(fluid(a, [0], [1])["ttft_s"][0])
+    from dataclasses import replace
+    free = float(fluid(replace(a, kernels=replace(a.kernels, first_token_overhead_s=np.zeros(1))), [0], [1])["ttft_s"][0])
+    assert with_cost - free == pytest.approx(get_engine("vllm").first_token_overhead_us * 1e-6)
+
+
+def test_moe_experts_have_their_own_roofline():
+    """Qwen3-30B-A3B at 256 decoding sequences: each of 128 experts sees 256·8/128 = 16 tokens, so the experts stay
+    weight-bound while the dense attention matrices are not; the linear time is the sum of the two rooflines."""
+    spec = CAT.model("qwen3-30b-a3b")
+    case = prepare(spec, node(), get_engine("vllm"), tp=1)
+    p = _decode(case, D=256)
+    m, k = case.whole, case.kernels
+    bw = m.bandwidth_bytes_per_s * k.weight_bandwidth_efficiency
+    rate = m.gemm_peak_flops * k.gemm_efficiency
+    touched_e = m.expert_weight_bytes * (1 - (1 - m.expert_share) ** 256)
+    expect = max(m.dense_weight_bytes / bw, 256 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate) \
+        + max(touched_e / bw, 256 * m.expert_flops_per_token / rate)
+    assert p["linear_s"] == pytest.approx(expect, rel=1e-12)
+    assert touched_e / bw > 256 * m.expert_flops_per_token / rate
+
+
+def test_nvfp4_weights():
+    """NVFP4: 4-bit elements, an E4M3 scale per 16 inputs and two fp32 scales: 4.5 bits per weight and 8 bytes."""
+    p = make_precision("fp4", peaks=CAT.accelerator("b200").peak_tflops)
+    assert p.activations == "fp4" and p.gemm_dtype == "fp4"
+    assert p.matrix_bytes(4096, 4096) == 4096 * 4096 // 2 + 4096 * 256 + 8
+    assert make_precision("fp4", peaks=CAT.accelerator("h100-sxm").peak_tflops).activations == "bf16"
+    with pytest.raises(ShardlabError, match="fp4"):
+        make_precision("fp4", activations="fp4", peaks=CAT.accelerator("h100-sxm").peak_tflops)
+    with pytest.raises(ShardlabError):
+        make_precision("fp8", activations="fp4")
+
+
+def test_a_full_mesh_drives_one_ring_per_peer_link():
+    """MI300X's seven Infinity Fabric links: a TP-8 all-reduce of 64 MiB moves at seven links' bandwidth, TP-2 at one."""
+    link = CAT.link("infinity-fabric")
+    big = 64 * 2**20
+    t8 = collective_time("all-reduce", big, 8, link, "ring").time_s
+    one_link = 2 * 7 / 8 * big / link.bytes_per_s
+    assert t8 == pytest.approx(one_link / 7 + 14 * link.latency_s, rel=1e-6)
+    assert link.lanes(2) == 1 and link.lanes(8) == 7 and CAT.link("nvlink4").lanes(8) == 1
+
+
+def test_validation_families_and_verdict():
+    """Families are engine version × generation; the verdict names every family of ≥ 5 over its goal."""
+    from shardlab.validation.inference import FAMILY_MIN, GOALS, verdict
+
+    loso = {"by_family": {"vllm × hopper": {"tpot": {"n": 5, "mean_abs_error": 0.11, "max_abs_error": 0.2}},
+                          "vllm × ampere": {"tpot": {"n": 4, "mean_abs_error": 0.5, "max_abs_error": 0.3}}}}
+    v = verdict(loso)
+    assert FAMILY_MIN == 5 and GOALS == {"tpot": 0.10, "ttft": 0.12, "throughput": 0.10}
+    assert not v["met"] and [m["family"] for m in v["family_misses"]] == ["vllm × hopper"]
+    loso["by_family"]["vllm × hopper"]["tpot"]["mean_abs_error"] = 0.09
+    assert verdict(loso)["met"]
+    loso["by_family"]["vllm × ampere"]["tpot"]["max_abs_error"] = 0.4
+    assert not verdict(loso)["met"]
+
+
+def test_joint_fit_recovers_known_rates():
+    """Rows predicted with known rates and overheads, then fitted from other values, give the known ones back:
+    the column-grouped Jacobian sees every generation and engine."""
+    from shardlab.validation.inference import (Params, catalog_params, fit, load_inference_runs, predict,
+                                               prepare_runs)
+
+    runs = [r for r in load_inference_runs() if r.target in ("latency", "throughput")][::6]
+    prep = prepare_runs(runs, CAT)
+    truth = catalog_params(prep)
+    pred = predict(prep, truth)
+    fake = [type(r)(**{**r.__dict__, "measured": {m: float(pred[m][i]) for m in r.measured}}) for i, r in enumerate(runs)]
+    prep = prepare_runs(fake, CAT)
+    start = Params({g: {f: 0.5 for f in RATE_FIELDS} for g in truth.rates}, truth.engines)
+    got = fit(prep, np.arange(len(fake)), start, prior=truth)
+    for g in truth.rates:
+        for f in ("weight_bandwidth_efficiency", "gemm16_efficiency" if g != "cdna3" else "gemm8_efficiency"):
+            assert got.rates[g][f] == pytest.approx(truth.rates[g][f], rel=0.05), (g, f)
