@@ -72,7 +72,7 @@ class EngineProfile:
     decode_groups_query_heads: str
     """Whether decode attention reads a KV head once per query group (see GQA_KERNELS)."""
     cuda_graph_max_batch: int
-    """Largest decode batch replayed as a captured CUDA graph (0: none); such steps pay no per-layer launch gaps."""
+    """Largest decode batch replayed as a captured CUDA graph (0: none); such steps pay no per-layer launches."""
     prefix_caching: bool
     """Prompt prefixes already in the KV cache are not recomputed (automatic prefix caching / RadixAttention)."""
     step_overhead_us: float
@@ -80,7 +80,10 @@ class EngineProfile:
     seq_overhead_us: float
     """Per sequence in a step: host-side bookkeeping (block tables, detokenisation, output processing), µs."""
     layer_overhead_us: float
-    """Per block per step outside CUDA graphs: kernel launches and inter-kernel gaps the GPU waits for, µs."""
+    """Per block per step: the floor of its small kernels (norms, RoPE, activation: a few µs each however little
+    they do) and the gaps between them, µs; paid inside CUDA graphs too."""
+    eager_layer_overhead_us: float
+    """Per block per step outside CUDA graphs: the host's kernel launches the GPU waits for, µs."""
     request_overhead_us: float
     """Per request before its first token: API server, tokenisation, admission, µs (online serving)."""
     first_token_overhead_us: float
@@ -97,7 +100,8 @@ class EngineProfile:
         return Kernels(rates.weight_bandwidth_efficiency, rates.kv_bandwidth_efficiency, rates.gemm16_efficiency,
                        rates.gemm8_efficiency, rates.gemm4_efficiency, rates.attention_efficiency,
                        self.step_overhead_us * 1e-6 / n, self.seq_overhead_us * 1e-6 / n, self.layer_overhead_us * 1e-6,
-                       0.0 if grouped else 1.0, float(self.cuda_graph_max_batch), self.first_token_overhead_us * 1e-6)
+                       0.0 if grouped else 1.0, float(self.cuda_graph_max_batch), self.first_token_overhead_us * 1e-6,
+                       self.eager_layer_overhead_us * 1e-6)
 
     def with_settings(self, **kw) -> EngineProfile:
         """A copy with settings replaced (None values ignored), for flags such as --gpu-memory-utilization;
@@ -108,7 +112,8 @@ class EngineProfile:
         return replace(self, **kw)
 
 
-FITTED = ("step_overhead_us", "seq_overhead_us", "layer_overhead_us", "request_overhead_us", "first_token_overhead_us")
+FITTED = ("step_overhead_us", "seq_overhead_us", "layer_overhead_us", "eager_layer_overhead_us", "request_overhead_us",
+          "first_token_overhead_us")
 """Engine fields fitted to published measurements (``shardlab.validation.inference``); the rates are the
 generation's (``serving.rates.RATE_FIELDS``)."""
 _FRACTIONS = ("gpu_memory_utilization",)

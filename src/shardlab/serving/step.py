@@ -16,8 +16,9 @@ achieved bandwidth and its FLOPs over the achieved tensor-core rate.
     elementwise  (D+P) × the block's norm/activation/RoPE traffic (``estimate.compute.layer_times``)
     comm      2 TP all-reduces per layer of (D+P)·h·2 bytes (α–β, ``comm.collectives``)
     overhead  engine step overhead (scheduling, sampling) + per-sequence overhead × sequences
-              + per-layer overhead × layers (kernel launches and gaps the GPU idles for), paid only by steps the
-              engine does not replay as a captured CUDA graph (pure decode batches up to its capture size)
+              + per-layer overhead × layers (small kernels' floor and the gaps between them) + the eager
+              per-layer launch cost × layers, paid only by steps the engine does not replay as a captured CUDA
+              graph (pure decode batches up to its capture size)
 
 W_touched counts a MoE layer's routed experts by the share some token reaches, 1 − (1 − k/E)^(D+P)
 (uniform routing); the experts have a roofline of their own: each sees T·k/E of the step's T tokens, so they
@@ -111,13 +112,15 @@ class Kernels:
     seq_overhead_s: object
     """Seconds per sampled sequence per step."""
     layer_overhead_s: object
-    """Seconds per block per step outside CUDA graphs (launch gaps)."""
+    """Seconds per block per step (small kernels' floor and gaps), inside CUDA graphs too."""
     per_head_kv: object
     """1 when the decode kernel reads a KV head once per query head (no GQA grouping), else 0."""
     graph_max_batch: object
     """Largest pure-decode batch replayed as a CUDA graph (0: none)."""
     first_token_overhead_s: object
     """Fixed seconds before a static batch's first token."""
+    eager_layer_overhead_s: object
+    """Seconds per block per step outside CUDA graphs (host launches)."""
 
 
 def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
@@ -228,7 +231,8 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     elementwise = tokens * m.elem_s_per_token
     comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
-    overhead = k.step_overhead_s + k.seq_overhead_s * sampled + np.where(graphed, 0.0, k.layer_overhead_s * m.layers)
+    overhead = (k.step_overhead_s + k.seq_overhead_s * sampled
+                + (k.layer_overhead_s + np.where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)
     parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
              "comm_s": comm, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
              "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}

@@ -41,7 +41,8 @@ _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 PRIOR = {"weight_bandwidth_efficiency": 0.7, "kv_bandwidth_efficiency": 0.7, "gemm16_efficiency": 0.75, "gemm8_efficiency": 0.6,
          "gemm4_efficiency": 0.5, "attention_efficiency": 0.5, "step_overhead_us": 100.0, "seq_overhead_us": 5.0,
-         "layer_overhead_us": 20.0, "request_overhead_us": 5000.0, "first_token_overhead_us": 2000.0}
+         "layer_overhead_us": 20.0, "eager_layer_overhead_us": 20.0, "request_overhead_us": 5000.0,
+         "first_token_overhead_us": 2000.0}
 """Prior centres: 60-70% model bandwidth utilisation (Databricks, 'LLM Inference Performance Engineering: Best
 Practices', 2023); 70-80% of the dense 16-bit peak for large cuBLAS GEMMs (the training matmul curve's
 max_fraction, catalog/data/efficiencies.yaml), less for 8-bit and 4-bit (estimates); 50-73% of peak for
@@ -207,7 +208,8 @@ def _kernels(prep: Prepared, idx: np.ndarray, values: dict) -> tuple[Kernels, np
     kw = {f.name: getattr(base, f.name) for f in fields(Kernels)}
     kw.update({_KERNEL_OF[f]: values[f] for f in RATE_FIELDS})
     kw.update(step_overhead_s=values["step_overhead_us"] * 1e-6 / steps, seq_overhead_s=values["seq_overhead_us"] * 1e-6 / steps,
-              layer_overhead_s=values["layer_overhead_us"] * 1e-6, first_token_overhead_s=values["first_token_overhead_us"] * 1e-6)
+              layer_overhead_s=values["layer_overhead_us"] * 1e-6, first_token_overhead_s=values["first_token_overhead_us"] * 1e-6,
+              eager_layer_overhead_s=values["eager_layer_overhead_us"] * 1e-6)
     return Kernels(**kw), values["request_overhead_us"] * 1e-6
 
 
@@ -266,7 +268,7 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
     """Fit the rates of every generation and the overheads of every engine in runs ``idx`` jointly (module doc).
     Each measurement depends on one generation's rates and one engine's overheads, so the Jacobian's columns
     of one field (all generations', or all engines') come from one perturbed evaluation (column grouping,
-    Curtis, Powell & Reid 1974, IMA J. Appl. Math. 13(1)): 11 evaluations per iteration, whatever the count."""
+    Curtis, Powell & Reid 1974, IMA J. Appl. Math. 13(1)): one evaluation per field per iteration, whatever the count."""
     gens = sorted({prep.generations[i] for i in idx})
     engs = sorted({prep.runs[i].engine for i in idx})
     if prior is None:

@@ -18,6 +18,7 @@ _HEAD = {"weight_bandwidth_efficiency": ("η weights", "{:.3f}", 1), "kv_bandwid
          "gemm4_efficiency": ("η GEMM 4", "{:.3f}", 1), "first_token_overhead_us": ("first token ms", "{:.2f}", 1e-3),
          "attention_efficiency": ("η attention", "{:.3f}", 1), "step_overhead_us": ("step µs", "{:.1f}", 1),
          "seq_overhead_us": ("seq µs", "{:.2f}", 1), "layer_overhead_us": ("layer µs", "{:.1f}", 1),
+         "eager_layer_overhead_us": ("eager layer µs", "{:.1f}", 1),
          "request_overhead_us": ("request ms", "{:.1f}", 1e-3)}
 
 
