@@ -74,16 +74,33 @@ def test_a_per_head_decode_kernel_reads_the_kv_cache_once_per_query_head():
 
 
 def test_cuda_graph_decode_steps_pay_no_launch_gaps():
-    """A pure decode batch up to the engine's capture size replays a graph (no per-layer overhead); a larger batch
-    or a step with prefill tokens pays it for every layer."""
+    """A pure decode batch up to the engine's capture size replays a graph: it pays the per-layer kernel floor but no
+    eager launches; a larger batch or a step with prefill tokens pays both for every layer."""
     case = prepare(L8, node(), get_engine("vllm"), tp=1)
     k, m = case.kernels, case.whole
+    assert k.eager_layer_overhead_s > 0 and k.layer_overhead_s > 0
     small, big = _decode(case, D=int(k.graph_max_batch)), _decode(case, D=int(k.graph_max_batch) + 1)
-    assert small["overhead_s"] == pytest.approx(k.step_overhead_s + k.seq_overhead_s * k.graph_max_batch)
+    assert small["overhead_s"] == pytest.approx(k.step_overhead_s + k.seq_overhead_s * k.graph_max_batch
+                                                + k.layer_overhead_s * m.layers)
     assert big["overhead_s"] == pytest.approx(k.step_overhead_s + k.seq_overhead_s * (k.graph_max_batch + 1)
-                                              + k.layer_overhead_s * m.layers)
+                                              + (k.layer_overhead_s + k.eager_layer_overhead_s) * m.layers)
     mixed = step_parts(m, k, 8, 8 * 1000, 512, 512 * 256, 9)
-    assert mixed["overhead_s"] == pytest.approx(k.step_overhead_s + 9 * k.seq_overhead_s + k.layer_overhead_s * 32)
+    assert mixed["overhead_s"] == pytest.approx(k.step_overhead_s + 9 * k.seq_overhead_s
+                                                + (k.layer_overhead_s + k.eager_layer_overhead_s) * 32)
+    trt = prepare(L8, node(), get_engine("tensorrt-llm-0.17"), tp=1).kernels      # no graphs: every step is eager
+    assert trt.graph_max_batch == 0
+
+
+def test_pcie_rings_across_sockets_stage_through_host_memory():
+    """An 8-GPU PCIe server: a TP-4 ring stays under one socket (direct peer copies), a TP-8 ring crosses the CPU
+    interconnect through host memory at half the bandwidth."""
+    link = CAT.link("pcie4")
+    assert link.ring_bytes_per_s(4) == link.bytes_per_s and link.ring_bytes_per_s(8) == link.bytes_per_s / 2
+    big = 256 * 2**20
+    t4 = collective_time("all-reduce", big, 4, link, "ring").time_s - 6 * link.latency_s
+    t8 = collective_time("all-reduce", big, 8, link, "ring").time_s - 14 * link.latency_s
+    assert t8 / t4 == pytest.approx(2 * (7 / 8) / (3 / 4), rel=1e-6)
+    assert CAT.link("nvlink4").ring_bytes_per_s(8) == CAT.link("nvlink4").bytes_per_s
 
 
 def test_static_batch_first_token_pays_the_fixed_cost():

@@ -114,10 +114,11 @@ def accelerator_from_dict(name: str, d: dict, where: str) -> Accelerator:
 
 def link_from_dict(name: str, d: dict, where: str) -> Link:
     """Build a Link from a catalog mapping (strict keys, positive numbers, efficiency in (0, 1])."""
-    d = _strict(where, name, d, _LINK_FIELDS - {"mesh_peers"}, {"mesh_peers"})
-    mesh = d.get("mesh_peers", 0)
-    if isinstance(mesh, bool) or not isinstance(mesh, int) or not 0 <= mesh <= 1024:
-        raise ShardlabError(f"{where}: link '{name}' mesh_peers must be a whole number of peer links (0-1024), got {mesh!r}")
+    d = _strict(where, name, d, _LINK_FIELDS - {"mesh_peers", "socket_gpus"}, {"mesh_peers", "socket_gpus"})
+    for key in ("mesh_peers", "socket_gpus"):
+        v = d.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1024:
+            raise ShardlabError(f"{where}: link '{name}' {key} must be a whole number of GPUs or links (0-1024), got {v!r}")
     for key in ("name", "scope", "source"):
         _text(where, name, key, d[key])
     eff = _positive(where, name, "efficiency", d["efficiency"])
@@ -127,7 +128,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
         raise ShardlabError(f"{where}: link '{name}' scope must be 'intra' or 'inter', got {d['scope']!r}")
     return Link(id=name, name=str(d["name"]), bandwidth_gbps=_positive(where, name, "bandwidth_gbps", d["bandwidth_gbps"]),
                 latency_us=_positive(where, name, "latency_us", d["latency_us"]), efficiency=eff, scope=d["scope"],
-                source=str(d["source"]), mesh_peers=mesh)
+                source=str(d["source"]), mesh_peers=d.get("mesh_peers", 0), socket_gpus=d.get("socket_gpus", 0))
 
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}

@@ -178,8 +178,9 @@ class CollectiveCost:
 def _phase(label: str, op: str, n: int, scale: float, link: Link, algorithm: str) -> Phase:
     """One phase: ``op`` on ``n`` ranks over ``link`` moving ``scale``·S with a concrete ``algorithm``."""
     steps, coeff = ab_terms(op, n, algorithm)
-    lanes = link.lanes(n) if op != "send-recv" else 1         # a full mesh drives one ring per peer link at once
-    return Phase(label, link.id, algorithm, float(steps), float(coeff) * scale, link.latency_s, link.bytes_per_s * lanes)
+    # a full mesh drives one ring per peer link at once; a ring across CPU sockets stages through host memory
+    bw = link.ring_bytes_per_s(n) if op != "send-recv" else link.bytes_per_s
+    return Phase(label, link.id, algorithm, float(steps), float(coeff) * scale, link.latency_s, bw)
 
 
 def _phases(op: str, n: int, link: Link, algorithm: str, nodes: int, intra_link: Link | None) -> list[Phase]:

@@ -135,7 +135,6 @@ def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> Gro
     intra, inter = cluster.intra_link, cluster.inter_link
     inside = nodes <= 1
     across = across_nodes_bytes_per_s(cluster, per_node, per_gpu_nic)
-    lanes = np.clip(size - 1, 1, intra.mesh_peers) if intra.mesh_peers else 1    # a full mesh: one ring per peer link
-    beta = np.where(inside, intra.bytes_per_s * lanes, across)
+    beta = np.where(inside, intra.ring_bytes_per_s(size), across)   # a mesh's parallel rings; host-staged PCIe rings
     alpha = np.where(inside, intra.latency_s, inter.latency_s)
     return GroupLink(alpha, beta, nodes)

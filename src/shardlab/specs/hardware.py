@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from dataclasses import dataclass
 
 from shardlab.errors import ShardlabError
@@ -124,9 +125,24 @@ class Link:
     collective over n ranks runs min(n − 1, mesh_peers) rings at once, one per link (RCCL's multi-ring mesh);
     0 for a switched fabric or a single path."""
 
+    socket_gpus: int = 0
+    """GPUs under one CPU socket of a two-socket PCIe server (0: not such a link). A ring over more ranks crosses
+    the CPU interconnect, where NCCL uses no peer-to-peer copy by default (NCCL_P2P_LEVEL: not across SYS paths)
+    and stages each chunk through a host-memory buffer (its SHM transport): written out and read back, two PCIe
+    crossings per transfer, half the bandwidth of a direct peer copy."""
+
     def lanes(self, ranks: int) -> int:
         """Links a collective over ``ranks`` ranks drives at once (1 off a mesh)."""
         return max(1, min(int(ranks) - 1, self.mesh_peers)) if self.mesh_peers else 1
+
+    def ring_bytes_per_s(self, ranks):
+        """Bus bandwidth of a collective over ``ranks`` ranks inside one node: a mesh's parallel rings, or half the
+        link for rings that cross CPU sockets through host memory (array-safe in ranks)."""
+        r = np.asarray(ranks)
+        lanes = np.clip(r - 1, 1, self.mesh_peers) if self.mesh_peers else 1
+        staged = np.where((self.socket_gpus > 0) & (r > self.socket_gpus), 0.5, 1.0) if self.socket_gpus else 1.0
+        out = self.bytes_per_s * lanes * staged
+        return float(out) if np.ndim(out) == 0 else out
 
     @property
     def bytes_per_s(self) -> float:
