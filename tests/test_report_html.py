@@ -235,7 +235,7 @@ def test_rank_map_colours_by_ep_rank_and_serving_plan_names_its_targets(tmp_path
                             "--gpus", "8", "--html", str(out))
     assert code == 0, err
     page = out.read_text()
-    assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and "4 replicas" in page
+    assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and "1 replica: 2,398 tok/s" in page
 
 
 def test_estimate_page_names_the_pipeline_engine_term_only_with_stages(tmp_path):

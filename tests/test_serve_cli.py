@@ -84,7 +84,8 @@ def test_static_estimate_shows_quantized_bytes_and_blocks():
 def test_validation_rows_are_sourced_and_loso_refits():
     """Every row has a source with a citation; holding a source out refits its engine and predicts it."""
     runs = load_inference_runs()
-    assert len(runs) > 300 and all(r.citation and r.engine in ("vllm", "tensorrt-llm", "sglang") for r in runs)
+    engines = ("vllm", "tensorrt-llm", "sglang", "vllm-0.6", "tensorrt-llm-0.17", "sglang-0.3")
+    assert len(runs) > 400 and all(r.citation and r.engine in engines for r in runs)
     assert {r.target for r in runs} == {"latency", "throughput", "load", "info"}
     few = [r for r in runs if r.source in ("nim-1.8-concurrency", "trtllm-0.14-triton-online")]
     d = validate(get_catalog(), few)
@@ -93,21 +94,28 @@ def test_validation_rows_are_sourced_and_loso_refits():
     assert any(abs(r["loso_error"] - r["error"]) > 1e-6 for r in held)     # a different fit predicted them
 
 
-def test_validate_inference_meets_the_throughput_goal():
+def test_validate_inference_families_and_committed_fit():
+    """Overall mean errors within the goals in sample and out of sample; the verdict lists exactly the families of at
+    least 5 measurements whose leave-one-source-out mean misses its goal; the committed rates and engine costs are
+    what a refit on every row gives; docs/inference.md shows this result."""
     code, out, err = cli_main("validate", "--inference", "--json")
     assert code == 0, err
     d = strict_json(out)
-    ins, loso = d["summary"]["in_sample"]["by_group"], d["summary"]["leave_one_source_out"]["by_group"]
-    assert ins["throughput"]["mean_abs_error"] <= GOALS["throughput"]
-    assert loso["throughput"]["mean_abs_error"] <= GOALS["throughput"]
-    for g in ("tpot", "ttft"):                     # latency: in sample within the goal (LOSO reported in docs)
-        assert ins[g]["mean_abs_error"] <= GOALS[g]
+    s = d["summary"]
+    ins, loso = s["in_sample"]["by_group"], s["leave_one_source_out"]["by_group"]
+    for g in ("tpot", "ttft", "throughput"):
+        assert ins[g]["mean_abs_error"] <= GOALS[g] and loso[g]["mean_abs_error"] <= 0.12, g   # family targets: verdict
+    fams = s["leave_one_source_out"]["by_family"]
+    misses = {(f, g) for f, d_ in fams.items() for g, x in d_.items() if x["n"] >= 5 and x["mean_abs_error"] > GOALS[g]}
+    assert misses == {(m["family"], m["group"]) for m in s["verdict"]["family_misses"]}
+    assert s["verdict"]["met"] == (not misses and s["verdict"]["worst_abs_error"] <= 0.35)
+    assert all(" × " in r["family"] for r in d["rows"])
     errs = [r["error"] for r in d["rows"] if r["target"] == "throughput" and r["error"] is not None]
-    assert len(errs) > 200 and np.median(np.abs(errs)) < 0.1
-    # the committed engine values are what a refit on every row gives, and docs/inference.md shows this result
-    for eng, vals in d["refit"].items():
-        for k, v in vals.items():
-            assert abs(v / d["engines"][eng][k] - 1) < 0.02, f"{eng}.{k}: rerun python benchmarks/fit_engines.py"
+    assert len(errs) > 250 and np.median(np.abs(errs)) < 0.1
+    for part in ("rates", "engines"):
+        for key, vals in d["refit"][part].items():
+            for k, v in vals.items():
+                assert abs(v / d[part][key][k] - 1) < 0.02, f"{key}.{k}: rerun python benchmarks/fit_engines.py"
     from pathlib import Path
 
     from shardlab.validation.inference_markdown import blocks
@@ -159,8 +167,8 @@ def test_validate_inference_run_shows_one_measurement_and_refuses_training_flags
     code, out, err = cli_main("validate", "--inference", "--run", rid, "--json")
     assert code == 0, err
     d = strict_json(out)
-    assert d["id"] == rid and d["engine"] == "tensorrt-llm" and d["load"] == {"mode": "rate", "value": 2.0}
-    assert d["command"].startswith("shardlab estimate llama-3.1-70b --inference --framework tensorrt-llm")
+    assert d["id"] == rid and d["engine"] == "tensorrt-llm-0.17" and d["load"] == {"mode": "rate", "value": 2.0}
+    assert d["command"].startswith("shardlab estimate llama-3.1-70b --inference --framework tensorrt-llm-0.17")
     by = {m["metric"]: m for m in d["metrics"]}
     assert set(by) == {"ttft_s", "tpot_s"} and by["ttft_s"]["measured"] == 0.048
     assert by["ttft_s"]["loso_error"] is not None and by["ttft_s"]["loso_error"] != by["ttft_s"]["error"]

@@ -12,24 +12,33 @@ def add_inference_args(p) -> None:
     """The 'inference' argument group of `estimate` and `plan`."""
     from shardlab.serving.precision import ACTIVATION_DTYPES, KV_BYTES, WEIGHT_BITS
 
-    g = p.add_argument_group("inference (with --inference; serving engine: --framework vllm|tensorrt-llm|sglang)")
+    g = p.add_argument_group("inference (with --inference; serving engine: --framework vllm (V1, default)|sglang|"
+                             "tensorrt-llm, or an older version: vllm-0.6|sglang-0.3|tensorrt-llm-0.17)")
     g.add_argument("--inference", action="store_true", help="serve instead of train")
     g.add_argument("--batch", type=BOUNDED["batch"], default=1,
                    help="static batch: sequences per pipeline micro-batch (estimate) or over all GPUs (plan)")
     g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
     g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
     g.add_argument("--weights", choices=tuple(WEIGHT_BITS), default="bf16",
-                   help="block weights: 16-bit, fp8, int8 or int4 (AWQ/GPTQ groups; head and embeddings stay 16-bit)")
+                   help="block weights: 16-bit, fp8, int8, int4 (AWQ/GPTQ groups) or fp4 (NVFP4); head and embeddings stay 16-bit")
     g.add_argument("--group-size", type=BOUNDED["dim"], default=None, help="int4/int8 input features per scale/zero group "
                                                                         "(int4 default 128)")
     g.add_argument("--kv-cache-dtype", choices=tuple(KV_BYTES), default="bf16", help="KV-cache element type")
     g.add_argument("--activations", choices=ACTIVATION_DTYPES, default=None,
                    help="GEMM input type (sets the peak; default fp8 for fp8 weights on GPUs with fp8, else 16-bit)")
-    g.add_argument("--serve", action="store_true", help="continuous batching under load (needs --concurrency or --arrival-rate)")
+    g.add_argument("--serve", action="store_true",
+                   help="continuous batching under load (--concurrency or --arrival-rate); plan with --ttft-slo/--tpot-slo "
+                        "and no load: each layout's capacity under the SLO (docs/capacity.md)")
     g.add_argument("--concurrency", type=BOUNDED["batch"], default=None, help="--serve: closed loop of C clients")
     g.add_argument("--arrival-rate", type=BOUNDED["rate"], default=None, metavar="R", help="--serve: Poisson arrivals, requests/s")
     g.add_argument("--ttft-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-to-first-token target, s")
     g.add_argument("--tpot-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-per-output-token target, s")
+    g.add_argument("--slo-percentile", choices=("p50", "p99"), default=None,      # serving.capacity.PERCENTILES
+                   help="plan --serve without a load: the statistic the SLO holds for; p50 (default: the steady state's "
+                        "mean stands for the median, fast) or p99 (the simulation's, a few runs per layout, slower)")
+    g.add_argument("--target-rate", type=BOUNDED["rate"], default=None, metavar="R",
+                   help="plan --serve with --ttft-slo/--tpot-slo: the fewest GPUs (up to --gpus, else 1024) and the layout "
+                        "that serve R requests/s within the SLO")
     g.add_argument("--gpu-memory-utilization", type=BOUNDED["factor"], default=None, metavar="F",
                    help="share of GPU memory the engine takes (vLLM default 0.9)")
     g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
@@ -85,15 +94,41 @@ def spec_cluster(args, catalog, gpus: int):
     return spec, cluster_from_args(args, catalog, gpus)
 
 
-def _check_serve_flags(args) -> None:
+def _check_serve_flags(args, plan: bool = False) -> None:
+    """One line for serving flags that do not go together (``plan``: `plan` also takes a capacity search: SLOs and no
+    load, optionally --target-rate and --slo-percentile)."""
     from shardlab.errors import ShardlabError
 
+    target, pct = getattr(args, "target_rate", None), getattr(args, "slo_percentile", None)
     load = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate),
-                           ("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo), ("--requests", args.requests)) if v]
+                           ("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo), ("--requests", args.requests),
+                           ("--target-rate", target), ("--slo-percentile", pct)) if v]
     if not args.serve and load:
         raise ShardlabError(f"{', '.join(load)} describe serving under load: add --serve")
-    if args.serve and (args.concurrency is None) == (args.arrival_rate is None):
-        raise ShardlabError("--serve needs exactly one of --concurrency C (closed loop) or --arrival-rate R (requests/s)")
+    if not args.serve:
+        return
+    loads = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate)) if v is not None]
+    slo = args.ttft_slo is not None or args.tpot_slo is not None
+    if not plan and (target is not None or pct):
+        raise ShardlabError(f"{'--target-rate' if target is not None else '--slo-percentile'} belongs to the capacity "
+                            f"search of `shardlab plan --inference --serve --ttft-slo S` (no load); estimate --serve "
+                            f"takes --concurrency or --arrival-rate")
+    if target is not None and loads:
+        raise ShardlabError(f"--target-rate asks how many GPUs a rate needs; drop {' and '.join(loads)} (the rate is "
+                            f"the load)")
+    if target is not None and not slo:
+        raise ShardlabError("--target-rate needs the latency it must be served within: add --ttft-slo S and/or "
+                            "--tpot-slo S")
+    if pct and loads:
+        raise ShardlabError(f"--slo-percentile applies to the capacity search (no load); under {loads[0]} the plan "
+                            f"prints the best layout's simulated p50 and p99: drop --slo-percentile")
+    if len(loads) != 1 and not (plan and not loads and slo):
+        raise ShardlabError("--serve needs exactly one of --concurrency C (closed loop) or --arrival-rate R (requests/s)"
+                            + ("; or, for the capacity under latency targets, --ttft-slo S and/or --tpot-slo S alone"
+                               if plan else ""))
+    if plan and not loads and getattr(args, "objective", None) == "latency":
+        raise ShardlabError("--objective latency ranks layouts at a given load; the capacity search (no load) ranks by "
+                            "goodput per GPU: drop --objective or give --concurrency/--arrival-rate")
 
 
 def estimate_inference_cmd(args, catalog):
@@ -129,7 +164,7 @@ def _estimate_static(args, spec, cluster, prec, engine):
     seq = est.full_length_tokens
     lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, {est.pp} micro-batch(es) "
              f"of {args.batch}, prompt {args.prompt_len} + output {args.output_len} tokens",
-             f"precision: {prec.label}; engine: {engine.id} ({engine.name})", "",
+             f"precision: {prec.label}; engine: {engine.id} ({engine.name}, version {engine.version})", "",
              kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
                                            f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),
                        ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = {est.in_flight} sequences × {seq} tokens × "
@@ -172,7 +207,7 @@ def plan_inference_cmd(args, catalog):
     from shardlab.planner.space import tp_ok
     from shardlab.report.table import table
 
-    _check_serve_flags(args)
+    _check_serve_flags(args, plan=True)
     if args.fix or args.objective in ("cost", "memory"):
         raise ShardlabError(f"{'--fix' if args.fix else '--objective ' + args.objective} applies to training plans; "
                             f"--inference plans rank by --objective throughput or latency over every TP × PP layout")
@@ -219,7 +254,7 @@ def plan_inference_cmd(args, catalog):
     from shardlab.cli.plan_cmds import _model_ref
 
     doc = {"model": spec.name, **_model_ref(catalog, args), "gpus": gpus, "gpu": cluster.accelerator.id,
-           "engine": engine.id, "objective": objective,
+           "engine": engine.id, "engine_version": engine.version, "objective": objective,
            "batch": args.batch, "prompt_len": args.prompt_len, "output_len": args.output_len, "precision": prec.label,
            "serving": {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
                        "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
@@ -260,7 +295,8 @@ def refuse_serving_flags(args) -> None:
 
     given = [flag for flag, attr in (("--serve", "serve"), ("--concurrency", "concurrency"),
                                      ("--arrival-rate", "arrival_rate"), ("--ttft-slo", "ttft_slo"),
-                                     ("--tpot-slo", "tpot_slo"), ("--scheduler-steps", "scheduler_steps"),
+                                     ("--tpot-slo", "tpot_slo"), ("--target-rate", "target_rate"),
+                                     ("--slo-percentile", "slo_percentile"), ("--scheduler-steps", "scheduler_steps"),
                                      ("--chunked-prefill", "chunked_prefill")) if getattr(args, attr, None)]
     if given:
         raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")

@@ -63,7 +63,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
            "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
                        and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
-    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "engine": engine.id,
+    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "engine": engine.id, "engine_version": engine.version,
            "precision": prec.label, "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "kv_blocks": case.blocks.to_dict(), "capacity": {"sequences": case.capacity, "bound": case.capacity_bound,
@@ -95,7 +95,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
                          f"mean {name} ≤ {1e3 * slo_v:g} ms is not met even at the lightest load")
     text = "\n".join([
         f"shardlab estimate --inference --serve: {spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id}, "
-        f"{engine.id} ({engine.name})",
+        f"{engine.id} ({engine.name}, version {engine.version})",
         f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
         kv_lines(_memory_lines(case)), "",
         table(["", "mean (steady state)", "mean (simulated)", "p50", "p99"], rows,
@@ -133,6 +133,10 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
 
     from shardlab.cli.inference_cmds import finite, raise_common_error, reject
 
+    if args.concurrency is None and args.arrival_rate is None:       # no load: the capacity under the SLO
+        from shardlab.cli.capacity_cmds import plan_capacity
+
+        return plan_capacity(args, spec, cluster, gpus, prec, engine)
     mode, load, words = _load(args)
     cases, meta, rejected, errors = [], [], {}, {}
     for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
@@ -185,7 +189,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     for p in plans:
         p.pop("_case")
     top = plans[: args.top]
-    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "precision": prec.label,
+    doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "engine_version": engine.version, "precision": prec.label,
            "objective": "latency" if latency else "throughput", "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),
@@ -245,4 +249,3 @@ def sim_notes(sim, clients: int | None) -> list[str]:
             f"measured): they met a queue still building, so its latencies read low and its rate high; "
             + (f"raise --requests to at least {3 * clients:,} for the steady state" if 3 * clients <= MAX_SIM_REQUESTS
                else f"read the steady-state column (the simulation holds at most {MAX_SIM_REQUESTS:,} requests)")]
-

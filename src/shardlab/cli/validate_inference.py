@@ -52,6 +52,7 @@ def validate_inference(args):
     drift += [f"{e}'s {k}" for e, vals in refit["engines"].items() for k, x in vals.items()
               if abs(x / getattr(get_engine(e), k) - 1) > 0.02]
     counts = ", ".join(f"{g} {n}" for g, n in sorted(d["rows_per_generation"].items()))
+    per_engine = ", ".join(f"{e} {n}" for e, n in sorted(d["rows_per_engine"].items()))
     text = "\n".join([
         table(["family (engine × GPU generation)", "target", "n", "mean |err|", "max", "LOSO mean", "LOSO max", "goal", "target met"],
               rows, title=f"serving model vs {len(runs)} published measurements ({len(d['sources'])} sources; "
@@ -67,7 +68,8 @@ def validate_inference(args):
         f"{_pct(float(np.mean([abs(r['error']) for r in outside])) if outside else None)}"
         + (f", and {unscored} predicted overloaded (no prediction to score)" if unscored else "") + " (in the --json rows)",
         f"fitted: each GPU generation's {', '.join(RATE_FIELDS)} (shared by every engine; measured values behind them: "
-        f"{counts}) and each engine version's {', '.join(FITTED)}; leave-one-source-out refits all of them without the "
+        f"{counts}) and each engine version's {', '.join(FITTED)} (measured values: {per_engine}); leave-one-source-out "
+        f"refits all of them without the "
         f"source, then predicts it",
         (f"a refit moves {', '.join(drift)} by more than 2% (python benchmarks/fit_engines.py writes them into "
          f"catalog/data/serving_rates.yaml and engines.yaml)" if drift
@@ -75,6 +77,7 @@ def validate_inference(args):
     ])
     doc = {"summary": {"in_sample": d["in_sample"], "leave_one_source_out": d["loso"], "goals": GOALS, "verdict": v},
            "rates": d["values"]["rates"], "engines": d["values"]["engines"], "rows_per_generation": d["rows_per_generation"],
+           "rows_per_engine": d["rows_per_engine"],
            "refit": refit, "rows": d["rows"]}
     return finite(doc), text
 

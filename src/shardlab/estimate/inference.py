@@ -131,7 +131,7 @@ class InferenceEstimate:
         c, b = self.case, self.case.blocks
         return {
             "model": self.spec.name, "gpu": c.cluster.accelerator.id, "tp": self.tp, "pp": self.pp, "gpus": self.gpus,
-            "engine": c.engine.id, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
+            "engine": c.engine.id, "engine_version": c.engine.version, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
                                                  "kv_cache": c.precision.kv_cache, "activations": c.precision.activations},
             "batch": self.batch, "micro_batches": self.pp, "in_flight": self.in_flight,
             "prompt_len": c.prompt_len, "output_len": c.output_len,

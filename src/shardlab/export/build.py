@@ -114,9 +114,13 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
     gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
     if "layout" not in p:  # inference plan
         lay = Layout(tp=p["tp"], pp=p["pp"])
-        per = -(-doc["batch"] // p["replicas"])
+        # a static-batch plan splits its batch over the replicas; a continuous-batching plan (--serve) names its cap
+        per = -(-doc["batch"] // p["replicas"]) if "batch" in doc else p.get("max_num_seqs")
+        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+            raise ShardlabError("--plan FILE: an inference plan needs 'batch' (static) or its plans' 'max_num_seqs' (--serve)")
         cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
-        blocks = p.get("kv_blocks") or kv_blocks(spec, cluster, p["tp"], p["pp"], per, doc["prompt_len"], doc["output_len"])
+        blocks = p.get("kv_blocks") or p.get("kv_blocks_per_gpu") or kv_blocks(spec, cluster, p["tp"], p["pp"], per,
+                                                                               doc["prompt_len"], doc["output_len"])
         sv = _serving_settings(doc.get("serving"))
         serve = Serve(max_num_seqs=min(per, sv["max_num_seqs"] or per), prompt_len=doc["prompt_len"],
                       output_len=doc["output_len"], replicas=p["replicas"], kv_blocks=blocks,

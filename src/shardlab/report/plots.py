@@ -158,12 +158,24 @@ def comm_sweep(series: list[dict], path: str, op: str, ranks: int, subtitle: str
     return p_out
 
 
+def _diagonal(ax, vals: list, pad: float, bands: tuple[float, float]):
+    """Log-log axes with the y = x line and a dashed and a dotted ± band over the values' range; returns the x ends."""
+    import numpy as np
+
+    xs = np.array([min(vals) / pad, max(vals) * pad])
+    ax.plot(xs, xs, color="black", lw=0.8)
+    for band, style in zip(bands, ("--", ":")):
+        ax.plot(xs, xs * (1 + band), color="grey", lw=0.7, ls=style, label=f"±{band:.0%}")
+        ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return xs
+
+
 def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: predicted vs published training throughput") -> Path:
     """Log-log scatter of predicted against measured throughput per GPU, one colour per family, one panel per metric
     (tokens/s; TFLOP/s); leave-one-source-out predictions filled, in-sample hollow, runs outside the target as
     crosses; the ±7% and ±20% bands drawn."""
-    import numpy as np
-
     p = check_picture_path(path)
     plt = _plt()
     fams = sorted({r["family"] for r in runs})
@@ -188,14 +200,7 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
             if info:
                 ax.scatter([r["measured"] for r in info], [r["predicted"] for r in info], s=30, marker="x",
                            color=colour[fam], label=f"{fam}: outside the target ({len(info)})")
-        vals = [r["measured"] for r in rs] + [r["predicted"] for r in rs]
-        xs = np.array([min(vals) / 1.4, max(vals) * 1.4])
-        ax.plot(xs, xs, color="black", lw=0.8)
-        for band, style in ((0.07, "--"), (0.20, ":")):
-            ax.plot(xs, xs * (1 + band), color="grey", lw=0.7, ls=style, label=f"±{band:.0%}")
-            ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        xs = _diagonal(ax, [r["measured"] for r in rs] + [r["predicted"] for r in rs], 1.4, (0.07, 0.20))
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
         lo, hi = float(min(xs)), float(max(xs))
@@ -220,8 +225,6 @@ def serving_predicted_vs_measured(rows: list[dict], path: str) -> Path:
     """Log-log scatter of ``validate --inference`` rows (target rows only): leave-one-source-out prediction against
     the measured value, one panel per target group, one colour per family (engine version × GPU generation), with
     the ±10% and ±35% bands."""
-    import numpy as np
-
     p = check_picture_path(path)
     plt = _plt()
     rows = [r for r in rows if r["target"] in ("latency", "throughput") and r.get("loso_predicted")]
@@ -240,16 +243,9 @@ def serving_predicted_vs_measured(rows: list[dict], path: str) -> Path:
             if fr:
                 ax.scatter([r["measured"] for r in fr], [r["loso_predicted"] for r in fr], s=16, color=colour[fam],
                            label=f"{fam} ({len(fr)})")
-        vals = [r["measured"] for r in rs] + [r["loso_predicted"] for r in rs]
-        xs = np.array([min(vals) / 1.3, max(vals) * 1.3])
-        ax.plot(xs, xs, color="black", lw=0.8)
-        for band, style in ((0.10, "--"), (0.35, ":")):
-            ax.plot(xs, xs * (1 + band), color="grey", lw=0.7, ls=style, label=f"±{band:.0%}")
-            ax.plot(xs, xs * (1 - band), color="grey", lw=0.7, ls=style)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _diagonal(ax, [r["measured"] for r in rs] + [r["loso_predicted"] for r in rs], 1.3, (0.10, 0.35))
         ax.set_xlabel(f"measured {label}")
-        ax.set_ylabel(f"predicted, leave-one-source-out")
+        ax.set_ylabel("predicted, leave-one-source-out")
         ax.legend(fontsize=6, loc="upper left")
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
     fig.suptitle("shardlab: serving predictions (refitted without each measurement's source) vs published measurements",

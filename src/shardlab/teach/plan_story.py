@@ -81,8 +81,34 @@ def training_paragraph(doc: dict) -> str:
     return " ".join(s)
 
 
+def serve_paragraph(doc: dict) -> str:
+    """Say the winning continuous-batching layout out loud (`plan --inference --serve`, under a load or at capacity)."""
+    p = doc["plans"][0]
+    load = doc.get("load") or {}
+    cap = doc.get("capacity")
+    if cap:
+        head = (f"To serve {doc['model']} on {doc['gpus']} {doc['gpu']} GPUs with the most traffic its SLO allows, I run {p['replicas']} "
+                f"replica(s) of TP {p['tp']} × PP {p['pp']}: they take {cap['max_request_rate']:,.2f} requests/s "
+                f"({cap['goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU) before the SLO breaks.")
+    else:
+        words = (f"{load['concurrency']} concurrent clients" if load.get("concurrency")
+                 else f"{load.get('arrival_rate')} requests/s arriving")
+        head = (f"To serve {doc['model']} on {doc['gpus']} {doc['gpu']} GPUs with {words} of {doc['prompt_len']} + "
+                f"{doc['output_len']} tokens, I run {p['replicas']} replica(s) of TP {p['tp']} × PP {p['pp']} with "
+                f"max-num-seqs {p['max_num_seqs']}.")
+    s = [head]
+    if p.get("ttft_s") is not None and p.get("tpot_s") is not None:
+        s.append(f"A request waits {1e3 * p['ttft_s']:.1f} ms for its first token and {1e3 * p['tpot_s']:.1f} ms for each "
+                 f"next one.")
+    s.append("Continuous batching keeps each replica's KV cache full: more sequences in flight raise throughput until "
+             "the time per token breaks the SLO.")
+    return " ".join(s)
+
+
 def inference_paragraph(doc: dict) -> str:
     """Say the winning serving layout out loud."""
+    if "batch" not in doc:
+        return serve_paragraph(doc)
     p = doc["plans"][0]
     s = [f"To serve {doc['model']} on {doc['gpus']} {doc['gpu']} GPUs with {doc['batch']} concurrent requests of "
          f"{doc['prompt_len']} + {doc['output_len']} tokens, I run {p['replicas']} replica(s) of TP {p['tp']} × PP {p['pp']}.",

@@ -417,12 +417,14 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
     counts: dict = {}
+    per_engine: dict = {}
     for r in rows:
         if r["target"] in ("latency", "throughput"):
             counts[r["generation"]] = counts.get(r["generation"], 0) + 1
+            per_engine[r["engine"]] = per_engine.get(r["engine"], 0) + 1
     loso_summary = _summary(rows, "loso_error") if loso else None
     return {"rows": rows, "in_sample": _summary(rows, "error"), "loso": loso_summary,
             "verdict": verdict(loso_summary) if loso_summary else None,
             "values": {"rates": values.rates, "engines": values.engines},
             "refit": {"rates": refit.rates, "engines": refit.engines} if refit else None,
-            "rows_per_generation": counts, "goals": GOALS, "sources": sorted({r.source for r in runs})}
+            "rows_per_generation": counts, "rows_per_engine": per_engine, "goals": GOALS, "sources": sorted({r.source for r in runs})}

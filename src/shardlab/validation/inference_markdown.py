@@ -26,11 +26,12 @@ def _row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def engines_md(values: dict) -> str:
-    """The fitted overheads per engine version (``values``: engine -> FITTED field -> value)."""
-    lines = [_row(["engine", *(_HEAD[k][0] for k in FITTED)]), _row(["---"] * (len(FITTED) + 1))]
+def engines_md(values: dict, counts: dict) -> str:
+    """The fitted overheads per engine version (``values``: engine -> FITTED field -> value), with the measured
+    values of the engine behind them."""
+    lines = [_row(["engine", "measured values", *(_HEAD[k][0] for k in FITTED)]), _row(["---"] * (len(FITTED) + 2))]
     for e in [e for e in ENGINE_ORDER if e in values] + sorted(set(values) - set(ENGINE_ORDER)):
-        lines.append(_row([e, *(_HEAD[k][1].format(values[e][k] * _HEAD[k][2]) for k in FITTED)]))
+        lines.append(_row([e, counts.get(e, 0), *(_HEAD[k][1].format(values[e][k] * _HEAD[k][2]) for k in FITTED)]))
     return "\n".join(lines)
 
 
@@ -89,7 +90,7 @@ def by_engine_md(ins: dict, loso: dict) -> str:
 def blocks(doc: dict) -> dict[str, str]:
     """The generated blocks from ``validate --inference --json``'s document."""
     s = doc["summary"]
-    return {"engine-values": engines_md(doc["engines"]),
+    return {"engine-values": engines_md(doc["engines"], doc["rows_per_engine"]),
             "rate-values": rates_md(doc["rates"], doc["rows_per_generation"]),
             "inference-families": families_md(s["in_sample"], s["leave_one_source_out"], s["goals"], s["verdict"]["family_min"]),
             "inference-targets": targets_md(s["in_sample"], s["leave_one_source_out"], s["goals"]),

@@ -92,6 +92,10 @@ def serve_estimate_page(doc: dict) -> Page:
 
 
 def serve_plan_page(doc: dict) -> Page:
+    if "capacity" in doc:                    # no load given: the capacity under the targets (its own page)
+        from shardlab.report.html.capacity_page import capacity_plan_page
+
+        return capacity_plan_page(doc)
     slo = doc.get("slo") or {}
     targets = "; ".join(f"{name} ≤ {_ms(slo[key])}" for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
                         if slo.get(key) is not None) or "no latency targets"

@@ -1,0 +1,213 @@
+"""Capacity under latency targets: `plan --inference --serve` with --ttft-slo/--tpot-slo and no load, the Pareto
+front, --target-rate, --slo-percentile (serving.capacity, cli/serve_cmds.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import cli_main
+from shardlab.catalog import get_catalog
+from shardlab.serving.capacity import Slo, fluid_capacity, gpu_counts, pareto_front, simulated_capacity
+from shardlab.serving.case import prepare
+from shardlab.serving.engines import get_engine
+from shardlab.serving.steady import arrays, fluid
+from shardlab.specs.hardware import Cluster
+
+CAT = get_catalog()
+L8 = CAT.model("llama-3.1-8b")
+BASE = ["plan", "llama-3.1-8b", "--inference", "--serve", "--gpu", "h100-sxm", "--prompt-len", "2000",
+        "--output-len", "256"]
+SLO = ["--ttft-slo", "0.5", "--tpot-slo", "0.03"]
+
+
+def node():
+    acc = CAT.accelerator("h100-sxm")
+    return Cluster(acc, 8, 8, CAT.link(acc.system["intra_link"]), CAT.link(acc.system["inter_link"]))
+
+
+def strict_json(text: str) -> dict:
+    def refuse(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def plan_json(*argv) -> dict:
+    code, out, err = cli_main(*BASE, *argv, "--json")
+    assert code == 0, err
+    return strict_json(out)
+
+
+@pytest.fixture(scope="module")
+def eight():
+    """The capacity plan of 8 GPUs under TTFT ≤ 0.5 s, TPOT ≤ 30 ms (p50)."""
+    return plan_json("--gpus", "8", *SLO)
+
+
+def test_capacity_is_monotone_in_the_slo():
+    cases = [prepare(L8, node(), get_engine(None), tp=tp, prompt_len=2000, output_len=256) for tp in (1, 2, 4)]
+    a = arrays(cases)
+    for slos in ([Slo(t, None) for t in (0.1, 0.2, 0.4, 0.8, 1.6)], [Slo(None, t) for t in (0.01, 0.015, 0.02, 0.03, 0.05)]):
+        rates = [fluid_capacity(a, s).request_rate_per_replica for s in slos]
+        for lo, hi in zip(rates, rates[1:]):
+            assert np.all(hi >= lo)
+        assert np.all(rates[-1] > rates[0])
+
+
+def test_the_winner_meets_the_slo_at_its_capacity_and_misses_at_1_05x(eight):
+    cap, slo = eight["capacity"], eight["slo"]
+    lay = cap["layout"]
+    assert cap["max_request_rate"] > 0 and lay["tp"] * lay["pp"] * lay["replicas"] == 8
+    case = prepare(L8, node(), get_engine(None).with_settings(max_num_seqs=lay["max_num_seqs"]), tp=lay["tp"],
+                   pp=lay["pp"], prompt_len=2000, output_len=256)
+    per_replica = cap["max_request_rate"] / lay["replicas"]
+    at = fluid(arrays([case] * 2), [2, 2], [per_replica, 1.05 * per_replica])
+    assert not at["overloaded"][0] and at["ttft_s"][0] <= slo["ttft_s"] and at["tpot_s"][0] <= slo["tpot_s"]
+    missed = {"ttft": bool(at["overloaded"][1] or at["ttft_s"][1] > slo["ttft_s"]),
+              "tpot": bool(at["tpot_s"][1] > slo["tpot_s"]), "saturation": bool(at["overloaded"][1])}
+    assert missed[cap["binds"]]
+    # goodput per GPU = rate × output tokens / GPUs; the plans are ranked by it
+    assert cap["goodput_tokens_per_s_per_gpu"] == pytest.approx(cap["max_request_rate"] * 256 / 8)
+    goodputs = [p["goodput_tokens_per_s_per_gpu"] for p in eight["plans"]]
+    assert goodputs == sorted(goodputs, reverse=True)
+    assert cap["max_concurrency"] > 0 and eight["best_simulated"]["requests"] > 0
+
+
+def test_pareto_points_are_non_dominated(eight):
+    pts = eight["pareto"]
+    assert len(pts) >= 3 and any(p["at_capacity"] for p in pts)
+    for i, p in enumerate(pts):
+        for j, q in enumerate(pts):
+            if i != j:
+                assert not (q["tokens_per_s_per_gpu"] >= p["tokens_per_s_per_gpu"]
+                            and q["tokens_per_s_per_user"] >= p["tokens_per_s_per_user"])
+        assert p["tokens_per_s_per_user"] == pytest.approx(1 / p["tpot_s"])
+        assert p["ttft_s"] <= eight["slo"]["ttft_s"] and p["tpot_s"] <= eight["slo"]["tpot_s"] * (1 + 1e-9)
+    best = max(pts, key=lambda p: p["tokens_per_s_per_gpu"])
+    assert best["tokens_per_s_per_gpu"] == pytest.approx(eight["capacity"]["goodput_tokens_per_s_per_gpu"])
+    # the function itself: (3, 1) and (1, 3) stay, (2, 0.5) and (1, 1) are beaten
+    assert sorted(pareto_front(np.array([3, 1, 2, 1.0]), np.array([1, 3, 0.5, 1.0])).tolist()) == [0, 1]
+
+
+def test_target_rate_returns_the_fewest_gpus():
+    rate = 30.0
+    d = plan_json(*SLO, "--target-rate", str(rate), "--gpus", "64")
+    t = d["target"]
+    assert set(t) >= {"rate", "gpus", "layout", "replicas", "headroom"}
+    assert d["gpus"] == t["gpus"] and d["capacity"]["max_request_rate"] >= rate and t["headroom"] >= 0
+    counts = gpu_counts(64, 8)
+    prev = counts[counts.index(t["gpus"]) - 1]
+    assert t["next_smaller_count"] == prev
+    smaller = plan_json(*SLO, "--gpus", str(prev))
+    assert smaller["capacity"]["max_request_rate"] < rate
+    assert gpu_counts(40, 8) == [1, 2, 4, 8, 16, 24, 32, 40] and gpu_counts(4096, 8)[-3:] == [1024, 2048, 4096]
+
+
+def test_p99_capacity_is_simulated_and_at_most_the_mean_capacity():
+    d = plan_json("--gpus", "2", *SLO, "--slo-percentile", "p99")
+    cap, best = d["capacity"], d["plans"][0]
+    assert cap["statistic"] == "p99" and best["capacity_statistic"] == "p99"
+    assert 0 < cap["max_request_rate"] <= best["max_request_rate_mean"] * (1 + 1e-12)
+    assert cap["ttft_s"] <= 0.5 and cap["tpot_s"] <= 0.03                        # the simulated p99s at that rate
+    assert d["best_simulated"]["ttft_s"]["p99"] == cap["ttft_s"]
+
+
+def test_simulated_capacity_brackets_the_rate():
+    case = prepare(L8, node(), get_engine(None), tp=1, prompt_len=2000, output_len=256)
+    slo = Slo(0.25, None, "p99")
+    upper = float(fluid_capacity(arrays([case]), Slo(0.25, None)).request_rate_per_replica[0])
+    r = simulated_capacity(case, slo, upper, requests=150)
+    assert r.runs <= 6 and 0 < r.request_rate_per_replica <= upper
+    assert r.sim.ttft_s.p99 <= 0.25
+    assert r.missed_rate_per_replica == np.inf or r.missed_rate_per_replica > r.request_rate_per_replica
+    again = simulated_capacity(case, slo, upper, requests=150)
+    assert again.request_rate_per_replica == r.request_rate_per_replica             # a fixed seed: deterministic
+
+
+def test_capacity_json_keys_and_text(eight):
+    assert set(eight) >= {"model", "gpus", "gpu", "engine", "precision", "objective", "prompt_len", "output_len", "load",
+                          "slo", "evaluated", "rejected", "plans", "best_simulated", "capacity", "pareto"}
+    assert set(eight["capacity"]) >= {"layout", "max_request_rate", "max_concurrency", "goodput_tokens_per_s_per_gpu",
+                                      "binds", "statistic"}
+    assert set(eight["pareto"][0]) >= {"tp", "pp", "replicas", "max_num_seqs", "request_rate", "concurrency", "ttft_s",
+                                       "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user"}
+    assert set(eight["plans"][0]) >= {"tp", "pp", "replicas", "max_num_seqs", "in_flight_per_replica", "ttft_s", "tpot_s",
+                                      "output_tokens_per_s", "meets_slo", "kv_blocks_per_gpu", "capacity_per_replica",
+                                      "max_request_rate"}
+    code, text, err = cli_main(*BASE, "--gpus", "8", *SLO)
+    assert code == 0 and "recommended:" in text and "Pareto front" in text and "binds" in text
+
+
+def test_capacity_page_has_the_pareto_chart(tmp_path):
+    out = tmp_path / "cap.html"
+    code, _, err = cli_main(*BASE, "--gpus", "4", *SLO, "--html", str(out))
+    assert code == 0, err
+    html = out.read_text()
+    assert 'id="pareto"' in html and "<svg" in html and "tokens/s per user" in html and "recommended" in html
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--serve", "--target-rate", "10"], "--target-rate needs"),
+    (["--serve", "--ttft-slo", "1", "--target-rate", "10", "--concurrency", "4"], "drop --concurrency"),
+    (["--serve", "--ttft-slo", "1", "--target-rate", "10", "--arrival-rate", "4"], "drop --arrival-rate"),
+    (["--slo-percentile", "p99"], "add --serve"),
+    (["--ttft-slo", "1", "--target-rate", "5"], "add --serve"),
+    (["--serve", "--ttft-slo", "1", "--arrival-rate", "2", "--slo-percentile", "p99"], "drop --slo-percentile"),
+    (["--serve", "--ttft-slo", "1", "--objective", "latency"], "goodput per GPU"),
+    (["--serve"], "exactly one of --concurrency"),
+    (["--serve", "--ttft-slo", "1", "--target-rate", "nan"], "--target-rate"),
+    (["--serve", "--ttft-slo", "1", "--target-rate", "inf"], "--target-rate"),
+    (["--serve", "--ttft-slo", "1", "--target-rate", "-3"], "--target-rate"),
+    (["--serve", "--ttft-slo", "nan"], "--ttft-slo"),
+    (["--serve", "--tpot-slo", "-0.01"], "--tpot-slo"),
+    (["--serve", "--ttft-slo", "1", "--slo-percentile", "p90"], "--slo-percentile"),
+    (["--serve", "--ttft-slo", "1", "--tpot-slo", "0.03", "--target-rate", "1e6", "--gpus", "16"], "raise --gpus"),
+])
+def test_bad_capacity_input_is_refused_in_one_line(argv, needle):
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpu", "h100-sxm", *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpu", "h100-sxm", *argv, "--json")
+    assert code == 2 and strict_json(out)["exit_code"] == 2
+
+
+def test_estimate_and_training_refuse_the_capacity_flags():
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--ttft-slo", "1", "--target-rate", "2")
+    assert code == 2 and "shardlab plan --inference --serve" in err and err.count("\n") == 1
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--target-rate", "2")
+    assert code == 2 and "--target-rate" in err and "--inference" in err
+
+
+def test_the_percentile_flag_offers_what_the_search_knows():
+    from shardlab.cli import build_parser
+    from shardlab.serving.capacity import PERCENTILES
+
+    plan = build_parser()._subparsers._group_actions[0].choices["plan"]
+    act = next(a for a in plan._actions if a.dest == "slo_percentile")
+    assert tuple(act.choices) == PERCENTILES and act.default is None            # None: p50 unless given
+
+
+def test_the_doc_example_is_what_plan_prints():
+    """docs/capacity.md pastes the example's output; a change to the rates must be pasted there too (with its prose)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "capacity.md").read_text()
+    block = page.split("```\n$ shardlab ", 1)[1].split("\n```", 1)[0]
+    argv, printed = block.split("\n", 1)
+    code, text, err = cli_main(*argv.split())
+    assert code == 0, err
+    assert text.rstrip("\n") == printed, "rerun the example in docs/capacity.md and paste its output (and update its prose)"
+
+
+def test_serving_plans_explain_and_export(tmp_path):
+    """`--explain` and `--export vllm` work on continuous-batching plans, under a load and at capacity (they read a
+    static plan's batch, which a --serve plan does not have)."""
+    for extra in (("--concurrency", "8"), ("--ttft-slo", "1", "--tpot-slo", "0.025")):
+        code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "2", *extra, "--explain")
+        assert code == 0, err
+        assert "said out loud" in out and "replica(s) of TP" in out
+    script = tmp_path / "serve.sh"
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "2", "--concurrency", "8",
+                              "--export", "vllm", "--out", str(script))
+    assert code == 0, err
+    text = script.read_text()
+    assert "vllm serve" in text and "--max-num-seqs" in text
