@@ -184,3 +184,18 @@ def test_joint_fit_recovers_known_rates():
     for g in truth.rates:
         for f in ("weight_bandwidth_efficiency", "gemm16_efficiency" if g != "cdna3" else "gemm8_efficiency"):
             assert got.rates[g][f] == pytest.approx(truth.rates[g][f], rel=0.05), (g, f)
+
+
+def test_vllm_v1_defaults_depend_on_the_gpu():
+    """vLLM V1 serves with 1024 sequences and an 8192-token budget on GPUs of 70 GiB or more other than A100, with 256
+    and 2048 on the rest; settings given explicitly stay."""
+    eng = get_engine("vllm")
+    big = prepare(L8, node("h100-sxm"), eng, tp=1).engine
+    a100 = prepare(L8, node("a100-80gb"), eng, tp=1).engine
+    l40s = prepare(L8, node("l40s"), eng, tp=1).engine
+    assert (big.max_num_seqs, big.max_num_batched_tokens) == (1024, 8192)
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (l40s.max_num_seqs, l40s.max_num_batched_tokens) == (256, 2048)
+    mine = prepare(L8, node("a100-80gb"), eng.with_settings(max_num_seqs=512), tp=1).engine
+    assert (mine.max_num_seqs, mine.max_num_batched_tokens) == (512, 2048)
+    old = prepare(L8, node("l40s"), get_engine("vllm-0.6"), tp=1).engine
+    assert old.max_num_seqs == get_engine("vllm-0.6").max_num_seqs

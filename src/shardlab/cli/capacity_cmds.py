@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from shardlab.cli.serve_cmds import _candidates, _ms, _with_ms
+from shardlab.cli.capacity_text import _capacity_text, _slo_words
+from shardlab.cli.serve_cmds import _candidates
 
 
 # ---- capacity under SLOs: `plan --inference --serve --ttft-slo S [--tpot-slo S]` with no load ---------------------
@@ -33,7 +34,7 @@ class _Pool:
         idx, meta, rejected, errors = [], [], {}, {}
         no_room = "no room for one sequence's KV cache"
         for tp, pp, cap in _candidates(self.spec, self.cluster, gpus, self.engine):
-            if default_cap and cap != self.engine.max_num_seqs:
+            if default_cap and cap != self.engine.for_gpu(self.cluster.accelerator).max_num_seqs:
                 continue
             key = (tp, pp, cap)
             if key not in self.by_key:
@@ -93,13 +94,6 @@ class _Pool:
         for j, r in out.items():
             self.sims[idx[j]] = r
         return out, cut
-
-
-def _slo_words(slo) -> str:
-    words = ", ".join(f"{n} ≤ {1e3 * v:g} ms" for n, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s)) if v)
-    stat = ("p50 (the steady state's mean stands for the median)" if slo.percentile == "p50"
-            else "p99 (simulated, seed-fixed)")
-    return f"{words}, {stat}"
 
 
 def _capacity_at(pool, gpus: int):
@@ -291,10 +285,6 @@ def _target_search(pool, rate: float, bound: int) -> tuple[int, int]:
                         f"({most}): raise --gpus, relax the SLO, or quantize (--weights fp8)")
 
 
-def _plan_label(p: dict) -> str:
-    return f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}, max seqs {p['max_num_seqs']}"
-
-
 def plan_capacity(args, spec, cluster, gpus, prec, engine):
     """`plan --inference --serve` with SLOs and no load: each layout's capacity under the SLO, ranked by goodput per
     GPU, the Pareto front, and with --target-rate the fewest GPUs for a rate."""
@@ -361,98 +351,3 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
 
 FRONT_TOL = 0.01
 """A Pareto point within 1% of a faster one's tokens/s per user (and with less per GPU) is left out: a near-copy."""
-FRONT_ROWS = 14
-"""Pareto points the text table shows (evenly picked, both ends kept); --json lists all."""
-
-
-def _thin(points: list, n: int) -> list:
-    """At most ``n`` of ``points``, evenly spaced, the first and last kept."""
-    if len(points) <= n:
-        return points
-    return [points[round(k * (len(points) - 1) / (n - 1))] for k in range(n)]
-
-
-def _cap_cell(p: dict) -> str:
-    """A plan's capacity for the table: the rate; '≥ rate' when the p99 search stopped above a rate that met the
-    targets; '≤ p50 capacity' when not simulated; '< rate' below a rate that missed them."""
-    stat = p["capacity_statistic"]
-    if p["max_request_rate"] is not None:
-        return ("≥ " if stat.startswith("p99, at least") else "") + _rate(p["max_request_rate"])
-    return ("≤ " if stat == "not simulated" else "< ") + _rate(p["max_request_rate_bounds"][1])
-
-
-def _rate(v) -> str:
-    return "—" if v is None else f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
-
-
-def _capacity_text(doc, args, cluster, sim, slo) -> str:
-    from shardlab.report.table import table
-
-    plans, cap, pareto = doc["plans"], doc["capacity"], doc["pareto"]
-    best = plans[0]
-    rows = [[p["tp"], p["pp"], p["replicas"], p["max_num_seqs"],
-             _cap_cell(p),
-             f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]),
-             f"{p['goodput_tokens_per_s_per_gpu']:,.0f}" if p["goodput_tokens_per_s_per_gpu"] is not None else "—",
-             (p["binds"] + (" (p50)" if p["binds_statistic"] != slo.percentile else "") if p["meets_slo"] else
-              p["capacity_statistic"] if p["meets_slo"] is None else "missed at any load"), f"{p['kv_blocks_per_gpu']:,}",
-             f"{p['capacity_per_replica']:,}"] for p in plans]
-    lay = cap["layout"]
-    head = [f"shardlab plan --inference --serve: {doc['model']} on {doc['gpus']} × {doc['gpu']} ({doc['engine']}, "
-            f"{doc['precision']})",
-            f"capacity under SLO: {_slo_words(slo)}; Poisson arrivals, prompt {args.prompt_len} + output "
-            f"{args.output_len} tokens; ranked by goodput per GPU (output tokens/s per GPU at the most requests/s the "
-            f"SLO allows)"]
-    if "target" in doc:
-        t = doc["target"]
-        head.insert(1, f"target: {t['rate']:g} requests/s within the SLO needs {t['gpus']:,} GPUs ("
-                       f"{lay['replicas']} replica(s) of TP {lay['tp']} × PP {lay['pp']}, max-num-seqs "
-                       f"{lay['max_num_seqs']}): capacity {_rate(t['capacity_request_rate'])} requests/s, headroom "
-                       f"{100 * (t['headroom'] or 0):.0f}%"
-                       + (f"; {t['next_smaller_count']:,} GPUs serve less" if t.get("next_smaller_count") else ""))
-    binds = {"ttft": "the TTFT target binds", "tpot": "the TPOT target binds",
-             "saturation": "the replicas are full (the SLO still holds at saturation)"}[cap["binds"]]
-    if cap["binds_statistic"] != slo.percentile:
-        binds += (" (the p50 capacity, where the p99 search starts, already meets the p99 targets: the mean "
-                  "binds)")
-    stat = "p99" if slo.percentile == "p99" else "mean"
-    if best["meets_slo"]:
-        rec = [f"recommended: {lay['replicas']} replica(s) of TP {lay['tp']} × PP {lay['pp']}, max-num-seqs "
-               f"{lay['max_num_seqs']}: up to {_rate(cap['max_request_rate'])} requests/s over all replicas "
-               f"({_rate(cap['max_request_rate_per_replica'])} per replica), {cap['output_tokens_per_s']:,.0f} output "
-               f"tokens/s = {cap['goodput_tokens_per_s_per_gpu']:,.0f} per GPU; {binds}",
-               f"  at that rate: {stat} TTFT {_with_ms(cap['ttft_s'])}, {stat} TPOT {_with_ms(cap['tpot_s'])}, "
-               f"{cap['max_concurrency']:,.1f} requests in flight (Little's law), "
-               f"{cap['in_flight_per_replica']:,.1f} sequences running per replica"]
-        if sim is not None:
-            rec.append(f"  simulated ({sim.requests} requests): TTFT p50 {_with_ms(sim.ttft_s.p50)} / p99 "
-                       f"{_with_ms(sim.ttft_s.p99)}, TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}")
-    elif best["meets_slo"] is None:
-        rec = ["NO layout was shown to meet the p99 targets: the simulations run (their budget spent) found no rate "
-               "meeting them; the p50 capacities (≤) bound what each layout could serve: use --slo-percentile p50, "
-               "relax the SLO, or narrow the search (--gpus, --max-num-seqs)"]
-    else:
-        rec = [f"NO layout meets the SLO at any load tried (down to 1/10,000 of saturation); closest: "
-               f"{_plan_label(best)}, TTFT {_with_ms(best['ttft_s'])}, TPOT {_with_ms(best['tpot_s'])} at the "
-               f"lightest load: relax the SLO, shorten the request, or use faster layouts (more --gpus for TP)"]
-    shown = _thin(pareto, FRONT_ROWS)
-    front_rows = [[_plan_label(q), _rate(q["request_rate"]), f"{q['concurrency']:,.1f}", _ms(q["ttft_s"]),
-                   _ms(q["tpot_s"]), f"{q['tokens_per_s_per_gpu']:,.0f}", f"{q['tokens_per_s_per_user']:,.1f}",
-                   "*" if (q["at_capacity"] and all(q[k] == lay[k] for k in lay)) else ""] for q in shown]
-    front = (["Pareto front: output tokens/s per GPU against output tokens/s per user (1 / mean TPOT), steady state "
-              f"at loads from 1/64 of each layout's capacity up to it; * = the recommended layout at its capacity"
-              + (f"; {len(shown)} of its {len(pareto)} points (--json lists all)" if len(shown) < len(pareto) else ""),
-              table(["layout", "req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "tok/s/user", ""], front_rows)]
-             if pareto else ["Pareto front: empty (no layout meets the SLO at any load)"])
-    rejected = doc["rejected"]
-    return "\n".join([
-        *head,
-        table(["tp", "pp", "replicas", "max seqs", "max req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "binds",
-               "KV blocks/GPU", "capacity"], rows),
-        "", *rec, "", *front, "",
-        *(f"note: {n}" for n in doc.get("notes", [])),
-        f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}"
-                                                   if rejected else ""),
-        "capacity: the largest Poisson rate whose " + ("steady-state mean TTFT and TPOT meet the targets (fluid model, "
-        "serving.steady)" if slo.percentile == "p50" else "simulated p99 TTFT and TPOT meet the targets (serving."
-        "simulate, a few runs per layout that can win)") + "; goodput per GPU after DistServe (arXiv 2401.09670)"])

@@ -115,6 +115,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
 def _candidates(spec, cluster, gpus, engine):
     from shardlab.planner.space import tp_ok
 
+    engine = engine.for_gpu(cluster.accelerator)                 # the cap the engine takes on this GPU, and below
     caps = sorted({engine.max_num_seqs} | {2**i for i in range(3, 12) if 2**i < engine.max_num_seqs}, reverse=True)
     for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node and tp_ok(spec, d)]:
         for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:

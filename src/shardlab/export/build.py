@@ -116,7 +116,7 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
         lay = Layout(tp=p["tp"], pp=p["pp"])
         # a static-batch plan splits its batch over the replicas; a continuous-batching plan (--serve) names its cap
         per = -(-doc["batch"] // p["replicas"]) if "batch" in doc else p.get("max_num_seqs")
-        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+        if "batch" not in doc and (not isinstance(per, int) or isinstance(per, bool) or per < 1):
             raise ShardlabError("--plan FILE: an inference plan needs 'batch' (static) or its plans' 'max_num_seqs' (--serve)")
         cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
         blocks = p.get("kv_blocks") or p.get("kv_blocks_per_gpu") or kv_blocks(spec, cluster, p["tp"], p["pp"], per,

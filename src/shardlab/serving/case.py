@@ -90,8 +90,10 @@ def _held(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
 def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int = 1, pp: int = 1,
             precision: InferencePrecision = InferencePrecision(), prompt_len: int = 1024, output_len: int = 256,
             scheduler_steps: int | None = None, overheads: Overheads = Overheads()) -> ServeCase:
-    """Build the ServeCase of one replica (KV blocks, capacity, step models)."""
+    """Build the ServeCase of one replica (KV blocks, capacity, step models); the engine takes its defaults for the
+    GPU (``EngineProfile.for_gpu``)."""
     validate(Layout(tp=tp, pp=pp), spec)
+    engine = engine.for_gpu(cluster.accelerator)
     if prompt_len + output_len > spec.max_seq_len:
         raise ShardlabError(f"--prompt-len + --output-len = {prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")

@@ -88,8 +88,18 @@ class EngineProfile:
     """Per request before its first token: API server, tokenisation, admission, µs (online serving)."""
     first_token_overhead_us: float
     """Per static batch before its first token: input preparation, first sampling and output, µs."""
+    small_gpu_below_gib: float
+    """GPUs with less memory (or listed in small_gpu_ids) get the small-GPU defaults below (0: one default for all)."""
+    small_gpu_ids: tuple
+    """Catalog GPU ids that take the small-GPU defaults whatever their memory."""
+    small_gpu_max_num_seqs: int
+    """max_num_seqs on a small GPU."""
+    small_gpu_max_num_batched_tokens: int
+    """The step's token budget on a small GPU."""
     sources: dict
     """Field name -> where its value comes from."""
+    given: frozenset = frozenset()
+    """Settings given explicitly (``with_settings``): a GPU's defaults never replace them."""
 
     def kernels(self, rates, kv_cache: str = "bf16", scheduler_steps: int | None = None) -> Kernels:
         """The generation's ``rates`` (``serving.rates.ServingRates``) and this engine's overheads in the step model's
@@ -109,6 +119,18 @@ class EngineProfile:
         kw = {k: v for k, v in kw.items() if v is not None}
         if kw.get("chunked_prefill") and not self.chunked_prefill:
             kw.setdefault("scheduling", self.chunked_scheduling)
+        return replace(self, given=self.given | frozenset(kw), **kw)
+
+    def for_gpu(self, accelerator) -> EngineProfile:
+        """The profile on ``accelerator``: an engine whose defaults depend on the GPU (vLLM V1: 1024 sequences and
+        an 8192-token budget on GPUs of 70 GiB or more other than A100, 256 and 2048 on the rest) takes the small-GPU
+        values there, except for settings given explicitly."""
+        small = self.small_gpu_below_gib > 0 and (accelerator.memory_gib < self.small_gpu_below_gib
+                                                  or accelerator.id in self.small_gpu_ids)
+        if not small:
+            return self
+        kw = {k: v for k, v in (("max_num_seqs", self.small_gpu_max_num_seqs),
+                                ("max_num_batched_tokens", self.small_gpu_max_num_batched_tokens)) if k not in self.given}
         return replace(self, **kw)
 
 
@@ -117,7 +139,7 @@ FITTED = ("step_overhead_us", "seq_overhead_us", "layer_overhead_us", "eager_lay
 """Engine fields fitted to published measurements (``shardlab.validation.inference``); the rates are the
 generation's (``serving.rates.RATE_FIELDS``)."""
 _FRACTIONS = ("gpu_memory_utilization",)
-_FIELDS = {f.name for f in fields(EngineProfile)} - {"id"}
+_FIELDS = {f.name for f in fields(EngineProfile)} - {"id", "given"}
 _TEXT = ("name", "version")
 _BOOLS = ("chunked_prefill", "sliding_window_cache", "prefix_caching")
 _CHOICES = (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING),
@@ -142,7 +164,7 @@ def _check(name: str, d: object, where: str) -> EngineProfile:
     for key in _TEXT:
         if not isinstance(d[key], str) or not d[key]:
             raise ShardlabError(f"{where}: engine '{name}' {key} must be text")
-    for key in _FIELDS - {"sources", *_TEXT, *_BOOLS, *(k for k, _ in _CHOICES)}:
+    for key in _FIELDS - {"sources", "small_gpu_ids", *_TEXT, *_BOOLS, *(k for k, _ in _CHOICES)}:
         v = d[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key in _FRACTIONS and not 0 < v <= 1):
             raise ShardlabError(f"{where}: engine '{name}' field '{key}' must be a "
@@ -150,11 +172,15 @@ def _check(name: str, d: object, where: str) -> EngineProfile:
     for key in _BOOLS:
         if not isinstance(d[key], bool):
             raise ShardlabError(f"{where}: engine '{name}' {key} must be true or false")
-    ints = ("kv_block_size", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "cuda_graph_max_batch")
-    vals = {k: (int(d[k]) if k in ints else d[k]) for k in _FIELDS}
+    ids = d["small_gpu_ids"]
+    if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+        raise ShardlabError(f"{where}: engine '{name}' small_gpu_ids must be a list of GPU ids")
+    ints = ("kv_block_size", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "cuda_graph_max_batch",
+            "small_gpu_max_num_seqs", "small_gpu_max_num_batched_tokens")
+    vals = {k: (int(d[k]) if k in ints else tuple(ids) if k == "small_gpu_ids" else d[k]) for k in _FIELDS}
     if any(vals[k] < 1 for k in ints if k != "cuda_graph_max_batch"):
-        raise ShardlabError(f"{where}: engine '{name}' kv_block_size, max_num_seqs, max_num_batched_tokens and "
-                            f"scheduler_steps must be at least 1")
+        raise ShardlabError(f"{where}: engine '{name}' kv_block_size, max_num_seqs, max_num_batched_tokens, "
+                            f"scheduler_steps and the small-GPU values must be at least 1")
     return EngineProfile(id=name, **vals)
 
 
