@@ -181,8 +181,10 @@ def _estimate_static(args, spec, cluster, prec, engine):
     if cmp:
         lines += ["", f"TP {args.tp} vs {cmp['replicas']['count']} × TP {cmp['replicas']['tp']} replicas: {cmp['verdict']}"]
     lines += [f"note: {n}" for n in est.notes]
-    lines.append(f"estimates: the serving step model with {engine.id}'s fitted kernel rates (docs/inference.md; "
-                 f"`shardlab validate --inference` shows their errors)")
+    gen = cluster.accelerator.generation or "default"
+    lines.append(f"estimates: the serving step model with the {gen} generation's kernel rates (serving_rates.yaml, shared "
+                 f"by every engine) and {engine.id}'s host costs (engines.yaml), both fitted to published measurements "
+                 f"(docs/inference.md; `shardlab validate --inference` shows their errors)")
     return finite(doc), "\n".join(lines)
 
 

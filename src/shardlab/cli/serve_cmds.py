@@ -107,8 +107,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
           if res["overloaded"] else []),
         *notes,
         "", "steady state: continuous batching (serving.steady, Little's law, M/D/1 prefill queue); percentiles: a "
-            "deterministic simulation of the same scheduler (serving.simulate); kernel rates fitted per engine "
-            "(`shardlab validate --inference`)"])
+            "deterministic simulation of the same scheduler (serving.simulate); kernel rates per GPU generation and "
+            "host costs per engine version, fitted to published measurements (`shardlab validate --inference`)"])
     return finite(doc), text
 
 

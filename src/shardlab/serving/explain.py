@@ -17,16 +17,25 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
     tokens = decode_seqs + prefill_tokens
     bw = m.bandwidth_bytes_per_s / 1e9
     kv_bytes = ctx_tokens * m.kv_bytes_per_token
+    moe = float(m.expert_flops_per_token) > 0
+    graphed = prefill_tokens <= 0 and decode_seqs <= float(k.graph_max_batch)
+    layer_us = (k.layer_overhead_s + (0.0 if graphed else k.eager_layer_overhead_s)) * 1e6
+    reads = 1.0 + float(k.per_head_kv) * (float(m.kv_group) - 1.0)
     lines = [
         f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.3f}), "
         f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.3f}))"
-        f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])}) = {fmt_time(p['linear_s'])}",
+        f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])})"
+        + (" per GEMM class (dense matrices; routed experts, each seeing tokens·k/E), summed" if moe else "")
+        + f" = {fmt_time(p['linear_s'])}",
         f"head      = output projection for {sampled:g} sampled rows = {fmt_time(p['head_s'])}",
-        f"attention = max({fmt_bytes(kv_bytes)} KV read / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.3f}), FLOPs)"
+        f"attention = max({fmt_bytes(kv_bytes)} KV read"
+        + (f" × {reads:g} (a decode kernel per query head reads each KV head {reads:g} times)" if reads > 1 else "")
+        + f" / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.3f}), FLOPs)"
         + (f" + prefill attention over {prefill_pairs:.3g} pairs" if prefill_pairs else "") + f" = {fmt_time(p['attention_s'])}",
         f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}",
         f"overhead  = {k.step_overhead_s * 1e6:.0f} µs per step + {k.seq_overhead_s * 1e6:.1f} µs × {sampled:g} sequences + "
-        f"{k.layer_overhead_s * 1e6:.1f} µs × {m.layers:g} layers = {fmt_time(p['overhead_s'])} ({case.engine.id})",
+        f"{layer_us:.1f} µs × {m.layers:g} layers" + (" (a captured CUDA graph: no eager launches)" if graphed else "")
+        + f" = {fmt_time(p['overhead_s'])} ({case.engine.id})",
         f"step      = {fmt_time(p['step_s'])} ({p['bound']}-bound linear layers)",
     ]
     return p, lines
