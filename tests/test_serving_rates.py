@@ -199,3 +199,42 @@ def test_vllm_v1_defaults_depend_on_the_gpu():
     assert (mine.max_num_seqs, mine.max_num_batched_tokens) == (512, 2048)
     old = prepare(L8, node("l40s"), get_engine("vllm-0.6"), tp=1).engine
     assert old.max_num_seqs == get_engine("vllm-0.6").max_num_seqs
+
+
+def test_prefix_cache_hits_skip_their_prefill_and_share_their_blocks():
+    """A 75% hit on a 2,176-token prompt computes 544 tokens, each attending (2176² − 544²)/(2·544) = 4,080 keys on
+    average, and a sequence holds only its own suffix and output in KV blocks; the steady state and the simulation
+    agree; an engine without prefix caching refuses the flag."""
+    from shardlab.serving.simulate import simulate
+    from shardlab.serving.steady import arrays, fluid
+
+    eng = get_engine("sglang")
+    hit = prepare(L8, node("a100-80gb"), eng, tp=1, prompt_len=2176, output_len=256, prefix_hit_rate=0.75)
+    cold = prepare(L8, node("a100-80gb"), eng, tp=1, prompt_len=2176, output_len=256)
+    assert hit.prefill_tokens == 544 and cold.prefill_tokens == 2176
+    assert hit.prefill_keys_per_token == pytest.approx((2176**2 - 1632**2) / (2 * 544))
+    assert cold.prefill_keys_per_token == pytest.approx(2176 / 2)
+    assert hit.blocks_per_seq == 544 + 128 and cold.blocks_per_seq == 2176 + 128       # block size 1, half the output
+    assert hit.capacity > 2 * cold.capacity
+    f_hit = {k: float(v[0]) for k, v in fluid(arrays([hit]), [1], [64]).items()}
+    f_cold = {k: float(v[0]) for k, v in fluid(arrays([cold]), [1], [64]).items()}
+    assert f_hit["ttft_s"] < f_cold["ttft_s"] and f_hit["output_tokens_per_s"] > f_cold["output_tokens_per_s"]
+    sim = simulate(hit, concurrency=64, seed=0, lifetime_s=f_hit["e2e_s"])
+    assert sim.output_tokens_per_s == pytest.approx(f_hit["output_tokens_per_s"], rel=0.1)
+    with pytest.raises(ShardlabError, match="does not cache prefixes"):
+        prepare(L8, node(), get_engine("tensorrt-llm-0.17"), tp=1, prefix_hit_rate=0.5)
+    with pytest.raises(ShardlabError, match="share in"):
+        prepare(L8, node(), eng, tp=1, prefix_hit_rate=1.0)
+
+
+def test_prefix_hit_rate_flag():
+    from conftest import cli_main
+
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--concurrency", "32",
+                              "--prefix-hit-rate", "0.5", "--json")
+    assert code == 0, err
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--prefix-hit-rate", "0.5")
+    assert code == 2 and err.count("\n") == 1 and "--inference" in err
+    for bad in ("1", "-0.1", "nan"):
+        code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--prefix-hit-rate", bad)
+        assert code == 2 and err.count("\n") == 1, bad

@@ -40,7 +40,8 @@ class _Pool:
             if key not in self.by_key:
                 try:
                     c = prepare(self.spec, self.cluster, self.engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp,
-                                precision=self.prec, prompt_len=self.args.prompt_len, output_len=self.args.output_len)
+                                precision=self.prec, prompt_len=self.args.prompt_len, output_len=self.args.output_len,
+                                prefix_hit_rate=self.args.prefix_hit_rate)
                 except ShardlabError as e:
                     self.by_key[key] = e
                 else:

@@ -58,6 +58,8 @@ def _bounded():
                                smallest=L.MIN_SECONDS),
         "timeout": number_arg(integer=False, maximum=L.MAX_TIMEOUT_S, reason="a week", smallest=L.MIN_TIMEOUT_S),
         "share": number_arg(integer=False, maximum=1.0, reason="a share of the peak", smallest=L.MIN_SHARE),
+        "hit_share": number_arg(integer=False, allow_zero=True, maximum=0.999, reason="a share of the prompt below 1",
+                                smallest=L.MIN_SHARE),
         "stages": number_arg(integer=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline stages or chunks per rank"),
         "seed": number_arg(integer=True, allow_zero=True, maximum=2**31 - 1, reason="a 32-bit seed"),
         "dim": number_arg(integer=True, maximum=L.MAX_MODEL_DIM, reason="a model dimension"),

@@ -44,6 +44,9 @@ def add_inference_args(p) -> None:
     g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=BOUNDED["seq_len"], default=None, help="token budget per step (engine default)")
     g.add_argument("--chunked-prefill", action="store_true", help="split prompts into chunks that fill the token budget")
+    g.add_argument("--prefix-hit-rate", type=BOUNDED["hit_share"], default=0.0, metavar="H",
+                   help="share of each prompt already in the engine's prefix cache (shared system prompts, multi-turn "
+                        "chats): not recomputed, its KV blocks shared (default 0)")
     g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
                    help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")
@@ -154,7 +157,8 @@ def _estimate_static(args, spec, cluster, prec, engine):
     from shardlab.estimate.inference import estimate_inference, tp_versus_replicas
     from shardlab.report.table import kv_lines
 
-    kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine)
+    kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine,
+              prefix_hit_rate=args.prefix_hit_rate)
     est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=args.batch, **kw)
     cmp = tp_versus_replicas(spec, cluster, tp=args.tp, batch=args.batch, **kw) if args.tp > 1 and args.pp == 1 else None
     doc = est.to_dict()
@@ -234,6 +238,7 @@ def plan_inference_cmd(args, catalog):
             try:
                 served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
                                              prompt_len=args.prompt_len, output_len=args.output_len, precision=prec,
+                                             prefix_hit_rate=args.prefix_hit_rate,
                                              engine=engine)
             except ShardlabError as e:                    # e.g. quantization groups split by this tp
                 reject(rejected, errors, e)
@@ -299,6 +304,7 @@ def refuse_serving_flags(args) -> None:
                                      ("--arrival-rate", "arrival_rate"), ("--ttft-slo", "ttft_slo"),
                                      ("--tpot-slo", "tpot_slo"), ("--target-rate", "target_rate"),
                                      ("--slo-percentile", "slo_percentile"), ("--scheduler-steps", "scheduler_steps"),
-                                     ("--chunked-prefill", "chunked_prefill")) if getattr(args, attr, None)]
+                                     ("--chunked-prefill", "chunked_prefill"),
+                                     ("--prefix-hit-rate", "prefix_hit_rate")) if getattr(args, attr, None)]
     if given:
         raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")

@@ -50,7 +50,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.cli.inference_cmds import finite
 
     case = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, prompt_len=args.prompt_len,
-                   output_len=args.output_len)
+                   output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate)
     if case.capacity < 1:
         raise ShardlabError(f"{spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id} leaves room for "
                             f"{case.blocks.num_blocks} KV blocks, not one {args.prompt_len + args.output_len}-token sequence: "
@@ -143,7 +143,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
         try:
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
-                        prompt_len=args.prompt_len, output_len=args.output_len)
+                        prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate)
         except ShardlabError as e:
             reject(rejected, errors, e)
             continue

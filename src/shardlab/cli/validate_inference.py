@@ -111,6 +111,8 @@ def inference_estimate_argv(run, case) -> list[str]:
         if c.get(key) not in (None, default):
             argv += [flag, str(c[key])]
     argv += ["--prompt-len", str(c["isl"]), "--output-len", str(c["osl"])]
+    if c.get("prefix_hit_rate"):
+        argv += ["--prefix-hit-rate", f"{c['prefix_hit_rate']:g}"]
     mode, n = run_mode(run, case.capacity)
     argv += (["--batch", str(int(n))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
              else ["--serve", "--arrival-rate", f"{n:g}"])

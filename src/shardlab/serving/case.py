@@ -71,10 +71,24 @@ class ServeCase:
     """Pipeline send of one step between two stages: latency part."""
     p2p_s_per_token: float
     """... seconds per token of the step."""
+    prefix_hit_rate: float = 0.0
+    """Share of each prompt's tokens already in the engine's prefix cache (computed once, shared by the requests)."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens a request computes: those past its cached prefix (at least one, the last)."""
+        return max(1, self.prompt_len - round(self.prefix_hit_rate * self.prompt_len))
+
+    @property
+    def prefill_keys_per_token(self) -> float:
+        """Mean keys a computed prompt token attends to: the computed suffix P of an S-token prompt sees the whole
+        cached prefix, (S² − (S − P)²) / 2 causal pairs in all (S/2 per token without a hit)."""
+        S, P = self.prompt_len, self.prefill_tokens
+        return (S * S - (S - P) ** 2) / (2 * P)
 
     @property
     def context_tokens(self) -> float:
@@ -89,11 +103,17 @@ def _held(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
 
 def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int = 1, pp: int = 1,
             precision: InferencePrecision = InferencePrecision(), prompt_len: int = 1024, output_len: int = 256,
-            scheduler_steps: int | None = None, overheads: Overheads = Overheads()) -> ServeCase:
+            scheduler_steps: int | None = None, overheads: Overheads = Overheads(),
+            prefix_hit_rate: float = 0.0) -> ServeCase:
     """Build the ServeCase of one replica (KV blocks, capacity, step models); the engine takes its defaults for the
     GPU (``EngineProfile.for_gpu``)."""
     validate(Layout(tp=tp, pp=pp), spec)
     engine = engine.for_gpu(cluster.accelerator)
+    if not 0.0 <= prefix_hit_rate < 1.0:
+        raise ShardlabError(f"--prefix-hit-rate must be a share in [0, 1), got {prefix_hit_rate:g}")
+    if prefix_hit_rate > 0 and not engine.prefix_caching:
+        raise ShardlabError(f"{engine.id} ({engine.name}) does not cache prefixes by default: drop --prefix-hit-rate, or "
+                            f"use an engine that does (vllm, sglang, tensorrt-llm)")
     if prompt_len + output_len > spec.max_seq_len:
         raise ShardlabError(f"--prompt-len + --output-len = {prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")
@@ -108,7 +128,9 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
                            utilization=engine.gpu_memory_utilization, rule=engine.kv_memory_rule)
                  for w, k in zip(weights, kv_tok)]
     blocks = min(per_stage, key=lambda b: b.num_blocks)
-    held = prompt_len + (output_len if engine.kv_admission == "reserve" else math.ceil(output_len / 2))
+    # a cached prefix's blocks are shared by the requests that hit it: a sequence holds its own suffix and output
+    own = max(1, prompt_len - round(prefix_hit_rate * prompt_len))
+    held = own + (output_len if engine.kv_admission == "reserve" else math.ceil(output_len / 2))
     per_seq = math.ceil(_held(spec, engine, held) / engine.kv_block_size)
     kv_seqs = blocks.num_blocks // per_seq
     seq_cap = engine.max_num_seqs * pp
@@ -125,4 +147,4 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     acc = cluster.accelerator
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
-                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok)
+                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate)

@@ -101,8 +101,10 @@ class _Replica:
     def __init__(self, case: ServeCase, n: int):
         eng = self.eng = case.engine
         self.case, self.S, self.O = case, case.prompt_len, case.output_len
+        self.hit = case.prompt_len - case.prefill_tokens     # prompt tokens found in the prefix cache (shared blocks)
         self.window = case.spec.sliding_window if eng.sliding_window_cache and case.spec.sliding_window else None
-        self.need = self.blocks_of(self.S + self.O) if eng.kv_admission == "reserve" else self.blocks_of(self.S + 1)
+        own = self.S - self.hit                              # a sequence's own blocks: its suffix and output
+        self.need = self.blocks_of(own + self.O) if eng.kv_admission == "reserve" else self.blocks_of(own + 1)
         if self.need > case.blocks.num_blocks:
             raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.need} KV blocks; the replica has "
                                 f"{case.blocks.num_blocks}: raise --tp/--pp, quantize, or shorten the request")
@@ -127,6 +129,7 @@ class _Replica:
             r = queue.pop(0)
             self.engines[ve].append(r)
             self.ve[r], self.held[r] = ve, self.need
+            self.pre[r] = max(self.pre[r], self.hit)          # the cached prefix needs no prefill
             self.free -= self.need
 
     def compose(self, members: list[int]) -> tuple[np.ndarray, list]:
@@ -151,7 +154,7 @@ class _Replica:
         """On-demand blocks for the decoders crossing a block boundary; preempt the newest when none is left."""
         if self.eng.kv_admission != "on-demand" or not len(decoders):
             return set()
-        pos = self.S + self.gen[decoders]
+        pos = self.S - self.hit + self.gen[decoders]
         grow = decoders[(pos % self.eng.kv_block_size == 0) & ((pos < self.window) if self.window else True)]
         victims = set()
         while len(grow) > self.free:

@@ -66,7 +66,9 @@ class Arrays:
     capacity: np.ndarray
     """Sequences the replica holds (KV blocks, max_num_seqs)."""
     S: np.ndarray
-    """Prompt tokens."""
+    """Prompt tokens a request computes (past its cached prefix; the whole prompt without prefix hits)."""
+    L: np.ndarray
+    """Mean keys a computed prompt token attends to (S/2 without prefix hits)."""
     O: np.ndarray
     """Output tokens."""
     ctx: np.ndarray
@@ -85,7 +87,8 @@ def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overh
                   request_overhead_s if request_overhead_s is not None else f(lambda c: c.engine.request_overhead_us * 1e-6),
                   f(lambda c: c.pp), f(lambda c: c.budget_tokens), f(lambda c: c.engine.scheduling == "mixed"),
                   f(lambda c: c.engine.chunked_prefill), f(lambda c: c.scheduler_steps), f(lambda c: c.capacity),
-                  f(lambda c: c.prompt_len), f(lambda c: c.output_len), f(lambda c: c.context_tokens),
+                  f(lambda c: c.prefill_tokens), f(lambda c: c.prefill_keys_per_token), f(lambda c: c.output_len),
+                  f(lambda c: c.context_tokens),
                   f(lambda c: c.p2p_fixed_s), f(lambda c: c.p2p_s_per_token))
 
 
@@ -93,7 +96,7 @@ def scalars(c: ServeCase) -> Arrays:
     """One ServeCase as an Arrays of plain floats (the simulation steps through it one cycle at a time)."""
     return Arrays(c.whole, c.slowest, c.kernels, c.engine.request_overhead_us * 1e-6, c.pp, c.budget_tokens,
                   float(c.engine.scheduling == "mixed"), float(c.engine.chunked_prefill), c.scheduler_steps, c.capacity,
-                  c.prompt_len, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token)
+                  c.prefill_tokens, c.prefill_keys_per_token, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token)
 
 
 def take(a, idx):
@@ -183,7 +186,7 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     S, ctx = a.S, D * a.ctx
     extra = np.asarray(extra_prompt) > 0
     mix = prompt_mix(r, poisson)
-    mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, n * S * S / 2 + extra_prompt * S / 2, D + n + extra, D + n)
+    mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, (n * S + extra_prompt) * a.L, D + n + extra, D + n)
                 for w, n in mix)
     if np.any(a.chunked > 0):
         mixed = np.where(a.chunked > 0, _chunked_cycle(a, D, ctx, np.asarray(r, dtype=float), extra_prompt, mix, mixed), mixed)
@@ -192,7 +195,7 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     separate = decode
     for w, n in mix:                                  # the n waiting prompts, in ⌈n/cap⌉ steps every decode waits out
         nb = np.clip(n, 1, cap)
-        separate = separate + w * (n / nb) * micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * S / 2, nb)[0]
+        separate = separate + w * (n / nb) * micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * a.L, nb)[0]
     nb = np.clip(r, 1, cap)
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
@@ -212,8 +215,8 @@ def _chunked_cycle(a: Arrays, D, ctx, r, extra_prompt, mix, whole):
     share = np.clip(r * k, 1e-12, 1.0)
     tokens = r * S / share
     extra = np.asarray(extra_prompt) > 0
-    busy = cycle_time(a, D, ctx, tokens + extra_prompt, (tokens + extra_prompt) * S / 2, D + r / share + extra, D + 1)
-    idle = cycle_time(a, D, ctx, extra_prompt, extra_prompt * S / 2, D + extra, D)
+    busy = cycle_time(a, D, ctx, tokens + extra_prompt, (tokens + extra_prompt) * a.L, D + r / share + extra, D + 1)
+    idle = cycle_time(a, D, ctx, extra_prompt, extra_prompt * a.L, D + extra, D)
     chunked = np.where(r > 0, share * busy + (1 - share) * idle, idle)
     return np.where(most * S + extra_prompt > room, chunked, whole)
 
@@ -227,7 +230,7 @@ def _prefill_latency(a: Arrays, D, r, nb, poisson=False) -> np.ndarray:
     chunks = np.ceil(S / np.minimum(room, S))
     mixed = chunks * (_cycle(a, D, r, extra_prompt=S / chunks, poisson=poisson)["cycle_s"])
     n_sep = np.where(a.chunked > 0, np.ceil(nb * S / a.budget), 1.0)
-    separate = step_time(a.whole, k, 0.0, 0.0, nb * S, nb * S * S / 2, nb) + _through(a, nb * S) \
+    separate = step_time(a.whole, k, 0.0, 0.0, nb * S, nb * S * a.L, nb) + _through(a, nb * S) \
         + (n_sep - 1) * k.step_overhead_s
     return np.where(a.mixed > 0, mixed, separate)
 
@@ -237,7 +240,7 @@ def _one_prompt_s(a: Arrays, D, r, poisson=False) -> np.ndarray:
     k, S = a.kernels, a.S
     with_it = _cycle(a, D, r, extra_prompt=S, poisson=poisson)["cycle_s"]
     base = _cycle(a, D, r, poisson=poisson)["cycle_s"]
-    separate = step_time(a.slowest, k, 0.0, 0.0, S, S * S / 2, 1.0)
+    separate = step_time(a.slowest, k, 0.0, 0.0, S, S * a.L, 1.0)
     return np.where(a.mixed > 0, np.maximum(with_it - base, 1e-9), separate)
 
 
@@ -270,7 +273,7 @@ def fluid(a: Arrays, mode, n) -> dict:
     tpot = cyc["cycle_s"]
     nb = np.where(mode == 0, B, cyc["prefill_batch"])
     prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb, pois)
-    batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * S / 2, B) + _through(a, B * S) \
+    batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * a.L, B) + _through(a, B * S) \
         + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s + a.kernels.first_token_overhead_s
     req_s = np.where(mode == 0, 0.0, B / (O * tpot))
     t1 = _one_prompt_s(a, D, r, pois)

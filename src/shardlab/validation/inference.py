@@ -36,7 +36,7 @@ METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", 
 """Measured metric -> the target it counts for (e2e of a static batch is per-token latency × tokens)."""
 _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", "activations", "group_size", "isl", "osl",
              "mode", "requests", "qps", "concurrency", "batch", "target", "dataset", "build", "settings", "assumed",
-             "ttft_stat", "tpot_stat", "e2e_stat"} | set(METRICS)
+             "ttft_stat", "tpot_stat", "e2e_stat", "prefix_hit_rate"} | set(METRICS)
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 PRIOR = {"weight_bandwidth_efficiency": 0.7, "kv_bandwidth_efficiency": 0.7, "gemm16_efficiency": 0.75, "gemm8_efficiency": 0.6,
@@ -120,7 +120,8 @@ def run_case(run: InferenceRun, catalog, engine: EngineProfile | None = None):
                           acc.peak_tflops)
     eng = run_engine(run, engine)
     return prepare(catalog.model(c["model"]), cluster, eng, tp=c["tp"], pp=c.get("pp", 1), precision=prec,
-                   prompt_len=c["isl"], output_len=c["osl"], scheduler_steps=eng.scheduler_steps)
+                   prompt_len=c["isl"], output_len=c["osl"], scheduler_steps=eng.scheduler_steps,
+                   prefix_hit_rate=float(c.get("prefix_hit_rate", 0.0)))
 
 
 def run_mode(run: InferenceRun, capacity: int) -> tuple[int, float]:
