@@ -235,7 +235,11 @@ def test_rank_map_colours_by_ep_rank_and_serving_plan_names_its_targets(tmp_path
                             "--gpus", "8", "--html", str(out))
     assert code == 0, err
     page = out.read_text()
-    assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and "1 replica: 2,398 tok/s" in page
+    code, doc, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--concurrency", "64", "--ttft-slo", "0.5",
+                              "--gpus", "8", "--json")
+    best = json.loads(doc)["plans"][0]
+    names = f"{best['replicas']} replica{'s' if best['replicas'] > 1 else ''}: {best['output_tokens_per_s']:,.0f} tok/s"
+    assert "TTFT ≤ 500.00 ms" in page and "sequences a replica holds" in page and names in page
 
 
 def test_estimate_page_names_the_pipeline_engine_term_only_with_stages(tmp_path):
