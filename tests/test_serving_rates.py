@@ -238,3 +238,17 @@ def test_prefix_hit_rate_flag():
     for bad in ("1", "-0.1", "nan"):
         code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--prefix-hit-rate", bad)
         assert code == 2 and err.count("\n") == 1, bad
+
+
+def test_static_estimate_holds_a_cached_prefix_once():
+    """16 sequences of 2,000 + 256 tokens with 90% of the prompt cached: 16 × ⌈456/16⌉ own blocks and ⌈1800/16⌉
+    shared ones."""
+    from shardlab.estimate.inference import estimate_inference
+
+    est = estimate_inference(L8, node(), tp=1, batch=16, prompt_len=2000, output_len=256, prefix_hit_rate=0.9)
+    b = est.case.blocks
+    assert est.shared_prefix_tokens == 1800
+    assert est.kv_cache_bytes == (16 * -(-456 // 16) + -(-1800 // 16)) * b.bytes_per_block
+    assert est.max_batch == (b.num_blocks - -(-1800 // 16)) // -(-456 // 16)
+    cold = estimate_inference(L8, node(), tp=1, batch=16, prompt_len=2000, output_len=256)
+    assert cold.kv_cache_bytes == 16 * -(-2256 // 16) * b.bytes_per_block and est.prefill_s < cold.prefill_s

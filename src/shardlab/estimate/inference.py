@@ -82,10 +82,21 @@ class InferenceEstimate:
         return cached_tokens(self.spec, n) if self.case.engine.sliding_window_cache else n
 
     @property
+    def shared_prefix_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache: held once, in blocks the sequences share."""
+        return self.case.prompt_len - self.case.prefill_tokens
+
+    def _own_blocks(self) -> int:
+        """Blocks one sequence holds of its own at full length (its suffix and output; the window caps them)."""
+        own = self.full_length_tokens - self.shared_prefix_tokens
+        return math.ceil(max(1, own) / self.case.blocks.block_size)
+
+    @property
     def kv_cache_bytes(self) -> int:
-        """KV cache of the in-flight sequences at full length on the worst rank, in whole blocks."""
-        blocks = math.ceil(self.full_length_tokens / self.case.blocks.block_size)
-        return self.in_flight * blocks * self.case.blocks.bytes_per_block
+        """KV cache of the in-flight sequences at full length on the worst rank, in whole blocks (a cached prefix
+        once, shared)."""
+        shared = math.ceil(self.shared_prefix_tokens / self.case.blocks.block_size)
+        return (self.in_flight * self._own_blocks() + shared) * self.case.blocks.bytes_per_block
 
     @property
     def workspace_bytes(self) -> int:
@@ -107,8 +118,8 @@ class InferenceEstimate:
     @property
     def max_batch(self) -> int:
         """Full-length sequences per micro-batch the KV blocks (and max_num_seqs) hold."""
-        blocks = math.ceil(self.full_length_tokens / self.case.blocks.block_size)
-        return min(self.case.blocks.num_blocks // blocks, self.case.engine.max_num_seqs * self.pp) // self.pp
+        free = self.case.blocks.num_blocks - math.ceil(self.shared_prefix_tokens / self.case.blocks.block_size)
+        return min(max(0, free) // self._own_blocks(), self.case.engine.max_num_seqs * self.pp) // self.pp
 
     @property
     def prefill_s(self) -> float:
