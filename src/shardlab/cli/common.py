@@ -72,6 +72,7 @@ def _bounded():
         "port": number_arg(integer=True, maximum=65535 - L.MAX_RANKS_PER_NODE, reason="TCP ports, one per local rank"),
         "requests": number_arg(integer=True, maximum=L.MAX_SIM_REQUESTS, reason="requests simulated"),
         "scheduler_steps": number_arg(integer=True, maximum=1024, reason="decode steps per scheduling round"),
+        "graph_batch": number_arg(integer=True, allow_zero=True, maximum=L.MAX_BATCH, reason="sequences per step"),
         "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
         "questions": number_arg(integer=True, maximum=1000, reason="questions in one quiz"),
         "binades": number_arg(integer=True, allow_zero=True, minimum=-100, maximum=100,

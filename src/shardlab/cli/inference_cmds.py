@@ -44,6 +44,8 @@ def add_inference_args(p) -> None:
     g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=BOUNDED["seq_len"], default=None, help="token budget per step (engine default)")
     g.add_argument("--chunked-prefill", action="store_true", help="split prompts into chunks that fill the token budget")
+    g.add_argument("--cuda-graph-max-batch", type=BOUNDED["graph_batch"], default=None, metavar="N",
+                   help="largest decode batch the engine replays as a CUDA graph (engine default; 0: none)")
     g.add_argument("--prefix-hit-rate", type=BOUNDED["hit_share"], default=0.0, metavar="H",
                    help="share of each prompt already in the engine's prefix cache (shared system prompts, multi-turn "
                         "chats): not recomputed, its KV blocks shared (default 0)")
@@ -74,7 +76,8 @@ def engine_from_args(args):
         raise ShardlabError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     return get_engine(getattr(args, "framework", None)).with_settings(
         gpu_memory_utilization=util, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill=True if args.chunked_prefill else None, scheduler_steps=getattr(args, "scheduler_steps", None))
+        chunked_prefill=True if args.chunked_prefill else None, scheduler_steps=getattr(args, "scheduler_steps", None),
+        cuda_graph_max_batch=getattr(args, "cuda_graph_max_batch", None))
 
 
 def precision_from_args(args, accelerator):
@@ -310,5 +313,7 @@ def refuse_serving_flags(args) -> None:
                                      ("--slo-percentile", "slo_percentile"), ("--scheduler-steps", "scheduler_steps"),
                                      ("--chunked-prefill", "chunked_prefill"),
                                      ("--prefix-hit-rate", "prefix_hit_rate")) if getattr(args, attr, None)]
+    if getattr(args, "cuda_graph_max_batch", None) is not None:              # 0 (no graphs) is a setting too
+        given.append("--cuda-graph-max-batch")
     if given:
         raise ShardlabError(f"{', '.join(given)} describe(s) serving: add --inference (training ignores them)")

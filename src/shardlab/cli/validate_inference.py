@@ -117,7 +117,8 @@ def inference_estimate_argv(run, case) -> list[str]:
     argv += (["--batch", str(int(n))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
              else ["--serve", "--arrival-rate", f"{n:g}"])
     for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"), ("max_num_seqs", "--max-num-seqs"),
-                      ("max_num_batched_tokens", "--max-num-batched-tokens"), ("scheduler_steps", "--scheduler-steps")):
+                      ("max_num_batched_tokens", "--max-num-batched-tokens"), ("scheduler_steps", "--scheduler-steps"),
+                      ("cuda_graph_max_batch", "--cuda-graph-max-batch")):
         if key in run.settings:
             argv += [flag, f"{run.settings[key]:g}"]
     if run.settings.get("chunked_prefill"):

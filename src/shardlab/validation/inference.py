@@ -29,7 +29,8 @@ from shardlab.serving.rates import RATE_FIELDS, rates_for
 from shardlab.serving.step import Kernels
 
 RUNS_FILE = Path(__file__).parent / "inference_runs.yaml"
-SETTINGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "chunked_prefill")
+SETTINGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "chunked_prefill",
+            "cuda_graph_max_batch")
 """Engine settings a source or run may state (they replace the engine's defaults)."""
 METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", "ttft_s": "ttft", "tpot_s": "tpot",
            "e2e_s": "tpot"}
