@@ -252,3 +252,18 @@ def test_static_estimate_holds_a_cached_prefix_once():
     assert est.max_batch == (b.num_blocks - -(-1800 // 16)) // -(-456 // 16)
     cold = estimate_inference(L8, node(), tp=1, batch=16, prompt_len=2000, output_len=256)
     assert cold.kv_cache_bytes == 16 * -(-2256 // 16) * b.bytes_per_block and est.prefill_s < cold.prefill_s
+
+
+def test_estimate_serve_falls_back_to_the_steady_state():
+    """1,500 clients on a replica that runs 92 sequences: the simulation's cycle bound ends before a measured request
+    finishes; the estimate still answers (steady state, a note, simulation null), one JSON document."""
+    import json
+
+    from conftest import cli_main
+
+    code, out, err = cli_main("estimate", "llama-3.1-70b", "--inference", "--framework", "tensorrt-llm", "--gpu", "b200",
+                              "--weights", "fp4", "--kv-cache-dtype", "fp8", "--prompt-len", "8192", "--output-len", "1024",
+                              "--serve", "--concurrency", "1500", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["simulation"] is None and "stands alone" in d["notes"][0] and d["steady_state"]["tpot_s"] > 0

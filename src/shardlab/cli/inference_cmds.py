@@ -175,16 +175,16 @@ def _estimate_static(args, spec, cluster, prec, engine):
              kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
                                            f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),
                        ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = "
-                                            + (f"({est.in_flight} sequences × {seq - est.shared_prefix_tokens:,} own tokens + a "
+                                            + (f"({est.in_flight} sequences × {est.own_tokens:,} own tokens + a "
                                                f"{est.shared_prefix_tokens:,}-token cached prefix, held once)"
-                                               if est.shared_prefix_tokens else f"{est.in_flight} sequences × {seq} tokens")
+                                               if est.case.prefix_hit_rate else f"{est.in_flight} sequences × {seq} tokens")
                                             + f" × {est.kv_cache_bytes_per_token:,} B/token ({prec.kv_cache}), in blocks of {b.block_size}"),
                        ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.budget_tokens}-token step, "
                                  f"CUDA context, workspaces: estimates)"),
                        ("KV blocks", f"{b.num_blocks:,} blocks of {b.block_size} tokens ({gib(b.kv_bytes)}) in the engine's "
                                      f"{gib(b.reserved_bytes)} of {acc.memory_gib:g} GiB: {'fits' if est.fits else 'DOES NOT FIT'}"),
                        ("largest batch", f"{est.max_batch} sequences of {seq} tokens per micro-batch"
-                        + (" (beside their shared prefix)" if est.shared_prefix_tokens else ""))]),
+                        + (" (beside their shared prefix)" if est.case.prefix_hit_rate else ""))]),
              "", f"prefill ({est.prefill['bound']}-bound): {1e3 * est.prefill_s:.2f} ms", *["  " + x for x in est.prefill["lines"]],
              "", f"decode ({est.decode['bound']}-bound): {1e3 * est.decode_s_per_token:.3f} ms per token (at the mean context)",
              *["  " + x for x in est.decode["lines"]],

@@ -57,8 +57,16 @@ def estimate_serve(args, spec, cluster, prec, engine):
                             f"raise --tp/--pp, quantize (--weights), or shorten the request")
     mode, load, words = _load(args)
     res = {k: float(v[0]) for k, v in fluid(arrays([case]), [mode], [load]).items()}
-    sim = simulate(case, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
-                   seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
+    sim_failed = None
+    try:
+        sim = simulate(case, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
+                       seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
+    except ShardlabError as e:                    # a load far beyond the replica's slots: the cycle bound ends it first
+        if "completed no measured request" not in str(e):
+            raise
+        sim, sim_failed = None, ("the simulation finished no measured request within its cycle bound (the load is far "
+                                 "beyond the sequences the replica runs at once): the steady-state column stands alone; "
+                                 "give fewer --requests or a lighter load for percentiles")
     lim = limits(case, rate=mode == 2, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
     slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
            "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
@@ -68,16 +76,18 @@ def estimate_serve(args, spec, cluster, prec, engine):
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "kv_blocks": case.blocks.to_dict(), "capacity": {"sequences": case.capacity, "bound": case.capacity_bound,
                                                            "blocks_per_sequence": case.blocks_per_seq},
-           "steady_state": res, "simulation": sim.to_dict(), "limits": lim.to_dict(), "slo": slo}
-    rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(sim.ttft_s.mean), _ms(sim.ttft_s.p50), _ms(sim.ttft_s.p99)],
-            ["TPOT (ms)", _ms(res["tpot_s"]), _ms(sim.tpot_s.mean), _ms(sim.tpot_s.p50), _ms(sim.tpot_s.p99)],
-            ["request latency (ms)", _ms(res["e2e_s"]), _ms(sim.e2e_s.mean), _ms(sim.e2e_s.p50), _ms(sim.e2e_s.p99)],
-            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
-            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""],
-            ["sequences in flight", f"{res['in_flight']:,.1f}", f"{sim.mean_running:,.1f}", "", ""]]
-    notes = sim_notes(sim, args.concurrency)
+           "steady_state": res, "simulation": sim.to_dict() if sim else None, "limits": lim.to_dict(), "slo": slo}
+    S = sim or _NO_SIM
+    sm = (lambda x: _ms(x)) if sim else (lambda x: "–")  # noqa: E731
+    rows = [["TTFT (ms)", _ms(res["ttft_s"]), sm(S.ttft_s.mean), sm(S.ttft_s.p50), sm(S.ttft_s.p99)],
+            ["TPOT (ms)", _ms(res["tpot_s"]), sm(S.tpot_s.mean), sm(S.tpot_s.p50), sm(S.tpot_s.p99)],
+            ["request latency (ms)", _ms(res["e2e_s"]), sm(S.e2e_s.mean), sm(S.e2e_s.p50), sm(S.e2e_s.p99)],
+            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{S.output_tokens_per_s:,.0f}" if sim else "–", "", ""],
+            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{S.requests_per_s:,.2f}" if sim else "–", "", ""],
+            ["sequences in flight", f"{res['in_flight']:,.1f}", f"{S.mean_running:,.1f}" if sim else "–", "", ""]]
+    notes = sim_notes(sim, args.concurrency) if sim else [sim_failed]
     preempt_note = None
-    if sim.preemptions:
+    if sim and sim.preemptions:
         preempt_note = (f"preemption: the engine admits a sequence once its prompt's blocks are free and gives it blocks "
                         f"as it grows, so the KV pool runs out and the newest sequence is recomputed: {sim.preemptions:,} "
                         f"preemptions over the simulation. The steady state runs only the {case.capacity:,} sequences "
@@ -99,8 +109,9 @@ def estimate_serve(args, spec, cluster, prec, engine):
         f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
         kv_lines(_memory_lines(case)), "",
         table(["", "mean (steady state)", "mean (simulated)", "p50", "p99"], rows,
-              title=f"latency and throughput (simulation: {sim.requests} requests measured, {sim.cycles:,} cycles, "
-                    f"{sim.preemptions} preemptions, seed {args.seed})"),
+              title=(f"latency and throughput (simulation: {sim.requests} requests measured, {sim.cycles:,} cycles, "
+                     f"{sim.preemptions} preemptions, seed {args.seed})" if sim else
+                     "latency and throughput (steady state; the simulation finished no measured request)")),
         "", *binds,
         *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
         *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]
@@ -110,6 +121,16 @@ def estimate_serve(args, spec, cluster, prec, engine):
             "deterministic simulation of the same scheduler (serving.simulate); kernel rates per GPU generation and "
             "host costs per engine version, fitted to published measurements (`shardlab validate --inference`)"])
     return finite(doc), text
+
+
+class _Missing:
+    """Stands for a simulation that measured nothing: every figure None (printed as a dash)."""
+
+    def __getattr__(self, name):
+        return self if name in ("ttft_s", "tpot_s", "e2e_s") else None
+
+
+_NO_SIM = _Missing()
 
 
 def _candidates(spec, cluster, gpus, engine):
@@ -191,6 +212,9 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         p.pop("_case")
     top = plans[: args.top]
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "engine_version": engine.version, "precision": prec.label,
+           "serving": {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
+                       "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
+                       "max_num_seqs": args.max_num_seqs},
            "objective": "latency" if latency else "throughput", "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),

@@ -82,14 +82,28 @@ class InferenceEstimate:
         return cached_tokens(self.spec, n) if self.case.engine.sliding_window_cache else n
 
     @property
+    def windowed(self) -> bool:
+        """The engine drops tokens that leave a sliding-window model's window."""
+        return bool(self.case.engine.sliding_window_cache and self.spec.sliding_window)
+
+    @property
+    def own_tokens(self) -> int:
+        """Tokens one sequence holds of its own at full length: its prompt past the cached prefix and its output
+        (the window caps them)."""
+        own = self.case.prefill_tokens + self.case.output_len
+        return min(own, self.spec.sliding_window) if self.windowed else own
+
+    @property
     def shared_prefix_tokens(self) -> int:
-        """Prompt tokens found in the prefix cache: held once, in blocks the sequences share."""
-        return self.case.prompt_len - self.case.prefill_tokens
+        """Cached prefix tokens the sequences still hold (once, in shared blocks): the prompt's cached part, less
+        what a sliding window has dropped by the end."""
+        shared = self.case.prompt_len - self.case.prefill_tokens
+        if self.windowed:
+            return max(0, min(shared, self.spec.sliding_window - (self.case.prefill_tokens + self.case.output_len)))
+        return shared
 
     def _own_blocks(self) -> int:
-        """Blocks one sequence holds of its own at full length (its suffix and output; the window caps them)."""
-        own = self.full_length_tokens - self.shared_prefix_tokens
-        return math.ceil(max(1, own) / self.case.blocks.block_size)
+        return math.ceil(max(1, self.own_tokens) / self.case.blocks.block_size)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -86,9 +86,12 @@ class ServeCase:
     @property
     def prefill_keys_per_token(self) -> float:
         """Mean keys a computed prompt token attends to: the computed suffix P of an S-token prompt sees the whole
-        cached prefix, (S² − (S − P)²) / 2 causal pairs in all (S/2 per token without a hit)."""
+        cached prefix, (S² − (S − P)²) / 2 causal pairs in all (S/2 per token without a hit); at most a sliding
+        window's width where the engine keeps the window (an upper bound: tokens early in the prompt see fewer)."""
         S, P = self.prompt_len, self.prefill_tokens
-        return (S * S - (S - P) ** 2) / (2 * P)
+        keys = (S * S - (S - P) ** 2) / (2 * P)
+        w = self.spec.sliding_window if self.engine.sliding_window_cache else 0   # an engine keeping the window
+        return min(keys, float(w)) if w else keys          # attends to at most w keys
 
     @property
     def context_tokens(self) -> float:

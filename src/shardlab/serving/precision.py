@@ -131,11 +131,13 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
     if activations not in ACTIVATION_DTYPES:
         raise ShardlabError(f"--activations {activations}: use one of {', '.join(ACTIVATION_DTYPES)}")
     if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8", "fp4"):
-        raise ShardlabError(f"--activations {activations} needs 8-bit weights (--weights fp8 or int8): a 16-bit "
-                            f"weight cannot feed an {activations} GEMM")
+        need = "fp4 weights (--weights fp4)" if activations == "fp4" else "8-bit weights (--weights fp8 or int8)"
+        raise ShardlabError(f"--activations {activations} needs {need}: a 16-bit weight cannot feed an {activations} GEMM")
     if not _runs(weights, activations):
+        scheme = "W4A4 (--weights fp4 --activations fp4)" if activations == "fp4" else \
+            f"W8A8 (--weights {activations} --activations {activations})"
         raise ShardlabError(f"--activations {activations} with --weights {weights} is not a scheme engines run; "
-                            f"use W8A8 (--weights {activations} --activations {activations}) or 16-bit activations")
+                            f"use {scheme} or 16-bit activations")
     if peaks is not None and not peaks.get(activations):
         have = [k for k in ACTIVATION_DTYPES if peaks.get(k) and _runs(weights, k)]
         raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use --activations "

@@ -184,7 +184,9 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             bandwidth_bytes_per_s=acc.memory_bandwidth_bytes_per_s, gemm_peak_flops=acc.peak_flops(precision.gemm_dtype),
             attn_peak_flops=acc.peak_flops(attn_dtype) if attn_dtype else peak16, head_peak_flops=peak16, layers=float(nl),
             gemm_bits=float(4 if precision.gemm_dtype == "fp4" else 8 if precision.gemm_dtype in ("fp8", "int8") else 16),
-            kv_group=float(spec.num_heads / max(1, spec.num_kv_heads))))
+            # query heads per KV head on the rank: TP splits the query heads, and the KV heads until they run out
+            # (then each rank keeps a replica of one), so a rank's group is (heads/t) / max(1, kv_heads/t)
+            kv_group=float((spec.num_heads / tp) / max(1.0, spec.num_kv_heads / tp))))
     return out
 
 

@@ -350,6 +350,19 @@ def fit_two_stage(prep: Prepared, idx: np.ndarray, start: Params) -> Params:
     return fit(prep, idx, alone, prior=prior_centre(alone))
 
 
+def unseen_from_others(prep: Prepared, idx: np.ndarray, fitted: Params) -> Params:
+    """``fitted`` with every generation and engine that no run of ``idx`` covers replaced by the others' values
+    (their mean in logit/log space, the rule of serving_rates.yaml's default entry): a held-out source that is the
+    only one on its GPU generation or engine is predicted from what the rest show, never from values fitted on it."""
+    gens = {prep.generations[i] for i in idx}
+    engs = {prep.runs[i].engine for i in idx}
+    rates = {g: (v if g in gens else _centre({k: x for k, x in fitted.rates.items() if k in gens}, g, RATE_FIELDS))
+             for g, v in fitted.rates.items()}
+    engines = {e: (v if e in engs else _centre({k: x for k, x in fitted.engines.items() if k in engs}, e, FITTED))
+               for e, v in fitted.engines.items()}
+    return Params(rates, engines)
+
+
 def errors(prep: Prepared, preds: dict, idx: np.ndarray, targets=TARGETS) -> list[dict]:
     """One entry per (run, metric): predicted, measured, error (inf predictions give error None)."""
     out = []
@@ -399,7 +412,7 @@ def verdict(loso: dict) -> dict:
 def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None) -> dict:
     """Predict every run with the catalog's values; refit (two stages, all generations' rates and all engines'
     overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
-    then the source predicted. Returns rows, summaries, values and the refit. ``only_source``: hold out that
+    then the source predicted (a generation or engine only that source covers takes the others' mean). Returns rows, summaries, values and the refit. ``only_source``: hold out that
     source alone and skip the full refit (``validate --inference --run``)."""
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
@@ -414,7 +427,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
         for src in [only_source] if only_source else sorted({r.source for r in runs}):
             keep = np.array([i for i in everything if runs[i].source != src])
             held = np.array([i for i in everything if runs[i].source == src])
-            vals = fit_two_stage(prep, keep, values)
+            vals = unseen_from_others(prep, keep, fit_two_stage(prep, keep, values))
             for e in errors(prep, predict(prep, vals, held), held):
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
