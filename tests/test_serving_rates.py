@@ -267,3 +267,31 @@ def test_estimate_serve_falls_back_to_the_steady_state():
     assert code == 0, err
     d = json.loads(out)
     assert d["simulation"] is None and "stands alone" in d["notes"][0] and d["steady_state"]["tpot_s"] > 0
+
+
+def test_review_fixes(tmp_path):
+    """A rank's GQA group under TP (Qwen3-30B-A3B: 32 query heads, 4 KV heads; at TP 8 each rank keeps one KV head
+    for its 4 query heads); --export from a --serve plan carries fp8 and the memory share; leave-one-source-out
+    predicts a generation no other source covers from the others' mean."""
+    import numpy as np
+
+    from conftest import cli_main
+    from shardlab.validation.inference import (Params, load_inference_runs, prepare_runs, unseen_from_others)
+
+    spec = CAT.model("qwen3-30b-a3b")
+    assert prepare(spec, node(), get_engine("vllm-0.6"), tp=8).whole.kv_group == 4.0
+    assert prepare(spec, node(), get_engine("vllm-0.6"), tp=2).whole.kv_group == 8.0
+    out = tmp_path / "x.sh"
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--inference", "--serve", "--ttft-slo", "0.5",
+                            "--weights", "fp8", "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.7",
+                            "--export", "vllm", "--out", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert "--quantization fp8" in text and "--kv-cache-dtype fp8" in text and "--gpu-memory-utilization 0.7" in text
+    runs = [r for r in load_inference_runs() if r.source in ("trtllm-0.17-offline", "trtllm-1.0-pytorch-offline")][::8]
+    prep = prepare_runs(runs, CAT)
+    keep = np.array([i for i, g in enumerate(prep.generations) if g != "ada"])
+    fitted = Params({g: {f: (0.3 if g == "ada" else 0.6) for f in RATE_FIELDS} for g in set(prep.generations)},
+                    {e: {"step_overhead_us": 100.0} for e in {r.engine for r in runs}})
+    got = unseen_from_others(prep, keep, fitted)
+    assert got.rates["ada"]["gemm16_efficiency"] == pytest.approx(0.6) and got.rates["hopper"] == fitted.rates["hopper"]
