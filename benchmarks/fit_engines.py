@@ -3,7 +3,7 @@ rewrite what depends on them.
 
 Refits the six rates of every GPU generation and the five overheads of every engine version jointly on every
 target row of src/shardlab/validation/inference_runs.yaml, as `shardlab validate --inference` does (two-stage
-empirical Bayes, src/shardlab/validation/inference.py), repeating until the values stop moving (each pass starts
+empirical Bayes, src/shardlab/validation/inference_fit.py), repeating until the values stop moving (each pass starts
 from the last); writes src/shardlab/catalog/data/serving_rates.yaml (with each generation's count of measured
 values and a default entry, the fitted generations' mean) and the overheads into
 src/shardlab/catalog/data/engines.yaml, with the command and the date in their sources; then
@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 
 from shardlab.serving.engines import ENGINES_FILE, FITTED, builtin_engines  # noqa: E402
 from shardlab.serving.rates import RATE_FIELDS, RATES_FILE, builtin_rates  # noqa: E402
-from shardlab.validation.inference import _v, _x, load_inference_runs, validate  # noqa: E402
+from shardlab.validation.inference import load_inference_runs, validate  # noqa: E402
+from shardlab.validation.inference_fit import _v, _x  # noqa: E402
 
 COMMAND = "python benchmarks/fit_engines.py"
 LABEL = {"vllm": "vLLM V1", "tensorrt-llm": "TensorRT-LLM 1.x", "sglang": "SGLang 0.5", "vllm-0.6": "vLLM 0.6",

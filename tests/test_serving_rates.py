@@ -170,8 +170,8 @@ def test_validation_families_and_verdict():
 def test_joint_fit_recovers_known_rates():
     """Rows predicted with known rates and overheads, then fitted from other values, give the known ones back:
     the column-grouped Jacobian sees every generation and engine."""
-    from shardlab.validation.inference import (Params, catalog_params, fit, load_inference_runs, predict,
-                                               prepare_runs)
+    from shardlab.validation.inference import Params, load_inference_runs, predict, prepare_runs
+    from shardlab.validation.inference_fit import catalog_params, fit
 
     runs = [r for r in load_inference_runs() if r.target in ("latency", "throughput")][::6]
     prep = prepare_runs(runs, CAT)
@@ -276,7 +276,8 @@ def test_review_fixes(tmp_path):
     import numpy as np
 
     from conftest import cli_main
-    from shardlab.validation.inference import (Params, load_inference_runs, prepare_runs, unseen_from_others)
+    from shardlab.validation.inference import Params, load_inference_runs, prepare_runs
+    from shardlab.validation.inference_fit import unseen_from_others
 
     spec = CAT.model("qwen3-30b-a3b")
     assert prepare(spec, node(), get_engine("vllm-0.6"), tp=8).whole.kv_group == 4.0

@@ -292,7 +292,7 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
     from shardlab.serving.capacity import GPU_COUNT_CAP, Slo, sim_requests
     from shardlab.serving.simulate import simulate
 
-    from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.inference_cmds import finite, serving_settings
 
     slo = Slo(args.ttft_slo, args.tpot_slo, args.slo_percentile or "p50")
     pool = _Pool(args, spec, cluster, prec, engine, slo)
@@ -338,9 +338,7 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
         p.pop("_j")
     top = plans[: args.top]
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "engine_version": engine.version, "precision": prec.label,
-           "serving": {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
-                       "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
-                       "max_num_seqs": args.max_num_seqs},
+           "serving": serving_settings(prec, engine, args.max_num_seqs),
            "objective": "goodput per GPU", "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": None, "arrival_rate": None},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo, "percentile": slo.percentile},

@@ -66,6 +66,13 @@ def finite(x):
     return x
 
 
+def serving_settings(prec, engine, max_num_seqs) -> dict:
+    """A serving plan's ``serving`` block: the precision and engine settings `export --plan` writes into the launch file."""
+    return {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
+            "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
+            "max_num_seqs": max_num_seqs}
+
+
 def engine_from_args(args):
     """The serving engine (--framework, default vllm) with the settings the flags give."""
     from shardlab.errors import ShardlabError
@@ -270,9 +277,7 @@ def plan_inference_cmd(args, catalog):
     doc = {"model": spec.name, **_model_ref(catalog, args), "gpus": gpus, "gpu": cluster.accelerator.id,
            "engine": engine.id, "engine_version": engine.version, "objective": objective,
            "batch": args.batch, "prompt_len": args.prompt_len, "output_len": args.output_len, "precision": prec.label,
-           "serving": {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
-                       "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
-                       "max_num_seqs": args.max_num_seqs},
+           "serving": serving_settings(prec, engine, args.max_num_seqs),
            "evaluated": len(plans) + sum(rejected.values()), "rejected": rejected, "plans": plans[: args.top]}
     rows = [[p["tp"], p["pp"], f"{p['busy_replicas']}/{p['replicas']}", p["batch_per_replica"], f"{p['tokens_per_s']:,.0f}",
              f"{1e3 * p['decode_s_per_token']:.2f}", f"{1e3 * p['prefill_s']:.1f}", f"{p['request_latency_s']:.2f}",

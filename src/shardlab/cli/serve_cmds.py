@@ -153,7 +153,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     from shardlab.serving.simulate import simulate
     from shardlab.serving.steady import arrays, fluid
 
-    from shardlab.cli.inference_cmds import finite, raise_common_error, reject
+    from shardlab.cli.inference_cmds import finite, raise_common_error, reject, serving_settings
 
     if args.concurrency is None and args.arrival_rate is None:       # no load: the capacity under the SLO
         from shardlab.cli.capacity_cmds import plan_capacity
@@ -212,9 +212,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         p.pop("_case")
     top = plans[: args.top]
     doc = {"model": spec.name, "gpus": gpus, "gpu": cluster.accelerator.id, "engine": engine.id, "engine_version": engine.version, "precision": prec.label,
-           "serving": {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
-                       "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
-                       "max_num_seqs": args.max_num_seqs},
+           "serving": serving_settings(prec, engine, args.max_num_seqs),
            "objective": "latency" if latency else "throughput", "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),
