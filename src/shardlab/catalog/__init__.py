@@ -89,6 +89,8 @@ class Catalog:
         if is_hub_ref(name):
             return load_hub_model(name)
         p = check_name(name, "model file")
+        if p.is_dir() and (p / "config.json").is_file():   # a checkpoint folder: its config.json
+            return load_model_file(p / "config.json")
         if p.suffix.lower() in (".json", ".yaml", ".yml") or os.path.lexists(p):
             return load_model_file(p)
         raise ShardlabError(f"unknown model '{name}'{did_you_mean(name, self.models)}; see `shardlab models`, "

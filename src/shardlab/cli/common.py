@@ -75,6 +75,8 @@ def _bounded():
         "graph_batch": number_arg(integer=True, allow_zero=True, maximum=L.MAX_BATCH, reason="sequences per step"),
         "rate": number_arg(integer=False, maximum=1e9, reason="a billion per second", smallest=L.MIN_SHARE),
         "questions": number_arg(integer=True, maximum=1000, reason="questions in one quiz"),
+        "block": number_arg(integer=True, maximum=4096, reason="tokens per KV-cache block"),
+        "vocab_multiple": number_arg(integer=True, maximum=1 << 16, reason="a vocabulary multiple"),
         "binades": number_arg(integer=True, allow_zero=True, minimum=-100, maximum=100,
                               reason="powers of two an fp32 loss scale can take"),
     }
@@ -86,6 +88,20 @@ gpus_int = BOUNDED["gpus"]
 seq_len_int = BOUNDED["seq_len"]
 batch_int = BOUNDED["batch"]
 microbatches_int = BOUNDED["microbatches"]
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    """Comma-separated token ids (whole numbers >= 0), at most 8192 of them."""
+    parts = text.split(",")
+    if len(parts) > 8192:
+        raise argparse.ArgumentTypeError(f"at most 8192 token ids, got {len(parts)}")
+    out = []
+    for x in parts:
+        x = x.strip()
+        if not x.isdigit() or len(x) > 12:
+            raise argparse.ArgumentTypeError(f"token ids are whole numbers >= 0 separated by commas, got {x[:20]!r}")
+        out.append(int(x))
+    return tuple(out)
 
 
 def int_list(text: str) -> tuple[int, ...]:

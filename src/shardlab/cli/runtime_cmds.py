@@ -10,7 +10,7 @@ import functools
 import re
 from contextlib import contextmanager
 
-from shardlab.cli.common import BOUNDED, int_list
+from shardlab.cli.common import BOUNDED, int_list, token_ids
 from shardlab.cli.observe_args import add_observe_args, observe_options
 from shardlab.cli.report_cmd import add_html_arg
 
@@ -29,6 +29,8 @@ TRAIN_EXAMPLES = """examples:
 
 INFER_EXAMPLES = """examples:
   shardlab run infer --tp 2 --prompt "hello" --max-new-tokens 16
+  shardlab run infer --model ./my-checkpoint --tp 2 --prompt-ids 1,2,3 --check-parity   # against transformers
+  shardlab run infer --model hf:Qwen/Qwen3-0.6B --tp 2 --pp 2 --prompt "Hello" --check-parity
   shardlab run infer --sweep --plot tp-speedup.png --json
   shardlab run infer --tp 2 --max-new-tokens 64 --slow-rank 1:3:0.05   # p99 token latency climbs, p50 does not
 """
@@ -144,8 +146,19 @@ def register(sub) -> None:
     i = rsub.add_parser("infer", help="greedy generation with tensor parallelism and a KV cache",
                         epilog=INFER_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("--tp", type=BOUNDED["gpus"], default=2, help="tensor-parallel ranks (in total, over all nodes)")
-    i.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, or a catalog id / config.json / YAML")
-    i.add_argument("--prompt", default="The quick brown fox", help="prompt text (byte tokens, modulo the vocabulary)")
+    i.add_argument("--model", default="tiny",
+                   help="tiny, small, tiny-gpt2, a catalog id / config.json / YAML (random weights), or a checkpoint: a "
+                        "folder with config.json and safetensors weights, or hf:ORG/NAME (each rank reads its slices)")
+    i.add_argument("--pp", type=BOUNDED["stages"], default=1, help="pipeline stages (tp x pp ranks)")
+    i.add_argument("--prompt", default="The quick brown fox",
+                   help="prompt text: the checkpoint's tokenizer when it has one, else bytes modulo the vocabulary")
+    i.add_argument("--prompt-ids", type=token_ids, default=None, metavar="ID,ID,...",
+                   help="prompt token ids (no tokenizer needed); replaces --prompt")
+    i.add_argument("--check-parity", action="store_true",
+                   help="with a checkpoint: compare the tokens with transformers' generate on it (matches_transformers)")
+    i.add_argument("--make-vocab-size-divisible-by", type=BOUNDED["vocab_multiple"], default=1, metavar="N",
+                   help="pad the vocabulary to a multiple of N x tp, as Megatron-LM (default 1: pad only to a multiple of tp)")
+    i.add_argument("--kv-block-size", type=BOUNDED["block"], default=16, help="tokens per block of the paged KV cache")
     i.add_argument("--max-new-tokens", type=BOUNDED["seq_len"], default=16, help="tokens to generate")
     i.add_argument("--strategy", choices=("tp", "tp-megatron"), default="tp-megatron",
                    help="DTensor plan or our Megatron-style layers")
@@ -244,7 +257,9 @@ def cmd_infer(args):
 
     req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
-                       torchrun_args=torchrun_args(args), observe=observe_options(args))
+                       torchrun_args=torchrun_args(args), observe=observe_options(args), prompt_ids=args.prompt_ids,
+                       pp=args.pp, vocab_divisible_by=args.make_vocab_size_divisible_by, block_size=args.kv_block_size,
+                       check_parity=args.check_parity)
     from shardlab.cli.bench_cmds import check_plot_path
     from shardlab.errors import ShardlabError
 

@@ -21,11 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardlab.errors import ShardlabError
+from shardlab.runtime.numerics import DEFAULT, Numerics, rope
 from shardlab.specs.model import ModelSpec
-
-ROPE_THETA = 10000.0
-"""RoPE base (Su et al. 2021; Llama-2 value). ModelSpec has no field for it; it changes no parameter."""
-
 
 def _preset(name: str) -> ModelSpec:
     from shardlab.catalog import get_catalog
@@ -48,43 +45,44 @@ def tiny_gpt2_spec() -> ModelSpec:
     return _preset("tiny-gpt2")
 
 
-def _norm(spec: ModelSpec, size: int) -> nn.Module:
-    return nn.LayerNorm(size, eps=1e-5) if spec.norm == "layernorm" else nn.RMSNorm(size, eps=1e-5)
+def _norm(spec: ModelSpec, size: int, numerics: Numerics = DEFAULT) -> nn.Module:
+    eps = numerics.norm_eps
+    return nn.LayerNorm(size, eps=eps) if spec.norm == "layernorm" else nn.RMSNorm(size, eps=eps)
 
 
-def rope(x: torch.Tensor, start_pos: int) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021, arXiv 2104.09864 eq. 34), rotate-half form.
-
-    x: (b, s, heads, head_dim); position of token j is start_pos + j. Computed on the fly: no buffers.
-    """
-    b, s, _, d = x.shape
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # (d/2,)
-    ang = torch.outer(torch.arange(start_pos, start_pos + s, device=x.device, dtype=torch.float32), inv)  # (s, d/2)
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :].to(x.dtype)  # (1, s, 1, d)
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :].to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+def _activation(spec: ModelSpec, numerics: Numerics):
+    kind = numerics.activation or ("silu" if spec.mlp == "swiglu" else "gelu_tanh")
+    if kind == "silu":
+        return F.silu
+    if kind == "gelu":
+        return F.gelu
+    return lambda x: F.gelu(x, approximate="tanh")
 
 
 class Attention(nn.Module):
     """Multi-head / grouped-query causal self-attention with separate q, k, v projections."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, numerics: Numerics = DEFAULT):
         super().__init__()
         h, hd = spec.hidden_size, spec.head_dim_
-        self.head_dim, self.use_rope = hd, spec.position == "rope"
+        self.head_dim, self.use_rope, self.numerics = hd, spec.position == "rope", numerics
         self.wq = nn.Linear(h, spec.q_size, bias=spec.qkv_bias)
         self.wk = nn.Linear(h, spec.kv_size, bias=spec.qkv_bias)
         self.wv = nn.Linear(h, spec.kv_size, bias=spec.qkv_bias)
         self.wo = nn.Linear(spec.q_size, h, bias=spec.out_bias)
+        if spec.qk_norm == "head":  # Qwen3: RMSNorm over each head's head_dim, on q and k before RoPE (replicated under TP)
+            self.q_norm = nn.RMSNorm(hd, eps=numerics.norm_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=numerics.norm_eps)
 
     def forward(self, x: torch.Tensor, start_pos: int = 0, cache: KVCache | None = None, layer: int = 0):
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, -1, self.head_dim)   # (b, s, a/tp, hd): local heads after a TP split
         k = self.wk(x).view(b, s, -1, self.head_dim)   # (b, s, kv/tp, hd)
         v = self.wv(x).view(b, s, -1, self.head_dim)   # (b, s, kv/tp, hd)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
-            q, k = rope(q, start_pos), rope(k, start_pos)
+            q, k = rope(q, start_pos, self.numerics), rope(k, start_pos, self.numerics)
         if cache is not None:
             k, v = cache.update(layer, k, v, start_pos)  # (b, start_pos + s, kv/tp, hd)
         rep = q.shape[2] // k.shape[2]                  # query heads per KV head (GQA)
@@ -100,77 +98,122 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x); or GELU: w2(gelu(w1 x))."""
 
-    def __init__(self, spec: ModelSpec, width: int):
+    def __init__(self, spec: ModelSpec, width: int, numerics: Numerics = DEFAULT):
         super().__init__()
         h, bias = spec.hidden_size, spec.mlp_bias
-        self.swiglu = spec.mlp == "swiglu"
+        self.swiglu, self.act = spec.mlp == "swiglu", _activation(spec, numerics)
         self.w1 = nn.Linear(h, width, bias=bias)
         if self.swiglu:
             self.w3 = nn.Linear(h, width, bias=bias)
         self.w2 = nn.Linear(width, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = F.silu(self.w1(x)) * self.w3(x) if self.swiglu else F.gelu(self.w1(x), approximate="tanh")  # (b, s, f/tp)
+        a = self.act(self.w1(x)) * self.w3(x) if self.swiglu else self.act(self.w1(x))  # (b, s, f/tp)
         return self.w2(a)  # (b, s, h)
 
 
 class Experts(nn.Module):
     """Routed experts stacked into one tensor per matrix: w1/w3 (E, f, h), w2 (E, h, f); EP splits dim 0."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, numerics: Numerics = DEFAULT):
         super().__init__()
         m, h = spec.moe, spec.hidden_size
+        self.act = _activation(spec, numerics)
         self.w1 = nn.Parameter(torch.empty(m.num_experts, m.expert_ffn_hidden_size, h))
         if spec.mlp == "swiglu":
             self.w3 = nn.Parameter(torch.empty(m.num_experts, m.expert_ffn_hidden_size, h))
         self.w2 = nn.Parameter(torch.empty(m.num_experts, h, m.expert_ffn_hidden_size))
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        up = x @ self.w1[e].t()
-        a = F.silu(up) * (x @ self.w3[e].t()) if hasattr(self, "w3") else F.gelu(up, approximate="tanh")
-        return a @ self.w2[e].t()
+        """Expert e on rows x (n, h) -> (n, h); with TP-sharded (DTensor) stacks, this rank's partial sum."""
+        w1, w2 = _local(self.w1), _local(self.w2)
+        up = x @ w1[e].t()                                                   # (n, f/tp)
+        a = self.act(up) * (x @ _local(self.w3)[e].t()) if hasattr(self, "w3") else self.act(up)
+        return a @ w2[e].t()                                                 # (n, h), partial under TP
+
+
+def _local(p):
+    """A DTensor parameter's local shard (differentiable), or the tensor itself."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _tp_copy(x, group):
+    from shardlab.runtime.parallel.megatron import CollectiveCounter, CopyToTensorParallel
+
+    return CopyToTensorParallel.apply(x, group, CollectiveCounter())
+
+
+def _tp_reduce(x, group):
+    from shardlab.runtime.parallel.megatron import CollectiveCounter, ReduceFromTensorParallel
+
+    return ReduceFromTensorParallel.apply(x, group, CollectiveCounter())
 
 
 class MoE(nn.Module):
-    """Top-k routed mixture of experts (Mixtral, Jiang et al. 2024 eq. 1: softmax over the top-k logits)."""
+    """Top-k routed mixture of experts (Mixtral, Jiang et al. 2024 eq. 1: softmax over the top-k logits; Qwen-MoE
+    without ``norm_topk_prob``: softmax over all experts, the top k kept), an optional shared expert, gated by
+    sigmoid(x · g) in Qwen2-MoE."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, numerics: Numerics = DEFAULT):
         super().__init__()
         m = spec.moe
-        self.top_k = m.top_k
+        self.top_k, self.renormalize = m.top_k, numerics.moe_renormalize
         self.router = nn.Linear(spec.hidden_size, m.num_experts, bias=m.router_bias)
-        self.experts = Experts(spec)
-        if m.num_shared_experts:
-            self.shared = MLP(spec, m.expert_ffn_hidden_size * m.num_shared_experts)
+        self.experts = Experts(spec, numerics)
+        if m.shared_width:
+            self.shared = MLP(spec, m.shared_width, numerics)
+        if m.shared_expert_gate:
+            self.shared_gate = nn.Linear(spec.hidden_size, 1, bias=False)
+
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, expert ids), each (tokens, k), for flat (tokens, h)."""
+        logits = self.router(flat)                                # (tokens, E)
+        if self.renormalize:
+            w, idx = logits.topk(self.top_k, dim=-1)
+            return w.softmax(-1), idx
+        return logits.softmax(-1, dtype=torch.float32).to(flat.dtype).topk(self.top_k, dim=-1)
+
+    def shared_out(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self.shared(flat)
+        return out * torch.sigmoid(self.shared_gate(flat)) if hasattr(self, "shared_gate") else out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         flat = x.reshape(-1, h)                                   # (b*s, h)
-        w, idx = self.router(flat).topk(self.top_k, dim=-1)       # (b*s, k)
-        w = w.softmax(-1)
-        out = torch.zeros_like(flat)
+        w, idx = self.route(flat)                                 # (b*s, k)
+        group = getattr(self, "tp_group", None)                   # set when TP splits the experts' width
+        xe = flat if group is None else _tp_copy(flat, group)     # Megatron's f: the input gradient summed over TP
+        rows_, slots_, ys = [], [], []
         for e in range(self.experts.w1.shape[0]):
             rows, slot = (idx == e).nonzero(as_tuple=True)
             if rows.numel():
-                out = out.index_add(0, rows, self.experts.expert(e, flat[rows]) * w[rows, slot, None])
+                rows_.append(rows)
+                slots_.append(slot)
+                ys.append(self.experts.expert(e, xe[rows]))       # (n_e, h)
+        out = torch.zeros_like(flat)
+        if ys:
+            rows, slot, y = torch.cat(rows_), torch.cat(slots_), torch.cat(ys)   # (b*s*k, h) copies by expert
+            if group is not None:                                 # Megatron's g: one all-reduce of the partial outputs,
+                y = _tp_reduce(y, group)                          # before the router weights (their gradient stays whole)
+            out = out.index_add(0, rows, y * w[rows, slot, None])
         if hasattr(self, "shared"):
-            out = out + self.shared(flat)
+            out = out + self.shared_out(flat)
         return out.view(b, s, h)
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)) (or both from x: parallel residual)."""
 
-    def __init__(self, spec: ModelSpec, layer: int):
+    def __init__(self, spec: ModelSpec, layer: int, numerics: Numerics = DEFAULT):
         super().__init__()
         self.layer, self.parallel_residual = layer, spec.parallel_residual
-        self.attention_norm = _norm(spec, spec.hidden_size)
-        self.attention = Attention(spec)
-        self.ffn_norm = _norm(spec, spec.hidden_size)
+        self.attention_norm = _norm(spec, spec.hidden_size, numerics)
+        self.attention = Attention(spec, numerics)
+        self.ffn_norm = _norm(spec, spec.hidden_size, numerics)
         if spec.is_moe_layer(layer):
-            self.moe = MoE(spec)
+            self.moe = MoE(spec, numerics)
         else:
-            self.mlp = MLP(spec, spec.ffn_hidden_size)
+            self.mlp = MLP(spec, spec.ffn_hidden_size, numerics)
 
     def forward(self, x: torch.Tensor, start_pos: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         ff = self.moe if hasattr(self, "moe") else self.mlp
@@ -194,17 +237,17 @@ class _Embedding(nn.Embedding):
 class GPT(nn.Module):
     """Embeddings, blocks, final norm and head; a pipeline stage is a GPT with some parts set to None."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, numerics: Numerics = DEFAULT):
         super().__init__()
-        self.spec = spec
+        self.spec, self.numerics = spec, numerics
         h = spec.hidden_size
         self.tok_embeddings = _Embedding(spec.vocab_size, h)
         if spec.position == "learned":
             self.pos_embeddings = _Embedding(spec.max_seq_len, h)
         if spec.embedding_norm:
-            self.emb_norm = _norm(spec, h)
-        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers)})
-        self.norm = _norm(spec, h)
+            self.emb_norm = _norm(spec, h, numerics)
+        self.layers = nn.ModuleDict({str(i): Block(spec, i, numerics) for i in range(spec.num_layers)})
+        self.norm = _norm(spec, h, numerics)
         if not spec.tied_embeddings:
             self.output = nn.Linear(h, spec.vocab_size, bias=False)
 
@@ -223,8 +266,11 @@ class GPT(nn.Module):
             return x
         x = self.norm(x)
         if getattr(self, "output", None) is not None:
-            return self.output(x)  # (b, s, V)
-        return tied_logits(x, self.tok_embeddings.weight)
+            logits = self.output(x)  # (b, s, V)
+        else:
+            logits = tied_logits(x, self.tok_embeddings.weight)
+        v = self.numerics.vocab_size
+        return logits[..., :v] if v and v < logits.shape[-1] else logits  # padded rows (TP) never reach the caller
 
 
 def tied_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -280,8 +326,10 @@ def init_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                seed: int = 0) -> GPT:
-    """The GPT for ``spec`` on ``device`` ('cpu', 'cuda' or 'meta'), deterministically initialised from ``seed``."""
+                seed: int = 0, numerics: Numerics = DEFAULT, init: bool = True) -> GPT:
+    """The GPT for ``spec`` on ``device`` ('cpu', 'cuda' or 'meta'), deterministically initialised from ``seed``
+    (a checkpoint then overwrites the weights: ``runtime.checkpoint.load``). ``init=False`` leaves them uninitialised
+    (``torch.empty``), for a loader that fills every tensor."""
     if spec.mla is not None:
         raise ShardlabError(f"model '{spec.name}' uses Multi-head Latent Attention, which the runtime GPT does not "
                             f"implement; use a GQA/MHA model")
@@ -289,9 +337,10 @@ def build_model(spec: ModelSpec, device: str | torch.device = "cpu", dtype: torc
         raise ShardlabError(f"model '{spec.name}' uses ALiBi positions, which the runtime GPT does not implement "
                             f"(it can only be built on the meta device)")
     with torch.device("meta"):
-        model = GPT(spec).to(dtype=dtype)
+        model = GPT(spec, numerics).to(dtype=dtype)
     if str(device) != "meta":
-        model = model.to_empty(device="cpu")  # no default init: init_weights fills every tensor
-        init_weights(model, seed)
+        model = model.to_empty(device="cpu")  # no default init: init_weights (or a checkpoint) fills every tensor
+        if init:
+            init_weights(model, seed)
         model = model.to(device)
     return model

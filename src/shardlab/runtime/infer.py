@@ -22,9 +22,20 @@ class InferRequest:
     tp: int = 2
     """Tensor-parallel ranks."""
     model: str = "tiny"
-    """Preset or catalog model."""
+    """Preset or catalog model (random weights from the seed), or a checkpoint: a folder with config.json and
+    safetensors weights, or hf:ORG/NAME."""
     prompt: str = "The quick brown fox"
-    """Prompt text; its UTF-8 bytes (mod the vocabulary) are the prompt tokens."""
+    """Prompt text: with a checkpoint that has a tokenizer, its tokens; otherwise its UTF-8 bytes (mod the vocabulary)."""
+    prompt_ids: tuple[int, ...] | None = None
+    """Prompt token ids (no tokenizer needed); replaces ``prompt``."""
+    pp: int = 1
+    """Pipeline stages (the ranks are tp × pp)."""
+    vocab_divisible_by: int = 1
+    """Megatron-LM's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this × tp."""
+    block_size: int = 16
+    """Tokens per KV-cache block (the paged cache)."""
+    check_parity: bool = False
+    """With a checkpoint: compare the tokens with transformers' generate on the same checkpoint."""
     max_new_tokens: int = 16
     """Tokens generated greedily."""
     strategy: str = "tp-megatron"
@@ -45,6 +56,45 @@ def prompt_tokens(text: str, vocab: int) -> list[int]:
     if not text:
         raise ShardlabError("--prompt is empty; give at least one character")
     return [b % vocab for b in text.encode("utf-8")]
+
+
+def prompt_ids(text: str, ids, vocab: int, folder=None) -> list[int]:
+    """The prompt's token ids: ``ids`` as given (checked against the vocabulary), else the checkpoint's tokenizer
+    on ``text`` when it has one, else the text's bytes modulo the vocabulary."""
+    if ids is not None:
+        ids = list(ids)
+        if not ids:
+            raise ShardlabError("--prompt-ids is empty; give at least one token id")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ShardlabError(f"--prompt-ids: token {bad} is outside the vocabulary [0, {vocab}); fix the ids")
+        return ids
+    if folder is not None:
+        from shardlab.runtime.checkpoint.config import tokenizer_present
+
+        if tokenizer_present(folder):
+            from shardlab.runtime.checkpoint.reference import hf_tokenize
+
+            return hf_tokenize(folder, text)
+    return prompt_tokens(text, vocab)
+
+
+def check_divides(spec, tp: int, pp: int, strategy: str) -> None:
+    """Refuse, with the rule, a TP or PP degree the model's shapes do not allow (the vocabulary is padded instead)."""
+    if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
+        raise ShardlabError(f"--tp {tp} must divide {spec.name}'s {spec.num_heads} heads and divide or be a multiple of "
+                            f"its {spec.num_kv_heads} KV heads")
+    if strategy == "tp-megatron" and spec.num_kv_heads % tp:
+        raise ShardlabError(f"tp-megatron needs --tp {tp} to divide the {spec.num_kv_heads} KV heads; use --strategy tp")
+    widths = {"FFN width": spec.ffn_hidden_size}
+    if spec.moe is not None:
+        widths["expert FFN width"] = spec.moe.expert_ffn_hidden_size
+    for what, w in widths.items():
+        if w % tp:
+            raise ShardlabError(f"--tp {tp} must divide {spec.name}'s {what} {w} (column-parallel rows split evenly); "
+                                f"use a TP degree that divides it")
+    if pp > spec.num_layers:
+        raise ShardlabError(f"--pp {pp} exceeds {spec.name}'s {spec.num_layers} layers; use at most {spec.num_layers}")
 
 
 def reference_tokens(spec, tokens: list[int], max_new: int, seed: int) -> list[int]:
@@ -75,41 +125,57 @@ def run_infer(req: InferRequest, check_reference: bool = True) -> dict:
 
 
 def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
-    from shardlab.memory.inference import kv_cache_bytes, weight_bytes_per_rank
+    from shardlab.memory.inference import weight_bytes_per_rank
     from shardlab.runtime import require_torch
     from shardlab.runtime.launch import launch
     from shardlab.runtime.train import RunFailed
     from shardlab.runtime.train_worker import resolve_spec
 
     require_torch()
-    spec = resolve_spec(req.model)
-    from shardlab.runtime import check_host_memory
+    source = None
+    from shardlab.runtime.checkpoint.config import CheckpointSource, is_checkpoint
 
-    check_host_memory(spec, 4, "inference with", req.device)
-    t = req.tp
-    if spec.num_heads % t or (spec.num_kv_heads % t and t % spec.num_kv_heads):
-        raise ShardlabError(f"--tp {t} must divide {spec.name}'s {spec.num_heads} heads and divide or be a multiple of "
-                            f"its {spec.num_kv_heads} KV heads")
-    if req.strategy == "tp-megatron" and spec.num_kv_heads % t:
-        raise ShardlabError(f"tp-megatron needs --tp {t} to divide the {spec.num_kv_heads} KV heads; use --strategy tp")
-    toks = prompt_tokens(req.prompt, spec.vocab_size)
+    if is_checkpoint(req.model):
+        source = CheckpointSource(req.model)   # hf:ORG/NAME is fetched here, once, not by every rank
+        source.check()                          # refuses weights that do not match the config, first mismatch named
+    elif req.check_parity:
+        raise ShardlabError("--check-parity compares with transformers on a checkpoint; give --model a folder with "
+                            "config.json and safetensors weights (or hf:ORG/NAME). Random-weight presets are always "
+                            "compared with one process (matches_tp1)")
+    spec0 = source.spec if source else resolve_spec(req.model)
+    from shardlab.runtime import check_host_memory
+    from shardlab.runtime.vocab import pad_spec, padding_report
+
+    check_host_memory(spec0, 4, "inference with", req.device)
+    t, pp = req.tp, req.pp
+    check_divides(spec0, t, pp, req.strategy)
+    spec, _ = pad_spec(spec0, t, req.vocab_divisible_by)
+    toks = prompt_ids(req.prompt, req.prompt_ids, spec0.vocab_size, source.folder if source else None)
     if len(toks) > MAX_PROMPT_TOKENS:     # the tokens travel on the workers' command line (one argument: 128 KiB)
         raise ShardlabError(f"--prompt is {len(toks):,} tokens; run infer takes at most {MAX_PROMPT_TOKENS:,} (it runs "
                             f"the layout to check it, not a long-context benchmark): shorten it")
     total = len(toks) + req.max_new_tokens
     if spec.position == "learned" and total > spec.max_seq_len:     # RoPE positions are computed as they come
         raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s {spec.max_seq_len} positions")
-    args = ["--model", req.model, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
-            "--strategy", req.strategy, "--seed", str(req.seed)] + (["--device", req.device] if req.device else [])
+    if spec.sliding_window and total > spec.sliding_window:
+        raise ShardlabError(f"prompt + --max-new-tokens = {total} exceeds {spec.name}'s sliding window "
+                            f"({spec.sliding_window}); the runtime attends to every cached token: generate fewer")
+    model_arg = ["--model", str(source.folder), "--load"] if source else ["--model", req.model]
+    args = [*model_arg, "--tokens", ",".join(map(str, toks)), "--max-new-tokens", str(req.max_new_tokens),
+            "--strategy", req.strategy, "--seed", str(req.seed), "--pp", str(pp),
+            "--vocab-divisible-by", str(req.vocab_divisible_by), "--block-size", str(req.block_size)] + \
+        (["--device", req.device] if req.device else [])
     from shardlab.runtime.train import _nnodes
 
     nodes = _nnodes(req.torchrun_args)
-    if t % nodes:
-        raise ShardlabError(f"--tp {t} is the total over {nodes} nodes and must be a multiple of the node count")
+    world = t * pp
+    if world % nodes:
+        raise ShardlabError(f"--tp {t} x --pp {pp} = {world} ranks in total over {nodes} nodes must be a multiple of "
+                            f"the node count")
     from shardlab.runtime.observe.report import infer_prediction, observation_for
 
-    obs = observation_for(req.observe, t // nodes, t, "infer", req.torchrun_args)
-    res = launch("shardlab.runtime.infer_worker", t // nodes, args, timeout_s=req.timeout_s,
+    obs = observation_for(req.observe, world // nodes, world, "infer", req.torchrun_args)
+    res = launch("shardlab.runtime.infer_worker", world // nodes, args, timeout_s=req.timeout_s,
                  torchrun_args=list(req.torchrun_args), observer=obs)
     state["run_dir"] = res.run_dir
     if not res.ok:
@@ -126,23 +192,45 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
             d["latency_per_token_s"] = d["time_split"]["step_s"]
     slowest = (slowest_of_split(split, injected_rank(req.observe)) if split else
                slowest_rank({d["rank"]: d["latency_per_token_s"] for d in ranks}, injected_rank(req.observe)))
-    w_pred = weight_bytes_per_rank(spec, t, 1, ELEM_BYTES)[0]
-    kv_pred = kv_cache_bytes(spec, 1, total, t, 1, ELEM_BYTES)
+    from shardlab.memory.inference import kv_cache_bytes_per_token
+    from shardlab.runtime.paged_kv import blocks_for
+
+    w_pred = weight_bytes_per_rank(spec, t, pp, ELEM_BYTES)                  # per stage
+    blocks = blocks_for(total, req.block_size)
+    block_pred = [req.block_size * b for b in kv_cache_bytes_per_token(spec, t, pp, ELEM_BYTES)]  # per stage
     tokens = ranks[0]["tokens"]
-    ref = reference_tokens(spec, toks, req.max_new_tokens, req.seed) if check_reference else None
+    ref = reference_tokens(spec0, toks, req.max_new_tokens, req.seed) if check_reference and source is None else None
+    hf = None
+    if source is not None and req.check_parity:
+        from shardlab.runtime.checkpoint.reference import hf_generate
+
+        hf = hf_generate(source.folder, toks, req.max_new_tokens)
     lat = max(d["latency_per_token_s"] for d in ranks)
+    per_rank = [{"rank": d["rank"], "stage": d.get("stage", 0), "weight_bytes": d["weight_bytes"],
+                 "kv_cache_bytes": d["kv_cache_bytes"], "kv_blocks": d.get("kv_blocks"),
+                 "checkpoint_bytes_read": (d.get("checkpoint") or {}).get("bytes_read"),
+                 "latency_per_token_s": d["latency_per_token_s"], "time_split": d["time_split"],
+                 "prefill_s": d["prefill_s"], "collectives": d["collectives"], "megatron_counter": d["megatron_counter"]}
+                for d in ranks]
+    exact = all(r["weight_bytes"] == w_pred[r["stage"]] and r["kv_cache_bytes"] == blocks * block_pred[r["stage"]]
+                and r["kv_blocks"]["bytes_per_block"] == block_pred[r["stage"]] for r in per_rank)
     doc = {
-        "model": spec.name, "tp": t, "strategy": req.strategy if t > 1 else "single", "prompt_tokens": toks,
-        "tokens": tokens, "text": bytes(x for x in tokens if x < 256).decode("utf-8", "backslashreplace"),   # untrained: bytes shown as escapes
+        "model": spec0.name, "tp": t, "pp": pp, "strategy": req.strategy if t > 1 else "single", "prompt_tokens": toks,
+        "tokens": tokens, "generated_token_ids": tokens,
+        "text": bytes(x for x in tokens if x < 256).decode("utf-8", "backslashreplace") if source is None else None,
         "matches_tp1": None if ref is None else tokens == ref,
+        "matches_transformers": None if hf is None else tokens == hf, "transformers_token_ids": hf,
         "ranks_agree": all(d["tokens"] == tokens for d in ranks),
-        "ranks": [{"rank": d["rank"], "weight_bytes": d["weight_bytes"], "kv_cache_bytes": d["kv_cache_bytes"],
-                   "latency_per_token_s": d["latency_per_token_s"], "time_split": d["time_split"],
-                   "prefill_s": d["prefill_s"],
-                   "collectives": d["collectives"], "megatron_counter": d["megatron_counter"]} for d in ranks],
-        "predicted": {"weight_bytes": w_pred, "kv_cache_bytes": kv_pred,
-                      "source": "shardlab.memory.inference (fp32, batch 1, prompt + new tokens cached)"},
-        "memory_exact": all(d["weight_bytes"] == w_pred and d["kv_cache_bytes"] == kv_pred for d in ranks),
+        "ranks": per_rank,
+        "predicted": {"weight_bytes": w_pred[0], "weight_bytes_per_stage": w_pred, "kv_cache_bytes": blocks * block_pred[0],
+                      "kv_blocks": {"block_size": req.block_size, "blocks": blocks, "bytes_per_block": block_pred[0],
+                                    "bytes_per_block_per_stage": block_pred},
+                      "source": "shardlab.memory.inference (fp32, batch 1, prompt + new tokens cached in "
+                                f"ceil({total}/{req.block_size}) = {blocks} blocks of {req.block_size} tokens; "
+                                "bytes per block = memory.inference.kv_blocks' block_size x KV bytes per token)"},
+        "memory_exact": exact,
+        "vocab": padding_report(spec0.vocab_size, t, req.vocab_divisible_by),
+        "checkpoint": None if source is None else _checkpoint_doc(source, per_rank),
         "latency_per_token_s": lat, "cached_tokens": total, "slowest": slowest,
         "time_split_definitions": TIME_SPLIT_DEFINITIONS if split else None,
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "warnings": res.warnings},
@@ -150,6 +238,16 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     if obs is not None:  # step 0 is the prefill: the percentiles are of decoded tokens
         doc["observability"] = obs.finish(skip_steps=1, predicted=infer_prediction(spec, t, len(toks), req))
     return doc
+
+
+def _checkpoint_doc(source, ranks: list[dict]) -> dict:
+    """Where the weights came from and what each rank read (bytes in the checkpoint's dtype)."""
+    reads = [r["checkpoint_bytes_read"] or 0 for r in ranks]
+    ck = source.open()
+    total = ck.total_bytes()
+    return {"path": str(source.folder), "ref": source.ref, "family": source.family, "dtypes": sorted(ck.dtypes),
+            "checkpoint_bytes": total, "bytes_read_per_rank": reads, "bytes_read_total": sum(reads),
+            "read_ratio": sum(reads) / total if total else None}
 
 
 def sweep_tps(spec, strategy: str, device: str | None, max_tp: int | None) -> tuple[tuple[int, ...], str]:

@@ -85,8 +85,11 @@ def _tied_group(strategy: Strategy, mesh, coords: dict):
 
 
 def setup_rank(spec, strategy: Strategy, *, microbatches: int = 1, optimizer: str = "adamw", lr: float = 1e-3,
-               seed: int = 0, device_type: str = "cpu", recorder=None) -> RankSetup:
-    """Mesh, model (sharded per ``strategy``), optimizer for the calling rank (process group already initialised)."""
+               seed: int = 0, device_type: str = "cpu", recorder=None, numerics=None, load=None) -> RankSetup:
+    """Mesh, model (sharded per ``strategy``), optimizer for the calling rank (process group already initialised).
+
+    ``numerics``: a checkpoint's (``runtime.numerics``); ``load(modules)``: fills the sharded modules from a checkpoint
+    before the optimizer is built (``runtime.checkpoint.load.load_into``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     rank = dist.get_rank()
@@ -132,10 +135,13 @@ def setup_rank(spec, strategy: Strategy, *, microbatches: int = 1, optimizer: st
 
         tied = _tied_group(strategy, mesh, coords) if spec.tied_embeddings else None
         pipe = build_pipeline(spec, strategy.layout(), coords["pp"], mesh["pp"].get_group(), microbatches, loss_fn,
-                              seed=seed, device=device, wrap=shard, recorder=recorder, tied_group=tied)
+                              seed=seed, device=device, wrap=shard, recorder=recorder, tied_group=tied, numerics=numerics)
         modules = pipe.modules
     else:
-        modules = [shard(build_model(spec, device=device, seed=seed))]
+        kw = {"numerics": numerics} if numerics is not None else {}
+        modules = [shard(build_model(spec, device=device, seed=seed, **kw))]
+    if load is not None:
+        load(modules)
     params = [p for m in modules for p in m.parameters()]
     return RankSetup(strategy, rank, coords, modules, make_optimizer(params, optimizer, lr), mesh, pipe, counter, device,
                      experts, expert_params, dispatch)

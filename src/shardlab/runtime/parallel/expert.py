@@ -31,7 +31,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from shardlab.errors import ShardlabError
-from shardlab.runtime.gpt import MLP, Experts
+from shardlab.runtime.gpt import MLP, Experts, MoE
+from shardlab.runtime.parallel.region import mark_region
 
 
 @dataclass
@@ -83,9 +84,12 @@ class LocalExperts(Experts):
 
     def __init__(self, full: Experts, first: int, count: int):
         nn.Module.__init__(self)
+        self.act = full.act
         for name in ("w1", "w3", "w2"):
             if hasattr(full, name):
-                setattr(self, name, nn.Parameter(getattr(full, name).detach()[first:first + count].clone()))
+                whole = getattr(full, name)
+                p = nn.Parameter(whole.detach()[first:first + count].clone())
+                setattr(self, name, mark_region(p, whole.shape, (first, 0, 0)))  # a checkpoint fills only these experts
 
 
 class ExpertParallelMoE(nn.Module):
@@ -99,16 +103,17 @@ class ExpertParallelMoE(nn.Module):
             raise ShardlabError(f"expert parallelism needs --ep {ep} to divide the model's {E} experts")
         self.top_k, self.num_experts, self.ep, self.local = full.top_k, E, ep, E // ep
         self.group, self.counter = group, counter
-        self.router = full.router
+        self.router, self.renormalize = full.router, full.renormalize
         self.experts = LocalExperts(full.experts, r * self.local, self.local)
         if hasattr(full, "shared"):
             self.shared: MLP = full.shared
+        if hasattr(full, "shared_gate"):
+            self.shared_gate = full.shared_gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         flat = x.reshape(-1, h)                                          # (b·s, h)
-        w, idx = self.router(flat).topk(self.top_k, dim=-1)              # (b·s, k)
-        w = w.softmax(-1)
+        w, idx = MoE.route(self, flat)                                   # (b·s, k) each
         expert = idx.flatten()                                           # (b·s·k,) the expert of each copy
         order = torch.argsort(expert, stable=True)                       # copies grouped by expert, hence by rank
         token = order // self.top_k                                      # the token each sorted copy came from
@@ -134,7 +139,7 @@ class ExpertParallelMoE(nn.Module):
         back = AllToAll.apply(out, recv, send, self.group, self.counter)           # (b·s·k, h), sorted copies
         y = torch.zeros_like(flat).index_add(0, token, back * w.flatten()[order, None])
         if hasattr(self, "shared"):
-            y = y + self.shared(flat)
+            y = y + MoE.shared_out(self, flat)
         return y.view(b, s, h)
 
 

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardlab.errors import ShardlabError
+from shardlab.runtime.parallel.region import mark_region
 
 
 @dataclass
@@ -121,13 +122,25 @@ class GatherFromTensorParallel(torch.autograd.Function):
         return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None, None
 
 
+def _split(full, dim: int, rank: int, tp: int) -> nn.Parameter:
+    """This rank's equal 1/tp slice of ``full`` along ``dim``, marked with its place in the full tensor."""
+    size = full.shape[dim]
+    if size % tp:
+        raise ShardlabError(f"tp-megatron needs --tp {tp} to divide a weight's {size} rows; the vocabulary is padded "
+                            f"for TP, other widths must divide")
+    part = size // tp
+    offset = [0] * full.dim()
+    offset[dim] = rank * part
+    return mark_region(nn.Parameter(full.detach().narrow(dim, rank * part, part).clone()), full.shape, offset)
+
+
 class ColumnParallelLinear(nn.Module):
     """Y_i = X A_i: this rank's rows of the (out, in) weight, so out/tp output features; input must pass ``f`` first."""
 
     def __init__(self, full: nn.Linear, rank: int, tp: int):
         super().__init__()
-        self.weight = nn.Parameter(full.weight.detach().chunk(tp, 0)[rank].clone())          # (out/tp, in)
-        self.bias = nn.Parameter(full.bias.detach().chunk(tp, 0)[rank].clone()) if full.bias is not None else None
+        self.weight = _split(full.weight, 0, rank, tp)                                          # (out/tp, in)
+        self.bias = _split(full.bias, 0, rank, tp) if full.bias is not None else None
 
     def forward(self, x):  # (b, s, in) -> (b, s, out/tp)
         return F.linear(x, self.weight, self.bias)
@@ -139,7 +152,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, rank: int, tp: int, group, counter):
         super().__init__()
         self.group, self.counter = group, counter  # counter: a CollectiveCounter or its view at one site
-        self.weight = nn.Parameter(full.weight.detach().chunk(tp, 1)[rank].clone())          # (out, in/tp)
+        self.weight = _split(full.weight, 1, rank, tp)                                          # (out, in/tp)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x):  # (b, s, in/tp) -> (b, s, out)
@@ -152,9 +165,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, full: nn.Embedding, rank: int, tp: int, group, counter):
         super().__init__()
-        chunks = full.weight.detach().chunk(tp, 0)
-        self.start = sum(c.shape[0] for c in chunks[:rank])
-        self.weight = nn.Parameter(chunks[rank].clone())                                      # (V/tp, h)
+        self.weight = _split(full.weight, 0, rank, tp)                                          # (V/tp, h)
+        self.start = rank * self.weight.shape[0]
         self.group, self.counter = group, counter
 
     def forward(self, tokens):  # (b, s) -> (b, s, h)
@@ -185,7 +197,7 @@ class VocabParallelHead(nn.Module):
 
 def _column_head(full: nn.Linear, rank: int, tp: int) -> nn.Module:
     m = nn.Module()
-    m.weight = nn.Parameter(full.weight.detach().chunk(tp, 0)[rank].clone())
+    m.weight = _split(full.weight, 0, rank, tp)
     return m
 
 

@@ -54,9 +54,9 @@ class PipelineParts:
     """Process group {first stage, last stage} summing the tied embedding/head gradients, or None."""
 
 
-def make_chunk(spec, layers: range, first: bool, last: bool, seed: int, device) -> nn.Module:
+def make_chunk(spec, layers: range, first: bool, last: bool, seed: int, device, numerics=None) -> nn.Module:
     """A GPT holding only ``layers`` (and embeddings if ``first``, norm and head if ``last``)."""
-    m = build_model(spec, device=device, seed=seed)
+    m = build_model(spec, device=device, seed=seed, **({"numerics": numerics} if numerics is not None else {}))
     for key in list(m.layers.keys()):
         if int(key) not in layers:
             del m.layers[key]
@@ -124,7 +124,7 @@ def tag_phases(stage, recorder) -> None:
 
 
 def build_pipeline(spec, layout: Layout, pp_rank: int, pp_group, microbatches: int, loss_fn, *, seed: int = 0,
-                   device=torch.device("cpu"), wrap=None, recorder=None, tied_group=None) -> PipelineParts:
+                   device=torch.device("cpu"), wrap=None, recorder=None, tied_group=None, numerics=None) -> PipelineParts:
     """Cut the model, wrap each chunk (``wrap``: e.g. DDP or FSDP over the data-parallel group) and build the schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
@@ -143,7 +143,7 @@ def build_pipeline(spec, layout: Layout, pp_rank: int, pp_group, microbatches: i
     ids = [c for c in range(n) if c % p == pp_rank]
     modules, stages = [], []
     for c in ids:
-        m = make_chunk(spec, chunks[c], c == 0, c == n - 1, seed, device)
+        m = make_chunk(spec, chunks[c], c == 0, c == n - 1, seed, device, numerics)
         m = wrap(m) if wrap else m
         modules.append(m)
         st = PipelineStage(m, c, n, device, group=pp_group)

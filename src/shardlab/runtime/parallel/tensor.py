@@ -105,7 +105,8 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> nn.M
             _duplicate_kv_heads(block, tp, spec.num_kv_heads, spec.head_dim_)
         parallelize_module(block, tp_mesh, _block_plan(block, sp))
         moe = getattr(block, "moe", None)
-        if moe is not None:  # stacked experts: intermediate width split (w1/w3 dim 1, w2 dim 2), router replicated
+        if moe is not None:  # stacked experts: intermediate width split (w1/w3 dim 1, w2 dim 2), router replicated;
+            moe.tp_group = tp_mesh.get_group()  # the layer sums the partial expert outputs over it (gpt.MoE.forward)
             for pname, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
                 p = getattr(moe.experts, pname, None)
                 if p is not None:
