@@ -118,7 +118,11 @@ def register(sub) -> None:
                    help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron, "
                         "ddp+ep (experts split, with --model tiny-moe)")
     t.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
-    t.add_argument("--model", default="tiny", help="tiny, small, tiny-gpt2, a catalog id, a config.json or a YAML model")
+    t.add_argument("--model", default="tiny",
+                   help="tiny, small, tiny-gpt2, a catalog id / config.json / YAML (random weights), or a checkpoint "
+                        "folder / hf:ORG/NAME to fine-tune from (each rank reads its own shards)")
+    t.add_argument("--make-vocab-size-divisible-by", type=BOUNDED["vocab_multiple"], default=1, metavar="N",
+                   help="pad the vocabulary to a multiple of N x tp, as Megatron-LM (default 1: pad only to a multiple of tp)")
     t.add_argument("--steps", type=BOUNDED["steps"], default=4,
                    help="optimizer steps (at least 1): step 0 measures memory, step 1 records the collectives, "
                         "3 or more give uninstrumented step times")
@@ -239,7 +243,7 @@ def cmd_train(args):
                        pp=args.pp, ep=args.ep, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
                        predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args),
-                       observe=observe_options(args))
+                       observe=observe_options(args), vocab_divisible_by=args.make_vocab_size_divisible_by)
     if args.sweep_nproc:
         from shardlab.runtime.scaling import render_scaling, run_scaling
 

@@ -143,20 +143,23 @@ def expert_dispatch(spec, strategy: Strategy, shape: RunShape, ranks: list[dict]
     return rows
 
 
-def parity(spec, data, run_dir, ranks: list[dict], seed: int = 0) -> dict:
+def parity(spec, data, run_dir, ranks: list[dict], seed: int = 0, numerics=None, load=None) -> dict:
     """Loss and gradients of step 0 against a single-process step on the same global batch.
 
     Tolerance: float32 sums in another order (slices, shards, all-reduces) differ by rounding only;
     losses agree to ~1e-6 and gradients (entries ~1e-3) to ~1e-7 absolute. We accept 1e-5 (loss) and 1e-6
     (gradients, max absolute), two orders above the rounding seen, far below any real bug (a missing
-    all-reduce or a wrong shard gives errors of the size of the gradients themselves).
+    all-reduce or a wrong shard gives errors of the size of the gradients themselves). ``numerics`` and ``load``:
+    a checkpoint's (the reference is built the same way, vocabulary padding included, and loaded from it).
     """
     import torch
 
     from shardlab.runtime.gpt import build_model
     from shardlab.runtime.parallel.build import loss_fn
 
-    model = build_model(spec, seed=seed)
+    model = build_model(spec, seed=seed, **({"numerics": numerics} if numerics is not None else {}))
+    if load is not None:   # a checkpoint run: the reference starts from the same checkpoint
+        load([model])
     x, y = data.batch(0)
     loss = loss_fn(model(x), y)
     loss.backward()

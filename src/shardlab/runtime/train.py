@@ -49,7 +49,9 @@ class TrainRequest:
     timeout_s: float = 300.0
     """The whole job is stopped after this long."""
     check_parity: bool = False
-    """Compare step 0 with a single-process step."""
+    """Compare step 0 with a single-process step (and, with a checkpoint, with transformers' loss)."""
+    vocab_divisible_by: int = 1
+    """Megatron-LM's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this × tp."""
     device: str | None = None
     """cpu or cuda (default: cuda when available)."""
     predict_gpu: str | None = None
@@ -62,12 +64,24 @@ class TrainRequest:
     """``runtime.observe.launcher.ObserveOptions`` (metrics endpoints, live table, slowness injection), or None."""
 
 
-def prepare(req: TrainRequest):
-    """Validate without torch: (spec, strategy, micro_batch). Raises one-line ShardlabErrors."""
+def checkpoint_source(model: str):
+    """The checkpoint ``model`` names, checked against its config (first mismatch named), or None for a preset."""
+    from shardlab.runtime.checkpoint.config import CheckpointSource, is_checkpoint
+
+    if not is_checkpoint(model):
+        return None
+    source = CheckpointSource(model)
+    source.check()
+    return source
+
+
+def prepare(req: TrainRequest, source=None):
+    """Validate without torch: (spec, strategy, micro_batch). Raises one-line ShardlabErrors. ``source``: the
+    checkpoint ``req.model`` names (its spec has the checkpoint's vocabulary; the runtime pads it for TP)."""
     from shardlab.runtime.parallel.strategy import parse_strategy
     from shardlab.runtime.train_worker import resolve_spec
 
-    spec = resolve_spec(req.model)
+    spec = source.spec if source is not None else resolve_spec(req.model)
     from shardlab.runtime import check_host_memory
 
     check_host_memory(spec, 16, "training", req.device)
@@ -85,6 +99,11 @@ def prepare(req: TrainRequest):
     if st.tp > 1 and spec.num_kv_heads % st.tp:
         raise ShardlabError(f"training with --tp {st.tp} needs it to divide {spec.name}'s {spec.num_kv_heads} KV heads "
                             f"(duplicated KV heads are for inference only)")
+    if st.tp > 1 and spec.ffn_hidden_size % st.tp:
+        raise ShardlabError(f"--tp {st.tp} must divide {spec.name}'s FFN width {spec.ffn_hidden_size} (column-parallel "
+                            f"rows split evenly); use a TP degree that divides it")
+    if st.tp > 1 and spec.num_heads % st.tp:
+        raise ShardlabError(f"--tp {st.tp} must divide {spec.name}'s {spec.num_heads} attention heads")
     if spec.moe is not None and (st.tp > 1 or st.pp > 1):
         raise ShardlabError("mixture-of-experts models run with ddp, fsdp or ddp+ep only in the runtime")
     if "ep" in st.name.split("+") and spec.moe is None:
@@ -122,14 +141,31 @@ def _nnodes(torchrun_args) -> int:
     return 1
 
 
-def worker_args(req: TrainRequest, mb: int) -> list[str]:
-    a = ["--model", req.model, "--strategy", req.strategy, "--steps", str(req.steps), "--global-batch",
+def worker_args(req: TrainRequest, mb: int, source=None) -> list[str]:
+    model = ["--model", str(source.folder), "--load"] if source is not None else ["--model", req.model]
+    a = [*model, "--vocab-divisible-by", str(req.vocab_divisible_by), "--strategy", req.strategy, "--steps", str(req.steps), "--global-batch",
          str(req.global_batch), "--micro-batch", str(mb), "--seq-len", str(req.seq_len), "--schedule", req.schedule,
          "--vpp", str(req.vpp), "--optimizer", req.optimizer, "--seed", str(req.seed)]
     for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--device", req.device)):
         if v is not None:
             a += [flag, str(v)]
     return a + (["--dump-grads"] if req.check_parity else [])
+
+
+TRANSFORMERS_LOSS_TOL = 1e-5
+"""|run loss - transformers' loss| accepted at step 0 (fp32 on both sides: rounding differs by ~1e-7)."""
+
+
+def transformers_loss(source, data, run_loss) -> dict:
+    """transformers' mean token cross-entropy on step 0's global batch, beside the run's."""
+    from shardlab.runtime.checkpoint.reference import hf_loss
+
+    x, y = data.batch(0)
+    ref = hf_loss(source.folder, x, y)
+    err = abs(run_loss - ref) if run_loss is not None else None
+    return {"loss": ref, "run_loss": run_loss, "abs_err": err, "tolerance": TRANSFORMERS_LOSS_TOL,
+            "ok": err is not None and err <= TRANSFORMERS_LOSS_TOL,
+            "source": "transformers AutoModelForCausalLM.from_pretrained(checkpoint, fp32), logits -> cross-entropy"}
 
 
 def skip_steps(steps: int) -> int:
@@ -159,9 +195,13 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     from shardlab.runtime.observe.report import observation_for, train_prediction
 
     require_torch(load=False)   # the ranks import torch; this process only for --check-parity, after the job
-    spec, st, mb = prepare(req)
+    source = checkpoint_source(req.model)
+    spec0, st, mb = prepare(req, source)
+    from shardlab.runtime.vocab import pad_spec, padding_report
+
+    spec, _ = pad_spec(spec0, st.tp, req.vocab_divisible_by)   # the model the ranks build (and the memory model counts)
     obs = observation_for(req.observe, req.nproc, st.world_size, "train", req.torchrun_args)
-    res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb), timeout_s=req.timeout_s,
+    res = launch("shardlab.runtime.train_worker", req.nproc, worker_args(req, mb, source), timeout_s=req.timeout_s,
                  torchrun_args=list(req.torchrun_args), observer=obs)
     state["run_dir"] = res.run_dir
     if not res.ok:
@@ -190,7 +230,10 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     med = step_time["measured_median_s"]
     loss_rank = next((d for d in ranks if d.get("losses")), None)
     doc = {
-        "strategy": st.name, "world_size": st.world_size, "model": spec.name, "model_ref": req.model,
+        "strategy": st.name, "world_size": st.world_size, "model": spec0.name, "model_ref": req.model,
+        "vocab": padding_report(spec0.vocab_size, st.tp, req.vocab_divisible_by),
+        "checkpoint": None if source is None else {"path": str(source.folder), "family": source.family,
+                                                   "checkpoint_bytes": source.open().total_bytes()},
         "layout": st.layout(mb).to_dict(), "microbatches": shape.microbatches(st),
         "workload": {"seq_len": req.seq_len, "global_batch": req.global_batch, "micro_batch": mb, "steps": req.steps,
                      "optimizer": req.optimizer, "precision": "fp32"},
@@ -224,8 +267,23 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         from shardlab.runtime.compare import parity
         from shardlab.runtime.data import SyntheticData
 
-        data = SyntheticData(spec.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
-        doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed)
+        data = SyntheticData(spec0.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
+        numerics, load = None, None
+        if source is not None or spec is not spec0:
+            numerics = source.numerics(spec0.vocab_size if spec is not spec0 else 0) if source is not None else None
+            if numerics is None:
+                from shardlab.runtime.numerics import Numerics
+
+                numerics = Numerics(vocab_size=spec0.vocab_size)
+        if source is not None:
+            from shardlab.runtime.checkpoint.load import load_into
+
+            def load(modules):
+                load_into(modules, source.open(), source.family, spec0)
+        doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed, numerics=numerics, load=load)
+        if source is not None:
+            doc["parity"]["transformers"] = transformers_loss(source, data, doc["parity"]["run_loss"])
+            doc["parity"]["ok"] = doc["parity"]["ok"] and doc["parity"]["transformers"]["ok"]
     if obs is not None:  # steps 0 and 1 carry the memory tracker and the dispatch recorder: left out
         doc["observability"] = obs.finish(skip_steps=skip_steps(req.steps),
                                           predicted=train_prediction(est, req.observe, pred_src))

@@ -20,6 +20,8 @@ import time
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m shardlab.runtime.train_worker")
     p.add_argument("--model", default="tiny")
+    p.add_argument("--load", action="store_true", help="--model is a checkpoint folder: start from its weights")
+    p.add_argument("--vocab-divisible-by", type=int, default=1)
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--tp", type=int, default=None)
     p.add_argument("--pp", type=int, default=None)
@@ -46,6 +48,29 @@ def resolve_spec(name: str):
     return get_catalog().model(name)
 
 
+def model_source(args, tp: int):
+    """(spec with the vocabulary padded for TP, Numerics, loader or None): a preset's, or a checkpoint's (``--load``:
+    every rank fills its own shards from the folder after the strategy has cut the model)."""
+    from shardlab.runtime.numerics import Numerics
+    from shardlab.runtime.vocab import pad_spec
+
+    source = None
+    if args.load:
+        from shardlab.runtime.checkpoint.config import CheckpointSource
+
+        source = CheckpointSource(args.model)
+    spec0 = source.spec if source is not None else resolve_spec(args.model)
+    spec, cut = pad_spec(spec0, tp, args.vocab_divisible_by)
+    numerics = source.numerics(cut) if source is not None else Numerics(vocab_size=cut)
+    if source is None:
+        return spec, numerics, None
+    from shardlab.runtime.checkpoint.load import load_into
+
+    def load(modules):
+        load_into(modules, source.open(), source.family, spec0)
+    return spec, numerics, load
+
+
 def main(argv: list[str] | None = None) -> None:
     from shardlab.runtime.worker import rank_main
 
@@ -64,12 +89,12 @@ def run(args, rr) -> dict:
     from shardlab.runtime.parallel.strategy import parse_strategy
 
     ctx = init_from_env(device_type=args.device)
-    spec = resolve_spec(args.model)
     st = parse_strategy(args.strategy, ctx.world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, schedule=args.schedule,
                         ep=args.ep)
+    spec, numerics, load = model_source(args, st.tp)
     local = args.global_batch // st.dp
     m = local // args.micro_batch
-    data = SyntheticData(spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)
+    data = SyntheticData(numerics.vocab_size or spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)
     obs = RankObserver.from_env(ctx, strategy=st.name, kind="train", model=spec.name, planned=args.steps,
                                 tokens_per_step=args.global_batch * args.seq_len)
     rec = CollectiveRecorder()
@@ -77,7 +102,7 @@ def run(args, rr) -> dict:
     rr.beat("build model")
     with rec:
         setup = setup_rank(spec, st, microbatches=m, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
-                           device_type=ctx.device_type, recorder=rec)
+                           device_type=ctx.device_type, recorder=rec, numerics=numerics, load=load)
     setup_collectives = rec.summary()
     rec.reset()
     setup.counter.reset()
