@@ -97,15 +97,17 @@ def check_divides(spec, tp: int, pp: int, strategy: str) -> None:
         raise ShardlabError(f"--pp {pp} exceeds {spec.name}'s {spec.num_layers} layers; use at most {spec.num_layers}")
 
 
-def reference_tokens(spec, tokens: list[int], max_new: int, seed: int) -> list[int]:
-    """Greedy tokens of the same model in this process, no parallelism (TP = 1)."""
+def reference_tokens(spec, tokens: list[int], max_new: int, seed: int, vocab_cut: int = 0) -> list[int]:
+    """Greedy tokens of the same model in this process, no parallelism (TP = 1). ``spec`` is the ranks' (vocabulary
+    padded for TP: the seed fills the same shapes, so the weights are theirs), ``vocab_cut`` its logits' cut."""
     import torch
 
     from shardlab.runtime.gpt import KVCache, build_model
     from shardlab.runtime.infer_worker import generate
+    from shardlab.runtime.numerics import Numerics
 
     torch.set_num_threads(1)
-    model = build_model(spec, seed=seed).eval()
+    model = build_model(spec, seed=seed, numerics=Numerics(vocab_size=vocab_cut)).eval()
     cache = KVCache(list(range(spec.num_layers)), 1, len(tokens) + max_new, spec.num_kv_heads, spec.head_dim_)
     return generate(model, torch.tensor([tokens]), max_new, cache)[0]
 
@@ -199,7 +201,8 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     blocks = blocks_for(total, req.block_size)
     block_pred = [req.block_size * b for b in kv_cache_bytes_per_token(spec, t, pp, ELEM_BYTES)]  # per stage
     tokens = ranks[0]["tokens"]
-    ref = reference_tokens(spec0, toks, req.max_new_tokens, req.seed) if check_reference and source is None else None
+    ref = (reference_tokens(spec, toks, req.max_new_tokens, req.seed, spec0.vocab_size if spec is not spec0 else 0)
+           if check_reference and source is None else None)
     hf = None
     if source is not None and req.check_parity:
         from shardlab.runtime.checkpoint.reference import hf_generate
@@ -349,25 +352,41 @@ def render_infer(doc: dict) -> str:
     from shardlab.runtime.observe.report import slowest_line
     from shardlab.units import fmt_bytes, fmt_time
 
+    from shardlab.runtime.train_report import checkpoint_lines
+
     p = doc["predicted"]
     split = all(r.get("time_split") for r in doc["ranks"])
-    rows = [[r["rank"], f"{r['weight_bytes']:,}", f"{p['weight_bytes']:,}", f"{r['kv_cache_bytes']:,}",
-             f"{p['kv_cache_bytes']:,}", fmt_time(r["prefill_s"]),
+    pp = doc.get("pp", 1) > 1
+    rows = [[r["rank"], *([r["stage"]] if pp else []), f"{r['weight_bytes']:,}",
+             f"{p['weight_bytes_per_stage'][r['stage']]:,}", f"{r['kv_cache_bytes']:,}",
+             f"{p['kv_blocks']['blocks'] * p['kv_blocks']['bytes_per_block_per_stage'][r['stage']]:,}",
+             fmt_time(r["prefill_s"]),
              *([fmt_time(r["time_split"][k]) for k in ("compute_s", "collectives_s", "wait_s")] if split else []),
              fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
     times = (f"; per token, mean of the {min(r['time_split']['steps'] for r in doc['ranks'])} decoded token(s) after "
              f"the first: compute + in collectives + waiting (the ranks' per-token records)" if split else
              "; per token: mean of the decoded tokens after the first")
-    out = [f"shardlab run infer: {doc['model']} on tp {doc['tp']} ({doc['strategy']}), {len(doc['tokens'])} new tokens, "
-           f"{doc['cached_tokens']} cached", f"tokens: {doc['tokens']}",
-           f"identical to tp 1 (same model in one process): {doc['matches_tp1']}; all ranks agree: {doc['ranks_agree']}", "",
-           table(["rank", "weights B meas", "pred", "KV cache B meas", "pred", "prefill",
+    if doc.get("matches_transformers") is not None:
+        parity = f"identical to transformers' generate on the same checkpoint: {doc['matches_transformers']}"
+    elif doc.get("matches_tp1") is not None:
+        parity = f"identical to tp 1 (same model in one process): {doc['matches_tp1']}"
+    else:
+        parity = "not compared (add --check-parity to compare with transformers' generate)"
+    kb = p["kv_blocks"]
+    out = [f"shardlab run infer: {doc['model']} on tp {doc['tp']}{' x pp ' + str(doc['pp']) if pp else ''} "
+           f"({doc['strategy']}), {len(doc['tokens'])} new tokens, {doc['cached_tokens']} cached",
+           *checkpoint_lines(doc), f"tokens: {doc['tokens']}", f"{parity}; all ranks agree: {doc['ranks_agree']}", "",
+           table(["rank", *(["stage"] if pp else []), "weights B meas", "pred", "KV cache B meas", "pred", "prefill",
                   *(["compute", "in collectives", "waiting"] if split else []), "per token"], rows,
-                 title=f"per rank: memory measured (tensor storages) vs predicted ({p['source']}){times}")]
+                 title=f"per rank: memory measured (tensor storages) vs predicted (shardlab.memory.inference, fp32){times}")]
     if split:
         out.append("  compute: the rank's own work on a token minus time blocked in collectives; in collectives: the "
                    "time the least-waiting rank spent in them (the transfer); waiting: for other ranks, inside the "
                    "collectives")
+    out.append(f"paged KV cache: {kb['blocks']} block(s) of {kb['block_size']} tokens per rank for {doc['cached_tokens']} "
+               f"tokens, {kb['bytes_per_block']:,} B per block on a rank (measured "
+               f"{doc['ranks'][0]['kv_blocks']['bytes_per_block']:,} B; predicted: memory.inference.kv_blocks' block_size "
+               f"x KV bytes per token)")
     out.append(f"memory {'matches the model exactly' if doc['memory_exact'] else 'DIFFERS from the model'}; "
                f"per-token latency (the longest over ranks): {fmt_time(doc['latency_per_token_s'])}; "
                f"weights {fmt_bytes(p['weight_bytes'])}/rank")

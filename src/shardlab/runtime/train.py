@@ -104,8 +104,9 @@ def prepare(req: TrainRequest, source=None):
                             f"rows split evenly); use a TP degree that divides it")
     if st.tp > 1 and spec.num_heads % st.tp:
         raise ShardlabError(f"--tp {st.tp} must divide {spec.name}'s {spec.num_heads} attention heads")
-    if spec.moe is not None and (st.tp > 1 or st.pp > 1):
-        raise ShardlabError("mixture-of-experts models run with ddp, fsdp or ddp+ep only in the runtime")
+    if spec.moe is not None and (st.pp > 1 or (st.tp > 1 and (st.tp_kind != "dtensor" or st.ep > 1 or st.sequence_parallel))):
+        raise ShardlabError("mixture-of-experts models train with ddp, fsdp, ddp+ep or the DTensor tp plan (experts split "
+                            "by width) in the runtime; not with tp-megatron, sp, pp or ep combined with tp")
     if "ep" in st.name.split("+") and spec.moe is None:
         raise ShardlabError(f"--strategy {st.name} splits routed experts, and {spec.name} has none; use a "
                             "mixture-of-experts model (e.g. --model tiny-moe)")
@@ -268,18 +269,11 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         from shardlab.runtime.data import SyntheticData
 
         data = SyntheticData(spec0.vocab_size, req.seq_len, req.global_batch, seed=1234 + req.seed)
-        numerics, load = None, None
-        if source is not None or spec is not spec0:
-            numerics = source.numerics(spec0.vocab_size if spec is not spec0 else 0) if source is not None else None
-            if numerics is None:
-                from shardlab.runtime.numerics import Numerics
+        from shardlab.runtime.train_worker import model_source
 
-                numerics = Numerics(vocab_size=spec0.vocab_size)
-        if source is not None:
-            from shardlab.runtime.checkpoint.load import load_into
-
-            def load(modules):
-                load_into(modules, source.open(), source.family, spec0)
+        # the reference is built the ranks' way: padded vocabulary, the checkpoint's numerics and weights
+        _, numerics, load = model_source(str(source.folder) if source else req.model, source is not None, st.tp,
+                                         req.vocab_divisible_by)
         doc["parity"] = parity(spec, data, res.run_dir, ranks, seed=req.seed, numerics=numerics, load=load)
         if source is not None:
             doc["parity"]["transformers"] = transformers_loss(source, data, doc["parity"]["run_loss"])

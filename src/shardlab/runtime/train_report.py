@@ -127,6 +127,29 @@ def per_rank_time_table(doc: dict) -> list[str]:
     return [table(head, rows, title=title), *notes]
 
 
+def checkpoint_lines(doc: dict) -> list[str]:
+    """Where the weights came from (a checkpoint) and the vocabulary padding TP needed, for run train and run infer."""
+    from shardlab.units import fmt_bytes
+
+    out = []
+    ck = doc.get("checkpoint")
+    if ck:
+        line = f"weights from checkpoint {ck['path']} ({ck['family']}, {fmt_bytes(ck['checkpoint_bytes'])}"
+        reads = ck.get("bytes_read_per_rank")
+        if reads:
+            line += (f" {'/'.join(ck['dtypes'])}); each rank read only its slices: "
+                     + ", ".join(fmt_bytes(b) for b in reads)
+                     + f" = {ck['read_ratio']:.2f}x the file in total")
+        else:
+            line += "); each rank read only its shards"
+        out.append(line)
+    v = doc.get("vocab")
+    if v and v["padding_rows"]:
+        out.append(f"vocabulary {v['vocab_size']:,} padded to {v['padded_vocab_size']:,} for TP (Megatron-LM's rule; "
+                   f"{v['rows_per_rank']:,} rows per rank); logits cut back to {v['vocab_size']:,}: no token or loss changes")
+    return out
+
+
 def render_train(doc: dict) -> str:
     """The human report: losses, per-rank measurements, predicted vs measured memory and step time, parity."""
     from shardlab.report.table import table
@@ -138,6 +161,7 @@ def render_train(doc: dict) -> str:
            f"{', ep ' + str(lay['ep']) if lay.get('ep', 1) > 1 else ''}), model {doc['model']}, "
            f"{wl['steps']} steps of {wl['global_batch']} × {wl['seq_len']} tokens, fp32 {wl['optimizer']}, "
            f"{doc['microbatches']} micro-batch(es) of {wl['micro_batch']}"]
+    out += checkpoint_lines(doc)
     out += _megatron_lines(doc)
     out += expert_lines(doc)
     if doc.get("losses"):
@@ -176,6 +200,11 @@ def render_train(doc: dict) -> str:
         out.append(f"parity with one process (step 0): loss {p['run_loss']:.6f} vs {p['reference_loss']:.6f} "
                    f"(|err| {p['loss_abs_err']:.1e}), gradients max |err| {p['grad_max_abs_err']:.1e} over "
                    f"{p['tensors_compared']} tensors (tolerance 1e-5 / 1e-6): {'OK' if p['ok'] else 'FAILED'}")
+        hf = p.get("transformers")
+        if hf:
+            out.append(f"transformers on the same checkpoint and batch (step 0): loss {hf['loss']:.6f} vs the run's "
+                       f"{hf['run_loss']:.6f} (|err| {hf['abs_err']:.1e}, tolerance {hf['tolerance']:.0e}): "
+                       f"{'OK' if hf['ok'] else 'FAILED'}")
     if doc.get("observability"):
         from shardlab.runtime.observe.report import render_observability
 

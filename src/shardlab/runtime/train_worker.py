@@ -48,19 +48,19 @@ def resolve_spec(name: str):
     return get_catalog().model(name)
 
 
-def model_source(args, tp: int):
-    """(spec with the vocabulary padded for TP, Numerics, loader or None): a preset's, or a checkpoint's (``--load``:
-    every rank fills its own shards from the folder after the strategy has cut the model)."""
+def model_source(model: str, load: bool, tp: int, divisible_by: int = 1):
+    """(spec with the vocabulary padded for TP, Numerics, loader or None): a preset's, or a checkpoint folder's
+    (``load``: every rank fills its own shards from it after the strategy has cut the model)."""
     from shardlab.runtime.numerics import Numerics
     from shardlab.runtime.vocab import pad_spec
 
     source = None
-    if args.load:
+    if load:
         from shardlab.runtime.checkpoint.config import CheckpointSource
 
-        source = CheckpointSource(args.model)
-    spec0 = source.spec if source is not None else resolve_spec(args.model)
-    spec, cut = pad_spec(spec0, tp, args.vocab_divisible_by)
+        source = CheckpointSource(model)
+    spec0 = source.spec if source is not None else resolve_spec(model)
+    spec, cut = pad_spec(spec0, tp, divisible_by)
     numerics = source.numerics(cut) if source is not None else Numerics(vocab_size=cut)
     if source is None:
         return spec, numerics, None
@@ -91,7 +91,7 @@ def run(args, rr) -> dict:
     ctx = init_from_env(device_type=args.device)
     st = parse_strategy(args.strategy, ctx.world_size, tp=args.tp, pp=args.pp, vpp=args.vpp, schedule=args.schedule,
                         ep=args.ep)
-    spec, numerics, load = model_source(args, st.tp)
+    spec, numerics, load = model_source(args.model, args.load, st.tp, args.vocab_divisible_by)
     local = args.global_batch // st.dp
     m = local // args.micro_batch
     data = SyntheticData(numerics.vocab_size or spec.vocab_size, args.seq_len, args.global_batch, seed=1234 + args.seed)

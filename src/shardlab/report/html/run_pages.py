@@ -118,27 +118,46 @@ def run_infer_page(doc: dict) -> Page:
         page.add("latency", "Latency per token by TP degree", svg.bars(rows, fmt_time) + generic(doc["points"]))
         _rest(page, doc, {"model", "strategy", "points", "cpu_cores"})
         return page
-    page = Page(f"shardlab run infer: {doc['model']} on TP {doc['tp']}", f"{doc['strategy']}; greedy decoding with a KV cache")
+    pp = doc.get("pp", 1)
+    page = Page(f"shardlab run infer: {doc['model']} on TP {doc['tp']}{f' x PP {pp}' if pp > 1 else ''}",
+                f"{doc['strategy']}; greedy decoding with a paged KV cache")
     for w in (doc.get("launch") or {}).get("warnings", []):
         page.add("warning", "Warning", f"<p class='bad'>warning: {esc(w)}</p>")
-    page.add("summary", "Result", kv_table([
-        ("tokens", esc(doc["tokens"])), ("text (bytes of an untrained model)", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"]))),
-        ("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
-        ("memory", "matches the model exactly" if doc["memory_exact"] else "DIFFERS from the model")]))
+    ck = doc.get("checkpoint")
+    items = [("tokens", esc(doc["tokens"]))]
+    if ck:
+        reads = ", ".join(fmt_bytes(b) for b in ck["bytes_read_per_rank"])
+        items += [("checkpoint", esc(f"{ck['path']} ({ck['family']}, {'/'.join(ck['dtypes'])}, "
+                                     f"{fmt_bytes(ck['checkpoint_bytes'])})")),
+                  ("bytes each rank read", esc(f"{reads} = {ck['read_ratio']:.2f}x the file")),
+                  ("identical to transformers' generate", esc(num(doc.get("matches_transformers"))))]
+    else:
+        items += [("text (bytes of an untrained model)", esc(doc["text"])), ("identical to TP 1", esc(num(doc["matches_tp1"])))]
+    v = doc.get("vocab")
+    if v and v["padding_rows"]:
+        items.append(("vocabulary padded for TP", esc(f"{v['vocab_size']:,} -> {v['padded_vocab_size']:,} "
+                                                     f"({v['rows_per_rank']:,} rows per rank; logits cut back)")))
+    items += [("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
+              ("memory", "matches the model exactly" if doc["memory_exact"] else "DIFFERS from the model")]
+    page.add("summary", "Result", kv_table(items))
     pred = doc["predicted"]
-    rows = [[r["rank"], f"{fmt_bytes(pred['weight_bytes'])} / {fmt_bytes(r['weight_bytes'])}",
-             f"{fmt_bytes(pred['kv_cache_bytes'])} / {fmt_bytes(r['kv_cache_bytes'])}", fmt_time(r["prefill_s"]),
+    per_stage = pred.get("weight_bytes_per_stage", [pred["weight_bytes"]])
+    kvb = pred.get("kv_blocks")
+    kv_pred = [kvb["blocks"] * b for b in kvb["bytes_per_block_per_stage"]] if kvb else [pred["kv_cache_bytes"]] * len(per_stage)
+    rows = [[r["rank"], r.get("stage", 0), f"{fmt_bytes(per_stage[r.get('stage', 0)])} / {fmt_bytes(r['weight_bytes'])}",
+             f"{fmt_bytes(kv_pred[r.get('stage', 0)])} / {fmt_bytes(r['kv_cache_bytes'])}", fmt_time(r["prefill_s"]),
              fmt_time(r["latency_per_token_s"])] for r in doc["ranks"]]
     page.add("ranks", "Per rank: memory predicted / measured, times measured",
              "<h3>Measured latency per token</h3>"
              + (_split_bars(doc["ranks"]) or svg.bars([(f"rank {r['rank']}", r["latency_per_token_s"]) for r in doc["ranks"]],
                                                       fmt_time))
-             + table(["rank", "weights (predicted / measured)", "KV cache (predicted / measured)", "prefill (measured)",
-                      "per token (measured)"], rows)
+             + table(["rank", "stage", "weights (predicted / measured)", "KV cache (predicted / measured)",
+                      "prefill (measured)", "per token (measured)"], rows)
              + f"<p class='note'>prediction: {esc(pred['source'])}</p>")
     page.add("collectives", "Collectives by op", _collectives(doc["ranks"]))
-    _rest(page, doc, {"model", "tp", "strategy", "tokens", "text", "matches_tp1", "ranks_agree", "ranks", "predicted",
-                      "memory_exact", "latency_per_token_s"})
+    _rest(page, doc, {"model", "tp", "pp", "strategy", "tokens", "text", "matches_tp1", "ranks_agree", "ranks", "predicted",
+                      "memory_exact", "latency_per_token_s", "checkpoint", "matches_transformers", "vocab",
+                      "generated_token_ids"})
     return page
 
 

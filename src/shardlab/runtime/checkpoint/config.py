@@ -50,18 +50,19 @@ def checkpoint_dir(ref: str) -> Path:
             raise ShardlabError(f"checkpoint {ref} has no model.safetensors or model.safetensors.index.json; save it with "
                                 f"save_pretrained(safe_serialization=True) (pickled .bin weights are not read)")
         return p
-    from shardlab.catalog.hub import parse_ref
+    from shardlab.catalog.hub import _offline, cache_dir, fetch_config, parse_ref
+
+    fetch_config(ref)       # the config first: its errors (gated, missing, offline and not cached) are the catalog's
+    repo, rev = parse_ref(ref)
+    from huggingface_hub import snapshot_download
 
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ShardlabError("hf:ORG/NAME checkpoints need the hub extra: pip install 'shardlab[hub]'") from None
-    repo, rev = parse_ref(ref)
-    try:
-        return Path(snapshot_download(repo, revision=rev, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
-    except Exception as e:  # network, authentication, missing repository: one line
-        raise ShardlabError(f"{ref}: could not fetch the checkpoint ({type(e).__name__}: {str(e)[:160]}); check the name, "
-                            f"the network or HF_TOKEN, or download it and pass the folder") from None
+        return Path(snapshot_download(repo, revision=rev, cache_dir=cache_dir(), local_files_only=_offline(),
+                                      token=os.environ.get("HF_TOKEN") or None,
+                                      allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+    except Exception as e:  # network, authentication, an incomplete cache: one line
+        raise ShardlabError(f"{ref}: could not fetch the checkpoint's weights ({type(e).__name__}); check the network or "
+                            f"HF_TOKEN (offline: the weights must be in the cache), or download it and pass the folder") from None
 
 
 def read_config(folder: Path) -> dict:
