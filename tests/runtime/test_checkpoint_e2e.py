@@ -86,6 +86,7 @@ def test_bad_checkpoints_and_ids_are_one_line_exit_2(ckpts, tmp_path):
                       (["run", "infer", "--model", str(ckpts["qwen3"]), "--tp", "1", "--prompt-ids", "5,1001"],
                        "outside the vocabulary"),
                       (["run", "infer", "--check-parity"], "compares with transformers on a checkpoint"),
+                      (["run", "infer", "--model", str(ckpts["qwen3"]), "--tp", "3"], "must divide qwen3's 4 heads"),
                       (["run", "infer", "--model", str(ckpts["qwen3"]), "--tp", "1", "--prompt-ids", "1,x"],
                        "token ids are whole numbers")):
         r = shardlab(*args)
@@ -120,3 +121,15 @@ def test_random_weights_with_a_vocabulary_tp_does_not_divide(ckpts):
     t = run_json("run", "train", "--model", str(ckpts["gpt2"] / "config.json"), "--strategy", "tp", "--nproc", "2",
                  "--steps", "1", "--global-batch", "2", "--seq-len", "8", "--check-parity")
     assert t["parity"]["ok"] and t["memory_states_exact"] and t["vocab"]["padded_vocab_size"] == 50258
+
+
+def test_neox_and_moe_family_classes(tmp_path):
+    """GPT-NeoX (interleaved qkv, partial rotary, parallel residual) under Megatron TP 2 against transformers, and
+    Qwen3-MoE fine-tuned under ddp+ep (each rank reads only its experts) from transformers' loss."""
+    neox, moe = build("gpt_neox", tmp_path / "neox"), build("qwen3_moe", tmp_path / "moe")
+    d = run_json("run", "infer", "--model", str(neox), "--tp", "2", "--prompt-ids", "3,4,5", "--max-new-tokens", "5",
+                 "--check-parity")
+    assert d["matches_transformers"] is True and d["memory_exact"]
+    t = run_json("run", "train", "--model", str(moe), "--strategy", "ddp+ep", "--nproc", "2", "--steps", "1",
+                 "--global-batch", "2", "--seq-len", "8", "--check-parity")
+    assert t["parity"]["ok"] and t["parity"]["transformers"]["ok"] and t["memory_states_exact"]

@@ -195,6 +195,7 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     slowest = (slowest_of_split(split, injected_rank(req.observe)) if split else
                slowest_rank({d["rank"]: d["latency_per_token_s"] for d in ranks}, injected_rank(req.observe)))
     from shardlab.memory.inference import kv_cache_bytes_per_token
+    from shardlab.runtime.checkpoint.load import reads_doc
     from shardlab.runtime.paged_kv import blocks_for
 
     w_pred = weight_bytes_per_rank(spec, t, pp, ELEM_BYTES)                  # per stage
@@ -233,7 +234,7 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
                                 "bytes per block = memory.inference.kv_blocks' block_size x KV bytes per token)"},
         "memory_exact": exact,
         "vocab": padding_report(spec0.vocab_size, t, req.vocab_divisible_by),
-        "checkpoint": None if source is None else _checkpoint_doc(source, per_rank),
+        "checkpoint": None if source is None else reads_doc(source, per_rank),
         "latency_per_token_s": lat, "cached_tokens": total, "slowest": slowest,
         "time_split_definitions": TIME_SPLIT_DEFINITIONS if split else None,
         "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "warnings": res.warnings},
@@ -241,16 +242,6 @@ def _run_infer(req: InferRequest, state: dict, check_reference: bool) -> dict:
     if obs is not None:  # step 0 is the prefill: the percentiles are of decoded tokens
         doc["observability"] = obs.finish(skip_steps=1, predicted=infer_prediction(spec, t, len(toks), req))
     return doc
-
-
-def _checkpoint_doc(source, ranks: list[dict]) -> dict:
-    """Where the weights came from and what each rank read (bytes in the checkpoint's dtype)."""
-    reads = [r["checkpoint_bytes_read"] or 0 for r in ranks]
-    ck = source.open()
-    total = ck.total_bytes()
-    return {"path": str(source.folder), "ref": source.ref, "family": source.family, "dtypes": sorted(ck.dtypes),
-            "checkpoint_bytes": total, "bytes_read_per_rank": reads, "bytes_read_total": sum(reads),
-            "read_ratio": sum(reads) / total if total else None}
 
 
 def sweep_tps(spec, strategy: str, device: str | None, max_tp: int | None) -> tuple[tuple[int, ...], str]:

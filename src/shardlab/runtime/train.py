@@ -196,6 +196,8 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     from shardlab.runtime.observe.report import observation_for, train_prediction
 
     require_torch(load=False)   # the ranks import torch; this process only for --check-parity, after the job
+    from shardlab.runtime.checkpoint.load import reads_doc
+
     source = checkpoint_source(req.model)
     spec0, st, mb = prepare(req, source)
     from shardlab.runtime.vocab import pad_spec, padding_report
@@ -233,8 +235,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     doc = {
         "strategy": st.name, "world_size": st.world_size, "model": spec0.name, "model_ref": req.model,
         "vocab": padding_report(spec0.vocab_size, st.tp, req.vocab_divisible_by),
-        "checkpoint": None if source is None else {"path": str(source.folder), "family": source.family,
-                                                   "checkpoint_bytes": source.open().total_bytes()},
+        "checkpoint": None if source is None else reads_doc(source, ranks),
         "layout": st.layout(mb).to_dict(), "microbatches": shape.microbatches(st),
         "workload": {"seq_len": req.seq_len, "global_batch": req.global_batch, "micro_batch": mb, "steps": req.steps,
                      "optimizer": req.optimizer, "precision": "fp32"},

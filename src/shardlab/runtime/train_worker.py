@@ -67,7 +67,8 @@ def model_source(model: str, load: bool, tp: int, divisible_by: int = 1):
     from shardlab.runtime.checkpoint.load import load_into
 
     def load(modules):
-        load_into(modules, source.open(), source.family, spec0)
+        load.reports.append(load_into(modules, source.open(), source.family, spec0))
+    load.reports = []      # what this rank read (LoadReport)
     return spec, numerics, load
 
 
@@ -188,6 +189,7 @@ def run(args, rr) -> dict:
         "expert_dispatch": dispatch0,
         "model_states_bytes": states, "peak_bytes": peak,
         "params_local": sum(p.numel() for p in setup.params),
+        "checkpoint_bytes_read": sum(r.bytes_read for r in load.reports) if load is not None else None,
     }
     rr.beat("shutdown")
     destroy()

@@ -40,8 +40,18 @@ def run_train_page(doc: dict) -> Page:
                 f"beside the predictions")
     wl = doc["workload"]
     warned = "".join(f"<p class='bad'>warning: {esc(w)}</p>" for w in doc["launch"].get("warnings", []))
+    ck, v = doc.get("checkpoint"), doc.get("vocab")
+    extra = ([("weights from checkpoint", esc(f"{ck['path']} ({ck['family']}, {fmt_bytes(ck['checkpoint_bytes'])}); each "
+                                              f"rank read only its shards: "
+                                              + ", ".join(fmt_bytes(b) for b in ck['bytes_read_per_rank'])))] if ck else [])
+    if v and v.get("padding_rows"):
+        extra.append(("vocabulary padded for TP", esc(f"{v['vocab_size']:,} -> {v['padded_vocab_size']:,} (logits cut back)")))
+    hf = (doc.get("parity") or {}).get("transformers")
+    if hf:
+        extra.append(("step-0 loss vs transformers", esc(f"{hf['run_loss']:.6f} vs {hf['loss']:.6f} (|err| "
+                                                         f"{hf['abs_err']:.1e}): {'OK' if hf['ok'] else 'FAILED'}")))
     page.add("inputs", "What ran", warned + kv_table([(k.replace("_", " "), esc(num(v))) for k, v in wl.items()]
-                                                     + [("launch", esc(doc["launch"].get("summary", "")))]))
+                                                     + extra + [("launch", esc(doc["launch"].get("summary", "")))]))
     st = doc.get("step_time") or {}
     ranks = doc["ranks"]
     if any(r.get("step_time_s") for r in ranks):

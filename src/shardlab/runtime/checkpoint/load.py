@@ -109,3 +109,14 @@ def load_into(modules, ckpt: Checkpoint, family: str, spec) -> LoadReport:
                 local.copy_(block.to(local.dtype))
                 filled += 1
     return LoadReport(filled, ckpt.bytes_read, ckpt.total_bytes(), tuple(sorted(ckpt.dtypes)))
+
+
+def reads_doc(source, ranks: list[dict]) -> dict:
+    """The checkpoint and what each rank read from it (``checkpoint_bytes_read`` of each rank's document, bytes in the
+    checkpoint's dtype): the JSON of ``run infer`` and ``run train``."""
+    ck = source.open()
+    total = ck.total_bytes()
+    reads = [d.get("checkpoint_bytes_read") or 0 for d in ranks]
+    return {"path": str(source.folder), "ref": source.ref, "family": source.family, "dtypes": sorted(ck.dtypes),
+            "checkpoint_bytes": total, "bytes_read_per_rank": reads, "bytes_read_total": sum(reads),
+            "read_ratio": sum(reads) / total if total else None}
