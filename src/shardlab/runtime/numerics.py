@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -60,8 +58,10 @@ class Numerics:
 DEFAULT = Numerics()
 
 
-def inverse_frequencies(rot_dims: int, numerics: Numerics, device=None) -> torch.Tensor:
+def inverse_frequencies(rot_dims: int, numerics: Numerics, device=None):
     """(rot_dims/2,) RoPE inverse frequencies theta^(-2i/d), rescaled per ``numerics.rope_scaling``."""
+    import torch
+
     inv = 1.0 / (numerics.rope_theta ** (torch.arange(0, rot_dims, 2, device=device, dtype=torch.int64).float() / rot_dims))
     sc = numerics.rope_scaling
     if sc is None:
@@ -79,11 +79,14 @@ def inverse_frequencies(rot_dims: int, numerics: Numerics, device=None) -> torch
     return torch.where(medium, smoothed, scaled)
 
 
-def rope(x: torch.Tensor, start_pos: int, numerics: Numerics = DEFAULT) -> torch.Tensor:
+def rope(x, start_pos: int, numerics: Numerics = DEFAULT):
     """Rotary position embedding on the first ``rotary_fraction`` of each head (rotate-half form).
 
-    x: (b, s, heads, head_dim); position of token j is start_pos + j. Computed on the fly: no buffers.
+    x: (b, s, heads, head_dim) tensor; position of token j is start_pos + j. Computed on the fly: no buffers.
+    (torch is imported here, not at module level: the driver reads a checkpoint's Numerics without torch.)
     """
+    import torch
+
     b, s, _, d = x.shape
     r = int(d * numerics.rotary_fraction)
     inv = inverse_frequencies(r, numerics, x.device)                                                  # (r/2,)

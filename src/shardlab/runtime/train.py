@@ -75,12 +75,13 @@ def checkpoint_source(model: str):
     return source
 
 
-def prepare(req: TrainRequest, source=None):
-    """Validate without torch: (spec, strategy, micro_batch). Raises one-line ShardlabErrors. ``source``: the
-    checkpoint ``req.model`` names (its spec has the checkpoint's vocabulary; the runtime pads it for TP)."""
+def prepare(req: TrainRequest):
+    """Validate without torch: (spec, strategy, micro_batch). Raises one-line ShardlabErrors. A checkpoint's spec has
+    its own vocabulary (the runtime pads it for TP); the checkpoint is checked against its config here."""
     from shardlab.runtime.parallel.strategy import parse_strategy
     from shardlab.runtime.train_worker import resolve_spec
 
+    source = checkpoint_source(req.model)
     spec = source.spec if source is not None else resolve_spec(req.model)
     from shardlab.runtime import check_host_memory
 
@@ -198,8 +199,8 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     require_torch(load=False)   # the ranks import torch; this process only for --check-parity, after the job
     from shardlab.runtime.checkpoint.load import reads_doc
 
+    spec0, st, mb = prepare(req)
     source = checkpoint_source(req.model)
-    spec0, st, mb = prepare(req, source)
     from shardlab.runtime.vocab import pad_spec, padding_report
 
     spec, _ = pad_spec(spec0, st.tp, req.vocab_divisible_by)   # the model the ranks build (and the memory model counts)
