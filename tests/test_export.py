@@ -253,7 +253,7 @@ def test_export_to_another_framework_reestimates_the_file(tmp_path, plans):
     assert r["step_time_s"] == pytest.approx(back["step_time_s"], rel=1e-9)
     assert r["scored_step_time_s"] == pytest.approx(scored) and abs(r["step_time_s"] / scored - 1) > 0.05
     assert f"predicted step time {r['step_time_s']:.2f} s as torchtitan runs it" in out.read_text()
-    text = cli_main("export", "--to", "torchtitan", "--plan", str(pj), "--out", str(out))[1]
+    text = cli_main("export", "--to", "torchtitan", "--plan", str(pj), "--out", str(out), "--force")[1]
     assert "estimated at under megatron-lm" in text and "shardlab plan --framework torchtitan" in text
     for args in (["--to", "megatron"], ["--to", "slurm"]):          # slurm runs the plan's framework by default
         doc = json.loads(cli_main("export", *args, "--plan", str(pj), "--json")[1])
@@ -414,3 +414,22 @@ def test_a_files_batch_error_names_the_files_fields(tmp_path):
     code, _, err = cli_main("estimate", "--from", str(path))
     assert code == 2 and "training.global_batch_size 7 is not divisible by micro-batch 1 × data-parallel size 8" in err
     assert "--global-batch" not in err
+
+
+def test_export_keeps_an_existing_file_and_never_writes_through_a_link(tmp_path, monkeypatch):
+    """--out naming a file that exists (a README by mistake) exits 2 and leaves it as it was; --force replaces it;
+    a symbolic link, dangling or not, is refused even with --force (nothing is written at its target)."""
+    monkeypatch.chdir(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# my notes\n")
+    args = ("export", "--to", "megatron", "llama-3.1-8b", "--gpus", "8", "--tp", "2")
+    code, _, err = cli_main(*args, "--out", str(readme))
+    assert code == 2 and "exists and was kept" in err and "--force" in err and "\n" not in err.strip()
+    assert readme.read_text() == "# my notes\n"
+    assert cli_main(*args, "--out", str(readme), "--force")[0] == 0 and "megatron" in readme.read_text().lower()
+    target = tmp_path / "elsewhere.sh"
+    (tmp_path / "link.sh").symlink_to(target)                      # dangling: the target does not exist yet
+    code, _, err = cli_main(*args, "--out", str(tmp_path / "link.sh"), "--force")
+    assert code == 2 and "symbolic link" in err and not target.exists()
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--export", "megatron", "--out", str(readme))
+    assert code == 2 and "exists and was kept" in err

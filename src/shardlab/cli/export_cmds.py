@@ -45,7 +45,8 @@ def register(sub) -> None:
 
 def add_export_file_args(g, default_out: str = "print it") -> None:
     g.add_argument("--out", metavar="PATH", default=None,
-                   help=f"write the file here, replacing a file of that name (default: {default_out})")
+                   help=f"write the file here; an existing file is kept unless --force (default: {default_out})")
+    g.add_argument("--force", action="store_true", help="with --out: replace an existing file of that name")
     g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm"), default=None,
                    help="slurm/skypilot: the framework each node runs (default: the plan's, or --framework's; torchtitan "
                         "when that is none of these; vllm to serve)")
@@ -135,7 +136,19 @@ def _plan_cluster(doc: dict, cat, job):
                    inter_link=cat.link(doc.get("inter_link") or acc.system["inter_link"]))
 
 
-def _write(exp, job, out: str | None, as_json: bool):
+def check_export_out(out: str, force: bool) -> None:
+    """An export never writes through a symbolic link (dangling or not), and replaces an existing file only with
+    --force: a README or a script named by mistake is kept."""
+    from shardlab.errors import ShardlabError
+
+    if os.path.islink(out):
+        raise ShardlabError(f"--out {out} is a symbolic link; shardlab never writes through one: give the file's own "
+                            f"path or a new name")
+    if os.path.lexists(out) and not force:
+        raise ShardlabError(f"--out {out} exists and was kept; add --force to replace it, or give a new name")
+
+
+def _write(exp, job, out: str | None, as_json: bool, force: bool = False):
     from shardlab.export import to_json
     from shardlab.export.retarget import retarget_line
     from shardlab.report.table import table
@@ -143,6 +156,7 @@ def _write(exp, job, out: str | None, as_json: bool):
     if out:
         from shardlab.safeout import write_text
 
+        check_export_out(out, force)
         write_text(out, exp.text, "--out")
     if out:
         from dataclasses import replace
@@ -198,7 +212,7 @@ def cmd_export(args):
             if prec is not None and not isinstance(prec, str):
                 raise TypeError("workload.precision must be a name")
             job, exp = _render(job, cat, args.to, args.launch, cluster, spec)
-            return _write(exp, job, args.out, args.json)
+            return _write(exp, job, args.out, args.json, args.force)
         except ShardlabError:
             raise
         except (AttributeError, TypeError, ValueError, KeyError, IndexError, ArithmeticError) as e:
@@ -210,7 +224,7 @@ def cmd_export(args):
         job = job_from_args(args, cat)
         cluster = None if job.serve else cluster_from_args(args, cat, job.gpus)
     job, exp = _render(job, cat, args.to, args.launch, cluster, cat.model(args.model) if args.model else None)
-    return _write(exp, job, args.out, args.json)
+    return _write(exp, job, args.out, args.json, args.force)
 
 
 # ---- plan --export -------------------------------------------------------------------------------
@@ -247,12 +261,12 @@ def with_export(fn):
         job = job_from_plan(plan, cat, 1, spec)
         job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
-        if not args.out and os.path.lexists(out):
+        if not args.out and os.path.lexists(out) and not args.force:
             from shardlab.errors import ShardlabError
 
-            raise ShardlabError(f"--export {args.export} would write {out}, which exists: give --out PATH (a new name, "
-                                f"or {out} to replace it)")
-        edoc, etext = _write(exp, job, out, True)
+            raise ShardlabError(f"--export {args.export} would write {out}, which exists and was kept: give --out PATH "
+                                f"(a new name), or add --force to replace it")
+        edoc, etext = _write(exp, job, out, True, args.force)
         doc["export"] = edoc
         return doc, text + "\n\n" + etext
 
