@@ -200,3 +200,18 @@ def test_flash1_line_shows_the_rate_it_uses_and_pinned_plans_name_the_pins():
     assert abs(rates["flash1"] * 2 - rates["flash2"]) <= 1
     code, _, err = cli_main("plan", "--framework", "deepspeed", "--fix", "zero=3", "--fix", "pp=2")
     assert code == 2 and "pin fewer axes (pinned: zero=3, pp=2)" in err
+
+
+def test_names_from_folders_print_no_terminal_control_sequences(tmp_path):
+    """A model named after its folder (ESC sequences, a bidirectional override) prints escapes in the human output,
+    in `models` and `memory` alike; the JSON document carries the name as it is (JSON escapes it)."""
+    import shutil
+
+    folder = tmp_path / "m\x1b[31mred\u202e"
+    folder.mkdir()
+    shutil.copy(DATA / "gpt2.json", folder / "config.json")
+    for argv in (["models", str(folder)], ["memory", str(folder / "config.json"), "--gpus", "1"]):
+        code, out, _ = cli_main(*argv)
+        assert code == 0 and "\x1b" not in out and "\u202e" not in out and "m\\x1b[31mred\\u202e" in out, argv
+    code, out, _ = cli_main("models", str(folder), "--json")
+    assert json.loads(out)["model"]["name"] == "m\x1b[31mred\u202e"

@@ -123,6 +123,13 @@ def one_line(message: str) -> str:
     return "".join(shown(ch) for ch in message)
 
 
+def inert(text: str) -> str:
+    """Human output made safe for a terminal: names and paths that came from the user's files or folders (a model
+    named after a folder holding ESC sequences) print their control and format characters as escapes; line breaks
+    stay. JSON output escapes them already."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only`` = a command name) one holding just the module that owns it."""
     from shardlab import __version__
@@ -150,7 +157,7 @@ def emit(args, doc: dict, text: str) -> None:
     the interrupt is taken after it), and a failed write (a full disk, a closed descriptor) is one line, exit 2."""
     import signal
 
-    out = (dumps(doc) if getattr(args, "json", False) else text) + "\n"
+    out = (dumps(doc) if getattr(args, "json", False) else inert(text)) + "\n"
     held = {signal.SIGINT}              # SIGTERM stays deliverable: a supervisor can always stop a blocked write
     block = hasattr(signal, "pthread_sigmask") and _on_main_thread()
     if block:
