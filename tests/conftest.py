@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).parent / "data"
+os.environ["SHARDLAB_WIDE"] = "1"
+"""The tests read the human output one line per table row (as --wide prints it); tests/test_output_width.py unsets
+it, sets COLUMNS and checks that the output fits."""
 
 
 @pytest.fixture

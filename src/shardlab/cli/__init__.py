@@ -149,7 +149,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    _add_wide(parser)
     return parser
+
+
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    """--wide on every command that prints tables (those with --json), nested ones included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                _add_wide(p)
+    if "--json" in parser._option_string_actions and "--wide" not in parser._option_string_actions:
+        parser.add_argument("--wide", action="store_true",
+                            help="one line per table row however wide (default: fit the terminal; 100 columns "
+                                 "when not a terminal)")
 
 
 def emit(args, doc: dict, text: str) -> None:
@@ -157,7 +170,12 @@ def emit(args, doc: dict, text: str) -> None:
     the interrupt is taken after it), and a failed write (a full disk, a closed descriptor) is one line, exit 2."""
     import signal
 
-    out = (dumps(doc) if getattr(args, "json", False) else inert(text)) + "\n"
+    if getattr(args, "json", False):
+        out = dumps(doc) + "\n"
+    else:
+        from shardlab.report.table import fit_text
+
+        out = fit_text(inert(text)) + "\n"     # tables fit already; prose lines wrap at spaces
     held = {signal.SIGINT}              # SIGTERM stays deliverable: a supervisor can always stop a blocked write
     block = hasattr(signal, "pthread_sigmask") and _on_main_thread()
     if block:
@@ -264,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             from shardlab.catalog import get_catalog   # collectives): a bad --catalog is never silently ignored
 
             get_catalog(args.catalog)
+        from shardlab.report.table import OUTPUT_WIDTH, terminal_width
+
+        # the human output fits the terminal (100 columns when not one) unless --wide; JSON has no width
+        OUTPUT_WIDTH.set(None if getattr(args, "wide", False) or getattr(args, "json", False) else terminal_width())
         with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
             result = args.func(args)
         if isinstance(result, int):

@@ -3,17 +3,87 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
+
+
+OUTPUT_WIDTH: ContextVar[int | None] = ContextVar("shardlab_output_width", default=None)
+"""Columns the human output must fit, set by the command line for one command (the terminal's width, 100 when not a
+terminal, COLUMNS when set); None: no limit (``--wide``, ``--json``, library use)."""
+MIN_COLUMN = 12
+"""A text column is never wrapped narrower than this."""
+
+
+def terminal_width() -> int | None:
+    """The width to fit: COLUMNS, else the terminal's, else 100 (not a terminal); at least 60. None (no limit) when
+    SHARDLAB_WIDE is set, as --wide."""
+    import os
+    import shutil
+
+    if os.environ.get("SHARDLAB_WIDE", "").strip() not in ("", "0"):
+        return None
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _fits(widths: list[int], limit: int) -> bool:
+    return sum(widths) + 2 * (len(widths) - 1) <= limit
+
+
+def _fit(widths: list[int], wrappable: list[bool], limit: int, floors: list[int]) -> list[int]:
+    """Narrow the widest wrappable columns (none below its floor) until the row, two spaces between columns, fits."""
+    widths = list(widths)
+    while not _fits(widths, limit):
+        over = sum(widths) + 2 * (len(widths) - 1) - limit
+        cands = [i for i, w in enumerate(widths) if wrappable[i] and w > floors[i]]
+        if not cands:
+            break
+        i = max(cands, key=lambda k: widths[k] - floors[k])
+        widths[i] -= max(1, min(over, widths[i] - floors[i]))
+    return widths
+
+
+def _wrap_cell(text: str, width: int) -> list[str]:
+    import textwrap
+
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+
+
+def _layout(headers, cells, widths: list[int], align: str, limit: int) -> tuple[list[int], list[int], list[int]]:
+    """(columns kept in the row, their widths, columns moved under the row) for a width limit.
+
+    Text columns wrap inside their cells, never below MIN_COLUMN or their longest word; when that is not enough
+    (many number columns), the widest text columns of several words leave the row and print under it as
+    'header: text' lines; single words break only as a last resort."""
+    n = len(headers)
+    words = [max((len(w) for r in [list(headers), *cells] if i < len(r) for w in r[i].split()), default=0)
+             for i in range(n)]
+    prose = [align[i] == "l" and words[i] < widths[i] for i in range(n)]
+    keep, under = list(range(n)), []
+    while True:
+        w = _fit([widths[i] for i in keep], [align[i] == "l" for i in keep], limit,
+                 [max(MIN_COLUMN, words[i]) for i in keep])
+        movable = [i for i in keep if prose[i]]
+        if _fits(w, limit) or not movable or len(keep) == 1:
+            break
+        out = max(movable, key=lambda i: widths[i])
+        keep.remove(out)
+        under.append(out)
+    if not _fits(w, limit):
+        w = _fit(w, [align[i] == "l" for i in keep], limit, [6] * len(keep))
+    return keep, w, sorted(under)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None,
           align: str | None = None, wrap: int | None = None) -> str:
     """Render rows as an aligned table. ``align``: one char per column, 'l' or 'r' (default: numbers right).
-    ``wrap``: break the last column's text into lines of at most this many characters (long explanations)."""
+    ``wrap``: break the last column's text into lines of at most this many characters (long explanations).
+    Under a width limit (``OUTPUT_WIDTH``) the table fits it (``_layout``); numbers are never wrapped."""
+    import textwrap
+
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
     n = len(headers)
     if wrap:
-        import textwrap
-
         wrapped = []
         for row in cells:
             last = row[n - 1] if len(row) >= n else ""
@@ -28,19 +98,71 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str |
     if align is None:
         align = "".join("r" if cells and all(_numeric(r[i]) for r in cells if i < len(r) and r[i] not in ("", "-")) else "l"
                         for i in range(n))
-    def fmt(row):
-        parts = []
-        for i in range(n):
-            c = row[i] if i < len(row) else ""
-            parts.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
-        return "  ".join(parts).rstrip()
+    limit = OUTPUT_WIDTH.get()
+    keep, under = list(range(n)), []
+    if limit and not _fits(widths, limit):
+        # headers of several words may wrap over two lines: a column is as wide as its cells or its longest header word
+        widths = [max([len(w) for w in headers[i].split()] + [len(r[i]) for r in cells if i < len(r)] + [1])
+                  for i in range(n)]
+    if limit and not _fits(widths, limit):
+        keep, kept_w, under = _layout(headers, cells, widths, align, limit)
+        widths = [0] * n
+        for i, w in zip(keep, kept_w):
+            widths[i] = w
+
+    def fmt(row, below: bool = True):
+        """One logical row: its kept cells wrapped to their widths, then the moved columns under it."""
+        parts = [_wrap_cell(row[i] if i < len(row) else "", widths[i]) for i in keep]
+        out = []
+        for k in range(max(len(p) for p in parts)):
+            line = []
+            for j, i in enumerate(keep):
+                c = parts[j][k] if k < len(parts[j]) else ""
+                line.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
+            out.append("  ".join(line).rstrip())
+        for i in under if below else ():
+            text = row[i] if i < len(row) else ""
+            if text:
+                out += textwrap.wrap(f"{headers[i]}: {text}", limit, initial_indent="    ", subsequent_indent="      ",
+                                     break_on_hyphens=False)
+        return "\n".join(out)
     lines = []
     if title:
-        lines.append(title)
-    lines.append(fmt(list(headers)))
-    lines.append("  ".join("-" * w for w in widths))
+        lines.append(fit_text(title))
+    lines.append(fmt(list(headers), below=False))
+    lines.append("  ".join("-" * widths[i] for i in keep))
     lines.extend(fmt(r) for r in cells)
+    if under:
+        lines.append(fit_text(f"(under each row: {', '.join(headers[i] for i in under)}; --wide keeps one line per row)"))
     return "\n".join(lines)
+
+
+def fit_text(text: str, limit: int | None = None) -> str:
+    """Lines longer than the width limit wrapped at spaces, continuations indented two more than the line (a
+    'key  value' line: under its value; a table row, columns two spaces apart, is left as it is)."""
+    import re
+    import textwrap
+
+    limit = limit or OUTPUT_WIDTH.get()
+    if not limit:
+        return text
+    out = []
+    for line in text.split("\n"):
+        gaps = re.findall(r"\S( {2,})(?=\S)", line)
+        if len(line) <= limit or len(gaps) > 1:     # a table row (columns two spaces apart) stays as it is
+            out.append(line)
+            continue
+        if gaps:                                     # 'key  value': the value wraps under itself
+            head = re.match(r"(.*?\S {2,})(?=\S)", line).group(1)
+            if len(head) < limit // 2:
+                out.extend(textwrap.wrap(line[len(head):], limit - len(head), initial_indent=head,
+                                         subsequent_indent=" " * len(head), break_long_words=False,
+                                         break_on_hyphens=False) or [line])
+                continue
+        indent = line[:len(line) - len(line.lstrip(" "))]
+        out.extend(textwrap.wrap(line, limit, initial_indent="", subsequent_indent=indent + "  ",
+                                 break_long_words=False, break_on_hyphens=False, drop_whitespace=True) or [line])
+    return "\n".join(out)
 
 
 def _numeric(s: str) -> bool:

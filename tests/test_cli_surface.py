@@ -1,0 +1,52 @@
+"""The command line's surface is frozen: every command's options are listed in tests/data/cli_surface.json, and a
+flag added or removed without updating the list fails here (as torchtitan's test_no_new_cli_options), so that growth
+is a decision. After a deliberate change: python tests/test_cli_surface.py --write, and commit the list."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SURFACE = Path(__file__).parent / "data" / "cli_surface.json"
+
+
+def surface() -> dict[str, list[str]]:
+    """{'plan': ['--batch', ...], 'run train': [...], ...}: each command's option strings, sorted."""
+    from shardlab.cli import build_parser
+
+    out: dict[str, list[str]] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        opts = sorted(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
+        if path:
+            out[path] = opts
+        for a in subs:
+            for name, p in a.choices.items():
+                walk(p, f"{path} {name}".strip())
+    walk(build_parser(), "")
+    return out
+
+
+def test_no_option_added_or_removed_without_updating_the_list():
+    want = json.loads(SURFACE.read_text(encoding="utf-8"))
+    got = surface()
+    diffs = []
+    for cmd in sorted(set(want) | set(got)):
+        added = sorted(set(got.get(cmd, [])) - set(want.get(cmd, [])))
+        removed = sorted(set(want.get(cmd, [])) - set(got.get(cmd, [])))
+        if added or removed or (cmd in want) != (cmd in got):
+            diffs.append(f"{cmd}: added {added}, removed {removed}")
+    assert not diffs, ("the command line changed; if that is deliberate run `python tests/test_cli_surface.py --write` "
+                       "and commit tests/data/cli_surface.json:\n" + "\n".join(diffs))
+
+
+def test_the_counts_the_structure_issue_names():
+    """Where the surface stands (a record, not a goal): the largest commands' option counts."""
+    got = surface()
+    assert len(got["plan"]) > 30 and "--wide" in got["plan"] and "--json" in got["run infer"]
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    SURFACE.write_text(json.dumps(surface(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {SURFACE}")
