@@ -9,8 +9,8 @@ from shardlab.catalog import get_catalog
 from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError
 from shardlab.estimate import estimate_training
-from shardlab.estimate.compute import layer_times
-from shardlab.estimate.hardware import gemm_efficiency, group_link
+from shardlab.rates.compute import layer_times
+from shardlab.rates.hardware import gemm_efficiency, group_link
 from shardlab.flops import korthikanti_eq7, narayanan_eq3, training_flops_per_token
 from shardlab.layout import Layout
 from shardlab.specs.hardware import Cluster
@@ -62,8 +62,8 @@ def test_gemm_time_by_hand():
 
 
 def test_eager_and_compiled_traffic_by_hand():
-    """The same block's memory-bound bytes in eager PyTorch and under torch.compile (estimate/kernels.py), tp=1."""
-    from shardlab.estimate.kernels import block_elementwise_bytes
+    """The same block's memory-bound bytes in eager PyTorch and under torch.compile (rates/kernels.py), tp=1."""
+    from shardlab.rates.kernels import block_elementwise_bytes
 
     spec = CAT.models["llama-3.1-8b"]                       # GQA: q = 4096, kv = 1024, f = 14336, RMSNorm, RoPE
     T, h, q, kv, f, e = 1000, 4096, 4096, 1024, 14336, 2
@@ -79,7 +79,7 @@ def test_shared_expert_traffic_uses_its_own_width():
     """Qwen2-MoE's shared expert is shared_expert_intermediate_size wide, not num_shared × the routed width."""
     from dataclasses import replace
 
-    from shardlab.estimate.kernels import block_elementwise_bytes
+    from shardlab.rates.kernels import block_elementwise_bytes
 
     spec = CAT.models["mixtral-8x7b"]
     kw = dict(tokens=1000, tp=1, tsh=1, elem_bytes=2, dropout=False, flash_attention=True, seq_len=4096)

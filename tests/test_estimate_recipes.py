@@ -5,8 +5,8 @@ import pytest
 
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
-from shardlab.estimate.fp8 import all_gather_bytes_per_param, cast_time_s, fp8_gemm_time_s, linear_cast_bytes
-from shardlab.estimate.hardware import gemm_time_s, matmul_curve, memory_efficiency
+from shardlab.rates.fp8 import all_gather_bytes_per_param, cast_time_s, fp8_gemm_time_s, linear_cast_bytes
+from shardlab.rates.hardware import gemm_time_s, matmul_curve, memory_efficiency
 from shardlab.estimate.lora import (adapter_flops_per_token, dequant_bytes_per_pass, lora_block_step_times,
                                     lora_training_flops_per_token)
 from shardlab.estimate.offload import CPU_ADAM_PARAMS_PER_S, offload_time, traffic_bytes

@@ -8,7 +8,7 @@ from shardlab.calibration import AlphaBetaFit, EfficiencyFit, fit_alpha_beta, fi
 from shardlab.catalog import get_catalog
 from shardlab.comm.collectives import alpha_beta_time, bus_factor
 from shardlab.errors import ShardlabError
-from shardlab.estimate.hardware import gemm_efficiency
+from shardlab.rates.hardware import gemm_efficiency
 from shardlab.runtime.bench_files import load_bench
 from shardlab.runtime.calibrate import build_profile, match_accelerator, write_profile
 
@@ -135,7 +135,7 @@ def test_profile_loads_strictly_and_reproduces_the_fits(tmp_path):
 
 
 def test_profile_memory_rate_reproduces_the_measured_streaming_rate(tmp_path):
-    from shardlab.estimate.hardware import memory_time_s
+    from shardlab.rates.hardware import memory_time_s
 
     _, cat = _profile(tmp_path, EfficiencyFit(0.42, 12.5, 0.096e12, 0.05, 24), None, stream=4.5)
     acc = cat.accelerator(cat.profile["gpu"])

@@ -4,7 +4,7 @@ each row when the numbers alone fill the width, and prose wraps at spaces; --wid
 import pytest
 
 from conftest import cli_main
-from shardlab.report.table import OUTPUT_WIDTH, fit_text, table
+from shardlab.render.table import OUTPUT_WIDTH, fit_text, table
 
 
 @pytest.fixture

@@ -193,7 +193,7 @@ def test_pipeline_picture_subtitle_uses_the_simulated_pass_times(tmp_path):
 
     res = simulate("zb-h1", 4, 8, forward_s=1.0, backward_s=2.0, weight_grad_s=None)   # as `shardlab pipeline` runs it
     captured = {}
-    import shardlab.report.plots as plots
+    import shardlab.render.plots as plots
 
     real = plots.pipeline_timeline
     plots.pipeline_timeline = lambda r, path, **kw: captured.update(kw) or path
@@ -210,7 +210,7 @@ def test_pipeline_picture_labels_two_digit_micro_batches_and_hatches_each_chunk(
     from matplotlib.collections import PolyCollection
 
     from shardlab.pipeline import simulate
-    from shardlab.report.plots import CHUNK_HATCHES, pipeline_timeline
+    from shardlab.render.plots import CHUNK_HATCHES, pipeline_timeline
 
     texts, hatches = [], set()
     real_text, real_add = Axes.text, Axes.add_collection

@@ -146,7 +146,7 @@ class EfficiencyFit:
 
     def predict_flops(self, n):
         """Achieved FLOP/s at GEMM size ``n`` (the estimate's ``gemm_efficiency`` × peak; array-safe)."""
-        from shardlab.estimate.hardware import gemm_efficiency
+        from shardlab.rates.hardware import gemm_efficiency
 
         return gemm_efficiency(n, self.curve) * self.peak_flops
 

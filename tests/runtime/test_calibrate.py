@@ -10,7 +10,7 @@ from conftest import cli_main, run_cli
 
 from shardlab.catalog import get_catalog
 from shardlab.comm.collectives import alpha_beta_time, bus_factor
-from shardlab.estimate.hardware import gemm_efficiency
+from shardlab.rates.hardware import gemm_efficiency
 
 
 def _bench_files(tmp_path, alpha=400e-6, beta=0.8e9, m=0.45, h=20.0):
@@ -148,7 +148,7 @@ def test_measured_profile_on_this_machine(tmp_path):
     assert link.bytes_per_s == pytest.approx(joint["beta_bytes_per_s"], rel=2e-3)
     assert link.latency_s == pytest.approx(joint["alpha_s"], rel=2e-3) or joint["alpha_s"] < 1e-9
     assert prof["gpus_per_node"] >= 2 and prof["inter_link"] == "ethernet-10g" and prof["measured_at"]
-    from shardlab.estimate.hardware import memory_efficiency
+    from shardlab.rates.hardware import memory_efficiency
 
     assert acc.memory_bandwidth_gbps * memory_efficiency(acc) == pytest.approx(doc["matmul"]["stream"]["gbps"], rel=2e-3)
     assert acc.op_overhead_us == pytest.approx(doc["matmul"]["op_overhead"]["op_overhead_us"], rel=2e-3)

@@ -173,7 +173,7 @@ def emit(args, doc: dict, text: str) -> None:
     if getattr(args, "json", False):
         out = dumps(doc) + "\n"
     else:
-        from shardlab.report.table import fit_text
+        from shardlab.render.table import fit_text
 
         out = fit_text(inert(text)) + "\n"     # tables fit already; prose lines wrap at spaces
     held = {signal.SIGINT}              # SIGTERM stays deliverable: a supervisor can always stop a blocked write
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             from shardlab.catalog import get_catalog   # collectives): a bad --catalog is never silently ignored
 
             get_catalog(args.catalog)
-        from shardlab.report.table import OUTPUT_WIDTH, terminal_width
+        from shardlab.render.table import OUTPUT_WIDTH, terminal_width
 
         # the human output fits the terminal (100 columns when not one) unless --wide; JSON has no width
         OUTPUT_WIDTH.set(None if getattr(args, "wide", False) or getattr(args, "json", False) else terminal_width())

@@ -148,7 +148,7 @@ def _device(args) -> str:
 def check_plot_path(path: str | None) -> None:
     """Fail before a long measurement, not after it, when the plot cannot be written."""
     if path:
-        from shardlab.report.plots import MEASURED_PLOT_SUFFIXES, check_picture_path
+        from shardlab.render.plots import MEASURED_PLOT_SUFFIXES, check_picture_path
 
         check_picture_path(path, MEASURED_PLOT_SUFFIXES)
 
@@ -309,7 +309,7 @@ def _calibrate_framework(args):
 
     from shardlab.catalog import get_catalog
     from shardlab.estimate.training import DEFAULT_FRAMEWORK
-    from shardlab.report.table import kv_lines
+    from shardlab.render.table import kv_lines
     from shardlab.runtime.calibrate import write_profile
     from shardlab.runtime.framework_fit import MAX_FIT_RUNS, calibrate_framework, check_run_count
     from shardlab.safeio import load_json

@@ -40,7 +40,7 @@ def _rate(v) -> str:
 
 
 def _capacity_text(doc, args, cluster, sim, slo) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     plans, cap, pareto = doc["plans"], doc["capacity"], doc["pareto"]
     best = plans[0]

@@ -24,7 +24,7 @@ def cmd_models(args):
     from dataclasses import asdict
 
     from shardlab.catalog import get_catalog
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.specs.tensors import param_counts
     from shardlab.units import fmt_count
 
@@ -49,7 +49,7 @@ def cmd_models(args):
 def _model_detail(m):
     from dataclasses import asdict
 
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
     from shardlab.specs.tensors import model_tensors, param_counts
     from shardlab.units import fmt_count
 
@@ -85,7 +85,7 @@ def cmd_gpus(args):
     from dataclasses import asdict
 
     from shardlab.catalog import get_catalog
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     cat = get_catalog(args.catalog)
     f = lambda v: "-" if v is None else f"{v:g}"
@@ -100,7 +100,7 @@ def cmd_links(args):
     from dataclasses import asdict
 
     from shardlab.catalog import get_catalog
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     cat = get_catalog(args.catalog)
     rows = [[l.id, l.name, f"{l.bandwidth_gbps:g}", f"{l.efficiency:.2f}", f"{l.bandwidth_gbps * l.efficiency:.1f}",

@@ -115,7 +115,7 @@ def cmd_collective(args):
     if not links:
         raise ShardlabError(f"--link '{args.link}' names no link; give a link id (see `shardlab links`)")
     if args.plot:
-        from shardlab.report.plots import check_picture_path
+        from shardlab.render.plots import check_picture_path
 
         check_picture_path(args.plot)
     intra = None
@@ -157,7 +157,7 @@ def cmd_collective(args):
                                      if inside else "the link's line rate × efficiency")})
     plot = None
     if args.plot:
-        from shardlab.report.plots import comm_sweep
+        from shardlab.render.plots import comm_sweep
 
         sub = "hierarchical over " + f"{args.nodes} nodes" if args.nodes > 1 else f"algorithm {args.algorithm}"
         plot = str(comm_sweep(series, args.plot, args.op, args.ranks, subtitle=f"{sub}; shardlab comm --sweep",
@@ -340,7 +340,7 @@ def cmd_pipeline(args):
     from shardlab.pipeline.render import pipeline_doc, render_pipeline, save_timeline
 
     if args.plot:
-        from shardlab.report.plots import check_picture_path
+        from shardlab.render.plots import check_picture_path
 
         check_picture_path(args.plot)
     p = args.stages

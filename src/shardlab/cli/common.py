@@ -279,16 +279,11 @@ def cluster_from_args(args, catalog, num_gpus: int):
     intra = catalog.link(args.intra_link or prof.get("intra_link") or acc.system["intra_link"])
     inter = catalog.link(args.inter_link or prof.get("inter_link") or acc.system["inter_link"])
     if getattr(args, "inter_node_gbit", None):
+        from shardlab.specs.hardware import per_node_rate
+
         inter = per_node_rate(inter, args.inter_node_gbit, gpn)
     return Cluster(accelerator=acc, num_gpus=num_gpus, gpus_per_node=gpn,
                    intra_link=intra, inter_link=inter)
-
-
-def per_node_rate(link, gbit_per_node: float, gpus_per_node: int):
-    """``link`` at a stated inter-node rate per node (Gb/s), spread over the node's GPUs."""
-    from dataclasses import replace
-
-    return replace(link, id=f"{link.id}@{gbit_per_node:g}gbit-per-node", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)
 
 
 def add_estimate_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:

@@ -156,7 +156,7 @@ def _alternatives(cat, acc, est) -> list[dict]:
 
 def _cost_text(line, est, price, plan, acc, alternatives) -> str:
     from shardlab.cost.estimate import fmt_hours, fmt_rate, fmt_usd
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
 
     pairs = [("price", f"{fmt_rate(price.usd_per_gpu_hour)}/GPU-h {price.kind}"
                        + (" (an ESTIMATE: inferred, not quoted)" if price.estimate else "")),

@@ -151,7 +151,7 @@ def check_export_out(out: str, force: bool) -> None:
 def _write(exp, job, out: str | None, as_json: bool, force: bool = False):
     from shardlab.export import to_json
     from shardlab.export.retarget import retarget_line
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     if out:
         from shardlab.safeout import write_text

@@ -6,14 +6,14 @@ and rank: the peak memory of each model under each method, and the largest model
 
 from __future__ import annotations
 
-from shardlab.memory.ladder import METHODS, ladder  # noqa: F401 (re-exported for callers of the CLI module)
+from shardlab.estimate.ladder import METHODS, ladder  # noqa: F401 (re-exported for callers of the CLI module)
 
 
 def cmd_ladder(args, cat):
     from shardlab.cli.common import layout_from_args, resolve_gpu
     from shardlab.errors import ShardlabError
     from shardlab.memory import load_overheads
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_count
 
     if args.model or args.params:

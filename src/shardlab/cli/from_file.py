@@ -112,7 +112,7 @@ def _check_against_model(args, fields: dict, imp) -> None:
 
 
 def import_text(imp) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     rows = [[a, b] for a, b in imp.understood]
     lines = [table(["in the file", "became"], rows, title=f"read as {imp.source} ({imp.framework or 'framework unknown'})",

@@ -165,7 +165,7 @@ def estimate_inference_cmd(args, catalog):
 
 def _estimate_static(args, spec, cluster, prec, engine):
     from shardlab.estimate.inference import estimate_inference, tp_versus_replicas
-    from shardlab.report.table import kv_lines
+    from shardlab.render.table import kv_lines
 
     kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine,
               prefix_hit_rate=args.prefix_hit_rate)
@@ -225,7 +225,7 @@ def plan_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import serve_over_replicas
     from shardlab.planner.space import tp_ok
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     _check_serve_flags(args, plan=True)
     if args.fix or args.objective in ("cost", "memory"):

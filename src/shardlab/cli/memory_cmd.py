@@ -135,7 +135,7 @@ def _hints(rep, args, spec, fw, grad_bytes: int = 0) -> list[str]:
 
 
 def render(rep, hints: list[str] = ()) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_count
 
     lay, w = rep.layout, rep.worst

@@ -41,7 +41,7 @@ def _memory_lines(case) -> list[tuple[str, str]]:
 
 def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.errors import ShardlabError
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
     from shardlab.serving.case import prepare
     from shardlab.serving.limits import limits
     from shardlab.serving.simulate import simulate
@@ -148,7 +148,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     import numpy as np
 
     from shardlab.errors import ShardlabError
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.serving.case import prepare
     from shardlab.serving.simulate import simulate
     from shardlab.serving.steady import arrays, fluid

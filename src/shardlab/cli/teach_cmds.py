@@ -64,7 +64,7 @@ def cmd_explain(args):
 
 
 def _list_topics():
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.teach.params import describe
     from shardlab.teach.registry import topics
 

@@ -23,7 +23,7 @@ def add_validate_args(p) -> None:
 
 def cmd_validate_training(args, catalog):
     from shardlab.errors import ShardlabError
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.validation import compare, load_runs
     from shardlab.validation.report import TARGET_MAX, TARGET_MEAN, TARGET_MIN_RUNS, family_accuracy, family_table, \
         load_folds, loso_comparisons
@@ -81,7 +81,7 @@ def cmd_validate_training(args, catalog):
         "info = reported, outside the target (the run's `assumed` says why: settings not published, or an outlier by its table's own numbers)",
     ])
     if args.plot:
-        from shardlab.report.plots import predicted_vs_measured
+        from shardlab.render.plots import predicted_vs_measured
 
         predicted_vs_measured(docs, args.plot)
         doc["plot"] = args.plot
@@ -106,7 +106,7 @@ def _one_run(args, catalog, runs):
     import shlex
 
     from shardlab.estimate.report import render_estimate
-    from shardlab.report.table import kv_lines
+    from shardlab.render.table import kv_lines
     from shardlab.validation import compare
     from shardlab.validation.replay import estimate_argv, run_model_yaml
     from shardlab.validation.report import load_folds, loso_comparisons
@@ -150,7 +150,7 @@ def cmd_validate(args):
         listing = "validate --inference --json" if getattr(args, "inference", False) else "validate --json"
         raise ShardlabError(f"--run needs a run id (`shardlab {listing}` lists them); drop --run for all runs")
     if getattr(args, "plot", None):                 # fail before a refit of a minute, not after it
-        from shardlab.report.plots import check_picture_path
+        from shardlab.render.plots import check_picture_path
 
         check_picture_path(args.plot)
     if getattr(args, "model_out", None):

@@ -11,7 +11,7 @@ def validate_inference(args):
     import numpy as np
 
     from shardlab.catalog import get_catalog
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.serving.engines import FITTED, get_engine
     from shardlab.serving.rates import RATE_FIELDS, rates_for
     from shardlab.validation.inference import GOALS, load_inference_runs, validate
@@ -132,7 +132,7 @@ def one_inference_run(args):
     import shlex
 
     from shardlab.catalog import get_catalog
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
     from shardlab.validation.inference import load_inference_runs, run_case, run_mode, validate
 
     from shardlab.cli.inference_cmds import finite

@@ -86,7 +86,7 @@ def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_ni
     that reaches it); send/recv crosses one link."""
     import dataclasses
 
-    from shardlab.estimate.hardware import across_nodes_bytes_per_s
+    from shardlab.rates.hardware import across_nodes_bytes_per_s
 
     link = cluster.inter_link if span > 1 else cluster.intra_link
     if span > 1 and op in ("all-reduce", "reduce-scatter", "all-gather", "broadcast"):

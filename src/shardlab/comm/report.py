@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardlab.report.table import kv_lines, table
+from shardlab.render.table import kv_lines, table
 from shardlab.units import fmt_bytes, fmt_time
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.comm.collectives import alpha_beta_time
-from shardlab.estimate.hardware import group_link, ranks_per_node
+from shardlab.rates.hardware import group_link, ranks_per_node
 from shardlab.specs.hardware import Cluster
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.estimate.hardware import gemm_time_s, memory_time_s
+from shardlab.rates.hardware import gemm_time_s, memory_time_s
 from shardlab.flops import forward_flops_per_token
 from shardlab.memory.lora import LoraSpec, adapter_tensors, is_block_linear, nf4_bits_per_weight
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency

@@ -13,8 +13,8 @@ from functools import lru_cache
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.estimate.fp8 import CAST_BYTES_PER_ELEMENT, all_gather_bytes_per_param, fp8_fraction
-from shardlab.estimate.hardware import memory_time_s
+from shardlab.rates.fp8 import CAST_BYTES_PER_ELEMENT, all_gather_bytes_per_param, fp8_fraction
+from shardlab.rates.hardware import memory_time_s
 from shardlab.estimate.offload import offload_time
 from shardlab.memory.fp8 import FP8_COPIES_BYTES
 from shardlab.memory.lora import adapter_param_count, base_weight_bytes

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from shardlab.estimate.hardware import (attention_efficiency, attention_kernel_speed, matmul_curve, memory_efficiency,
+from shardlab.rates.hardware import (attention_efficiency, attention_kernel_speed, matmul_curve, memory_efficiency,
                                        overlap_efficiency)
 from shardlab.estimate.training import TrainingEstimate
 from shardlab.memory.precision import state_bytes
-from shardlab.report.table import table
+from shardlab.render.table import table
 from shardlab.units import fmt_count, fmt_time
 
 

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from shardlab.estimate import comm_time as ct
-from shardlab.estimate.compute import block_step_times, head_times, layer_times
-from shardlab.estimate.hardware import matmul_curve, memory_time_s, overlap_efficiency
+from shardlab.rates.compute import block_step_times, head_times, layer_times
+from shardlab.rates.hardware import matmul_curve, memory_time_s, overlap_efficiency
 from shardlab.estimate.workload import Workload, workload_overheads
 from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.estimate.hardware import matmul_curve
+from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import SCHEDULE_CODES, evaluate
 from shardlab.estimate.workload import Workload, workload_for, workload_memory
 from shardlab.flops import six_psi_d

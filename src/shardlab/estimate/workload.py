@@ -38,7 +38,7 @@ class Workload:
     framework: str = "megatron-lm"
     """Id of the framework profile the mechanisms below come from (specs/framework.py)."""
     kernels: str = "fused"
-    """Memory-bound kernels: 'fused', 'eager' or 'compiled' (estimate/kernels.py derives their bytes)."""
+    """Memory-bound kernels: 'fused', 'eager' or 'compiled' (rates/kernels.py derives their bytes)."""
     fused_loss: bool = False
     """The loss works in place on the logits (framework profile, or the run's own loss kernel)."""
     attention_kernel: str = "flash2"

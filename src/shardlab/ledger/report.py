@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from shardlab.cost.estimate import fmt_rate, fmt_usd
 from shardlab.ledger.model import BudgetSummary, RunRecord
-from shardlab.report.table import table
+from shardlab.render.table import table
 
 
 def _money(x: float | None) -> str:

@@ -85,7 +85,7 @@ def pipeline_doc(res: PipelineResult, times: dict, *, base: PipelineResult | Non
 
 def render_pipeline(res: PipelineResult, doc: dict) -> str:
     """Summary, the closed form next to the simulation, per-stage table, straggler and the grid."""
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
 
     p, m, v = res.stages, res.microbatches, res.vpp
     d = res.durations_s
@@ -131,7 +131,7 @@ def save_timeline(res: PipelineResult, path: str, times: dict, p2p_s: float = 0.
                   slowdown: float = 1.0) -> str:
     """Save the Gantt picture of ``res`` titled with the simulated and the closed-form bubble; returns the path."""
     from shardlab.pipeline.closed_form import bubble_fraction_closed_form
-    from shardlab.report.plots import pipeline_timeline
+    from shardlab.render.plots import pipeline_timeline
 
     p, m, v = res.stages, res.microbatches, res.vpp
     used = res.durations_s                  # the per-pass times the boxes were drawn with (per chunk when v > 1)

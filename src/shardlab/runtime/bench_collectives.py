@@ -147,7 +147,7 @@ def analyse(doc: dict) -> dict:
 
 def render(doc: dict) -> str:
     """nccl-tests-like table (measured, with the fitted time beside it) and the α–β fits."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     n = doc["world_size"]
     rows = [[r["op"], r["size_bytes"], f"{r['time_s'] * 1e6:.1f}",

@@ -221,7 +221,7 @@ def analyse(doc: dict, accelerator) -> dict:
 
 def render(doc: dict) -> str:
     """Measured vs fitted FLOP/s per GEMM, then the fit."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     scale, unit = (1e3, "GFLOP/s") if max(r["tflops"] for r in doc["rows"]) < 1 else (1.0, "TFLOP/s")
     rows = [[r["gemm"], r["hidden"], r["tokens"], f"{r['m']}x{r['k']}x{r['n']}", r["size"],

@@ -272,7 +272,7 @@ def make_profile(mm: dict, coll: dict | None, catalog, *, out: str, link: str | 
     ``collectives_file``: the files the measurements came from (named in errors), None when measured here;
     ``warnings``: caveats of the fits (``bench_files.matmul_fit_warnings``), in the JSON, the text and the profile's header."""
     from shardlab.calibration import AlphaBetaFit, EfficiencyFit
-    from shardlab.report.table import kv_lines
+    from shardlab.render.table import kv_lines
 
     acc = catalog.accelerator(mm["accelerator"])
     base_link = catalog.link(link or acc.system["intra_link"])

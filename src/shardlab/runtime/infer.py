@@ -339,7 +339,7 @@ def plot_speedup(points: list[dict], path: str, model: str, cores: int | None) -
 
 
 def render_infer(doc: dict) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.runtime.observe.report import slowest_line
     from shardlab.units import fmt_bytes, fmt_time
 
@@ -392,7 +392,7 @@ def render_infer(doc: dict) -> str:
 
 
 def render_sweep(doc: dict) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_time
 
     rows = [[p["tp"], fmt_time(p["latency_per_token_s"]), f"{p['speedup']:.2f}×", p["tokens_identical_to_tp1"],

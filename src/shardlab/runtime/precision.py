@@ -155,7 +155,7 @@ def run_precision(req: PrecisionRequest) -> dict:
 
 
 def render_precision(doc: dict) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     pc = lambda x: "-" if x is None else f"{100 * x:.2f}%"  # noqa: E731
     rows = [[r["k"], f"{r['median_abs_grad']:.1e}", pc(r["predicted_fp16_zero"]), pc(r["fp16"]["zero_share"]),

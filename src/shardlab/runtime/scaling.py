@@ -42,7 +42,7 @@ def run_scaling(req, nprocs: tuple[int, ...]) -> dict:
 
 
 def render_scaling(doc: dict) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_time
 
     pc = lambda x: "-" if x is None else f"{100 * x:+.0f}%"  # noqa: E731

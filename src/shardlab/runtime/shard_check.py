@@ -260,7 +260,7 @@ def _derivation_errors(runs: dict, classes: list, rank_class: list) -> list[dict
 
 
 def render(doc: dict) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     lay = doc["layout"]
     mode = "FSDP2 over dp (zero 3)" if lay["zero"] == 3 and lay["dp"] > 1 else "dp replicas (zero 0)"

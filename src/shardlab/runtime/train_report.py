@@ -96,7 +96,7 @@ def step_time_notes(doc: dict) -> list[str]:
 def per_rank_time_table(doc: dict) -> list[str]:
     """The measured per-rank table: where each rank's step went (compute, collectives, waiting for the others;
     they add up to the step) beside its throughput, peak memory and collectives, and where the numbers come from."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_bytes, fmt_time
 
     ranks = doc["ranks"]
@@ -152,7 +152,7 @@ def checkpoint_lines(doc: dict) -> list[str]:
 
 def render_train(doc: dict) -> str:
     """The human report: losses, per-rank measurements, predicted vs measured memory and step time, parity."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_bytes, fmt_time
 
     lay, wl = doc["layout"], doc["workload"]

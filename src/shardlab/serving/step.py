@@ -35,8 +35,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from shardlab.comm.collectives import collective_time
-from shardlab.estimate.compute import layer_times
-from shardlab.estimate.hardware import matmul_curve
+from shardlab.rates.compute import layer_times
+from shardlab.rates.hardware import matmul_curve
 from shardlab.flops import attention_dims, layer_matmuls, linear_params_per_layer
 from shardlab.layout import Layout
 from shardlab.memory.inference import kv_cache_bytes_per_token

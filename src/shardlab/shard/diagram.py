@@ -11,7 +11,7 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
                   elem_bytes: int = 2, ep: int = 1) -> str:
     """A Mermaid flowchart of one sharded block (the MoE block for MoE models): per-rank weight shapes and
     the f/g communication operators between them; with expert parallelism ``ep`` each rank holds E/ep experts."""
-    from shardlab.report.mermaid import edge, flowchart, node
+    from shardlab.render.mermaid import edge, flowchart, node
     from shardlab.units import fmt_bytes
 
     layer = representative_layers(spec)[-1]

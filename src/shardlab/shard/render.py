@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardlab.report.table import table
+from shardlab.render.table import table
 from shardlab.units import fmt_bytes
 
 

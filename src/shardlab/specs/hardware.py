@@ -176,3 +176,10 @@ class Cluster:
     def link_for_group(self, group_span_gpus: int) -> Link:
         """The slowest link a group crosses when its members are ``group_span_gpus`` consecutive ranks apart."""
         return self.intra_link if group_span_gpus <= self.gpus_per_node else self.inter_link
+
+
+def per_node_rate(link: Link, gbit_per_node: float, gpus_per_node: int) -> Link:
+    """``link`` at a stated inter-node rate per node (Gb/s), spread over the node's GPUs."""
+    from dataclasses import replace
+
+    return replace(link, id=f"{link.id}@{gbit_per_node:g}gbit-per-node", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)

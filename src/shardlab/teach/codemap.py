@@ -115,7 +115,7 @@ CODE = {
                              "memory/activations.py: layer_input_bytes (full), layer_activation_bytes (selective)"),
     "pt-ckpt-wrapper": CodeRef("apply checkpointing to chosen modules", PT,
                                "torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py",
-                               "apply_activation_checkpointing, CheckpointImpl", "estimate/compute.py (recompute time)"),
+                               "apply_activation_checkpointing, CheckpointImpl", "rates/compute.py (recompute time)"),
     "meg-recompute": CodeRef("full / selective recomputation", MEG, "megatron/core/transformer/transformer_block.py",
                              "TransformerBlock._checkpointed_forward (recompute_granularity)",
                              "memory/training.py: stage_activation_bytes"),

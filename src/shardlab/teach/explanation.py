@@ -49,7 +49,7 @@ class Explanation:
 
 def render(ex: Explanation, width: int = 110) -> str:
     """The human text: question, numbered derivation, table, plain words, code map, sources, commands."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.teach.codemap import code_refs
     from shardlab.teach.sources import citations
 

@@ -132,7 +132,7 @@ def run_cluster(run: PublishedRun, catalog):
     gpn = c.get("gpus_per_node", acc.system["gpus_per_node"])
     inter = catalog.link(c.get("inter_link", acc.system["inter_link"]))
     if c.get("inter_node_gbit"):
-        from shardlab.cli.common import per_node_rate
+        from shardlab.specs.hardware import per_node_rate
 
         inter = per_node_rate(inter, c["inter_node_gbit"], gpn)
     return Cluster(acc, c["gpus"], gpn, catalog.link(c.get("intra_link", acc.system["intra_link"])), inter)

@@ -83,7 +83,7 @@ def family_accuracy(in_sample: list, loso: list | None) -> list[FamilyAccuracy]:
 
 
 def family_table(in_sample: list, loso: list | None) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     rows = []
     for f in family_accuracy(in_sample, loso):

@@ -21,7 +21,7 @@ STEP_LABELS = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_
 COMM_COLORS = ("#d37295", "#fabfd2", "#499894", "#86bcb6", "#d4a6c8", "#f1ce63")
 """For parts no page knows yet (after STEP_COLORS)."""
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
-"""Same colours as the PNG timeline (report.plots.PASS_COLORS)."""
+"""Same colours as the PNG timeline (render.plots.PASS_COLORS)."""
 GROUP_AXES = (("tp", "TP group", ("TP", "SP")), ("cp", "CP group", ("CP",)), ("dp", "DP group", ("DP", "ZeRO", "FSDP")),
               ("pp", "pipeline peers", ("PP",)), ("ep", "EP group", ("EP",)))
 

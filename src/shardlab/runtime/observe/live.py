@@ -50,7 +50,7 @@ def rank_row(now: Scrape, before: Scrape | None) -> dict:
 
 
 def render(rows: list[dict], title: str) -> str:
-    from shardlab.report.table import table
+    from shardlab.render.table import table
     from shardlab.units import fmt_bytes, fmt_time
 
     t = lambda v: "-" if v is None else fmt_time(v)

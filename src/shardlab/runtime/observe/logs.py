@@ -146,7 +146,7 @@ def checks(facts: dict) -> list[dict]:
 
 def render_startup(facts: dict, found: list[dict]) -> str:
     """The human report of ``shardlab logs``."""
-    from shardlab.report.table import kv_lines, table
+    from shardlab.render.table import kv_lines, table
 
     out = []
     tr, rz = facts["torchrun"], facts["rendezvous"]

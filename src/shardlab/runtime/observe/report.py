@@ -56,7 +56,7 @@ def _t(v) -> str:
 
 def render_observability(doc: dict, unit: str = "step") -> str:
     """Per-rank percentiles and waits, the straggler line, predicted vs measured, where the series went."""
-    from shardlab.report.table import table
+    from shardlab.render.table import table
 
     if not doc.get("ranks"):
         return doc.get("note", "no step records")

@@ -58,7 +58,7 @@ def ddp_buckets(v: dict) -> Explanation:
     """DDP: gradients in 25 MiB buckets all-reduced while backward runs; only what outlasts backward is exposed."""
     from shardlab.comm.inventory import DDP_BUCKET_BYTES, layout_collectives
     from shardlab.estimate import estimate_training
-    from shardlab.estimate.hardware import overlap_efficiency
+    from shardlab.rates.hardware import overlap_efficiency
     from shardlab.layout import Layout
 
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])

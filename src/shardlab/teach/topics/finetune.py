@@ -19,7 +19,7 @@ LABELS = {"full": "full fine-tuning", "lora": "LoRA (bf16 base)", "qlora": "QLoR
 
 def finetune_memory(v: dict) -> Explanation:
     """Weights, gradients, optimizer state and activations of full training, LoRA and QLoRA on one GPU."""
-    from shardlab.memory.ladder import ladder
+    from shardlab.estimate.ladder import ladder
     from shardlab.estimate import estimate_training
     from shardlab.layout import Layout
     from shardlab.memory.lora import LoraSpec, adapter_param_count, nf4_bits_per_weight

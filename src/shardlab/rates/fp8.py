@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from shardlab.estimate.hardware import gemm_time_s, memory_time_s
+from shardlab.rates.hardware import gemm_time_s, memory_time_s
 from shardlab.memory.fp8 import is_fp8_gemm
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
 from shardlab.specs.model import ModelSpec

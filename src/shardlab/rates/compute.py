@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.estimate.hardware import attention_time_s, gemm_time_s, memory_time_s
-from shardlab.estimate.kernels import OPS_PER_BLOCK, block_elementwise_bytes, head_elementwise_bytes
+from shardlab.rates.hardware import attention_time_s, gemm_time_s, memory_time_s
+from shardlab.rates.kernels import OPS_PER_BLOCK, block_elementwise_bytes, head_elementwise_bytes
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import TensorSpec, kv_heads_local, layer_matmuls
@@ -46,10 +46,10 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
                 flash_attention: bool = True, dropout: bool = False, kernels: str = "fused",
                 attention_kernel: str = "flash2", gemm_dtype: str = "") -> dict:
     """Forward times of block ``layer`` for one micro-batch on one rank: 'gemm_s', 'attn_s' (attention
-    core), 'elem_s' (memory-bound, at the ``kernels`` level of estimate/kernels.py), 'gemm_op_recompute_s'
+    core), 'elem_s' (memory-bound, at the ``kernels`` level of rates/kernels.py), 'gemm_op_recompute_s'
     (the matmuls per-op checkpointing re-runs). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear
-    layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``estimate/fp8.py``)."""
-    from shardlab.estimate.fp8 import linear_cast_bytes
+    layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``rates/fp8.py``)."""
+    from shardlab.rates.fp8 import linear_cast_bytes
     from shardlab.memory.fp8 import is_fp8_gemm
 
     peak = acc.peak_flops(dtype)
@@ -107,7 +107,7 @@ def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0) -> dic
     from shardlab.memory.training import recompute_code
 
     fwd = lt["gemm_s"] + lt["attn_s"] + lt["elem_s"]
-    bwd = 2.0 * fwd + lt.get("cast_bwd_s", 0.0)   # FP8: output-gradient casts (estimate/fp8.py)
+    bwd = 2.0 * fwd + lt.get("cast_bwd_s", 0.0)   # FP8: output-gradient casts (rates/fp8.py)
     fwd = fwd + lt.get("cast_fwd_s", 0.0)         # FP8: input casts
     code = np.asarray(recompute_code(recompute))
     rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"],
