@@ -9,7 +9,7 @@ import os
 
 from shardlab.cli.common import add_estimate_args, add_output_args, positive_int
 
-TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot")
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot", "shardlab")
 EXAMPLES = """examples:
   shardlab plan --json > plan.json && shardlab export --to torchtitan --plan plan.json --out job.toml
   shardlab export --to megatron llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --global-batch 512 --out run.sh
@@ -40,7 +40,10 @@ def register(sub) -> None:
     add_assumption_args(p)
     add_inference_args(p)
     add_output_args(p)
-    p.set_defaults(func=cmd_export)
+    from shardlab.cli.from_file import add_from_arg, with_from
+
+    add_from_arg(p)                      # a shardlab job file (or a framework's) as FILE or --from FILE
+    p.set_defaults(func=with_from(p, cmd_export))
 
 
 def add_export_file_args(g, default_out: str = "print it") -> None:
@@ -232,6 +235,9 @@ def add_plan_export_args(p) -> None:
     g = p.add_argument_group("export the winner")
     g.add_argument("--export", choices=TARGETS, default=None, metavar="TARGET",
                    help=f"write the best plan as a framework file ({', '.join(TARGETS)})")
+    g.add_argument("--save", default=None, metavar="FILE",
+                   help="write the best plan as a shardlab job file (= --export shardlab --out FILE); "
+                        "`shardlab estimate FILE` gives its step time back")
     add_export_file_args(g, "the file name the export gives, in the current directory; an existing file there is "
                             "never replaced")
 
@@ -240,6 +246,13 @@ def with_export(fn):
     """Wrap `plan`'s handler: with --export, write the winner's file and add it to the output."""
 
     def handler(args):
+        if getattr(args, "save", None):
+            from shardlab.errors import ShardlabError
+
+            if args.export not in (None, "shardlab") or (args.out and args.out != args.save):
+                raise ShardlabError("--save FILE writes a shardlab job file; drop --export/--out, or use --export "
+                                    "TARGET --out FILE for a framework's file")
+            args.export, args.out = "shardlab", args.save
         if not getattr(args, "export", None) and (getattr(args, "out", None) or getattr(args, "launch", None)):
             from shardlab.errors import ShardlabError
 

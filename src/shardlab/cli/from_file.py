@@ -7,8 +7,59 @@ from __future__ import annotations
 
 def add_from_arg(p) -> None:
     p.add_argument("--from", dest="from_file", metavar="FILE", default=None,
-                   help="read the layout from a framework file (torchtitan TOML, DeepSpeed JSON, Accelerate YAML, "
-                        "Megatron-LM arguments, vllm serve line, Slurm or SkyPilot script)")
+                   help="read the job from a file: a shardlab job file (also accepted as the first argument), a "
+                        "torchtitan TOML, DeepSpeed JSON, Accelerate YAML, Megatron-LM arguments, vllm serve line, "
+                        "Slurm or SkyPilot script")
+    p.add_argument("--set", dest="set_fields", action="append", default=None, metavar="KEY=VALUE",
+                   help="with a job file: override one of its fields (layout.tp=4, workload.global_batch=512; "
+                        "repeatable)")
+
+
+def apply_sets(imp, sets: list[str] | None) -> None:
+    """--set section.key=value (or key=value) over the fields a file gave; the value is read as TOML (a number, true,
+    a string), and a key the job file does not have is refused naming the keys it has."""
+    import tomllib
+
+    from shardlab.errors import ShardlabError
+    from shardlab.export.shardlab import SECTIONS
+
+    known = {k for sec, keys in SECTIONS.items() if sec not in ("shardlab", "estimate") for k in keys}
+    for item in sets or ():
+        key, eq, raw = item.partition("=")
+        name = key.strip().rpartition(".")[2]
+        if not eq or not name:
+            raise ShardlabError(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. layout.tp=4")
+        if name not in known or name in ("format", "version"):
+            raise ShardlabError(f"--set {key}: a job file has no field '{name}'; fields: {', '.join(sorted(known))}")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        name = {"kv_cache_dtype": "kv_cache", "name": "model" if key.startswith("model") else "framework"}.get(name, name)
+        if name == "framework":
+            imp = imp.__class__(imp.source, imp.fields, imp.understood, imp.ignored, str(value))
+        imp.fields[name] = tuple(value) if name == "stage_layers" and isinstance(value, list) else value
+    return imp
+
+
+def job_file_argument(args) -> None:
+    """A shardlab job file given as the command's first argument (MODEL) is read as --from FILE."""
+    import os
+
+    model = getattr(args, "model", None)
+    if getattr(args, "from_file", None) or not isinstance(model, str) or not model.lower().endswith(".toml"):
+        return
+    try:
+        if not os.path.isfile(model):
+            return
+        with open(model, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return
+    from shardlab.export.shardlab import is_job_text
+
+    if is_job_text(head):
+        args.from_file, args.model = model, None
 
 
 ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero": "zero",
@@ -16,7 +67,9 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
-          "weights": "weights", "kv_cache": "kv_cache_dtype"}
+          "weights": "weights", "kv_cache": "kv_cache_dtype", "optimizer": "optimizer",
+          "recompute_fraction": "recompute_fraction", "wrap": "wrap", "dp_replicate": "dp_replicate",
+          "replicas": "replicas"}
 GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
@@ -146,12 +199,17 @@ def with_from(parser, fn):
     """Wrap a handler (estimate, memory, plan): with --from FILE, fill the flags from the file first."""
 
     def handler(args):
+        job_file_argument(args)
         if not getattr(args, "from_file", None):
+            if getattr(args, "set_fields", None):
+                from shardlab.errors import ShardlabError
+
+                raise ShardlabError("--set overrides a field of a job file: give the file (FILE or --from FILE)")
             return fn(args)
         from shardlab.catalog import get_catalog
         from shardlab.export import read_file
 
-        imp = read_file(args.from_file, get_catalog(args.catalog))
+        imp = apply_sets(read_file(args.from_file, get_catalog(args.catalog)), getattr(args, "set_fields", None))
         apply_import(args, imp, parser)
         doc, text = fn(args)
         doc["imported"] = imp.to_dict()

@@ -22,7 +22,7 @@ from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, Refused
 from shardlab.export.text import FieldError, FileError
 
-TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot")
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot", "shardlab")
 LAUNCHERS = ("slurm", "skypilot")
 
 
@@ -50,6 +50,10 @@ def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Expor
 def sniff(text: str) -> str:
     """Which target's file ``text`` is."""
     s = text.lstrip()
+    from shardlab.export.shardlab import is_job_text
+
+    if is_job_text(text):
+        return "shardlab"
     if "#SBATCH" in text:
         return "slurm"
     if s.startswith("{"):
@@ -76,8 +80,9 @@ def sniff(text: str) -> str:
         return "torchtitan"
     if "pretrain_gpt.py" in text or "--tensor-model-parallel-size" in text or "--num-layers" in text:
         return "megatron"
-    raise ShardlabError("cannot tell what this file is: shardlab reads a torchtitan TOML, a DeepSpeed JSON, an "
-                        "Accelerate YAML, Megatron-LM arguments, a vllm serve line, a Slurm script or a SkyPilot YAML")
+    raise ShardlabError("cannot tell what this file is: shardlab reads its own job TOML, a torchtitan TOML, a DeepSpeed "
+                        "JSON, an Accelerate YAML, Megatron-LM arguments, a vllm serve line, a Slurm script or a "
+                        "SkyPilot YAML")
 
 
 FIELD_NAMES = {
@@ -113,6 +118,12 @@ FIELD_NAMES = {
              "gpu_memory_utilization": "--gpu-memory-utilization", "model": "the model vllm serves"},
     "slurm": {"gpus": "#SBATCH --nodes × --gpus-per-node", "gpus_per_node": "#SBATCH --gpus-per-node"},
     "skypilot": {"gpus": "num_nodes × resources.accelerators", "gpus_per_node": "resources.accelerators"},
+    "shardlab": {"model": "[model] name", "gpus": "[cluster] gpus", "gpus_per_node": "[cluster] gpus_per_node",
+                 "gpu": "[cluster] gpu", **{k: f"[layout] {k}" for k in ("dp", "tp", "pp", "cp", "ep", "zero", "vpp",
+                                                                       "micro_batch", "stage_layers", "schedule")},
+                 "seq_len": "[workload] seq_len", "global_batch": "[workload] global_batch",
+                 "max_num_seqs": "[serve] max_num_seqs", "prompt_len": "[serve] prompt_len",
+                 "output_len": "[serve] output_len", "replicas": "[serve] replicas"},
 }
 """What each target's file calls the job fields its reader fills: errors about a value read from a file name the
 file's own field, never a shardlab flag the user did not give."""

@@ -130,7 +130,9 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
         return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
                          gpus_per_node=gpn, framework="vllm", serve=serve,
                          notes={"step_time_s": None, **price_notes(catalog, acc.id)})
-    lay = {k: v for k, v in p["layout"].items() if k in LAYOUT_FIELDS}
+    from dataclasses import fields as dc_fields
+
+    lay = {k: v for k, v in p["layout"].items() if k in {f.name for f in dc_fields(Layout)}}   # every field: no loss
     if lay.get("stage_layers"):
         lay["stage_layers"] = tuple(lay["stage_layers"])
     wl = doc["workload"]

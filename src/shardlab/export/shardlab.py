@@ -1,0 +1,124 @@
+"""shardlab's own job file: one TOML holding a job's model, cluster, layout, workload and framework (or serving
+engine settings), written by ``plan --save FILE`` (or ``--export shardlab``) and read by ``estimate``, ``memory``,
+``plan`` and ``export`` as their first argument (or ``--from FILE``); ``--set section.key=value`` overrides a field.
+
+Every field of the job is written, so the file reproduces what it was written from: the winner's step time comes
+back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
+  [shardlab]  format = "job", version = 1
+  [model]     name
+  [cluster]   gpu, gpus, gpus_per_node
+  [layout]    dp tp pp cp ep zero vpp micro_batch recompute recompute_fraction wrap dp_replicate sequence_parallel
+              schedule stage_layers
+  [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes
+  [framework] name (a training framework or the serving engine)
+  [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs)
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+from shardlab.errors import ShardlabError
+from shardlab.export.job import Export, Imported, LaunchJob
+from shardlab.export.text import toml_dump
+
+CHECKED = "Python's tomllib (shardlab's own reader, export/shardlab.py)"
+VERSION = 1
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "micro_batch", "recompute", "recompute_fraction", "wrap",
+               "dp_replicate", "sequence_parallel", "schedule", "stage_layers")
+WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes")
+SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights")
+SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),
+            "layout": LAYOUT_KEYS, "workload": WORKLOAD_KEYS, "framework": ("name",), "serve": SERVE_KEYS,
+            "estimate": ()}
+"""The keys each section may hold ([estimate] carries the writer's figures, for reading, not read back)."""
+
+
+def is_job_text(text: str) -> bool:
+    """A shardlab job file opens a [shardlab] table saying format = "job"."""
+    return "[shardlab]" in text and "format" in text
+
+
+def render(job: LaunchJob, spec=None) -> Export:
+    lay = job.layout.to_dict()
+    doc: dict = {"shardlab": {"format": "job", "version": VERSION}, "model": {"name": job.model},
+                 "cluster": {"gpu": job.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus_per_node},
+                 "layout": {k: (list(lay[k]) if k == "stage_layers" else lay[k]) for k in LAYOUT_KEYS
+                            if lay.get(k) is not None},
+                 "workload": {"seq_len": job.seq_len, "global_batch": job.global_batch, "precision": job.precision,
+                              "optimizer": job.optimizer, "dropout": job.dropout}}
+    if job.grad_reduce_bytes is not None:
+        doc["workload"]["grad_reduce_bytes"] = job.grad_reduce_bytes
+    if job.framework:
+        doc["framework"] = {"name": job.framework}
+    if job.serve is not None:
+        sv = job.serve
+        doc["serve"] = {k: getattr(sv, k) for k in SERVE_KEYS}
+        del doc["workload"]
+    est = {k: v for k, v in job.notes.items() if k in ("step_time_s", "usd_per_hour") and isinstance(v, (int, float))}
+    if est:
+        doc["estimate"] = est
+    head = ["shardlab job file: `shardlab estimate FILE`, `shardlab memory FILE`, `shardlab plan FILE`,",
+            "`shardlab export FILE --to TARGET`; override a field with --set section.key=value (docs/job-file.md)"]
+    name = f"{job.model.replace('/', '_')}.job.toml"
+    return Export("shardlab", "shardlab job TOML", name, toml_dump(doc, head), CHECKED,
+                  launch=f"shardlab estimate {name}")
+
+
+def _check_keys(doc: dict) -> None:
+    for sec, body in doc.items():
+        if sec not in SECTIONS:
+            raise ShardlabError(f"unknown section [{sec}]; a job file has {', '.join('[' + s + ']' for s in SECTIONS)}")
+        if not isinstance(body, dict):
+            raise ShardlabError(f"[{sec}] must be a table of keys")
+        extra = [k for k in body if k not in SECTIONS[sec] and sec != "estimate"]
+        if extra:
+            raise ShardlabError(f"[{sec}] has no key '{extra[0]}'; it takes {', '.join(SECTIONS[sec])}")
+
+
+def fields_of(doc: dict) -> tuple[dict, str | None]:
+    """(importer fields, framework) of a parsed job file."""
+    head = doc.get("shardlab")
+    if not isinstance(head, dict) or head.get("format") != "job":
+        raise ShardlabError('not a shardlab job file: it needs a [shardlab] table with format = "job"')
+    if head.get("version") != VERSION:
+        raise ShardlabError(f"[shardlab] version {head.get('version')!r}: this shardlab reads version {VERSION}")
+    _check_keys(doc)
+    f: dict = {}
+    if "name" in doc.get("model", {}):
+        f["model"] = doc["model"]["name"]
+    cl = doc.get("cluster", {})
+    for k in ("gpu", "gpus_per_node"):
+        if k in cl:
+            f[k] = cl[k]
+    lay = doc.get("layout", {})
+    for k in LAYOUT_KEYS:
+        if k in lay:
+            f[k] = tuple(lay[k]) if k == "stage_layers" and isinstance(lay[k], list) else lay[k]
+    wl = doc.get("workload", {})
+    for k in WORKLOAD_KEYS:
+        if k in wl:
+            f[k] = wl[k]
+    if "serve" in doc:
+        sv = doc["serve"]
+        f.update({k: sv[k] for k in SERVE_KEYS if k in sv})
+        if "kv_cache_dtype" in f:
+            kv = f.pop("kv_cache_dtype")
+            if kv != "auto":                          # auto: the model's dtype, the estimate's own default
+                f["kv_cache"] = kv
+    elif "gpus" in cl:
+        f["gpus"] = cl["gpus"]
+    fw = doc.get("framework", {}).get("name")
+    return f, fw if isinstance(fw, str) else None
+
+
+def read(text: str, catalog=None) -> Imported:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ShardlabError(f"not valid TOML ({str(e)[:120]}); fix the file") from None
+    f, fw = fields_of(doc)
+    named = {("model", "name"): "model", ("framework", "name"): "framework", ("serve", "max_num_seqs"): "batch"}
+    und = tuple((f"[{sec}] {k} = {v}", named.get((sec, k), k)) for sec, body in doc.items()
+                if sec in SECTIONS and sec not in ("shardlab", "estimate") for k, v in body.items())
+    return Imported("shardlab", f, und, (), fw)

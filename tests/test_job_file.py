@@ -1,0 +1,68 @@
+"""shardlab's job file: plan --save writes the winner, every command reads it as its first argument, --set overrides a
+field, and bad files or keys are one line (exit 2)."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "--save", "job.toml", "--json")
+    assert code == 0, err
+    return tmp_path / "job.toml", json.loads(out)
+
+
+def test_plan_save_then_estimate_gives_the_winners_step_time(job):
+    path, plan = job
+    text = path.read_text()
+    assert text.startswith("# shardlab job file") and "[layout]" in text and 'format = "job"' in text
+    code, out, err = cli_main("estimate", str(path), "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["step_time_s"] == pytest.approx(plan["plans"][0]["step_time_s"], rel=1e-12)
+    assert est["layout"] == {**est["layout"], **{k: v for k, v in plan["plans"][0]["layout"].items()
+                                                 if k in ("dp", "tp", "pp", "cp", "zero", "micro_batch")}}
+    assert plan["export"]["target"] == "shardlab"
+
+
+def test_every_command_reads_it_and_set_overrides(job):
+    path, plan = job
+    for argv in (["memory", str(path)], ["plan", str(path)], ["export", str(path), "--to", "megatron"]):
+        code, out, err = cli_main(*argv)
+        assert code == 0 and "read as shardlab" in out, (argv, err)
+    code, out, err = cli_main("estimate", str(path), "--set", "layout.tp=4", "--set", "layout.dp=1", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["layout"]["tp"] == 4 and d["layout"]["dp"] == 1
+    assert d["step_time_s"] != pytest.approx(plan["plans"][0]["step_time_s"])
+
+
+def test_bad_keys_and_files_are_one_line(job, tmp_path):
+    path, _ = job
+    code, _, err = cli_main("estimate", str(path), "--set", "layout.tpp=4")
+    assert code == 2 and "no field 'tpp'" in err and "\n" not in err.strip()
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--set", "layout.tp=2")
+    assert code == 2 and "give the file" in err
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text().replace("[layout]", "[layout]\ntensor = 3"))
+    code, _, err = cli_main("estimate", "--from", str(bad))
+    assert code == 2 and "[layout] has no key 'tensor'" in err
+    bad.write_text(path.read_text().replace("version = 1", "version = 9"))
+    code, _, err = cli_main("estimate", "--from", str(bad))
+    assert code == 2 and "version 9" in err
+
+
+def test_a_serving_plan_saves_its_engine_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "1000",
+                            "--output-len", "200", "--ttft-slo", "1", "--tpot-slo", "0.05", "--save", "serve.toml")
+    assert code == 0, err
+    text = (tmp_path / "serve.toml").read_text()
+    assert "[serve]" in text and 'name = "vllm"' in text and "[workload]" not in text
+    code, out, err = cli_main("estimate", "serve.toml", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["engine"] == "vllm" and d["batch"] == 1024 and d["tp"] == 1 and d["prompt_len"] == 1000
