@@ -179,13 +179,14 @@ def test_the_readme_catalog_example_adds_a_gpu_a_link_and_a_price():
 def test_help_describes_what_each_command_does_with_shared_flags():
     """--params only where a bare count works; plan's help gives plan's defaults and names estimate-only flags."""
     for cmd in (["estimate"], ["plan"], ["cost"], ["comm", "plan"]):
-        code, out, _ = cli_main(*cmd, "--help")
+        code, out, _ = cli_main(*cmd, "--help-all")
         assert code == 0 and "--params" not in out
-    code, out, _ = cli_main("memory", "--help")
+    code, out, _ = cli_main("memory", "--help-all")
     assert "--params" in out and "--framework deepspeed   # the ZeRO paper's worked example (16.64 GB)" in out
     code, out, _ = cli_main("plan", "--help")
     flat = " ".join(out.split())
     assert "GPUs to plan for (default 64" in flat and "default: 4M tokens per step" in flat
+    flat = " ".join(cli_main("plan", "--help-all")[1].split())
     assert "--dp DP estimate only" in flat and "--wrap POLICY estimate only" in flat
     code, out, _ = cli_main("report", "--help")
     assert "data-parallel degree" in " ".join(out.split())

@@ -50,3 +50,36 @@ def test_the_counts_the_structure_issue_names():
 if __name__ == "__main__" and "--write" in sys.argv:
     SURFACE.write_text(json.dumps(surface(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {SURFACE}")
+
+
+def test_help_shows_at_most_30_options_and_help_all_shows_every_one():
+    import argparse
+
+    from shardlab.cli import build_parser
+    from shardlab.cli.help import COMMON, shown_options
+
+    def walk(parser, path=""):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, p in a.choices.items():
+                    yield from walk(p, f"{path} {name}".strip())
+        if path:
+            yield path, parser
+    seen = dict(walk(build_parser()))
+    for path, parser in seen.items():
+        shown = shown_options(parser)
+        assert len(shown) <= 30, (path, len(shown))
+        assert len(shown_options(parser, all_flags=True)) == len([a for a in parser._actions if a.option_strings
+                                                                   and a.help is not argparse.SUPPRESS])
+    for path, flags in COMMON.items():
+        have = set(seen[path]._option_string_actions)
+        assert set(flags) <= have, (path, sorted(set(flags) - have))
+
+
+def test_help_text_names_the_rest(capsys):
+    from conftest import cli_main
+
+    code, out, _ = cli_main("plan", "--help")
+    assert code == 0 and "more options: `shardlab plan --help-all`" in out and "--stage-layers" not in out
+    code, out, _ = cli_main("plan", "--help-all")
+    assert code == 0 and "--stage-layers" in out and "more options" not in out

@@ -66,6 +66,16 @@ class _Parser(argparse.ArgumentParser):
             parser = subs[0].choices[word]
         return parser.prog
 
+    def format_help(self) -> str:
+        from shardlab.cli.help import format_help
+
+        return format_help(self)
+
+    def print_help(self, file=None, all_flags: bool = False) -> None:
+        from shardlab.cli.help import format_help
+
+        self._print_message(format_help(self, all_flags), file or sys.stdout)
+
     def error(self, message: str):  # noqa: D401
         prog = self._deepest_prog() if message.startswith("unrecognized arguments") else self.prog
         line = f"{one_line(message)} (see `{prog} --help`)"
@@ -150,6 +160,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             raise
         mod.register(sub)
     _add_wide(parser)
+    from shardlab.cli.help import install
+
+    install(parser)
     return parser
 
 
