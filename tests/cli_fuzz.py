@@ -463,7 +463,7 @@ def recipes(files: Files) -> dict[tuple[str, ...], st.SearchStrategy[list[str]]]
                                       ["--ledger", str(files.ledger_bad)]]),
         ("calibrate",): st.tuples(bench_file(files), bench_file(files)).map(
             lambda fs: ["--out", files.output(".yaml"), "--from-matmul", fs[0], "--from-collectives", fs[1]]),
-        ("shard-check",): st.sampled_from([["llama-3.1-8b", "--fsdp", "8"], ["tiny", "--world-size", "4", "--tp", "2"]]),
+        ("shard-check",): st.sampled_from([["llama-3.1-8b", "--fsdp", "8"], ["tiny", "--gpus", "4", "--tp", "2"]]),
         ("pipeline",): st.sampled_from([["--stages", "4", "--microbatches", "8"], ["--schedule", "interleaved", "--stages", "4",
                                         "--microbatches", "8"], ["--schedule", "zb-h1", "--max-bubble", "0.1"]]),
     }

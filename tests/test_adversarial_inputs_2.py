@@ -108,7 +108,7 @@ def test_run_train_checks_before_launch(tmp_path, no_launch, extra, fragment):
     pytest.importorskip("torch")
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"\xff\xfe\x00binary")
-    args = ["run", "train", "--strategy", "ddp", "--nproc", "2"] + [a.replace("{garbage}", str(garbage)) for a in extra]
+    args = ["run", "train", "--strategy", "ddp", "--nproc-per-node", "2"] + [a.replace("{garbage}", str(garbage)) for a in extra]
     try:
         one_line_error(args, fragment)
     except no_launch:
@@ -118,7 +118,7 @@ def test_run_train_checks_before_launch(tmp_path, no_launch, extra, fragment):
 def test_run_train_good_profile_and_host_still_reach_the_launch(tmp_path, no_launch):
     pytest.importorskip("torch")
     with pytest.raises(no_launch):
-        cli_main("run", "train", "--strategy", "ddp", "--nproc", "2", "--predict-gpu", "a100-80gb",
+        cli_main("run", "train", "--strategy", "ddp", "--nproc-per-node", "2", "--predict-gpu", "a100-80gb",
                  "--metrics-host", "127.0.0.1", "--tensorboard", str(tmp_path / "tb"))
 
 

@@ -83,3 +83,25 @@ def test_help_text_names_the_rest(capsys):
     assert code == 0 and "more options: `shardlab plan --help-all`" in out and "--stage-layers" not in out
     code, out, _ = cli_main("plan", "--help-all")
     assert code == 0 and "--stage-layers" in out and "more options" not in out
+
+
+def test_one_name_per_concept_old_spellings_still_work_with_a_note():
+    """--gpus for a GPU count, --nproc-per-node for ranks per node, --nodes for nodes, --engine for the serving engine;
+    the old spellings parse to the same field and print one note on stderr."""
+    from conftest import cli_main
+    from shardlab.cli import build_parser
+
+    p = build_parser()
+    new = p.parse_args(["run", "train", "--nproc-per-node", "3", "--nodes", "2"])
+    assert (new.nproc, new.nnodes) == (3, "2")
+    assert p.parse_args(["shard-check", "tiny", "--gpus", "4"]).world_size == 4
+    code, out, err = cli_main("comm", "all-reduce", "--size", "1MiB", "--ranks", "8", "--json")
+    assert code == 0 and json.loads(out)["ranks"] == 8 and "--ranks is an old spelling; use --gpus" in err
+    code, out, err = cli_main("comm", "all-reduce", "--size", "1MiB", "--gpus", "8", "--json")
+    assert code == 0 and json.loads(out)["ranks"] == 8 and err == ""
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--framework", "sglang", "--json")
+    assert code == 0 and json.loads(out)["engine"] == "sglang" and "use --engine" in err
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--engine", "sglang", "--json")
+    assert code == 0 and json.loads(out)["engine"] == "sglang" and err == ""
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--engine", "sglang", "--framework", "vllm")
+    assert code == 2 and "name two engines" in err

@@ -16,32 +16,32 @@ def jdoc(*args):
 
 
 def test_comm_op_json_contract():
-    d = jdoc("comm", "all-reduce", "--size", "256MiB", "--ranks", "8", "--link", "nvlink4")
+    d = jdoc("comm", "all-reduce", "--size", "256MiB", "--gpus", "8", "--link", "nvlink4")
     for k in ("time_s", "algbw_gbps", "busbw_gbps", "regime", "crossover_bytes"):
         assert k in d
     assert d["size_bytes"] == 256 * 2**20 and d["regime"] == "bandwidth"
     assert d["busbw_gbps"] == pytest.approx(d["algbw_gbps"] * 1.75)
-    d = jdoc("comm", "all-reduce", "--size", "8KB", "--ranks", "2", "--link", "ethernet-10g")
+    d = jdoc("comm", "all-reduce", "--size", "8KB", "--gpus", "2", "--link", "ethernet-10g")
     assert d["size_bytes"] == 8000 and d["regime"] == "latency"
-    d = jdoc("comm", "all-gather", "--size", "1GiB", "--ranks", "64", "--nodes", "8", "--link", "ib-ndr")
+    d = jdoc("comm", "all-gather", "--size", "1GiB", "--gpus", "64", "--nodes", "8", "--link", "ib-ndr")
     assert d["algorithm"].startswith("hierarchical") and len(d["phases"]) == 2
 
 
 def test_comm_human_output_shows_the_formula():
-    code, out, _ = cli_main("comm", "reduce-scatter", "--size", "64MiB", "--ranks", "4", "--link", "pcie5", "--algorithm", "ring")
+    code, out, _ = cli_main("comm", "reduce-scatter", "--size", "64MiB", "--gpus", "4", "--link", "pcie5", "--algorithm", "ring")
     assert code == 0
     assert "(n−1)·α + (n−1)/n·S/β" in out and "busbw" in out and "nccl-tests" in out and "bandwidth-bound" in out
 
 
 def test_sweep_table_and_pictures(tmp_path):
-    d = jdoc("comm", "all-reduce", "--sweep", "--ranks", "8", "--link", "nvlink4,ib-ndr")
+    d = jdoc("comm", "all-reduce", "--sweep", "--gpus", "8", "--link", "nvlink4,ib-ndr")
     assert [s["link"] for s in d["sweep"]] == ["nvlink4", "ib-ndr"]
     rows = d["sweep"][0]
     assert rows["sizes_bytes"][0] == 1 and rows["sizes_bytes"][-1] == 2**30 and len(rows["time_s"]) == 31
     assert rows["regime"][0] == "latency" and rows["regime"][-1] == "bandwidth"
     for suffix in ("png", "svg"):
         f = tmp_path / f"sweep.{suffix}"
-        code, out, err = cli_main("comm", "all-to-all", "--sweep", "--ranks", "8", "--link", "nvlink4,ethernet-100g",
+        code, out, err = cli_main("comm", "all-to-all", "--sweep", "--gpus", "8", "--link", "nvlink4,ethernet-100g",
                                   "--plot", str(f))
         assert code == 0, err
         assert f.exists() and str(f) in out
@@ -103,15 +103,15 @@ def test_pipeline_text_grid_and_plot(tmp_path):
 
 
 BAD = [
-    (["comm", "all-reduce", "--size", "1MiB", "--ranks", "8", "--link", "nvlnk4"], "did you mean nvlink4"),
-    (["comm", "all-reduce", "--size", "1MiB", "--ranks", "0"], "positive"),
-    (["comm", "all-reduce", "--size", "1MiB", "--ranks", "1"], "2 or more"),
-    (["comm", "all-reduce", "--size", "12XB", "--ranks", "8"], "unknown unit"),
-    (["comm", "all-reduce", "--size", "lots", "--ranks", "8"], "cannot parse"),
-    (["comm", "all-reduce", "--ranks", "8"], "--size is required"),
-    (["comm", "all-reduce", "--size", "1MiB", "--ranks", "16", "--nodes", "2", "--link", "nvlink4"], "inside a node"),
-    (["comm", "all-reduce", "--size", "1MiB", "--ranks", "12", "--nodes", "5", "--link", "ib-ndr"], "multiple of 5"),
-    (["comm", "all-reduce", "--sweep", "--ranks", "8", "--plot", "x.jpg"], ".png or .svg"),
+    (["comm", "all-reduce", "--size", "1MiB", "--gpus", "8", "--link", "nvlnk4"], "did you mean nvlink4"),
+    (["comm", "all-reduce", "--size", "1MiB", "--gpus", "0"], "positive"),
+    (["comm", "all-reduce", "--size", "1MiB", "--gpus", "1"], "2 or more"),
+    (["comm", "all-reduce", "--size", "12XB", "--gpus", "8"], "unknown unit"),
+    (["comm", "all-reduce", "--size", "lots", "--gpus", "8"], "cannot parse"),
+    (["comm", "all-reduce", "--gpus", "8"], "--size is required"),
+    (["comm", "all-reduce", "--size", "1MiB", "--gpus", "16", "--nodes", "2", "--link", "nvlink4"], "inside a node"),
+    (["comm", "all-reduce", "--size", "1MiB", "--gpus", "12", "--nodes", "5", "--link", "ib-ndr"], "multiple of 5"),
+    (["comm", "all-reduce", "--sweep", "--gpus", "8", "--plot", "x.jpg"], ".png or .svg"),
     (["comm", "plan", "llama-2-7b", "--gpus", "8", "--tp", "3"], "not divisible"),
     (["pipeline", "--schedule", "interleaved", "--stages", "8", "--microbatches", "4"], "≥ --stages"),
     (["pipeline", "--schedule", "1f1b", "--stages", "4", "--vpp", "2"], "interleaved schedule only"),
@@ -143,11 +143,11 @@ def test_a_hierarchical_sweep_names_both_links_and_its_own_asymptote():
 
     from conftest import cli_main
 
-    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--ranks", "64", "--nodes", "8", "--link", "ib-ndr", "--json")
+    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--gpus", "64", "--nodes", "8", "--link", "ib-ndr", "--json")
     s = json.loads(out)["sweep"][0]
     assert code == 0 and s["label"] == "ib-ndr between nodes + nvlink4 inside"
     assert s["beta_gbps"] == s["busbw_gbps"][-1] > 47 and "hierarchical" in s["beta_from"]
-    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--ranks", "2", "--nodes", "2", "--link", "ib-ndr", "--json")
+    code, out, err = cli_main("comm", "all-reduce", "--sweep", "--gpus", "2", "--nodes", "2", "--link", "ib-ndr", "--json")
     s = json.loads(out)["sweep"][0]
     assert s["label"] == "ib-ndr" and s["beta_from"] == "the link's line rate × efficiency"     # one rank per node
 

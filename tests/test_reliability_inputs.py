@@ -26,18 +26,18 @@ def one_line_error(args, *fragments):
     (["cost", "--gpus", "1e400", "--hours", "1", "--price", "1"], "--gpus"),
     (["memory", "--params", "nan"], "--params must be a finite number"),
     (["estimate", "llama-3.1-8b", "--gpus", "8", "--tokens", "inf"], "--tokens must be a finite number"),
-    (["comm", "all-reduce", "--size", "1e400", "--ranks", "8"], "--size"),
+    (["comm", "all-reduce", "--size", "1e400", "--gpus", "8"], "--size"),
     (["pipeline", "--forward-s", "inf"], "--forward-s: must be a finite number"),
     (["plan", "--global-batch", "1e308"], "--global-batch"),
     (["shard", "--seq-len", "1e308"], "--seq-len"),
     (["cost", "--price", "inf", "--gpus", "1", "--hours", "1"], "--price: must be a finite number"),
     (["guard", "--hours", "inf", "--ceiling", "inf", "--budget-name", "x", "--gpus", "1", "--price", "1", "--", "true"],
      "--hours: must be a finite number"),
-    (["comm", "all-reduce", "--size", "1MB", "--ranks", "8", "--link", ","], "--link ','"),
-    (["run", "train", "--nnodes", "0"], "--nnodes"),
-    (["run", "train", "--nnodes", "x"], "--nnodes"),
-    (["run", "train", "--nnodes", "2:1"], "MIN 2 is above MAX 1"),
-    (["run", "train", "--node-rank", "3", "--nnodes", "2"], "--node-rank 3 is outside 0..1"),
+    (["comm", "all-reduce", "--size", "1MB", "--gpus", "8", "--link", ","], "--link ','"),
+    (["run", "train", "--nodes", "0"], "--nodes"),
+    (["run", "train", "--nodes", "x"], "--nodes"),
+    (["run", "train", "--nodes", "2:1"], "MIN 2 is above MAX 1"),
+    (["run", "train", "--node-rank", "3", "--nodes", "2"], "--node-rank 3 is outside 0..1"),
     (["run", "train", "--rdzv-endpoint", "host:99999"], "HOST:PORT"),
     (["estimate", "llama-3.1-8b", "--gpus", "8", "--tokens", "0.4"], "rounds to zero"),
     (["memory", "--params", "1e308"], "above the limit"),
@@ -207,7 +207,7 @@ def test_number_parser_rules():
 
 
 def test_one_line_even_when_the_input_has_newlines():
-    err = one_line_error(["comm", "all-reduce", "--ranks", "a\nb", "--size", "1MB"], "a\\nb")
+    err = one_line_error(["comm", "all-reduce", "--gpus", "a\nb", "--size", "1MB"], "a\\nb")
     assert "\n" not in err.strip()
 
 
@@ -413,12 +413,12 @@ def test_errors_under_json_are_one_document_on_stdout_too(args, fragment):
 
 def test_a_bad_catalog_is_refused_by_commands_that_read_none():
     # bench collectives prices nothing from the catalog; a broken --catalog still gets its one line, before launch
-    one_line_error(["bench", "collectives", "--nproc", "2", "--catalog", "/dev/zero"], "character device")
+    one_line_error(["bench", "collectives", "--nproc-per-node", "2", "--catalog", "/dev/zero"], "character device")
     one_line_error(["run", "train", "--timeout", "99999999"], "99,999,999", "604,800 (a week)")
 
 
 def test_an_unknown_flag_points_to_its_subcommands_help():
-    one_line_error(["run", "infer", "--nproc", "2"], "--nproc 2", "see `shardlab run infer --help`")
+    one_line_error(["run", "infer", "--nproc-per-node", "2"], "--nproc-per-node 2", "see `shardlab run infer --help`")
     one_line_error(["plan", "llama-3.1-8b", "--gpus", "8", "--bogus"], "see `shardlab plan --help`")
 
 
@@ -434,7 +434,7 @@ def test_plan_fix_values_outside_the_search_are_refused(fix, words):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["comm", "all-reduce", "--size", "0", "--ranks", "8"], "0 bytes sends nothing"),
+    (["comm", "all-reduce", "--size", "0", "--gpus", "8"], "0 bytes sends nothing"),
     (["pipeline", "--stages", "4", "--slowdown", "2"], "--slowdown needs --slow-stage"),
     (["pipeline", "--stages", "4", "--slow-stage", "2", "--slowdown", "0.5"], "a straggler runs slower"),
 ])

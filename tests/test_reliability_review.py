@@ -78,7 +78,7 @@ def test_pipeline_plot_is_bounded(tmp_path):
     ("nvlink4,pcie5,nvlink4", "--link names link 'nvlink4' twice"),
 ])
 def test_link_lists_are_bounded_and_unique(links, fragment):
-    one_line_error(["comm", "all-gather", "--ranks", "8", "--sweep", "--link", links], fragment)
+    one_line_error(["comm", "all-gather", "--gpus", "8", "--sweep", "--link", links], fragment)
 
 
 def test_logs_padded_with_blank_lines_parse_fast_and_long_logs_are_refused(tmp_path):

@@ -138,7 +138,7 @@ def test_run_train_fsdp_tp_page(browser, shots, tmp_path):
     """The real thing: 4 ranks of FSDP + TP with torchrun, then its page."""
     pytest.importorskip("torch")
     out = tmp_path / "run.html"
-    code, _, err = cli_main("run", "train", "--strategy", "fsdp+tp", "--nproc", "4", "--steps", "2", "--timeout", "240",
+    code, _, err = cli_main("run", "train", "--strategy", "fsdp+tp", "--nproc-per-node", "4", "--steps", "2", "--timeout", "240",
                             "--html", str(out))
     assert code == 0, err
     page, errors = open_page(browser, out)

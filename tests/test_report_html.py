@@ -89,7 +89,7 @@ def test_new_breakdown_keys_and_unknown_document_keys_appear():
 def test_run_page_shows_ranks_collectives_memory_and_extra_summaries():
     doc = json.loads((DATA / "run_train_fsdp_tp.json").read_text())
     doc["step_time_summary"] = {"p50_s": 0.55, "p99_s": 0.58, "straggler_rank": 2}   # per-rank aggregates, when present
-    s = scan(render_report("run-train", doc, "shardlab run train --strategy fsdp+tp --nproc 4"))
+    s = scan(render_report("run-train", doc, "shardlab run train --strategy fsdp+tp --nproc-per-node 4"))
     assert {"step-times", "collectives", "memory", "more"} <= set(s.ids)
     text = render_report("run-train", doc, "x")
     assert "straggler_rank" in text and "all_reduce backward" in text and "rank 3 measured" in text
@@ -139,7 +139,7 @@ def test_other_pages(tmp_path, argv, kind):
 
 def test_bench_page_from_a_measurement():
     doc = json.loads((DATA / "bench_collectives_cpu.json").read_text())
-    text = render_report("bench-collectives", doc, "shardlab bench collectives --nproc 2")
+    text = render_report("bench-collectives", doc, "shardlab bench collectives --nproc-per-node 2")
     assert "<polyline" in text and "busbw" in text and len(text) < 200_000   # no Mermaid on pages without a diagram
 
 

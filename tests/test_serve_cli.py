@@ -170,7 +170,7 @@ def test_validate_inference_run_shows_one_measurement_and_refuses_training_flags
     assert code == 0, err
     d = strict_json(out)
     assert d["id"] == rid and d["engine"] == "tensorrt-llm-0.17" and d["load"] == {"mode": "rate", "value": 2.0}
-    assert d["command"].startswith("shardlab estimate llama-3.1-70b --inference --framework tensorrt-llm-0.17")
+    assert d["command"].startswith("shardlab estimate llama-3.1-70b --inference --engine tensorrt-llm-0.17")
     by = {m["metric"]: m for m in d["metrics"]}
     assert set(by) == {"ttft_s", "tpot_s"} and by["ttft_s"]["measured"] == 0.048
     assert by["ttft_s"]["loso_error"] is not None and by["ttft_s"]["loso_error"] != by["ttft_s"]["error"]

@@ -53,7 +53,7 @@ def test_parse_ops_and_rounding():
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--nproc", "1"], "at least 2"),
+    (["--nproc-per-node", "1"], "at least 2"),
     (["--ops", "allreduce"], "unknown collective"),
     (["--sizes", "1KB:2XB"], "unknown unit"),
     (["--plot", "x.txt"], ".png"),
@@ -66,7 +66,7 @@ def test_bad_input_is_one_line_exit_2(args, words):
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     plot = tmp_path_factory.mktemp("coll") / "busbw.png"
-    r = run_cli("bench", "collectives", "--nproc", "2", "--sizes", "1KB:4MB:4", "--iters", "3",
+    r = run_cli("bench", "collectives", "--nproc-per-node", "2", "--sizes", "1KB:4MB:4", "--iters", "3",
                 "--min-time", "0.01", "--device", "cpu", "--plot", str(plot), "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout), plot
@@ -121,7 +121,7 @@ def test_overlap_test_reports_a_share(bench):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_nccl_on_gpus():
-    r = run_cli("bench", "collectives", "--nproc", "2", "--sizes", "1KB:16MB:16", "--json")
+    r = run_cli("bench", "collectives", "--nproc-per-node", "2", "--sizes", "1KB:16MB:16", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["backend"] == "nccl" and doc["device"] == "cuda"

@@ -62,14 +62,14 @@ def test_from_saved_bench_output_reproduces_known_parameters(tmp_path):
     (["--out", "p.yaml", "--link-fit", "allreduce"], "unknown collective"),
     (["--out", "p.yaml", "--link-fit", "broadcast"], "no such fit"),
     (["--out", "p.yaml", "--from-matmul", "/no/such.json"], "does not exist"),
-    (["--out", "p.yaml", "--nproc", "1", "--from-matmul", "M"], "at least 2"),
+    (["--out", "p.yaml", "--nproc-per-node", "1", "--from-matmul", "M"], "at least 2"),
 ])
 def test_bad_input_exit_2(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
     m_json, c_json = _bench_files(tmp_path)
     args = [m_json if a == "M" else a for a in args]
     extra = [] if "--from-matmul" in args else ["--from-matmul", m_json]
-    if "--nproc" not in args:
+    if "--nproc-per-node" not in args:
         extra += ["--from-collectives", c_json]
     code, _, err = cli_main("calibrate", *args, *extra)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
@@ -132,7 +132,7 @@ def test_fit_problems_of_the_default_grids():
 def test_measured_profile_on_this_machine(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "p.yaml"
-    r = run_cli("calibrate", "--out", str(out), "--nproc", "2", "--ops", "all-reduce,send-recv", "--sizes", "1KB:4MB:4",
+    r = run_cli("calibrate", "--out", str(out), "--nproc-per-node", "2", "--ops", "all-reduce,send-recv", "--sizes", "1KB:4MB:4",
                 "--iters", "2", "--min-time", "0.01", "--hidden", "32,128,512", "--tokens", "32,256", "--matmul-time", "0.005",
                 "--device", "cpu", "--json")
     assert r.returncode == 0, r.stderr

@@ -65,7 +65,7 @@ def test_qwen3_tp2_and_a_pipeline_match_transformers(ckpts):
 
 
 def test_fsdp_fine_tuning_starts_at_transformers_loss(ckpts):
-    d = run_json("run", "train", "--model", str(ckpts["llama"]), "--strategy", "fsdp", "--nproc", "2", "--steps", "2",
+    d = run_json("run", "train", "--model", str(ckpts["llama"]), "--strategy", "fsdp", "--nproc-per-node", "2", "--steps", "2",
                  "--global-batch", "4", "--seq-len", "16", "--check-parity")
     par = d["parity"]
     assert par["ok"] and par["transformers"]["ok"] and par["transformers"]["abs_err"] <= 1e-5
@@ -82,7 +82,7 @@ def test_bad_checkpoints_and_ids_are_one_line_exit_2(ckpts, tmp_path):
     cfg["num_hidden_layers"] = 3
     (bad / "config.json").write_text(json.dumps(cfg))
     for args, msg in ((["run", "infer", "--model", str(bad), "--tp", "1"], "has no tensor 'model.layers.2."),
-                      (["run", "train", "--model", str(bad), "--strategy", "ddp", "--nproc", "1"], "has no tensor"),
+                      (["run", "train", "--model", str(bad), "--strategy", "ddp", "--nproc-per-node", "1"], "has no tensor"),
                       (["run", "infer", "--model", str(ckpts["qwen3"]), "--tp", "1", "--prompt-ids", "5,1001"],
                        "outside the vocabulary"),
                       (["run", "infer", "--check-parity"], "compares with transformers on a checkpoint"),
@@ -118,7 +118,7 @@ def test_random_weights_with_a_vocabulary_tp_does_not_divide(ckpts):
     """A config with 1,001 tokens (random weights) under TP 2: padded, identical to TP 1; training parity holds."""
     d = run_json("run", "infer", "--model", str(ckpts["qwen3"] / "config.json"), "--tp", "2", "--max-new-tokens", "4")
     assert d["matches_tp1"] is True and d["memory_exact"] and d["vocab"]["padded_vocab_size"] == 1002
-    t = run_json("run", "train", "--model", str(ckpts["gpt2"] / "config.json"), "--strategy", "tp", "--nproc", "2",
+    t = run_json("run", "train", "--model", str(ckpts["gpt2"] / "config.json"), "--strategy", "tp", "--nproc-per-node", "2",
                  "--steps", "1", "--global-batch", "2", "--seq-len", "8", "--check-parity")
     assert t["parity"]["ok"] and t["memory_states_exact"] and t["vocab"]["padded_vocab_size"] == 50258
 
@@ -130,6 +130,6 @@ def test_neox_and_moe_family_classes(tmp_path):
     d = run_json("run", "infer", "--model", str(neox), "--tp", "2", "--prompt-ids", "3,4,5", "--max-new-tokens", "5",
                  "--check-parity")
     assert d["matches_transformers"] is True and d["memory_exact"]
-    t = run_json("run", "train", "--model", str(moe), "--strategy", "ddp+ep", "--nproc", "2", "--steps", "1",
+    t = run_json("run", "train", "--model", str(moe), "--strategy", "ddp+ep", "--nproc-per-node", "2", "--steps", "1",
                  "--global-batch", "2", "--seq-len", "8", "--check-parity")
     assert t["parity"]["ok"] and t["parity"]["transformers"]["ok"] and t["memory_states_exact"]

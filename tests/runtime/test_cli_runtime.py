@@ -28,12 +28,12 @@ def test_missing_torch_is_a_one_line_error_with_the_install_command():
 
 @pytest.mark.parametrize("args,match", [
     (["run", "train", "--strategy", "zero3"], "parts are"),
-    (["run", "train", "--strategy", "tp", "--nproc", "3"], "KV heads"),
+    (["run", "train", "--strategy", "tp", "--nproc-per-node", "3"], "KV heads"),
     (["run", "train", "--strategy", "ddp", "--global-batch", "3"], "not divisible"),
     (["run", "train", "--model", "no-such-model"], "unknown model"),
     (["run", "train", "--rdzv-id", "job"], "--rdzv-endpoint"),
     (["run", "train", "--strategy", "ddp+ep"], "tiny has none; use a mixture-of-experts model"),
-    (["run", "train", "--strategy", "ddp+ep", "--nproc", "3", "--global-batch", "6", "--model", "tiny-moe"],
+    (["run", "train", "--strategy", "ddp+ep", "--nproc-per-node", "3", "--global-batch", "6", "--model", "tiny-moe"],
      "--ep 3 must divide tiny-moe's 4 experts"),
     (["run", "infer", "--tp", "3"], "--tp 3"),
     (["run", "infer", "--prompt", ""], "--prompt is empty"),
@@ -74,7 +74,7 @@ def _one_json_document(text: str) -> dict:
 
 
 @pytest.mark.parametrize("cmd, signum, unit", [
-    (["run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "50"], 2, "step"),
+    (["run", "train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "50"], 2, "step"),
     (["run", "infer", "--tp", "2", "--max-new-tokens", "50"], 15, "token"),
 ])
 def test_an_interrupted_run_prints_one_json_document(tmp_path, monkeypatch, cmd, signum, unit):
@@ -115,7 +115,7 @@ def test_interrupted_before_the_job_started_is_one_json_document(monkeypatch):
 
 
 @pytest.mark.parametrize("target, argv, words", [
-    ("shardlab.runtime.bench_collectives:run_collectives", ["bench", "collectives", "--nproc", "2"], "nothing measured"),
+    ("shardlab.runtime.bench_collectives:run_collectives", ["bench", "collectives", "--nproc-per-node", "2"], "nothing measured"),
     ("shardlab.runtime.bench_matmul:bench_matmul", ["calibrate", "--out", "p.yaml", "--skip-collectives"],
      "no profile was written"),
     ("shardlab.runtime.precision:run_precision", ["run", "precision"], "nothing measured was kept"),
@@ -141,8 +141,8 @@ def test_other_measuring_commands_interrupted_print_one_json_document(tmp_path, 
     (["run", "infer", "--plot", "x.png"], "--plot applies to a --sweep"),
     (["run", "infer", "--sweep", "--plot", "x.txt"], "use a .png, .svg or .pdf"),
     (["run", "infer", "--prompt", "a" * 45000], "at most 8,192"),
-    (["run", "train", "--strategy", "tp+sp", "--nproc", "2", "--model", "tiny-gpt2"], "RoPE models"),
-    (["run", "train", "--strategy", "tp+sp", "--nproc", "2", "--seq-len", "63"], "use --seq-len 62"),
+    (["run", "train", "--strategy", "tp+sp", "--nproc-per-node", "2", "--model", "tiny-gpt2"], "RoPE models"),
+    (["run", "train", "--strategy", "tp+sp", "--nproc-per-node", "2", "--seq-len", "63"], "use --seq-len 62"),
     (["bench", "matmul", "--hidden", "1000000"], "give smaller --hidden"),
     (["bench", "collectives", "--sizes", "1KiB:1TiB", "--no-metrics"], "give smaller --sizes"),
 ])

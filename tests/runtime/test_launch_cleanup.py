@@ -97,7 +97,7 @@ def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
     tmp = tmp_path / "tmp"                          # the run's temporary folder goes here, so we can see it go
     tmp.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
-    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "100000",
+    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "100000",
            "--timeout", "600"]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     seen: set[int] = set()
@@ -122,7 +122,7 @@ def test_shardlab_run_json_interrupted_by_ctrl_c_prints_one_document(tmp_path):
     import json
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "100000",
+    cmd = [sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "100000",
            "--timeout", "600", "--no-metrics", "--json"]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          preexec_fn=_as_from_a_terminal)

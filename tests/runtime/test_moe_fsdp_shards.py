@@ -11,7 +11,7 @@ pytest.importorskip("expecttest")
 
 @pytest.mark.slow
 def test_mixtral_fsdp16_experts_split_on_dim1_exact():
-    code, out, err = cli_main("shard-check", "mixtral-8x7b", "--world-size", "16", "--fsdp", "16", "--json")
+    code, out, err = cli_main("shard-check", "mixtral-8x7b", "--gpus", "16", "--fsdp", "16", "--json")
     assert code == 0, err
     import json
 

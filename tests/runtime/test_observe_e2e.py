@@ -80,7 +80,7 @@ def _closed(port: int) -> bool:
 def test_live_endpoints_straggler_named_and_everything_gone_after(tmp_path):
     base, seed = _two_free_ports(), 4217
     tb = tmp_path / "tb"
-    proc = _start("train", "--strategy", "fsdp", "--nproc", "2", "--steps", "24", "--slow-rank", "1:2",
+    proc = _start("train", "--strategy", "fsdp", "--nproc-per-node", "2", "--steps", "24", "--slow-rank", "1:2",
                   "--metrics-port", str(base), "--tensorboard", str(tb), "--steps-jsonl", str(tmp_path / "s.jsonl"),
                   seed=seed)
     try:
@@ -149,7 +149,7 @@ def test_a_prometheus_server_scrapes_a_live_job(tmp_path):
         except OSError:
             pass
         time.sleep(0.2)
-    job = _start("train", "--strategy", "ddp", "--nproc", "2", "--steps", "60", "--metrics-port", str(base),
+    job = _start("train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "60", "--metrics-port", str(base),
                  "--slow-link", "0:0.002", seed=seed)
     try:
         q = urllib.parse.quote('sum by (rank, job_id) (shardlab_collective_calls_total{job="shardlab"})')

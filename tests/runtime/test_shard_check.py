@@ -68,7 +68,7 @@ def test_uneven_tp_and_fsdp_every_rank_exact(tmp_path):
 
 @pytest.mark.slow
 def test_llama_3_1_70b_dp8_tp8_on_64_ranks_exact():
-    r = run_cli("shard-check", "llama-3.1-70b", "--world-size", "64", "--dp", "8", "--tp", "8", "--json")
+    r = run_cli("shard-check", "llama-3.1-70b", "--gpus", "64", "--dp", "8", "--tp", "8", "--json")
     assert r.returncode == 0, r.stderr + r.stdout
     doc = json.loads(r.stdout)
     assert doc["world_size"] == 64 and doc["layout"] == {"dp": 8, "tp": 8, "zero": 3} and doc["exact"]

@@ -29,7 +29,7 @@ def run_json(*args, **kw):
 
 
 def test_fsdp_train_json_contract_parity_and_exact_memory():
-    d = run_json("run", "train", "--strategy", "fsdp", "--nproc", "2", "--steps", "3", "--check-parity")
+    d = run_json("run", "train", "--strategy", "fsdp", "--nproc-per-node", "2", "--steps", "3", "--check-parity")
     assert d["strategy"] == "fsdp" and d["world_size"] == 2 and len(d["losses"]) == 3
     assert d["losses"][-1] < d["losses"][0]                      # AdamW learns the synthetic chain
     assert d["parity"]["ok"], d["parity"]
@@ -51,7 +51,7 @@ def test_fsdp_train_json_contract_parity_and_exact_memory():
 
 
 def test_interleaved_pipeline_with_tied_embeddings_matches_one_process():
-    d = run_json("run", "train", "--strategy", "pp", "--nproc", "2", "--schedule", "interleaved", "--model",
+    d = run_json("run", "train", "--strategy", "pp", "--nproc-per-node", "2", "--schedule", "interleaved", "--model",
                  "tiny-gpt2", "--steps", "2", "--check-parity")
     assert d["layout"]["vpp"] == 2 and d["loss_rank"] == 1         # chunk 3 (the head) lives on rank 1
     assert d["parity"]["ok"], d["parity"]
@@ -70,7 +70,7 @@ def test_megatron_tp_issues_one_all_reduce_per_attention_and_mlp_on_gloo():
     # the launching process never imports torch without --check-parity (only the ranks do: ~3 s saved per run)
     probe = ("import atexit, sys; atexit.register(lambda: print('driver imported torch:', 'torch' in sys.modules, "
              "file=sys.stderr)); from shardlab.cli import main; sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", probe, "run", "train", "--strategy", "tp-megatron", "--nproc", "2",
+    r = subprocess.run([sys.executable, "-c", probe, "run", "train", "--strategy", "tp-megatron", "--nproc-per-node", "2",
                         "--global-batch", "2", "--steps", "2", "--json"], capture_output=True, text=True, timeout=240,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_expert_parallel_on_gloo_matches_one_process_and_comm_plan():
     """ddp+ep on 2 ranks (each holds 2 of tiny-moe's 4 experts): the all-to-alls go through gloo, the gradients
     equal one process's, model states equal the memory model's, and the dispatcher's calls and average bytes
     equal `comm plan`'s."""
-    d = run_json("run", "train", "--strategy", "ddp+ep", "--nproc", "2", "--model", "tiny-moe", "--steps", "2",
+    d = run_json("run", "train", "--strategy", "ddp+ep", "--nproc-per-node", "2", "--model", "tiny-moe", "--steps", "2",
                  "--check-parity")
     assert d["layout"]["ep"] == 2 and d["parity"]["ok"], d["parity"]
     assert d["memory_states_exact"]
@@ -107,7 +107,7 @@ def test_two_nodes_rendezvous_on_localhost():
     """The README's two-node command, both "nodes" on this machine: torchrun's c10d rendezvous joins them."""
     from shardlab.runtime.dist import free_port
 
-    common = ["run", "train", "--strategy", "ddp", "--nproc", "1", "--nnodes", "2", "--steps", "2",
+    common = ["run", "train", "--strategy", "ddp", "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "e2e"]
     e = {**os.environ, "OMP_NUM_THREADS": "1"}
     node1 = subprocess.Popen([sys.executable, "-m", "shardlab", *common, "--node-rank", "1", "--json"], stdout=subprocess.PIPE,
@@ -126,7 +126,7 @@ def test_two_nodes_rendezvous_on_localhost():
 
 def test_hung_rank_ends_the_job_and_is_named():
     # the peers' collectives time out after 5 s (process-group timeout), well before the job's 60 s
-    r = shardlab("run", "train", "--strategy", "ddp", "--nproc", "2", "--steps", "2", "--timeout", "60",
+    r = shardlab("run", "train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "2", "--timeout", "60",
                  env={"SHARDLAB_FAULT": "1:hang:step 1", "SHARDLAB_PG_TIMEOUT_S": "5"}, timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "rank 1 stopped responding at 'step 1" in r.stderr
@@ -155,7 +155,7 @@ def _gpus() -> int:
 @pytest.mark.skipif(_gpus() == 0, reason="needs a CUDA GPU (NCCL path)")
 def test_gpu_nccl_train_and_infer():
     n = str(min(2, _gpus()))
-    d = run_json("run", "train", "--strategy", "fsdp", "--nproc", n, "--device", "cuda", "--check-parity")
+    d = run_json("run", "train", "--strategy", "fsdp", "--nproc-per-node", n, "--device", "cuda", "--check-parity")
     assert d["ranks"][0]["backend"] == "nccl" and d["parity"]["ok"] and d["memory_states_exact"]
     i = run_json("run", "infer", "--tp", n, "--device", "cuda")
     assert i["matches_tp1"] and i["memory_exact"]

@@ -133,6 +133,25 @@ def one_line(message: str) -> str:
     return "".join(shown(ch) for ch in message)
 
 
+def engine_spelling(args, argv: list[str]) -> None:
+    """--engine is the serving engine's flag; --framework, its older spelling under --inference, still works with a
+    note. Both given and different is a one-line error (exit 2)."""
+    if not hasattr(args, "engine"):
+        return
+    engine = args.engine
+    if engine is None:
+        if getattr(args, "inference", False) and any(a == "--framework" or a.startswith("--framework=") for a in argv):
+            args.spelling_notes = (getattr(args, "spelling_notes", None) or []) + [
+                "note: under --inference, --framework is an old spelling; use --engine"]
+        return
+    fw = getattr(args, "framework", None)
+    if fw is not None and fw != engine:
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError(f"--engine {engine} and --framework {fw} name two engines; give one (--engine)")
+    args.framework = engine
+
+
 def inert(text: str) -> str:
     """Human output made safe for a terminal: names and paths that came from the user's files or folders (a model
     named after a folder holding ESC sequences) print their control and format characters as escapes; line breaks
@@ -291,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         from shardlab.safeout import refuse_output_over_input
 
         refuse_output_over_input(args)
+        engine_spelling(args, argv)
         if getattr(args, "catalog", None):       # checked here too for commands that read no catalog (bench
             from shardlab.catalog import get_catalog   # collectives): a bad --catalog is never silently ignored
 
@@ -309,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
 
             write_html(args, doc, argv)
         emit(args, doc, text)
+        for note in getattr(args, "spelling_notes", None) or ():     # after success: an error stays one line
+            sys.stderr.write(note + "\n")
         return 0
     except ShardlabError as e:
         sys.stderr.write(f"error: {one_line(str(e))}\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import BOUNDED, add_output_args, int_list
+from shardlab.cli.common import BOUNDED, add_output_args, int_list, old_spelling
 from shardlab.cli.report_cmd import add_html_arg
 from shardlab.cli.runtime_cmds import reports_interrupt
 from shardlab.errors import ShardlabError
@@ -26,8 +26,8 @@ _NO_PROFILE = "stopped before it finished: no profile was written"
 
 
 EXAMPLES_BENCH = """examples:
-  shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --plot busbw.png
-  shardlab bench collectives --nproc 8 --ops all-reduce,all-gather --json     # NCCL on a GPU server
+  shardlab bench collectives --nproc-per-node 2 --sizes 1KiB:64MiB --plot busbw.png
+  shardlab bench collectives --nproc-per-node 8 --ops all-reduce,all-gather --json     # NCCL on a GPU server
   shardlab bench matmul --plot matmul.png                 # fp32 on CPU, bf16 on CUDA
 """
 EXAMPLES_CALIBRATE = """examples:
@@ -43,7 +43,9 @@ def _common_device(p) -> None:
 
 
 def _coll_args(p, nproc_default: int | None = 2) -> None:
-    p.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=nproc_default, help="ranks to launch (at least 2; default 2)")
+    p.add_argument("--nproc-per-node", dest="nproc", type=BOUNDED["ranks_per_node"], default=nproc_default,
+                   help="ranks to launch (at least 2; default 2)")
+    old_spelling(p, "--nproc", "--nproc-per-node", "nproc", type=BOUNDED["ranks_per_node"])
     p.add_argument("--ops", default="all", help="comma list of all-reduce, all-gather, reduce-scatter, all-to-all, "
                                                 "send-recv, broadcast (default: all but broadcast)")
     p.add_argument("--sizes", default=None, help="START:END[:FACTOR] (doubling by default) or a comma list; "
@@ -179,7 +181,8 @@ def _validate_coll_flags(args) -> None:
     from shardlab.runtime import bench_collectives as bc
 
     if args.nproc is None or args.nproc < 2:
-        raise ShardlabError(f"--nproc must be at least 2 for a collective, got {args.nproc}; e.g. --nproc 2")
+        raise ShardlabError(f"--nproc-per-node must be at least 2 for a collective, got {args.nproc}; e.g. "
+                              f"--nproc-per-node 2")
     bc.parse_ops(args.ops)
     if args.sizes:
         bc.parse_sizes(args.sizes)

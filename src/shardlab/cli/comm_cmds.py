@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.cli.common import (BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args)
+from shardlab.cli.common import (BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args,
+                                  old_spelling)
 from shardlab.limits import MAX_LINKS
 
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "send-recv")
@@ -12,9 +13,9 @@ COMPARE_LINKS = "nvlink4,pcie5,ethernet-10g"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
 COMM_EXAMPLES = """examples:
-  shardlab comm all-reduce --size 256MiB --ranks 8 --link nvlink4
-  shardlab comm all-reduce --size 1GiB --ranks 64 --nodes 8 --link ib-ndr     # hierarchical
-  shardlab comm all-gather --sweep --ranks 8 --link nvlink4,ib-ndr,ethernet-100g --plot sweep.png
+  shardlab comm all-reduce --size 256MiB --gpus 8 --link nvlink4
+  shardlab comm all-reduce --size 1GiB --gpus 64 --nodes 8 --link ib-ndr     # hierarchical
+  shardlab comm all-gather --sweep --gpus 8 --link nvlink4,ib-ndr,ethernet-100g --plot sweep.png
   shardlab comm plan llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1
   shardlab comm inference llama-2-7b --tp 2 --link ethernet-10g --batch 1 --prompt-len 2048
 """
@@ -31,7 +32,8 @@ def register(sub) -> None:
     for op in OPS:
         p = csub.add_parser(op, help=f"time, algbw and busbw of one {op}", formatter_class=fmt, epilog=COMM_EXAMPLES)
         p.add_argument("--size", default=None, help="message size S, nccl-tests convention (8KB, 256MiB, 1e9; 4K = 4 KiB)")
-        p.add_argument("--ranks", type=BOUNDED["gpus"], required=True, help="ranks in the group (n ≥ 2)")
+        p.add_argument("--gpus", dest="ranks", type=BOUNDED["gpus"], default=None, help="GPUs in the group (n ≥ 2)")
+        old_spelling(p, "--ranks", "--gpus", "ranks", type=BOUNDED["gpus"])
         p.add_argument("--link", default="nvlink4", help="link id (see `shardlab links`); with --sweep a comma list")
         p.add_argument("--algorithm", choices=("ring", "tree", "auto"), default="auto",
                        help="ring, tree, or auto (the faster, where NCCL has both)")
@@ -106,8 +108,10 @@ def cmd_collective(args):
 
     cat = get_catalog(args.catalog)
     links = _links(cat, args.link)
+    if args.ranks is None:
+        raise ShardlabError(f"give --gpus N: the GPUs in the {args.op} group (e.g. --gpus 8)")
     if args.ranks < 2:
-        raise ShardlabError(f"--ranks must be 2 or more for a collective (one rank sends nothing), got {args.ranks}")
+        raise ShardlabError(f"--gpus must be 2 or more for a collective (one rank sends nothing), got {args.ranks}")
     if len(links) > 1 and not args.sweep:
         raise ShardlabError("several links need --sweep; price one link at a time otherwise")
     if args.plot and not args.sweep:

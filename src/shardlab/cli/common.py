@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from shardlab.errors import ShardlabError
 
@@ -88,6 +89,26 @@ gpus_int = BOUNDED["gpus"]
 seq_len_int = BOUNDED["seq_len"]
 batch_int = BOUNDED["batch"]
 microbatches_int = BOUNDED["microbatches"]
+
+
+class Deprecated(argparse.Action):
+    """An old spelling of a flag: it still works, stores into the new flag's destination, and the command says on
+    stderr (one line, after it succeeded: an error stays the only line) what the new spelling is. Hidden from --help."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        note = f"note: {option_string} is an old spelling; use {self.new}"
+        notes = getattr(namespace, "spelling_notes", None) or []
+        setattr(namespace, "spelling_notes", notes + [note] if note not in notes else notes)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def old_spelling(p, old: str, new: str, dest: str, **kw) -> None:
+    """Accept ``old`` for the flag ``new`` (same destination), with a one-line note (``Deprecated``)."""
+    p.add_argument(old, dest=dest, action=Deprecated, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
 
 
 def token_ids(text: str) -> tuple[int, ...]:

@@ -15,13 +15,13 @@ _CLUSTER = ("--gpus", "--gpu", "--gpus-per-node")
 _LAYOUT = ("--dp", "--tp", "--pp", "--cp", "--ep", "--zero", "--micro-batch", "--recompute")
 _WORKLOAD = ("--seq-len", "--global-batch", "--precision", "--framework")
 _SERVE = ("--inference", "--serve", "--prompt-len", "--output-len", "--concurrency")
-_LAUNCH = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--timeout", "--device")
+_LAUNCH = ("--nodes", "--node-rank", "--rdzv-endpoint", "--timeout", "--device")
 
 COMMON = {
     "plan": _SHARED + _JOB + _CLUSTER + ("--seq-len", "--global-batch", "--precision", "--framework", "--objective",
                                          "--top", "--explain", "--html", "--save", "--export", "--out")
-    + _SERVE[:4] + ("--ttft-slo", "--tpot-slo", "--target-rate"),
-    "estimate": _SHARED + _JOB + _CLUSTER + _LAYOUT + _WORKLOAD + _SERVE + ("--html",),
+    + _SERVE[:4] + ("--ttft-slo", "--tpot-slo", "--target-rate", "--engine"),
+    "estimate": _SHARED + _JOB + _CLUSTER + _LAYOUT + _WORKLOAD + _SERVE + ("--engine",),
     "memory": _SHARED + _JOB + _CLUSTER + _LAYOUT + ("--seq-len", "--precision", "--optimizer", "--offload",
                                                      "--lora-rank", "--quantize-base", "--finetune-ladder", "--html"),
     "export": _SHARED + _JOB + ("--to", "--plan", "--rank", "--out", "--force", "--launch") + _CLUSTER + _LAYOUT
@@ -31,10 +31,10 @@ COMMON = {
     + _LAYOUT + _WORKLOAD,
     "comm plan": _SHARED + _CLUSTER + _LAYOUT + ("--seq-len", "--precision", "--framework", "--inter-link",
                                                  "--intra-link"),
-    "run train": _SHARED + ("--strategy", "--nproc", "--model", "--steps", "--global-batch", "--micro-batch", "--seq-len",
+    "run train": _SHARED + ("--strategy", "--nproc-per-node", "--model", "--steps", "--global-batch", "--micro-batch", "--seq-len",
                             "--tp", "--pp", "--ep", "--schedule", "--check-parity", "--sweep-nproc", "--profile",
                             "--html", "--slow-rank", "--make-vocab-size-divisible-by") + _LAUNCH,
-    "calibrate": _SHARED + ("--out", "--gpu", "--name", "--device", "--nproc", "--link", "--sizes", "--dtype",
+    "calibrate": _SHARED + ("--out", "--gpu", "--name", "--device", "--nproc-per-node", "--link", "--sizes", "--dtype",
                             "--skip-collectives", "--from-matmul", "--from-collectives", "--from-run", "--profile",
                             "--framework", "--timeout", "--html"),
     "run infer": _SHARED + ("--model", "--tp", "--pp", "--strategy", "--prompt", "--prompt-ids", "--max-new-tokens",

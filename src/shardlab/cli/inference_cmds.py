@@ -12,9 +12,12 @@ def add_inference_args(p) -> None:
     """The 'inference' argument group of `estimate` and `plan`."""
     from shardlab.serving.precision import ACTIVATION_DTYPES, KV_BYTES, WEIGHT_BITS
 
-    g = p.add_argument_group("inference (with --inference; serving engine: --framework vllm (V1, default)|sglang|"
+    g = p.add_argument_group("inference (with --inference; serving engine: --engine vllm (V1, default)|sglang|"
                              "tensorrt-llm, or an older version: vllm-0.6|sglang-0.3|tensorrt-llm-0.17)")
     g.add_argument("--inference", action="store_true", help="serve instead of train")
+    g.add_argument("--engine", default=None, metavar="NAME",
+                   help="serving engine and version: vllm (V1, default), sglang, tensorrt-llm, vllm-0.6, sglang-0.3, "
+                        "tensorrt-llm-0.17 (--framework still names it, the older spelling)")
     g.add_argument("--batch", type=BOUNDED["batch"], default=1,
                    help="static batch: sequences per pipeline micro-batch (estimate) or over all GPUs (plan)")
     g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")

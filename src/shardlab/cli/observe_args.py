@@ -13,7 +13,7 @@ def add_observe_args(p: argparse.ArgumentParser, injection: bool = True) -> None
     g.add_argument("--metrics-port", type=BOUNDED["port"], default=None, metavar="N",
                    help="each rank serves Prometheus metrics on N + its local rank (default: free ports, printed)")
     g.add_argument("--metrics-host", default=None, metavar="ADDR",
-                   help="address the endpoints bind (default 127.0.0.1; 0.0.0.0 with --nnodes > 1)")
+                   help="address the endpoints bind (default 127.0.0.1; 0.0.0.0 with --nodes > 1)")
     g.add_argument("--no-metrics", action="store_true", help="no per-rank endpoints and no live table")
     g.add_argument("--no-live", action="store_true", help="no live per-rank table on the terminal (stderr)")
     g.add_argument("--steps-jsonl", default=None, metavar="FILE",

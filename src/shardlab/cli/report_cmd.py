@@ -11,7 +11,7 @@ EXAMPLES = """examples:
   shardlab report plan405.html llama-3.1-405b --gpus 1024 --seq-len 8192 --global-batch 2048 --tokens 15e12
   shardlab report est.html llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1   # a given layout: the estimate's page
   shardlab report serve.html llama-3.1-8b --inference --tp 2 --batch 16
-  shardlab plan --html plan.html; shardlab run train --strategy fsdp+tp --nproc 4 --html run.html
+  shardlab plan --html plan.html; shardlab run train --strategy fsdp+tp --nproc-per-node 4 --html run.html
 """
 LAYOUT_FLAGS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": None, "zero": 0, "vpp": 1, "stage_layers": None}
 """Layout flags and their defaults: any of them given makes `report` draw that layout's estimate instead of a plan."""

@@ -10,21 +10,21 @@ import functools
 import re
 from contextlib import contextmanager
 
-from shardlab.cli.common import BOUNDED, int_list, token_ids
+from shardlab.cli.common import BOUNDED, int_list, old_spelling, token_ids
 from shardlab.cli.observe_args import add_observe_args, observe_options
 from shardlab.cli.report_cmd import add_html_arg
 
 TRAIN_EXAMPLES = """examples:
-  shardlab run train --strategy ddp --nproc 2
-  shardlab run train --strategy fsdp --nproc 2 --check-parity --json
-  shardlab run train --strategy tp-megatron --nproc 2 --model tiny-gpt2
-  shardlab run train --strategy pp --nproc 2 --schedule interleaved
-  shardlab run train --strategy fsdp+tp --nproc 4            # 2-D: dp 2 x tp 2
-  shardlab run train --strategy ddp+ep --nproc 4 --ep 2 --model tiny-moe   # experts split over 2 ranks, all-to-all
-  shardlab run train --strategy fsdp --nproc 2 --steps 200 --slow-rank 1:2   # live table, straggler named
-  shardlab run train --strategy ddp --nproc 2 --steps 50 --metrics-port 9510 --tensorboard tb/
+  shardlab run train --strategy ddp --nproc-per-node 2
+  shardlab run train --strategy fsdp --nproc-per-node 2 --check-parity --json
+  shardlab run train --strategy tp-megatron --nproc-per-node 2 --model tiny-gpt2
+  shardlab run train --strategy pp --nproc-per-node 2 --schedule interleaved
+  shardlab run train --strategy fsdp+tp --nproc-per-node 4            # 2-D: dp 2 x tp 2
+  shardlab run train --strategy ddp+ep --nproc-per-node 4 --ep 2 --model tiny-moe   # experts split over 2 ranks, all-to-all
+  shardlab run train --strategy fsdp --nproc-per-node 2 --steps 200 --slow-rank 1:2   # live table, straggler named
+  shardlab run train --strategy ddp --nproc-per-node 2 --steps 50 --metrics-port 9510 --tensorboard tb/
   # two nodes (run on each, node-rank 0 and 1):
-  shardlab run train --strategy fsdp --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --rdzv-id job1
+  shardlab run train --strategy fsdp --nproc-per-node 8 --nodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --rdzv-id job1
 """
 
 INFER_EXAMPLES = """examples:
@@ -41,7 +41,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=BOUNDED["timeout"], default=300.0,
                    help="stop the whole job (torchrun, every rank) after this many seconds")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when a GPU is visible (NCCL), else cpu (gloo)")
-    g.add_argument("--nnodes", type=nnodes_arg, default=None, metavar="N|MIN:MAX", help="torchrun --nnodes (multi-node)")
+    g.add_argument("--nodes", dest="nnodes", type=nnodes_arg, default=None, metavar="N|MIN:MAX",
+                   help="nodes of the job (torchrun --nnodes; multi-node)")
+    old_spelling(g, "--nnodes", "--nodes", "nnodes", type=nnodes_arg)
     g.add_argument("--node-rank", type=BOUNDED["node_rank"], default=None, help="torchrun --node-rank (0 .. nnodes-1)")
     g.add_argument("--rdzv-endpoint", type=endpoint_arg, default=None, metavar="HOST:PORT",
                    help="torchrun --rdzv-endpoint (node 0's address)")
@@ -117,7 +119,8 @@ def register(sub) -> None:
     t.add_argument("--strategy", default="ddp",
                    help="ddp, fsdp, tp, tp+sp, tp-megatron, pp, or 2-D: fsdp+tp, ddp+pp, fsdp+pp, ddp+tp-megatron, "
                         "ddp+ep (experts split, with --model tiny-moe)")
-    t.add_argument("--nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
+    t.add_argument("--nproc-per-node", dest="nproc", type=BOUNDED["ranks_per_node"], default=2, help="ranks per node")
+    old_spelling(t, "--nproc", "--nproc-per-node", "nproc", type=BOUNDED["ranks_per_node"])
     t.add_argument("--model", default="tiny",
                    help="tiny, small, tiny-gpt2, a catalog id / config.json / YAML (random weights), or a checkpoint "
                         "folder / hf:ORG/NAME to fine-tune from (each rank reads its own shards)")

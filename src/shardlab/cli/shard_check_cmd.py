@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from shardlab.cli.bench_cmds import _STOPPED
-from shardlab.cli.common import BOUNDED, add_output_args
+from shardlab.cli.common import BOUNDED, add_output_args, old_spelling
 from shardlab.cli.runtime_cmds import reports_interrupt
 from shardlab.errors import ShardlabError
 
@@ -14,8 +14,8 @@ MAX_CHECKED_RANKS = 256
 """Ranks `shard-check --ranks` may execute (each is a fresh interpreter building the model on the meta device)."""
 
 EXAMPLES_SHARD = """examples:
-  shardlab shard-check llama-3.1-70b --world-size 64 --fsdp 64
-  shardlab shard-check llama-3.1-70b --world-size 64 --dp 8 --tp 8
+  shardlab shard-check llama-3.1-70b --gpus 64 --fsdp 64
+  shardlab shard-check llama-3.1-70b --gpus 64 --dp 8 --tp 8
   shardlab shard-check llama-2-7b --fsdp 60 --ranks all --json
 """
 
@@ -23,11 +23,12 @@ EXAMPLES_SHARD = """examples:
 def register(sub) -> None:
     sc = sub.add_parser("shard-check", help="PyTorch's real per-rank shards at target scale vs the memory model",
                         description="Build MODEL on the meta device, apply FSDP2/TP with PyTorch's fake process group "
-                                    "at --world-size ranks, and compare every rank's parameter shards with the memory "
+                                    "at --gpus ranks, and compare every rank's parameter shards with the memory "
                                     "model byte for byte (exit 1 on any difference).",
                         epilog=EXAMPLES_SHARD, formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("model", metavar="MODEL", help="catalog id, config.json path, or runtime preset (tiny, small)")
-    sc.add_argument("--world-size", type=BOUNDED["gpus"], default=None, help="ranks (default: dp x tp)")
+    sc.add_argument("--gpus", dest="world_size", type=BOUNDED["gpus"], default=None, help="ranks (default: dp x tp)")
+    old_spelling(sc, "--world-size", "--gpus", "world_size", type=BOUNDED["gpus"])
     sc.add_argument("--fsdp", type=BOUNDED["gpus"], default=None, metavar="N", help="FSDP2 over N ranks (= --dp N --zero 3)")
     sc.add_argument("--dp", type=BOUNDED["gpus"], default=None, help="data-parallel degree (default: world size / tp)")
     sc.add_argument("--tp", type=BOUNDED["gpus"], default=1, help="tensor-parallel degree (DTensor, Megatron plan)")
@@ -59,7 +60,7 @@ def cmd_shard_check(args):
     world = args.world_size or (dp or 1) * tp
     if dp is None:
         if world % tp:
-            raise ShardlabError(f"--world-size {world} is not divisible by --tp {tp}; choose a tp that divides it")
+            raise ShardlabError(f"--gpus {world} is not divisible by --tp {tp}; choose a tp that divides it")
         dp = world // tp
     if dp * tp != world:
         raise ShardlabError(f"dp x tp = {dp} x {tp} = {dp * tp} but --world-size is {world}; make them agree")

@@ -103,7 +103,7 @@ def inference_estimate_argv(run, case) -> list[str]:
     from shardlab.validation.inference import run_mode
 
     c = run.config
-    argv = [c["model"], "--inference", "--framework", run.engine, "--gpu", c["gpu"], "--tp", str(c["tp"])]
+    argv = [c["model"], "--inference", "--engine", run.engine, "--gpu", c["gpu"], "--tp", str(c["tp"])]
     if c.get("pp", 1) != 1:
         argv += ["--pp", str(c["pp"])]
     for key, flag, default in (("weights", "--weights", "bf16"), ("group_size", "--group-size", None),

@@ -84,8 +84,8 @@ def check_gpu_count(nproc: int) -> None:
     import torch
 
     if nproc > torch.cuda.device_count():
-        raise ShardlabError(f"--nproc {nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                            f"use --nproc {torch.cuda.device_count()} or fewer")
+        raise ShardlabError(f"--nproc-per-node {nproc} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                            f"use --nproc-per-node {torch.cuda.device_count()} or fewer")
 
 
 def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int = 20, warmup: int = 2,
@@ -102,7 +102,7 @@ def run_collectives(nproc: int, ops: list[str], sizes: list[int], *, iters: int 
     check_host_bytes(2 * nproc * max(sizes, default=0), f"bench collectives of {max(sizes, default=0):,} B on "
                      f"{nproc} ranks", "give smaller --sizes (the CPU default stops at 64MiB)", device)
     if nproc < 2:
-        raise ShardlabError(f"--nproc must be at least 2 for a collective, got {nproc}")
+        raise ShardlabError(f"--nproc-per-node must be at least 2 for a collective, got {nproc}")
     args = ["--ops", ",".join(ops), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
             "--warmup", str(warmup), "--min-time", str(min_time_s)] + (["--overlap"] if overlap else [])
     env = {"SHARDLAB_DEVICE": device} if device else None

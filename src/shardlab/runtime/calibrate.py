@@ -211,7 +211,7 @@ def _check_fitted(doc: dict, dtype: str, matmul_src: str, coll_src: str) -> None
     ]
     lk = (doc.get("links") or {}).get(prof["intra_link"])
     if lk is not None:
-        coll_fix = "remeasure with `shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`"
+        coll_fix = "remeasure with `shardlab bench collectives --nproc-per-node 2 --sizes 1KiB:64MiB --json`"
         checks += [
             (lk["bandwidth_gbps"], FIELD_MAX["bandwidth_gbps"], coll_src, "rows give a bus bandwidth of {v:.4g} GB/s",
              "GB/s", "check the rows' size_bytes and time_s, or " + coll_fix),
@@ -244,10 +244,10 @@ def _no_link_fit(coll: dict, link_fit: str, src: str) -> ShardlabError:
     if sizes < 2:
         return ShardlabError(f"{src}: {len(sel)} {what}row(s) at {sizes} message size(s): fitting a link's latency and "
                              f"bandwidth needs at least 2 message sizes (8 or more fit well); measure a size range with "
-                             f"`shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`")
+                             f"`shardlab bench collectives --nproc-per-node 2 --sizes 1KiB:64MiB --json`")
     reason = (coll.get("fit_errors") or {}).get(link_fit) or "the fit failed"
     return ShardlabError(f"{src}: no {link_fit} latency/bandwidth fit from its {len(sel)} {what}rows: {reason}; or "
-                         f"remeasure with `shardlab bench collectives --nproc 2 --sizes 1KiB:64MiB --json`")
+                         f"remeasure with `shardlab bench collectives --nproc-per-node 2 --sizes 1KiB:64MiB --json`")
 
 
 def fit_summary(fit: AlphaBetaFit | EfficiencyFit) -> dict:

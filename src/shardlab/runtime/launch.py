@@ -101,7 +101,7 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     they run.
     """
     if nproc < 1:
-        raise ShardlabError(f"--nproc must be at least 1, got {nproc}")
+        raise ShardlabError(f"--nproc-per-node must be at least 1, got {nproc}")
     temporary = not run_dir and not os.environ.get("SHARDLAB_KEEP_RUN_DIR")
     rd = Path(run_dir) if run_dir else _temp_run_dir()
     rd.mkdir(parents=True, exist_ok=True)
@@ -231,7 +231,7 @@ def warn_oversubscribed(nproc: int, args: list[str], env: dict) -> str:
     if device != "cpu":
         return ""
     msg = (f"{nproc} ranks on {cores} CPU core(s): the ranks take turns on the cores, so step times and bandwidths "
-           f"will be meaningless (correctness checks still hold); use --nproc {cores} or fewer for timings")
+           f"will be meaningless (correctness checks still hold); use --nproc-per-node {cores} or fewer for timings")
     sys.stderr.write(f"warning: {msg}\n")
     return msg
 

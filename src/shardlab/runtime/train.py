@@ -113,7 +113,7 @@ def prepare(req: TrainRequest):
                             "mixture-of-experts model (e.g. --model tiny-moe)")
     if "ep" in st.name.split("+") and st.ep < 2:
         raise ShardlabError(f"--strategy {st.name} needs at least 2 expert-parallel ranks to split the experts (it has "
-                            f"{st.ep}); use --nproc 2 or more and --ep 2 or more")
+                            f"{st.ep}); use --nproc-per-node 2 or more and --ep 2 or more")
     if st.ep > 1 and spec.moe.num_experts % st.ep:
         raise ShardlabError(f"--ep {st.ep} must divide {spec.name}'s {spec.moe.num_experts} experts")
     if spec.tied_embeddings and st.tp_kind == "dtensor" and st.pp > 1:

@@ -204,7 +204,7 @@ def get_engine(name: str | None) -> EngineProfile:
     name = (name or "vllm").lower()
     engines = builtin_engines()
     if name in TRAINING_FRAMEWORKS:
-        raise ShardlabError(f"--framework {name} is a training framework; under --inference use a serving engine: "
+        raise ShardlabError(f"{name} is a training framework; under --inference --engine names a serving engine: "
                             f"{', '.join(engines)}")
     if name not in engines:
         raise ShardlabError(f"unknown serving engine '{name}'{did_you_mean(name, engines)}; use one of {', '.join(engines)}")

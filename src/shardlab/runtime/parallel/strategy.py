@@ -87,11 +87,11 @@ def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | No
         raise ShardlabError(f"--strategy '{text}': expert parallelism runs as ddp+ep (experts split over data-parallel "
                             "ranks, the rest replicated); with tp, pp or fsdp it is predicted only")
     if nproc % (t * p):
-        raise ShardlabError(f"--nproc {nproc} is not divisible by tp×pp = {t}×{p}; choose --nproc as a multiple of {t * p}")
+        raise ShardlabError(f"--nproc-per-node {nproc} is not divisible by tp×pp = {t}×{p}; choose --nproc-per-node as a multiple of {t * p}")
     dp = nproc // (t * p)
     if dp > 1 and not data:
-        raise ShardlabError(f"--nproc {nproc} leaves {dp} data-parallel replicas (tp×pp = {t * p}) but --strategy "
-                            f"'{text}' has no ddp/fsdp part; add +ddp or +fsdp, or set --nproc {t * p}")
+        raise ShardlabError(f"--nproc-per-node {nproc} leaves {dp} data-parallel replicas (tp×pp = {t * p}) but --strategy "
+                            f"'{text}' has no ddp/fsdp part; add +ddp or +fsdp, or set --nproc-per-node {t * p}")
     sched = schedule if has_pp else "1f1b"
     if has_pp and schedule == "interleaved" and vpp < 2:
         vpp = 2
@@ -99,7 +99,7 @@ def parse_strategy(text: str, nproc: int, *, tp: int | None = None, pp: int | No
         raise ShardlabError("--vpp > 1 needs pp with --schedule interleaved")
     e = (ep or dp) if has_ep else 1
     if dp % e:
-        raise ShardlabError(f"--ep {e} must divide the data-parallel degree {dp} (--nproc {nproc}); e.g. --ep "
+        raise ShardlabError(f"--ep {e} must divide the data-parallel degree {dp} (--nproc-per-node {nproc}); e.g. --ep "
                             f"{max(d for d in range(1, dp + 1) if dp % d == 0 and d <= e)}")
     canon = "+".join(x for x in PARTS if x in parts)
     return Strategy(canon, data[0] if data else None, {"tp": "dtensor", "tp-megatron": "megatron"}.get(tpk[0]) if tpk else None,

@@ -50,8 +50,8 @@ def all_reduce(v: dict) -> Explanation:
          "crossover_bytes": cross, "busbw_gbps": c.busbw_gbps, f"{other}_time_s": o.time_s},
         table=(["size", "ring", "ring regime", "tree", "faster"], rows),
         sources=["ring", "thakur", "hockney", "nccl-tree", "nccl-tests"], code=[],
-        commands=[f"comm all-reduce --size {S} --ranks {n} --link {ln.id} --algorithm {algo}",
-                  f"comm all-reduce --sweep --ranks {n} --link {ln.id}"])
+        commands=[f"comm all-reduce --size {S} --gpus {n} --link {ln.id} --algorithm {algo}",
+                  f"comm all-reduce --sweep --gpus {n} --link {ln.id}"])
 
 
 def ddp_buckets(v: dict) -> Explanation:
@@ -110,7 +110,7 @@ def ddp_buckets(v: dict) -> Explanation:
          "whole_all_reduce_s": est.dp_comm_total_s, "backward_s": backward, "step_time_s": est.step_time_s},
         sources=["ddp", "ring"], code=["pt-ddp", "pt-reducer", "meg-ddp"],
         commands=[f"comm plan {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id}",
-                  "run train --strategy ddp --nproc 2 --check-parity"],
+                  "run train --strategy ddp --nproc-per-node 2 --check-parity"],
         notes=["the window is the transformer blocks' backward of the last micro-batch (backward costs 2× forward); "
                "the embedding, head and loss are outside it"])
 
@@ -150,7 +150,7 @@ def link_bandwidth(v: dict) -> Explanation:
         {"time_s": times, "per_direction_gbps": {ln.id: ln.bandwidth_gbps for ln in links}},
         table=(["link", "GB/s both ways", "GB/s per direction", "Gb/s per direction", "β GB/s", "α µs", "all-reduce"], rows),
         sources=["nvlink", "infiniband", "nccl-tests"], code=[],
-        commands=["links", f"comm all-reduce --size {v['size']} --ranks {v['ranks']} --link {slow.id}"])
+        commands=["links", f"comm all-reduce --size {v['size']} --gpus {v['ranks']} --link {slow.id}"])
 
 
 def tp_in_node(v: dict) -> Explanation:

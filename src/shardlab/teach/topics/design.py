@@ -182,7 +182,7 @@ def source_map(v: dict) -> Explanation:
         "Read the frameworks with a map: find the class named in the table, then its forward and backward. The shardlab "
         "column points at the same idea in this project, written small, with the collective counted.",
         {"locations": len(ids)}, sources=["megatron", "fsdp", "zero"], code=ids,
-        commands=["run train --strategy tp-megatron --nproc 2 --steps 1"], notes=[RUN_TRAIN_STEPS_NOTE])
+        commands=["run train --strategy tp-megatron --nproc-per-node 2 --steps 1"], notes=[RUN_TRAIN_STEPS_NOTE])
 
 
 TOPICS = [

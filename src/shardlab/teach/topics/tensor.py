@@ -49,7 +49,7 @@ def tp_mlp(v: dict) -> Explanation:
          "backward mirrors it: the input gradient of the column linear is a partial sum → one all-reduce (Megatron's f); "
          "so one all-reduce forward and one backward per MLP, the same again per attention",
          f"one all-reduce over {ln.id} on {t} ranks: {fmt_time(ar.time_s)} ({ar.regime}-bound)",
-         "counted for real: `shardlab run train --strategy tp-megatron --nproc 2` reports the f/g counter per attention "
+         "counted for real: `shardlab run train --strategy tp-megatron --nproc-per-node 2` reports the f/g counter per attention "
          "and per MLP, forward and backward"],
         "Split the first matrix by columns and each GPU gets whole output features, so the nonlinearity can run on its own "
         "slice without talking to anyone. Split the second matrix by rows to match and each GPU produces a partial sum of "
@@ -58,7 +58,7 @@ def tp_mlp(v: dict) -> Explanation:
         {"tp": t, "all_reduce_bytes": size, "all_reduce_s": ar.time_s, "forward_all_reduces_per_mlp": 1,
          "backward_all_reduces_per_mlp": 1, "rows": mlp},
         sources=["megatron", "shardlab-runtime"], code=["meg-column", "meg-row", "meg-f", "meg-g", "meg-mlp", "pt-tp", "pt-timer"],
-        commands=[f"shard {spec.name} --tp {t} --seq-len {v['seq']}", "run train --strategy tp-megatron --nproc 2 --steps 1"],
+        commands=[f"shard {spec.name} --tp {t} --seq-len {v['seq']}", "run train --strategy tp-megatron --nproc-per-node 2 --steps 1"],
         notes=[RUN_TRAIN_STEPS_NOTE])
 
 
@@ -128,7 +128,7 @@ def sequence_parallel(v: dict) -> Explanation:
         {"activations_bytes": plain, "activations_sp_bytes": sp, "all_reduce_s": ar.time_s,
          "reduce_scatter_plus_all_gather_s": rs.time_s + ag.time_s},
         sources=["korthikanti", "megatron"], code=["meg-sp", "pt-tp"],
-        commands=[f"memory {spec.name} --gpus {t} --tp {t} --sequence-parallel", "run train --strategy tp+sp --nproc 2"])
+        commands=[f"memory {spec.name} --gpus {t} --tp {t} --sequence-parallel", "run train --strategy tp+sp --nproc-per-node 2"])
 
 
 
