@@ -195,3 +195,66 @@ def test_hub_reference_reads_the_cached_snapshot(ckpts, tmp_path, monkeypatch):
     assert src.check() == []
     with pytest.raises(ShardlabError, match="is not in the Hugging Face cache"):
         CheckpointSource("hf:tiny-org/not-cached")
+
+
+def _edited(src, dst, **changes):
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = {**json.loads((dst / "config.json").read_text()), **changes}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_a_config_smaller_than_its_weights_is_refused_as_transformers_refuses_it(ckpts, tmp_path):
+    """Fewer KV heads or a smaller vocabulary than the tensors hold, or tensors of layers the config does not have:
+    refused naming the tensor (transformers' from_pretrained raises a size mismatch), never loaded in part."""
+    with pytest.raises(ShardlabError, match=r"k_proj.weight' has shape \(32, 64\), but config.json uses only 16"):
+        CheckpointSource(str(_edited(ckpts["llama"], tmp_path / "kv", num_key_value_heads=1))).check()
+    with pytest.raises(ShardlabError, match=r"embed_tokens.weight' has shape \(1001, 64\), but config.json uses only 900"):
+        CheckpointSource(str(_edited(ckpts["llama"], tmp_path / "vocab", vocab_size=900))).check()
+    with pytest.raises(ShardlabError, match=r"tensor 'model.layers.1.* is not used by the model config.json describes"):
+        CheckpointSource(str(_edited(ckpts["llama"], tmp_path / "layers", num_hidden_layers=1))).check()
+    with pytest.raises(ShardlabError, match="activation"):
+        CheckpointSource(str(_edited(ckpts["llama"], tmp_path / "act", hidden_act=["silu"]))).check()
+
+
+def test_base_model_tensor_names_load(ckpts, tmp_path):
+    """A GPT-2 saved from the base model ('h.0.attn...', 'wte.weight', as openai-community/gpt2 is): transformers
+    loads it into GPT2LMHeadModel, and so does the runtime."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "base"
+    shutil.copytree(ckpts["gpt2"], folder)
+    t = load_file(folder / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in t.items() if k != "lm_head.weight"},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    model, src, _ = ours(folder)
+    x = torch.tensor([[464, 2068, 7586]])
+    with torch.no_grad():
+        assert (model(x) - load_hf(folder)(x).logits).abs().max().item() <= LOGIT_TOL
+
+
+def test_greedy_comparison_ignores_the_checkpoints_generation_settings(ckpts, tmp_path):
+    """A generation_config.json asking for a repetition penalty and banned n-grams: the comparison is still greedy
+    argmax decoding (a fresh generation config), so the runtime's tokens match."""
+    import shutil
+
+    folder = tmp_path / "gen"
+    shutil.copytree(ckpts["qwen3"], folder)
+    (folder / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}))
+    model, src, _ = ours(folder)
+    prompt = [3, 141, 59, 26, 535]
+    cache = KVCache(list(range(src.spec.num_layers)), 1, len(prompt) + 10, src.spec.num_kv_heads, src.spec.head_dim_)
+    toks, _, _ = generate(model, torch.tensor([prompt]), 10, cache)
+    assert toks == hf_generate(folder, prompt, 10)
+
+
+def test_training_past_a_sliding_window_is_refused(ckpts, tmp_path):
+    from shardlab.runtime.train import TrainRequest, prepare
+
+    folder = _edited(ckpts["mistral"], tmp_path / "win", sliding_window=8)
+    with pytest.raises(ShardlabError, match="exceeds mistral's sliding window|exceeds win's sliding window"):
+        prepare(TrainRequest(strategy="ddp", nproc=1, model=str(folder), seq_len=16))

@@ -63,7 +63,7 @@ def test_timeout_without_progress_difference_says_so(tmp_path):
 def test_rendezvous_flags_replace_standalone():
     assert "--standalone" in torchrun_command("m", 2, [])
     cmd = torchrun_command("m", 8, ["--a"], ["--nnodes", "2", "--rdzv-endpoint", "h:29500", "--rdzv-backend", "c10d"])
-    assert "--standalone" not in cmd and cmd[-3:] == ["-m", "m", "--a"] and "--nodes" in cmd
+    assert "--standalone" not in cmd and cmd[-3:] == ["-m", "m", "--a"] and "--nnodes" in cmd
 
 
 torch = pytest.importorskip("torch")

@@ -75,7 +75,12 @@ def prompt_ids(text: str, ids, vocab: int, folder=None) -> list[int]:
         if tokenizer_present(folder):
             from shardlab.runtime.checkpoint.reference import hf_tokenize
 
-            return hf_tokenize(folder, text)
+            ids = hf_tokenize(folder, text)
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ShardlabError(f"the checkpoint's tokenizer gives token {bad}, outside its vocabulary [0, {vocab}); "
+                                    f"the tokenizer and config.json disagree: pass --prompt-ids")
+            return ids
     return prompt_tokens(text, vocab)
 
 
@@ -86,6 +91,9 @@ def check_divides(spec, tp: int, pp: int, strategy: str) -> None:
                             f"its {spec.num_kv_heads} KV heads")
     if strategy == "tp-megatron" and spec.num_kv_heads % tp:
         raise ShardlabError(f"tp-megatron needs --tp {tp} to divide the {spec.num_kv_heads} KV heads; use --strategy tp")
+    if strategy == "tp-megatron" and tp > 1 and spec.moe is not None:
+        raise ShardlabError(f"tp-megatron does not split {spec.name}'s mixture-of-experts layers; use --strategy tp "
+                            f"(experts split by width)")
     widths = {"FFN width": spec.ffn_hidden_size}
     if spec.moe is not None:
         widths["expert FFN width"] = spec.moe.expert_ffn_hidden_size

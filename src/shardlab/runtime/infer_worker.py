@@ -133,17 +133,23 @@ def build_rank_model(args, ctx, tp: int, pp: int, stage: int, tp_mesh):
     spec0 = source.spec if source else resolve_spec(args.model)
     spec, cut = pad_spec(spec0, tp, args.vocab_divisible_by)
     numerics = source.numerics(cut) if source else Numerics(vocab_size=cut)
+    # a checkpoint's model is built and cut on the meta device, then only this rank's shards are allocated and read
+    # (torchtitan's meta-device initialisation): a rank never holds the whole model
+    device = "meta" if source is not None else ctx.device
     if pp == 1:
-        model = build_model(spec, device=ctx.device, seed=args.seed, numerics=numerics, init=source is None)
+        model = build_model(spec, device=device, seed=args.seed, numerics=numerics)
     else:
         chunks = chunk_layers(spec, Layout(pp=pp))
-        model = make_chunk(spec, chunks[stage], stage == 0, stage == pp - 1, args.seed, ctx.device, numerics)
+        model = make_chunk(spec, chunks[stage], stage == 0, stage == pp - 1, args.seed, device, numerics)
     model, counter = shard_for_inference(model.eval(), args.strategy, tp_mesh.get_group(), tp_mesh)
     report = None
     if source is not None:
         from shardlab.runtime.checkpoint.load import load_into
 
-        report = load_into([model], source.open(), source.family, spec0)
+        model = model.to_empty(device=ctx.device)
+        ck = source.open()
+        report = load_into([model], ck, source.family, spec0)
+        ck.close()
     return model, counter, spec, report
 
 

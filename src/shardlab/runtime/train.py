@@ -97,6 +97,10 @@ def prepare(req: TrainRequest):
     from shardlab.estimate.training import positions_notes
 
     positions_notes(spec, req.seq_len)          # a learned position table has no rows past its length
+    if spec.sliding_window and req.seq_len > spec.sliding_window:
+        raise ShardlabError(f"--seq-len {req.seq_len} exceeds {spec.name}'s sliding window ({spec.sliding_window}); the "
+                            f"runtime attends to every token, which such a model does not: use --seq-len "
+                            f"{spec.sliding_window} or less")
     if st.tp > 1 and spec.num_kv_heads % st.tp:
         raise ShardlabError(f"training with --tp {st.tp} needs it to divide {spec.name}'s {spec.num_kv_heads} KV heads "
                             f"(duplicated KV heads are for inference only)")

@@ -57,12 +57,17 @@ def checkpoint_dir(ref: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo, revision=rev, cache_dir=cache_dir(), local_files_only=_offline(),
-                                      token=os.environ.get("HF_TOKEN") or None,
-                                      allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+        # model*.safetensors: the transformers weights only (repositories may also hold consolidated.safetensors)
+        folder = Path(snapshot_download(repo, revision=rev, cache_dir=cache_dir(), local_files_only=_offline(),
+                                        token=os.environ.get("HF_TOKEN") or None,
+                                        allow_patterns=["*.json", "model*.safetensors", "tokenizer*"]))
     except Exception as e:  # network, authentication, an incomplete cache: one line
         raise ShardlabError(f"{ref}: could not fetch the checkpoint's weights ({type(e).__name__}); check the network or "
                             f"HF_TOKEN (offline: the weights must be in the cache), or download it and pass the folder") from None
+    if not any((folder / f).is_file() for f in WEIGHT_FILES):
+        raise ShardlabError(f"{ref}: the cache holds its config.json but not its safetensors weights (offline, or a "
+                            f"repository without model*.safetensors); fetch them with a connection, or pass a folder")
+    return folder
 
 
 def read_config(folder: Path) -> dict:
@@ -128,8 +133,8 @@ def numerics_from_config(config: dict, family: str, where: str, vocab_size: int 
         act = config.get("hidden_act", "silu")
     acts = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
             "gelu_fast": "gelu_tanh"}
-    if act not in acts:
-        raise ShardlabError(f"{where}: activation {act!r} is not computed by the runtime ({', '.join(acts)} are)")
+    if not isinstance(act, str) or act not in acts:
+        raise ShardlabError(f"{where}: activation {str(act)[:40]!r} is not computed by the runtime ({', '.join(acts)} are)")
     if family == "gpt_neox":
         theta = _number(config, "rotary_emb_base", _number(config, "rope_theta", 10000.0, where), where)
         rotary = _number(config, "rotary_pct", _number(config, "partial_rotary_factor", 0.25, where), where)

@@ -53,18 +53,45 @@ def _expect(ckpt: Checkpoint, pc: Piece, shape: tuple[int, ...], name: str) -> N
                             f"(for {name}); the weights do not match the config")
 
 
+UNUSED_OK = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "attention.bias", "attention.masked_bias")
+"""Buffers some checkpoints store beside the weights (rotary tables, GPT-2's causal masks): not parameters."""
+
+
 def check_checkpoint(spec, family: str, ckpt: Checkpoint) -> list[str]:
-    """Every runtime parameter of ``spec`` (the checkpoint's own vocabulary) maps onto tensors of the right shape; a
-    ShardlabError names the first that does not. Returns the checkpoint tensors no parameter uses."""
+    """Every runtime parameter of ``spec`` (the checkpoint's own vocabulary) maps onto tensors of the right shape, each
+    source tensor is covered exactly (a config with fewer KV heads, a smaller vocabulary or fewer experts than the
+    weights is refused, as transformers refuses it), and no weight is left over; a ShardlabError names the first
+    mismatch. Returns the tensors left unused (known buffers only)."""
     from shardlab.specs.tensors import model_tensors
 
-    used: set[str] = set()
+    used: dict[str, int] = {}                 # tensor -> rows (columns when transposed) the pieces reach
     for t in model_tensors(spec):
         for pc in pieces(family, spec, t.name, t.shape, spec.vocab_size):
             if pc.tensor is not None:
                 _expect(ckpt, pc, t.shape, t.name)
-                used.add(pc.tensor)
-    return sorted(n for n in ckpt.files if n not in used)
+                reach = -1 if pc.whole else pc.start + pc.rows       # a whole tensor: its shape is checked exactly
+                used[pc.tensor] = max(used.get(pc.tensor, -1), reach)
+    where = f"checkpoint {ckpt.folder}"
+    for name, reach in used.items():
+        shape, _ = ckpt.info(name)
+        extent = shape[1] if _transposed(family, spec, name) else shape[0]
+        if 0 <= reach < extent:
+            raise ShardlabError(f"{where}: tensor '{ckpt.stored(name)}' has shape {shape}, but config.json uses only "
+                                f"{reach} of its {extent} rows; the weights do not match the config (heads, KV heads, "
+                                f"vocabulary or widths): fix config.json")
+    extra = [n for n in ckpt.files if ckpt.canonical(n) not in used]
+    bad = [n for n in extra if not n.endswith(UNUSED_OK) and not (spec.tied_embeddings and n.endswith("lm_head.weight"))]
+    if bad:
+        raise ShardlabError(f"{where}: tensor '{bad[0]}' (and {len(bad) - 1} more) is not used by the model config.json "
+                            f"describes (more layers or experts than it says?); fix config.json" if len(bad) > 1 else
+                            f"{where}: tensor '{bad[0]}' is not used by the model config.json describes (more layers or "
+                            f"experts than it says?); fix config.json")
+    return sorted(extra)
+
+
+def _transposed(family: str, spec, name: str) -> bool:
+    """GPT-2's Conv1D matrices are stored (in, out): their rows for us are the stored columns."""
+    return family == "gpt2" and name.endswith(".weight") and any(k in name for k in ("c_attn", "c_proj", "c_fc"))
 
 
 def read_region(ckpt: Checkpoint, pcs: list[Piece], offset: tuple[int, ...], local_shape: tuple[int, ...]):
@@ -95,20 +122,29 @@ def load_into(modules, ckpt: Checkpoint, family: str, spec) -> LoadReport:
     own vocabulary (the model's may be padded)."""
     import torch
 
-    from shardlab.runtime.parallel.region import region
-
-    filled = 0
+    filled, seen = 0, set()
     with torch.no_grad():
         for m in modules:
-            for raw, p in m.named_parameters():
-                name = raw.removeprefix("module.")
-                shape, offset, local = region(p)
-                if local.numel() == 0:
-                    continue
-                block = read_region(ckpt, pieces(family, spec, name, shape, spec.vocab_size), offset, tuple(local.shape))
-                local.copy_(block.to(local.dtype))
-                filled += 1
+            for prefix, mod in m.named_modules():
+                kept = getattr(mod, "_shardlab_regions", {})
+                for pname, p in mod.named_parameters(recurse=False):
+                    if id(p) in seen:            # a parameter two modules share is filled once
+                        continue
+                    seen.add(id(p))
+                    name = (f"{prefix}.{pname}" if prefix else pname).removeprefix("module.")
+                    filled += _fill(ckpt, family, spec, name, p, kept.get(pname))
     return LoadReport(filled, ckpt.bytes_read, ckpt.total_bytes(), tuple(sorted(ckpt.dtypes)))
+
+
+def _fill(ckpt: Checkpoint, family: str, spec, name: str, p, kept) -> int:
+    from shardlab.runtime.parallel.region import region
+
+    shape, offset, local = region(p, kept)
+    if local.numel() == 0:
+        return 0
+    block = read_region(ckpt, pieces(family, spec, name, shape, spec.vocab_size), offset, tuple(local.shape))
+    local.copy_(block.to(local.dtype))
+    return 1
 
 
 def reads_doc(source, ranks: list[dict]) -> dict:

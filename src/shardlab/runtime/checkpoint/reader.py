@@ -50,6 +50,8 @@ class Checkpoint:
             for name in self._handle(path).keys():
                 self.files[name] = path
         self._meta: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._asked: set[str] = set()
+        self._asked_short: dict[str, str] = {}
 
     def _handle(self, path: Path):
         h = self._open.get(path)
@@ -64,25 +66,55 @@ class Checkpoint:
             self._open[path] = h
         return h
 
+    def stored(self, name: str) -> str:
+        """The name ``name`` has in the files: as asked (the CausalLM names, 'model.layers.0...'), or without its first
+        component when the checkpoint was saved from the base model ('layers.0...', GPT-2's 'h.0...'), as
+        transformers accepts both."""
+        if name in self.files:
+            return name
+        short = name.split(".", 1)[1] if "." in name else name
+        return short if short in self.files else name
+
+    def canonical(self, stored: str) -> str:
+        """The CausalLM name of a stored tensor name (inverse of ``stored`` for the names the maps ask for)."""
+        return stored if stored in self._asked else self._asked_short.get(stored, stored)
+
     def __contains__(self, name: str) -> bool:
-        return name in self.files
+        self._asked.add(name)
+        if "." in name:
+            self._asked_short[name.split(".", 1)[1]] = name
+        return self.stored(name) in self.files
+
+    def _slice(self, name: str):
+        key = self.stored(name)
+        if key not in self.files:
+            raise ShardlabError(f"checkpoint {self.folder} has no tensor '{name}'; the weights do not match config.json")
+        try:
+            return self._handle(self.files[key]).get_slice(key)
+        except Exception as e:   # an index naming a shard that lacks the tensor, a damaged file
+            raise ShardlabError(f"{self.files[key]}: cannot read tensor '{key}' ({type(e).__name__}: {str(e)[:100]}); "
+                                f"the index and the shards disagree: re-save the checkpoint") from None
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
         """(shape, safetensors dtype code) from the file header; nothing is read."""
         if name not in self._meta:
-            sl = self._handle(self.files[name]).get_slice(name)
+            sl = self._slice(name)
             self._meta[name] = (tuple(int(d) for d in sl.get_shape()), str(sl.get_dtype()))
         return self._meta[name]
 
     def block(self, name: str, index: tuple):
         """The block ``index`` (a tuple of slices, one per dim) of tensor ``name``, read lazily and counted."""
-        t = self._handle(self.files[name]).get_slice(name)[index]
+        t = self._slice(name)[index]
         self.bytes_read += t.numel() * t.element_size()
         return t
 
     @property
     def dtypes(self) -> set[str]:
         return {self.info(n)[1] for n in self.files}
+
+    def close(self) -> None:
+        """Drop the open files (safetensors maps them; the maps go with the handles)."""
+        self._open.clear()
 
     def total_bytes(self) -> int:
         """Bytes of every tensor in the checkpoint (from the headers)."""

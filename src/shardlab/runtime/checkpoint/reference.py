@@ -30,21 +30,24 @@ def load_hf(folder: Path):
 
     tf = _transformers()
     tf.logging.set_verbosity_error()
-    model = tf.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
+    except Exception as e:   # transformers' own refusal (a size mismatch, an unknown architecture): one line
+        raise ShardlabError(f"transformers could not load {folder} for the comparison ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})") from None
     return model.eval()
 
 
 def hf_generate(folder: Path, prompt: list[int], max_new: int, model=None) -> list[int]:
     """transformers' greedy ``generate``: the ``max_new`` new token ids."""
-    import copy
-
     import torch
 
     model = model or load_hf(folder)
-    cfg = copy.deepcopy(model.generation_config)
-    cfg.eos_token_id, cfg.do_sample, cfg.num_beams = None, False, 1
-    cfg.temperature = cfg.top_p = cfg.top_k = None
-    cfg.pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+    tf = _transformers()
+    # a fresh config: the checkpoint's generation_config.json may ask for repetition penalties, banned n-grams or
+    # suppressed tokens, which are not greedy argmax decoding
+    pad = model.generation_config.pad_token_id
+    cfg = tf.GenerationConfig(do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=pad if pad is not None else 0)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), generation_config=cfg, max_new_tokens=max_new, min_new_tokens=None,
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))

@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from shardlab.errors import ShardlabError
 from shardlab.runtime.gpt import MLP, Experts, MoE
-from shardlab.runtime.parallel.region import mark_region
+from shardlab.runtime.parallel.region import mark_region, remember
 
 
 @dataclass
@@ -90,6 +90,7 @@ class LocalExperts(Experts):
                 whole = getattr(full, name)
                 p = nn.Parameter(whole.detach()[first:first + count].clone())
                 setattr(self, name, mark_region(p, whole.shape, (first, 0, 0)))  # a checkpoint fills only these experts
+        remember(self)
 
 
 class ExpertParallelMoE(nn.Module):

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardlab.errors import ShardlabError
-from shardlab.runtime.parallel.region import mark_region
+from shardlab.runtime.parallel.region import mark_region, remember
 
 
 @dataclass
@@ -141,6 +141,7 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.weight = _split(full.weight, 0, rank, tp)                                          # (out/tp, in)
         self.bias = _split(full.bias, 0, rank, tp) if full.bias is not None else None
+        remember(self)
 
     def forward(self, x):  # (b, s, in) -> (b, s, out/tp)
         return F.linear(x, self.weight, self.bias)
@@ -154,6 +155,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.counter = group, counter  # counter: a CollectiveCounter or its view at one site
         self.weight = _split(full.weight, 1, rank, tp)                                          # (out, in/tp)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+        remember(self)
 
     def forward(self, x):  # (b, s, in/tp) -> (b, s, out)
         out = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group, self.counter)
@@ -167,6 +169,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.weight = _split(full.weight, 0, rank, tp)                                          # (V/tp, h)
         self.start = rank * self.weight.shape[0]
+        remember(self)
         self.group, self.counter = group, counter
 
     def forward(self, tokens):  # (b, s) -> (b, s, h)
@@ -186,6 +189,7 @@ class VocabParallelHead(nn.Module):
         self.group, self.counter = group, counter
         if own:
             self.weight = weight_owner.weight
+            remember(self)
         else:
             self._owner = [weight_owner]  # a list hides it from named_parameters (tied: counted once)
 
@@ -198,6 +202,7 @@ class VocabParallelHead(nn.Module):
 def _column_head(full: nn.Linear, rank: int, tp: int) -> nn.Module:
     m = nn.Module()
     m.weight = _split(full.weight, 0, rank, tp)
+    remember(m)
     return m
 
 

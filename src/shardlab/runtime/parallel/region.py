@@ -17,8 +17,16 @@ def mark_region(param, global_shape, offset):
     return param
 
 
-def region(param) -> tuple[tuple[int, ...], tuple[int, ...], object]:
-    """(global shape, offset of the local block, the local tensor to write)."""
+def remember(module) -> None:
+    """Copy the marks of ``module``'s own parameters onto the module: ``Module.to_empty`` (meta-device initialisation:
+    build and cut on meta, then allocate only the shards) replaces the parameter objects and their attributes."""
+    module._shardlab_regions = {n: getattr(p, ATTR) for n, p in module.named_parameters(recurse=False)
+                                if hasattr(p, ATTR)}
+
+
+def region(param, remembered=None) -> tuple[tuple[int, ...], tuple[int, ...], object]:
+    """(global shape, offset of the local block, the local tensor to write); ``remembered``: the owning module's
+    record of this parameter (``remember``)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
@@ -29,7 +37,7 @@ def region(param) -> tuple[tuple[int, ...], tuple[int, ...], object]:
         if tuple(shape) != tuple(local.shape):
             raise RuntimeError(f"local shard {tuple(local.shape)} differs from its placement's {tuple(shape)}")
         return tuple(param.shape), tuple(int(o) for o in offset), local
-    marked = getattr(param, ATTR, None)
+    marked = getattr(param, ATTR, None) or remembered
     if marked is not None:
         return marked[0], marked[1], param
     return tuple(param.shape), (0,) * param.dim(), param
