@@ -58,9 +58,13 @@ def test_answers_file_scores_a_correct_file_100_and_a_wrong_one_0(tmp_path):
     code, out, _ = cli_main("quiz", "--seed", "7", "--questions", "10", "--answers", str(good), "--json")
     doc = json.loads(out)
     assert code == 0 and doc["score"]["right"] == 10 and doc["score"]["share"] == 1.0 and doc["score"]["passed"]
-    code, out, _ = cli_main("quiz", "--seed", "7", "--questions", "10", "--answers", str(bad))
-    assert code == 0 and "score: 0/10 = 0% (pass mark 70%)" in out and "worked solution:" in out
-    assert "the answer is" in out
+    code, out, err = cli_main("quiz", "--seed", "7", "--questions", "10", "--answers", str(bad))
+    assert code == 1 and "score: 0/10 = 0% (pass mark 70%)" in out and "worked solution:" in out   # a course gate
+    assert "the answer is" in out and "below the pass mark" in err
+    code, out, _ = cli_main("quiz", "--seed", "7", "--questions", "10", "--answers", str(bad), "--json")
+    assert code == 1 and json.loads(out)["score"]["passed"] is False               # still one JSON document
+    code, out, _ = cli_main("quiz", "--seed", "7", "--questions", "10", "--answers", str(good), "--pass-mark", "1")
+    assert code == 0 and "(pass mark 100%): PASS" in out
 
 
 def test_numbered_answers_letters_units_and_gaps():
@@ -147,7 +151,7 @@ def test_endless_standard_input_is_refused_not_read(monkeypatch):
     assert code == 2 and err.count("\n") == 1 and "answers are one short line each" in err
     monkeypatch.setattr(sys, "stdin", io.StringIO("1\n"))                      # a normal pipe still works
     code, out, _ = cli_main("quiz", "--seed", "1", "--questions", "2")
-    assert code == 0 and "stopped after 1 question(s)" in out
+    assert code == 1 and "stopped after 1 question(s)" in out            # 1 of 2 answered: below the pass mark
 
 
 def test_zero_question_asks_in_the_unit_its_solution_gives():
@@ -168,4 +172,54 @@ def test_letters_only_and_ctrl_d_counts_the_rest_unanswered():
     first = right(qs[0])
     r = subprocess.run([sys.executable, "-m", "shardlab", "quiz", "--seed", "1", "--questions", "10"], input=first + "\n",
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "1/10" in r.stdout and "PASS" not in r.stdout.replace("pass mark", "")
+    assert r.returncode == 1 and "1/10" in r.stdout and "PASS" not in r.stdout.replace("pass mark", "")
+
+
+def test_tmux_typing_slowly_while_a_status_clock_would_run(tmp_path):
+    """The learner types half an answer, waits past the status line's delay (progress forced on), types the rest:
+    nothing redraws over the typing, the answer reads whole, and a typo is asked again rather than scored."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        pytest.skip("tmux is not installed here (.ci/run installs it with apt-get)")
+    q = next(q for q in key(5, 10, "--topic", "zero") if q["kind"] == "numeric")
+    seed = 5
+    qs = key(seed, 10, "--topic", "zero")
+    n = qs.index(q) + 1
+    sock, name = f"shardlab-test-{uuid.uuid4().hex[:8]}", "quiz"
+    env = _env() | {"SHARDLAB_PROGRESS": "1"}
+    run = lambda *a: subprocess.run([tmux, "-L", sock, *a], capture_output=True, text=True, timeout=30, env=env)  # noqa: E731
+    quiz = (f"SHARDLAB_PROGRESS=1 {sys.executable} -m shardlab quiz --seed {seed} --questions {n} --topic zero; "
+            f"echo QUIZ-OVER $?; sleep 120")
+    assert run("new-session", "-d", "-s", name, "-x", "200", "-y", "80", "-c", str(tmp_path), quiz).returncode == 0
+
+    def screen() -> str:
+        return run("capture-pane", "-p", "-J", "-S", "-2000", "-t", name).stdout
+
+    def wait_for(text: str, count: int = 1, limit_s: float = 90.0) -> str:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            s = screen()
+            if s.count(text) >= count:
+                return s
+            time.sleep(0.2)
+        pytest.fail(f"the terminal never showed {text!r} ×{count}:\n{screen()}")
+
+    try:
+        for i, qq in enumerate(qs[:n], 1):
+            wait_for("your answer:", i + (1 if i == n else 0) * 0)
+            if i < n:
+                run("send-keys", "-t", name, right(qq), "Enter")
+                continue
+            run("send-keys", "-t", name, "-l", "abc")
+            run("send-keys", "-t", name, "Enter")
+            wait_for("could not read that")
+            answer = right(qq)
+            run("send-keys", "-t", name, "-l", answer[:1])
+            time.sleep(2.5)                                   # past the status line's delay, had it been drawn
+            run("send-keys", "-t", name, "-l", answer[1:])
+            run("send-keys", "-t", name, "Enter")
+        s = wait_for("QUIZ-OVER")
+        assert f"your answer: {right(qs[n - 1])}" in s and "'abc' is not a number" in s
+        assert s.count("-> correct") == n and "QUIZ-OVER 0" in s and " s" not in s.split("your answer: abc")[1][:3]
+    finally:
+        run("kill-server")

@@ -26,6 +26,8 @@ _lock = threading.Lock()
 
 def enabled(args=None) -> bool:
     """Draw progress? Terminal on stderr, no --json, not switched off by SHARDLAB_PROGRESS=0."""
+    if getattr(args, "reads_answers", False):     # a quiz waiting for typed answers: nothing may redraw over them
+        return False
     env = os.environ.get("SHARDLAB_PROGRESS")
     if env in ("0", "1"):
         return env == "1" and not getattr(args, "json", False)

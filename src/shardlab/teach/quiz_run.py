@@ -14,6 +14,14 @@ _GROUPED = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?$")    # '1,024' or '1
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
+def readable(q: Question, given: str) -> str | None:
+    """Why ``given`` cannot be read as an answer to ``q`` (a typo: asked again in a session), or None."""
+    ok, why = check(q, given)
+    if ok or not given.strip():
+        return None
+    return why if why.startswith("'") and ("is not" in why or "ambiguous" in why or "too large" in why) else None
+
+
 def check(q: Question, given: str | None) -> tuple[bool, str]:
     """(correct?, why) for the answer text ``given`` (None: no answer)."""
     if given is None or not given.strip():
@@ -81,13 +89,20 @@ def result_text(q: Question, ok: bool, why: str) -> str:
     return "\n".join(out)
 
 
-def score_line(right: int, n: int) -> str:
+def score_line(right: int, n: int, mark: float = PASS_MARK) -> str:
     share = right / n if n else 0.0
-    return (f"score: {right}/{n} = {100 * share:.0f}% (pass mark {100 * PASS_MARK:.0f}%): "
-            f"{'PASS' if share >= PASS_MARK else 'not yet: read the worked solutions and try another seed'}")
+    return (f"score: {right}/{n} = {100 * share:.0f}% (pass mark {100 * mark:.0f}%): "
+            f"{'PASS' if share >= mark else 'not yet: read the worked solutions and try another seed (exit 1)'}")
 
 
-def grade(questions: list[Question], answers: list[str | None]) -> dict:
+class QuizFailed(ShardlabError):
+    """Below the pass mark: the command's output is complete, and it exits 1 so a course gate can test it."""
+
+    exit_code = 1
+    json_reported = True
+
+
+def grade(questions: list[Question], answers: list[str | None], mark: float = PASS_MARK) -> dict:
     """The graded document: each question with the given answer, correct or not, and the score."""
     rows = []
     for i, (q, a) in enumerate(zip(questions, answers), 1):
@@ -96,7 +111,7 @@ def grade(questions: list[Question], answers: list[str | None]) -> dict:
     right = sum(r["correct"] for r in rows)
     n = len(questions)
     return {"questions": rows, "score": {"right": right, "total": n, "share": right / n if n else 0.0,
-                                         "pass_mark": PASS_MARK, "passed": n > 0 and right / n >= PASS_MARK}}
+                                         "pass_mark": mark, "passed": n > 0 and right / n >= mark}}
 
 
 def run_quiz_command(args):
@@ -111,19 +126,31 @@ def run_quiz_command(args):
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     qs = make_quiz(args.questions, seed, args.topic)
     head = f"shardlab quiz: {len(qs)} questions, seed {seed} (`--seed {seed}` repeats this quiz)"
+    mark = args.pass_mark if getattr(args, "pass_mark", None) is not None else PASS_MARK
     if args.answers is not None:
         text = _read_stdin() if args.answers == "-" else _read(args.answers)
-        doc = {"seed": seed, **grade(qs, parse_answers(text, len(qs)))}
+        doc = {"seed": seed, **grade(qs, parse_answers(text, len(qs)), mark)}
         lines = [head, ""]
         for r, q in zip(doc["questions"], qs):
             lines += [ask_text(r["number"], len(qs), q), f"  your answer: {r['given'] if r['given'] is not None else '-'}",
                       result_text(q, r["correct"], r["why"]), ""]
-        lines.append(score_line(doc["score"]["right"], len(qs)))
+        lines.append(score_line(doc["score"]["right"], len(qs), mark))
+        if not doc["score"]["passed"]:
+            _fail(args, doc, "\n".join(lines))
         return doc, "\n".join(lines)
     if args.json:
         return {"seed": seed, "questions": [{"number": i, **q.to_dict()} for i, q in enumerate(qs, 1)],
-                "pass_mark": PASS_MARK, "score": None}, ""
-    return _session(qs, head)
+                "pass_mark": mark, "score": None}, ""
+    return _session(qs, head, mark)
+
+
+def _fail(args, doc: dict, text: str) -> None:
+    """Below the pass mark: print the whole result (JSON or text) as a passing quiz would, then exit 1."""
+    from shardlab.cli import emit
+
+    emit(args, doc, text)
+    raise QuizFailed(f"quiz score {doc['score']['right']}/{doc['score']['total']} is below the pass mark "
+                     f"{100 * doc['score']['pass_mark']:.0f}%")
 
 
 MAX_ANSWER_CHARS = 4096
@@ -165,8 +192,13 @@ def _read(path: str) -> str:
     return read_text(path, "answers file (one answer per line)")
 
 
-def _session(qs: list[Question], head: str) -> int:
-    """Ask on standard input, one question at a time (a terminal or a pipe); exit code 0."""
+MAX_RETRIES = 5
+"""Unreadable answers asked again before the question counts as wrong."""
+
+
+def _session(qs: list[Question], head: str, mark: float = PASS_MARK) -> int:
+    """Ask on standard input, one question at a time (a terminal or a pipe); an answer that cannot be read (a typo:
+    'abc' for a number, 'x' for a letter) is asked again. Exit code 0 at or above the pass mark, else 1."""
     print(head, flush=True)
     print("answer each question and press Enter; Ctrl-D stops early\n", flush=True)
     right = 0
@@ -174,11 +206,17 @@ def _session(qs: list[Question], head: str) -> int:
         print(ask_text(i, len(qs), q), flush=True)
         try:
             given = _answer_line("your answer: ")
+            for _ in range(MAX_RETRIES):
+                why = readable(q, given)
+                if why is None:
+                    break
+                print(f"  could not read that: {why}; try again", flush=True)
+                given = _answer_line("your answer: ")
         except EOFError:     # the questions left unanswered count as wrong, as a missing line in --answers does
             print(f"\nstopped after {i - 1} question(s); the {len(qs) - i + 1} left count as unanswered")
             break
         ok, why = check(q, given)
         right += ok
         print(result_text(q, ok, why) + "\n", flush=True)
-    print(score_line(right, len(qs)), flush=True)
-    return 0
+    print(score_line(right, len(qs), mark), flush=True)
+    return 0 if qs and right / len(qs) >= mark else 1
