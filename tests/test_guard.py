@@ -195,3 +195,23 @@ def test_command_that_cannot_start_is_recorded_as_failed(tmp_path):
     assert r.returncode in (126, 127), r.stderr
     run, = ledger_doc(led)["runs"]
     assert run["status"] == "failed" and run["exit_code"] == r.returncode and run["actual_usd"] == 0
+
+
+def test_a_loaded_machine_charges_the_command_time_not_the_guards_clean_up(tmp_path, monkeypatch):
+    """The guard's own clean-up (slow on a loaded machine) is not run time: a command that finished in time is
+    charged its measured seconds, not its whole reservation, and no note says the guard stopped it."""
+    from shardlab import proctree
+
+    slow_stop = proctree.ProcessTree.stop
+
+    def stop(self, *a, **k):
+        time.sleep(3.0)                                   # longer than the whole reservation below
+        return slow_stop(self, *a, **k)
+    monkeypatch.setattr(proctree.ProcessTree, "stop", stop)
+    led = tmp_path / "l.sqlite"
+    code, out, err = cli_main("guard", "--ledger", str(led), "--budget-name", "b", "--ceiling", "5", "--gpus", "1",
+                              "--price", "1", "--hours", "0.0003", "--grace-s", "1", "--", PY, "-c", "pass")
+    assert code == 0, err
+    run, = ledger_doc(led)["runs"]
+    assert run["status"] == "finished" and run["wall_s"] < 1.0
+    assert run["actual_usd"] < run["reserved_usd"] and "charged the reservation" not in (run["note"] or "")

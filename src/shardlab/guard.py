@@ -169,12 +169,12 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
         watchdog = proctree.Watchdog(state.tree.marker, exclude=before, grace_s=min(req.grace_s, 10.0))
         state.tree.exclude |= {watchdog.pid} if watchdog.pid else set()
         try:
-            t0 = time.monotonic()
             try:
                 argv = " ".join(command) if req.shell else command
                 state.child = subprocess.Popen(argv, shell=req.shell, stdout=stdout, process_group=0, env=state.tree.env(),
                                                preexec_fn=proctree.die_with_parent(signal.SIGKILL))
-            except OSError as e:
+                t0 = time.monotonic()      # the command's time starts when it has started: the guard's start-up is not
+            except OSError as e:           # charged (on a loaded machine Popen alone can take seconds)
                 code = 127 if isinstance(e, FileNotFoundError) else 126
                 log(f"cannot run {command[0]!r}: {e.strerror or e}")
                 return (*_record_end(ledger, run, log, status="failed", exit_code=code, wall_s=0.0,
@@ -189,13 +189,15 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
                 _signal_job(state, state.received)
             reason, killed, rc = _supervise(state, t0, req.hours * 3600, req.grace_s)
             now = time.monotonic()
+            wall_s = now - t0              # the command's own time: until its exit was seen, not the clean-up after
             left_s = max(0.0, t0 + req.hours * 3600 + req.grace_s - now)
             # what the command left running gets the rest of its grace period: from the SIGTERM when there was
             # one (a launcher that exits on SIGTERM must not cut its workers' checkpointing short), else a full one
             grace_left = (0.0 if killed else max(0.0, state.term_at + req.grace_s - KILL_MARGIN_S - now)) if reason \
                 else min(req.grace_s, left_s)
             leftovers = state.tree.stop(grace_left, groups=[state.child.pid], skip_reap=[state.child.pid])
-            wall_s = time.monotonic() - t0
+            if leftovers and reason is None:   # processes it left running used the GPUs until they were stopped
+                wall_s = time.monotonic() - t0
         finally:
             if state.child is not None and state.child.poll() is None:
                 state.tree.stop(0.0, groups=[state.child.pid])
