@@ -69,7 +69,10 @@ def test_gated_repo_names_hf_token(monkeypatch):
         Exception.__init__(e, "401 gated")
         raise e
 
+    from shardlab.catalog import hub
+
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda: True)      # as with a network (the probe is tested below)
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(ShardlabError, match="gated.*HF_TOKEN"):
@@ -102,3 +105,20 @@ def test_tampered_cache_entry_is_one_line(tmp_path, monkeypatch, capsys, config,
     assert main(["models", "hf:acme/broken"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and msg in err and "delete it and fetch again" in err, err
+
+
+def test_no_network_uses_the_cache_within_seconds(hf_cache, monkeypatch):
+    """HF_HUB_OFFLINE unset and the Hub unreachable: the cached model is read after one quick probe (not the ~24 s of
+    huggingface_hub's retries), and an uncached one is one line saying the Hub did not answer."""
+    import time
+
+    from shardlab.catalog import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")        # the discard port: refused at once
+    monkeypatch.setattr(hub, "_REACHABLE", {})
+    t0 = time.monotonic()
+    assert param_counts(get_catalog().model("hf:google/gemma-2-2b")).total == 2_614_341_888
+    assert time.monotonic() - t0 < 5
+    code, _, err = __import__("conftest").cli_main("models", "hf:meta-llama/Llama-3.1-8B")
+    assert code == 2 and "did not answer within 3 s" in err

@@ -34,8 +34,35 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     return repo, rev or None
 
 
+NETWORK_PROBE_S = 3.0
+"""How long shardlab waits for the Hub's address to answer before it uses the local cache (huggingface_hub's own
+retries take about 24 s without a network)."""
+_REACHABLE: dict[str, bool] = {}
+
+
+def _hub_reachable() -> bool:
+    """A TCP connection to the Hub endpoint (HF_ENDPOINT, else huggingface.co:443) within NETWORK_PROBE_S; cached for
+    the process."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    key = f"{host}:{port}"
+    if key not in _REACHABLE:
+        try:
+            with socket.create_connection((host, port), timeout=NETWORK_PROBE_S):
+                _REACHABLE[key] = True
+        except OSError:
+            _REACHABLE[key] = False
+    return _REACHABLE[key]
+
+
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    """HF_HUB_OFFLINE, or no answer from the Hub within NETWORK_PROBE_S: read the cache only."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    return not _hub_reachable()
 
 
 def cache_dir() -> str | None:
@@ -73,7 +100,8 @@ def fetch_config(ref: str) -> tuple[dict, str]:
     except errors.RevisionNotFoundError:
         raise ShardlabError(f"{ref}: revision '{rev}' does not exist; drop @{rev} or name an existing branch, tag or commit") from None
     except errors.LocalEntryNotFoundError:
-        how = "HF_HUB_OFFLINE is set" if _offline() else "the Hub cannot be reached"
+        env_off = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        how = ("HF_HUB_OFFLINE is set" if env_off else f"the Hub did not answer within {NETWORK_PROBE_S:g} s")
         raise ShardlabError(f"{ref}: config.json is not in the Hugging Face cache ({where}) and {how}; run once with a "
                             f"connection (unset HF_HUB_OFFLINE), or download config.json and pass its path") from None
     except errors.EntryNotFoundError:
