@@ -296,3 +296,15 @@ def test_review_fixes(tmp_path):
                     {e: {"step_overhead_us": 100.0} for e in {r.engine for r in runs}})
     got = unseen_from_others(prep, keep, fitted)
     assert got.rates["ada"]["gemm16_efficiency"] == pytest.approx(0.6) and got.rates["hopper"] == fitted.rates["hopper"]
+
+
+def test_validate_reports_folds_done_of_total():
+    """validate --inference's progress: the refit, then one call per held-out source, counted against the total."""
+    from shardlab.catalog import get_catalog
+    from shardlab.validation.inference import load_inference_runs, validate
+
+    runs = load_inference_runs()
+    pick = sorted({r.source for r in runs})[:2]
+    calls = []
+    validate(get_catalog(), [r for r in runs if r.source in pick], progress=lambda d, t, label: calls.append((d, t, label)))
+    assert calls == [(1, 3, "refit"), (2, 3, f"held out {pick[0]}"), (3, 3, f"held out {pick[1]}")]

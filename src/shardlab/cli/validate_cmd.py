@@ -40,9 +40,13 @@ def cmd_validate_training(args, catalog):
         raise ShardlabError("--model-out goes with --run ID (it writes that run's model)")
     folds, full = None, None
     if args.refit:
+        from shardlab.cli.progress import bar
         from shardlab.validation.fit import cross_validate
 
-        full, folds = cross_validate(runs, catalog)
+        n = len({r.source for r in runs if not r.informational})
+        # the full fit and the n leave-one-source-out folds are solved together: one bar over their iterations
+        with bar(40, f"refit + {n} leave-one-source-out folds", unit="iteration") as cb:
+            full, folds = cross_validate(runs, catalog, progress=cb)
     if args.framework:
         catalog.framework(args.framework)   # unknown names: one line with the choices
         runs = [r for r in runs if r.framework == args.framework.lower()]

@@ -19,7 +19,11 @@ def validate_inference(args):
     from shardlab.cli.inference_cmds import finite
 
     runs = load_inference_runs()
-    d = validate(get_catalog(list(args.catalog)), runs)
+    from shardlab.cli.progress import bar
+
+    n = len({r.source for r in runs}) if runs else 0
+    with bar(n + 1, "serving fit: the refit, then each source held out", unit="fold") as cb:
+        d = validate(get_catalog(list(args.catalog)), runs, progress=cb)
     refit, v = d["refit"], d["verdict"]
     names = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
     rows = []

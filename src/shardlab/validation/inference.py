@@ -272,7 +272,8 @@ def verdict(loso: dict) -> dict:
             "max_error": MAX_ERROR, "family_min": FAMILY_MIN}
 
 
-def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None) -> dict:
+def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None,
+             progress=None) -> dict:
     """Predict every run with the catalog's values; refit (two stages, all generations' rates and all engines'
     overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
     then the source predicted (a generation or engine only that source covers takes the others' mean). Returns rows, summaries, values and the refit. ``only_source``: hold out that
@@ -284,18 +285,23 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     everything = np.arange(len(runs))
     values = catalog_params(prep)
     refit = None if only_source else fit_two_stage(prep, everything, values)
+    sources = [only_source] if only_source else sorted({r.source for r in runs})
+    if progress:                                  # folds done of total: the refit, then each source held out
+        progress(1, len(sources) + 1, "refit")
     rows = errors(prep, predict(prep, values), everything)
     by_key = {(r["run"], r["metric"]): r for r in rows}
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     if loso:
-        for src in [only_source] if only_source else sorted({r.source for r in runs}):
+        for k, src in enumerate(sources, 2):
             keep = np.array([i for i in everything if runs[i].source != src])
             held = np.array([i for i in everything if runs[i].source == src])
             vals = unseen_from_others(prep, keep, fit_two_stage(prep, keep, values))
             for e in errors(prep, predict(prep, vals, held), held):
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
+            if progress:
+                progress(k, len(sources) + 1, f"held out {src}")
     counts: dict = {}
     per_engine: dict = {}
     for r in rows:
