@@ -105,7 +105,7 @@ def test_resolve_price_default_provider_spot_and_given():
     ("v100", {}, "no price for 'v100'"),
     ("h100", {}, "did you mean"),
     ("l4", {"provider": "awz"}, "did you mean aws"),
-    ("h100-sxm", {"spot": True}, "spot price for h100-sxm: gcp"),
+    ("h100-sxm", {"spot": True, "provider": "lambda"}, "spot price for h100-sxm: gcp"),
     ("h100-sxm", {"given_usd_per_gpu_hour": -1.0}, "positive"),
     (None, {}, "--gpu"),
 ])
@@ -176,7 +176,7 @@ def test_cost_cli_human_output_from_catalog():
     (["--gpus", "2", "--gpu", "rtx-4090", "--price", "-1", "--hours", "1"], "--price: must be a positive number"),
     (["--gpus", "2", "--gpu", "rtx-4099", "--hours", "1"], "unknown GPU 'rtx-4099' (did you mean rtx-4090"),
     (["--gpus", "2", "--gpu", "v100", "--hours", "1"], "no price for 'v100'"),
-    (["--gpus", "2", "--gpu", "h100-sxm", "--hours", "1", "--spot"], "no spot price"),
+    (["--gpus", "2", "--gpu", "a100-pcie-80gb", "--hours", "1", "--spot"], "no spot price"),
     (["--gpus", "2"], "nothing to cost"),
     (["--gpus", "2", "--hours", "1", "--tokens", "1e9", "--price", "1"], "--tokens needs MODEL"),
     (["--gpus", "2", "--hours", "-3", "--price", "1"], "--hours: must be a positive number"),
@@ -251,3 +251,22 @@ def test_time_to_train_counts_whole_steps_and_keeps_the_estimated_mark_with_setu
     assert plan["train_time_s"] == pytest.approx(plan["step_time_s"])
     code, out, _ = cli_main("cost", "llama-2-7b", "--gpus", "8", "--zero", "1", "--tokens", "1e9", "--setup-hours", "0.5")
     assert "to train (estimated) including set-up" in out.splitlines()[0]
+
+
+def test_spot_on_a_gpu_the_default_prices_on_demand_only_takes_the_cheapest_interruptible_rate():
+    """The course's '2 × RTX 4090 spot' cost without --price: no spot rate is listed for the RTX 4090, so --spot takes
+    the cheapest spot or community-cloud rate (RunPod Community Cloud) and says which."""
+    code, out, err = cli_main("cost", "--gpus", "2", "--gpu", "rtx-4090", "--spot", "--hours", "2.5", "--setup-hours",
+                              "0.5", "--budget", "3", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["price"]["usd_per_gpu_hour"] == 0.34 and d["price"]["kind"] == "community cloud"
+    assert d["price"]["provider"] == "runpod-community" and "community-cloud rate" in d["price"]["source"]
+    code, out, _ = cli_main("cost", "--gpus", "2", "--gpu", "rtx-4090", "--spot", "--hours", "2.5", "--setup-hours",
+                            "0.5", "--budget", "3")
+    assert "2 × RTX 4090 at $0.34/h each = $0.68/h; about 3.0 h including set-up = $2.04. Budget $3.00: $0.96 to spare." \
+        in " ".join(out.split())
+    p = resolve_price(get_catalog(), "h100-sxm", spot=True)            # RunPod's community cloud below GCP's spot
+    assert (p.kind, p.provider, p.usd_per_gpu_hour) == ("community cloud", "runpod-community", 2.69)
+    p = resolve_price(get_catalog(), "a100-40gb", spot=True)           # a spot rate when it is the cheapest
+    assert (p.kind, p.provider) == ("spot", "gcp")

@@ -49,7 +49,7 @@ class Price:
     usd_per_gpu_hour: float
     """USD per GPU-hour."""
     kind: str
-    """'on-demand', 'spot' or 'given' (--price)."""
+    """'on-demand', 'spot', 'community cloud' (--spot where only a community cloud is listed) or 'given' (--price)."""
     provider: str | None
     """Provider id, None for a given price."""
     date: str | None
@@ -161,6 +161,26 @@ def describe(entry: PriceEntry, spot: bool) -> str:
     return f"{entry.origin}: {entry.accelerator}/{entry.provider} {kind}, {entry.date}, {entry.source}{tag}"
 
 
+COMMUNITY_SUFFIX = "-community"
+"""Providers whose id ends so are community clouds (hosts renting out their own machines: RunPod Community Cloud):
+cheaper, less reliable capacity that --spot counts with the interruptible offers."""
+
+
+def interruptible(rows: list[PriceEntry]) -> Price | None:
+    """--spot without --provider, when the default lists no spot rate: the cheapest interruptible-class rate among the
+    providers, a spot price or a community cloud's, named as such (None when there is neither)."""
+    offers = [(e.spot_usd_per_gpu_hour, True, e) for e in rows if e.spot_usd_per_gpu_hour is not None]
+    offers += [(e.on_demand_usd_per_gpu_hour, False, e) for e in rows
+               if e.provider.endswith(COMMUNITY_SUFFIX) and e.on_demand_usd_per_gpu_hour is not None]
+    if not offers:
+        return None
+    value, is_spot, e = min(offers, key=lambda o: o[0])
+    kind = "spot" if is_spot else "community cloud"
+    why = ("; the cheapest spot or community-cloud rate listed for this GPU (the default entry has no spot rate)")
+    return Price(value, kind, e.provider, e.date, describe(e, is_spot).replace(" on-demand,", " community cloud,") + why,
+                 e.estimate)
+
+
 def resolve_price(catalog, gpu: str | None, *, provider: str | None = None, spot: bool = False,
                   given_usd_per_gpu_hour: float | None = None) -> Price:
     """The price for ``gpu``: ``--price`` if given, else the catalog entry for ``provider`` (default:
@@ -179,6 +199,11 @@ def resolve_price(catalog, gpu: str | None, *, provider: str | None = None, spot
         raise ShardlabError(f"no price for '{acc}' in the price catalog; pass --price USD_PER_GPU_HOUR, "
                             f"or add a 'prices:' entry for it with --catalog FILE")
     by_provider = {e.provider: e for e in rows}
+    if spot and provider is None and (DEFAULT_PROVIDER not in by_provider
+                                      or by_provider[DEFAULT_PROVIDER].spot_usd_per_gpu_hour is None):
+        cheap = interruptible(rows)
+        if cheap is not None:
+            return cheap
     if provider is None:
         if DEFAULT_PROVIDER in by_provider:
             provider = DEFAULT_PROVIDER
