@@ -223,3 +223,31 @@ def test_tmux_typing_slowly_while_a_status_clock_would_run(tmp_path):
         assert s.count("-> correct") == n and "QUIZ-OVER 0" in s and " s" not in s.split("your answer: abc")[1][:3]
     finally:
         run("kill-server")
+
+
+def test_wrong_answers_name_the_classic_mistake_and_attempts_are_kept_per_topic(tmp_path, monkeypatch):
+    """ZeRO-1's figure given for ZeRO-2 is named as such; every graded attempt is recorded with per-topic scores and
+    `quiz --history --json` lists it."""
+    import random
+
+    from shardlab.teach.quiz import q_zero
+
+    rng = random.Random(0)
+    q = next(q for q in (q_zero(rng) for _ in range(40)) if "ZeRO-2" in q.text)
+    ok, why = check(q, str(q.mistakes[1][0]))
+    assert not ok and "ZeRO-1's figure: ZeRO-2 also shards the gradients" in why
+    monkeypatch.setenv("SHARDLAB_QUIZ_DB", str(tmp_path / "q.sqlite"))
+    qs = key(7, 4)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(wrong(q) for q in qs))
+    assert cli_main("quiz", "--seed", "7", "--questions", "4", "--answers", str(bad))[0] == 1
+    good = tmp_path / "good.txt"
+    good.write_text("\n".join(right(q) for q in qs))
+    assert cli_main("quiz", "--seed", "7", "--questions", "4", "--answers", str(good))[0] == 0
+    code, out, _ = cli_main("quiz", "--history", "--json")
+    h = json.loads(out)
+    assert code == 0 and [(a["right"], a["total"], a["passed"]) for a in h["attempts"]] == [(0, 4, False), (4, 4, True)]
+    topic = qs[0]["topic"]
+    assert h["attempts"][1]["topics"][topic]["right"] >= 1 and h["topics"][topic]["total"] >= 2
+    code, out, _ = cli_main("quiz", "--history")
+    assert code == 0 and "weakest topics" in out and "quiz attempts" in out

@@ -45,6 +45,9 @@ def register(sub) -> None:
     q.add_argument("--answers", metavar="FILE", help="score the answers in FILE instead of asking ('-' reads standard input)")
     q.add_argument("--list", action="store_true", help="list the quiz topics")
     q.add_argument("--json", action="store_true", help="print one JSON document (questions, answers, solutions, score)")
+    q.add_argument("--history", action="store_true",
+                   help="list the recorded attempts with per-topic scores ($SHARDLAB_QUIZ_DB, or quiz.sqlite beside "
+                        "the ledger)")
     q.add_argument("--pass-mark", type=BOUNDED["share"], default=None, metavar="SHARE",
                    help="share of right answers that passes (default 0.7); below it the command exits 1")
     q.set_defaults(func=cmd_quiz, reads_answers=True)

@@ -40,6 +40,9 @@ class Question:
     """The worked solution, step by step."""
     command: str = ""
     """The shardlab command that shows the full derivation."""
+    mistakes: tuple[tuple[float, str], ...] = ()
+    """Known wrong answers, each (value, the mistake it comes from), computed by the same functions as the answer;
+    a wrong answer within the tolerance of one is named (``quiz_run.check``)."""
 
     @property
     def answer_text(self) -> str:
@@ -56,7 +59,7 @@ class Question:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(choices=list(self.choices), solution=list(self.solution), answer_text=self.answer_text,
-                 tolerance_text=self.tolerance_text)
+                 tolerance_text=self.tolerance_text, mistakes=[{"value": v, "mistake": m} for v, m in self.mistakes])
         return d
 
 
@@ -89,11 +92,18 @@ def q_zero(rng: random.Random) -> Question:
 
     n = rng.choice([7, 13, 30, 70]) * 10**9
     d, z = rng.choice([8, 16, 32, 64, 128]), rng.choice([1, 2, 3])
-    gb = state_report_from_count(n, Layout(dp=d, zero=z), state_bytes("bf16-mixed", "adamw")).total / 1e9
+    def gb_at(stage: int) -> float:
+        return state_report_from_count(n, Layout(dp=d, zero=stage), state_bytes("bf16-mixed", "adamw")).total / 1e9
+
+    gb = gb_at(z)
+    shards = {1: "optimizer states", 2: "gradients", 3: "weights"}
+    mistakes = tuple((round(gb_at(k), 3), f"ZeRO-{k}'s figure: ZeRO-{z} also shards the "
+                      + " and the ".join(shards[j] for j in range(k + 1, z + 1))) for k in range(z))
+    mistakes += ((round(gb * 1e9 / 2**30, 3), "the same bytes in GiB (2^30), not GB (10^9)"),)
     sol, cmd = _explained("zero", params=n, gpus=d, stage=z)      # in GB (10^9 bytes), as the ZeRO paper and the solution
     return Question("zero", f"ZeRO-{z} on {d} GPUs for a {fmt_count(n)}-parameter model in bf16 mixed precision with AdamW: "
                             f"model-state memory per GPU, in GB (10^9 bytes)?", "numeric", round(gb, 3), unit="GB",
-                    tolerance=round(0.02 * gb, 3), solution=sol, command=cmd)
+                    tolerance=round(0.02 * gb, 3), solution=sol, command=cmd, mistakes=mistakes)
 
 
 def q_bubble(rng: random.Random) -> Question:
@@ -103,9 +113,11 @@ def q_bubble(rng: random.Random) -> Question:
     m = rng.randint(p, 4 * p)
     b = 100 * bubble_fraction_closed_form("1f1b", p, m)
     sol, cmd = _explained("pipeline-bubble", p=p, m=m)
+    mistakes = ((round(100 * (p - 1) / m, 2), "(p−1)/m: the bubble over the ideal time, not its share of the whole step "
+                                              "(p−1)/(m+p−1)"),)
     return Question("pipeline-bubble", f"1F1B with p = {p} stages and m = {m} micro-batches: what share of the step is the "
                                        f"bubble, in percent?", "numeric", round(b, 2), unit="%", tolerance=0.5,
-                    solution=sol[:3], command=cmd)
+                    solution=sol[:3], command=cmd, mistakes=mistakes)
 
 
 def q_min_microbatches(rng: random.Random) -> Question:
@@ -155,9 +167,13 @@ def q_ring(rng: random.Random) -> Question:
     ln = catalog().link(lid)
     ms = collective_time("all-reduce", size, n, ln, "ring").time_s * 1e3
     sol, cmd = _explained("ring-all-reduce", size=size, ranks=n, link=lid)
+    plain = (ln.latency_us * 1e-6 + size / ln.bytes_per_s) * 1e3
+    mistakes = ((round(plain, 3), "S/β: the message over the link once, the algorithm bandwidth; a ring all-reduce sends "
+                                  "2(n−1)/n of it (the bus bandwidth factor) in 2(n−1) steps"),)
     return Question("ring-all-reduce", f"Ring all-reduce of {size // 2**20} MiB on {n} ranks over {lid} (α = {ln.latency_us:g} µs, "
                                        f"β = {ln.bytes_per_s / 1e9:.4g} GB/s achievable): time in milliseconds?",
-                    "numeric", round(ms, 3), unit="ms", tolerance=round(0.05 * ms, 3), solution=sol[:2], command=cmd)
+                    "numeric", round(ms, 3), unit="ms", tolerance=round(0.05 * ms, 3), solution=sol[:2], command=cmd,
+                    mistakes=mistakes)
 
 
 def q_regime(rng: random.Random) -> Question:
@@ -181,10 +197,16 @@ def q_kv(rng: random.Random) -> Question:
     from shardlab.teach.topics._common import catalog
 
     mid, tp = rng.choice(["llama-2-7b", "llama-3.1-8b", "mistral-7b", "llama-2-13b"]), rng.choice([1, 2])
-    kib = kv_cache_bytes_per_token(catalog().model(mid), tp)[0] / 1024
+    spec = catalog().model(mid)
+    kib = kv_cache_bytes_per_token(spec, tp)[0] / 1024
     sol, cmd = _explained("kv-cache", model=mid, tp=tp)
+    mistakes = ((kib / 2, "K alone (or V alone): the cache holds both"),
+                (kib * tp, "the whole model's cache: TP splits the KV heads over the GPUs") if tp > 1 else
+                (kib * spec.num_heads / spec.num_kv_heads, "one KV head per query head: grouped-query attention shares "
+                                                           "each KV head over a group"))
     return Question("kv-cache", f"{mid} in bf16 with TP {tp}: KV-cache bytes per token on one GPU, in KiB?", "numeric",
-                    kib, unit="KiB", tolerance=round(0.01 * kib, 3), solution=sol[1:2], command=cmd)
+                    kib, unit="KiB", tolerance=round(0.01 * kib, 3), solution=sol[1:2], command=cmd,
+                    mistakes=tuple(x for x in mistakes if abs(x[0] - kib) > 0.02 * kib))
 
 
 def q_in_flight(rng: random.Random) -> Question:
@@ -219,6 +241,8 @@ def q_buckets(rng: random.Random) -> Question:
 
     n = rng.choice([124, 350, 774, 1558, 3000]) * 10**6
     b = math.ceil(n * 2 / DDP_BUCKET_BYTES)
+    mistakes = ((math.ceil(n * 4 / DDP_BUCKET_BYTES), "fp32 gradients (4 bytes each): the question's are bf16"),
+                (math.ceil(n * 2 / (25 * 10**6)), "25 MB (10^6 bytes) buckets: PyTorch's are 25 MiB"))
     return Question("ddp-buckets", f"DDP with bf16 gradients for a {fmt_count(n)}-parameter model and PyTorch's default "
                                    f"25 MiB buckets: how many bucket all-reduces per step (ignore the small first bucket)?",
                     "numeric", b, unit="buckets",
@@ -226,7 +250,8 @@ def q_buckets(rng: random.Random) -> Question:
                               f"buckets = ⌈{2 * n:,} / {DDP_BUCKET_BYTES:,}⌉ = {b} (25 MiB = {DDP_BUCKET_BYTES:,} B); "
                               f"fp32 gradients (Megatron-LM's default under bf16, as `shardlab explain ddp-buckets` "
                               f"shows) double the bytes and the buckets"),
-                    command="shardlab explain ddp-buckets")
+                    command="shardlab explain ddp-buckets",
+                    mistakes=tuple(x for x in mistakes if x[0] != b))
 
 
 def q_interleaved(rng: random.Random) -> Question:
@@ -236,9 +261,11 @@ def q_interleaved(rng: random.Random) -> Question:
     m = p * rng.randint(1, 4)
     b = 100 * bubble_fraction_closed_form("interleaved", p, m, v)
     sol, cmd = _explained("interleaving", p=p, m=m, v=v)
+    mistakes = ((round(100 * bubble_fraction_closed_form("1f1b", p, m), 2),
+                 "plain 1F1B's bubble: interleaving v chunks divides the bubble time by v"),)
     return Question("interleaving", f"Interleaved 1F1B with p = {p}, m = {m} and v = {v} chunks per GPU: bubble as a share "
                                     f"of the step, in percent?", "numeric", round(b, 2), unit="%", tolerance=0.5,
-                    solution=sol[1:2], command=cmd)
+                    solution=sol[1:2], command=cmd, mistakes=mistakes)
 
 
 def q_heads(rng: random.Random) -> Question:
@@ -263,8 +290,12 @@ def q_cost(rng: random.Random) -> Question:
     h, s = rng.choice([1.0, 2.5, 4.0, 10.0]), rng.choice([0.25, 0.5, 1.0])
     usd = cost_estimate(g, h, price, s).usd
     sol, cmd = _explained("cost", gpus=g, price=price, hours=h, setup=s)
+    mistakes = ((round(cost_estimate(g, h, price, 0).usd, 4), "the work alone: set-up time is paid too"),
+                (round(cost_estimate(1, h, price, s).usd, 4), "one GPU's cost: the price is per GPU-hour") if g > 1 else
+                (round(price * (h + s) * 8, 4), "an 8-GPU node's cost"))
     return Question("cost", f"{g} GPU(s) at ${price:g} per GPU-hour, {h:g} h of work plus {s:g} h of set-up: the cost in "
-                            f"dollars?", "numeric", round(usd, 4), unit="USD", tolerance=0.01, solution=sol[:3], command=cmd)
+                            f"dollars?", "numeric", round(usd, 4), unit="USD", tolerance=0.01, solution=sol[:3], command=cmd,
+                    mistakes=mistakes)
 
 
 GENERATORS: dict[str, list[Callable[[random.Random], Question]]] = {

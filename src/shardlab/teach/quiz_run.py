@@ -49,7 +49,12 @@ def check(q: Question, given: str | None) -> tuple[bool, str]:
     x = float(m.group())
     if not math.isfinite(x):                 # '1e400' overflows: no quiz answer is that large
         return False, f"'{g}' is too large to be an answer"
-    return abs(x - q.answer) <= q.tolerance + 1e-9 * max(1.0, abs(q.answer)), f"you answered {x:g}"
+    ok = abs(x - q.answer) <= q.tolerance + 1e-9 * max(1.0, abs(q.answer))
+    if not ok:
+        for value, mistake in q.mistakes:    # a classic mistake: say which
+            if abs(x - value) <= max(q.tolerance, 1e-6 * max(1.0, abs(value))):
+                return False, f"you answered {x:g}, which is {mistake}"
+    return ok, f"you answered {x:g}"
 
 
 def parse_answers(text: str, n: int) -> list[str | None]:
@@ -123,6 +128,11 @@ def run_quiz_command(args):
     if args.list:
         return ({"topics": list(GENERATORS)},
                 "quiz topics (`--topic T`; `shardlab explain T` derives each): " + ", ".join(GENERATORS))
+    if getattr(args, "history", False):
+        from shardlab.teach.quiz_history import history, render
+
+        doc = history()
+        return doc, render(doc)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     qs = make_quiz(args.questions, seed, args.topic)
     head = f"shardlab quiz: {len(qs)} questions, seed {seed} (`--seed {seed}` repeats this quiz)"
@@ -135,13 +145,16 @@ def run_quiz_command(args):
             lines += [ask_text(r["number"], len(qs), q), f"  your answer: {r['given'] if r['given'] is not None else '-'}",
                       result_text(q, r["correct"], r["why"]), ""]
         lines.append(score_line(doc["score"]["right"], len(qs), mark))
+        from shardlab.teach.quiz_history import graded_of, record
+
+        doc["attempt"] = record(seed, graded_of(doc), mark, "answers file")
         if not doc["score"]["passed"]:
             _fail(args, doc, "\n".join(lines))
         return doc, "\n".join(lines)
     if args.json:
         return {"seed": seed, "questions": [{"number": i, **q.to_dict()} for i, q in enumerate(qs, 1)],
                 "pass_mark": mark, "score": None}, ""
-    return _session(qs, head, mark)
+    return _session(qs, head, mark, seed)
 
 
 def _fail(args, doc: dict, text: str) -> None:
@@ -196,12 +209,12 @@ MAX_RETRIES = 5
 """Unreadable answers asked again before the question counts as wrong."""
 
 
-def _session(qs: list[Question], head: str, mark: float = PASS_MARK) -> int:
+def _session(qs: list[Question], head: str, mark: float = PASS_MARK, seed: int = 0) -> int:
     """Ask on standard input, one question at a time (a terminal or a pipe); an answer that cannot be read (a typo:
     'abc' for a number, 'x' for a letter) is asked again. Exit code 0 at or above the pass mark, else 1."""
     print(head, flush=True)
     print("answer each question and press Enter; Ctrl-D stops early\n", flush=True)
-    right = 0
+    right, graded = 0, []
     for i, q in enumerate(qs, 1):
         print(ask_text(i, len(qs), q), flush=True)
         try:
@@ -217,6 +230,11 @@ def _session(qs: list[Question], head: str, mark: float = PASS_MARK) -> int:
             break
         ok, why = check(q, given)
         right += ok
+        graded.append((q.topic, ok))
         print(result_text(q, ok, why) + "\n", flush=True)
+    graded += [(q.topic, False) for q in qs[len(graded):]]      # unanswered count as wrong
     print(score_line(right, len(qs), mark), flush=True)
+    from shardlab.teach.quiz_history import record
+
+    print(f"recorded as attempt #{record(seed, graded, mark, 'session')} (`shardlab quiz --history`)", flush=True)
     return 0 if qs and right / len(qs) >= mark else 1
