@@ -126,6 +126,11 @@ def test_summary_names_the_slow_rank_its_ratio_and_drag():
     json.dumps(d, allow_nan=False)
     flat = summarise(_records(1.0), skip_steps=2)["straggler"]
     assert not flat["is_straggler"] and flat["drag"] == pytest.approx(0.0)
+    # 29% slower at p99 but the job +1% longer (run infer's case): not a straggler; the same with a +8% drag: one
+    from shardlab.runtime.observe.summary import is_straggler
+
+    assert not is_straggler(1.09, 1.29, 0.01, 0.01) and is_straggler(1.09, 1.29, 0.01, 0.08)
+    assert not is_straggler(1.05, 1.08, 0.20, 0.20)                     # a slow job, but no rank slower than the rest
 
 
 def test_summary_finds_a_rank_waiting_inside_collectives():

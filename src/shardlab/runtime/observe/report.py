@@ -82,7 +82,8 @@ def render_observability(doc: dict, unit: str = "step") -> str:
     if st:
         share = st["others_wait_s"] / st["period_s"] if st["period_s"] else 0.0
         head = slowest_phrase(st["rank"], st.get("rank_from", "measured")) + (
-            ": a straggler" if st["is_straggler"] else ": within 10% of the others, no straggler")
+            ": a straggler" if st["is_straggler"] else
+            ": no straggler (a straggler is over 10% slower than the others and drags the job by 5% or more)")
         out.append(f"{head}. It set the pace on {st['paced_steps_fraction']:.0%} of the {unit}s; its compute is "
                    f"{st['compute_ratio']:.2f}× the other ranks' median (p99: {st['p99_compute_ratio']:.2f}×)"
                    + (f", injected {inj['factor']:g}× on rank {inj['rank']} (without the injection "

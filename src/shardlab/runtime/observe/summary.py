@@ -29,7 +29,11 @@ from collections import defaultdict
 import numpy as np
 
 STRAGGLER_THRESHOLD = 0.10
-"""A rank whose compute is more than 10% above the others' median is called a straggler; below, noise."""
+"""A rank whose compute is more than 10% above the others' median (at the median or at p99) is a straggler candidate;
+below, noise."""
+STRAGGLER_DRAG = 0.05
+"""...and it is called a straggler only when it also drags the job: the job's period at least 5% longer than the other
+ranks' own time, at the median or at p99. A rank 29% slower at p99 that costs the job +1% is not one."""
 PERCENTILES = (50, 90, 99)
 
 
@@ -198,12 +202,21 @@ def _straggler(rows: list[dict], recs: dict[int, list[dict]], job: dict, injecte
     base, base99 = _median(own_others), _pct(own_others, 99)
     return {"rank": slow["rank"], "rank_from": named["from"], "compute_ratio": ratio, "natural_compute_ratio": natural,
             "p99_compute_ratio": ratio99,
-            "is_straggler": max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD,
+            "is_straggler": is_straggler(ratio, ratio99, _drag(job["p50_period_s"], base), _drag(job["p99_period_s"], base99)),
             "paced_steps_fraction": paced[slow["rank"]] / len(steps), "caused_wait_s": caused[slow["rank"]] / len(steps),
             "drag": job["p50_period_s"] / base - 1.0 if base > 0 else 0.0, "base_step_s": base,
             "period_s": job["p50_period_s"],
             "p99_drag": job["p99_period_s"] / base99 - 1.0 if base99 > 0 else 0.0, "p99_base_step_s": base99,
             "others_wait_s": float(np.mean([o["mean_waited_s"] for o in others])), "own_wait_s": slow["mean_waited_s"]}
+
+
+def is_straggler(ratio: float, ratio99: float, drag: float, drag99: float) -> bool:
+    """Over STRAGGLER_THRESHOLD slower than the others (median or p99) and dragging the job by STRAGGLER_DRAG or more."""
+    return max(ratio, ratio99) > 1.0 + STRAGGLER_THRESHOLD and max(drag, drag99) >= STRAGGLER_DRAG
+
+
+def _drag(period: float, base: float) -> float:
+    return period / base - 1.0 if base > 0 else 0.0
 
 
 def _paired_ratio(steps: dict[int, list[dict]], rank: int, value) -> float:
