@@ -88,6 +88,14 @@ def _list_topics():
 
 
 def cmd_quiz(args):
-    from shardlab.teach.quiz_run import run_quiz_command
+    from shardlab.teach.quiz_run import QuizFailed, run_quiz_command
 
-    return run_quiz_command(args)
+    result = run_quiz_command(args)
+    if isinstance(result, tuple) and isinstance(result[0].get("score"), dict) and not result[0]["score"]["passed"]:
+        from shardlab.cli import emit
+
+        doc, text = result          # below the pass mark: the whole result printed (text or JSON), then exit 1
+        emit(args, doc, text)
+        raise QuizFailed(f"quiz score {doc['score']['right']}/{doc['score']['total']} is below the pass mark "
+                         f"{100 * doc['score']['pass_mark']:.0f}%")
+    return result
