@@ -238,7 +238,7 @@ def test_findings_of_the_fuzz_campaign(tmp_path):
     answers = tmp_path / "answers.txt"
     answers.write_text("1e400\nnan\n")
     code, out, _ = cli_main("quiz", "--questions", "2", "--seed", "1", "--answers", str(answers))
-    assert code == 0 and "too large to be an answer" in out + " " and " inf" not in out
+    assert code == 1 and "too large to be an answer" in out + " " and " inf" not in out   # 0/2: below the pass mark
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": 1}))
     one_line_error(["memory", "--from", str(ds)], "deepspeed config has a field of the wrong type")
