@@ -344,3 +344,28 @@ def test_logs_reader_takes_paths_with_dashes():
     assert dashed != text
     facts = parse_startup(dashed)
     assert facts["torchrun"]["nproc_per_node"] == "2" and facts["rendezvous"]["global_ranks"] == [[0, 1]]
+
+
+def test_live_table_marks_the_slow_rank():
+    """The live table's last column points at a rank whose own time (step minus waiting) is over 10% above the
+    others'; ranks within that are not marked."""
+    from shardlab.runtime.observe.live import render, slow_rank
+
+    def row(rank, step_s, wait_s):
+        return {"rank": rank, "node": "n0", "steps": 5, "planned": 10, "step_s": step_s, "tokens_per_s": 100.0,
+                "loss": 1.0, "coll_s": 0.01, "blocked_s": 0.01, "wait_s": wait_s, "rss_bytes": 0, "gpu_util": None}
+    rows = [row("0", 0.30, 0.15), row("1", 0.30, 0.0), row("2", 0.30, 0.14)]     # rank 1 never waits: it is slow
+    assert slow_rank(rows) == "1"
+    text = render(rows, "live")
+    assert [ln.endswith("<- slowest") for ln in text.splitlines()[-3:]] == [False, True, False]
+    even = [row("0", 0.30, 0.01), row("1", 0.30, 0.0), row("2", 0.30, 0.02)]
+    assert slow_rank(even) is None and "slowest" not in render(even, "live")
+
+
+def test_long_runs_summarise_their_losses():
+    from shardlab.runtime.train_report import loss_line
+
+    long = loss_line([7.0 - 0.01 * i for i in range(200)], 0)
+    assert "step 0 7.0000 -> step 199 5.0100" in long and "lowest 5.0100 at step 199" in long
+    assert "every 20th step" in long and "(all 200 in --json)" in long and len(long) < 300
+    assert loss_line([3.0, 2.5], 1) == "loss per step (global batch, seen by rank 1): 3.0000  2.5000"

@@ -127,6 +127,22 @@ def per_rank_time_table(doc: dict) -> list[str]:
     return [table(head, rows, title=title), *notes]
 
 
+MAX_LOSSES_SHOWN = 12
+"""Up to this many steps every loss is printed; beyond, first, last, the minimum and every k-th (the JSON has all)."""
+
+
+def loss_line(losses: list[float], rank) -> str:
+    """The losses per step on one line that stays short: all of a short run, a summary of a long one."""
+    head = f"loss per step (global batch, seen by rank {rank})"
+    if len(losses) <= MAX_LOSSES_SHOWN:
+        return f"{head}: " + "  ".join(f"{v:.4f}" for v in losses)
+    k = -(-len(losses) // (MAX_LOSSES_SHOWN - 2))
+    low = min(range(len(losses)), key=lambda i: losses[i])
+    every = "  ".join(f"{i}: {losses[i]:.4f}" for i in range(0, len(losses), k))
+    return (f"{head}: step 0 {losses[0]:.4f} -> step {len(losses) - 1} {losses[-1]:.4f}, lowest {losses[low]:.4f} at "
+            f"step {low}; every {k}th step: {every} (all {len(losses)} in --json)")
+
+
 def checkpoint_lines(doc: dict) -> list[str]:
     """Where the weights came from (a checkpoint) and the vocabulary padding TP needed, for run train and run infer."""
     from shardlab.units import fmt_bytes
@@ -165,8 +181,7 @@ def render_train(doc: dict) -> str:
     out += _megatron_lines(doc)
     out += expert_lines(doc)
     if doc.get("losses"):
-        out.append(f"loss per step (global batch, seen by rank {doc['loss_rank']}): "
-                   + "  ".join(f"{v:.4f}" for v in doc["losses"]))
+        out.append(loss_line(doc["losses"], doc["loss_rank"]))
     out += ["", *per_rank_time_table(doc)]
     st = doc["step_time"]
     from shardlab.runtime.observe.report import slowest_line

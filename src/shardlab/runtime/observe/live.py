@@ -59,11 +59,28 @@ def render(rows: list[dict], title: str) -> str:
              "-" if r["loss"] is None else f"{r['loss']:.4f}", t(r["blocked_s"]), t(r["wait_s"]),
              "-" if not r["rss_bytes"] else fmt_bytes(r["rss_bytes"]),
              "-" if r["gpu_util"] is None else f"{r['gpu_util']:.0%}"] for r in rows]
+    slow = slow_rank(rows)
+    for r, row in zip(rows, body):
+        row.append("<- slowest" if slow is not None and r["rank"] == slow else "")
     done = min((r["steps"] or 0 for r in rows), default=0)
     planned = max((r["planned"] or 0 for r in rows), default=0)
     return "\n".join([title, progress_bar(done, planned),
                       table(["rank", "node", "step", "step time", "tokens/s", "loss", "in collectives", "waiting",
-                             "RSS", "GPU"], body)])
+                             "RSS", "GPU", ""], body)])
+
+
+def slow_rank(rows: list[dict]):
+    """The rank whose own time over the last interval (step time minus waiting for others) is over the straggler
+    threshold (10%) above the other ranks' median, else None: the live table marks it."""
+    from shardlab.runtime.observe.summary import STRAGGLER_THRESHOLD
+
+    own = {r["rank"]: r["step_s"] - (r["wait_s"] or 0.0) for r in rows if r["step_s"] is not None}
+    if len(own) < 2:
+        return None
+    rank = max(own, key=own.get)
+    rest = sorted(v for k, v in own.items() if k != rank)
+    mid = rest[len(rest) // 2] if len(rest) % 2 else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
+    return rank if mid > 0 and own[rank] > (1 + STRAGGLER_THRESHOLD) * mid else None
 
 
 class LiveView(threading.Thread):
