@@ -109,8 +109,8 @@ def per_rank_time_table(doc: dict) -> list[str]:
                      "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}",
                      fmt_bytes((r.get("peak_bytes") or {}).get("by_category", {}).get("Total", 0)),
                      _colls(r["collectives"])])
-    head = ["rank", "pp,dp,tp", *(["compute", "in collectives", "waiting"] if split else []), "step", "tokens/s",
-            "peak", "collectives per step: fwd/bwd count (time)"]
+    head = ["rank", "pp,dp,tp", *(["compute", "in collectives (transfer)", "waiting"] if split else []), "step",
+            "tokens/s", "peak", "collectives per step: fwd/bwd count (time on step 1, waits included)"]
     n = min((r["time_split"]["steps"] for r in ranks), default=0) if split else doc["step_time"].get("timed_steps")
     if split:
         title = (f"measured per rank, mean of {n} timed step(s), step = compute + in collectives + waiting (the ranks' "
