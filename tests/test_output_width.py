@@ -18,6 +18,8 @@ def narrow(monkeypatch):
     ["estimate", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"],
     ["memory", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"],
     ["comm", "plan", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2"],
+    ["estimate", "llama-3.1-8b", "--inference", "--serve", "--concurrency", "32"],
+    ["explain", "zero"], ["gpus"],
     ["plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "1000", "--output-len", "200",
      "--ttft-slo", "1", "--tpot-slo", "0.05"],
 ])

@@ -83,6 +83,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str |
 
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
     n = len(headers)
+    limit = OUTPUT_WIDTH.get()
+    if wrap and limit:
+        # pre-wrapped lines narrowed again would come out ragged: wrap the last column once, at what the width allows
+        fixed = [max([len(headers[i])] + [len(r[i]) for r in cells if i < len(r)]) for i in range(n - 1)]
+        wrap = min(wrap, max(MIN_COLUMN, limit - sum(fixed) - 2 * (n - 1)))
     if wrap:
         wrapped = []
         for row in cells:
@@ -98,7 +103,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str |
     if align is None:
         align = "".join("r" if cells and all(_numeric(r[i]) for r in cells if i < len(r) and r[i] not in ("", "-")) else "l"
                         for i in range(n))
-    limit = OUTPUT_WIDTH.get()
     keep, under = list(range(n)), []
     if limit and not _fits(widths, limit):
         # headers of several words may wrap over two lines: a column is as wide as its cells or its longest header word
@@ -139,7 +143,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str |
 
 def fit_text(text: str, limit: int | None = None) -> str:
     """Lines longer than the width limit wrapped at spaces, continuations indented two more than the line (a
-    'key  value' line: under its value; a table row, columns two spaces apart, is left as it is)."""
+    'key  value' line, two spaces or more after the key: under its value)."""
     import re
     import textwrap
 
@@ -148,10 +152,10 @@ def fit_text(text: str, limit: int | None = None) -> str:
         return text
     out = []
     for line in text.split("\n"):
-        gaps = re.findall(r"\S( {2,})(?=\S)", line)
-        if len(line) <= limit or len(gaps) > 1:     # a table row (columns two spaces apart) stays as it is
+        if len(line) <= limit:                       # (table rows fit already: ``table`` narrowed them)
             out.append(line)
             continue
+        gaps = re.findall(r"\S( {2,})(?=\S)", line)
         if gaps:                                     # 'key  value': the value wraps under itself
             head = re.match(r"(.*?\S {2,})(?=\S)", line).group(1)
             if len(head) < limit // 2:
