@@ -199,7 +199,7 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
                 ax.scatter(m, [r["loso_predicted"] for r in tgt], s=18, color=colour[fam], label=f"{fam} ({len(tgt)})")
             if info:
                 ax.scatter([r["measured"] for r in info], [r["predicted"] for r in info], s=30, marker="x",
-                           color=colour[fam], label=f"{fam}: outside the target ({len(info)})")
+                           color=colour[fam], label=f"{fam}: informational ({len(info)})")
         xs = _diagonal(ax, [r["measured"] for r in rs] + [r["predicted"] for r in rs], 1.4, (0.07, 0.20))
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -211,10 +211,12 @@ def predicted_vs_measured(runs: list[dict], path: str, title: str = "shardlab: p
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel(f"predicted {label}")
+        ax.set_title(f"{label}: {sum(r['in_target'] for r in rs)} target runs, "
+                     f"{sum(not r['in_target'] for r in rs)} informational", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
     fig.suptitle(title + "\nfilled: leave-one-source-out (refitted without the run's source); hollow: in sample; "
-                         "×: outside the target (in sample)", fontsize=10)
+                         "×: informational runs (not in the accuracy targets; in sample)", fontsize=10)
     fig.tight_layout()
     save_with(fig.savefig, p, "--plot")
     plt.close(fig)
@@ -246,6 +248,8 @@ def serving_predicted_vs_measured(rows: list[dict], path: str) -> Path:
         _diagonal(ax, [r["measured"] for r in rs] + [r["loso_predicted"] for r in rs], 1.3, (0.10, 0.35))
         ax.set_xlabel(f"measured {label}")
         ax.set_ylabel("predicted, leave-one-source-out")
+        ax.set_title(f"{ {'throughput': 'throughput', 'tpot': 'per-token latency', 'ttft': 'first-token latency'}[group]}: "
+                     f"{len(rs)} measurements", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
     fig.suptitle("shardlab: serving predictions (refitted without each measurement's source) vs published measurements",
