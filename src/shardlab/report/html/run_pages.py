@@ -182,8 +182,9 @@ def bench_page(doc: dict) -> Page:
 def _collective_sections(page: Page, doc: dict) -> None:
     """busbw by size per op and the α–β fits of a ``bench collectives`` document."""
     ops = list(dict.fromkeys(r["op"] for r in doc["rows"]))
-    series = [(op, [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
-               [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)]) for i, op in enumerate(ops)]
+    series = [(f"{op} (measured)", [r["size_bytes"] for r in doc["rows"] if r["op"] == op],
+               [r["busbw_gbps"] for r in doc["rows"] if r["op"] == op], PALETTE[i % len(PALETTE)], "markers")
+              for i, op in enumerate(ops)]
     for i, op in enumerate(ops):   # the α–β fit, as `bench collectives --plot` draws it: busbw scales as 1 / time
         fit = [r for r in doc["rows"] if r["op"] == op and r.get("fitted_time_s") and r["time_s"]]
         if fit:

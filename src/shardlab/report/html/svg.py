@@ -170,10 +170,11 @@ def bars(rows: Sequence[tuple[str, float]], fmt: Callable[[float], str], color: 
 
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str]], xfmt: Callable[[float], str],
                yfmt: Callable[[float], str], xlabel: str, ylabel: str, tick_base: int = 10) -> str:
-    """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour); x ticks at the powers of
-    ``tick_base`` (8 for bytes: 4 KiB, 32 KiB, 256 KiB, ...)."""
-    xs = [x for _, sx, _, _ in series for x in sx if x > 0]
-    ys = [y for _, _, sy, _ in series for y in sy]
+    """Lines over a log-scaled x axis (message sizes): series = (label, xs, ys, colour[, "markers"]): measurements
+    drawn as points when marked so, fits and models as lines; x ticks at the powers of ``tick_base`` (8 for bytes:
+    4 KiB, 32 KiB, 256 KiB, ...)."""
+    xs = [x for s in series for x in s[1] if x > 0]
+    ys = [y for s in series for y in s[2]]
     if not xs:
         return ""
     lo, hi = math.log10(min(xs)), math.log10(max(xs))
@@ -194,7 +195,12 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float], str
         t = float(tick_base) ** e
         out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{yb}" stroke="#e5e7eb"/>'
                    + _text(px(t), yb + 14, xfmt(t), "middle", size=11))
-    for label, sx, sy, color in series:
+    for item in series:
+        label, sx, sy, color = item[:4]
+        if len(item) > 4 and item[4] == "markers":      # measurements: points, not a line (fits are lines)
+            out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}"><title>{esc(label)}</title></circle>'
+                    for x, y in zip(sx, sy) if x > 0]
+            continue
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(sx, sy) if x > 0)
         out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"><title>{esc(label)}</title></polyline>')
     out.append(_text((x0 + x1) / 2, h - 8, xlabel, "middle") + _text(x0, top - 8 + 0, "", size=1))
