@@ -62,7 +62,21 @@ def run_train_page(doc: dict) -> Page:
                    f"({fmt_time(st.get('slowest_s') or 0)}), spread {100 * (st.get('spread') or 0):.1f}%; predicted "
                    f"{fmt_time(st.get('predicted_s') or 0)} ({esc(st.get('predicted_from', ''))})"
                    + (f", error {100 * st['error']:+.0f}%" if st.get("error") is not None else "") + "</p>")
+        if "cpu-core" in str(st.get("predicted_from", "")):
+            summary += ("<p class='note'>the prediction uses the catalog's generic CPU core (cpu-core), not this machine: "
+                        "<code>shardlab calibrate</code> measures this machine and <code>--profile</code> predicts from "
+                        "it (docs/calibration.md); CPU runs also share the cores with the other ranks</p>")
         page.add("step-times", "Step time per rank: measured vs predicted", summary + chart)
+    from shardlab.runtime.observe.report import slowest_line
+
+    line = slowest_line(doc.get("slowest"), "step") if doc.get("world_size", 1) > 1 else None
+    if line:
+        page.add("slowest", "The slowest rank", f"<p>{esc(line)}</p>")
+    if doc.get("observability"):             # percentiles, the straggler verdict in sentences (as the terminal shows)
+        from shardlab.runtime.observe.report import render_observability
+
+        page.add("observability", "Per-rank step-time percentiles and the straggler",
+                 f"<pre style='white-space:pre-wrap'>{esc(render_observability(doc['observability']))}</pre>")
     page.add("collectives", "Collectives by op", _collectives(ranks))
     if doc.get("expert_dispatch"):
         page.add("expert-dispatch", "Expert dispatch: measured vs comm plan", _expert_dispatch(doc["expert_dispatch"]))
@@ -84,7 +98,8 @@ def run_train_page(doc: dict) -> Page:
     if doc.get("losses"):
         page.add("losses", "Loss per step", table(["step", "loss"], [[i, f"{v:.5f}"] for i, v in enumerate(doc["losses"])]))
     _rest(page, doc, {"strategy", "world_size", "model", "layout", "workload", "ranks", "step_time", "memory_comparison",
-                      "losses", "launch", "predicted", "measured", "memory_notes", "microbatches", "expert_dispatch"})
+                      "losses", "launch", "predicted", "measured", "memory_notes", "microbatches", "expert_dispatch",
+                      "slowest", "observability"})
     page.add("ranks", "Per-rank measurements", generic(ranks))
     return page
 
