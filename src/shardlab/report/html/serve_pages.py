@@ -33,20 +33,20 @@ def _percentiles(sim: dict | None, replicas: int = 1) -> str:
     runs one replica: with ``replicas`` > 1 its throughput is said to be one replica's."""
     if not sim:
         return "<p>No simulation in this document.</p>"
-    rows, bars = [], []
+    rows, panels = [], []
     for key, name, short in (("ttft_s", "time to first token", "TTFT"), ("tpot_s", "time per output token", "TPOT"),
                              ("e2e_s", "end to end", "")):
         d = sim.get(key) or {}
         rows.append([name, _ms(d.get("mean")), _ms(d.get("p50")), _ms(d.get("p99"))])
-        if short:
-            bars += [(f"{short} {q}", d[q]) for q in ("p50", "p99") if isinstance(d.get(q), (int, float))]
+        bars = [(f"{short} {q}", d[q]) for q in ("p50", "p99") if isinstance(d.get(q), (int, float))]
+        if short and bars:      # one panel per latency: TTFT's seconds would flatten TPOT's milliseconds on one axis
+            panels.append(f"<h3>{name}: p50 and p99</h3>" + svg.bars(bars, fmt_time, label_w=170))
     note = (f"<p class='note'>{sim.get('requests', 0):,} simulated requests, {sim.get('cycles', 0):,} scheduling cycles, "
             f"{sim.get('preemptions', 0):,} preemptions{'; truncated at its cycle bound' if sim.get('truncated') else ''}; "
             f"{num(sim.get('output_tokens_per_s', 0))} output tokens/s"
             + (f" for one replica (× {replicas} replicas = {num(replicas * sim.get('output_tokens_per_s', 0))})"
                if replicas > 1 else "") + ".</p>")
-    return (table(["latency", "mean", "p50", "p99"], rows) + (svg.bars(bars, fmt_time, label_w=170) if bars else "")
-            + note)
+    return table(["latency", "mean", "p50", "p99"], rows) + "".join(panels) + note
 
 
 def serve_estimate_page(doc: dict) -> Page:
