@@ -174,3 +174,20 @@ def test_shard_mermaid_markdown_renders_with_real_mermaid(browser, shots, tmp_pa
         assert f_bottom <= c_top + 1, (f_bottom, c_top)
     page.screenshot(path=str(shots / f"mermaid-{model}-tp{tp}{'-sp' if sp else ''}.png"), full_page=True)
     assert errors == []
+
+
+@pytest.mark.parametrize("argv", [
+    ("plan",),
+    ("memory", "llama-3.1-70b", "--gpus", "8", "--zero", "3"),
+    ("estimate", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1"),
+    ("estimate", "llama-3.1-70b", "--inference", "--serve", "--tp", "4", "--arrival-rate", "4"),
+])
+def test_every_page_opens_with_its_answer(browser, tmp_path, argv):
+    """At 1400 × 900 the answer's figures (the winner or the estimate, its memory headroom) are on the first screen."""
+    out = tmp_path / "page.html"
+    code, _, err = cli_main(*argv, "--html", str(out))
+    assert code == 0, err
+    page, errors = open_page(browser, out)
+    box = page.locator("section#answer").bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 900, box
+    assert page.locator("section#answer .card").count() >= 3 and errors == []

@@ -109,6 +109,13 @@ class Page:
     def add(self, sid: str, heading: str, body: str) -> None:
         self.sections.append((sid, heading, body))
 
+    def answer(self, pairs: list[tuple[str, str]], note: str = "") -> None:
+        """The page's answer, first on the page (within the first screen): its key figures as cards."""
+        body = ("<div class='cards'>" + "".join(f"<div class='card'><div class='l'>{esc(k)}</div>"
+                                                f"<div class='v'>{esc(v)}</div></div>" for k, v in pairs) + "</div>"
+                + (f"<p class='note'>{esc(note)}</p>" if note else ""))
+        self.sections.insert(0, ("answer", "The answer", body))
+
     def render(self, doc: dict, command: str) -> str:
         from shardlab import __version__
         from shardlab.report.html.layout_sections import colour_css

@@ -16,11 +16,6 @@ def layout_text(lay: dict) -> str:
     return _layout_str(lay)
 
 
-def _cards(pairs: list[tuple[str, str]]) -> str:
-    return "<div class='cards'>" + "".join(f"<div class='card'><div class='l'>{esc(k)}</div><div class='v'>{esc(v)}</div></div>"
-                                           for k, v in pairs) + "</div>"
-
-
 def _inputs(doc: dict, cluster: dict, extra: list[tuple[str, str]]) -> str:
     wl = doc["workload"]
     pairs = [("model", doc["model"]), ("GPUs", f"{doc['gpus']} × {doc['gpu']}"),
@@ -105,9 +100,13 @@ def plan_page(doc: dict) -> Page:
     cards = [("layout", layout_text(best["layout"])), ("step time", f"{best['step_time_s']:.3f} s"),
              ("tokens/s", f"{best['tokens_per_s']:,.0f}"), ("MFU", f"{100 * best['mfu']:.1f}%"),
              ("memory per GPU", gib(best["memory_bytes"]))]
+    cap = doc.get("capacity_bytes")
+    if cap:
+        cards.append(("memory headroom", f"{gib(cap - best['memory_bytes'])} ({100 * (1 - best['memory_bytes'] / cap):.1f}%)"))
     if "train_days" in best:
         cards.append(("days to train", f"{best['train_days']:.1f}"))
-    page.add("worksheet", "Design worksheet", _cards(cards) + _worksheet(doc))
+    page.answer(cards, "the winner of the search; the design worksheet below says why")
+    page.add("worksheet", "Design worksheet", _worksheet(doc))
     detail = doc.get("detail")
     if detail:
         ls.rank_map_section(page, detail, doc.get("communication") or [], best["layout"])
@@ -139,8 +138,11 @@ def estimate_page(doc: dict) -> Page:
              f"<p class='bad'>DOES NOT FIT: {gib(doc['memory']['per_gpu']['total'])} per GPU against "
              f"{gib(doc['memory']['capacity_bytes'])}; the times below are for a "
              f"layout that cannot run (`shardlab plan` searches the ones that fit)</p>")
-    page.add("summary", "Summary", nofit + _cards(cards)
-             + "".join(f"<p class='note'>{esc(n)}</p>" for n in doc.get("notes", [])))
+    cap = doc["memory"].get("capacity_bytes")
+    if cap:
+        cards.append(("memory headroom", gib(cap - doc["memory"]["per_gpu"]["total"])))
+    page.answer(cards)
+    page.add("summary", "Summary", nofit + "".join(f"<p class='note'>{esc(n)}</p>" for n in doc.get("notes", [])))
     detail = doc.get("detail")
     if detail:
         ls.rank_map_section(page, detail, doc.get("communication") or [], lay)

@@ -53,6 +53,15 @@ def run_train_page(doc: dict) -> Page:
     page.add("inputs", "What ran", warned + kv_table([(k.replace("_", " "), esc(num(v))) for k, v in wl.items()]
                                                      + extra + [("launch", esc(doc["launch"].get("summary", "")))]))
     st = doc.get("step_time") or {}
+    ans = [("step time, measured", fmt_time(st["measured_median_s"]) if st.get("measured_median_s") else "-"),
+           ("predicted", fmt_time(st["predicted_s"]) if st.get("predicted_s") else "-"),
+           ("error", f"{100 * st['error']:+.0f}%" if st.get("error") is not None else "-"),
+           ("model states", "= the memory model" if doc.get("memory_states_exact") else "DIFFER")]
+    if doc.get("parity"):
+        ans.append(("parity (step 0)", "OK" if doc["parity"].get("ok") else "FAILED"))
+    page.answer(ans, "measured on this machine beside shardlab's prediction"
+                + ("; the prediction uses a generic CPU core (see below)" if "cpu-core" in str(st.get("predicted_from", ""))
+                   else ""))
     ranks = doc["ranks"]
     if any(r.get("step_time_s") for r in ranks):
         ref = ("predicted", st["predicted_s"]) if st.get("predicted_s") else None
@@ -165,6 +174,11 @@ def run_infer_page(doc: dict) -> Page:
     items += [("ranks agree", esc(num(doc["ranks_agree"]))), ("latency per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
               ("memory", "matches the model exactly" if doc["memory_exact"] else "DIFFERS from the model")]
     page.add("summary", "Result", kv_table(items))
+    same = doc.get("matches_transformers") if doc.get("matches_transformers") is not None else doc.get("matches_tp1")
+    page.answer([("tokens identical to " + ("transformers" if doc.get("matches_transformers") is not None else "TP 1"),
+                  "yes" if same else ("not checked" if same is None else "NO")),
+                 ("per token (slowest rank)", fmt_time(doc["latency_per_token_s"])),
+                 ("memory", "= the memory model" if doc["memory_exact"] else "DIFFERS")])
     pred = doc["predicted"]
     per_stage = pred.get("weight_bytes_per_stage", [pred["weight_bytes"]])
     kvb = pred.get("kv_blocks")
@@ -256,6 +270,12 @@ def memory_page(doc: dict) -> Page:
     chart = svg.stacked_bars(rows, MEMORY_CATS, gib_short, capacity=doc.get("capacity_bytes"), cap_label="GPU memory",
                              scale=2**30, cap_fmt=gib)
     pg = doc["per_gpu"]
+    cap = doc.get("capacity_bytes")
+    ans = [("per GPU", gib(pg["total"]))]
+    if cap:
+        ans += [("GPU memory", gib(cap)), ("headroom", f"{gib(cap - pg['total'])} ({100 * (1 - pg['total'] / cap):.1f}%)"),
+                ("fits", "yes" if doc.get("fits") else "NO")]
+    page.answer(ans, "the worst rank's bytes; the exact per-tensor count below")
     expl = doc.get("explain", {})
     trows = [[k, gib(pg[k]), expl.get(k, "")] for k in ("weights", "gradients", "optimizer", "model_states", "activations",
                                                          "other", "total") if k in pg]

@@ -54,6 +54,9 @@ def serve_estimate_page(doc: dict) -> Page:
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
     ss = doc.get("steady_state") or {}
+    page.answer([("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
+                 ("output tokens/s", num(ss.get("output_tokens_per_s"))), ("in flight", num(ss.get("in_flight")))],
+                "the steady state (continuous batching); percentiles from the simulation below")
     over = bool(ss.get("overloaded"))
     unbounded = "<span class='bad'>unbounded</span>"
     banner = ("<p class='bad'>Overloaded: arrivals exceed what the replica completes; the queue (and the time to "
