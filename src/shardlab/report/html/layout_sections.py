@@ -168,7 +168,9 @@ def rank_map_section(page: Page, detail: dict, comm: list[dict], layout: dict) -
                     f'data-dp="{c["dp"]}" title="rank {r}: node {c["node"]} GPU {c["gpu"]}, stage {c["pp"]}, TP {c["tp"]}, '
                     f'DP {c["dp"]}">{label}</div>')
         cells_by_node.setdefault(c["node"], []).append(cell)
-    nodes = "".join(f"<div class='node'><span class='nl'>node {n}</span>{''.join(cells)}</div>" for n, cells in cells_by_node.items())
+    # a large job's map stays small: each node a box labelled with its number (hover: 'node N'), as a small one is
+    nodes = "".join(f"<div class='node' title='node {n}'><span class='nl'>{n if compact else f'node {n}'}</span>"
+                    f"{''.join(cells)}</div>" for n, cells in cells_by_node.items())
     stage_mem = {s["stage"]: s for s in mem["stages"]}
     info = {"stages": {}, "cp": layout.get("cp", 1) > 1, "ep": ep, "axes": []}
     for st in rm["stages"]:

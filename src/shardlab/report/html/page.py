@@ -174,7 +174,7 @@ svg text.halo{paint-order:stroke;stroke:var(--bg,#fff);stroke-width:3px;stroke-l
 table.comm td:last-child{min-width:30ch}
 .nodes{display:flex;flex-direction:column;gap:4px}.nodes.compact{flex-direction:row;flex-wrap:wrap;max-width:900px}
 .node{display:flex;align-items:center;gap:3px}.node .nl{width:54px;color:var(--muted);font-size:12px}
-.nodes.compact .node{gap:1px;border:1px solid var(--line);padding:2px}.nodes.compact .nl{display:none}
+.nodes.compact .node{gap:1px;border:1px solid var(--line);padding:2px}.nodes.compact .nl{width:auto;min-width:18px;text-align:right;font-size:9px;margin-right:2px}
 .rank{width:84px;height:46px;border-radius:4px;font-size:11px;line-height:1.2;padding:3px 4px;cursor:pointer;border:1px solid rgba(0,0,0,.15);
  color:#111;overflow:hidden;outline:none}
 .nodes.compact .rank{width:13px;height:13px;padding:0;font-size:0;border-radius:2px}
