@@ -66,3 +66,32 @@ def test_a_serving_plan_saves_its_engine_settings(tmp_path, monkeypatch):
     assert code == 0, err
     d = json.loads(out)
     assert d["engine"] == "vllm" and d["batch"] == 1024 and d["tp"] == 1 and d["prompt_len"] == 1000
+
+
+def test_review_findings_types_sets_memory_and_serving_gpus(job, tmp_path, monkeypatch):
+    """Wrong types in the file or in --set are one line; --set values get the file's checks; memory takes the job's
+    micro-batches from its global batch; a saved serving plan searches the GPUs it was planned for."""
+    path, plan = job
+    for s, msg in (("layout.tp=abc", "must be a whole number"), ("workload.global_batch=0", "positive whole number"),
+                   ("model.name=5", "must be text"), ("bogus.name=x", "no section [bogus]")):
+        code, _, err = cli_main("estimate", str(path), "--set", s)
+        assert code == 2 and msg in err and "\n" not in err.strip(), (s, err)
+    assert cli_main("estimate", str(path), "--set", "serve.kv_cache_dtype=auto")[0] == 0
+    bad = tmp_path / "t.toml"
+    bad.write_text(path.read_text().replace('name = "llama-3.1-70b"', "name = 5"))
+    code, _, err = cli_main("estimate", str(bad))
+    assert code == 2 and "must be text" in err
+    code, out, _ = cli_main("memory", str(path), "--json")
+    assert code == 0 and json.loads(out)["layout"]["microbatches"] == 512
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "16", "--save", "s16.toml")
+    assert code == 0, err
+    code, out, err = cli_main("plan", "s16.toml", "--json")
+    assert code == 0 and json.loads(out)["gpus"] == 16, err
+
+
+def test_narrow_terminals_never_break_words(monkeypatch):
+    monkeypatch.delenv("SHARDLAB_WIDE")
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli_main("plan")
+    assert code == 0 and max(len(x) for x in out.splitlines()) <= 80
+    assert "all-gather" in out and "all-ga\n" not in out and "critic\n" not in out

@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         with status(args, "shardlab " + " ".join(a for a in argv[:2] if not a.startswith("-"))):
             result = args.func(args)
         if isinstance(result, int):
+            for note in getattr(args, "spelling_notes", None) or ():
+                sys.stderr.write(note + "\n")
             return result
         doc, text = result
         if getattr(args, "html", None):

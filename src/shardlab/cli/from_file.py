@@ -35,10 +35,26 @@ def apply_sets(imp, sets: list[str] | None) -> None:
             value = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw.strip()
-        name = {"kv_cache_dtype": "kv_cache", "name": "model" if key.startswith("model") else "framework"}.get(name, name)
+        section = key.strip().rpartition(".")[0]
+        if section and section not in SECTIONS:
+            raise ShardlabError(f"--set {key}: a job file has no section [{section}]; sections: "
+                                f"{', '.join(s for s in SECTIONS if s not in ('shardlab', 'estimate'))}")
+        from shardlab.export.shardlab import check_types, kv_field
+
+        check_types({name: value}, f"--set {key}")
+        if name == "kv_cache_dtype":
+            value, name = kv_field(value), "kv_cache"
+            if value is None:
+                imp.fields.pop("kv_cache", None)
+                continue
+        name = {"name": "model" if section == "model" else "framework"}.get(name, name)
         if name == "framework":
             imp = imp.__class__(imp.source, imp.fields, imp.understood, imp.ignored, str(value))
         imp.fields[name] = tuple(value) if name == "stage_layers" and isinstance(value, list) else value
+    if sets:                     # the same checks a file's own values get
+        from shardlab.export import check_fields, field_names
+
+        check_fields(imp.fields, "--set", field_names(imp.source, imp.framework))
     return imp
 
 
@@ -85,6 +101,8 @@ def apply_import(args, imp, parser) -> None:
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
         args.inference = True
         f.pop("gpus", None)
+        if "serve_gpus" in f and parser.prog.endswith(" plan") and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
+            args.gpus = f["serve_gpus"]          # a saved serving plan searches the GPUs it was planned for
         if f.get("replicas", 1) > 1:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
     if "dp_from_world" in f and "dp" not in f:
@@ -106,6 +124,10 @@ def apply_import(args, imp, parser) -> None:
                                 f"drop the flag or edit the file")
         setattr(args, dest, val)
     _apply_dropout(args, f)
+    if ("global_batch" in f and not hasattr(args, "global_batch") and hasattr(args, "microbatches")
+            and getattr(args, "microbatches", None) in (None, parser.get_default("microbatches"))):
+        per = max(1, int(f.get("micro_batch") or 1) * int(f.get("dp") or 1))   # memory: the micro-batches in flight
+        args.microbatches = max(1, int(f["global_batch"]) // per)
     red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
     if red and hasattr(args, red):
         other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]

@@ -20,7 +20,7 @@ _LAUNCH = ("--nodes", "--node-rank", "--rdzv-endpoint", "--timeout", "--device")
 COMMON = {
     "plan": _SHARED + _JOB + _CLUSTER + ("--seq-len", "--global-batch", "--precision", "--framework", "--objective",
                                          "--top", "--explain", "--html", "--save", "--export", "--out")
-    + _SERVE[:4] + ("--ttft-slo", "--tpot-slo", "--target-rate", "--engine"),
+    + _SERVE + ("--ttft-slo", "--tpot-slo", "--target-rate", "--engine", "--batch"),
     "estimate": _SHARED + _JOB + _CLUSTER + _LAYOUT + _WORKLOAD + _SERVE + ("--engine",),
     "memory": _SHARED + _JOB + _CLUSTER + _LAYOUT + ("--seq-len", "--precision", "--optimizer", "--offload",
                                                      "--lora-rank", "--quantize-base", "--finetune-ladder", "--html"),
@@ -81,8 +81,9 @@ def format_help(parser: argparse.ArgumentParser, all_flags: bool = False) -> str
         parser.usage = usage
         for a, h in saved:
             a.help = h
-    return (text.rstrip("\n") + f"\n\n{len(hidden)} more options: `{parser.prog} --help-all` lists them all; a job "
-            f"file carries them (docs/job-file.md).\n")
+    job = any(parser.prog.endswith(f" {c}") for c in ("plan", "estimate", "memory", "export"))
+    return (text.rstrip("\n") + f"\n\n{len(hidden)} more options: `{parser.prog} --help-all` lists them all"
+            + ("; a job file carries them (docs/job-file.md)" if job else "") + ".\n")
 
 
 def install(parser: argparse.ArgumentParser, path: str = "") -> None:

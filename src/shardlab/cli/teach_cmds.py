@@ -37,7 +37,7 @@ def register(sub) -> None:
     q = sub.add_parser("quiz", help="questions generated from the model with random numbers; worked solutions and a score",
                        description="Multiple-choice and numeric questions (with a stated tolerance) computed by shardlab's own "
                                    "models with random numbers. On a terminal each question waits for your answer and shows "
-                                   "the worked solution; --answers FILE scores a file (one answer per line). Pass mark 70%%.",
+                                   "the worked solution; --answers FILE scores a file (one answer per line). Pass mark 70% (--pass-mark); below it the command exits 1.",
                        epilog=QUIZ_EXAMPLES, formatter_class=fmt)
     q.add_argument("--topic", action="append", default=[], metavar="T", help="only this topic (repeatable; see --list)")
     q.add_argument("--questions", type=BOUNDED["questions"], default=10, help="how many questions (default 10)")

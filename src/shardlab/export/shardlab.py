@@ -76,6 +76,26 @@ def _check_keys(doc: dict) -> None:
             raise ShardlabError(f"[{sec}] has no key '{extra[0]}'; it takes {', '.join(SECTIONS[sec])}")
 
 
+TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
+         "kv_cache_dtype": str, "weights": str, "sequence_parallel": bool, "dropout": bool,
+         "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list}
+"""Keys whose values are not whole numbers (the rest are): checked before anything reads them."""
+
+
+def check_types(values: dict, where: str) -> None:
+    """Refuse, naming the key, a value of the wrong type (a hand-edited file, or --set)."""
+    for k, v in values.items():
+        want = TYPES.get(k, int)
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) if want is float else
+              isinstance(v, want) and not (want is int and isinstance(v, bool)))
+        if want is list and ok:
+            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        if not ok:
+            kind = {str: "text", bool: "true or false", float: "a number", list: "a list of whole numbers",
+                    int: "a whole number"}[want]
+            raise ShardlabError(f"{where}: {k} = {v!r} must be {kind}; fix it")
+
+
 def fields_of(doc: dict) -> tuple[dict, str | None]:
     """(importer fields, framework) of a parsed job file."""
     head = doc.get("shardlab")
@@ -84,6 +104,9 @@ def fields_of(doc: dict) -> tuple[dict, str | None]:
     if head.get("version") != VERSION:
         raise ShardlabError(f"[shardlab] version {head.get('version')!r}: this shardlab reads version {VERSION}")
     _check_keys(doc)
+    for sec, body in doc.items():
+        if sec not in ("shardlab", "estimate"):
+            check_types(body, f"[{sec}]")
     f: dict = {}
     if "name" in doc.get("model", {}):
         f["model"] = doc["model"]["name"]
@@ -103,13 +126,20 @@ def fields_of(doc: dict) -> tuple[dict, str | None]:
         sv = doc["serve"]
         f.update({k: sv[k] for k in SERVE_KEYS if k in sv})
         if "kv_cache_dtype" in f:
-            kv = f.pop("kv_cache_dtype")
-            if kv != "auto":                          # auto: the model's dtype, the estimate's own default
+            kv = kv_field(f.pop("kv_cache_dtype"))
+            if kv:
                 f["kv_cache"] = kv
-    elif "gpus" in cl:
-        f["gpus"] = cl["gpus"]
+    if "gpus" in cl:             # a serving job's GPUs are its replicas × tp × pp: only `plan` takes them back
+        f["serve_gpus" if "serve" in doc else "gpus"] = cl["gpus"]
     fw = doc.get("framework", {}).get("name")
     return f, fw if isinstance(fw, str) else None
+
+
+def kv_field(kv: str) -> str | None:
+    """A KV-cache dtype as the estimate takes it: auto (the model's dtype, its default) -> None; vLLM's fp8_e4m3 /
+    fp8_e5m2 -> fp8."""
+    kv = str(kv)
+    return None if kv == "auto" else ("fp8" if kv.startswith("fp8") else kv)
 
 
 def read(text: str, catalog=None) -> Imported:

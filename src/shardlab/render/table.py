@@ -49,28 +49,32 @@ def _wrap_cell(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
+KEEP = "\ue000"
+"""Marks a table row that is wider than the limit even after fitting (many number columns): ``fit_text`` leaves such
+a row whole rather than re-wrapping it as prose, and removes the mark."""
+
+
 def _layout(headers, cells, widths: list[int], align: str, limit: int) -> tuple[list[int], list[int], list[int]]:
     """(columns kept in the row, their widths, columns moved under the row) for a width limit.
 
     Text columns wrap inside their cells, never below MIN_COLUMN or their longest word; when that is not enough
-    (many number columns), the widest text columns of several words leave the row and print under it as
-    'header: text' lines; single words break only as a last resort."""
+    (many number columns), the widest text columns (never the first) leave the row and print under it as
+    'header: text' lines. Words are never broken: a table still too wide keeps its rows whole."""
     n = len(headers)
     words = [max((len(w) for r in [list(headers), *cells] if i < len(r) for w in r[i].split()), default=0)
              for i in range(n)]
-    prose = [align[i] == "l" and words[i] < widths[i] for i in range(n)]
     keep, under = list(range(n)), []
     while True:
         w = _fit([widths[i] for i in keep], [align[i] == "l" for i in keep], limit,
                  [max(MIN_COLUMN, words[i]) for i in keep])
-        movable = [i for i in keep if prose[i]]
-        if _fits(w, limit) or not movable or len(keep) == 1:
+        movable = [i for i in keep if align[i] == "l" and i > 0]
+        if _fits(w, limit) or not movable or len(keep) <= 2:
             break
         out = max(movable, key=lambda i: widths[i])
         keep.remove(out)
         under.append(out)
-    if not _fits(w, limit):
-        w = _fit(w, [align[i] == "l" for i in keep], limit, [6] * len(keep))
+    if not _fits(w, limit):    # prose columns may still narrow (their words stay whole)
+        w = _fit(w, [align[i] == "l" for i in keep], limit, [max(6, words[i]) for i in keep])
     return keep, w, sorted(under)
 
 
@@ -136,6 +140,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str |
     lines.append(fmt(list(headers), below=False))
     lines.append("  ".join("-" * widths[i] for i in keep))
     lines.extend(fmt(r) for r in cells)
+    if limit:                 # rows still over the limit stay whole: marked for ``fit_text``
+        lines = ["\n".join(KEEP + ln if len(ln) > limit else ln for ln in block.split("\n")) for block in lines]
     if under:
         lines.append(fit_text(f"(under each row: {', '.join(headers[i] for i in under)}; --wide keeps one line per row)"))
     return "\n".join(lines)
@@ -152,6 +158,9 @@ def fit_text(text: str, limit: int | None = None) -> str:
         return text
     out = []
     for line in text.split("\n"):
+        if line.startswith(KEEP):                    # a table row ``table`` could not narrow: whole
+            out.append(line[len(KEEP):])
+            continue
         if len(line) <= limit:                       # (table rows fit already: ``table`` narrowed them)
             out.append(line)
             continue
@@ -159,7 +168,7 @@ def fit_text(text: str, limit: int | None = None) -> str:
         if gaps:                                     # 'key  value': the value wraps under itself
             head = re.match(r"(.*?\S {2,})(?=\S)", line).group(1)
             if len(head) < limit // 2:
-                out.extend(textwrap.wrap(line[len(head):], limit - len(head), initial_indent=head,
+                out.extend(textwrap.wrap(line[len(head):], limit, initial_indent=head,
                                          subsequent_indent=" " * len(head), break_long_words=False,
                                          break_on_hyphens=False) or [line])
                 continue

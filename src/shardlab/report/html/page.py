@@ -134,7 +134,7 @@ class Page:
             from shardlab.report.html.mermaid_js import mermaid_script
 
             mm = mermaid_script()
-        return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>" + (
                 f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
                 f"<meta name='generator' content='shardlab {esc(__version__)}'><title>{esc(self.title)}</title>"
                 f"<style>{CSS}{colour_css()}</style></head><body><header><h1>{esc(self.title)}</h1>"
@@ -143,7 +143,7 @@ class Page:
                 f"the JSON document below, the one <code>--json</code> prints (shardlab {esc(__version__)}); the page "
                 f"computes none of them.</p>{shown}</section></main>"
                 f"<script type='application/json' id='shardlab-doc'>{_json_script(doc)}</script>{blocks}"
-                f"<script>{JS}</script>{mm}</body></html>")
+                f"<script>{JS}</script>{mm}</body></html>").replace("\ue000", ""))   # render.table's row marks
 
 
 def _json_script(v) -> str:
