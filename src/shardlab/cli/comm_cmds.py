@@ -52,11 +52,15 @@ def register(sub) -> None:
     p.add_argument("--framework", default=None, metavar="NAME",
                    help="training framework whose mechanisms apply (default megatron-lm; deepspeed re-gathers ZeRO-3 "
                         "weights for a recomputed forward)")
+    p.add_argument("--global-batch", type=BOUNDED["batch"], default=None,
+                   help="sequences per optimizer step (default: --microbatches × micro-batch × dp)")
     from shardlab.cli.common import add_grad_reduce_args
+    from shardlab.cli.from_file import add_from_arg, with_from
 
     add_grad_reduce_args(p.add_argument_group("gradient reduction"))
+    add_from_arg(p)                      # a shardlab job file (or a framework's) as MODEL or --from FILE
     add_output_args(p)
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=with_from(p, cmd_plan))
     p = csub.add_parser("inference", help="TP decode vs prefill: communication against compute and memory",
                         formatter_class=fmt, epilog=COMM_EXAMPLES)
     add_model_args(p, default="llama-2-7b")
@@ -175,10 +179,12 @@ def cmd_plan(args):
     from dataclasses import asdict
 
     from shardlab.catalog import get_catalog
-    from shardlab.cli.common import cluster_from_args, layout_from_args, resolve_model
+    from shardlab.cli.common import cluster_from_args, grad_reduce_choice, layout_from_args, resolve_framework, resolve_model
+    from shardlab.comm.exposure import exposure
     from shardlab.comm.inventory import layout_collectives, summarize
     from shardlab.comm.report import render_plan
     from shardlab.errors import ShardlabError
+    from shardlab.estimate import estimate_training
 
     cat = get_catalog(args.catalog)
     spec, params = resolve_model(args, cat)
@@ -187,24 +193,26 @@ def cmd_plan(args):
     layout = layout_from_args(args)
     cluster = cluster_from_args(args, cat, layout.world_size)
     seq = args.seq_len or min(spec.max_seq_len, 4096)
-    from shardlab.estimate.training import positions_notes
-    from shardlab.layout import default_microbatches
-
-    positions_notes(spec, seq)          # a learned position table has no rows past its length: refused as estimate does
-    m = args.microbatches or default_microbatches(layout.pp)
-    if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
-        raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
-    from shardlab.cli.common import grad_reduce_choice, resolve_framework
-    from shardlab.comm.inventory import grad_wire_bytes
-
-    fw, red = resolve_framework(args, cat), grad_reduce_choice(args)
-    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=m, precision=args.precision, framework=fw,
-                               grad_reduce_bytes=red)
-    doc = {"model": spec.name, "framework": fw.id, "layout": layout.to_dict(), "seq_len": seq, "microbatches": m, "precision": args.precision,
-           "grad_reduce_bytes": grad_wire_bytes(fw, args.precision, red),
+    # the step model on the same layout: its overlap rules say what of each group the step waits for
+    est = estimate_training(spec, layout, cluster, seq_len=seq, global_batch=args.global_batch,
+                            microbatches=args.microbatches, precision=args.precision, optimizer=args.optimizer,
+                            framework=resolve_framework(args, cat), grad_reduce_bytes=grad_reduce_choice(args))
+    wl = est.workload
+    items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=est.microbatches, precision=wl.precision,
+                               framework=wl)
+    groups = exposure(items, est.breakdown, layout.zero)
+    summary = summarize(items)
+    summary.update(exposed_s=sum(g.exposed_s for g in groups),
+                   total_by_group_s={g.group: g.total_s for g in groups},
+                   exposed_by_group_s={g.group: g.exposed_s for g in groups})
+    doc = {"model": spec.name, "framework": wl.framework, "layout": layout.to_dict(), "seq_len": seq,
+           "microbatches": est.microbatches, "global_batch": wl.global_batch, "precision": wl.precision,
+           "grad_reduce_bytes": wl.grad_reduce_bytes,
            "cluster": {"gpu": cluster.accelerator.id, "gpus_per_node": cluster.gpus_per_node,
                        "intra_link": cluster.intra_link.id, "inter_link": cluster.inter_link.id},
-           "items": [asdict(i) for i in items], "summary": summarize(items)}
+           "items": [asdict(i) for i in items], "summary": summary, "exposure": [g.to_dict() for g in groups],
+           "step_time_s": est.step_time_s, "overlap_efficiency": float(cluster.accelerator.overlap_efficiency or 0.0),
+           "notes": est.notes}
     return doc, render_plan(doc)
 
 

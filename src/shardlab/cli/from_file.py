@@ -101,7 +101,7 @@ def apply_import(args, imp, parser) -> None:
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
         args.inference = True
         f.pop("gpus", None)
-        if "serve_gpus" in f and parser.prog.endswith(" plan") and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
+        if "serve_gpus" in f and parser.prog.split()[1:] == ["plan"] and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
             args.gpus = f["serve_gpus"]          # a saved serving plan searches the GPUs it was planned for
         if f.get("replicas", 1) > 1:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
@@ -235,7 +235,7 @@ def with_from(parser, fn):
         apply_import(args, imp, parser)
         doc, text = fn(args)
         doc["imported"] = imp.to_dict()
-        extra = _beside_best(args, doc) if parser.prog.endswith(" plan") else ""
+        extra = _beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
         return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")
 
     return handler

@@ -169,6 +169,9 @@ def cmd_estimate(args):
     doc["detail"] = layout_detail(est.model, est.layout, est.cluster, est.memory, seq_len=est.workload.seq_len,
                                   microbatches=est.microbatches, breakdown=est.breakdown, precision=est.workload.precision)
     doc["communication"] = estimate_comm(est)
+    from shardlab.comm.exposure import exposure
+
+    doc["communication_exposure"] = [g.to_dict() for g in exposure(doc["communication"], est.breakdown, est.layout.zero)]
     return with_slow_rank(getattr(args, "slow_rank", None), doc, render_estimate(est))
 
 

@@ -35,7 +35,7 @@ from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, kv_width_local
+from shardlab.specs.tensors import PRE, TensorSpec, kv_width_local
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25`` (MiB)."""
@@ -62,9 +62,10 @@ class CommItem:
     nodes_spanned: int
     """Nodes the group spans (> 1: the inter-node link, ``_price``)."""
     time_per_call_s: float
-    """α–β time of one call (``collective_time``)."""
+    """α–β time of one call (``collective_time``, rings as the step model prices them); gradient buckets: the
+    stream's time ÷ its calls (``_dp_stream_s``)."""
     time_per_step_s: float
-    """time_per_call_s × calls_per_step."""
+    """time_per_call_s × calls_per_step: per group, the step model's total for the same calls (``comm.exposure``)."""
     overlap: str
     """'critical' (compute waits for it) or 'overlappable' (can hide behind compute)."""
     note: str = ""
@@ -92,13 +93,17 @@ def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_ni
     if span > 1 and op in ("all-reduce", "reduce-scatter", "all-gather", "broadcast"):
         beta = float(across_nodes_bytes_per_s(cluster, max(1, n // span), per_gpu_nic))
         ring_link = dataclasses.replace(link, bandwidth_gbps=beta / (link.efficiency * 1e9))
-        return collective_time(op, int(size), n, ring_link), link
+        return collective_time(op, size, n, ring_link, "ring"), link
     hier = span > 1 and n % span == 0 and n // span > 1
-    return collective_time(op, int(size), n, link, nodes=span if hier else 1,
+    # rings, as the step model prices every collective (estimate.comm_time): one pricing for comm plan and estimate
+    return collective_time(op, size, n, link, "ring", nodes=span if hier else 1,
                            intra_link=cluster.intra_link if hier else None), link
 
 
-def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu_nic: bool = False) -> CommItem:
+def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu_nic: bool = False,
+          total_s: float | None = None) -> CommItem:
+    """One inventory row; ``total_s`` gives the calls' time per step where the step model prices them as one stream
+    (gradient buckets: ``_dp_stream_s``), else calls × the α–β time of one."""
     cost, link = _price(op, size, n, span, cluster, per_gpu_nic)
     risk = []
     if overlap == "critical" and span > 1 and axis in ("TP", "SP"):
@@ -107,8 +112,22 @@ def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu
         risk.append(f"on the critical path over {link.id}")
     if cost.regime == "latency" and calls >= 100:
         risk.append("latency-bound: many small messages")
-    return CommItem(axis, op, phase, int(size), int(calls), n, link.id, span, cost.time_s, cost.time_s * calls,
+    per_step = cost.time_s * calls if total_s is None else float(total_s)
+    return CommItem(axis, op, phase, int(size), int(calls), n, link.id, span, per_step / max(int(calls), 1), per_step,
                     overlap, note, cost.regime, "; ".join(risk))
+
+
+def _dp_stream_s(cluster: Cluster, layout: Layout, op: str, group: str, nbytes: float) -> float:
+    """One step's ``op`` of ``nbytes`` over the dense or expert data-parallel group, priced as the step model prices it
+    (``estimate.comm_time.dp_coefficients``): the buckets run back to back as one α–β stream (latency once: NCCL
+    pipelines a communicator's consecutive calls; the estimate's validation against published runs uses this
+    pricing). 'replica-all-reduce': HSDP's replicas all-reduce the gradient shard (``nbytes``: the unsharded local
+    gradient)."""
+    from shardlab.estimate.comm_time import dp_coefficients
+
+    lat, per_byte = dp_coefficients(cluster, tp=layout.tp, cp=layout.cp, dp=layout.dp, ep=layout.ep,
+                                    rep=layout.dp_replicate)[(op, group)]
+    return float(lat + per_byte * nbytes) if nbytes else 0.0
 
 
 def grad_wire_bytes(framework, precision: str, explicit: int | None = None) -> int:
@@ -205,8 +224,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         steps = layout.cp - 1
         out.append(_item("CP", "send-recv", "forward", kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
                          "overlappable", f"ring attention: pass the local K/V block around the ring ({steps} steps per layer)"))
-        out.append(_item("CP", "send-recv", "backward", 2 * kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
-                         "overlappable", "ring attention backward: K/V and their gradients dK/dV travel the ring"))
+        out.append(_item("CP", "send-recv", "backward", kv_bytes, 2 * L * m * steps, layout.cp, span["cp"], cluster,
+                         "overlappable", "ring attention backward: K/V and their gradients dK/dV travel the ring "
+                         "(two messages per step)"))
         if recompute_fwd:                           # the re-run forward passes the K/V ring again (estimate: cp_per_block_s)
             out.append(_item("CP", "send-recv", "backward", kv_bytes, L * m * steps, layout.cp, span["cp"], cluster,
                              "overlappable", "ring attention of the forward re-run by full recomputation"))
@@ -226,38 +246,53 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         out.append(_item("PP", "send-recv", "backward", msg, calls, 2, pp_span, cluster, ov,
                          "activation gradients to the previous stage, per micro-batch per chunk"))
         if spec.tied_embeddings:
-            wb = spec.vocab_size * h // t * gb
+            wb = TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), spec.num_layers, "head",
+                            tp_dim=0).local_numel(spec, t, layout.ep) * gb    # the last stage's copy (memory.states)
             out.append(_item("PP", "all-reduce", "step", wb, 1, 2, pp_span, cluster, "critical",
                              "tied embedding: first and last stage all-reduce the shared matrix's gradient (Megatron)"))
 
     # ---- data parallel / ZeRO / FSDP ----------------------------------------------------------------
+    # the stage whose data-parallel calls take longest (ZeRO-0/1/2, as the step model reports them; a dense first stage
+    # can outweigh MoE stages whose experts need no reduction); ZeRO-3's per-micro-batch calls: the busiest stage's
+    def dp_weight(i, d, ex):
+        if layout.zero == 3:          # per micro-batch, on the critical path of the busiest stage (the pace setter)
+            return float(i == busiest)
+        ops = ("all-reduce",) if layout.zero == 0 else ("reduce-scatter", "all-gather", "replica-all-reduce")
+        return sum(_dp_stream_s(cluster, layout, op, grp, n * (sb.weights if op == "all-gather" else gb)) for op in ops
+                   for grp, n in (("dense", d), ("expert", ex)))
     dense_n = expert_n = root_n = 0
-    for st in stages:
+    best = -1.0
+    for i, st in enumerate(stages):
         d = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component != "experts")
         ex = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component == "experts")
-        if d + ex > dense_n + expert_n:
-            dense_n, expert_n = d, ex
+        w = dp_weight(i, d, ex)
+        if w > best:
+            best, dense_n, expert_n = w, d, ex
             # the root unit: what no block holds (embedding, final norm, head)
             root_n = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.layer in (PRE, spec.num_layers))
     wrap = layout.wrap                              # FSDP wraps every `wrap` blocks (0: the model is one unit)
     units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the root unit (embedding, final norm, head)
-    for label, numel, n in (("", dense_n, layout.dp_shard), (" (experts)", expert_n, layout.expert_dp)):
+    for label, numel, n, grp in (("", dense_n, layout.dp_shard, "dense"), (" (experts)", expert_n, layout.expert_dp, "expert")):
         if numel == 0 or n == 1:
             continue
         dspan = min(span["dp_shard"], n)
         gbytes, wbytes = numel * gb, numel * sb.weights
         buckets = max(1, math.ceil(gbytes / DDP_BUCKET_BYTES))
+        stream = lambda op, nbytes: _dp_stream_s(cluster, layout, op, grp, nbytes)   # noqa: E731
         if layout.zero == 0:
             out.append(_item("DP", "all-reduce", "backward", gbytes / buckets, buckets, n, dspan, cluster, "overlappable",
-                             f"gradients{label} in {DDP_BUCKET_BYTES // 2**20} MiB buckets during backward (DDP); the last bucket is exposed"))
+                             f"gradients{label} in {DDP_BUCKET_BYTES // 2**20} MiB buckets during backward (DDP); the "
+                             "last bucket is exposed", total_s=stream("all-reduce", gbytes)))
         elif layout.zero in (1, 2):
             per_step = m if layout.zero == 2 else 1  # ZeRO-2 (DeepSpeed) reduces every micro-batch; ZeRO-1 at the end
             out.append(_item("ZeRO", "reduce-scatter", "backward", gbytes / buckets, buckets * per_step, n, dspan, cluster,
                              "overlappable", f"ZeRO-{layout.zero}: reduce-scatter gradients{label} in buckets during backward"
-                             + (" of every micro-batch (DeepSpeed)" if layout.zero == 2 else " of the last micro-batch")))
+                             + (" of every micro-batch (DeepSpeed)" if layout.zero == 2 else " of the last micro-batch"),
+                             total_s=per_step * stream("reduce-scatter", gbytes)))
             out.append(_item("ZeRO", "all-gather", "step", wbytes / buckets, buckets, n, dspan, cluster, "critical",
                              f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
-                             "(Megatron's --overlap-param-gather hides it behind the next forward)"))
+                             "(Megatron's --overlap-param-gather hides it behind the next forward)",
+                             total_s=stream("all-gather", wbytes)))
         else:
             # DeepSpeed ZeRO-3's traffic leaves through each rank's own NIC (Framework.zero3_comm_per_gpu_nic)
             z3nic = bool(getattr(framework, "zero3_comm_per_gpu_nic", False))
@@ -305,13 +340,19 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     # ---- hybrid sharding: replicas all-reduce their gradient shards ----------------------------------------
     rep = layout.dp_replicate
     if rep > 1 and layout.zero >= 1:
-        shard_bytes = (dense_n / max(layout.dp_shard, 1) + expert_n / max(layout.expert_dp, 1)) * gb
         per_unit = layout.zero == 3
-        calls = units * m if per_unit else max(1, math.ceil(shard_bytes / DDP_BUCKET_BYTES)) * (m if layout.zero == 2 else 1)
-        out.append(_item("HSDP", "all-reduce", "backward", shard_bytes / (units if per_unit else calls), calls, rep,
-                         min(rep, cluster.num_nodes), cluster, "overlappable",
-                         f"hybrid sharding: {rep} replicas all-reduce each gradient shard after its reduce-scatter "
-                         "(FSDP HYBRID_SHARD, torchtitan data_parallel_replicate_degree)"))
+        for label, numel, shard, grp in (("", dense_n, layout.dp_shard, "dense"),
+                                         (" (experts)", expert_n, layout.expert_dp, "expert")):
+            if not numel:
+                continue
+            shard_bytes = numel / max(shard, 1) * gb
+            calls = units * m if per_unit else max(1, math.ceil(shard_bytes / DDP_BUCKET_BYTES)) * (m if layout.zero == 2 else 1)
+            stream = None if per_unit else (m if layout.zero == 2 else 1) * _dp_stream_s(
+                cluster, layout, "replica-all-reduce", grp, numel * gb)
+            out.append(_item("HSDP", "all-reduce", "backward", shard_bytes / (units if per_unit else calls), calls, rep,
+                             min(rep, cluster.num_nodes), cluster, "overlappable",
+                             f"hybrid sharding: {rep} replicas all-reduce each gradient shard{label} after its "
+                             "reduce-scatter (FSDP HYBRID_SHARD, torchtitan data_parallel_replicate_degree)", total_s=stream))
 
     # ---- expert parallel -------------------------------------------------------------------------
     if moe_L and (layout.ep > 1 or t > 1):

@@ -73,12 +73,21 @@ def render_plan(doc: dict) -> str:
     lines += ["", kv_lines([("on the critical path", fmt_time(s["critical_s"]) + "  (compute waits for these)"),
                             ("overlappable", fmt_time(s["overlappable_s"]) + "  (hidden if compute lasts longer)"),
                             ("by axis", ", ".join(f"{k} {fmt_time(v)}" for k, v in s["by_axis_s"].items()))])]
+    if doc.get("exposure"):
+        eta = doc.get("overlap_efficiency", 0.0)
+        erows = [[e["group"], "+".join(e["axes"]), fmt_time(e["total_s"]), fmt_time(e["hidden_s"]), fmt_time(e["exposed_s"]),
+                  e["component"], e["rule"]] for e in doc["exposure"]]
+        lines += ["", table(["group", "axes", "all calls", "hidden", "exposed", "estimate's part", "overlap rule"], erows,
+                            title=f"what the step waits for (the estimate's step model, η = {eta:g}; step "
+                                  f"{fmt_time(doc['step_time_s'])}, of it communication {fmt_time(s['exposed_s'])}):",
+                            align="llrrrll")]
     risks = [f"{i['axis']} {i['op']} ({i['phase']}): {i['risk']}" for i in doc["items"] if i["risk"]]
     if risks:
         lines += ["", "risks:"] + [f"  {r}" for r in risks]
     lines += ["", "what each is:"] + [f"  {i['axis']} {i['op']} ({i['phase']}): {i['note']}" for i in doc["items"]]
     lines += ["", "sources: Megatron TP (Shoeybi 2019), SP (Korthikanti 2022), PP (Narayanan 2021), DDP (Li 2020), "
-              "ZeRO (Rajbhandari 2019), ring attention (Liu 2023), GShard EP (Lepikhin 2020); times: α–β model per call"]
+              "ZeRO (Rajbhandari 2019), ring attention (Liu 2023), GShard EP (Lepikhin 2020); times: α–β model per call, "
+              "priced by the same functions as `shardlab estimate` (gradient buckets as one stream)"]
     return "\n".join(lines)
 
 

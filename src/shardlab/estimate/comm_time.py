@@ -61,9 +61,23 @@ def tp_embedding_head_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes
     return _time("all-reduce", tokens * hidden * elem_bytes, tp, link)
 
 
+def tp_cross_entropy_s(cluster: Cluster, *, tp, tokens):
+    """Vocabulary-parallel cross-entropy on the last stage (Megatron, Shoeybi et al. 2019 §3): all-reduces of the
+    logits' max, the target logit and the sum of exponentials, 3 fp32 values per token, priced as one call."""
+    return _time("all-reduce", 3 * 4 * tokens, tp, group_link(cluster, tp, 1))
+
+
+def tied_embedding_s(cluster: Cluster, *, tp, cp, dp, pp, elements, grad_bytes: int):
+    """Tied input/output embedding split over pipeline stages (Megatron): the first and the last stage all-reduce the
+    shared matrix's gradient (``elements`` per TP rank) once per step, on the critical path."""
+    stride = np.asarray(tp) * np.asarray(cp) * np.asarray(dp) * (np.asarray(pp) - 1)
+    return np.where(np.asarray(pp) > 1, _time("all-reduce", elements * grad_bytes, 2, group_link(cluster, 2, stride)), 0.0)
+
+
 def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: int, attn_fwd_s, recompute_code,
-                   eta=1.0):
-    """Ring-attention K/V exchange of one block per micro-batch, beyond what the attention core hides."""
+                   eta=1.0, total=False):
+    """Ring-attention K/V exchange of one block per micro-batch, beyond what the attention core hides (``total``: all
+    of it, hidden or not)."""
     # a ring hop is one send/recv: across nodes it leaves through the GPU's own NIC (no pooling of the node's NICs,
     # which models NCCL's multi-channel collectives); comm plan prices it the same way
     link = group_link(cluster, cp, tp, per_gpu_nic=True)
@@ -72,6 +86,8 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
     step = link.alpha_s + block / link.beta_bytes_per_s
     fwd = np.where(cp > 1, (cp - 1) * step, 0.0)
     bwd = 2 * fwd                                                      # K/V in, dK/dV back
+    if total:
+        return fwd + bwd + (np.asarray(recompute_code) == 2) * fwd
     exposed = exposed_s(fwd, attn_fwd_s, eta) + exposed_s(bwd, 2 * attn_fwd_s, eta)
     return exposed + (np.asarray(recompute_code) == 2) * exposed_s(fwd, attn_fwd_s, eta)
 
@@ -109,9 +125,9 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     link = group_link(cluster, tp, 1)
     etp = _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link)   # 0 without TP
     group = tp * n
-    # the TP × EP group crosses the links its EP members do (TP stays inside a node)
+    # the TP × EP group: tp consecutive ranks, repeated every tp·cp ranks, so gpus_per_node / cp of it share a node
     counts = np.where(group > 1, _time("all-gather", group * num_experts * 8, group,
-                                       group_link(cluster, n, tp * np.asarray(cp))), 0.0)
+                                       group_link(cluster, group, np.asarray(cp))), 0.0)
     rerun = np.asarray(recompute_code) == 2
     return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
 
@@ -163,7 +179,9 @@ def dp_step_s(coeffs: dict, *, zero, params_local, grad_bytes: int, weight_bytes
     sizes = {"dense": dense, "expert": np.asarray(expert_params_local)}
 
     def t(op, bytes_per_param):
-        return sum(lat + per_byte * sizes[grp] * bytes_per_param for (o, grp), (lat, per_byte) in coeffs.items() if o == op)
+        # a group with nothing to reduce (the expert group of a dense model) issues no call
+        return sum(np.where(sizes[grp] > 0, lat + per_byte * sizes[grp] * bytes_per_param, 0.0)
+                   for (o, grp), (lat, per_byte) in coeffs.items() if o == op)
 
     ar, ag = t("all-reduce", grad_bytes), t("all-gather", weight_bytes)
     rs = t("reduce-scatter", grad_bytes) + t("replica-all-reduce", grad_bytes)   # HSDP: + the replicas' all-reduce

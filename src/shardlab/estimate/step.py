@@ -36,7 +36,7 @@ from shardlab.memory.buffers import stage_overheads
 from shardlab.memory.training import stage_activation_bytes
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, kv_width_local, model_tensors
+from shardlab.specs.tensors import PRE, TensorSpec, kv_width_local, model_tensors
 
 SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
@@ -46,8 +46,8 @@ CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp",
 CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
-               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "dp_window_s", "optimizer_s", "host_overhead_s",
-               "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
+               "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "cp_comm_total_s", "zero3_comm_total_s",
+               "dp_window_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
 
 
 def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[int, ...] | None = None) -> list[list[int]]:
@@ -188,11 +188,25 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                       expert_params=nb * expert, grad_bytes=gbytes * recipe.trainable,
                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
-        z3_unit, _ = ct.zero3_per_microbatch_s(coll, fwd_unit_s=nb * bt["fwd_s"],
+        z3_unit, z3_unit_total = ct.zero3_per_microbatch_s(coll, fwd_unit_s=nb * bt["fwd_s"],
                                                bwd_unit_s=nb * (bt["bwd_s"] + bt["recompute_s"]), regathers=regathers,
                                                overlap=wl.dp_overlap, prefetch=wl.zero3_prefetch, eta=overlap)
-        # per block; one unit for the whole model hides nothing: gathered before the forward, reduced after the backward
-        z3 = np.where(c["wrap"] > 0, z3_unit / nb, coll["ag"] + coll["rs"] + coll["ar"])
+        # per block; one unit for the whole model (wrap 0) hides nothing: one gather before the forward and one
+        # reduction after the backward, so a block adds its bytes (the α–β time is linear in the size: twice the
+        # block's time less once is its bandwidth term) and the stage pays each call's latency once (the root's edge,
+        # and the expert group's, ``z3_x_lat``)
+        coll2 = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=2 * nb * dense,
+                                       expert_params=2 * nb * expert, grad_bytes=gbytes * recipe.trainable,
+                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
+        one_unit = sum(coll2[k] - coll[k] for k in ("ag", "rs", "ar"))
+        z3 = np.where(c["wrap"] > 0, z3_unit / nb, one_unit)
+        z3_total = np.where(c["wrap"] > 0, z3_unit_total / nb, one_unit)
+        x_lat = np.where((c["wrap"] == 0) & (expert > 0), sum(ct.zero3_unit_collectives_s(
+            cluster, shard=np.maximum(dp * cp // ep // c["rep"], 1), stride=tp * cp * ep, rep=c["rep"], unit_params=0,
+            grad_bytes=1, weight_bytes=1, per_gpu_nic=wl.zero3_comm_per_gpu_nic).values()), 0.0)
+        d_lat = np.where(c["wrap"] == 0, sum(ct.zero3_unit_collectives_s(
+            cluster, shard=dp * cp // c["rep"], stride=tp, rep=c["rep"], unit_params=0, grad_bytes=1, weight_bytes=1,
+            per_gpu_nic=wl.zero3_comm_per_gpu_nic).values()), 0.0)
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
@@ -200,17 +214,27 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                  mlp=not (kind and not spec.moe.shared_width)),
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
+            cp_total=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp), elem_bytes=e,
+                                       attn_fwd_s=lt["attn_s"], recompute_code=rc, total=True),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc, num_experts=spec.moe.num_experts) if kind else np.zeros_like(T)),
-            z3=np.where(zero == 3, z3, 0.0),
+            z3=np.where(zero == 3, z3, 0.0), z3_total=np.where(zero == 3, z3_total, 0.0),
+            z3_x_lat=np.where(zero == 3, x_lat, 0.0), z3_d_lat=np.where(zero == 3, d_lat, 0.0),
             z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)
             dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T),
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)
+    # tied embeddings split over stages: the last stage's copy of the word embedding (memory.states.stage_tensors)
+    tied = np.prod(np.broadcast_arrays(*TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), spec.num_layers,
+                                                   "head", tp_dim=0).local_shape(spec, tp, ep)), axis=0)
     head = head_times(spec, acc, curve, dtype, kernels=wl.kernels, fused_loss=wl.fused_loss, **common)
     return dict(
         kinds=kinds, head=head["fwd_s"] + (head["fwd_s"] if wl.recipe.lora is not None else head["bwd_s"]),  # frozen: dgrad
         emb_ar=ct.tp_embedding_head_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e),
+        ce_ar=ct.tp_cross_entropy_s(cluster, tp=tp, tokens=T),
+        tied_params=tied + np.zeros_like(T),
+        tied_ar=(ct.tied_embedding_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], elements=tied,
+                                     grad_bytes=gbytes * recipe.trainable) if spec.tied_embeddings else np.zeros_like(T)),
         p2p=ct.pp_p2p_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], vpp=c["vpp"], tokens=T, hidden=h, elem_bytes=e),
         emb_params=params[PRE][0] + np.zeros_like(T), head_params=params[spec.num_layers][0] + np.zeros_like(T),
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
@@ -251,14 +275,14 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             + (tensors_per_unit[PRE] if first else 0) + (tensors_per_unit[spec.num_layers] if last else 0)
         part = lambda key: sum(cnt * K[kind][key] for kind, cnt in zip((False, True), counts) if cnt) + zeros
         t = {"compute": part("compute") + (g["head"] if last else 0.0), "rec": part("rec"),
-             "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] if last else 0.0),
+             "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] + g["ce_ar"] if last else 0.0),
              "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros,
              "host": part("host") + np.where(pp > 1, 2 * vpp * wl.pipeline_host_s, 0.0) + zeros,
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
         # model states of this stage (flat ZeRO partition; the exact per-tensor check is memory.training)
         dense = part("dense") + (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0)
         if last and spec.tied_embeddings and pp > 1:
-            dense = dense + g["emb_params"]
+            dense = dense + g["tied_params"]
         # ZeRO-3: the root unit (embedding, final norm, head: what no block holds) is gathered once per micro-batch
         # before the first block's forward and reduce-scattered after the last backward, with nothing to hide under
         # (FSDP keeps it gathered from forward through backward: Zhao et al. 2023, arXiv 2304.11277 §3.3)
@@ -267,7 +291,19 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                                dense_params=dense - part("dense"), expert_params=zeros,
                                                grad_bytes=gbytes * recipe.trainable, weight_bytes=recipe.gather_bytes,
                                                per_gpu_nic=wl.zero3_comm_per_gpu_nic)
-            t["z3"] = t["z3"] + np.where(zero == 3, ct.zero3_edges_s(root_coll), 0.0)
+            # DeepSpeed's module-wise ZeRO-3 releases the embedding and head after their forward: gathered again for
+            # backward (comm.inventory lists the call)
+            root_s = ct.zero3_edges_s(root_coll) + (root_coll["ag"] if wl.zero3_live_params else 0.0)
+        else:   # a middle stage: with one unit per stage (wrap 0) its dense calls pay their latency once
+            root_s = K[spec.is_moe_layer(layers[0])]["z3_d_lat"] if layers else zeros
+        # one unit for the whole model: the expert group's calls pay their latency once per stage (first MoE block)
+        if counts[1]:
+            root_s = root_s + K[True]["z3_x_lat"]
+        # what the CP and ZeRO-3 collectives take in all, hidden or not (comm plan's inventory prices the same calls):
+        # the first block unit's gather and last reduce-scatter are counted once, as traffic, not again as an edge
+        t["z3"] = t["z3"] + np.where(zero == 3, root_s, 0.0)
+        all_s = {"cp": part("cp_total"),
+               "z3": part("z3_total") + np.where(zero == 3, root_s, 0.0)}
         expert = part("expert")
         total_p = dense + expert
         D, De = dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1)
@@ -306,7 +342,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         off = offload_exposed_s(wl.recipe, partition_params=np.where(zero >= 1, flat, total_p), microbatches=m,
                                 compute_per_microbatch_s=t["compute"] + t["rec"], backward_last_s=part("bwd"),
                                 gpus_per_node=min(cluster.gpus_per_node, cluster.num_gpus), f=recipe)
-        rows.append(dict(s=s, count=len(members), t=t, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt,
+        rows.append(dict(s=s, count=len(members), t=t, all_s=all_s, time=sum(t.values()), mem=mem, dp=exp, dp_total=tot, opt=opt,
                          off=off + zeros, host=host + zeros, bwd=part("bwd")))
 
     times = np.stack([r["time"] for r in rows])                 # (classes, candidates)
@@ -333,12 +369,14 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     mem = np.stack([r["mem"] for r in rows])
     stage_ids = np.array([r["s"] for r in rows])
     return {
-        "step_time_s": pipe + dp_e + opt_s + off_s + wl.step_overhead_s, "offload_s": off_s,
+        "step_time_s": pipe + g["tied_ar"] + dp_e + opt_s + off_s + wl.step_overhead_s, "offload_s": off_s,
         "host_overhead_s": m * parts["host"] + wl.step_overhead_s,
         "host_bytes": np.max(np.stack([r["host"] for r in rows]), axis=0),
         "compute_s": m * parts["compute"], "recompute_s": m * parts["rec"], "tp_comm_s": m * parts["tp"],
-        "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"],
+        "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"] + g["tied_ar"],
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,
+        "cp_comm_total_s": m * pick(np.stack([r["all_s"]["cp"] for r in rows])),
+        "zero3_comm_total_s": m * pick(np.stack([r["all_s"]["z3"] for r in rows])),
         "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "dp_window_s": dp_window,
         "optimizer_s": opt_s,
         "memory_bytes": mem.max(axis=0), "slowest_stage": stage_ids[star], "worst_memory_stage": stage_ids[np.argmax(mem, axis=0)],

@@ -47,6 +47,9 @@ class TrainingEstimate:
     dp_window_s: float = 0.0
     """The compute the DP/ZeRO-1/2 reduction overlaps: the blocks' backward of the last micro-batch (s)."""
     notes: list[str] = field(default_factory=list)
+    comm_total_s: dict[str, float] = field(default_factory=dict)
+    """Per communication component of the breakdown (tp_comm_s, ...): what its collectives take in all, hidden
+    or not (s); the breakdown holds what the step waits for."""
 
     @property
     def gpus(self) -> int:
@@ -109,6 +112,7 @@ class TrainingEstimate:
                                "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",
             "breakdown": dict(self.breakdown), "slowest_stage": self.slowest_stage,
             "dp_comm_total_s": self.dp_comm_total_s, "dp_window_s": self.dp_window_s,
+            "comm_total_s": dict(self.comm_total_s),
             "memory": self.memory.to_dict(), "fits": self.fits, "notes": self.notes,
         }
         from shardlab.estimate.recipe_terms import offload_detail
@@ -188,4 +192,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         breakdown={k: val(k) for k in BREAKDOWN_KEYS}, tokens_per_s=val("tokens_per_s"),
         model_tflops_per_gpu=val("model_tflops_per_gpu"), hardware_tflops_per_gpu=val("hardware_tflops_per_gpu"),
         mfu=val("mfu"), hfu=val("hfu"), memory=mem, slowest_stage=int(r["slowest_stage"][0]),
-        dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes, dp_window_s=val("dp_window_s"))
+        dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes, dp_window_s=val("dp_window_s"),
+        comm_total_s={"tp_comm_s": val("tp_comm_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_s"),
+                      "pp_p2p_s": val("pp_p2p_s"), "zero3_comm_s": val("zero3_comm_total_s"),
+                      "dp_comm_s": val("dp_comm_total_s")})
