@@ -149,13 +149,56 @@ def test_fixed_axes_are_respected():
 
 
 def test_vectorized_memory_agrees_with_exact_report_for_moe():
-    """The planner's flat-partition memory vs the exact per-tensor report, on a MoE model with expert parallelism."""
+    """The planner's memory is the exact per-tensor report's, on a MoE model with expert parallelism."""
     spec = CAT.models["mixtral-8x7b"]
     res = plan_training(spec, cl(n=32), Workload(seq_len=4096, global_batch=128), top=3, exact_check=3,
                         fixed={"ep": 8})
     assert res.plans
     for p in res.plans:
-        assert abs(p["memory_bytes_approx"] - p["memory_bytes"]) / p["memory_bytes"] < 0.02, p["layout"]
+        assert p["memory_bytes_approx"] == pytest.approx(p["memory_bytes"], rel=1e-9), p["layout"]
+
+
+def _recipe(name):
+    from shardlab.memory.fp8 import Fp8Recipe
+    from shardlab.memory.lora import LoraSpec
+    from shardlab.memory.offload import Offload
+    from shardlab.memory.recipe import Recipe
+
+    return {"full": ("bf16-mixed", Recipe()), "fp8": ("fp8-mixed", Recipe()),
+            "fp8-ag": ("fp8-mixed", Recipe(fp8=Fp8Recipe(all_gather=True))),
+            "lora": ("bf16-mixed", Recipe(lora=LoraSpec(16))),
+            "qlora": ("bf16-mixed", Recipe(lora=LoraSpec(64, quantize_base="nf4"))),
+            "offload": ("bf16-mixed", Recipe(offload=Offload("optimizer"), host_link_bytes_per_s=50e9))}[name]
+
+
+@pytest.mark.parametrize("model,gpus,fw,gb,seq,recipe", [
+    ("llama-3.1-70b", 64, "megatron-lm", 1024, 4096, "full"),
+    ("mixtral-8x7b", 32, "torchtitan", 64, 4096, "full"),
+    ("qwen3-30b-a3b", 32, "megatron-lm", 128, 4096, "fp8"),
+    ("deepseek-v3", 256, "megatron-lm", 1024, 4096, "full"),
+    ("llama-3.1-8b", 16, "deepspeed", 64, 4096, "fp8-ag"),
+    ("llama-3.1-8b", 16, "pytorch-fsdp", 64, 4096, "lora"),
+    ("llama-3.1-8b", 16, "pytorch-fsdp", 64, 4096, "qlora"),
+    ("llama-3.1-8b", 16, "deepspeed", 64, 4096, "offload"),
+    ("gpt2-xl", 16, "torchtitan", 64, 1024, "full"),                   # tied embeddings over pipeline stages
+])
+def test_search_memory_is_the_exact_report(model, gpus, fw, gb, seq, recipe):
+    """One memory model: for candidates drawn across the whole search space (every ZeRO stage, pipeline split,
+    recomputation, TP/CP/EP degree), the search's vectorised bytes equal the exact per-tensor report's worst rank."""
+    from shardlab.estimate.workload import workload_for, workload_memory
+    from shardlab.planner.search import layout_of
+
+    precision, rec = _recipe(recipe)
+    wl = workload_for(CAT.framework(fw), seq_len=seq, global_batch=gb, precision=precision, recipe=rec)
+    spec = CAT.models[model]
+    res = plan_training(spec, cl(n=gpus), wl, top=1, exact_check=0)
+    c, mem = res.cands, res.scores["memory_bytes"]
+    pool = np.flatnonzero(c["zero"] >= (1 if rec.offload.optimizer else 0))   # offload needs a partitioned optimizer
+    idx = np.random.default_rng(0).choice(pool, size=min(25, len(pool)), replace=False)
+    for i in idx:
+        lay = layout_of(c, int(i))
+        exact = workload_memory(lay, spec, cl(n=gpus).accelerator, wl, gb // (lay.micro_batch * lay.dp)).worst.total
+        assert mem[i] == pytest.approx(exact, rel=1e-9), lay.to_dict()
 
 
 def test_max_memory_fraction_keeps_headroom():

@@ -16,7 +16,6 @@ from shardlab.errors import ShardlabError
 from shardlab.rates.fp8 import CAST_BYTES_PER_ELEMENT, all_gather_bytes_per_param, fp8_fraction
 from shardlab.rates.hardware import memory_time_s
 from shardlab.estimate.offload import offload_time
-from shardlab.memory.fp8 import FP8_COPIES_BYTES
 from shardlab.memory.lora import adapter_param_count, base_weight_bytes
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import model_tensors, param_counts
@@ -59,8 +58,6 @@ def stage_state_bytes(w_b, g_b, o_b, stored_params, zero, f: RecipeFactors, reci
     """(weights, gradients, optimizer, host) bytes of a stage after the recipe (arrays over candidates)."""
     w = w_b / sb.weights * f.weight_bytes
     g, o = g_b * f.trainable, o_b * f.trainable
-    if f.fp8_fraction and recipe.fp8.weight_cache:  # cached FP8 copies, without ZeRO-3
-        w = w + np.where(zero >= 3, 0.0, FP8_COPIES_BYTES * f.fp8_fraction * stored_params)
     host = 0.0
     off = recipe.offload
     if off.params:

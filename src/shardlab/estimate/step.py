@@ -18,6 +18,7 @@ composition (dense/MoE block counts, embedding, head) are evaluated once.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -33,11 +34,16 @@ from shardlab.memory.activations import ActivationContext, in_flight, layer_acti
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.buffers import stage_overheads
+from shardlab.memory.fp8 import FP8_COPIES_BYTES, fsdp_unit_weight_bytes, is_fp8_gemm, scaling_state_bytes
+from shardlab.memory.lora import is_block_linear, lora_activation_bytes, nf4_bits_per_weight
 from shardlab.memory.training import stage_activation_bytes
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import PRE, TensorSpec, kv_width_local, model_tensors
 
+LORA_KEYS = ("lora_base", "lora_base_z3", "lora_adapter", "lora_adapter_z3")
+"""Per unit under LoRA/QLoRA (``_lora_units``): frozen base bytes (without / with ZeRO-3), adapter elements (local /
+padded ZeRO-3 shard)."""
 SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
 OPTIMIZER_OPS_PER_TENSOR = 10
 """Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
@@ -76,6 +82,116 @@ def _unit_params(spec: ModelSpec, tp, ep) -> dict:
         d, e = out[wanted[t.layer]]
         out[wanted[t.layer]] = (d + (0 if t.ep_dim is not None else n), e + (n if t.ep_dim is not None else 0))
     return out
+
+
+def _fsdp_shard_params(spec: ModelSpec, tp, ep, shard, expert_shard) -> dict:
+    """Parameters one rank stores under ZeRO-3/FSDP2, per block of each kind, the embedding (PRE), the head (key
+    num_layers) and the tied copy of the word embedding a last pipeline stage holds ('tied'): every tensor's padded
+    dim-0 shard, ceil(d/n) rows (``memory.states.fsdp_shard_numel``; stacked experts shard on dim 1 when the expert
+    group outnumbers the local experts, ``expert_shard_dim``), arrays over candidates, so the search's memory is the
+    exact per-tensor report's."""
+    reps = {}
+    for i in range(spec.num_layers):
+        reps.setdefault(spec.is_moe_layer(i), i)
+    wanted = {PRE: PRE, spec.num_layers: spec.num_layers, **{rep: kind for kind, rep in reps.items()}}
+    tensors = [t for t in model_tensors(spec) if t.layer in wanted]
+    tied = TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), spec.num_layers, "head", tp_dim=0)
+    out = {key: 0 for key in list(wanted.values()) + ["tied"]}
+    shard, expert_shard = np.asarray(shard), np.asarray(expert_shard)
+    for t, key in [(t, wanted[t.layer]) for t in tensors] + ([(tied, "tied")] if spec.tied_embeddings else []):
+        shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep)]
+        if not shape:
+            out[key] = out[key] + 1
+            continue
+        numel = np.prod(np.broadcast_arrays(*shape), axis=0)
+        if t.ep_dim is not None:
+            n = expert_shard
+            dim1 = (shape[0] < n) & (len(shape) > 1)          # expert_shard_dim: dim 1 when experts are fewer
+            d = np.where(dim1, shape[1] if len(shape) > 1 else 1, shape[0])
+        else:
+            n, d = shard, shape[0]
+        rows = -(-d // np.maximum(n, 1))
+        out[key] = out[key] + np.where(n > 1, rows * (numel // np.maximum(d, 1)), numel)
+    return out
+
+
+def _fp8_block_terms(spec: ModelSpec, tp, ep) -> dict:
+    """Per block kind (dense False, MoE True): the local elements of its FP8 GEMM weights and its FP8 GEMMs (E/ep per
+    stacked expert tensor), arrays over candidates (``memory.fp8.is_fp8_gemm``, ``fp8_gemms``)."""
+    out = {}
+    for i in range(spec.num_layers):
+        kind = spec.is_moe_layer(i)
+        if kind in out:
+            continue
+        numel, gemms = 0, 0
+        for t in model_tensors(spec):
+            if t.layer != i or not is_fp8_gemm(t, spec):
+                continue
+            numel = numel + np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)), axis=0)
+            gemms = gemms + (-(-t.shape[0] // np.asarray(ep)) if t.ep_dim is not None else 1)
+        out[kind] = (numel, gemms)
+    return out
+
+
+def _padded(shape, n, dim=0):
+    """``memory.states.fsdp_shard_numel`` (rank None) over arrays: ceil(d/n) slices of dimension ``dim``."""
+    numel = np.prod(np.broadcast_arrays(*shape), axis=0)
+    d = shape[dim]
+    return np.where(n > 1, -(-d // np.maximum(n, 1)) * (numel // np.maximum(d, 1)), numel)
+
+
+def _lora_units(spec: ModelSpec, lora, tp, ep, shard, expert_shard) -> dict:
+    """``memory.lora.lora_state_report`` per block kind, the embedding (PRE), the head and the tied copy, arrays over
+    candidates: {key: (frozen base bytes without ZeRO-3, with ZeRO-3, adapter elements local, adapter padded shard)}.
+    The base is NF4 for the block linears under QLoRA (``nf4_bytes`` of the stored elements), bf16 otherwise."""
+    from shardlab.memory.lora import adapter_tensors
+
+    reps = {}
+    for i in range(spec.num_layers):
+        reps.setdefault(spec.is_moe_layer(i), i)
+    wanted = {PRE: PRE, spec.num_layers: spec.num_layers, **{rep: kind for kind, rep in reps.items()}}
+    tied = TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), spec.num_layers, "head", tp_dim=0)
+    shard, expert_shard = np.asarray(shard), np.asarray(expert_shard)
+
+    def base(t, stored):          # memory.lora.base_weight_bytes / nf4_bytes over arrays
+        if lora.quantize_base == "nf4" and is_block_linear(t, spec):
+            blocks = -(-stored // lora.block_size)
+            codes = -(-stored // 2)
+            q = codes + 4 * blocks if not lora.double_quant else codes + blocks + 4 * -(-blocks // lora.block_size2) + 4
+            return np.where(stored > 0, q, 0)
+        return 2 * stored
+    out = {}
+    groups = [(key, [t for t in model_tensors(spec) if t.layer == layer]) for layer, key in wanted.items()]
+    if spec.tied_embeddings:
+        groups.append(("tied", [tied]))
+    for key, tensors in groups:
+        b0 = b3 = a_loc = a_pad = 0
+        for t in tensors:
+            shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep)]
+            local = np.prod(np.broadcast_arrays(*shape), axis=0)
+            if t.ep_dim is not None:
+                dim = np.where((shape[0] < expert_shard) & (len(shape) > 1), 1, 0)
+                pad = np.where(dim == 1, _padded(shape, expert_shard, 1) if len(shape) > 1 else local,
+                               _padded(shape, expert_shard, 0))
+            else:
+                pad = _padded(shape, shard, 0)
+            b0, b3 = b0 + base(t, local), b3 + base(t, pad)
+        for a in adapter_tensors(spec, lora, tuple(tensors)):
+            shape = [np.asarray(d) for d in a.local_shape(spec, tp, ep)]
+            a_loc = a_loc + np.prod(np.broadcast_arrays(*shape), axis=0)
+            a_pad = a_pad + _padded(shape, shard, 0)
+        out[key] = (b0, b3, a_loc, a_pad)
+    return out
+
+
+def _dequant_bytes(spec: ModelSpec, layer: int, tp, ep, lora):
+    """``memory.lora.dequant_buffer_bytes`` of one block (array-safe in tp, ep): the bf16 copy of its largest NF4
+    matrix (one expert's, for a stack)."""
+    if lora.quantize_base != "nf4":
+        return 0.0
+    sizes = [np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)[-2:]), axis=0)
+             for t in model_tensors(spec) if t.layer == layer and is_block_linear(t, spec)]
+    return 2 * np.maximum.reduce(sizes) if sizes else 0.0
 
 
 @lru_cache(maxsize=256)
@@ -171,6 +287,11 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
     recipe = recipe_factors(spec, wl.recipe, sb)
     params = _unit_params(spec, tp, ep)
+    fsdp = _fsdp_shard_params(spec, tp, ep, dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1))
+    fp8_terms = _fp8_block_terms(spec, tp, ep)
+    lora_u = (_lora_units(spec, wl.recipe.lora, tp, ep, dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1))
+              if wl.recipe.lora is not None else None)
+    lora_of = lambda key: dict(zip(LORA_KEYS, (v + np.zeros_like(T) for v in lora_u[key]))) if lora_u else {}   # noqa: E731
     kinds = {}
     for layer in sorted({next(i for i in range(spec.num_layers) if spec.is_moe_layer(i) == k)
                          for k in {spec.is_moe_layer(i) for i in range(spec.num_layers)}}):
@@ -220,9 +341,15 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                       recompute_code=rc, num_experts=spec.moe.num_experts) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0), z3_total=np.where(zero == 3, z3_total, 0.0),
             z3_x_lat=np.where(zero == 3, x_lat, 0.0), z3_d_lat=np.where(zero == 3, d_lat, 0.0),
+            fp8_numel=fp8_terms[kind][0] + np.zeros_like(T), fp8_gemms=fp8_terms[kind][1] + np.zeros_like(T),
+            **lora_of(kind),
+            lora_act=(lora_activation_bytes(spec, layer, lay, ctx, wl.recipe.lora) if wl.recipe.lora is not None and memory
+                      else 0.0) + np.zeros_like(T),
+            dequant=(_dequant_bytes(spec, layer, tp, ep, wl.recipe.lora) if wl.recipe.lora is not None else 0.0)
+            + np.zeros_like(T),
             z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             host=wl.layer_host_s * (2 + np.where(rc >= 2, rf, 0.0)),   # forward, backward (+ re-run forward)
-            dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T),
+            dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T), fsdp=fsdp[kind] + np.zeros_like(T),
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)
     # tied embeddings split over stages: the last stage's copy of the word embedding (memory.states.stage_tensors)
     tied = np.prod(np.broadcast_arrays(*TensorSpec("output.weight", (spec.vocab_size, spec.embedding_dim), spec.num_layers,
@@ -237,6 +364,9 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                      grad_bytes=gbytes * recipe.trainable) if spec.tied_embeddings else np.zeros_like(T)),
         p2p=ct.pp_p2p_per_microbatch_s(cluster, tp=tp, cp=cp, dp=dp, pp=c["pp"], vpp=c["vpp"], tokens=T, hidden=h, elem_bytes=e),
         emb_params=params[PRE][0] + np.zeros_like(T), head_params=params[spec.num_layers][0] + np.zeros_like(T),
+        emb_fsdp=fsdp[PRE] + np.zeros_like(T), head_fsdp=fsdp[spec.num_layers] + np.zeros_like(T),
+        tied_fsdp=fsdp["tied"] + np.zeros_like(T),
+        lora_roots={key: lora_of(key) for key in (PRE, spec.num_layers, "tied") if key in (lora_u or {})},
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
@@ -308,26 +438,59 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         total_p = dense + expert
         D, De = dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1)
         flat = np.ceil(dense / D) + np.ceil(expert / De)
-        w_b = np.where(zero >= 3, flat, total_p) * sb.weights
-        g_b = np.where(zero >= 2, flat, total_p) * sb.gradients
-        o_b = np.where(zero >= 1, flat, total_p) * sb.optimizer
-        w_b, g_b, o_b, host = stage_state_bytes(w_b, g_b, o_b, np.where(zero >= 3, flat, total_p), zero, recipe,
+        # ZeRO-3 stores every tensor's padded shard (the exact report's worst rank), ZeRO-1/2 a flat partition
+        shards = part("fsdp") + (g["emb_fsdp"] if first else 0.0) + (g["head_fsdp"] if last else 0.0) \
+            + (g["tied_fsdp"] if last and spec.tied_embeddings and pp > 1 else 0.0)
+        z3_p = np.where(zero >= 3, shards, flat)
+        w_b = np.where(zero >= 3, z3_p, total_p) * sb.weights
+        g_b = np.where(zero >= 2, z3_p, total_p) * sb.gradients
+        o_b = np.where(zero >= 1, z3_p, total_p) * sb.optimizer
+        f_states = recipe
+        if wl.recipe.lora is not None:    # frozen base + adapters, per tensor (memory.lora.lora_state_report)
+            roots = ([g["lora_roots"][PRE]] if first else []) + ([g["lora_roots"][spec.num_layers]] if last else []) \
+                + ([g["lora_roots"]["tied"]] if last and spec.tied_embeddings and pp > 1 else [])
+            lp = {k: part(k) + sum(r[k] for r in roots) for k in LORA_KEYS}
+            a_flat = np.ceil(lp["lora_adapter"] / D)
+            w_b = np.where(zero >= 3, lp["lora_base_z3"] + lp["lora_adapter_z3"] * sb.weights,
+                           lp["lora_base"] + lp["lora_adapter"] * sb.weights)
+            g_b = np.select([zero >= 3, zero == 2], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.gradients
+            o_b = np.select([zero >= 3, zero >= 1], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.optimizer
+            f_states = replace(recipe, trainable=1.0, weight_bytes=sb.weights)
+        w_b, g_b, o_b, host = stage_state_bytes(w_b, g_b, o_b, np.where(zero >= 3, z3_p, total_p), zero, f_states,
                                                 wl.recipe, sb)
         mem = w_b + g_b + o_b
+        if wl.precision == "fp8-mixed":   # memory.fp8.fp8_extra_bytes: the FP8 weight cache (not under ZeRO-3), scaling
+            fp8 = wl.recipe.fp8
+            mem = mem + np.where((zero < 3) & fp8.weight_cache, FP8_COPIES_BYTES * part("fp8_numel"), 0.0) \
+                + scaling_state_bytes(part("fp8_gemms"), fp8)
         if memory:
             nif = in_flight(lay, s, m)
             acts = stage_activation_bytes(spec, layers, lay, ctx, nif, holds_embedding=first, holds_head=last,
                                           per_kind=per_kind_act)
+            if wl.recipe.lora is not None:   # adapters' r-wide intermediates; the transient bf16 copy of an NF4 weight
+                acts = acts + nif * part("lora_act")
+                mem = mem + np.maximum.reduce([K[k]["dequant"] for kind, k in zip(counts, (False, True)) if kind]
+                                              + [zeros])
             # the embedding, final norm and head are the root unit (memory.buffers.largest_unit_bytes)
-            root = (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0) + zeros
+            # (tied embeddings over stages: the last stage's head is its copy of the word embedding)
+            head_p = g["head_params"] + (g["tied_params"] if spec.tied_embeddings and pp > 1 else 0.0)
+            root = (g["emb_params"] if first else 0.0) + (head_p if last else 0.0) + zeros
             blocks = [K[k]["dense"] + K[k]["expert"] for kind, k in zip(counts, (False, True)) if kind]
             unit = np.maximum.reduce(blocks + [root])
-            bucket = np.maximum.reduce(blocks + ([g["emb_params"]] if first else []) + ([g["head_params"]] if last else [])
+            bucket = np.maximum.reduce(blocks + ([g["emb_params"]] if first else []) + ([head_p] if last else [])
                                        + [zeros])     # ZeRO-1/2 buckets: the largest single module
+            # a gathered unit's bytes as the exact report counts them (memory.training._stage_memory): FP8 copies
+            # beside the gathered weights; a frozen base has no gradient buckets and gathers its NF4 weights
+            unit_w, unit_g, bucket_g = unit * sb.weights, unit * sb.gradients, bucket * sb.gradients
+            if wl.precision == "fp8-mixed":
+                unit_w = unit * fsdp_unit_weight_bytes(wl.recipe.fp8)
+            if wl.recipe.lora is not None:
+                lora = wl.recipe.lora
+                unit_w = unit_w * (nf4_bits_per_weight(lora) / 16 if lora.quantize_base == "nf4" else 1.0)
+                unit_g = bucket_g = 0.0
             other = stage_overheads(spec, lay, ctx, ov, n_in_flight=nif, acts=acts, gradient_bytes=g_b,
-                                    unit_weight_bytes=unit * sb.weights, unit_grad_bytes=unit * sb.gradients,
-                                    holds_head=last, has_moe=counts[1] > 0, unit_params=unit,
-                                    bucket_grad_bytes=bucket * sb.gradients)
+                                    unit_weight_bytes=unit_w, unit_grad_bytes=unit_g, holds_head=last,
+                                    has_moe=counts[1] > 0, unit_params=unit, bucket_grad_bytes=bucket_g)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
                                 weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
