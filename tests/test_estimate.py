@@ -245,7 +245,7 @@ def test_mixtral_expert_gathers_priced_alike_by_estimate_and_inventory():
     from dataclasses import asdict
 
     from shardlab.comm.inventory import layout_collectives
-    from shardlab.estimate import comm_time as ct
+    from shardlab.comm import pricing as ct
 
     spec = CAT.models["mixtral-8x7b"]
     lay = Layout(dp=32, ep=8, zero=3)
@@ -481,7 +481,7 @@ def test_expert_dispatch_under_tp_crosses_the_ep_links_once_per_tp_group():
     sends the sequence-parallel shard), plus an all-gather and a reduce-scatter of all of them over the TP group;
     each forward first gathers the E token counts over the TP × EP group."""
     from shardlab.comm.collectives import alpha_beta_time
-    from shardlab.estimate import comm_time as ct
+    from shardlab.comm import pricing as ct
 
     cl = cluster(n=32)
     T, h, k, e = 4096, 4096, 2, 2

@@ -1,5 +1,5 @@
 """What a step waits for: the collective inventory (``comm.inventory``) grouped as the step model groups its
-communication, with the step model's overlap rules applied (``estimate.comm_time``).
+communication, with the step model's overlap rules applied (``comm.pricing``).
 
 The inventory and the step model price the same calls with the same α–β functions, so for every group the
 inventory's seconds equal the step model's total (``TrainingEstimate.comm_total_s``; tests hold them equal), and
@@ -31,7 +31,7 @@ RULES = {
     "FSDP": "each unit's gather hides under η × the previous unit's compute, its reduce-scatter under the next "
             "unit's backward; the first gather and the last reduce-scatter have nothing to hide under",
 }
-"""The overlap rule of each group (``estimate.comm_time``; η = the accelerator's overlap efficiency)."""
+"""The overlap rule of each group (``comm.pricing``; η = the accelerator's overlap efficiency)."""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_ni
     Inside a node: the intra-node link. Across nodes, all-reduce / reduce-scatter / all-gather / broadcast run as
     NCCL's rings over all n ranks (its ring algorithm has no node-level hierarchy): every hop carries (n−1)/n of
     the buffer, and the n/span members in a node leave it through their own NICs in parallel channels, so the bus
-    bandwidth is min(intra-node, n/span × one NIC) (``estimate.hardware.group_link``, the step model's pricing;
+    bandwidth is min(intra-node, n/span × one NIC) (``rates.hardware.group_link``, the step model's pricing;
     ``per_gpu_nic``: one NIC). All-to-all is a pairwise exchange (hierarchical phases: each peer's share on the link
     that reaches it); send/recv crosses one link."""
     import dataclasses
@@ -95,7 +95,7 @@ def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_ni
         ring_link = dataclasses.replace(link, bandwidth_gbps=beta / (link.efficiency * 1e9))
         return collective_time(op, size, n, ring_link, "ring"), link
     hier = span > 1 and n % span == 0 and n // span > 1
-    # rings, as the step model prices every collective (estimate.comm_time): one pricing for comm plan and estimate
+    # rings, as the step model prices every collective (comm.pricing): one pricing for comm plan and estimate
     return collective_time(op, size, n, link, "ring", nodes=span if hier else 1,
                            intra_link=cluster.intra_link if hier else None), link
 
@@ -119,11 +119,11 @@ def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu
 
 def _dp_stream_s(cluster: Cluster, layout: Layout, op: str, group: str, nbytes: float) -> float:
     """One step's ``op`` of ``nbytes`` over the dense or expert data-parallel group, priced as the step model prices it
-    (``estimate.comm_time.dp_coefficients``): the buckets run back to back as one α–β stream (latency once: NCCL
+    (``comm.pricing.dp_coefficients``): the buckets run back to back as one α–β stream (latency once: NCCL
     pipelines a communicator's consecutive calls; the estimate's validation against published runs uses this
     pricing). 'replica-all-reduce': HSDP's replicas all-reduce the gradient shard (``nbytes``: the unsharded local
     gradient)."""
-    from shardlab.estimate.comm_time import dp_coefficients
+    from shardlab.comm.pricing import dp_coefficients
 
     lat, per_byte = dp_coefficients(cluster, tp=layout.tp, cp=layout.cp, dp=layout.dp, ep=layout.ep,
                                     rep=layout.dp_replicate)[(op, group)]

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from shardlab.estimate import comm_time as ct
+from shardlab.comm import pricing as ct
 from shardlab.rates.compute import block_step_times, head_times, layer_times
 from shardlab.rates.hardware import matmul_curve, memory_time_s, overlap_efficiency
 from shardlab.estimate.workload import Workload, workload_overheads

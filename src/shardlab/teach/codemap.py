@@ -75,7 +75,7 @@ CODE = {
                           "comm/inventory.py: layout_collectives (DP all-reduce in buckets)"),
     "meg-ddp": CodeRef("Megatron DDP: contiguous grad buffer split into buckets, overlap_grad_reduce", MEG,
                        "megatron/core/distributed/param_and_grad_buffer.py", "_ParamAndGradBuffer, _ParamAndGradBucketGroup",
-                       "estimate/comm_time.py (exposed DP communication)"),
+                       "comm/pricing.py (exposed DP communication)"),
     "meg-distopt": CodeRef("distributed optimizer: ZeRO-1 sharding of fp32 master weights and moments", MEG,
                            "megatron/core/optimizer/distrib_optimizer.py", "DistributedOptimizer",
                            "memory/states.py: state_report (zero=1)"),

@@ -92,7 +92,7 @@ def fsdp_wrap(v: dict) -> Explanation:
          f"exposed ZeRO-3 time (what prefetching cannot hide under the unit's compute, plus the first gather and the "
          f"last reduce-scatter): {b['zero3_exposed_s'] * 1e3:,.1f} → {g['zero3_exposed_s'] * 1e3:,.1f} → "
          f"{m['zero3_exposed_s'] * 1e3:,.1f} ms; with one unit nothing overlaps: "
-         f"{', '.join(m['critical']) or 'none'} on the critical path [estimate/comm_time.py]",
+         f"{', '.join(m['critical']) or 'none'} on the critical path [comm/pricing.py]",
          f"verdict: {verdict}"],
         f"FSDP keeps only a shard of each unit and gathers the whole unit just before it is used, and the wrap policy "
         f"decides what a unit is. Small units (one block) keep the gathered peak low ({gib(b['fsdp_buffers_bytes'])}) and "

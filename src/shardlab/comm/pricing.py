@@ -1,4 +1,5 @@
-"""Exposed communication time of a training step, per axis (array-safe over candidate layouts).
+"""Exposed communication time of a training step, per axis (array-safe over candidate layouts): the step model's
+pricing, which `comm plan`'s inventory shares (``comm.inventory``, ``comm.exposure``).
 
 Each collective is priced with the α–β model of ``shardlab.comm.collectives`` on the link its group
 crosses (``hardware.group_link``); what is exposed depends on what it can overlap with:
