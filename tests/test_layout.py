@@ -68,15 +68,32 @@ def test_stage_layers_and_vpp_do_not_mix():
     (dict(vpp=2, pp=1), "needs --pp"),
     (dict(vpp=2, pp=2, schedule="1f1b"), "runs one chunk per rank"),   # memory and comm plan took it silently
     (dict(zero=4), "--zero"),
-    (dict(recompute="some"), "--recompute"),
+    (dict(recompute="some"), "layout field recompute is one of none, selective, full, op"),   # the enum refuses it
+    (dict(schedule="zigzag"), "layout field schedule is one of 1f1b, gpipe, interleaved, zb-h1"),
 ])
 def test_validation_messages(kw, msg):
-    lay = Layout(**kw)
     if msg is None:
-        validate(lay, CAT.models["llama-2-70b"])
+        validate(Layout(**kw), CAT.models["llama-2-70b"])
         return
     with pytest.raises(ShardlabError, match=msg):
-        validate(lay, CAT.models["llama-2-70b"])
+        validate(Layout(**kw), CAT.models["llama-2-70b"])
+
+
+def test_layout_enums_and_array_form_round_trip():
+    """One Layout: names become enums, JSON gets plain names, and the search's array form is generated from the
+    fields and read back whole (recompute fraction, wrap and HSDP replicas included)."""
+    import json
+
+    from shardlab.layout import ARRAY_KEYS, Recompute, Schedule, layout_from_arrays, layouts_to_arrays
+
+    lay = Layout(dp=4, pp=2, vpp=2, schedule="interleaved", recompute="full", recompute_fraction=0.5, wrap=4,
+                 dp_replicate=2, zero=3, micro_batch=2, sequence_parallel=True, tp=2)
+    assert lay.recompute is Recompute.FULL and lay.schedule is Schedule.INTERLEAVED and lay.recompute == "full"
+    assert json.loads(json.dumps(lay.to_dict()))["schedule"] == "interleaved"
+    arrays = layouts_to_arrays([lay, Layout()])
+    assert set(arrays) == set(ARRAY_KEYS.values()) and arrays["rc"].tolist() == [2, 0]
+    assert layout_from_arrays(arrays, 0) == lay and layout_from_arrays(arrays, 1) == Layout()
+    assert layout_from_arrays({"dp": [8], "pp": [1], "sched": [2]}, 0).schedule == "1f1b"   # no pipeline: 1F1B
 
 
 def test_kv_heads_rule():

@@ -15,56 +15,108 @@ Worked example, 16 GPUs, tp=2, cp=1, dp=4, pp=2 (nodes of 8):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from enum import StrEnum
+from typing import Any
 
 from shardlab.errors import ShardlabError
 
 AXES = ("tp", "cp", "dp", "pp")
 """Rank-grid axis order, fastest first."""
-RECOMPUTE = ("none", "selective", "full", "op")
+
+
+class Recompute(StrEnum):
+    """Activation recomputation; ``code`` is its value in the search's arrays."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+    OP = "op"
+
+    @property
+    def code(self) -> int:
+        return _RECOMPUTE_ORDER.index(self)
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule; ``code`` is its value in the search's arrays."""
+
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+    INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"
+
+    @property
+    def code(self) -> int:
+        return _SCHEDULE_ORDER.index(self)
+
+
+try:      # YAML writers (ledger, profiles, exports) see the enums' names, as JSON does
+    import yaml
+
+    yaml.SafeDumper.add_multi_representer(StrEnum, lambda dumper, v: dumper.represent_str(str(v)))
+except ImportError:      # pragma: no cover - PyYAML is a dependency
+    pass
+
+_RECOMPUTE_ORDER = tuple(Recompute)
+_SCHEDULE_ORDER = tuple(Schedule)
+RECOMPUTE = tuple(r.value for r in Recompute)
+"""Recomputation names, by code: none 0, selective 1, full 2, op 3."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+"""Schedule names in the order the command line lists them (codes: ``Schedule.code``)."""
 
 
 @dataclass(frozen=True)
 class Layout:
     """Parallel degrees and per-step choices of a training job."""
 
-    dp: int = 1
+    dp: int = field(default=1, metadata={"array": "dp"})
     """Data-parallel degree (model replicas; ZeRO/FSDP shard over dp·cp)."""
-    tp: int = 1
+    tp: int = field(default=1, metadata={"array": "tp"})
     """Tensor-parallel degree (Megatron column/row splits)."""
-    pp: int = 1
+    pp: int = field(default=1, metadata={"array": "pp"})
     """Pipeline-parallel degree (stages)."""
-    cp: int = 1
+    cp: int = field(default=1, metadata={"array": "cp"})
     """Context-parallel degree (sequence split for attention; ring attention)."""
-    ep: int = 1
+    ep: int = field(default=1, metadata={"array": "ep"})
     """Expert-parallel degree (divides dp; MoE models only)."""
-    zero: int = 0
+    zero: int = field(default=0, metadata={"array": "zero"})
     """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (= FSDP full shard)."""
-    vpp: int = 1
+    vpp: int = field(default=1, metadata={"array": "vpp"})
     """Virtual pipeline stages (model chunks) per pipeline rank, for the interleaved schedule."""
-    micro_batch: int = 1
+    micro_batch: int = field(default=1, metadata={"array": "mb"})
     """Sequences per micro-batch per data-parallel rank."""
-    recompute: str = "none"
+    recompute: Recompute = field(default=Recompute.NONE, metadata={"array": "rc"})
     """Activation recomputation: none, selective (attention core; Korthikanti 2022 §5), full (keep block inputs) or
     op (torchtitan's per-operator selective checkpointing: keep every other matmul output and the attention outputs,
     re-run the rest; torchtitan/models/llama3/infra/parallelize.py _save_list)."""
-    recompute_fraction: float = 1.0
+    recompute_fraction: float = field(default=1.0, metadata={"array": "rf"})
     """Share of the blocks the recomputation applies to (torchtitan's selective 'layer' option checkpoints every k-th
     block: 1/k; fms-fsdp's selective_checkpointing fraction); the other blocks keep everything."""
-    wrap: int = 1
+    wrap: int = field(default=1, metadata={"array": "wrap"})
     """ZeRO-3/FSDP wrap unit in transformer blocks: 1 = each block its own unit (transformer_auto_wrap_policy,
     torchtitan's per-block fully_shard), N = every N blocks together, 0 = the whole model as one unit (no
     overlap: gathered before the forward, held through the backward)."""
-    dp_replicate: int = 1
+    dp_replicate: int = field(default=1, metadata={"array": "rep"})
     """Hybrid sharding (HSDP; torchtitan data_parallel_replicate_degree): ZeRO/FSDP shards model states over
     dp·cp / dp_replicate ranks (typically one node) and the replicas all-reduce gradients. 1 = shard over all of dp·cp."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = field(default=False, metadata={"array": "sp"})
     """Megatron sequence parallelism: norms/dropout activations split across TP ranks (Korthikanti 2022 §4.2.2)."""
-    schedule: str = "1f1b"
+    schedule: Schedule = field(default=Schedule.ONE_F_ONE_B, metadata={"array": "sched"})
     """Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1."""
     stage_layers: tuple[int, ...] | None = None
     """Layers per pipeline stage; None splits evenly (remainder to the middle stages)."""
+
+    def __post_init__(self):
+        # names from flags, files and JSON become the enums (a bad name: one line naming the field and the choices)
+        for name, enum in (("recompute", Recompute), ("schedule", Schedule)):
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                try:
+                    object.__setattr__(self, name, enum(value))
+                except ValueError:
+                    raise ShardlabError(f"layout field {name} is one of {', '.join(e.value for e in enum)}, got "
+                                        f"{str(value)[:40]!r}") from None
 
     @property
     def world_size(self) -> int:
@@ -84,10 +136,65 @@ class Layout:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers) if self.stage_layers else None
+        d["recompute"], d["schedule"] = str(self.recompute), str(self.schedule)   # plain strings for JSON/YAML/TOML
         return d
 
     def with_(self, **kw) -> Layout:
         return replace(self, **kw)
+
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+"""Every field of a Layout, in order (job files, exports and JSON list these)."""
+ARRAY_KEYS = {f.name: f.metadata["array"] for f in fields(Layout) if "array" in f.metadata}
+"""Layout field -> key of the search's array form (``layouts_to_arrays``); stage_layers has none (the search splits
+layers evenly)."""
+
+
+def _encode(name: str, value):
+    if name == "recompute":
+        return Recompute(value).code
+    if name == "schedule":
+        return Schedule(value).code
+    return value
+
+
+def layouts_to_arrays(layouts) -> dict:
+    """The search's array form of ``layouts``: one numpy array per ``ARRAY_KEYS`` key, enums as their codes (a
+    schedule without a pipeline is 1F1B)."""
+    import numpy as np
+
+    out = {key: [] for key in ARRAY_KEYS.values()}
+    for lay in layouts:
+        for name, key in ARRAY_KEYS.items():
+            value = getattr(lay, name)
+            if name == "schedule" and lay.pp == 1:
+                value = Schedule.ONE_F_ONE_B
+            out[key].append(_encode(name, value))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def layout_from_arrays(arrays: dict, i: int) -> Layout:
+    """Layout ``i`` of an array form (a key left out takes the field's default)."""
+    kw = {}
+    for f in fields(Layout):
+        key = ARRAY_KEYS.get(f.name)
+        if key is None or key not in arrays:
+            continue
+        v = arrays[key][i]
+        kw[f.name] = (_RECOMPUTE_ORDER[int(v)] if f.name == "recompute" else _SCHEDULE_ORDER[int(v)]
+                      if f.name == "schedule" else bool(v) if f.type in (bool, "bool")
+                      else float(v) if f.type in (float, "float") else int(v))
+    if kw.get("pp", 1) == 1:
+        kw["schedule"] = Schedule.ONE_F_ONE_B
+    return Layout(**kw)
+
+
+ArrayLayout = make_dataclass(
+    "ArrayLayout", [(f.name, Any, field(default=None)) for f in fields(Layout)], frozen=True,
+    namespace={"__doc__": "A Layout whose fields are arrays over candidate layouts (the vectorised step and memory "
+                          "models read the same field names; recompute holds codes).",
+               "world_size": property(lambda s: s.dp * s.tp * s.pp * s.cp)})
+"""The array-valued form of Layout, generated from its fields."""
 
 
 def default_microbatches(pp: int) -> int:

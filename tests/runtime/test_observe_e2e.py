@@ -152,9 +152,13 @@ def test_a_prometheus_server_scrapes_a_live_job(tmp_path):
     job = _start("train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "60", "--metrics-port", str(base),
                  "--slow-link", "0:0.002", seed=seed)
     try:
-        q = urllib.parse.quote('sum by (rank, job_id) (shardlab_collective_calls_total{job="shardlab"})')
-        end, result = time.monotonic() + 120, []
-        while time.monotonic() < end and job.poll() is None:
+        # last_over_time: what the server stored, also after the job ended (an instant query then sees the stale
+        # markers Prometheus writes when a target goes away, and a fast job on a busy machine can end first)
+        q = urllib.parse.quote('sum by (rank, job_id) (last_over_time(shardlab_collective_calls_total{job="shardlab"}[10m]))')
+        end, result, ended = time.monotonic() + 120, [], None
+        while time.monotonic() < end and (ended is None or time.monotonic() < ended + 10):
+            if ended is None and job.poll() is not None:
+                ended = time.monotonic()
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query?query={q}", timeout=2) as r:
                     result = json.loads(r.read())["data"]["result"]

@@ -66,3 +66,14 @@ def test_data_is_deterministic_and_sliced_independently_of_dp():
     # every transition is one of `branching` successors: the loss floor is ln(branching)
     table = d._table()
     assert all(int(y[i, j]) in table[int(x[i, j])].tolist() for i in range(8) for j in range(16))
+
+
+def test_strategy_parts_and_schedule_are_the_layout_enums():
+    """A parsed strategy holds the same enums as the Layout it predicts with (one type per concept)."""
+    from shardlab.layout import Schedule
+    from shardlab.runtime.parallel.strategy import PARTS, StrategyPart, parse_strategy
+
+    s = parse_strategy("fsdp+pp", 4, pp=2, schedule="gpipe")
+    assert s.data is StrategyPart.FSDP and s.schedule is Schedule.GPIPE
+    assert s.layout().schedule is Schedule.GPIPE and s.layout().zero == 3
+    assert PARTS == tuple(p.value for p in StrategyPart)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from types import SimpleNamespace
 
 import numpy as np
 
 from shardlab.comm import pricing as ct
+from shardlab.layout import ARRAY_KEYS, ArrayLayout, Schedule
 from shardlab.rates.compute import block_step_times, head_times, layer_times
 from shardlab.rates.hardware import matmul_curve, memory_time_s, overlap_efficiency
 from shardlab.estimate.workload import Workload, workload_overheads
@@ -44,13 +44,15 @@ from shardlab.specs.tensors import PRE, TensorSpec, kv_width_local, model_tensor
 LORA_KEYS = ("lora_base", "lora_base_z3", "lora_adapter", "lora_adapter_z3")
 """Per unit under LoRA/QLoRA (``_lora_units``): frozen base bytes (without / with ZeRO-3), adapter elements (local /
 padded ZeRO-3 shard)."""
-SCHEDULE_CODES = {"1f1b": 0, "gpipe": 1, "interleaved": 2, "zb-h1": 3}
+SCHEDULE_CODES = {s.value: s.code for s in Schedule}
+"""'1f1b' 0, 'gpipe' 1, 'interleaved' 2, 'zb-h1' 3 (``layout.Schedule.code``)."""
 OPTIMIZER_OPS_PER_TENSOR = 10
 """Operators eager AdamW (torch.optim, for-loop implementation) runs per parameter tensor: an estimate; only
 matters where the accelerator has a dispatch overhead (CPUs)."""
-CANDIDATE_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "mb", "rc", "sp", "sched", "rf", "rep", "wrap")
+CANDIDATE_KEYS = tuple(ARRAY_KEYS.values())
+"""The array form of a Layout (``layout.ARRAY_KEYS``, generated from its fields)."""
 CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
-"""Keys a caller may leave out: recompute fraction (all blocks) and HSDP replicas (none)."""
+"""Keys a caller may leave out: recompute fraction (all blocks), HSDP replicas (none), FSDP wrap (one block)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "cp_comm_total_s", "zero3_comm_total_s",
                "dp_window_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
@@ -279,7 +281,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     sp = sp.astype(bool)
     T = mb * wl.seq_len / cp
     h = spec.hidden_size
-    lay = SimpleNamespace(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
+    lay = ArrayLayout(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
                           recompute_fraction=rf)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
@@ -380,7 +382,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     sp = c["sp"].astype(bool)
     m = g["m"]
     sched_name = {v: k for k, v in SCHEDULE_CODES.items()}[sched]
-    lay = SimpleNamespace(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
+    lay = ArrayLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
                           sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"])
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.rates.hardware import matmul_curve
-from shardlab.estimate.step import SCHEDULE_CODES, evaluate
+from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_for, workload_memory
 from shardlab.flops import six_psi_d
-from shardlab.layout import Layout, default_microbatches, validate
+from shardlab.layout import Layout, default_microbatches, layouts_to_arrays, validate
 from shardlab.memory import MemoryReport, Overheads
-from shardlab.memory.training import recompute_code
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import param_counts
@@ -177,12 +175,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
                       fused_loss=fused_loss, recipe=recipe)
-    cands = {"dp": [layout.dp], "tp": [layout.tp], "pp": [layout.pp], "cp": [layout.cp], "ep": [layout.ep],
-             "zero": [layout.zero], "vpp": [layout.vpp], "mb": [layout.micro_batch],
-             "rc": [recompute_code(layout.recompute)], "sp": [layout.sequence_parallel],
-             "rf": [layout.recompute_fraction], "rep": [layout.dp_replicate], "wrap": [layout.wrap],
-             "sched": [SCHEDULE_CODES[layout.schedule if layout.pp > 1 else "1f1b"]]}
-    r = evaluate(spec, cluster, wl, {k: np.asarray(v) for k, v in cands.items()}, overheads, stage_layers=layout.stage_layers)
+    r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers)
     mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")

@@ -21,11 +21,12 @@ import tomllib
 from shardlab.errors import ShardlabError
 from shardlab.export.job import Export, Imported, LaunchJob
 from shardlab.export.text import toml_dump
+from shardlab.layout import LAYOUT_FIELDS
 
 CHECKED = "Python's tomllib (shardlab's own reader, export/shardlab.py)"
 VERSION = 1
-LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "micro_batch", "recompute", "recompute_fraction", "wrap",
-               "dp_replicate", "sequence_parallel", "schedule", "stage_layers")
+LAYOUT_KEYS = LAYOUT_FIELDS
+"""[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights")
 SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),

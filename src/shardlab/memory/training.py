@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from shardlab import xp
 from shardlab.errors import ShardlabError
-from shardlab.layout import Layout, default_microbatches, validate
+from shardlab.layout import Layout, Recompute, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import Overheads
@@ -285,7 +285,8 @@ def layer_kinds(spec: ModelSpec, layers) -> dict[int, int]:
     return out
 
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2, "op": 3}
+RECOMPUTE_CODES = {r.value: r.code for r in Recompute}
+"""'none' 0, 'selective' 1, 'full' 2, 'op' 3 (``layout.Recompute.code``)."""
 
 
 def recompute_code(recompute):

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.estimate.step import SCHEDULE_CODES, evaluate
+from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_memory
-from shardlab.layout import Layout
+from shardlab.layout import Layout, layout_from_arrays
 from shardlab.memory import Overheads
 from shardlab.planner.space import enumerate_space
 from shardlab.specs.hardware import Cluster
@@ -23,8 +23,6 @@ SIMPLICITY = 0.003
 """Ranking prefers simpler layouts: each extra parallel axis or memory trick (tp, pp, cp, ep > 1, ZeRO > 0, ZeRO-3,
 recomputation, interleaving) must buy 0.3% of step time. Differences that small are far inside the model's
 error (docs/validation.md), while every extra axis is a real engineering cost."""
-SCHED_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
-RC_NAMES = ("none", "selective", "full")
 NOT_FIT = "does not fit in GPU memory"
 NOT_FIT_EXACT = "does not fit in GPU memory (exact per-tensor check of a top plan)"
 
@@ -58,13 +56,8 @@ class PlanResult:
 
 
 def layout_of(c: dict, i: int) -> Layout:
-    """The Layout of candidate ``i``."""
-    pp = int(c["pp"][i])
-    return Layout(dp=int(c["dp"][i]), tp=int(c["tp"][i]), pp=pp, cp=int(c["cp"][i]), ep=int(c["ep"][i]),
-                  zero=int(c["zero"][i]), vpp=int(c["vpp"][i]), micro_batch=int(c["mb"][i]),
-                  recompute=RC_NAMES[int(c["rc"][i])], sequence_parallel=bool(c["sp"][i]),
-                  schedule=SCHED_NAMES[int(c["sched"][i])] if pp > 1 else "1f1b",
-                  dp_replicate=int(c["rep"][i]) if "rep" in c else 1)
+    """The Layout of candidate ``i`` (``layout.layout_from_arrays``: every field the array form holds)."""
+    return layout_from_arrays(c, i)
 
 
 def _spread(worlds: list[int]) -> list[int]:

@@ -141,18 +141,14 @@ class _Prepared:
 
 
 def _prepare(run, catalog) -> _Prepared:
-    from shardlab.estimate.step import SCHEDULE_CODES
     from shardlab.estimate.workload import workload_for
-    from shardlab.memory.training import recompute_code
+    from shardlab.layout import layouts_to_arrays
     from shardlab.validation import predict_inputs
 
     spec, lay, cluster, kw = predict_inputs(run, catalog)
     fw = catalog.framework(run.framework)
     wl = workload_for(fw, **kw)
-    cands = {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "zero": lay.zero, "vpp": lay.vpp,
-             "mb": lay.micro_batch, "rc": recompute_code(lay.recompute), "sp": lay.sequence_parallel,
-             "sched": SCHEDULE_CODES[lay.schedule if lay.pp > 1 else "1f1b"], "rf": lay.recompute_fraction,
-             "rep": lay.dp_replicate}
+    cands = {k: v[0] for k, v in layouts_to_arrays([lay]).items()}
     return _Prepared(run, spec, cluster, wl, cands, lay.stage_layers, cluster.accelerator.generation, run.framework)
 
 

@@ -11,11 +11,25 @@ override) and data parallelism takes the rest; ``ep`` defaults to the data-paral
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from shardlab.errors import ShardlabError
-from shardlab.layout import Layout
+from shardlab.layout import Layout, Schedule
 
-PARTS = ("ddp", "fsdp", "tp", "tp-megatron", "sp", "pp", "ep")
+
+class StrategyPart(StrEnum):
+    """One '+'-joined part of a --strategy name."""
+
+    DDP = "ddp"
+    FSDP = "fsdp"
+    TP = "tp"
+    TP_MEGATRON = "tp-megatron"
+    SP = "sp"
+    PP = "pp"
+    EP = "ep"
+
+
+PARTS = tuple(p.value for p in StrategyPart)
 EXAMPLES = ("ddp", "fsdp", "tp", "tp+sp", "tp-megatron", "pp", "fsdp+tp", "ddp+pp", "fsdp+pp", "ddp+tp-megatron",
             "ddp+ep")
 
@@ -40,10 +54,15 @@ class Strategy:
     """Pipeline-parallel degree."""
     vpp: int = 1
     """Model chunks per pipeline rank (interleaved schedule)."""
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     """Pipeline schedule: gpipe, 1f1b or interleaved."""
     ep: int = 1
     """Expert-parallel degree (divides dp: ``ep`` data-parallel ranks split the routed experts)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "schedule", Schedule(self.schedule))
+        if self.data is not None:
+            object.__setattr__(self, "data", StrategyPart(self.data))
 
     @property
     def world_size(self) -> int:
