@@ -25,30 +25,30 @@ AXES = ("tp", "cp", "dp", "pp")
 """Rank-grid axis order, fastest first."""
 
 
-class Recompute(StrEnum):
-    """Activation recomputation; ``code`` is its value in the search's arrays."""
+class _Coded(StrEnum):
+    """A named choice whose ``code`` (its position) is its value in the search's arrays."""
+
+    @property
+    def code(self) -> int:
+        return tuple(type(self)).index(self)
+
+
+class Recompute(_Coded):
+    """Activation recomputation (codes: none 0, selective 1, full 2, op 3)."""
 
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
     OP = "op"
 
-    @property
-    def code(self) -> int:
-        return _RECOMPUTE_ORDER.index(self)
 
-
-class Schedule(StrEnum):
-    """Pipeline schedule; ``code`` is its value in the search's arrays."""
+class Schedule(_Coded):
+    """Pipeline schedule (codes: 1f1b 0, gpipe 1, interleaved 2, zb-h1 3)."""
 
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
     ZB_H1 = "zb-h1"
-
-    @property
-    def code(self) -> int:
-        return _SCHEDULE_ORDER.index(self)
 
 
 try:      # YAML writers (ledger, profiles, exports) see the enums' names, as JSON does
