@@ -107,7 +107,7 @@ def test_resolve_price_default_provider_spot_and_given():
     ("l4", {"provider": "awz"}, "did you mean aws"),
     ("h100-sxm", {"spot": True, "provider": "lambda"}, "spot price for h100-sxm: gcp"),
     ("h100-sxm", {"given_usd_per_gpu_hour": -1.0}, "positive"),
-    (None, {}, "--gpu"),
+    (None, {}, "cluster.gpu"),          # the library names the field (the command line says --gpu)
 ])
 def test_resolve_price_errors_name_the_fix(gpu, kw, fragment):
     with pytest.raises(ShardlabError, match=None) as e:

@@ -211,7 +211,7 @@ def test_bad_batch():
     spec = CAT.models["llama-3.1-8b"]
     with pytest.raises(ShardlabError, match="not divisible"):
         estimate_training(spec, Layout(dp=8), cluster(), seq_len=2048, global_batch=12)
-    with pytest.raises(ShardlabError, match="multiple of --pp"):
+    with pytest.raises(ShardlabError, match="multiple of layout.pp"):
         estimate_training(spec, Layout(dp=1, pp=4, vpp=2, schedule="interleaved"), cluster(n=4), seq_len=2048, global_batch=6)
 
 

@@ -56,7 +56,7 @@ def test_split_layers_gives_remainder_to_middle():
 
 
 def test_stage_layers_and_vpp_do_not_mix():
-    with pytest.raises(ShardlabError, match="--vpp"):
+    with pytest.raises(ShardlabError, match="layout.vpp"):
         validate(Layout(pp=2, vpp=2, schedule="interleaved", stage_layers=(16, 16)))
 
 
@@ -65,9 +65,9 @@ def test_stage_layers_and_vpp_do_not_mix():
     (dict(tp=16, dp=1), None),                     # llama-2-70b: 64 heads, 8 KV heads -> replicated KV, fine
     (dict(ep=2, dp=2), "dense"),
     (dict(pp=100), "exceeds"),
-    (dict(vpp=2, pp=1), "needs --pp"),
+    (dict(vpp=2, pp=1), "needs layout.pp"),
     (dict(vpp=2, pp=2, schedule="1f1b"), "runs one chunk per rank"),   # memory and comm plan took it silently
-    (dict(zero=4), "--zero"),
+    (dict(zero=4), "layout.zero"),
     (dict(recompute="some"), "layout field recompute is one of none, selective, full, op"),   # the enum refuses it
     (dict(schedule="zigzag"), "layout field schedule is one of 1f1b, gpipe, interleaved, zb-h1"),
 ])
@@ -120,7 +120,7 @@ def test_expert_parallel():
     validate(Layout(dp=8, ep=8), spec)
     with pytest.raises(ShardlabError, match="divide"):
         validate(Layout(dp=6, ep=3), spec)
-    with pytest.raises(ShardlabError, match="must divide --dp"):
+    with pytest.raises(ShardlabError, match="must divide layout.dp"):
         validate(Layout(dp=4, ep=8), spec)
 
 

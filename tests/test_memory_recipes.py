@@ -78,7 +78,8 @@ def test_fsdp_cpu_offload_both_and_params_only():
     assert params.gradients == 2 * PSI // 64 and params.optimizer == 12 * PSI // 64
 
 
-@pytest.mark.parametrize("zero,what,fix", [(0, "optimizer", "--zero 1"), (2, "params", "--zero 3"), (1, "both", "--zero 3")])
+@pytest.mark.parametrize("zero,what,fix", [(0, "optimizer", "layout.zero 1"), (2, "params", "layout.zero 3"),
+                                                  (1, "both", "layout.zero 3")])
 def test_offload_needs_the_right_zero_stage(zero, what, fix):
     with pytest.raises(ShardlabError, match=fix):
         _states(zero, what)

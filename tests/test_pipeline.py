@@ -131,7 +131,7 @@ def test_zb_h1_splits_backward_and_says_so():
 @pytest.mark.parametrize("kw,msg", [
     (dict(schedule="interleaved", stages=8, microbatches=4, vpp=2), "≥ --stages"),
     (dict(schedule="interleaved", stages=4, microbatches=6, vpp=2), "multiple of 4"),
-    (dict(schedule="interleaved", stages=4, microbatches=8, vpp=1), "--vpp 2"),
+    (dict(schedule="interleaved", stages=4, microbatches=8, vpp=1), "layout.vpp 2"),
     (dict(schedule="1f1b", stages=4, microbatches=8, vpp=2), "interleaved schedule only"),
     (dict(schedule="pipedream", stages=4, microbatches=8), "unknown schedule"),
     (dict(schedule="1f1b", stages=0, microbatches=8), "positive"),

@@ -75,7 +75,7 @@ def test_megatron_searches_moe_under_tp_only_with_sequence_parallelism():
     from shardlab.layout import Layout
 
     assert meg.refusal(Layout(dp=16, tp=2, ep=4), mix).endswith(
-        "add --sequence-parallel")
+        "add layout.sequence_parallel")
 
 
 def test_vectorized_memory_agrees_with_exact_report():

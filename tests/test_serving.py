@@ -58,7 +58,7 @@ def test_llama31_8b_fp8_weights_and_kv_by_hand():
 
 
 def test_precision_choices_refused_with_the_fix():
-    with pytest.raises(ShardlabError, match="group-size applies"):
+    with pytest.raises(ShardlabError, match="serve.group_size applies"):
         make_precision("fp8", group_size=128)
     with pytest.raises(ShardlabError, match="8-bit weights"):
         make_precision("bf16", activations="fp8")
@@ -278,7 +278,7 @@ def test_group_size_must_divide_each_ranks_input_width(tp, ok):
 def test_fp8_fix_offered_on_a100_is_one_the_engine_runs():
     with pytest.raises(ShardlabError) as e:
         make_precision("fp8", activations="fp8", peaks=CAT.accelerator("a100-80gb").peak_tflops)
-    assert "int8" not in str(e.value).split("use --activations")[1]
+    assert "int8" not in str(e.value).split("use serve.activations")[1]
 
 
 def _case(**kw):

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+
+FIELD_NAMES: ContextVar[Callable[[str], str] | None] = ContextVar("shardlab_field_names", default=None)
+"""How errors and notes name a field: unset (the library), by the field itself (``layout.tp``); the command line
+installs its flag names (``--tp``, ``cli.fields.flag_of``) while a command runs."""
+
+
+def field_name(name: str) -> str:
+    """The name an error or note gives the field ``name`` (``layout.tp``, ``workload.global_batch``, ...): the field
+    itself, or the flag that sets it when the command line is running (``cli.fields``)."""
+    namer = FIELD_NAMES.get()
+    return namer(name) if namer is not None else name
 
 
 class ShardlabError(Exception):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass, replac
 from enum import StrEnum
 from typing import Any
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 
 AXES = ("tp", "cp", "dp", "pp")
 """Rank-grid axis order, fastest first."""
@@ -229,83 +229,107 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
     for axis in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "dp_replicate"):
         v = getattr(layout, axis)
         if not isinstance(v, int) or v < 1:
-            raise ShardlabError(f"--{axis.replace('_', '-')} must be a positive integer, got {v}")
+            raise ShardlabError(f"{field_name('layout.' + axis)} must be a positive integer, got {v}")
     if layout.zero not in (0, 1, 2, 3):
-        raise ShardlabError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
+        raise ShardlabError(f"{field_name('layout.zero')} must be 0, 1, 2 or 3, got {layout.zero}")
     if layout.recompute not in RECOMPUTE:
-        raise ShardlabError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got '{layout.recompute}'")
+        raise ShardlabError(f"{field_name('layout.recompute')} must be one of {', '.join(RECOMPUTE)}, got "
+                            f"'{layout.recompute}'")
     if not isinstance(layout.wrap, int) or layout.wrap < 0:
-        raise ShardlabError(f"--wrap must be block, N-blocks or model, got {layout.wrap}")
+        raise ShardlabError(f"{field_name('layout.wrap')} must be block, N-blocks or model, got {layout.wrap}")
     if not 0 < layout.recompute_fraction <= 1:
-        raise ShardlabError(f"--recompute-fraction must be in (0, 1], got {layout.recompute_fraction}")
+        raise ShardlabError(f"{field_name('layout.recompute_fraction')} must be in (0, 1], got "
+                            f"{layout.recompute_fraction}")
     if layout.dp % layout.dp_replicate:
-        raise ShardlabError(f"--dp-replicate {layout.dp_replicate} must divide --dp {layout.dp} (HSDP replicas of the sharded group)")
+        raise ShardlabError(f"{field_name('layout.dp_replicate')} {layout.dp_replicate} must divide "
+                            f"{field_name('layout.dp')} {layout.dp} (HSDP replicas of the sharded group)")
     if layout.dp_replicate > 1 and layout.zero == 0:
-        raise ShardlabError("--dp-replicate (hybrid sharding) needs --zero 1, 2 or 3: without ZeRO every rank is a replica already")
+        raise ShardlabError(f"{field_name('layout.dp_replicate')} (hybrid sharding) needs {field_name('layout.zero')} "
+                            "1, 2 or 3: without ZeRO every rank is a replica already")
     if layout.dp_replicate > 1 and (layout.dp // layout.dp_replicate) % layout.ep:
-        raise ShardlabError(f"--ep {layout.ep} must divide the sharded group dp/dp-replicate = {layout.dp // layout.dp_replicate}")
+        raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} must divide the sharded group dp/dp-replicate = "
+                            f"{layout.dp // layout.dp_replicate}")
     if layout.schedule not in SCHEDULES:
-        raise ShardlabError(f"--schedule must be one of {', '.join(SCHEDULES)}, got '{layout.schedule}'")
+        raise ShardlabError(f"{field_name('layout.schedule')} must be one of {', '.join(SCHEDULES)}, got "
+                            f"'{layout.schedule}'")
     from shardlab.limits import MAX_GPUS
 
     if layout.world_size > MAX_GPUS:
-        raise ShardlabError(f"dp×tp×pp×cp = {layout.world_size:,} GPUs is above the limit of {MAX_GPUS:,} (about 5x the "
+        raise ShardlabError(f"dp×tp×pp×cp = {layout.world_size:,} GPUs is above the limit of {MAX_GPUS:,} (about 5x "
+                            "the "
                             f"largest cluster built); use smaller degrees")
     if num_gpus is not None and layout.world_size != num_gpus:
         raise ShardlabError(
-            f"dp×tp×pp×cp = {layout.dp}×{layout.tp}×{layout.pp}×{layout.cp} = {layout.world_size} but --gpus is {num_gpus}; "
-            f"choose degrees whose product is {num_gpus} (leave --dp out to derive it)")
+            f"dp×tp×pp×cp = {layout.dp}×{layout.tp}×{layout.pp}×{layout.cp} = {layout.world_size} but "
+            f"{field_name('cluster.gpus')} is {num_gpus}; "
+            f"choose degrees whose product is {num_gpus} (leave {field_name('layout.dp')} out to derive it)")
     if layout.dp % layout.ep:
-        raise ShardlabError(f"--ep {layout.ep} must divide --dp {layout.dp} (expert parallelism borrows data-parallel ranks)")
+        raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} must divide {field_name('layout.dp')} {layout.dp} "
+                            "(expert parallelism borrows data-parallel ranks)")
     if layout.vpp > 1 and layout.pp == 1:
-        raise ShardlabError("--vpp > 1 needs --pp > 1 (virtual stages interleave pipeline ranks)")
+        raise ShardlabError(f"{field_name('layout.vpp')} > 1 needs {field_name('layout.pp')} > 1 (virtual stages "
+                            "interleave pipeline ranks)")
     # 1F1B and GPipe run one chunk per rank (zb-h1 with v chunks is torchtitan's InterleavedZeroBubble: allowed)
     if layout.vpp > 1 and layout.schedule in ("1f1b", "gpipe"):
-        raise ShardlabError(f"--vpp {layout.vpp} does not apply to --schedule {layout.schedule}, which runs one chunk "
-                            f"per rank; add --schedule interleaved")
+        raise ShardlabError(f"{field_name('layout.vpp')} {layout.vpp} does not apply to "
+                            f"{field_name('layout.schedule')} {layout.schedule}, which runs one chunk "
+                            f"per rank; add {field_name('layout.schedule')} interleaved")
     if layout.schedule == "interleaved" and layout.pp > 1 and layout.vpp < 2:
-        raise ShardlabError("--schedule interleaved needs --vpp 2 or more")
+        raise ShardlabError(f"{field_name('layout.schedule')} interleaved needs {field_name('layout.vpp')} 2 or more")
     if layout.stage_layers is not None:
         if len(layout.stage_layers) != layout.pp or any(n < 1 for n in layout.stage_layers):
-            raise ShardlabError(f"--stage-layers needs {layout.pp} positive counts, one per pipeline stage")
+            raise ShardlabError(f"{field_name('layout.stage_layers')} needs {layout.pp} positive counts, one per "
+                                "pipeline stage")
         if layout.vpp > 1:
-            raise ShardlabError("--stage-layers gives one count per pipeline stage, which does not fit --vpp > 1; drop one of them")
+            raise ShardlabError(f"{field_name('layout.stage_layers')} gives one count per pipeline stage, which does "
+                                f"not fit {field_name('layout.vpp')} > 1; drop one of them")
     if spec is not None:
         _validate_against_model(layout, spec)
     if seq_len is not None and seq_len % layout.cp:
-        raise ShardlabError(f"--seq-len {seq_len} is not divisible by --cp {layout.cp}; pick a sequence length that is a multiple of cp")
+        raise ShardlabError(f"{field_name('workload.seq_len')} {seq_len} is not divisible by "
+                            f"{field_name('layout.cp')} {layout.cp}; pick a sequence length that is a multiple of cp")
     if seq_len is not None and layout.sequence_parallel and layout.tp > 1 and (seq_len // layout.cp) % layout.tp:
-        raise ShardlabError(f"sequence parallelism splits each rank's {seq_len // layout.cp:,} tokens over --tp {layout.tp}, "
-                            f"which does not divide them (Megatron requires it); pick a multiple of {layout.tp * layout.cp} "
-                            f"for --seq-len, or drop --sequence-parallel")
+        raise ShardlabError(f"sequence parallelism splits each rank's {seq_len // layout.cp:,} tokens over "
+                            f"{field_name('layout.tp')} {layout.tp}, "
+                            "which does not divide them (Megatron requires it); pick a multiple of "
+                            f"{layout.tp * layout.cp} "
+                            f"for {field_name('workload.seq_len')}, or drop {field_name('layout.sequence_parallel')}")
     return layout
 
 
 def _validate_against_model(layout: Layout, spec) -> None:
     t = layout.tp
     if spec.num_heads % t:
-        raise ShardlabError(f"--tp {t} does not divide {spec.name}'s {spec.num_heads} attention heads; "
+        raise ShardlabError(f"{field_name('layout.tp')} {t} does not divide {spec.name}'s {spec.num_heads} attention "
+                            "heads; "
                             f"use a divisor of {spec.num_heads} such as {_divisors_hint(spec.num_heads, t)}")
     if spec.mla is None and spec.num_kv_heads % t and t % spec.num_kv_heads:
-        raise ShardlabError(f"--tp {t} and {spec.name}'s {spec.num_kv_heads} KV heads: one must divide the other "
-                            f"(KV heads are split, or replicated when tp > KV heads); try {_divisors_hint(spec.num_kv_heads, t)}")
+        raise ShardlabError(f"{field_name('layout.tp')} {t} and {spec.name}'s {spec.num_kv_heads} KV heads: one must "
+                            "divide the other "
+                            "(KV heads are split, or replicated when tp > KV heads); try "
+                            f"{_divisors_hint(spec.num_kv_heads, t)}")
     ffns = [("FFN width", spec.ffn_hidden_size)] if (spec.moe is None or spec.moe.first_dense_layers) else []
     if spec.moe is not None:
         ffns.append(("expert FFN width", spec.moe.expert_ffn_hidden_size))
     for what, f in ffns:
         if f % t:
-            raise ShardlabError(f"--tp {t} does not divide {spec.name}'s {what} {f}; use a divisor such as {_divisors_hint(f, t)}")
+            raise ShardlabError(f"{field_name('layout.tp')} {t} does not divide {spec.name}'s {what} {f}; use a "
+                                f"divisor such as {_divisors_hint(f, t)}")
     layers = sum(layout.stage_layers) if layout.stage_layers else None
     if layers is not None and layers != spec.num_layers:
-        raise ShardlabError(f"--stage-layers add up to {layers} but {spec.name} has {spec.num_layers} layers")
+        raise ShardlabError(f"{field_name('layout.stage_layers')} add up to {layers} but {spec.name} has "
+                            f"{spec.num_layers} layers")
     if layout.pp * layout.vpp > spec.num_layers:
-        raise ShardlabError(f"--pp {layout.pp} × --vpp {layout.vpp} exceeds {spec.name}'s {spec.num_layers} layers; "
+        raise ShardlabError(f"{field_name('layout.pp')} {layout.pp} × {field_name('layout.vpp')} {layout.vpp} exceeds "
+                            f"{spec.name}'s {spec.num_layers} layers; "
                             f"each pipeline chunk needs at least one layer")
     if layout.ep > 1:
         if spec.moe is None:
-            raise ShardlabError(f"--ep {layout.ep} needs a mixture-of-experts model; {spec.name} is dense (use --ep 1)")
+            raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} needs a mixture-of-experts model; {spec.name} "
+                                f"is dense (use {field_name('layout.ep')} 1)")
         if spec.moe.num_experts % layout.ep:
-            raise ShardlabError(f"--ep {layout.ep} does not divide {spec.name}'s {spec.moe.num_experts} experts")
+            raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} does not divide {spec.name}'s "
+                                f"{spec.moe.num_experts} experts")
 
 
 def divisors(n: int) -> list[int]:

@@ -282,8 +282,6 @@ def _asks_json(tokens: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardlab.errors import ShardlabError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):      # a path or name that is not UTF-8 (Python's lone surrogates) or
         try:                                     # a character the locale cannot show is escaped, never a crash
@@ -304,6 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from shardlab.cli.fields import flag_of
+    from shardlab.errors import FIELD_NAMES
+
+    names = FIELD_NAMES.set(flag_of)            # while the command runs, the core's errors and notes name flags
+    try:
+        return _run(args, argv)
+    finally:
+        FIELD_NAMES.reset(names)
+
+
+def _run(args, argv) -> int:
+    from shardlab.errors import ShardlabError
+
     try:
         from shardlab.cli.progress import status
 

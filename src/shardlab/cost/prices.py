@@ -11,7 +11,7 @@ import datetime
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardlab.errors import ShardlabError, did_you_mean
+from shardlab.errors import ShardlabError, did_you_mean, field_name
 
 DEFAULT_PROVIDER = "default"
 _REQUIRED = {"on_demand", "date", "source"}
@@ -81,7 +81,8 @@ def entry_from_dict(acc: str, provider: str, d: object, where: str) -> PriceEntr
     """Build a PriceEntry from a catalog mapping (strict keys, positive prices, a date and a source)."""
     name = f"{acc}/{provider}"
     if not isinstance(d, dict):
-        raise ShardlabError(f"{where}: price '{name}' must be a mapping with {sorted(_REQUIRED)}, got {type(d).__name__}")
+        raise ShardlabError(f"{where}: price '{name}' must be a mapping with {sorted(_REQUIRED)}, got "
+                            f"{type(d).__name__}")
     unknown = set(d) - _REQUIRED - _OPTIONAL
     if unknown:
         raise ShardlabError(f"{where}: price '{name}' has unknown field(s) {sorted(unknown)}; "
@@ -189,10 +190,12 @@ def resolve_price(catalog, gpu: str | None, *, provider: str | None = None, spot
         if not given_usd_per_gpu_hour > 0:
             raise ShardlabError(f"--price must be a positive number of USD per GPU-hour, got {given_usd_per_gpu_hour}")
         if provider or spot:
-            raise ShardlabError("--price replaces the catalog: drop --provider/--spot, or drop --price to use the catalog")
+            raise ShardlabError("--price replaces the catalog: drop --provider/--spot, or drop --price to use the "
+                                "catalog")
         return Price(given_usd_per_gpu_hour, "given", None, None, "given with --price", False)
     if not gpu:
-        raise ShardlabError("no price: name the GPU with --gpu (see `shardlab gpus`) or give --price USD_PER_GPU_HOUR")
+        raise ShardlabError(f"no price: name the GPU with {field_name('cluster.gpu')} (see `shardlab gpus`) or give "
+                            "--price USD_PER_GPU_HOUR")
     acc = catalog.accelerator(gpu).id
     rows = entries_for(price_table(catalog), acc)
     if not rows:
@@ -220,6 +223,7 @@ def resolve_price(catalog, gpu: str | None, *, provider: str | None = None, spot
     if spot and e.spot_usd_per_gpu_hour is None:
         with_spot = sorted(p for p, x in by_provider.items() if x.spot_usd_per_gpu_hour is not None)
         hint = f"providers with a spot price for {acc}: {', '.join(with_spot)}" if with_spot else f"no provider lists a spot price for {acc}"
-        raise ShardlabError(f"'{provider}' lists no spot price for '{acc}' ({hint}); choose --provider, drop --spot, or give --price")
+        raise ShardlabError(f"'{provider}' lists no spot price for '{acc}' ({hint}); choose --provider, drop --spot, "
+                            "or give --price")
     value = e.spot_usd_per_gpu_hour if spot else e.on_demand_usd_per_gpu_hour
     return Price(value, "spot" if spot else "on-demand", e.provider, e.date, describe(e, spot), e.estimate)

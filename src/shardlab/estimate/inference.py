@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from shardlab.errors import field_name
 from shardlab.memory.inference import cached_tokens
 from shardlab.memory.overheads import Overheads
 from shardlab.serving.case import ServeCase, prepare
@@ -201,8 +202,10 @@ def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: in
         notes.append(f"{pp} pipeline stages keep {pp} micro-batches of {batch} in flight: throughput grows with pp, "
                      f"the time per token does not fall (a token crosses every stage)")
     if case.blocks.num_blocks == 0:
-        notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache in "
-                     f"the engine's share of {cluster.accelerator.memory_gib:g} GiB: raise --tp or --pp, or quantize")
+        notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache "
+                     "in "
+                     f"the engine's share of {cluster.accelerator.memory_gib:g} GiB: raise {field_name('layout.tp')} "
+                     f"or {field_name('layout.pp')}, or quantize")
     return InferenceEstimate(case, batch, res, {**pre, "lines": pre_lines}, {**dec, "lines": dec_lines}, notes)
 
 
@@ -256,8 +259,10 @@ def tp_versus_replicas(spec: ModelSpec, cluster: Cluster, *, tp: int, batch: int
     elif rep_tps > group.tokens_per_s and rep.decode_s_per_token <= group.decode_s_per_token:
         verdict = f"{reps} × TP={smaller} replicas win on both throughput and latency"
     elif rep_tps > group.tokens_per_s:
-        verdict = (f"{reps} × TP={smaller} replicas give more throughput ({rep_tps:,.0f} vs {group.tokens_per_s:,.0f} tokens/s); "
-                   f"TP={tp} gives lower latency per token ({1e3 * group.decode_s_per_token:.2f} vs {1e3 * rep.decode_s_per_token:.2f} ms)")
+        verdict = (f"{reps} × TP={smaller} replicas give more throughput ({rep_tps:,.0f} vs {group.tokens_per_s:,.0f} "
+                   "tokens/s); "
+                   f"TP={tp} gives lower latency per token ({1e3 * group.decode_s_per_token:.2f} vs "
+                   f"{1e3 * rep.decode_s_per_token:.2f} ms)")
     else:
         verdict = f"one TP={tp} group wins on throughput ({group.tokens_per_s:,.0f} vs {rep_tps:,.0f} tokens/s)"
     return {"group": {"tp": tp, "batch": batch, "tokens_per_s": group.tokens_per_s,

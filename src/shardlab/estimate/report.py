@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.errors import field_name
 from shardlab.rates.hardware import (attention_efficiency, attention_kernel_speed, matmul_curve, memory_efficiency,
                                        overlap_efficiency)
 from shardlab.estimate.training import TrainingEstimate
@@ -32,12 +33,17 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "compute_s": (f"forward + backward of the slowest stage ({est.slowest_stage}) for {m} micro-batches; "
                       f"the average GPU's {stage_flops:.3g} model FLOP over this time is {100 * achieved:.0f}% of "
                       f"{peak / 1e12:g} TFLOP/s while computing (MFU, which counts the whole step, is lower) "
-                      f"[GEMMs: {curve.max_fraction:.3g}·n/(n+{curve.half_size:.3g}) of peak, n = min(M, N, K){' (default curve, estimate)' if default else ''}; "
-                      + (f"attention kernel ({wl.attention_kernel}) at {attention_efficiency(acc) * attention_kernel_speed(acc, wl.attention_kernel):.0%}; "
-                       if wl.flash_attention else "unfused attention: QKᵀ and PV as batched GEMMs on the GEMM curve, softmax streamed through HBM; ")
-                      + f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of {acc.memory_bandwidth_gbps:g} GB/s; "
+                      f"[GEMMs: {curve.max_fraction:.3g}·n/(n+{curve.half_size:.3g}) of peak, n = min(M, N, "
+                      f"K){' (default curve, estimate)' if default else ''}; "
+                      + (f"attention kernel ({wl.attention_kernel}) at "
+                         f"{attention_efficiency(acc) * attention_kernel_speed(acc, wl.attention_kernel):.0%}; "
+                       if wl.flash_attention else "unfused attention: QKᵀ and PV as batched GEMMs on the GEMM curve, "
+                                                  "softmax streamed through HBM; ")
+                      + f"{wl.kernels} memory-bound kernels at {memory_efficiency(acc):.0%} of "
+                        f"{acc.memory_bandwidth_gbps:g} GB/s; "
                       f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"
-                      + (f"; fp8-mixed: linear-layer GEMMs at the FP8 peak {acc.peak_flops('fp8') / 1e12:g} TFLOP/s with "
+                      + (f"; fp8-mixed: linear-layer GEMMs at the FP8 peak {acc.peak_flops('fp8') / 1e12:g} TFLOP/s "
+                         "with "
                          f"their casts as memory traffic (MFU stays against the bf16 peak)" if sb.gemm_dtype == "fp8" else "")
                       + ("; LoRA: the frozen base computes no weight gradients" if wl.recipe.lora is not None else "")),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
@@ -50,9 +56,11 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "ep_comm_s": ("expert dispatch per MoE block: the token counts gathered"
                       + (f", dispatch + combine all-to-alls over {lay.ep} ranks" if lay.ep > 1 else "")
                       + (f", the copies gathered and scattered over the {lay.tp} expert-TP ranks" if lay.tp > 1 else "")),
-        "pp_p2p_s": (f"blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP rank "
+        "pp_p2p_s": ("blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP "
+                     "rank "
                      f"({_pp_link(est)})"),
-        "zero3_comm_s": (f"ZeRO-3 weight gathers and gradient reduce-scatters per block beyond the compute they overlap "
+        "zero3_comm_s": ("ZeRO-3 weight gathers and gradient reduce-scatters per block beyond the compute they "
+                         "overlap "
                          f"(they hide under {100 * overlap_efficiency(acc):.0f}% of it), plus the first gather "
                          f"and last reduce-scatter of each micro-batch"
                          + (", one more gather per block for the recomputed forward" if wl.zero3_regather_for_recompute
@@ -70,18 +78,21 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                         f"{100 * b['pp_bubble_s'] / est.step_time_s:.1f}% of the step"),
         "dp_comm_s": (f"exposed part of {fmt_time(est.dp_comm_total_s)} of gradient reduction (ZeRO-{lay.zero}) over "
                       f"dp·cp = {lay.dp * lay.cp} ranks; overlap with the last backward "
-                      f"{'on' if wl.dp_overlap else 'off'}" + (f" (hiding under {100 * overlap_efficiency(acc):.0f}% of it)"
+                      f"{'on' if wl.dp_overlap else 'off'}" + (f" (hiding under {100 * overlap_efficiency(acc):.0f}% "
+                                                               "of it)"
                                                                 if wl.dp_overlap else "")),
         "optimizer_s": f"{wl.optimizer} step streams gradients, master weights and moments through HBM"
                        + (" (adapters only; base frozen)" if wl.recipe.lora is not None else "")
                        + (", plus the per-step FP8 weight casts" if wl.precision == "fp8-mixed" else ""),
-        "offload_s": (f"{wl.recipe.offload.what} offloaded to {wl.recipe.offload.device}: host-link transfers not hidden "
+        "offload_s": (f"{wl.recipe.offload.what} offloaded to {wl.recipe.offload.device}: host-link transfers not "
+                      "hidden "
                       f"under compute and the CPU Adam step (ZeRO-Offload Table 3 rate), docs/modern.md"),
     }
     names = {"compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "TP/SP communication",
              "cp_comm_s": "CP communication", "ep_comm_s": "expert dispatch", "pp_p2p_s": "pipeline sends",
              "zero3_comm_s": "ZeRO-3 communication", "pp_bubble_s": "pipeline bubble", "dp_comm_s": "DP communication",
-             "optimizer_s": "optimizer step", "host_overhead_s": "host overhead", "offload_s": "offload (host link, CPU)"}
+             "optimizer_s": "optimizer step", "host_overhead_s": "host overhead", "offload_s": "offload (host link, "
+                                                                                               "CPU)"}
     return [[names[k], f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%", text[k]] for k, v in b.items() if v > 1e-9]
 
 
@@ -91,30 +102,35 @@ def render_estimate(est: TrainingEstimate) -> str:
     w = mem.worst
     lines = [
         f"shardlab estimate: {est.model.name} on {est.gpus} × {cl.accelerator.id} "
-        f"({cl.num_nodes} node{'s' if cl.num_nodes > 1 else ''} × {min(cl.gpus_per_node, est.gpus)}, {cl.intra_link.id} + {cl.inter_link.id})",
+        f"({cl.num_nodes} node{'s' if cl.num_nodes > 1 else ''} × {min(cl.gpus_per_node, est.gpus)}, "
+        f"{cl.intra_link.id} + {cl.inter_link.id})",
         f"layout: dp {lay.dp}" + (f" ({lay.dp_replicate} replicas × {lay.dp // lay.dp_replicate} shards)"
                                   if lay.dp_replicate > 1 else "")
         + f" × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
         + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, {est.microbatches} micro-batches"
         + (f", {lay.schedule}" + (f" v={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
         + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
-        f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences ({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
+        f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences "
+        f"({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
         f"{wl.precision}, {wl.optimizer}",
         f"framework: {wl.framework} ({wl.kernels} kernels, {wl.attention_label} attention, gradient reduction "
         f"{'overlapped' if wl.dp_overlap else 'after the backward'}"
         + (f" in {wl.grad_reduce_bytes * 8}-bit" if wl.grad_reduce_bytes else "")
         + (f", gradients held in a {wl.main_grad_bytes * 8}-bit main_grad buffer" if wl.main_grad_bytes else "")
         + f"{', DeepSpeed-style re-gather under recomputation' if wl.zero3_regather_for_recompute else ''}; "
-        f"--framework to change, catalog/data/frameworks.yaml for the sources)",
+        f"{field_name('framework.name')} to change, catalog/data/frameworks.yaml for the sources)",
         "",
         f"step time {est.step_time_s:.3f} s = the parts below (the slowest pipeline stage sets the pace)",
         table(["component", "seconds", "share", "where it comes from"], component_rows(est), align="lrrl", wrap=100),
         "",
         f"throughput: {est.tokens_per_s:,.0f} tokens/s; {est.model_tflops_per_gpu:.3g} model TFLOP/s per GPU "
         f"(MFU {100 * est.mfu:.1f}%), {est.hardware_tflops_per_gpu:.3g} hardware TFLOP/s (HFU {100 * est.hfu:.1f}%)",
-        ("  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan 2021 Eq. 3)"
-         if wl.recipe.lora is None else "  FLOP convention (LoRA): model = 2 × forward for the frozen base and head (no weight "
-                                        "gradients) + 3 × forward for attention and adapters; hardware adds recomputation"),
+        ("  FLOP convention: model = 3 × forward (Korthikanti 2022 Eq. 7); hardware adds recomputation (Narayanan "
+         "2021 Eq. 3)"
+         if wl.recipe.lora is None else "  FLOP convention (LoRA): model = 2 × forward for the frozen base and head "
+                                        "(no weight "
+                                        "gradients) + 3 × forward for attention and adapters; hardware adds "
+                                        "recomputation"),
         f"memory: {w.total / 2**30:.2f} GiB on the worst rank (rank {w.rank}: {mem.worst_reason()}) of "
         f"{mem.capacity_bytes / 2**30:.2f} GiB: {'fits' if est.fits else 'DOES NOT FIT'} "
         f"(`shardlab memory` with the same flags shows the breakdown)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_for, workload_memory
@@ -106,7 +106,8 @@ class TrainingEstimate:
                           "layer_host_s": float(self.workload.layer_host_s),
                           "pipeline_host_s": float(self.workload.pipeline_host_s),
                           "step_overhead_s": float(self.workload.step_overhead_s)},
-            "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware FLOPs add "
+            "flop_convention": "model FLOPs = 3 x forward (Korthikanti 2022 Eq. 7, full s^2 attention); hardware "
+                               "FLOPs add "
                                "recomputation (Narayanan 2021 Eq. 3 with full recomputation)",
             "breakdown": dict(self.breakdown), "slowest_stage": self.slowest_stage,
             "dp_comm_total_s": self.dp_comm_total_s, "dp_window_s": self.dp_window_s,
@@ -130,9 +131,11 @@ def positions_notes(spec: ModelSpec, seq_len: int) -> list[str]:
     if seq_len <= spec.max_seq_len:
         return []
     if spec.position == "learned":
-        raise ShardlabError(f"--seq-len {seq_len:,} exceeds {spec.name}'s {spec.max_seq_len:,} learned positions; use "
+        raise ShardlabError(f"{field_name('workload.seq_len')} {seq_len:,} exceeds {spec.name}'s {spec.max_seq_len:,} "
+                            "learned positions; use "
                             f"at most {spec.max_seq_len:,}")
-    return [f"--seq-len {seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,} positions: priced as asked, as "
+    return [f"{field_name('workload.seq_len')} {seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,} positions: "
+            "priced as asked, as "
             f"long-context training that extends its {'RoPE' if spec.position == 'rope' else 'ALiBi'} "
             f"positions would run"]
 
@@ -161,16 +164,20 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         m = microbatches or default_microbatches(layout.pp)
         global_batch = m * per_mb
         if microbatches is None:
-            notes.append(f"--global-batch not given: assumed {global_batch} sequences ({m} micro-batches per step)")
+            notes.append(f"{field_name('workload.global_batch')} not given: assumed {global_batch} sequences ({m} "
+                         "micro-batches per step)")
     if global_batch % per_mb:
-        raise ShardlabError(f"--global-batch {global_batch} is not divisible by micro-batch × dp = "
+        raise ShardlabError(f"{field_name('workload.global_batch')} {global_batch} is not divisible by micro-batch × "
+                            "dp = "
                             f"{layout.micro_batch}×{layout.dp} = {per_mb}; choose a multiple of {per_mb}")
     m = global_batch // per_mb
     if microbatches is not None and microbatches != m:
-        raise ShardlabError(f"--microbatches {microbatches} disagrees with --global-batch {global_batch} / "
+        raise ShardlabError(f"{field_name('workload.microbatches')} {microbatches} disagrees with "
+                            f"{field_name('workload.global_batch')} {global_batch} / "
                             f"(micro-batch × dp = {per_mb}) = {m}; give one of them")
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
-        raise ShardlabError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of --pp {layout.pp}")
+        raise ShardlabError(f"the interleaved schedule needs the micro-batch count ({m}) to be a multiple of "
+                            f"{field_name('layout.pp')} {layout.pp}")
     wl = workload_for(framework, seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,

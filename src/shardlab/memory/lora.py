@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.precision import StateBytes
 from shardlab.memory.states import StateReport, expert_shard_dim, fsdp_shard_numel, state_report
 from shardlab.specs.model import ModelSpec
@@ -60,13 +60,14 @@ class LoraSpec:
 
 def check_lora(lora: LoraSpec) -> LoraSpec:
     if not isinstance(lora.rank, int) or lora.rank < 1:
-        raise ShardlabError(f"--lora-rank must be a positive integer, got {lora.rank!r}")
+        raise ShardlabError(f"{field_name('recipe.lora_rank')} must be a positive integer, got {lora.rank!r}")
     bad = [t for t in lora.targets if t not in TARGETS + ("all-linear",)]
     if bad or not lora.targets:
-        raise ShardlabError(f"--lora-targets: unknown {', '.join(bad) or '(empty)'}; use a comma list of {', '.join(TARGETS)} "
+        raise ShardlabError(f"{field_name('recipe.lora_targets')}: unknown {', '.join(bad) or '(empty)'}; use a comma "
+                            f"list of {', '.join(TARGETS)} "
                             f"or all-linear")
     if lora.quantize_base not in QUANTIZATIONS:
-        raise ShardlabError(f"--quantize-base must be nf4 or none, got '{lora.quantize_base}'")
+        raise ShardlabError(f"{field_name('recipe.quantize_base')} must be nf4 or none, got '{lora.quantize_base}'")
     return lora
 
 
@@ -125,7 +126,8 @@ def adapter_tensors(spec: ModelSpec, lora: LoraSpec, tensors: tuple[TensorSpec, 
     # 1-row gate such as a shared-expert gate gets r = 8 as usual: only a rank past all of them is refused)
     widest = max(min(sum(m.shape[0] for m in g), g[0].shape[1]) for g in groups.values()) if groups else None
     if widest and r > widest:
-        raise ShardlabError(f"--lora-rank {r:,} is above the rank of every adapted weight (min(in, out) is at most "
+        raise ShardlabError(f"{field_name('recipe.lora_rank')} {r:,} is above the rank of every adapted weight "
+                            "(min(in, out) is at most "
                             f"{widest:,}): it adds parameters but no rank; use at most {widest:,}")
     for members in groups.values():
         t = members[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 
 MODES = ("none", "optimizer", "params", "both")
 DEVICES = ("cpu", "nvme")
@@ -54,13 +54,15 @@ class Offload:
 def check_offload(off: Offload, zero: int) -> Offload:
     """Validate the mode against the ZeRO stage; a ShardlabError names the fix."""
     if off.what not in MODES:
-        raise ShardlabError(f"--offload must be one of {', '.join(MODES[1:])}, got '{off.what}'")
+        raise ShardlabError(f"{field_name('recipe.offload')} must be one of {', '.join(MODES[1:])}, got '{off.what}'")
     if off.device not in DEVICES:
         raise ShardlabError(f"--offload-device must be cpu or nvme, got '{off.device}'")
     if off.what == "optimizer" and zero < 1:
-        raise ShardlabError("--offload optimizer needs a partitioned optimizer: add --zero 1, 2 or 3 (DeepSpeed ZeRO-Offload)")
+        raise ShardlabError(f"{field_name('recipe.offload')} optimizer needs a partitioned optimizer: add "
+                            f"{field_name('layout.zero')} 1, 2 or 3 (DeepSpeed ZeRO-Offload)")
     if off.params and zero < 3:
-        raise ShardlabError(f"--offload {off.what} moves parameter shards, which exist only with ZeRO-3/FSDP: add --zero 3")
+        raise ShardlabError(f"{field_name('recipe.offload')} {off.what} moves parameter shards, which exist only with "
+                            f"ZeRO-3/FSDP: add {field_name('layout.zero')} 3")
     return off
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "sgd", "adam-8bit")
@@ -54,9 +54,11 @@ def state_bytes(precision: str, optimizer: str, grad_bytes: int = 0) -> StateByt
     buffer under bf16 gives 2 + 4 + 12 = 18 bytes per parameter (Megatron-LM docs, distributed optimizer:
     "bf16 param, fp32 grads")."""
     if precision not in PRECISIONS:
-        raise ShardlabError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+        raise ShardlabError(f"{field_name('workload.precision')} must be one of {', '.join(PRECISIONS)}, got "
+                            f"'{precision}'")
     if optimizer not in OPTIMIZERS:
-        raise ShardlabError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
+        raise ShardlabError(f"{field_name('workload.optimizer')} must be one of {', '.join(OPTIMIZERS)}, got "
+                            f"'{optimizer}'")
     if precision == "fp32":
         w, master, state, dtype = 4, 0, 4, "fp32"
     elif precision == "bf16":  # pure bf16: no master copy, optimizer states in bf16

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.fp8 import Fp8Recipe, fp8_extra_bytes
 from shardlab.memory.lora import LoraSpec, check_lora, dequant_buffer_bytes, lora_state_report
 from shardlab.memory.offload import Offload, check_offload, split_states
@@ -43,10 +43,11 @@ def check_recipe(recipe: Recipe, precision: str, zero: int) -> Recipe:
     if recipe.lora is not None:
         check_lora(recipe.lora)
         if precision == "fp8-mixed":
-            raise ShardlabError("--precision fp8-mixed with --lora-rank is not modelled; use bf16-mixed for LoRA/QLoRA")
+            raise ShardlabError(f"{field_name('workload.precision')} fp8-mixed with {field_name('recipe.lora_rank')} "
+                                "is not modelled; use bf16-mixed for LoRA/QLoRA")
         if precision in ("fp32", "bf16"):
             raise ShardlabError(f"LoRA/QLoRA is modelled with mixed precision (bf16 base, adapters with fp32 master "
-                                f"weights); use --precision bf16-mixed instead of {precision}")
+                                f"weights); use {field_name('workload.precision')} bf16-mixed instead of {precision}")
     return recipe
 
 

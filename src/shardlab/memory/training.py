@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from shardlab import xp
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import Layout, Recompute, default_microbatches, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
@@ -185,16 +185,18 @@ def training_memory(
     check_recipe(recipe, precision, layout.zero)
     m = microbatches or default_microbatches(layout.pp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
-        raise ShardlabError(f"the interleaved schedule needs --microbatches to be a multiple of --pp {layout.pp} (got {m})")
+        raise ShardlabError(f"the interleaved schedule needs {field_name('workload.microbatches')} to be a multiple "
+                            f"of {field_name('layout.pp')} {layout.pp} (got {m})")
     notes: list[str] = []
     if microbatches is None and layout.pp > 1:
-        notes.append(f"--microbatches not given: assumed m = 4·pp = {m} (1F1B holds at most p micro-batches; GPipe holds all m)")
+        notes.append(f"{field_name('workload.microbatches')} not given: assumed m = 4·pp = {m} (1F1B holds at most p "
+                     "micro-batches; GPipe holds all m)")
     if model is None:
         return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes, recipe)
 
     s = seq_len or min(model.max_seq_len, 4096)
     if seq_len is None:
-        notes.append(f"--seq-len not given: assumed {s}")
+        notes.append(f"{field_name('workload.seq_len')} not given: assumed {s}")
     ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
                             fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
                             compiled=compiled)
@@ -207,7 +209,7 @@ def training_memory(
 
     rep.recipe_summary = recipe_summary(rep, model, sb)
     if layout.sequence_parallel and layout.tp == 1:
-        notes.append("--sequence-parallel has no effect with --tp 1")
+        notes.append(f"{field_name('layout.sequence_parallel')} has no effect with {field_name('layout.tp')} 1")
     return rep
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import chain
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.pipeline.schedules import KINDS, SCHEDULES, B, F, W, stage_orders
 
 
@@ -62,22 +62,26 @@ def check_inputs(schedule: str, stages: int, microbatches: int, vpp: int) -> Non
     """Raise ShardlabError naming the fix for impossible schedule parameters."""
     if schedule not in SCHEDULES:
         raise ShardlabError(f"unknown schedule '{schedule}'; use one of {', '.join(SCHEDULES)}")
-    for name, val in (("--stages", stages), ("--microbatches", microbatches), ("--vpp", vpp)):
+    for name, val in (("--stages", stages), (field_name("workload.microbatches"), microbatches),
+                      (field_name("layout.vpp"), vpp)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ShardlabError(f"{name} must be a positive whole number, got {val}")
     if schedule == "interleaved":
         if vpp < 2:
-            raise ShardlabError("the interleaved schedule needs --vpp 2 or more (model chunks per rank)")
+            raise ShardlabError(f"the interleaved schedule needs {field_name('layout.vpp')} 2 or more (model chunks "
+                                "per rank)")
         if stages < 2:
             raise ShardlabError("the interleaved schedule needs --stages 2 or more")
         if microbatches < stages:
-            raise ShardlabError(f"the interleaved schedule needs --microbatches ≥ --stages ({microbatches} < {stages}); "
+            raise ShardlabError(f"the interleaved schedule needs {field_name('workload.microbatches')} ≥ --stages "
+                                f"({microbatches} < {stages}); "
                                 f"use at least {stages} micro-batches")
         if microbatches % stages:
             raise ShardlabError(f"the interleaved schedule runs micro-batches in groups of --stages {stages}: "
                                 f"use a multiple of {stages} (e.g. {microbatches + stages - microbatches % stages})")
     elif vpp != 1:
-        raise ShardlabError(f"--vpp applies to the interleaved schedule only (got --schedule {schedule} --vpp {vpp})")
+        raise ShardlabError(f"{field_name('layout.vpp')} applies to the interleaved schedule only (got "
+                            f"{field_name('layout.schedule')} {schedule} {field_name('layout.vpp')} {vpp})")
 
 
 def passes(schedule: str, stages: int, microbatches: int, vpp: int) -> int:
@@ -96,7 +100,8 @@ def check_size(schedule: str, stages: int, microbatches: int, vpp: int, forward_
     from shardlab.pipeline.closed_form import closed_form_text
 
     cf = closed_form_text(schedule, stages, microbatches, vpp, forward_s, backward_s, weight_grad_s)
-    raise ShardlabError(f"p = {stages}, m = {microbatches}{f', v = {vpp}' if vpp > 1 else ''}: {n:,} passes to simulate, "
+    raise ShardlabError(f"p = {stages}, m = {microbatches}{f', v = {vpp}' if vpp > 1 else ''}: {n:,} passes to "
+                        "simulate, "
                         f"over the limit of {MAX_PIPELINE_PASSES:,} (about half a second); the closed form gives "
                         f"bubble {cf}; simulate fewer stages or micro-batches")
 

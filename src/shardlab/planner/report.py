@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.errors import field_name
 from shardlab.render.table import table
 from shardlab.units import fmt_bytes, fmt_count, fmt_time
 
@@ -26,13 +27,16 @@ def render_plan(doc: dict) -> str:
     wl = doc["workload"]
     lines = [f"shardlab plan: {doc['model']} on {doc['gpus']} × {doc['gpu']} ({doc['gpus_per_node']} per node, "
              f"{doc['intra_link']} + {doc['inter_link']}), objective {doc['objective']}",
-             f"workload: seq {wl['seq_len']}, global batch {wl['global_batch']} ({fmt_count(wl['tokens_per_step'])} tokens/step), "
+             f"workload: seq {wl['seq_len']}, global batch {wl['global_batch']} ({fmt_count(wl['tokens_per_step'])} "
+             "tokens/step), "
              f"{wl['precision']}, {wl['optimizer']}"
              + (f", offload {wl['offload']}" if wl.get("offload", "none") != "none" else "")
              + (f", LoRA r={wl['lora_rank']}" + (" on an NF4 base (QLoRA)" if wl.get("quantize_base") == "nf4" else "")
                 if wl.get("lora_rank") else ""),
-             f"framework: {doc['framework']['id']} (searches what it runs; --framework to change)" if doc.get("framework") else "",
-             f"searched {doc['combinations']:,} combinations, scored {doc['evaluated']:,} in {doc['search_s']:.2f} s; rejected:"]
+             f"framework: {doc['framework']['id']} (searches what it runs; {field_name('framework.name')} to "
+             "change)" if doc.get("framework") else "",
+             f"searched {doc['combinations']:,} combinations, scored {doc['evaluated']:,} in {doc['search_s']:.2f} s; "
+             "rejected:"]
     frac = doc.get("memory_fraction", 1.0)
     if frac < 1.0 and doc.get("capacity_bytes"):
         lines.insert(-1, f"memory limit: {100 * frac:g}% of {doc['capacity_bytes'] / 2**30:.1f} GiB = "
@@ -54,7 +58,8 @@ def render_plan(doc: dict) -> str:
     best = doc["plans"][0]
     b = best["breakdown"]
     parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.2f}" for k, v in b.items() if v > 1e-6)
-    lines += ["", f"winner: {_layout_str(best['layout'])}, {best['layout']['microbatches']} micro-batches; step {best['step_time_s']:.3f} s = {parts}"]
+    lines += ["", f"winner: {_layout_str(best['layout'])}, {best['layout']['microbatches']} micro-batches; step "
+                  f"{best['step_time_s']:.3f} s = {parts}"]
     if "memory_worst_rank" in best:
         lines.append(f"  memory {best['memory_bytes'] / 2**30:.1f} GiB on rank {best['memory_worst_rank']['rank']} "
                      f"({best['memory_worst_rank']['reason']}), exact per-tensor check")
@@ -70,7 +75,8 @@ def render_plan(doc: dict) -> str:
         crows = [[c["axis"], c["op"], c["phase"], fmt_bytes(c["bytes_per_call"]), f"{c['calls_per_step']:,}", c["group_size"],
                   c["link_id"], fmt_time(c["time_per_step_s"]), c["overlap"], c.get("risk", "")] for c in comm]
         lines += ["", table(["axis", "collective", "phase", "bytes/call", "calls/step", "group", "link", "time/step", "overlap", "risk"],
-                            crows, title="communication table of the winner (`shardlab comm plan` with its layout shows the formulas)")]
+                            crows, title="communication table of the winner (`shardlab comm plan` with its layout "
+                                         "shows the formulas)")]
     return "\n".join(lines)
 
 
@@ -83,7 +89,8 @@ def order_note(doc: dict) -> list[str]:
     vals = [key(p) for p in doc["plans"]] if key else []
     if all(a <= b for a, b in zip(vals, vals[1:])):
         return []
-    return [f"order: the {doc.get('objective', 'throughput')} objective with {100 * SIMPLICITY:.1f}% added per extra axis "
+    return [f"order: the {doc.get('objective', 'throughput')} objective with {100 * SIMPLICITY:.1f}% added per extra "
+            "axis "
             "or memory trick (tp, pp, cp, ep, ZeRO, ZeRO-3, recomputation, interleaving, replicas), "
             "so a near-tie goes to the simpler layout"]
 
@@ -95,4 +102,5 @@ def no_fit_advice(doc: dict) -> str:
     return ("every scored layout runs out of GPU memory"
             + (f" or needs more than {100 * frac:g}% of it (--max-memory-fraction)" if frac < 1.0 else "")
             + ". Add GPUs, use a GPU with more memory, "
-              "or lower the precision/optimizer state (--precision bf16, --optimizer adam-8bit).")
+              f"or lower the precision/optimizer state ({field_name('workload.precision')} bf16, "
+              f"{field_name('workload.optimizer')} adam-8bit).")

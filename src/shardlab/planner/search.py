@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_memory
 from shardlab.layout import Layout, layout_from_arrays
@@ -122,8 +122,10 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
         raise ShardlabError(f"no valid layout: every one of {total} combinations was rejected "
                             f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); "
                             + (f"pin fewer axes (pinned: {_pins(fixed)}) or " if fixed else "")
-                            + "change --gpus, --global-batch or --seq-len"
-                            + (" (or --framework)" if any("framework" in k for k in rejected) else ""))
+                            + f"change {field_name('cluster.gpus')}, {field_name('workload.global_batch')} or "
+                              f"{field_name('workload.seq_len')}"
+                            + (f" (or {field_name('framework.name')})" if any("framework" in k for k in rejected)
+                               else ""))
     c, r = _concat(cand_parts), _concat(score_parts)
     evaluated = len(c["dp"])
     fits = r["fits"].copy()

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from shardlab.comm.collectives import collective_time
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import Layout, validate
 from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, kv_blocks,
                                        kv_cache_bytes_per_token, weight_bytes_per_rank)
@@ -115,10 +115,12 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     if not 0.0 <= prefix_hit_rate < 1.0:
         raise ShardlabError(f"--prefix-hit-rate must be a share in [0, 1), got {prefix_hit_rate:g}")
     if prefix_hit_rate > 0 and not engine.prefix_caching:
-        raise ShardlabError(f"{engine.id} ({engine.name}) does not cache prefixes by default: drop --prefix-hit-rate, or "
+        raise ShardlabError(f"{engine.id} ({engine.name}) does not cache prefixes by default: drop --prefix-hit-rate, "
+                            "or "
                             f"use an engine that does (vllm, sglang, tensorrt-llm)")
     if prompt_len + output_len > spec.max_seq_len:
-        raise ShardlabError(f"--prompt-len + --output-len = {prompt_len + output_len} exceeds {spec.name}'s "
+        raise ShardlabError(f"{field_name('serve.prompt_len')} + {field_name('serve.output_len')} = "
+                            f"{prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")
     budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
     weights = weight_bytes_per_rank(spec, tp, pp, precision=precision)

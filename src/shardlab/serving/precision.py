@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 
 WEIGHT_BITS = {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
 """Bits per weight element of each --weights choice."""
@@ -89,9 +89,10 @@ class InferencePrecision:
         if self.group_size:                                    # AWQ/GPTQ groups: fp16 scale + packed zero
             if in_features % self.group_size:                  # vLLM's AWQ/GPTQ create_weights refuse partial groups
                 fit = next((g for g in (128, 64, 32, 16) if in_features % g == 0), math.gcd(in_features, self.group_size))
-                raise ShardlabError(f"--group-size {self.group_size} does not divide {in_features:,}, the input features "
+                raise ShardlabError(f"{field_name('serve.group_size')} {self.group_size} does not divide "
+                                    f"{in_features:,}, the input features "
                                     f"of a quantized matrix on each rank: AWQ/GPTQ kernels need whole groups; use a TP "
-                                    f"degree that keeps whole groups, or --group-size {fit}")
+                                    f"degree that keeps whole groups, or {field_name('serve.group_size')} {fit}")
             groups = out_features * (in_features // self.group_size)
             return data + groups * 2 + -(-groups * bits // 8)
         return data + 2 * out_features                         # per-channel fp16 scale, symmetric
@@ -114,14 +115,16 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
     """Validate a precision choice; ``activations`` defaults to fp8 for fp8 weights on a GPU with an fp8 peak
     (W8A8, what TensorRT-LLM and vLLM run on Hopper), else the 16-bit type (weight-only schemes)."""
     if weights not in WEIGHT_BITS:
-        raise ShardlabError(f"--weights {weights}: use one of {', '.join(WEIGHT_BITS)}")
+        raise ShardlabError(f"{field_name('serve.weights')} {weights}: use one of {', '.join(WEIGHT_BITS)}")
     if kv_cache not in KV_BYTES:
-        raise ShardlabError(f"--kv-cache-dtype {kv_cache}: use one of {', '.join(KV_BYTES)}")
+        raise ShardlabError(f"{field_name('serve.kv_cache_dtype')} {kv_cache}: use one of {', '.join(KV_BYTES)}")
     if group_size is not None:
         if weights not in ("int4", "int8"):
-            raise ShardlabError(f"--group-size applies to int4/int8 weights, not {weights}; drop it")
+            raise ShardlabError(f"{field_name('serve.group_size')} applies to int4/int8 weights, not {weights}; drop "
+                                "it")
         if group_size < 1:
-            raise ShardlabError(f"--group-size must be a positive number of input features, got {group_size}")
+            raise ShardlabError(f"{field_name('serve.group_size')} must be a positive number of input features, got "
+                                f"{group_size}")
     elif weights == "int4":
         group_size = DEFAULT_GROUP_SIZE
     if activations is None:
@@ -129,18 +132,23 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
         activations = ("fp8" if weights == "fp8" and "fp8" in has else "fp4" if weights == "fp4" and "fp4" in has
                        else "fp16" if weights == "fp16" else "bf16")
     if activations not in ACTIVATION_DTYPES:
-        raise ShardlabError(f"--activations {activations}: use one of {', '.join(ACTIVATION_DTYPES)}")
+        raise ShardlabError(f"{field_name('serve.activations')} {activations}: use one of "
+                            f"{', '.join(ACTIVATION_DTYPES)}")
     if WEIGHT_BITS[weights] == 16 and activations in ("fp8", "int8", "fp4"):
-        need = "fp4 weights (--weights fp4)" if activations == "fp4" else "8-bit weights (--weights fp8 or int8)"
-        raise ShardlabError(f"--activations {activations} needs {need}: a 16-bit weight cannot feed an {activations} GEMM")
+        weights_flag = field_name("serve.weights")
+        need = f"fp4 weights ({weights_flag} fp4)" if activations == "fp4" else f"8-bit weights ({weights_flag} fp8 or int8)"
+        raise ShardlabError(f"{field_name('serve.activations')} {activations} needs {need}: a 16-bit weight cannot "
+                            f"feed an {activations} GEMM")
     if not _runs(weights, activations):
-        scheme = "W4A4 (--weights fp4 --activations fp4)" if activations == "fp4" else \
-            f"W8A8 (--weights {activations} --activations {activations})"
-        raise ShardlabError(f"--activations {activations} with --weights {weights} is not a scheme engines run; "
+        w, a = field_name("serve.weights"), field_name("serve.activations")
+        scheme = f"W4A4 ({w} fp4 {a} fp4)" if activations == "fp4" else f"W8A8 ({w} {activations} {a} {activations})"
+        raise ShardlabError(f"{field_name('serve.activations')} {activations} with {field_name('serve.weights')} "
+                            f"{weights} is not a scheme engines run; "
                             f"use {scheme} or 16-bit activations")
     if peaks is not None and not peaks.get(activations):
         have = [k for k in ACTIVATION_DTYPES if peaks.get(k) and _runs(weights, k)]
-        raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use --activations "
+        raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use "
+                            f"{field_name('serve.activations')} "
                             f"{' or '.join(have)}")
     return InferencePrecision(weights, group_size, kv_cache, activations)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.limits import MAX_SIM_REQUESTS
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
@@ -106,8 +106,11 @@ class _Replica:
         own = self.S - self.hit                              # a sequence's own blocks: its suffix and output
         self.need = self.blocks_of(own + self.O) if eng.kv_admission == "reserve" else self.blocks_of(own + 1)
         if self.need > case.blocks.num_blocks:
-            raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.need} KV blocks; the replica has "
-                                f"{case.blocks.num_blocks}: raise --tp/--pp, quantize, or shorten the request")
+            raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.need} KV blocks; the replica "
+                                "has "
+                                f"{case.blocks.num_blocks}: raise "
+                                f"{field_name('layout.tp')}/{field_name('layout.pp')}, quantize, or shorten the "
+                                "request")
         self.a = scalars(case)
         self.pre, self.gen, self.held, self.ve = (np.zeros(n, dtype=np.int64) for _ in range(4))
         self.free = case.blocks.num_blocks
@@ -231,7 +234,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
             d, ch = d[~np.isin(d, list(victims))], [(r, c) for r, c in ch if r not in victims]
         if not len(d) and not ch:                    # this micro-batch is idle until something arrives or finishes
             if rep.engines[v] and not any(rep.engines[i] for i in range(pp) if i != v) and not pending:
-                raise ShardlabError(f"a {S}-token prompt does not fit the {case.budget_tokens}-token step budget without "
+                raise ShardlabError(f"a {S}-token prompt does not fit the {case.budget_tokens}-token step budget "
+                                    "without "
                                     f"chunked prefill; raise --max-num-batched-tokens or add --chunked-prefill")
             later = [ready[i] for i in range(pp) if i != v and ready[i] > t] + ([pending[0][0]] if pending else [])
             if not later:

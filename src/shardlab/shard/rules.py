@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import PRE, TensorSpec, model_tensors
 
@@ -87,11 +87,13 @@ def constraints(spec: ModelSpec, tp: int) -> list[Constraint]:
         out.append(Constraint("FFN width", f, f"T divides {f}", f % tp == 0, True, "column/row split of the MLP"))
     if spec.moe is not None:
         f = spec.moe.expert_ffn_hidden_size
-        out.append(Constraint("expert FFN width", f, f"T divides {f}", f % tp == 0, True, "each expert split like an MLP"))
+        out.append(Constraint("expert FFN width", f, f"T divides {f}", f % tp == 0, True, "each expert split like an "
+                                                                                          "MLP"))
     V = spec.vocab_size
     padded = -(-V // tp) * tp
     out.append(Constraint("vocabulary", V, f"T divides {V} (else padded)", V % tp == 0, False,
-                          "even split" if V % tp == 0 else f"uneven: padded to {padded} rows ({padded - V} padding rows, "
+                          "even split" if V % tp == 0 else f"uneven: padded to {padded} rows ({padded - V} padding "
+                                                           "rows, "
                           f"{-(-V // tp)} per rank)"))
     return out
 
@@ -132,28 +134,33 @@ def block_collectives(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: in
         return []
     size = micro_batch * seq_len * spec.hidden_size * elem_bytes
     if not sequence_parallel:
-        return [{"phase": "forward", "op": "all-reduce", "where": "g after the attention output projection (row-parallel)", "bytes": size},
+        return [{"phase": "forward", "op": "all-reduce", "where": "g after the attention output projection "
+                                                                  "(row-parallel)", "bytes": size},
                 {"phase": "forward", "op": "all-reduce", "where": "g after the MLP down projection (row-parallel)", "bytes": size},
-                {"phase": "backward", "op": "all-reduce", "where": "f before Q/K/V (input gradient of column-parallel)", "bytes": size},
+                {"phase": "backward", "op": "all-reduce", "where": "f before Q/K/V (input gradient of "
+                                                                   "column-parallel)", "bytes": size},
                 {"phase": "backward", "op": "all-reduce", "where": "f before the MLP gate/up (input gradient)", "bytes": size}]
     out = []
     for where in ("attention", "MLP"):
         out.append({"phase": "forward", "op": "all-gather", "where": f"gather the sequence before the {where} (g̅)", "bytes": size})
-        out.append({"phase": "forward", "op": "reduce-scatter", "where": f"scatter the {where} output along the sequence (ḡ)", "bytes": size})
+        out.append({"phase": "forward", "op": "reduce-scatter", "where": f"scatter the {where} output along the "
+                                                                         "sequence (ḡ)", "bytes": size})
     for where in ("attention", "MLP"):
-        out.append({"phase": "backward", "op": "reduce-scatter", "where": f"gradient of the all-gather before the {where}", "bytes": size})
-        out.append({"phase": "backward", "op": "all-gather", "where": f"gradient of the reduce-scatter after the {where}", "bytes": size})
+        out.append({"phase": "backward", "op": "reduce-scatter", "where": "gradient of the all-gather before the "
+                                                                          f"{where}", "bytes": size})
+        out.append({"phase": "backward", "op": "all-gather", "where": "gradient of the reduce-scatter after the "
+                                                                      f"{where}", "bytes": size})
     return out
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
     """Raise ShardlabError naming the broken rule and the valid T values."""
     if not isinstance(tp, int) or tp < 1:
-        raise ShardlabError(f"--tp must be a positive whole number, got {tp}")
+        raise ShardlabError(f"{field_name('layout.tp')} must be a positive whole number, got {tp}")
     bad = [c for c in constraints(spec, tp) if c.hard and not c.ok]
     if bad:
         ok = valid_tp(spec)
-        raise ShardlabError(f"--tp {tp} breaks {spec.name}'s {bad[0].what} rule ({bad[0].rule}); "
+        raise ShardlabError(f"{field_name('layout.tp')} {tp} breaks {spec.name}'s {bad[0].what} rule ({bad[0].rule}); "
                             f"valid T: {', '.join(map(str, ok))}")
 
 

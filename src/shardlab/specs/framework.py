@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlab.errors import field_name
+
 KERNELS = ("fused", "eager", "compiled")
 BF16_BASED = ("bf16-mixed", "fp8-mixed")
 """Mixed precisions whose working weights are bf16 (FP8 GEMMs keep bf16 weights and gradients)."""
@@ -106,23 +108,29 @@ class Framework:
     def refusal(self, layout, spec=None) -> str | None:
         """Why this framework cannot run ``layout`` (of ``spec``, when given) (one line naming the fix), or None."""
         if layout.pp > 1 and not self.schedules:
-            return f"{self.id} has no pipeline parallelism; use --pp 1 or a framework that has it (megatron-lm, torchtitan)"
+            return (f"{self.id} has no pipeline parallelism; use {field_name('layout.pp')} 1 or a framework that has it "
+                    "(megatron-lm, torchtitan)")
         if layout.pp > 1 and layout.schedule not in self.schedules:
-            return f"{self.id} does not run the {layout.schedule} pipeline schedule; use --schedule {' or '.join(self.schedules)}"
+            return (f"{self.id} does not run the {layout.schedule} pipeline schedule; use "
+                    f"{field_name('layout.schedule')} {' or '.join(self.schedules)}")
         for axis, deg in (("tp", layout.tp), ("cp", layout.cp), ("ep", layout.ep)):
             if deg > 1 and axis not in self.axes:
-                return f"{self.id} has no {axis.upper()} parallelism; use --{axis} 1 or another --framework"
+                return (f"{self.id} has no {axis.upper()} parallelism; use {field_name('layout.' + axis)} 1 or another "
+                        f"{field_name('framework.name')}")
         if layout.dp_replicate > 1 and not self.hybrid_sharding:
-            return f"{self.id} has no hybrid sharding; drop --dp-replicate or choose another --framework"
+            return (f"{self.id} has no hybrid sharding; drop {field_name('layout.dp_replicate')} or choose another "
+                    f"{field_name('framework.name')}")
         if layout.zero not in self.zero_stages:
-            return f"{self.id} has no ZeRO stage {layout.zero}; use --zero {' or '.join(map(str, self.zero_stages))}"
+            return (f"{self.id} has no ZeRO stage {layout.zero}; use {field_name('layout.zero')} "
+                    f"{' or '.join(map(str, self.zero_stages))}")
         if layout.pp > 1 and layout.zero > self.pipeline_max_zero:
-            return (f"{self.id} does not combine ZeRO-{layout.zero} with pipeline parallelism; use --zero "
-                    f"{self.pipeline_max_zero} or less with --pp {layout.pp}")
+            return (f"{self.id} does not combine ZeRO-{layout.zero} with pipeline parallelism; use "
+                    f"{field_name('layout.zero')} "
+                    f"{self.pipeline_max_zero} or less with {field_name('layout.pp')} {layout.pp}")
         if self.moe_tp_needs_sp and spec is not None and spec.moe is not None and layout.tp > 1 \
                 and not layout.sequence_parallel:
             return (f"{self.id} trains mixture-of-experts layers under tensor parallelism only with sequence "
-                    f"parallelism; add --sequence-parallel")
+                    f"parallelism; add {field_name('layout.sequence_parallel')}")
         return None
 
     def kernels_for(self, compile: bool | None) -> str:

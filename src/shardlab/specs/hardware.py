@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from dataclasses import dataclass
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
@@ -97,7 +97,8 @@ class Accelerator:
         if v is None:
             have = [k for k, x in self.peak_tflops.items() if x]
             flags = [TRAINING_PRECISION[k] for k in have if k in TRAINING_PRECISION]
-            fix = f"pass --precision {' or '.join(flags)}" if flags else f"use a precision with one of: {', '.join(have)}"
+            fix = (f"pass {field_name('workload.precision')} {' or '.join(flags)}" if flags
+                   else f"use a precision with one of: {', '.join(have)}")
             raise ShardlabError(f"{self.id} has no {dtype} peak in the catalog; {fix}")
         return float(v) * 1e12
 
