@@ -75,7 +75,7 @@ def test_pp_inference_grows_throughput_not_latency_and_starves_one_request():
     assert all(b > a for a, b in zip(tps, tps[1:]))
     assert all(b >= a for a, b in zip(tpot, tpot[1:]))
     assert all(b < a for a, b in zip(alone, alone[1:]))   # one request: every extra stage costs, none helps
-    est = _json("estimate", "llama-3.1-8b", "--inference", "--pp", "8", "--batch", "8", "--gpu", "h100-sxm")
+    est = _json("estimate", "llama-3.1-8b", "--inference", "--pp", "8", "--batch", "64", "--gpu", "h100-sxm")
     assert st[8]["tokens_per_s"] == pytest.approx(est["tokens_per_s"])
 
 

@@ -19,7 +19,8 @@ def add_inference_args(p) -> None:
                    help="serving engine and version: vllm (V1, default), sglang, tensorrt-llm, vllm-0.6, sglang-0.3, "
                         "tensorrt-llm-0.17 (--framework still names it, the older spelling)")
     g.add_argument("--batch", type=BOUNDED["batch"], default=1,
-                   help="static batch: sequences per pipeline micro-batch (estimate) or over all GPUs (plan)")
+                   help="static batch: requests in flight on the GPUs (estimate: the TP×PP group; plan: all GPUs, "
+                        "split over replicas); pipeline stages split them into pp micro-batches")
     g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
     g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
     g.add_argument("--weights", choices=tuple(WEIGHT_BITS), default="bf16",
@@ -172,7 +173,11 @@ def _estimate_static(args, spec, cluster, prec, engine):
 
     kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine,
               prefix_hit_rate=args.prefix_hit_rate)
-    est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=args.batch, **kw)
+    per_mb = -(-args.batch // args.pp)           # --batch is what is in flight, as plan reads it: pp micro-batches
+    est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per_mb, **kw)
+    if args.batch % args.pp:
+        est.notes.append(f"--batch {args.batch} over {args.pp} pipeline micro-batches: {args.pp} of {per_mb} "
+                         f"({per_mb * args.pp} in flight)")
     cmp = tp_versus_replicas(spec, cluster, tp=args.tp, batch=args.batch, **kw) if args.tp > 1 and args.pp == 1 else None
     doc = est.to_dict()
     doc["tp_vs_replicas"] = cmp
@@ -180,7 +185,7 @@ def _estimate_static(args, spec, cluster, prec, engine):
     acc, b = cluster.accelerator, est.case.blocks
     seq = est.full_length_tokens
     lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, {est.pp} micro-batch(es) "
-             f"of {args.batch}, prompt {args.prompt_len} + output {args.output_len} tokens",
+             f"of {per_mb}, prompt {args.prompt_len} + output {args.output_len} tokens",
              f"precision: {prec.label}; engine: {engine.id} ({engine.name}, version {engine.version})", "",
              kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
                                            f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),

@@ -118,7 +118,7 @@ def inference_estimate_argv(run, case) -> list[str]:
     if c.get("prefix_hit_rate"):
         argv += ["--prefix-hit-rate", f"{c['prefix_hit_rate']:g}"]
     mode, n = run_mode(run, case.capacity)
-    argv += (["--batch", str(int(n))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
+    argv += (["--batch", str(int(n) * c.get("pp", 1))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
              else ["--serve", "--arrival-rate", f"{n:g}"])
     for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"), ("max_num_seqs", "--max-num-seqs"),
                       ("max_num_batched_tokens", "--max-num-batched-tokens"), ("scheduler_steps", "--scheduler-steps"),

@@ -255,7 +255,7 @@ def pp_inference(v: dict) -> Explanation:
         table=(["PP", "in flight", "weights/GPU", "fits", "per token", "request", "tokens/s", "vs PP 1", "1 request tokens/s"],
                rows),
         sources=["gpipe", "narayanan", "vllm"], code=["pt-pipe", "ds-pipe"],
-        commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch']} --gpu {top.case.cluster.accelerator.id}",
+        commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}",
                   f"plan {spec.name} --inference --gpus {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}"],
         notes=["static batches through the serving model (serving/steady.py: fluid); the sends between stages go over "
                "the node's link, or the network's once the stages span nodes",
