@@ -407,7 +407,8 @@ def test_a_file_naming_an_unknown_model_is_not_replaced_by_a_default(tmp_path, c
 
 def test_a_files_batch_error_names_the_files_fields(tmp_path):
     path = tmp_path / "t.toml"
-    cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--out", str(path))
+    cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "3", "--global-batch", "8",
+             "--out", str(path))
     text = path.read_text()
     assert "global_batch_size = 8" in text
     path.write_text(text.replace("global_batch_size = 8", "global_batch_size = 7"))

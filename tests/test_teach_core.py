@@ -20,8 +20,8 @@ def _json(*args: str) -> dict:
 def test_fsdp_wrap_prices_each_policy_with_memory_comm_and_estimate():
     n = explain("fsdp-wrap", ["model=llama-3.1-8b", "gpus=8", "gpu=h100-sxm"]).numbers["policies"]
     assert list(n) == ["block", "4-blocks", "model"]
-    base = ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu", "h100-sxm", "--seq-len", "4096", "--framework",
-            "pytorch-fsdp")
+    base = ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--gpu", "h100-sxm", "--seq-len", "4096", "--global-batch", "8",
+            "--framework", "pytorch-fsdp")
     for wrap, p in n.items():
         mem = _json("memory", *base, "--wrap", wrap)["per_gpu"]
         assert p["total_bytes"] == mem["total"] and p["fsdp_buffers_bytes"] == mem["other_breakdown"]["fsdp_buffers"]
@@ -122,7 +122,8 @@ def test_kv_cache_blocks_are_the_serving_engines():
 
 def test_stragglers_use_the_straggler_model_of_estimate():
     n = explain("stragglers", ["slowdown=1.5", "fraction=0.05"]).numbers
-    est = _json("estimate", "llama-3.1-8b", "--gpus", "16", "--gpu", "h100-sxm", "--slow-rank", "1:1.5:0.05")["straggler"]
+    est = _json("estimate", "llama-3.1-8b", "--gpus", "16", "--gpu", "h100-sxm", "--global-batch", "16", "--slow-rank",
+                "1:1.5:0.05")["straggler"]
     for k in ("base_step_s", "wait_s", "mean_step_s", "p50_step_s", "p99_step_s"):
         assert n["tail"][k] == pytest.approx(est[k]), k
     assert n["tail"]["p50_step_s"] == n["tail"]["base_step_s"] < n["tail"]["p99_step_s"]   # the tail grows first

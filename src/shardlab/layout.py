@@ -197,6 +197,20 @@ ArrayLayout = make_dataclass(
 """The array-valued form of Layout, generated from its fields."""
 
 
+TOKENS_PER_STEP = 4 * 2**20
+"""Tokens per optimizer step every command assumes when the global batch is not given (about 4M: Llama 3 trained
+at 4M-16M tokens per step, arXiv 2407.21783 §3.4.1; GPT-3 175B at 3.2M, arXiv 2005.14165 Table 2.1)."""
+
+
+def default_global_batch(seq_len: int, layout: Layout) -> int:
+    """Sequences per step when neither the global batch nor the micro-batch count is given, the same in plan,
+    estimate, memory and comm plan: ``TOKENS_PER_STEP`` of ``seq_len``-token sequences, rounded down to whole
+    micro-batches of micro_batch × dp (at least one; a multiple of pp under the interleaved schedule)."""
+    per_mb = layout.micro_batch * layout.dp
+    step = per_mb * (layout.pp if layout.schedule == "interleaved" and layout.pp > 1 else 1)
+    return max(step, TOKENS_PER_STEP // max(seq_len, 1) // step * step)
+
+
 def default_microbatches(pp: int) -> int:
     """Micro-batches per step when neither --microbatches nor --global-batch says: 4·pp with a pipeline
     (1F1B bubble (p−1)/(m+p−1) ≈ 20%, a common starting point), 1 without. Every command uses this one."""

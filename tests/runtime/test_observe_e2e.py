@@ -149,7 +149,9 @@ def test_a_prometheus_server_scrapes_a_live_job(tmp_path):
         except OSError:
             pass
         time.sleep(0.2)
-    job = _start("train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "60", "--metrics-port", str(base),
+    # 300 steps (about 9 s of training): the endpoints come up a few seconds into the job, and the server must get
+    # several scrapes in before it ends however fast this machine runs it
+    job = _start("train", "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "300", "--metrics-port", str(base),
                  "--slow-link", "0:0.002", seed=seed)
     try:
         # last_over_time: what the server stored, also after the job ended (an instant query then sees the stale

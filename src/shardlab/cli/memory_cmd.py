@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardlab.cli import export_cmds
-from shardlab.cli.common import add_cluster_args, add_layout_args, add_model_args, add_output_args
+from shardlab.cli.common import BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args
 from shardlab.cli.report_cmd import add_html_arg
 
 EXAMPLES = """examples:
@@ -29,6 +29,9 @@ def register(sub) -> None:
     add_layout_args(p)
     add_cluster_args(p)
     g = p.add_argument_group("assumptions")
+    g.add_argument("--global-batch", type=BOUNDED["batch"], default=None,
+                   help="sequences per optimizer step, as estimate and plan take it (sets the micro-batches in flight; "
+                        "default: about 4M tokens per step, as every command assumes)")
     g.add_argument("--no-flash-attention", action="store_true", help="store the s×s attention scores (no flash attention)")
     g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto",
                    help="dropout masks in activations (auto = off, as estimate and plan assume; on: GPT-3-era training)")
@@ -81,7 +84,7 @@ def cmd_memory(args):
     grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]   # 0: the gradient dtype
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
-        optimizer=args.optimizer, microbatches=args.microbatches,
+        optimizer=args.optimizer, microbatches=_microbatches(args, layout),
         overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
         flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", num_gpus=args.gpus,
         recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled, grad_bytes=grad_bytes)
@@ -97,6 +100,23 @@ def cmd_memory(args):
     hints = _hints(rep, args, spec, fw, grad_bytes) if rep.fits is False and spec is not None else []
     doc["hints"] = hints
     return doc, render(rep, hints)
+
+
+def _microbatches(args, layout) -> int | None:
+    """--microbatches, or --global-batch over micro-batch × dp (the way estimate reads them; one of the two)."""
+    from shardlab.errors import ShardlabError
+
+    gb, m = getattr(args, "global_batch", None), args.microbatches
+    if gb is None:
+        return m
+    per = layout.micro_batch * layout.dp
+    if gb % per:
+        raise ShardlabError(f"--global-batch {gb} is not divisible by micro-batch × dp = {layout.micro_batch}×"
+                            f"{layout.dp} = {per}; choose a multiple of {per}")
+    if m is not None and m != gb // per:
+        raise ShardlabError(f"--microbatches {m} disagrees with --global-batch {gb} / (micro-batch × dp = {per}) = "
+                            f"{gb // per}; give one of them")
+    return gb // per
 
 
 def _hints(rep, args, spec, fw, grad_bytes: int = 0) -> list[str]:

@@ -239,7 +239,9 @@ def cmd_plan(args):
     from shardlab.estimate.training import positions_notes
 
     seq_notes = positions_notes(spec, seq)      # learned positions: refused; RoPE/ALiBi beyond: said
-    gb = args.global_batch or max(1, (4 * 2**20) // seq)  # default: 4M tokens per step
+    from shardlab.layout import TOKENS_PER_STEP
+
+    gb = args.global_batch or max(1, TOKENS_PER_STEP // seq)   # default: 4M tokens per step, as every command
     if getattr(args, "export", None) and not args.framework:   # search what the export target runs
         args.framework = EXPORT_FRAMEWORK.get(getattr(args, "launch", None) or "") or EXPORT_FRAMEWORK.get(args.export)
     fw = resolve_framework(args, cat)

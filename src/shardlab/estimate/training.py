@@ -10,7 +10,7 @@ from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_for, workload_memory
 from shardlab.flops import six_psi_d
-from shardlab.layout import Layout, default_microbatches, layouts_to_arrays, validate
+from shardlab.layout import TOKENS_PER_STEP, Layout, default_global_batch, layouts_to_arrays, validate
 from shardlab.memory import MemoryReport, Overheads
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -161,10 +161,10 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         notes.append(f"{why} (priced as asked, with {framework.id}'s mechanisms)")
     per_mb = layout.micro_batch * layout.dp
     if global_batch is None:
-        m = microbatches or default_microbatches(layout.pp)
-        global_batch = m * per_mb
+        global_batch = microbatches * per_mb if microbatches else default_global_batch(seq_len, layout)
         if microbatches is None:
-            notes.append(f"{field_name('workload.global_batch')} not given: assumed {global_batch} sequences ({m} "
+            notes.append(f"{field_name('workload.global_batch')} not given: assumed {global_batch} sequences, about "
+                         f"{TOKENS_PER_STEP // 2**20}M tokens per step as plan assumes ({global_batch // per_mb} "
                          "micro-batches per step)")
     if global_batch % per_mb:
         raise ShardlabError(f"{field_name('workload.global_batch')} {global_batch} is not divisible by micro-batch × "

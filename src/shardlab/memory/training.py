@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from shardlab import xp
 from shardlab.errors import ShardlabError, field_name
-from shardlab.layout import Layout, Recompute, default_microbatches, validate
+from shardlab.layout import TOKENS_PER_STEP, Layout, Recompute, default_global_batch, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import Overheads
@@ -183,14 +183,16 @@ def training_memory(
     validate(layout, model, num_gpus, seq_len if model is not None else None)
     sb = state_bytes(precision, optimizer, grad_bytes)
     check_recipe(recipe, precision, layout.zero)
-    m = microbatches or default_microbatches(layout.pp)
+    s_default = seq_len or (min(model.max_seq_len, 4096) if model is not None else 4096)
+    m = microbatches or default_global_batch(s_default, layout) // (layout.micro_batch * layout.dp)
     if layout.schedule == "interleaved" and layout.pp > 1 and m % layout.pp:
         raise ShardlabError(f"the interleaved schedule needs {field_name('workload.microbatches')} to be a multiple "
                             f"of {field_name('layout.pp')} {layout.pp} (got {m})")
     notes: list[str] = []
     if microbatches is None and layout.pp > 1:
-        notes.append(f"{field_name('workload.microbatches')} not given: assumed m = 4·pp = {m} (1F1B holds at most p "
-                     "micro-batches; GPipe holds all m)")
+        notes.append(f"{field_name('workload.microbatches')} not given: assumed m = {m}, about "
+                     f"{TOKENS_PER_STEP // 2**20}M tokens per step as plan assumes (1F1B holds at most p micro-batches; "
+                     "GPipe holds all m)")
     if model is None:
         return _from_count(params, layout, accelerator, sb, precision, optimizer, m, overheads, notes, recipe)
 

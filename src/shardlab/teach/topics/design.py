@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardlab.layout import TOKENS_PER_STEP
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
@@ -56,7 +57,7 @@ def myths(v: dict) -> Explanation:
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["gpus"])
     n, gpn = v["gpus"], cl.gpus_per_node
     seq = min(spec.max_seq_len, 4096)
-    gb = max(1, 4 * 2**20 // seq)                      # 4M tokens per step, as `shardlab plan` assumes
+    gb = max(1, TOKENS_PER_STEP // seq)                 # 4M tokens per step, as `shardlab plan` assumes
     fw = catalog().framework(DEFAULT_FRAMEWORK)        # the framework `shardlab plan` and `estimate` assume by default
     wl = workload_for(fw, seq_len=seq, global_batch=gb)
     dp_mem = workload_memory(Layout(dp=n), spec, cl.accelerator, wl, 1).worst   # the same framework's memory

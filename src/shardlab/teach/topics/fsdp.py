@@ -63,7 +63,8 @@ def fsdp_wrap(v: dict) -> Explanation:
              f"{p['zero3_exposed_s'] * 1e3:,.1f} ms", f"{p['step_time_s']:.3f} s"] for p in res.values()]
     verdict = (f"'{fastest['wrap']}' is the fastest policy that fits ({fastest['step_time_s']:.3f} s per step, "
                f"{gib(fastest['total_bytes'])} per GPU)" if fastest else "no policy fits: shard over more GPUs or recompute")
-    cmd = f"{spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id} --seq-len {seq} --framework {fw.id}" + (
+    cmd = (f"{spec.name} --gpus {v['gpus']} --zero 3 --gpu {cl.accelerator.id} --seq-len {seq} "
+           f"--global-batch {v['gpus']} --framework {fw.id}") + (
         f" --recompute {v['recompute']}" if v["recompute"] != "none" else "")
     return Explanation(
         "fsdp-wrap", "FSDP wrap policies: one block, N blocks or the whole model per unit",

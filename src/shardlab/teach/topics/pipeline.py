@@ -175,7 +175,8 @@ def stragglers(v: dict) -> Explanation:
          "data_parallel": dp.to_dict(), "tail": tail.to_dict(), "tp_decode": tp.to_dict()},
         sources=["narayanan", "ddp", "tail-at-scale", "sync-sgd"], code=["meg-1f1b"],
         commands=[f"pipeline --schedule 1f1b --stages {p} --microbatches {m} --slow-stage {s} --slowdown {x:g}",
-                  f"estimate {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id} --slow-rank 1:{x:g}:{f:g}",
+                  f"estimate {spec.name} --gpus {v['gpus']} --gpu {cl.accelerator.id} --global-batch {v['gpus']} "
+                  f"--slow-rank 1:{x:g}:{f:g}",
                   f"run train --strategy ddp --nproc-per-node 2 --steps 20 --slow-rank 1:{x:g}"],
         notes=["cross-node TP and PP starving at low traffic: `shardlab explain tp-in-node` and `shardlab explain "
                "pp-inference`; start-up logs: docs/observability.md"])
