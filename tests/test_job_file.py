@@ -34,9 +34,9 @@ def test_every_command_reads_it_and_set_overrides(job):
     for argv in (["memory", str(path)], ["plan", str(path)], ["export", str(path), "--to", "megatron"]):
         code, out, err = cli_main(*argv)
         assert code == 0 and "read as shardlab" in out, (argv, err)
-    code, out, err = cli_main("estimate", str(path), "--set", "layout.tp=4", "--set", "layout.dp=1", "--json")
+    code, out, err = cli_main("estimate", str(path), "--set", "layout.tp=8", "--set", "layout.dp=2", "--json")
     d = json.loads(out)
-    assert code == 0 and d["layout"]["tp"] == 4 and d["layout"]["dp"] == 1
+    assert code == 0 and d["layout"]["tp"] == 8 and d["layout"]["dp"] == 2
     assert d["step_time_s"] != pytest.approx(plan["plans"][0]["step_time_s"])
 
 
@@ -82,7 +82,8 @@ def test_review_findings_types_sets_memory_and_serving_gpus(job, tmp_path, monke
     code, _, err = cli_main("estimate", str(bad))
     assert code == 2 and "must be text" in err
     code, out, _ = cli_main("memory", str(path), "--json")
-    assert code == 0 and json.loads(out)["layout"]["microbatches"] == 512
+    lay = plan["plans"][0]["layout"]
+    assert code == 0 and json.loads(out)["layout"]["microbatches"] == 1024 // (lay["dp"] * lay["micro_batch"])
     code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--gpus", "16", "--save", "s16.toml")
     assert code == 0, err
     code, out, err = cli_main("plan", "s16.toml", "--json")

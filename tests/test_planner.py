@@ -208,13 +208,43 @@ def test_max_memory_fraction_keeps_headroom():
 
     spec, wl = CAT.models["llama-3.1-70b"], Workload(seq_len=4096, global_batch=1024)
     cap = CAT.accelerators["h100-sxm"].memory_bytes
-    full = plan_training(spec, cl(n=64), wl, top=3)
+    full = plan_training(spec, cl(n=64), wl, top=3, memory_fraction=1.0)
     assert full.plans[0]["memory_bytes"] > 0.85 * cap        # the unconstrained winner uses more than 85%
     res = plan_training(spec, cl(n=64), wl, top=3, memory_fraction=0.85)
     assert res.plans and all(p["memory_bytes"] <= 0.85 * cap for p in res.plans)
     assert np.all(res.scores["memory_bytes"][np.isfinite(res.scores["key"])] <= 0.85 * cap)
     assert res.rejected[over_limit_reason(0.85)] > 0 and res.rejected[NOT_FIT] == full.rejected[NOT_FIT]
     assert res.plans[0]["step_time_s"] >= full.plans[0]["step_time_s"]
+
+
+def test_default_plan_keeps_the_stated_margin():
+    """The issue's check: without --max-memory-fraction the default plan's winner leaves at least 5% of the GPU free
+    (the unconstrained winner leaves under 1%), the limit and its source are printed, and 1 turns the margin off."""
+    from shardlab.memory.overheads import MEMORY_MARGIN
+
+    assert MEMORY_MARGIN >= 0.03
+    code, out, _ = cli_main("plan", "--top", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["memory_fraction"] == pytest.approx(1 - MEMORY_MARGIN)
+    assert doc["plans"][0]["memory_bytes"] <= (1 - MEMORY_MARGIN) * doc["capacity_bytes"]
+    code, out, _ = cli_main("plan", "--top", "1")
+    assert "memory limit: 95% of 79.6 GiB = 75.7 GiB per GPU (default: 5% kept free for allocator fragmentation" in out
+    assert "--max-memory-fraction 1 turns it off" in out
+    code, out, _ = cli_main("plan", "--top", "1", "--json", "--max-memory-fraction", "1")
+    off = json.loads(out)
+    assert off["plans"][0]["memory_bytes"] > (1 - MEMORY_MARGIN) * off["capacity_bytes"]
+    assert not any("memory" in r and "uses more than" in r for r in off["rejected"])
+    code, out, _ = cli_main("memory", "--json", *_layout_flags(off["plans"][0]["layout"]))
+    mem = json.loads(out)
+    assert mem["margin"]["kept"] is False and "a real run may run out of memory" in mem["margin"]["note"]
+
+
+def _layout_flags(lay: dict) -> list[str]:
+    """The default plan's layout as memory flags (llama-3.1-70b on 64 H100, the plan's defaults)."""
+    flags = ["llama-3.1-70b", "--gpus", "64", "--gpu", "h100-sxm", "--global-batch", "1024"]
+    for k in ("tp", "pp", "cp", "zero", "micro_batch"):
+        flags += [f"--{k.replace('_', '-')}", str(lay[k])]
+    return flags + (["--sequence-parallel"] if lay.get("sequence_parallel") else [])
 
 
 def test_max_memory_fraction_cli():

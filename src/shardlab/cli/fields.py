@@ -12,7 +12,7 @@ FLAGS = {
     "workload.seq_len": "--seq-len", "workload.global_batch": "--global-batch", "workload.microbatches": "--microbatches",
     "workload.precision": "--precision", "workload.optimizer": "--optimizer",
     "cluster.gpus": "--gpus", "cluster.gpu": "--gpu", "cluster.gpus_per_node": "--gpus-per-node",
-    "framework.name": "--framework",
+    "framework.name": "--framework", "plan.memory_fraction": "--max-memory-fraction",
     "serve.max_num_seqs": "--batch", "serve.prompt_len": "--prompt-len", "serve.output_len": "--output-len",
     "serve.kv_cache_dtype": "--kv-cache-dtype", "serve.weights": "--weights",
     "serve.group_size": "--group-size", "serve.activations": "--activations",

@@ -193,6 +193,10 @@ def render(rep, hints: list[str] = ()) -> str:
                    if room >= 0 else
                    f"DOES NOT FIT on {rep.accelerator.id}: needs {gib(w.total)} GiB of {gib(cap)} GiB ({gib(-room)} GiB over)")
         lines += ["", verdict]
+        from shardlab.memory.overheads import margin_note
+
+        if (tight := margin_note(w.total, cap)):
+            lines.append(f"  {tight}")
     if len(rep.stages) > 1:
         srows = [[s.stage, s.rank, s.layers, fmt_count(s.params), gib(s.model_states), f"{s.in_flight:g}", gib(s.activations),
                   gib(s.other_total), gib(s.total)] for s in rep.stages]

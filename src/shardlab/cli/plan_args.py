@@ -61,10 +61,10 @@ def add_plan_args(p) -> None:
                    help="throughput: fastest step; cost: least GPU-time per token using up to --gpus; memory: least per-GPU "
                         "memory; latency (with --inference): lowest request latency")
     g.add_argument("--top", type=positive_int, default=5, help="plans to list")
-    g.add_argument("--max-memory-fraction", type=BOUNDED["share"], default=1.0, metavar="F",
-                   help="keep only layouts whose worst rank needs at most this share of a GPU's memory (e.g. 0.9 keeps "
-                        "10%% free for what no estimate sees; default 1: the estimate already adds a 10%% fragmentation "
-                        "allowance on activations and buffers)")
+    g.add_argument("--max-memory-fraction", type=BOUNDED["share"], default=None, metavar="F",
+                   help="keep only layouts whose worst rank needs at most this share of a GPU's memory (default 0.95: "
+                        "5%% free for allocator fragmentation beyond the 10%% of activations and buffers the estimate "
+                        "counts, GMLake ASPLOS 2024; 1 turns the margin off; 0.9 keeps 10%% free)")
     g.add_argument("--fix", action="append", default=[], metavar="AXIS=VALUE",
                    help="pin an axis: tp, pp, cp, ep, zero, mb (micro_batch), vpp as integers, sp=0|1, hs=0|1 "
                         "(hybrid sharding off/on), rc=none|selective|full, schedule=NAME; e.g. --fix tp=8; repeatable. "

@@ -215,12 +215,16 @@ def cmd_plan(args):
     cat = _catalog(args)
     if args.inference:
         _refuse_recipe_flags(args)
-        if args.max_memory_fraction != 1.0:
+        if args.max_memory_fraction is not None:
             raise ShardlabError("--max-memory-fraction is for training plans; a serving plan leaves memory free with "
                                 "--gpu-memory-utilization F (the engine's own setting)")
         from shardlab.cli.inference_cmds import plan_inference_cmd
 
         return with_explanation(args, *plan_inference_cmd(args, cat))
+    if args.max_memory_fraction is None:
+        from shardlab.planner.search import DEFAULT_MEMORY_FRACTION
+
+        args.max_memory_fraction = DEFAULT_MEMORY_FRACTION
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
     from shardlab.cli.inference_cmds import refuse_serving_flags

@@ -135,6 +135,10 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"{mem.capacity_bytes / 2**30:.2f} GiB: {'fits' if est.fits else 'DOES NOT FIT'} "
         f"(`shardlab memory` with the same flags shows the breakdown)",
     ]
+    from shardlab.memory.overheads import margin_note
+
+    if (tight := margin_note(w.total, mem.capacity_bytes)):
+        lines.append(f"  {tight}")
     from shardlab.estimate.recipe_terms import offload_detail
 
     od = offload_detail(est)

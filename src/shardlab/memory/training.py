@@ -14,7 +14,7 @@ from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import TOKENS_PER_STEP, Layout, Recompute, default_global_batch, validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
                                          layer_input_bytes, op_saved_bytes)
-from shardlab.memory.overheads import Overheads
+from shardlab.memory.overheads import MEMORY_MARGIN, Overheads, margin_note
 from shardlab.memory.buffers import largest_unit_bytes, stage_overheads
 from shardlab.memory.explain import explain_report, explain_states
 from shardlab.memory.fp8 import fsdp_unit_weight_bytes
@@ -147,6 +147,9 @@ class MemoryReport:
             "capacity_bytes": self.capacity_bytes,
             "fits": self.fits,
             "headroom_bytes": None if self.accelerator is None else self.capacity_bytes - w.total,
+            "margin": None if self.accelerator is None else {
+                "fraction": MEMORY_MARGIN, "kept": self.capacity_bytes - w.total >= MEMORY_MARGIN * self.capacity_bytes,
+                "note": margin_note(w.total, self.capacity_bytes)},
             "explain": self.explain,
             "recipe": self.recipe_summary,
             "host_per_gpu": {**w.host, "total": w.host_total},

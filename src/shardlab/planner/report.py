@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardlab.errors import field_name
+from shardlab.memory.overheads import MEMORY_MARGIN
 from shardlab.render.table import table
 from shardlab.units import fmt_bytes, fmt_count, fmt_time
 
@@ -39,8 +40,11 @@ def render_plan(doc: dict) -> str:
              "rejected:"]
     frac = doc.get("memory_fraction", 1.0)
     if frac < 1.0 and doc.get("capacity_bytes"):
+        why = (f"default: {100 * (1 - frac):g}% kept free for allocator fragmentation the estimate does not "
+               f"count, GMLake ASPLOS 2024; {field_name('plan.memory_fraction')} 1 turns it off"
+               if abs(frac - (1 - MEMORY_MARGIN)) < 1e-12 else field_name('plan.memory_fraction'))
         lines.insert(-1, f"memory limit: {100 * frac:g}% of {doc['capacity_bytes'] / 2**30:.1f} GiB = "
-                         f"{frac * doc['capacity_bytes'] / 2**30:.1f} GiB per GPU (--max-memory-fraction)")
+                         f"{frac * doc['capacity_bytes'] / 2**30:.1f} GiB per GPU ({why})")
     for reason, n in sorted(doc["rejected"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {n:>9,}  {reason}")
     lines += [f"note: {n}" for n in doc.get("notes", [])]
@@ -100,7 +104,7 @@ def no_fit_advice(doc: dict) -> str:
     """Why no layout was recommended and what to change (the terminal's last line and the page's verdict)."""
     frac = doc.get("memory_fraction", 1.0)
     return ("every scored layout runs out of GPU memory"
-            + (f" or needs more than {100 * frac:g}% of it (--max-memory-fraction)" if frac < 1.0 else "")
+            + (f" or needs more than {100 * frac:g}% of it ({field_name('plan.memory_fraction')})" if frac < 1.0 else "")
             + ". Add GPUs, use a GPU with more memory, "
               f"or lower the precision/optimizer state ({field_name('workload.precision')} bf16, "
               f"{field_name('workload.optimizer')} adam-8bit).")

@@ -14,6 +14,7 @@ from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_memory
 from shardlab.layout import Layout, layout_from_arrays
 from shardlab.memory import Overheads
+from shardlab.memory.overheads import MEMORY_MARGIN
 from shardlab.planner.space import enumerate_space
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -23,13 +24,15 @@ SIMPLICITY = 0.003
 """Ranking prefers simpler layouts: each extra parallel axis or memory trick (tp, pp, cp, ep > 1, ZeRO > 0, ZeRO-3,
 recomputation, interleaving) must buy 0.3% of step time. Differences that small are far inside the model's
 error (docs/validation.md), while every extra axis is a real engineering cost."""
+DEFAULT_MEMORY_FRACTION = 1.0 - MEMORY_MARGIN
+"""The share of a GPU's memory a plan may use unless told otherwise (source: ``memory.overheads.MEMORY_MARGIN``)."""
 NOT_FIT = "does not fit in GPU memory"
 NOT_FIT_EXACT = "does not fit in GPU memory (exact per-tensor check of a top plan)"
 
 
 def over_limit_reason(fraction: float) -> str:
     """The rejection reason for layouts that fit the GPU but not the share of it --max-memory-fraction allows."""
-    return f"uses more than {100 * fraction:g}% of GPU memory (--max-memory-fraction {fraction:g})"
+    return f"uses more than {100 * fraction:g}% of GPU memory ({field_name('plan.memory_fraction')} {fraction:g})"
 
 
 @dataclass
@@ -90,11 +93,12 @@ def objective_key(objective: str, c: dict, r: dict):
 
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
                   fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
-                  progress=None, framework=None, memory_fraction: float = 1.0) -> PlanResult:
+                  progress=None, framework=None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> PlanResult:
     """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs).
 
     ``memory_fraction``: keep only layouts whose worst rank needs at most this share of a GPU's memory (the margin a
-    team keeps for what no estimate sees: a longer sample, a framework's extra buffer, a newer library's workspace).
+    team keeps for what no estimate sees: a longer sample, a framework's extra buffer, a newer library's workspace);
+    default 1 − ``memory.overheads.MEMORY_MARGIN`` (0.95).
 
     ``progress(done, total, label)``, if given, is called after each world size scored and each exact memory check."""
     if objective not in OBJECTIVES:
