@@ -11,6 +11,10 @@ DATA = Path(__file__).parent / "data"
 os.environ["SHARDLAB_WIDE"] = "1"
 os.environ["SHARDLAB_QUIZ_DB"] = os.path.join(__import__("tempfile").mkdtemp(prefix="shardlab-quiz-"), "quiz.sqlite")
 """Quiz attempts the tests take are kept in a temporary database, not the user's."""
+os.environ["SHARDLAB_PROBE"] = "0"
+os.environ["SHARDLAB_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="shardlab-cache-")
+"""`run train` predicts from the catalog in the tests (each strategy's machine probe takes ~12 s); tests/runtime/
+test_probe.py turns the probe on, with this temporary cache, never the user's."""
 """The tests read the human output one line per table row (as --wide prints it); tests/test_output_width.py unsets
 it, sets COLUMNS and checks that the output fits."""
 

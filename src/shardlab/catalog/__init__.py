@@ -29,7 +29,8 @@ from shardlab.specs.model import ModelSpec, model_from_dict
 
 DATA_DIR = Path(__file__).parent / "data"
 USER_SECTIONS = ("models", "accelerators", "links", "frameworks", "prices", "profile")
-PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap", "framework"}
+PROFILE_KEYS = {"gpu", "intra_link", "inter_link", "gpus_per_node", "source", "measured_at", "comm_overlap", "framework",
+                "probe"}
 
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")

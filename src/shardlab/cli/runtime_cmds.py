@@ -146,6 +146,11 @@ def register(sub) -> None:
     t.add_argument("--predict-gpu", default=None, help="accelerator for the step-time prediction (default cpu-core on CPU)")
     t.add_argument("--profile", default=None, metavar="FILE",
                    help="hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link, overlap)")
+    t.add_argument("--no-probe", action="store_true",
+                   help="on a CPU, predict from the catalog's generic core instead of this machine's probe (rates and "
+                        "the runtime's host time, measured once per machine, torch version and strategy and cached; "
+                        "SHARDLAB_PROBE=0 does the same)")
+    t.add_argument("--reprobe", action="store_true", help="measure this machine's probe again, even if it is cached")
     _add_launch_args(t)
     add_html_arg(t, "run-train")
     add_observe_args(t)
@@ -237,6 +242,12 @@ def interrupt_reported(args, command: str, note: str | None = None):
         raise
 
 
+def _set_status(text: str) -> None:
+    from shardlab.cli.progress import set_status
+
+    set_status(text)
+
+
 @reports_interrupt("run train")
 def cmd_train(args):
     from shardlab.runtime.train import TrainRequest, run_train
@@ -246,7 +257,13 @@ def cmd_train(args):
                        pp=args.pp, ep=args.ep, schedule=args.schedule, vpp=args.vpp, optimizer=args.optimizer, seed=args.seed,
                        timeout_s=args.timeout, check_parity=args.check_parity, device=args.device,
                        predict_gpu=args.predict_gpu, profile=args.profile, torchrun_args=torchrun_args(args),
-                       observe=observe_options(args), vocab_divisible_by=args.make_vocab_size_divisible_by)
+                       observe=observe_options(args), vocab_divisible_by=args.make_vocab_size_divisible_by,
+                       probe=not args.no_probe, reprobe=args.reprobe, status=_set_status)
+    if args.reprobe and (args.no_probe or args.profile or args.predict_gpu):
+        from shardlab.errors import ShardlabError
+
+        raise ShardlabError("--reprobe measures this machine's probe for the prediction; drop --no-probe, --profile "
+                            "and --predict-gpu, which predict without it")
     if args.sweep_nproc:
         from shardlab.runtime.scaling import render_scaling, run_scaling
 

@@ -58,6 +58,12 @@ class TrainRequest:
     profile: str | None = None
     """Hardware profile from `shardlab calibrate` for the step-time prediction (its gpu, link and overlap)."""
     """Accelerator id for the step-time prediction (default cpu-core on CPU)."""
+    probe: bool = True
+    """On a CPU without ``profile``/``predict_gpu``: predict from this machine's probe (``runtime.probe``, cached)."""
+    reprobe: bool = False
+    """Measure the probe again even when it is cached."""
+    status: object = None
+    """``status(text)``: where a long phase (the probe) stands, or None."""
     torchrun_args: tuple[str, ...] = ()
     """Extra torchrun flags (multi-node rendezvous)."""
     observe: object = None
@@ -174,6 +180,26 @@ def transformers_loss(source, data, run_loss) -> dict:
             "source": "transformers AutoModelForCausalLM.from_pretrained(checkpoint, fp32), logits -> cross-entropy"}
 
 
+def _probing(req: TrainRequest) -> bool:
+    from shardlab.runtime.probe import enabled
+
+    return enabled(req.probe) and _nnodes(req.torchrun_args) == 1   # one host cannot probe the links between hosts
+
+
+def _probe(req: TrainRequest, st, mb: int, ranks: list[dict]):
+    """This machine's probe for the job's strategy and ranks (``runtime.probe``): cached, or measured now."""
+    from shardlab.runtime.probe import ensure_probe
+
+    torch_version = next((d.get("torch_version") for d in ranks if d.get("torch_version")), None)
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    return ensure_probe(strategy=st.name, nproc=req.nproc, tp=req.tp, pp=req.pp, ep=req.ep, schedule=req.schedule,
+                        vpp=req.vpp, layout=st.layout(mb).to_dict(), torch_version=torch_version, device="cpu",
+                        refresh=req.reprobe, timeout_s=req.timeout_s, status=req.status)
+
+
 def skip_steps(steps: int) -> int:
     """Steps the ranks instrument and the timings leave out: 0 (memory tracker) and 1 (collective recorder), as
     many as leave one timed step."""
@@ -229,8 +255,14 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     rows = memory_rows(report, ranks, spec)
     dev = ranks[0]["device"] if ranks else "cpu"
     gpu = None   # a profile names its own accelerator
+    probe = None
     if req.profile:
         est, pred_src = predicted_estimate(spec, st, shape, req.predict_gpu, None, profile=req.profile)
+    elif dev == "cpu" and req.predict_gpu is None and _probing(req):
+        probe = _probe(req, st, mb, ranks)
+        est, pred_src = predicted_estimate(spec, st, shape, None, None, profile=str(probe.path))
+        pred_src += (f": this machine's probe ({'measured now' if probe.fresh else 'cached'}, {probe.measured_at}; "
+                     "--reprobe measures again, --no-probe uses the catalog's generic core)")
     else:
         gpu = req.predict_gpu or ("cpu-core" if dev == "cpu" else "h100-sxm")
         est, pred_src = predicted_estimate(spec, st, shape, gpu, "loopback" if dev == "cpu" else "nvlink4")
@@ -258,6 +290,9 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "step_time": {**step_time, "predicted_s": pred_s, "predicted_from": pred_src,
                       "error": (pred_s - med) / med if pred_s and med else None,   # (predicted − measured) / measured, as validate
                       "predicted_catalog_gpu": gpu,
+                      "probe": None if probe is None else {
+                          "path": str(probe.path), "fresh": probe.fresh, "measured_at": probe.measured_at,
+                          "layer_host_s": probe.layer_host_s, "key": probe.key},
                       "timed_steps": min(d.get("timed_steps", 0) for d in ranks),
                       "instrumented": any(d.get("step_time_instrumented") for d in ranks)},
         "slowest": slowest,

@@ -87,9 +87,8 @@ def step_time_notes(doc: dict) -> list[str]:
     cpu = all(r.get("device") == "cpu" for r in doc["ranks"])
     if cpu and st.get("predicted_catalog_gpu") == "cpu-core" and st.get("error") is not None and abs(st["error"]) > 0.5:
         notes.append("  the prediction uses the catalog's generic cpu-core, not this machine, and no host time per "
-                     "operator: `shardlab calibrate --out hw.yaml` measures this machine (then --profile hw.yaml), "
-                     "and `shardlab calibrate --from-run RUN.json --framework BASE` fits the host time a run spends "
-                     "(docs/calibration.md)")
+                     "operator: without --no-probe (and SHARDLAB_PROBE=0) run train measures this machine and the "
+                     "runtime's host time once and predicts from that (docs/calibration.md)")
     return notes
 
 

@@ -60,8 +60,8 @@ def run_train_page(doc: dict) -> Page:
     if doc.get("parity"):
         ans.append(("parity (step 0)", "OK" if doc["parity"].get("ok") else "FAILED"))
     page.answer(ans, "measured on this machine beside shardlab's prediction"
-                + ("; the prediction uses a generic CPU core (see below)" if "cpu-core" in str(st.get("predicted_from", ""))
-                   else ""))
+                + ("; the prediction uses a generic CPU core (see below)" if st.get("predicted_catalog_gpu") == "cpu-core"
+                   else "; the prediction uses this machine's probe (see below)" if st.get("probe") else ""))
     ranks = doc["ranks"]
     if any(r.get("step_time_s") for r in ranks):
         ref = ("predicted", st["predicted_s"]) if st.get("predicted_s") else None
@@ -71,10 +71,17 @@ def run_train_page(doc: dict) -> Page:
                    f"({fmt_time(st.get('slowest_s') or 0)}), spread {100 * (st.get('spread') or 0):.1f}%; predicted "
                    f"{fmt_time(st.get('predicted_s') or 0)} ({esc(st.get('predicted_from', ''))})"
                    + (f", error {100 * st['error']:+.0f}%" if st.get("error") is not None else "") + "</p>")
-        if "cpu-core" in str(st.get("predicted_from", "")):
+        if st.get("predicted_catalog_gpu") == "cpu-core":
             summary += ("<p class='note'>the prediction uses the catalog's generic CPU core (cpu-core), not this machine: "
-                        "<code>shardlab calibrate</code> measures this machine and <code>--profile</code> predicts from "
-                        "it (docs/calibration.md); CPU runs also share the cores with the other ranks</p>")
+                        "without <code>--no-probe</code> run train measures this machine (rates and the runtime's host "
+                        "time) and predicts from that (docs/calibration.md); CPU runs also share the cores with the "
+                        "other ranks</p>")
+        elif st.get("probe"):
+            pr = st["probe"]
+            summary += (f"<p class='note'>the prediction uses this machine's probe, {'measured for this run' if pr.get('fresh') else 'cached'} "
+                        f"({esc(str(pr.get('measured_at', '')))}): GEMM, memory-bound and collective rates measured on "
+                        "these cores, and the runtime's host time per block fitted to a reference model's step under "
+                        "the same strategy (docs/calibration.md)</p>")
         page.add("step-times", "Step time per rank: measured vs predicted", summary + chart)
     from shardlab.runtime.observe.report import slowest_line
 
