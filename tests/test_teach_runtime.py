@@ -65,7 +65,7 @@ def test_step_time_notes_name_an_instrumented_step_and_the_uncalibrated_cpu():
 
     both = step_time_notes(doc(2, True, 4.9, "cpu-core"))
     assert len(both) == 2 and "--steps 2" in both[0] and "--steps 3 or more" in both[0]
-    assert "shardlab calibrate --out" in both[1]
+    assert "run train measures this machine" in both[1] and "--no-probe" in both[1]
     assert step_time_notes(doc(6, False, 0.3, "cpu-core")) == []                    # close enough: no hint
     assert step_time_notes(doc(6, False, 4.9, None)) == []                          # a --profile: already calibrated
     assert step_time_notes(doc(6, False, 4.9, "h100-sxm", "cuda")) == []
