@@ -32,6 +32,8 @@ def test_missing_torch_is_a_one_line_error_with_the_install_command():
     (["run", "train", "--strategy", "ddp", "--global-batch", "3"], "not divisible"),
     (["run", "train", "--model", "no-such-model"], "unknown model"),
     (["run", "train", "--rdzv-id", "job"], "--rdzv-endpoint"),
+    (["run", "train", "--nodes", "2"], "--nodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (["run", "train", "--nodes", "1:2"], "--nodes 1:2 needs --rdzv-endpoint HOST:PORT"),
     (["run", "train", "--strategy", "ddp+ep"], "tiny has none; use a mixture-of-experts model"),
     (["run", "train", "--strategy", "ddp+ep", "--nproc-per-node", "3", "--global-batch", "6", "--model", "tiny-moe"],
      "--ep 3 must divide tiny-moe's 4 experts"),

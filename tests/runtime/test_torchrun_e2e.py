@@ -103,25 +103,46 @@ def test_expert_parallel_on_gloo_matches_one_process_and_comm_plan():
         assert r["collectives"]["all_to_all"]["backward"]["count"] == 2 * L
 
 
-def test_two_nodes_rendezvous_on_localhost():
-    """The README's two-node command, both "nodes" on this machine: torchrun's c10d rendezvous joins them."""
+def _two_nodes(strategy: str, *extra: str) -> tuple[dict, dict]:
+    """Two "nodes" on this machine (one rank each) joined by torchrun's c10d rendezvous: (head's JSON, other's JSON),
+    the head being the node that ran global rank 0 (c10d numbers nodes in the order they join)."""
     from shardlab.runtime.dist import free_port
 
-    common = ["run", "train", "--strategy", "ddp", "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
-              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "e2e"]
+    common = ["run", "train", "--strategy", strategy, "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
+              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "e2e", *extra, "--json"]
     e = {**os.environ, "OMP_NUM_THREADS": "1"}
-    node1 = subprocess.Popen([sys.executable, "-m", "shardlab", *common, "--node-rank", "1", "--json"], stdout=subprocess.PIPE,
+    node1 = subprocess.Popen([sys.executable, "-m", "shardlab", *common], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=e)
     try:
-        d0 = run_json(*common, "--node-rank", "0")
+        d0 = run_json(*common[:-1])
         out1, err1 = node1.communicate(timeout=120)
     finally:
         node1.kill()
+    assert node1.returncode == 0, err1[-2000:]
     d1 = json.loads(out1)
-    assert d0["world_size"] == d1["world_size"] == 2
-    # each node reports its own rank (c10d rendezvous numbers the nodes in the order they join)
-    assert sorted([r["rank"] for r in d0["ranks"]] + [r["rank"] for r in d1["ranks"]]) == [0, 1]
-    assert d0["losses"] == d1["losses"]  # one job: the same global-batch losses on both nodes
+    return (d1, d0) if d0.get("report_elsewhere") else (d0, d1)
+
+
+def test_two_nodes_are_one_job_with_one_report():
+    """fsdp over two nodes with --check-parity: the node that ran global rank 0 reports every rank (memory exact,
+    parity ok on the gathered gradients); the other node exits 0 with a document that says where the report is."""
+    head, other = _two_nodes("fsdp", "--check-parity")
+    assert head["world_size"] == 2 and [r["rank"] for r in head["ranks"]] == [0, 1]
+    assert head["parity"]["ok"] and not head["parity"]["missing"] and head["memory_states_exact"]
+    assert {r["node"]["group_rank"] for r in head["ranks"]} == {0, 1}
+    assert other["report_elsewhere"] is True and other["ranks_here"] == [1] and "global rank 0" in other["report"]
+    from shardlab.runtime.train_report import render_train
+
+    line = render_train(other)
+    assert "\n" not in line and "ran rank(s) 1 of 2" in line and "parity" in line
+
+
+def test_pipeline_across_two_nodes_checks_parity_on_every_stage():
+    """pp over two nodes: stage 1's gradients live on the other node; gathered to rank 0, parity compares every
+    tensor (it reported 19 "missing" before the job's report was one)."""
+    head, other = _two_nodes("pp", "--check-parity")
+    assert head["layout"]["pp"] == 2 and head["parity"]["ok"] and head["parity"]["missing"] == []
+    assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"]
 
 
 def test_hung_rank_ends_the_job_and_is_named():

@@ -87,6 +87,9 @@ def torchrun_args(args) -> tuple[str, ...]:
     from shardlab.errors import ShardlabError
 
     out: list[str] = []
+    if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1 and not args.rdzv_endpoint:
+        raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
+                            "the same on every node (without it each node would wait alone until --timeout)")
     if args.nnodes:
         out += ["--nnodes", str(args.nnodes)]
     if args.node_rank is not None:
@@ -272,6 +275,9 @@ def cmd_train(args):
     from shardlab.runtime.train_report import render_train
 
     doc = run_train(req)
+    if doc.get("report_elsewhere") and getattr(args, "html", None):
+        doc["report"] += f"; that node writes the page (no {args.html} here)"
+        args.html = None
     return doc, render_train(doc)
 
 

@@ -180,6 +180,21 @@ def transformers_loss(source, data, run_loss) -> dict:
             "source": "transformers AutoModelForCausalLM.from_pretrained(checkpoint, fp32), logits -> cross-entropy"}
 
 
+def _report_elsewhere(req: TrainRequest, st, ranks: list[dict], res, obs) -> dict:
+    """A node without global rank 0: its ranks' documents went to rank 0 (``train_worker.gather_to_rank0``), whose
+    node reports the whole job; this one says so, and what ran here."""
+    node = next((d.get("node") for d in ranks if d.get("node")), {}) or {}
+    doc = {"strategy": st.name, "world_size": st.world_size, "model_ref": req.model, "report_elsewhere": True,
+           "node": node, "ranks_here": [d["rank"] for d in ranks],
+           "report": ("printed by the node that ran global rank 0 (c10d numbers nodes in the order they join): every "
+                      "rank, memory and step time beside the predictions" + (", parity" if req.check_parity else "")),
+           "launch": {"duration_s": res.duration_s, "run_dir": str(res.run_dir), "summary": res.summary,
+                      "warnings": res.warnings}}
+    if obs is not None:
+        doc["observability"] = obs.finish(skip_steps=skip_steps(req.steps), predicted=None)
+    return doc
+
+
 def _probing(req: TrainRequest) -> bool:
     from shardlab.runtime.probe import enabled
 
@@ -241,6 +256,8 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     if not res.ok:
         raise RunFailed(res.summary)
     ranks = res.rank_results()
+    if _nnodes(req.torchrun_args) > 1 and not any(d.get("rank") == 0 for d in ranks):
+        return _report_elsewhere(req, st, ranks, res, obs)   # rank 0's node prints the job
     from shardlab.runtime.observe.launcher import step_records
     from shardlab.runtime.observe.summary import TIME_SPLIT_DEFINITIONS, rank_time_split
     from shardlab.runtime.step_time import STEP_TIME_DEFINITIONS, apply_time_split, injected_rank, measured_step_time
@@ -280,7 +297,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
         "loss_rank": loss_rank["rank"] if loss_rank else None,
         "ranks": [{k: d.get(k) for k in ("rank", "coords", "chunks", "step_time_s", "time_split", "step_times_s",
                                          "tokens_per_s", "peak_bytes", "collectives", "setup_collectives", "megatron_counter",
-                                         "megatron_sites", "expert_dispatch", "model_states_bytes", "params_local", "backend", "device")}
+                                         "megatron_sites", "expert_dispatch", "model_states_bytes", "params_local", "backend", "device", "node")}
                   for d in ranks],
         "predicted": [{"rank": r["rank"], "stage": r["stage"], **r["predicted"]} for r in rows],
         "measured": [{"rank": r["rank"], "stage": r["stage"], **r["measured"]} for r in rows],

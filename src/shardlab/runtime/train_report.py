@@ -170,6 +170,11 @@ def render_train(doc: dict) -> str:
     from shardlab.render.table import table
     from shardlab.units import fmt_bytes, fmt_time
 
+    if doc.get("report_elsewhere"):
+        node = doc.get("node") or {}
+        return (f"shardlab run train: this node (node rank {node.get('group_rank', '?')}, {node.get('host', '?')}) ran "
+                f"rank(s) {', '.join(map(str, doc['ranks_here']))} of {doc['world_size']} ({doc['strategy']}); the "
+                f"job's report is {doc['report']}")
     lay, wl = doc["layout"], doc["workload"]
     out = [f"shardlab run train: {doc['strategy']} on {doc['world_size']} ranks (dp {lay['dp']} × tp {lay['tp']} × "
            f"pp {lay['pp']}{', vpp ' + str(lay['vpp']) if lay['vpp'] > 1 else ''}"

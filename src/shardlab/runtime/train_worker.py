@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import socket
 import statistics
 import time
+
+from shardlab.runtime.worker import RankRun
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,6 +119,7 @@ def run(args, rr) -> dict:
     coll_step = 1 if args.steps > 1 else 0
     losses, times, states, peak, coll_counts, coll_times, megatron_step0, megatron_sites = [], [], None, {}, {}, {}, {}, {}
     dispatch0: dict = {}
+    grads = None
     for k in range(args.steps):
         with obs.data():
             x, y = data.shard(k, setup.coords["dp"], st.dp)
@@ -191,9 +196,35 @@ def run(args, rr) -> dict:
         "params_local": sum(p.numel() for p in setup.params),
         "checkpoint_bytes_read": sum(r.bytes_read for r in load.reports) if load is not None else None,
     }
+    doc["node"] = {"group_rank": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname()}
+    gather_to_rank0(doc, grads if args.dump_grads and setup.coords["dp"] == 0 and setup.coords["tp"] == 0 else None,
+                    ctx, rr)
     rr.beat("shutdown")
     destroy()
     return doc
+
+
+def gather_to_rank0(doc: dict, grads, ctx, rr) -> None:
+    """Several nodes, one job: global rank 0 gathers every rank's document (and its step-0 gradients, when parity is
+    checked) over the process group and writes them beside its own (``rank{r}.json``, ``rank{r}.grads.pt``), so the
+    driver on rank 0's node reports the whole job; one node: nothing to do (every rank writes to the same folder)."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)) >= ctx.world_size:
+        return
+    rr.beat("gather the job's report")
+    got = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object({"doc": doc, "grads": grads}, got, dst=0)
+    if ctx.rank != 0 or rr.run_dir is None:
+        return
+    here = doc["node"]["group_rank"]
+    for r, item in enumerate(got):
+        if r == 0 or item is None or item["doc"]["node"]["group_rank"] == here:
+            continue                                   # this node's ranks write their own files
+        RankRun(r, str(rr.run_dir)).result(item["doc"])
+        if item["grads"] is not None:
+            torch.save(item["grads"], rr.run_dir / f"rank{r}.grads.pt")
 
 
 if __name__ == "__main__":
