@@ -434,3 +434,26 @@ def test_export_keeps_an_existing_file_and_never_writes_through_a_link(tmp_path,
     assert code == 2 and "symbolic link" in err and not target.exists()
     code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--export", "megatron", "--out", str(readme))
     assert code == 2 and "exists and was kept" in err
+
+
+def test_slurm_script_for_a_cpu_cluster_runs_as_written(tmp_path):
+    """A CPU accelerator asks Slurm for no GPUs; the script activates an environment when there is one, and gives each
+    rank its share of the node's cores (not a fixed 8 threads on a 2-core node); bash parses it."""
+    import subprocess
+
+    out = tmp_path / "cpu.sbatch"
+    code, _, err = cli_main("export", "--to", "slurm", "llama-3.1-8b", "--gpu", "cpu-core", "--gpus", "4",
+                            "--gpus-per-node", "2", "--precision", "fp32", "--out", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert "--gpus-per-node" not in text and "#SBATCH --nodes=2" in text
+    assert 'if [ -f "$venv/bin/activate" ]; then source "$venv/bin/activate"; fi' in text
+    assert "threads=$(( ${SLURM_CPUS_ON_NODE:-16} / 2 ))" in text and "OMP_NUM_THREADS=8" not in text
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    env = {"SLURM_CPUS_ON_NODE": "2", "PATH": "/usr/bin:/bin"}
+    lines = [ln for ln in text.splitlines() if ln.startswith(("threads=", "export OMP_NUM_THREADS"))]
+    r = subprocess.run(["bash", "-c", "\n".join(lines + ["echo $OMP_NUM_THREADS"])], capture_output=True, text=True,
+                       env=env)
+    assert r.stdout.strip() == "1"                                     # 2 cores over 2 ranks
+    code, _, _ = cli_main("export", "--to", "slurm", "llama-3.1-8b", "--gpus", "16", "--out", str(tmp_path / "g.sbatch"))
+    assert code == 0 and "#SBATCH --gpus-per-node=8" in (tmp_path / "g.sbatch").read_text()

@@ -87,6 +87,15 @@ def torchrun_args(args) -> tuple[str, ...]:
     from shardlab.errors import ShardlabError
 
     out: list[str] = []
+    if not (args.nnodes or args.node_rank is not None or args.rdzv_endpoint or args.rdzv_id or args.rdzv_backend):
+        import os
+
+        from shardlab.runtime.slurm import from_environment
+
+        slurm = from_environment(os.environ)        # inside a multi-node Slurm allocation: its nodes, no flags needed
+        if slurm is not None:
+            args.nnodes, args.node_rank = str(slurm.nnodes), slurm.node_rank
+            args.rdzv_endpoint, args.rdzv_id = slurm.endpoint, slurm.rdzv_id
     if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1 and not args.rdzv_endpoint:
         raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
                             "the same on every node (without it each node would wait alone until --timeout)")

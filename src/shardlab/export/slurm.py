@@ -22,18 +22,33 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
                 f'--rdzv-backend c10d --rdzv-endpoint "$head_node:29500"')
     write, cmd, inner_exp = node_commands(job, spec, inner, torchrun, "$SLURM_NODEID", "$head_node")
     uns = inner_exp.unsupported
+    cpu = _is_cpu(job.gpu)          # a CPU "accelerator" asks Slurm for no GPUs
     sb = [f"--job-name=shardlab-{job.model}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
-          f"--gpus-per-node={job.procs_per_node}", "--exclusive"]
+          *([] if cpu else [f"--gpus-per-node={job.procs_per_node}"]), "--exclusive"]
     lines = ["#!/bin/bash", *[f"#SBATCH {s}" for s in sb],
              comment_block(header(job, "slurm", uns) + [f"runs {inner} ({inner_exp.checked_against})"]).rstrip(),
              "set -euo pipefail",
+             f"# the Python environment with torch and {inner}: $VENV, else .venv in the submit directory, if present",
+             'venv="${VENV:-${SLURM_SUBMIT_DIR:-.}/.venv}"',
+             'if [ -f "$venv/bin/activate" ]; then source "$venv/bin/activate"; fi',
              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "export head_node",
-             "export OMP_NUM_THREADS=8"]
+             f"# threads per rank: the node's cores over its {job.procs_per_node} ranks (at least 1)",
+             f"threads=$(( ${{SLURM_CPUS_ON_NODE:-{8 * job.procs_per_node}}} / {job.procs_per_node} ))",
+             "export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))"]
     body = "\n".join(lines) + "\n" + write
     # accelerate needs each task's own $SLURM_NODEID, so its line is expanded inside the task
     body += f"srun bash -c '{cmd}'\n" if inner == "accelerate" else f"srun {cmd}\n"
     return Export("slurm", f"Slurm sbatch script running {inner}", f"{job.model}.sbatch", body,
                   f"{CHECKED}; embedded {inner_exp.checked_against}", uns, f"sbatch {job.model}.sbatch")
+
+
+def _is_cpu(gpu: str) -> bool:
+    from shardlab.catalog import get_catalog
+
+    try:
+        return get_catalog().accelerator(gpu).generation == "cpu"
+    except Exception:                 # an accelerator from the user's catalog file: a GPU, as before
+        return False
 
 
 def _bounded(m: re.Match | None, field: str, maximum: int) -> None:
