@@ -37,6 +37,7 @@ def test_run_flags_come_from_slurm_unless_given(monkeypatch):
 
     for k, v in JOB.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setattr("shardlab.runtime.preflight.check_reachable_name", lambda *a, **k: None)   # no node07 here
     blank = dict(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, rdzv_backend=None)
     out = torchrun_args(argparse.Namespace(**blank))
     assert out == ("--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node07:29500",

@@ -50,6 +50,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-id", type=rdzv_id_arg, default=None, help="torchrun --rdzv-id (same on every node)")
     g.add_argument("--rdzv-backend", choices=RDZV_BACKENDS, default=None,
                    help="torchrun --rdzv-backend (default c10d when an endpoint is given)")
+    g.add_argument("--local-addr", type=endpoint_host_arg, default=None, metavar="ADDR",
+                   help="torchrun --local-addr: this node's address as the other nodes reach it (default: its host "
+                        "name, which must resolve to a non-loopback address)")
     g.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -77,6 +80,13 @@ def endpoint_arg(text: str) -> str:
     return text
 
 
+def endpoint_host_arg(text: str) -> str:
+    """A host name or an IPv4/IPv6 address (no port)."""
+    if not re.fullmatch(r"[0-9A-Fa-f:.]+|[A-Za-z0-9_.-]{1,253}", text):
+        raise argparse.ArgumentTypeError(f"'{text[:60]}' is not a host name or address (e.g. 10.0.0.7)")
+    return text
+
+
 def rdzv_id_arg(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", text):
         raise argparse.ArgumentTypeError(f"'{text[:60]}' must be 1-128 letters, digits, '.', '_' or '-'")
@@ -96,9 +106,6 @@ def torchrun_args(args) -> tuple[str, ...]:
         if slurm is not None:
             args.nnodes, args.node_rank = str(slurm.nnodes), slurm.node_rank
             args.rdzv_endpoint, args.rdzv_id = slurm.endpoint, slurm.rdzv_id
-    if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1 and not args.rdzv_endpoint:
-        raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
-                            "the same on every node (without it each node would wait alone until --timeout)")
     if args.nnodes:
         out += ["--nnodes", str(args.nnodes)]
     if args.node_rank is not None:
@@ -106,11 +113,20 @@ def torchrun_args(args) -> tuple[str, ...]:
         if args.node_rank >= top:
             raise ShardlabError(f"--node-rank {args.node_rank} is outside 0..{top - 1} (--nnodes {args.nnodes or 1})")
         out += ["--node-rank", str(args.node_rank)]
+    if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1 and not args.rdzv_endpoint:
+        raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
+                            "the same on every node (without it each node would wait alone until --timeout)")
     if args.rdzv_endpoint:
+        if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1:
+            from shardlab.runtime.preflight import check_reachable_name
+
+            check_reachable_name(args.rdzv_endpoint, getattr(args, "local_addr", None))
         out += ["--rdzv-backend", args.rdzv_backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         out += ["--rdzv-id", args.rdzv_id or "shardlab"]
     elif args.rdzv_backend or args.rdzv_id:
         raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
+    if getattr(args, "local_addr", None):
+        out += ["--local-addr", args.local_addr]
     return tuple(out)
 
 
