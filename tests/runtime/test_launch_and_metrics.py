@@ -60,6 +60,17 @@ def test_timeout_without_progress_difference_says_so(tmp_path):
     assert rank is None and msg.startswith("timed out after 30 s")
 
 
+def test_a_rendezvous_that_never_gathered_its_nodes_says_so(tmp_path):
+    """A node whose peers never joined: no rank of it started, so the summary names the rendezvous, not a hung rank."""
+    cmd = torchrun_command("m", 2, [], ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500"])
+    res = LaunchResult(-9, "", "", 30.0, tmp_path, True, command=cmd)
+    rank, msg = summarise(res, 30)
+    assert rank is None and "before any rank of this node started" in msg and "node0:29500" in msg
+    assert "its 2 nodes" in msg and "start the same command on every node" in msg
+    single = LaunchResult(-9, "", "", 30.0, tmp_path, True, command=torchrun_command("m", 2, []))
+    assert "no rank reported an error" in summarise(single, 30)[1]        # one node: the old wording
+
+
 def test_rendezvous_flags_replace_standalone():
     assert "--standalone" in torchrun_command("m", 2, [])
     cmd = torchrun_command("m", 8, ["--a"], ["--nnodes", "2", "--rdzv-endpoint", "h:29500", "--rdzv-backend", "c10d"])

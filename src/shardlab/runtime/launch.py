@@ -335,6 +335,11 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
         waited = f"; rank {errors[0]['rank']} gave up waiting: {_clean(errors[0].get('error', ''))}" if errors else ""
         late = f"; the job was stopped after {timeout_s:g} s" if res.timed_out else ""
         return s["rank"], f"rank {s['rank']} {what}{waited}{late}"
+    nodes, endpoint = _rendezvous(res.command)
+    if res.timed_out and not beats and nodes > 1:
+        return None, (f"timed out after {timeout_s:g} s before any rank of this node started: the rendezvous at "
+                      f"{endpoint} never gathered its {nodes} nodes (another node was not started, stopped before it "
+                      "joined, or cannot reach the endpoint); start the same command on every node, or raise --timeout")
     if res.timed_out:
         return None, (f"timed out after {timeout_s:g} s and was stopped; no rank reported an error "
                       f"(last phases: {_phases(beats)}); raise --timeout or look for a hung rank")
@@ -345,6 +350,23 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
     if root is not None:
         return root, f"rank {root} failed ({how}){': ' + exc if exc else ''}{_where(beats.get(root))}"
     return None, f"torchrun exited with code {res.returncode}{': ' + exc if exc else ''}"
+
+
+def _rendezvous(cmd: list[str]) -> tuple[int, str]:
+    """(the most nodes torchrun was told to wait for, its rendezvous endpoint) from its command line."""
+    def value(flag: str) -> str | None:
+        for i, a in enumerate(cmd):
+            if a == flag and i + 1 < len(cmd):
+                return cmd[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+    nn = value("--nnodes") or "1"
+    try:
+        n = int(nn.split(":")[-1])
+    except ValueError:
+        n = 1
+    return n, value("--rdzv-endpoint") or "?"
 
 
 def _where(hb: dict | None) -> str:
