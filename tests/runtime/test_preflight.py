@@ -36,3 +36,24 @@ def test_an_unreachable_name_is_one_line_with_the_fix(table, match):
     with pytest.raises(ShardlabError, match=re.escape(match)) as e:
         check("node0:29500", **table)
     assert "--local-addr ADDR" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_local_addr_names_the_interface_and_the_store_host(monkeypatch):
+    """--local-addr: gloo and NCCL are pointed at the interface that holds it (unless set), and the node whose address
+    is the endpoint hosts the c10d store (torchrun would look for the endpoint among its host name's addresses)."""
+    import argparse
+
+    from shardlab.cli.runtime_cmds import torchrun_args
+    from shardlab.runtime.preflight import bind_collectives_to, interface_of
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("192.0.2.77") is None and interface_of("x") is None
+    env = {"GLOO_SOCKET_IFNAME": "eth9"}
+    assert bind_collectives_to("127.0.0.1", env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "eth9",
+                                                                      "NCCL_SOCKET_IFNAME": "lo"}
+    monkeypatch.setattr("shardlab.runtime.preflight.check_reachable_name", lambda *a, **k: None)
+    monkeypatch.setattr("shardlab.runtime.preflight.bind_collectives_to", lambda *a, **k: None)
+    base = dict(nnodes="2", node_rank=None, rdzv_endpoint="10.0.0.1:29500", rdzv_id="j", rdzv_backend=None)
+    head = torchrun_args(argparse.Namespace(**base, local_addr="10.0.0.1"))
+    other = torchrun_args(argparse.Namespace(**base, local_addr="10.0.0.2"))
+    assert head[-4:] == ("--local-addr", "10.0.0.1", "--rdzv-conf", "is_host=1")
+    assert other[-2:] == ("--local-addr", "10.0.0.2") and "--rdzv-conf" not in other

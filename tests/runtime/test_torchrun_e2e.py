@@ -6,6 +6,7 @@ explained in ``shardlab.runtime.compare.parity`` (loss 1e-5, gradients 1e-6 abso
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -103,30 +104,64 @@ def test_expert_parallel_on_gloo_matches_one_process_and_comm_plan():
         assert r["collectives"]["all_to_all"]["backward"]["count"] == 2 * L
 
 
-def _two_nodes(strategy: str, *extra: str) -> tuple[dict, dict]:
-    """Two "nodes" on this machine (one rank each) joined by torchrun's c10d rendezvous: (head's JSON, other's JSON),
-    the head being the node that ran global rank 0 (c10d numbers nodes in the order they join)."""
+@pytest.fixture(scope="module")
+def two_hosts():
+    """Two hosts on this machine: network namespaces joined by a veth pair, [(namespace, address)] (CI runs as root);
+    None where namespaces cannot be made, and the nodes then meet on loopback."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        yield None
+        return
+    tag, net = f"sl{os.getpid() % 100000}", f"10.78.{os.getpid() % 250}"
+    ns, veth, addr = (f"{tag}a", f"{tag}b"), (f"{tag}va", f"{tag}vb"), (f"{net}.1", f"{net}.2")
+    steps = [["ip", "netns", "add", ns[0]], ["ip", "netns", "add", ns[1]],
+             ["ip", "link", "add", veth[0], "type", "veth", "peer", "name", veth[1]]]
+    for k in (0, 1):
+        steps += [["ip", "link", "set", veth[k], "netns", ns[k]], ["ip", "-n", ns[k], "addr", "add", f"{addr[k]}/24", "dev",
+                                                                 veth[k]],
+                  ["ip", "-n", ns[k], "link", "set", veth[k], "up"], ["ip", "-n", ns[k], "link", "set", "lo", "up"]]
+    try:
+        for cmd in steps:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=20)
+        yield list(zip(ns, addr))
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+        yield None
+    finally:
+        for n in ns:                                    # deleting a namespace deletes its end of the veth pair
+            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=20)
+
+
+def _two_nodes(strategy: str, hosts, *extra: str) -> tuple[dict, dict]:
+    """Two nodes (one rank each) joined by torchrun's c10d rendezvous, in two network namespaces when ``hosts`` has
+    them (each node names its address with --local-addr), else both on loopback: (head's JSON, other's JSON), the head
+    being the node that ran global rank 0 (c10d numbers nodes in the order they join)."""
     from shardlab.runtime.dist import free_port
 
+    port = free_port()
     common = ["run", "train", "--strategy", strategy, "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
-              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "e2e", *extra, "--json"]
+              "--rdzv-id", "e2e", "--timeout", "120", *extra, "--json"]
+    if hosts:
+        cmds = [["ip", "netns", "exec", n, sys.executable, "-m", "shardlab", *common, "--rdzv-endpoint",
+                 f"{hosts[0][1]}:{port}", "--local-addr", a] for n, a in hosts]
+    else:
+        cmds = [[sys.executable, "-m", "shardlab", *common, "--rdzv-endpoint", f"127.0.0.1:{port}"]] * 2
     e = {**os.environ, "OMP_NUM_THREADS": "1"}
-    node1 = subprocess.Popen([sys.executable, "-m", "shardlab", *common], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=e)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e) for c in cmds]
     try:
-        d0 = run_json(*common[:-1])
-        out1, err1 = node1.communicate(timeout=120)
+        outs = [p.communicate(timeout=180) for p in procs]
     finally:
-        node1.kill()
-    assert node1.returncode == 0, err1[-2000:]
-    d1 = json.loads(out1)
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    d0, d1 = (json.loads(out) for out, _ in outs)
     return (d1, d0) if d0.get("report_elsewhere") else (d0, d1)
 
 
-def test_two_nodes_are_one_job_with_one_report():
-    """fsdp over two nodes with --check-parity: the node that ran global rank 0 reports every rank (memory exact,
-    parity ok on the gathered gradients); the other node exits 0 with a document that says where the report is."""
-    head, other = _two_nodes("fsdp", "--check-parity")
+def test_two_nodes_are_one_job_with_one_report(two_hosts):
+    """fsdp over two nodes (two network namespaces where they can be made) with --check-parity: the node that ran
+    global rank 0 reports every rank (memory exact, parity ok on the gathered gradients); the other node exits 0 with
+    a document that says where the report is."""
+    head, other = _two_nodes("fsdp", two_hosts, "--check-parity")
     assert head["world_size"] == 2 and [r["rank"] for r in head["ranks"]] == [0, 1]
     assert head["parity"]["ok"] and not head["parity"]["missing"] and head["memory_states_exact"]
     assert {r["node"]["group_rank"] for r in head["ranks"]} == {0, 1}
@@ -137,10 +172,10 @@ def test_two_nodes_are_one_job_with_one_report():
     assert "\n" not in line and "ran rank(s) 1 of 2" in line and "parity" in line
 
 
-def test_pipeline_across_two_nodes_checks_parity_on_every_stage():
+def test_pipeline_across_two_nodes_checks_parity_on_every_stage(two_hosts):
     """pp over two nodes: stage 1's gradients live on the other node; gathered to rank 0, parity compares every
     tensor (it reported 19 "missing" before the job's report was one)."""
-    head, other = _two_nodes("pp", "--check-parity")
+    head, other = _two_nodes("pp", two_hosts, "--check-parity")
     assert head["layout"]["pp"] == 2 and head["parity"]["ok"] and head["parity"]["missing"] == []
     assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"]
 

@@ -126,7 +126,16 @@ def torchrun_args(args) -> tuple[str, ...]:
     elif args.rdzv_backend or args.rdzv_id:
         raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
     if getattr(args, "local_addr", None):
+        import os
+
+        from shardlab.runtime.preflight import bind_collectives_to
+
         out += ["--local-addr", args.local_addr]
+        bind_collectives_to(args.local_addr, os.environ)      # the ranks inherit it
+        if args.rdzv_endpoint and args.rdzv_endpoint.rsplit(":", 1)[0].strip("[]") == args.local_addr.strip("[]"):
+            # this node is the endpoint: it hosts the c10d store (torchrun matches the endpoint against the host
+            # name's addresses only, which a node reached by --local-addr need not have)
+            out += ["--rdzv-conf", "is_host=1"]
     return tuple(out)
 
 

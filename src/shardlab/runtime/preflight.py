@@ -44,3 +44,35 @@ def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=sock
         raise ShardlabError(f"this node's host name '{name[:64]}' resolves only to {sorted(ips)[0]} (loopback), which the "
                             f"other nodes cannot reach: pass --local-addr ADDR (this node's address on the network the "
                             f"nodes share), or map the name to that address in /etc/hosts")
+
+
+def interface_of(addr: str) -> str | None:
+    """The network interface that holds IPv4 address ``addr`` on this host (Linux SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    try:
+        want = socket.inet_aton(addr)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))   # SIOCGIFADDR
+            except OSError:
+                continue                          # no IPv4 address on it
+            if got[20:24] == want:
+                return name
+    return None
+
+
+def bind_collectives_to(local_addr: str, env) -> str | None:
+    """Gloo (and NCCL's bootstrap) pick their interface from the host name, which may resolve to loopback: point them
+    at the interface of ``--local-addr`` unless the user set one (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Returns the
+    interface set, or None."""
+    name = interface_of(local_addr)
+    if name is None:
+        return None
+    env.setdefault("GLOO_SOCKET_IFNAME", name)
+    env.setdefault("NCCL_SOCKET_IFNAME", name)
+    return name
