@@ -34,6 +34,7 @@ def test_missing_torch_is_a_one_line_error_with_the_install_command():
     (["run", "train", "--rdzv-id", "job"], "--rdzv-endpoint"),
     (["run", "train", "--nodes", "2"], "--nodes 2 needs --rdzv-endpoint HOST:PORT"),
     (["run", "train", "--nodes", "1:2"], "--nodes 1:2 needs --rdzv-endpoint HOST:PORT"),
+    (["run", "train", "--nodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"], "a multi-node job needs --rdzv-id ID"),
     (["run", "train", "--strategy", "ddp+ep"], "tiny has none; use a mixture-of-experts model"),
     (["run", "train", "--strategy", "ddp+ep", "--nproc-per-node", "3", "--global-batch", "6", "--model", "tiny-moe"],
      "--ep 3 must divide tiny-moe's 4 experts"),

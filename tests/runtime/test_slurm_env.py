@@ -42,5 +42,5 @@ def test_run_flags_come_from_slurm_unless_given(monkeypatch):
     out = torchrun_args(argparse.Namespace(**blank))
     assert out == ("--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node07:29500",
                    "--rdzv-id", "slurm-4242")
-    given = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "rdzv_endpoint": "head:29400"}))
+    given = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "rdzv_endpoint": "head:29400", "rdzv_id": "mine"}))
     assert "head:29400" in given and "node07:29500" not in given        # flags win over the environment

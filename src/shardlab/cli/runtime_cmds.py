@@ -121,6 +121,10 @@ def torchrun_args(args) -> tuple[str, ...]:
             from shardlab.runtime.preflight import check_reachable_name
 
             check_reachable_name(args.rdzv_endpoint, getattr(args, "local_addr", None))
+        if not args.rdzv_id and args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1:
+            raise ShardlabError("a multi-node job needs --rdzv-id ID, the same on every node and new for every job (the "
+                                "scheduler's job id, say): a fixed id lets a stray node or anyone who reaches the "
+                                "endpoint join the job (torchrun's store runs what it is sent)")
         out += ["--rdzv-backend", args.rdzv_backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
         out += ["--rdzv-id", args.rdzv_id or "shardlab"]
     elif args.rdzv_backend or args.rdzv_id:
