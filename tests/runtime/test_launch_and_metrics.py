@@ -71,6 +71,24 @@ def test_a_rendezvous_that_never_gathered_its_nodes_says_so(tmp_path):
     assert "no rank reported an error" in summarise(single, 30)[1]        # one node: the old wording
 
 
+def test_a_rank_killed_during_start_up_is_blamed_not_a_survivor(tmp_path):
+    """Rank 3 was killed before its first heartbeat (torchrun's root cause says so); ranks 0-2 waited at 'init process
+    group' and left no result: the summary names rank 3, not the first silent survivor."""
+    for r in (0, 1, 2):
+        _write(tmp_path, f"rank{r}.heartbeat.json", {"rank": r, "seq": 1, "phase": "init process group", "time": 0})
+    rank, msg = summarise(_result(tmp_path, stderr=TORCHRUN_REPORT), 60)
+    assert rank == 3 and msg.startswith("rank 3 died during start-up (killed by SIGKILL on host node7)")
+
+
+def test_the_rendezvous_timeout_keeps_torchruns_own_exception(tmp_path):
+    cmd = torchrun_command("m", 2, [], ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500"])
+    err = ("Traceback (most recent call last):\n  ...\ntorch.distributed.elastic.rendezvous.api.RendezvousConnectionError: "
+           "The connection to the C10d store has failed.\n")
+    rank, msg = summarise(LaunchResult(-9, "", err, 30.0, tmp_path, True, command=cmd), 30)
+    assert msg.endswith("torchrun said: torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The "
+                        "connection to the C10d store has failed.")
+
+
 def test_rendezvous_flags_replace_standalone():
     assert "--standalone" in torchrun_command("m", 2, [])
     cmd = torchrun_command("m", 8, ["--a"], ["--nnodes", "2", "--rdzv-endpoint", "h:29500", "--rdzv-backend", "c10d"])

@@ -326,6 +326,11 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
         e = real[0]
         return e["rank"], f"rank {e['rank']} failed: {_clean(e.get('error', '?'))}{_where(beats.get(e['rank']))}"
     root, how = _root_cause(res.stderr)
+    if root is not None and root not in beats and root not in done and beats:
+        # it died before its first heartbeat, while its peers were past theirs: the peers only waited for it
+        exc = _last_exception_line(res.stderr)
+        return root, (f"rank {root} died during start-up ({how}), before it joined the process group"
+                      + (f": {exc}" if exc else "") + "; the other ranks waited for it")
     silent = sorted((beats[r] for r in beats if r not in done and r not in {e["rank"] for e in errors}), key=_progress)
     ambiguous = len(silent) > 1 and silent[0].get("seq") == silent[1].get("seq")
     if silent and not (res.timed_out and ambiguous):
@@ -337,9 +342,11 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
         return s["rank"], f"rank {s['rank']} {what}{waited}{late}"
     nodes, endpoint = _rendezvous(res.command)
     if res.timed_out and not beats and nodes > 1:
+        exc = _last_exception_line(res.stderr)
         return None, (f"timed out after {timeout_s:g} s before any rank of this node started: the rendezvous at "
                       f"{endpoint} never gathered its {nodes} nodes (another node was not started, stopped before it "
-                      "joined, or cannot reach the endpoint); start the same command on every node, or raise --timeout")
+                      "joined, or cannot reach the endpoint); start the same command on every node, or raise --timeout"
+                      + (f"; torchrun said: {exc}" if exc else ""))
     if res.timed_out:
         return None, (f"timed out after {timeout_s:g} s and was stopped; no rank reported an error "
                       f"(last phases: {_phases(beats)}); raise --timeout or look for a hung rank")
