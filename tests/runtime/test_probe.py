@@ -69,19 +69,16 @@ def test_reference_is_none_of_the_presets():
 
 
 @pytest.mark.slow
-def test_run_train_probes_once_then_reads_the_cache(tmp_path):
+def test_run_train_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
     """ddp on 2 ranks: the first run measures the probe (rates on the job's ranks, the reference model's step),
-    predicts from it and says so; the second reads the cache; --no-probe goes back to the catalog's core."""
+    predicts from it and says so; asked again for the same machine, torch, ranks and strategy, the probe is read
+    from the cache without measuring; --reprobe with --no-probe is refused in one line."""
     pytest.importorskip("torch")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SHARDLAB_PROBE": "1", "SHARDLAB_CACHE_DIR": str(tmp_path)}
-
-    def run(*extra):
-        r = subprocess.run([sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc-per-node", "2",
-                            "--steps", "3", "--json", *extra], capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return json.loads(r.stdout)["step_time"]
-
-    first = run()
+    r = subprocess.run([sys.executable, "-m", "shardlab", "run", "train", "--strategy", "ddp", "--nproc-per-node", "2",
+                        "--steps", "3", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout)["step_time"]
     pr = first["probe"]
     assert pr["fresh"] is True and pr["key"]["strategy"] == "ddp" and pr["key"]["nproc"] == 2
     assert pr["layer_host_s"] is not None and pr["layer_host_s"] >= 0
@@ -95,11 +92,11 @@ def test_run_train_probes_once_then_reads_the_cache(tmp_path):
     assert fw.dp_overlap is False and fw.zero3_prefetch is False and fw.layer_host_s == pytest.approx(pr["layer_host_s"],
                                                                                                        rel=1e-3)
     assert "all-reduce (the collectives ddp runs)" in cat.links["loopback-probed"].source
-    second = run()
-    assert second["probe"]["fresh"] is False and second["probe"]["path"] == pr["path"]
-    assert "(cached" in second["predicted_from"]
-    off = run("--no-probe")
-    assert off["probe"] is None and off["predicted_catalog_gpu"] == "cpu-core"
-    r = subprocess.run([sys.executable, "-m", "shardlab", "run", "train", "--reprobe", "--no-probe"], capture_output=True,
-                       text=True, timeout=60, env=env)
-    assert r.returncode == 2 and "--reprobe" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.setenv("SHARDLAB_CACHE_DIR", str(tmp_path))
+    again = probe.ensure_probe(strategy="ddp", nproc=2, tp=None, pp=None, ep=None, schedule="1f1b", vpp=1,
+                               layout=pr["key"]["layout"], torch_version=pr["key"]["torch"], status=pytest.fail)
+    assert again.fresh is False and str(again.path) == pr["path"] and again.measured_at == pr["measured_at"]
+    from conftest import cli_main
+
+    code, out, err = cli_main("run", "train", "--reprobe", "--no-probe")
+    assert code == 2 and "--reprobe" in err and "Traceback" not in err
