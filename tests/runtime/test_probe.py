@@ -93,7 +93,7 @@ def test_run_train_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
                                                                                                        rel=1e-3)
     assert "all-reduce (the collectives ddp runs)" in cat.links["loopback-probed"].source
     monkeypatch.setenv("SHARDLAB_CACHE_DIR", str(tmp_path))
-    again = probe.ensure_probe(strategy="ddp", nproc=2, tp=None, pp=None, ep=None, schedule="1f1b", vpp=1,
+    again = probe.ensure_probe(strategy="ddp", nproc=2, tp=None, pp=None, schedule="1f1b", vpp=1,
                                layout=pr["key"]["layout"], torch_version=pr["key"]["torch"], status=pytest.fail)
     assert again.fresh is False and str(again.path) == pr["path"] and again.measured_at == pr["measured_at"]
     from conftest import cli_main

@@ -113,15 +113,16 @@ def torchrun_args(args) -> tuple[str, ...]:
         if args.node_rank >= top:
             raise ShardlabError(f"--node-rank {args.node_rank} is outside 0..{top - 1} (--nnodes {args.nnodes or 1})")
         out += ["--node-rank", str(args.node_rank)]
-    if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1 and not args.rdzv_endpoint:
+    multi = bool(args.nnodes) and int(str(args.nnodes).split(":")[-1]) > 1
+    if multi and not args.rdzv_endpoint:
         raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
                             "the same on every node (without it each node would wait alone until --timeout)")
     if args.rdzv_endpoint:
-        if args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1:
+        if multi:
             from shardlab.runtime.preflight import check_reachable_name
 
             check_reachable_name(args.rdzv_endpoint, getattr(args, "local_addr", None))
-        if not args.rdzv_id and args.nnodes and int(str(args.nnodes).split(":")[-1]) > 1:
+        if multi and not args.rdzv_id:
             raise ShardlabError("a multi-node job needs --rdzv-id ID, the same on every node and new for every job (the "
                                 "scheduler's job id, say): a fixed id lets a stray node or anyone who reaches the "
                                 "endpoint join the job (torchrun's store runs what it is sent)")

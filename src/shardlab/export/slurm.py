@@ -44,10 +44,11 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
 
 def _is_cpu(gpu: str) -> bool:
     from shardlab.catalog import get_catalog
+    from shardlab.errors import ShardlabError
 
     try:
         return get_catalog().accelerator(gpu).generation == "cpu"
-    except Exception:                 # an accelerator from the user's catalog file: a GPU, as before
+    except ShardlabError:             # an accelerator from the user's catalog file: a GPU, as before
         return False
 
 

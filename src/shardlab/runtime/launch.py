@@ -340,7 +340,7 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
         waited = f"; rank {errors[0]['rank']} gave up waiting: {_clean(errors[0].get('error', ''))}" if errors else ""
         late = f"; the job was stopped after {timeout_s:g} s" if res.timed_out else ""
         return s["rank"], f"rank {s['rank']} {what}{waited}{late}"
-    nodes, endpoint = _rendezvous(res.command)
+    nodes, endpoint = rendezvous_of(res.command)
     if res.timed_out and not beats and nodes > 1:
         exc = _last_exception_line(res.stderr)
         return None, (f"timed out after {timeout_s:g} s before any rank of this node started: the rendezvous at "
@@ -359,8 +359,9 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
     return None, f"torchrun exited with code {res.returncode}{': ' + exc if exc else ''}"
 
 
-def _rendezvous(cmd: list[str]) -> tuple[int, str]:
-    """(the most nodes torchrun was told to wait for, its rendezvous endpoint) from its command line."""
+def rendezvous_of(cmd: list[str]) -> tuple[int, str]:
+    """(the most nodes torchrun was told to wait for, its rendezvous endpoint or '?') from its command line or flags
+    (``--nnodes N`` or ``MIN:MAX``, also as ``--nnodes=N``)."""
     def value(flag: str) -> str | None:
         for i, a in enumerate(cmd):
             if a == flag and i + 1 < len(cmd):

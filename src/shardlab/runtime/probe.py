@@ -8,8 +8,8 @@ both, on the job's own number of ranks, and caches the result per machine, torch
 
 1. **Rates** (``calibrate``'s measurements, shortened): fp32 GEMMs of hidden 64-512 × 128 and 512 tokens on one thread
    (``bench_matmul``: the efficiency curve), the eager memory-bound kernels and the per-operator overhead; gloo
-   all-reduce, all-gather, reduce-scatter and send-recv at 4 KiB-8 MiB on the job's ranks (``bench_collectives``: one
-   joint α-β fit). ``comm_overlap`` false on CPU (docs/calibration.md: gloo's thread shares the core the other rank
+   all-reduce, all-gather, reduce-scatter and send-recv at 4 KiB-8 MiB on the job's ranks (``bench_collectives``; the
+   link is the α-β fitted to the collectives the strategy runs, ``PART_OPS``). ``comm_overlap`` false on CPU (docs/calibration.md: gloo's thread shares the core the other rank
    computes on; measured overlap shares 0.00-0.05).
 2. **Host time**: ``REFERENCE`` (a 4-block, width-128 Llama-style model that is none of the runtime's presets) trained
    for ``REFERENCE_STEPS`` steps under the job's strategy and rank count (seq 64, global batch 8), and torchtitan's
@@ -18,7 +18,7 @@ both, on the job's own number of ranks, and caches the result per machine, torch
    makes). The job's model is never timed: its prediction is out of sample.
 
 The result is one catalog YAML (accelerator ``cpu-core-probed``, link ``loopback-probed``, framework
-``torchtitan-probed``) in ``cache_dir()``, named by the key; ``--reprobe`` measures again, ``--no-probe`` (or
+``shardlab-runtime-probed``) in ``cache_dir()``, named by the key; ``--reprobe`` measures again, ``--no-probe`` (or
 ``SHARDLAB_PROBE=0``) predicts from the catalog's generic core. benchmarks/bench_cpu_prediction.py measures the
 outcome (docs/calibration.md).
 """
@@ -106,22 +106,14 @@ def enabled(flag: bool = True) -> bool:
     return flag and os.environ.get("SHARDLAB_PROBE", "1").strip().lower() not in ("0", "off", "no", "false")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()[:120]
-    except OSError:
-        pass
-    return platform.processor()[:120] or platform.machine()
-
-
 def probe_key(*, device: str, nproc: int, strategy: str, torch_version: str, layout: dict) -> dict:
     """The cache key: this machine (host name, CPU model, cores), the torch version, the device, the ranks and the
     strategy with its degrees (the host time depends on all of them)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"host": platform.node()[:64], "cpu": _cpu_model(), "cores": cores, "torch": torch_version,
+    from shardlab.runtime.bench_matmul import device_name
+    from shardlab.runtime.calibrate import gpus_per_node
+
+    return {"host": platform.node()[:64], "cpu": device_name(None, "cpu")[:120], "cores": gpus_per_node("cpu"),
+            "torch": torch_version,
             "device": device, "nproc": nproc, "strategy": strategy,
             "layout": {k: layout[k] for k in ("dp", "tp", "pp", "ep", "zero", "vpp", "schedule") if k in layout}}
 
@@ -150,7 +142,7 @@ def _key_text(key: dict) -> str:
     return json.dumps(key, sort_keys=True)
 
 
-def ensure_probe(*, strategy: str, nproc: int, tp, pp, ep, schedule: str, vpp: int, layout: dict,
+def ensure_probe(*, strategy: str, nproc: int, tp, pp, schedule: str, vpp: int, layout: dict,
                  torch_version: str, device: str = "cpu", refresh: bool = False, timeout_s: float = 300.0,
                  status=None) -> Probe:
     """The cached probe for this machine, torch version, ranks and strategy, measured first when missing (or
@@ -159,23 +151,21 @@ def ensure_probe(*, strategy: str, nproc: int, tp, pp, ep, schedule: str, vpp: i
     path = probe_path(key)
     if not refresh and (hit := _read(path, key)) is not None:
         return hit
+    from shardlab.runtime.calibrate import write_profile
+
     say = status or (lambda text: None)
     path.parent.mkdir(parents=True, exist_ok=True)
     hw = _measure_rates(nproc, device, say, strategy)
     hw["frameworks"] = {RUNTIME_FRAMEWORK: _runtime_framework(device)}
     with tempfile.TemporaryDirectory(prefix="shardlab-probe-") as d:
         hw_file = Path(d) / "rates.yaml"
-        from shardlab.runtime.calibrate import write_profile
-
         write_profile(hw, hw_file)
-        doc, layer_s = _fit_host(hw, hw_file, Path(d), strategy=strategy, nproc=nproc, tp=tp, pp=pp, ep=ep,
+        doc, layer_s = _fit_host(hw, hw_file, Path(d), strategy=strategy, nproc=nproc, tp=tp, pp=pp,
                                  schedule=schedule, vpp=vpp, device=device, timeout_s=timeout_s, say=say)
     doc["profile"]["probe"] = _key_text(key)
     header = (f"shardlab run train's machine probe for {strategy} on {nproc} ranks ({key['cpu']}, torch "
               f"{torch_version}); measured {doc['profile']['measured_at']}; delete the file or pass --reprobe to "
               "measure again")
-    from shardlab.runtime.calibrate import write_profile
-
     write_profile(doc, path, header)
     return Probe(path, True, doc["profile"]["measured_at"], layer_s, key)
 
@@ -222,8 +212,7 @@ def _measure_rates(nproc: int, device: str, say, strategy: str) -> dict:
                          comm_overlap=device == "cuda")
 
 
-def _fit_host(hw: dict, hw_file: Path, tmp: Path, *, strategy, nproc, tp, pp, ep, schedule, vpp, device, timeout_s,
-              say) -> tuple[dict, float | None]:
+def _fit_host(hw: dict, hw_file: Path, tmp: Path, *, strategy, nproc, tp, pp, schedule, vpp, device, timeout_s, say) -> tuple[dict, float | None]:
     """Train ``REFERENCE`` under the strategy and fit the host time per block and pass; returns (profile, seconds)."""
     import yaml
 

@@ -145,12 +145,9 @@ def prepare(req: TrainRequest):
 
 
 def _nnodes(torchrun_args) -> int:
-    args = list(torchrun_args)
-    for i, a in enumerate(args):
-        if a.startswith("--nnodes"):
-            val = a.split("=", 1)[1] if "=" in a else args[i + 1]
-            return int(val.split(":")[-1])
-    return 1
+    from shardlab.runtime.launch import rendezvous_of
+
+    return rendezvous_of(list(torchrun_args))[0]
 
 
 def worker_args(req: TrainRequest, mb: int, source=None) -> list[str]:
@@ -201,17 +198,14 @@ def _probing(req: TrainRequest) -> bool:
     return enabled(req.probe) and _nnodes(req.torchrun_args) == 1   # one host cannot probe the links between hosts
 
 
-def _probe(req: TrainRequest, st, mb: int, ranks: list[dict]):
+def _probe(req: TrainRequest, st, mb: int):
     """This machine's probe for the job's strategy and ranks (``runtime.probe``): cached, or measured now."""
     from shardlab.runtime.probe import ensure_probe
 
-    torch_version = next((d.get("torch_version") for d in ranks if d.get("torch_version")), None)
-    if torch_version is None:
-        import torch
+    import torch
 
-        torch_version = torch.__version__
-    return ensure_probe(strategy=st.name, nproc=req.nproc, tp=req.tp, pp=req.pp, ep=req.ep, schedule=req.schedule,
-                        vpp=req.vpp, layout=st.layout(mb).to_dict(), torch_version=torch_version, device="cpu",
+    return ensure_probe(strategy=st.name, nproc=req.nproc, tp=req.tp, pp=req.pp, schedule=req.schedule,
+                        vpp=req.vpp, layout=st.layout(mb).to_dict(), torch_version=torch.__version__, device="cpu",
                         refresh=req.reprobe, timeout_s=req.timeout_s, status=req.status)
 
 
@@ -276,7 +270,7 @@ def _run_train(req: TrainRequest, state: dict) -> dict:
     if req.profile:
         est, pred_src = predicted_estimate(spec, st, shape, req.predict_gpu, None, profile=req.profile)
     elif dev == "cpu" and req.predict_gpu is None and _probing(req):
-        probe = _probe(req, st, mb, ranks)
+        probe = _probe(req, st, mb)
         est, pred_src = predicted_estimate(spec, st, shape, None, None, profile=str(probe.path))
         pred_src += (f": this machine's probe ({'measured now' if probe.fresh else 'cached'}, {probe.measured_at}; "
                      "--reprobe measures again, --no-probe uses the catalog's generic core)")
