@@ -43,8 +43,22 @@ def _fmt(key: str, v: float) -> str:
     return f"{v:.0f}" if key in ("request_overhead_us", "first_token_overhead_us") else f"{v:.4g}"
 
 
+def pinned_by_generation() -> dict:
+    """generation -> the rates it takes from the training fit (``validation.inference.pinned_rates``)."""
+    from shardlab.validation.inference import pinned_rates
+
+    cat = get_catalog()
+    out: dict = {}
+    for acc_id in cat.accelerators:
+        acc = cat.accelerator(acc_id)
+        if acc.generation and pinned_rates(acc):
+            out.setdefault(acc.generation, pinned_rates(acc))
+    return out
+
+
 def rates_text(rates: dict, counts: dict, date: str) -> str:
     """serving_rates.yaml's text: one line per fitted generation and the default (their mean in logit space)."""
+    pinned = pinned_by_generation()
     head = [line for line in RATES_FILE.read_text().splitlines() if line.startswith("#")]
     mean = {f: float(_v(f, np.mean([_x(f, r[f]) for r in rates.values()]))) for f in RATE_FIELDS}
     out = list(head)
@@ -52,6 +66,9 @@ def rates_text(rates: dict, counts: dict, date: str) -> str:
         cells = ", ".join(f"{f}: {vals[f]:.4g}" for f in RATE_FIELDS)
         src = (f"fitted ({COMMAND}, {date}) to every engine's {counts.get(gen, 0)} measured values on {gen}" if gen != "default"
                else f"the fitted generations' mean in logit space ({COMMAND}, {date}): no published serving row")
+        if pinned.get(gen):
+            src += (f"; {', '.join(sorted(pinned[gen]))} is the training fit's matmul max_fraction "
+                    f"(catalog/data/fitted.yaml), not fitted to serving rows")
         out.append(f"{gen}: {{{cells}, rows: {counts.get(gen, 0) if gen != 'default' else 0}, source: \"{src}\"}}")
     return "\n".join(out) + "\n"
 

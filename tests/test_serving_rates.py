@@ -116,7 +116,8 @@ def test_static_batch_first_token_pays_the_fixed_cost():
 
 def test_moe_experts_have_their_own_roofline():
     """Qwen3-30B-A3B at 256 decoding sequences: each of 128 experts sees 256·8/128 = 16 tokens, so the experts stay
-    weight-bound while the dense attention matrices are not; the linear time is the sum of the two rooflines."""
+    weight-bound (a 16-row GEMM runs far from the large-shape rate, and still reads its weights longer) while the
+    dense attention matrices are not; the linear time is the sum of the two rooflines."""
     spec = CAT.model("qwen3-30b-a3b")
     case = prepare(spec, node(), get_engine("vllm"), tp=1)
     p = _decode(case, D=256)
@@ -124,10 +125,14 @@ def test_moe_experts_have_their_own_roofline():
     bw = m.bandwidth_bytes_per_s * k.weight_bandwidth_efficiency
     rate = m.gemm_peak_flops * k.gemm_efficiency
     touched_e = m.expert_weight_bytes * (1 - (1 - m.expert_share) ** 256)
-    expect = max(m.dense_weight_bytes / bw, 256 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate) \
-        + max(touched_e / bw, 256 * m.expert_flops_per_token / rate)
+    half = m.gemm_half_tokens                    # each GEMM at M / (M + m_half) of the large-shape rate, M its tokens
+    per_expert = 256 * m.expert_share
+    assert per_expert == pytest.approx(16)
+    expert_compute = 256 * m.expert_flops_per_token / rate * (per_expert + half) / per_expert
+    expect = max(m.dense_weight_bytes / bw, 256 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (256 + half) / 256) \
+        + max(touched_e / bw, expert_compute)
     assert p["linear_s"] == pytest.approx(expect, rel=1e-12)
-    assert touched_e / bw > 256 * m.expert_flops_per_token / rate
+    assert touched_e / bw > expert_compute
 
 
 def test_nvfp4_weights():
@@ -295,7 +300,11 @@ def test_review_fixes(tmp_path):
     fitted = Params({g: {f: (0.3 if g == "ada" else 0.6) for f in RATE_FIELDS} for g in set(prep.generations)},
                     {e: {"step_overhead_us": 100.0} for e in {r.engine for r in runs}})
     got = unseen_from_others(prep, keep, fitted)
-    assert got.rates["ada"]["gemm16_efficiency"] == pytest.approx(0.6) and got.rates["hopper"] == fitted.rates["hopper"]
+    assert got.rates["ada"]["weight_bandwidth_efficiency"] == pytest.approx(0.6)
+    # Hopper's 16-bit GEMM share is the training fit's matmul curve (pinned), the rest what was fitted
+    hopper_curve = CAT.accelerator("h100-sxm").efficiency.max_fraction
+    assert got.rates["hopper"] == {**fitted.rates["hopper"], "gemm16_efficiency": hopper_curve}
+    assert got.rates["ada"]["gemm16_efficiency"] == pytest.approx(0.6)      # ada: no training curve, the others' mean
 
 
 def test_validate_reports_folds_done_of_total():
@@ -308,3 +317,35 @@ def test_validate_reports_folds_done_of_total():
     calls = []
     validate(get_catalog(), [r for r in runs if r.source in pick], progress=lambda d, t, label: calls.append((d, t, label)))
     assert calls == [(1, 3, "refit"), (2, 3, f"held out {pick[0]}"), (3, 3, f"held out {pick[1]}")]
+
+
+def test_gemm_rows_set_the_share_of_the_large_shape_rate():
+    """A GEMM of M token rows runs at M / (M + m½) of the large-shape rate (the training estimate's matmul curve):
+    Llama-3.1-8B prefill on an H100, one 1,024-token prompt against eight in one step: the compute side per token
+    is (1024 + m½)/1024 against (8192 + m½)/8192, about 10% more, and m½ is the curve's half size."""
+    from shardlab.rates.hardware import matmul_curve
+
+    case = prepare(CAT.model("llama-3.1-8b"), node(), get_engine("vllm"), tp=1)
+    m, k = case.whole, case.kernels
+    half = matmul_curve(CAT.accelerator("h100-sxm"))[0].half_size
+    assert m.gemm_half_tokens == half == pytest.approx(120.6)
+    one = step_parts(m, k, 0.0, 0.0, 1024.0, 1024.0 * 512, 1.0)["linear_s"] / 1024
+    eight = step_parts(m, k, 0.0, 0.0, 8192.0, 8192.0 * 512, 8.0)["linear_s"] / 8192
+    assert one / eight == pytest.approx((1024 + half) / 1024 / ((8192 + half) / 8192), rel=1e-9)
+
+
+def test_the_serving_fit_keeps_the_training_curve_share():
+    """Hopper's 16-bit GEMM share comes from the training runs' matmul curve: the serving fit does not move it, and
+    serving_rates.yaml carries it (with that source), while the fp8 share is fitted."""
+    from shardlab.validation.inference import load_inference_runs, prepare_runs
+    from shardlab.validation.inference_fit import catalog_params, fit
+
+    runs = [r for r in load_inference_runs() if r.source == "trtllm-0.14-triton-online"][::6]
+    prep = prepare_runs(runs, CAT)
+    curve = CAT.accelerator("h100-sxm").efficiency.max_fraction
+    assert prep.pinned["hopper"] == {"gemm16_efficiency": curve}
+    got = fit(prep, np.arange(len(runs)), catalog_params(prep), iterations=3)
+    assert got.rates["hopper"]["gemm16_efficiency"] == curve
+    assert rates_for("hopper").gemm16_efficiency == pytest.approx(curve, abs=1e-4)
+    assert "training fit's matmul max_fraction" in rates_for("hopper").source
+    assert "gemm16" not in rates_for("ada").source                      # no training curve: fitted

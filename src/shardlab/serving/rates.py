@@ -10,8 +10,10 @@ values stand behind each generation). A generation with no published serving row
 the fitted generations' mean in logit space, and says so.
 
 GEMM shape: each GEMM class (dense matrices; routed experts, which see T·k/E of a step's T tokens) has a
-roofline of its own in the step model (``serving.step``): weight-bound below its knee, at the generation's
-large-shape share above it.
+roofline of its own in the step model (``serving.step``): weight-bound below its knee, above it at the generation's
+large-shape share times M/(M + m½) for M token rows (the training estimate's matmul curve, ``rates.hardware``).
+Where the training runs measured a generation's curve (``catalog/data/fitted.yaml``), the 16-bit large-shape share
+here is that curve's max_fraction, not a serving fit (``validation.inference.pinned_rates``).
 """
 
 from __future__ import annotations

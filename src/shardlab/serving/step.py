@@ -6,9 +6,11 @@ chunks, Agrawal et al. 2024, "Sarathi-Serve", OSDI, arXiv 2403.02310) through th
 class, a roofline (Williams et al. 2009, CACM 52(4)): the time is the larger of its HBM traffic over the
 achieved bandwidth and its FLOPs over the achieved tensor-core rate.
 
-    linear    max( W / (B·η_w),  2·N·(D+P) / (peak_gemm·η_g) )   per GEMM class (dense matrices; routed experts),
-                                                                N = its active params on the rank, η_g the
-                                                                generation's 16-, 8- or 4-bit GEMM share
+    linear    max( W / (B·η_w),  2·N·(D+P) / (peak_gemm·η_g) · (M + m½)/M )   per GEMM class (dense matrices;
+                                    routed experts), N = its active params on the rank, η_g the generation's 16-, 8- or
+                                    4-bit GEMM share at large shapes, M its token rows (D+P; T·k/E for an expert) and
+                                    m½ the half size of the generation's matmul curve (``rates.hardware``: a GEMM of M
+                                    rows runs at M/(M + m½) of the large-shape rate, the curve training uses)
     head      max( W_head / (B·η_w),     2·V/t·h·n_sampled / (peak_16·η_g) )  logits only for sampled rows
     attention max( g·K_d·kv / (B·η_kv),   pairs_d·f_a / (peak_attn·η_a) ) + pairs_p·f_a / (peak_attn·η_a)
               g = 1 when the decode kernel reads a KV head once for its query group (GQA, Ainslie et al. 2023,
@@ -89,6 +91,9 @@ class StepModel:
     """Query heads per KV head (GQA group; 1 for multi-head attention)."""
     head_peak_flops: object
     """Dense 16-bit peak (the head stays 16-bit)."""
+    gemm_half_tokens: object
+    """Rows (tokens) at which a GEMM reaches half its large-shape rate: the half_size of the generation's matmul
+    curve (``rates.hardware.matmul_curve``, fitted to training runs), applied to the token dimension."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +191,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             gemm_bits=float(4 if precision.gemm_dtype == "fp4" else 8 if precision.gemm_dtype in ("fp8", "int8") else 16),
             # query heads per KV head on the rank: TP splits the query heads, and the KV heads until they run out
             # (then each rank keeps a replica of one), so a rank's group is (heads/t) / max(1, kv_heads/t)
-            kv_group=float((spec.num_heads / tp) / max(1.0, spec.num_kv_heads / tp))))
+            kv_group=float((spec.num_heads / tp) / max(1.0, spec.num_kv_heads / tp)),
+            gemm_half_tokens=float(curve.half_size)))
     return out
 
 
@@ -195,7 +201,7 @@ def pipeline_models(stages: list[StepModel]) -> tuple[StepModel, StepModel]:
     def total(m: StepModel) -> float:
         return m.dense_weight_bytes + m.expert_weight_bytes + m.head_weight_bytes + m.kv_bytes_per_token
     keep = ("expert_share", "bandwidth_bytes_per_s", "gemm_peak_flops", "attn_peak_flops", "head_peak_flops", "gemm_bits",
-            "kv_group")
+            "kv_group", "gemm_half_tokens")
     whole = StepModel(**{f.name: (getattr(stages[0], f.name) if f.name in keep else sum(getattr(s, f.name) for s in stages))
                          for f in fields(StepModel)})
     return whole, max(stages, key=total)
@@ -221,11 +227,18 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     compute = tokens * m.gemm_flops_per_token / rate
     # a roofline per GEMM class: the dense matrices see all the step's tokens, a routed expert only its T·k/E share,
     # so the experts can stay weight-bound while the dense layers are compute-bound (max of sums would hide it)
+    # the token dimension M of each GEMM sets its share of the large-shape rate, M / (M + m_half): the compute side
+    # is flops × (M + m_half) / M; a routed expert's M is its T·k/E tokens (uniform routing)
+    half = m.gemm_half_tokens
+    per_expert = np.maximum(tokens * m.expert_share, 1e-9)
+    dense_m = np.maximum(tokens, 1e-9)
     linear = (np.maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
-                         tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate)
-              + np.maximum(expert_touched / (bw * k.weight_bandwidth_efficiency), tokens * m.expert_flops_per_token / rate))
+                         tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
+              + np.maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
+                           tokens * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
+    sm = np.maximum(sampled, 1e-9)
     head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
-                      sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency))
+                      sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
     attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
     kv_reads = 1.0 + k.per_head_kv * (m.kv_group - 1.0)        # a per-head kernel reads each KV head group times
     attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token * kv_reads / (bw * k.kv_bandwidth_efficiency),

@@ -138,6 +138,9 @@ class Prepared:
     """The ServeCases."""
     generations: list = field(default_factory=list)
     """GPU generation per run (whose rates it uses)."""
+    pinned: dict = field(default_factory=dict)
+    """generation -> {rate field: value} the fit does not move: the 16-bit GEMM share of a generation whose matmul
+    curve the training fit measured (its max_fraction, catalog/data/fitted.yaml), one curve for training and serving."""
 
 
 def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
@@ -145,9 +148,20 @@ def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
 
     cases = [run_case(r, catalog) for r in runs]
     modes = [run_mode(r, c.capacity) for r, c in zip(runs, cases)]
+    gens = [generation_of(r, catalog) for r in runs]
     return Prepared(runs, arrays(cases), np.array([m for m, _ in modes]), np.array([n for _, n in modes], dtype=float),
-                    np.array([c.scheduler_steps for c in cases], dtype=float), cases,
-                    [generation_of(r, catalog) for r in runs])
+                    np.array([c.scheduler_steps for c in cases], dtype=float), cases, gens,
+                    {g: pinned_rates(c.cluster.accelerator) for g, c in zip(gens, cases) if pinned_rates(c.cluster.accelerator)})
+
+
+def pinned_rates(acc) -> dict:
+    """Serving rates ``acc``'s generation takes from elsewhere instead of the serving fit: the large-shape 16-bit
+    GEMM share is the training fit's matmul max_fraction where the training runs measured the generation (its
+    curve's source says 'fitted'), so prefill GEMMs and training GEMMs run on one curve."""
+    curve = acc.efficiency
+    if curve is None or not str(curve.source).startswith("fitted"):
+        return {}
+    return {"gemm16_efficiency": float(curve.max_fraction)}
 
 
 FIELDS = RATE_FIELDS + FITTED

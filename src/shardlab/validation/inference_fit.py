@@ -60,6 +60,7 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
     engs = sorted({prep.runs[i].engine for i in idx})
     if prior is None:
         prior = Params({g: {f: PRIOR[f] for f in RATE_FIELDS} for g in gens}, {e: {f: PRIOR[f] for f in FITTED} for e in engs})
+    prior, start = pin(prep, prior), pin(prep, start)
     pairs = _pairs(prep, idx)
     if not pairs:
         return start
@@ -92,6 +93,7 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
         return np.concatenate([data_resids(x[None, :])[0], (x - x0) / PRIOR_SIGMA])
 
     run_of = np.array([p for p, _, _ in pairs])                 # residual row -> position of its run in idx
+    frozen = np.array([j for j, k in enumerate(keys) if k[0] == "r" and k[2] in prep.pinned.get(k[1], {})], dtype=int)
     h = 1e-4
     x = np.array([_x(k[2], get(start, k)) if (k[1] in (start.rates if k[0] == "r" else start.engines)) else x0[j]
                   for j, k in enumerate(keys)])
@@ -105,6 +107,7 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
         J = np.zeros((len(met) + len(x), len(x)))
         for j in range(nf):
             J[np.arange(len(met)), col[run_of, j]] = D[j]
+        J[: len(met), frozen] = 0.0                               # pinned rates: no data moves them (step 0)
         J[len(met):] = np.eye(len(x)) / PRIOR_SIGMA
         A, g = J.T @ J, J.T @ r
         improved = False
@@ -120,6 +123,11 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
     rates = {g: {f: float(_v(f, x[where[("r", g, f)]])) for f in RATE_FIELDS} for g in gens}
     engines = {e: {f: float(_v(f, x[where[("e", e, f)]])) for f in FITTED} for e in engs}
     return Params({**start.rates, **rates}, {**start.engines, **engines})
+
+
+def pin(prep: Prepared, params: Params) -> Params:
+    """``params`` with every generation's pinned rates (``Prepared.pinned``) in place of its values."""
+    return Params({g: {**v, **prep.pinned.get(g, {})} for g, v in params.rates.items()}, params.engines)
 
 
 def catalog_params(prep: Prepared) -> Params:
@@ -145,4 +153,4 @@ def unseen_from_others(prep: Prepared, idx: np.ndarray, fitted: Params) -> Param
              for g, v in fitted.rates.items()}
     engines = {e: (v if e in engs else _centre({k: x for k, x in fitted.engines.items() if k in engs}, e, FITTED))
                for e, v in fitted.engines.items()}
-    return Params(rates, engines)
+    return pin(prep, Params(rates, engines))
