@@ -183,3 +183,35 @@ def test_alpha_beta_needs_two_distinct_sizes():
     rows = [{"op": "all-reduce", "size_bytes": 8, "time_s": 1e-5, "world_size": 2}] * 3
     with pytest.raises(ShardlabError, match="two measured sizes"):
         fit_alpha_beta(rows)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--nodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:29500", "--rdzv-backend", "c10d"],
+     "--node-rank has no effect under --rdzv-backend c10d"),
+    (["--nodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:29500"], "needs a fixed node count"),
+    (["--nodes", "2", "--node-rank", "0", "--rdzv-endpoint", "0.0.0.0:29500"], "--rdzv-endpoint names no single address"),
+    (["--nodes", "2", "--rdzv-endpoint", "127.0.0.1:29500", "--rdzv-id", "j", "--local-addr", "::"],
+     "--local-addr names no single address"),
+])
+def test_launch_flags_that_cannot_do_what_they_say_are_refused(argv, words):
+    code, _, err = cli_main("run", "train", "--strategy", "ddp", *argv)
+    assert code == 2 and words in err and err.count("\n") == 1
+
+
+def test_node_ranks_mean_a_static_rendezvous_and_one_node_gets_its_own_id(monkeypatch):
+    import argparse
+
+    from shardlab.cli.runtime_cmds import torchrun_args
+    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV
+
+    monkeypatch.delenv(BIND_ENV, raising=False)
+    monkeypatch.delenv(BIND_ANY_ENV, raising=False)
+    blank = dict(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, rdzv_backend=None)
+    out = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 1, "rdzv_endpoint": "127.0.0.1:29500"}))
+    assert out[out.index("--rdzv-backend") + 1] == "static" and out[out.index("--node-rank") + 1] == "1"
+    ids = {torchrun_args(argparse.Namespace(**{**blank, "rdzv_endpoint": "127.0.0.1:29500"}))[-1] for _ in range(2)}
+    assert len(ids) == 2 and all(i.startswith("shardlab-") for i in ids)          # never a fixed, guessable id
+    torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 0, "rdzv_endpoint": "0.0.0.0:29500",
+                                        "rdzv_bind_any": True, "local_addr": "127.0.0.1"}))
+    import os
+    assert os.environ[BIND_ANY_ENV] == "1"                                          # asked for explicitly

@@ -40,7 +40,8 @@ def test_run_flags_come_from_slurm_unless_given(monkeypatch):
     monkeypatch.setattr("shardlab.runtime.preflight.check_reachable_name", lambda *a, **k: None)   # no node07 here
     blank = dict(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, rdzv_backend=None)
     out = torchrun_args(argparse.Namespace(**blank))
-    assert out == ("--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node07:29500",
-                   "--rdzv-id", "slurm-4242")
+    # Slurm numbers the nodes (SLURM_NODEID): a static rendezvous keeps that order (global ranks 2 and 3 here)
+    assert out == ("--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static", "--rdzv-endpoint", "node07:29500",
+                   "--rdzv-conf", "timeout=180", "--rdzv-id", "slurm-4242")
     given = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "rdzv_endpoint": "head:29400", "rdzv_id": "mine"}))
     assert "head:29400" in given and "node07:29500" not in given        # flags win over the environment

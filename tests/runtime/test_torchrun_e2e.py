@@ -130,20 +130,23 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=20)
 
 
-def _two_nodes(strategy: str, hosts, *extra: str) -> tuple[dict, dict]:
-    """Two nodes (one rank each) joined by torchrun's c10d rendezvous, in two network namespaces when ``hosts`` has
-    them (each node names its address with --local-addr), else both on loopback: (head's JSON, other's JSON), the head
-    being the node that ran global rank 0 (c10d numbers nodes in the order they join)."""
+def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False) -> tuple[dict, dict]:
+    """Two nodes (one rank each) joined by torchrun's c10d rendezvous (``node_ranks``: each given --node-rank, a static
+    rendezvous), in two network namespaces when ``hosts`` has them (each node names its address with --local-addr),
+    else both on loopback: (head's JSON, other's JSON), the head being the node that ran global rank 0 (c10d numbers
+    nodes in the order they join; with node ranks it must be node 0)."""
     from shardlab.runtime.dist import free_port
 
     port = free_port()
     common = ["run", "train", "--strategy", strategy, "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
-              "--rdzv-id", "e2e", "--timeout", "120", *extra, "--json"]
+              "--timeout", "120", *extra, "--json"] + ([] if node_ranks else ["--rdzv-id", "e2e"])
+    rank = [["--node-rank", str(k)] if node_ranks else [] for k in (0, 1)]
     if hosts:
-        cmds = [["ip", "netns", "exec", n, sys.executable, "-m", "shardlab", *common, "--rdzv-endpoint",
-                 f"{hosts[0][1]}:{port}", "--local-addr", a] for n, a in hosts]
+        cmds = [["ip", "netns", "exec", n, sys.executable, "-m", "shardlab", *common, *rank[k], "--rdzv-endpoint",
+                 f"{hosts[0][1]}:{port}", "--local-addr", a] for k, (n, a) in enumerate(hosts)]
     else:
-        cmds = [[sys.executable, "-m", "shardlab", *common, "--rdzv-endpoint", f"127.0.0.1:{port}"]] * 2
+        cmds = [[sys.executable, "-m", "shardlab", *common, *rank[k], "--rdzv-endpoint", f"127.0.0.1:{port}"]
+                for k in (0, 1)]
     e = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e) for c in cmds]
     try:
@@ -154,6 +157,8 @@ def _two_nodes(strategy: str, hosts, *extra: str) -> tuple[dict, dict]:
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     d0, d1 = (json.loads(out) for out, _ in outs)
+    if node_ranks:
+        assert not d0.get("report_elsewhere") and d1["report_elsewhere"]      # node 0 ran global rank 0
     return (d1, d0) if d0.get("report_elsewhere") else (d0, d1)
 
 
@@ -173,9 +178,10 @@ def test_two_nodes_are_one_job_with_one_report(two_hosts):
 
 
 def test_pipeline_across_two_nodes_checks_parity_on_every_stage(two_hosts):
-    """pp over two nodes: stage 1's gradients live on the other node; gathered to rank 0, parity compares every
-    tensor (it reported 19 "missing" before the job's report was one)."""
-    head, other = _two_nodes("pp", two_hosts, "--check-parity")
+    """pp over two nodes given their node ranks (a static rendezvous: node 0 hosts the store and runs stage 0): stage
+    1's gradients live on the other node; gathered to rank 0, parity compares every tensor (it reported 19
+    "missing" before the job's report was one)."""
+    head, other = _two_nodes("pp", two_hosts, "--check-parity", node_ranks=True)
     assert head["layout"]["pp"] == 2 and head["parity"]["ok"] and head["parity"]["missing"] == []
     assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"]
 
@@ -215,3 +221,42 @@ def test_gpu_nccl_train_and_infer():
     assert d["ranks"][0]["backend"] == "nccl" and d["parity"]["ok"] and d["memory_states_exact"]
     i = run_json("run", "infer", "--tp", n, "--device", "cuda")
     assert i["matches_tp1"] and i["memory_exact"]
+
+
+_LISTEN_PROBE = """
+import json, os
+port = int(os.environ["MASTER_PORT"])
+found = []
+for path, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for line in open(path).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, p = local.split(":")
+        if state == "0A" and int(p, 16) == port:
+            found.append(addr)
+print(json.dumps(found))
+"""
+
+
+def test_the_rendezvous_store_listens_on_loopback_only(tmp_path):
+    """torchrun alone listens on every interface (``*:port``); the launcher's torchrun (runtime.bound_run) hands the
+    store a socket bound to the address named: loopback for one node (0100007F = 127.0.0.1 in /proc/net/tcp)."""
+    script = tmp_path / "probe.py"
+    script.write_text(_LISTEN_PROBE)
+    r = subprocess.run([sys.executable, "-m", "shardlab.runtime.bound_run", "--standalone", "--nproc-per-node", "1",
+                        str(script)], capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    listeners = json.loads(r.stdout.strip().splitlines()[-1])
+    assert listeners == ["0100007F"]
+
+
+@pytest.mark.parametrize("how", [["--rdzv-id", "alone"], ["--node-rank", "0"]], ids=["c10d", "static"])
+def test_a_node_left_alone_says_how_many_nodes_joined(how):
+    """One of two nodes started: c10d's waiting node is stopped at --timeout and the launcher reads the round's
+    participants from the store first; a static rendezvous' host store gives up before --timeout and counts them."""
+    from shardlab.runtime.dist import free_port
+
+    r = shardlab("run", "train", "--strategy", "ddp", "--nproc-per-node", "1", "--nodes", "2", "--steps", "1",
+                 "--timeout", "6" if "--rdzv-id" in how else "12", *how, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                 timeout=60)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-1500:]
+    assert "only 1 of its 2 nodes joined" in r.stderr

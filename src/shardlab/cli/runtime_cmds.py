@@ -44,12 +44,16 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", dest="nnodes", type=nnodes_arg, default=None, metavar="N|MIN:MAX",
                    help="nodes of the job (torchrun --nnodes; multi-node)")
     old_spelling(g, "--nnodes", "--nodes", "nnodes", type=nnodes_arg)
-    g.add_argument("--node-rank", type=BOUNDED["node_rank"], default=None, help="torchrun --node-rank (0 .. nnodes-1)")
+    g.add_argument("--node-rank", type=BOUNDED["node_rank"], default=None,
+                   help="this node's rank (0 .. nnodes-1): a static rendezvous that honours it (node 0 hosts the store)")
     g.add_argument("--rdzv-endpoint", type=endpoint_arg, default=None, metavar="HOST:PORT",
                    help="torchrun --rdzv-endpoint (node 0's address)")
     g.add_argument("--rdzv-id", type=rdzv_id_arg, default=None, help="torchrun --rdzv-id (same on every node)")
     g.add_argument("--rdzv-backend", choices=RDZV_BACKENDS, default=None,
-                   help="torchrun --rdzv-backend (default c10d when an endpoint is given)")
+                   help="torchrun --rdzv-backend (default: static with --node-rank, else c10d)")
+    g.add_argument("--rdzv-bind-any", action="store_true",
+                   help="let the rendezvous store listen on every interface (a wildcard endpoint or --local-addr); "
+                        "by default it listens only on the address named (loopback for one node)")
     g.add_argument("--local-addr", type=endpoint_host_arg, default=None, metavar="ADDR",
                    help="torchrun --local-addr: this node's address as the other nodes reach it (default: its host "
                         "name, which must resolve to a non-loopback address)")
@@ -94,6 +98,8 @@ def rdzv_id_arg(text: str) -> str:
 
 
 def torchrun_args(args) -> tuple[str, ...]:
+    import uuid
+
     from shardlab.errors import ShardlabError
 
     out: list[str] = []
@@ -108,26 +114,39 @@ def torchrun_args(args) -> tuple[str, ...]:
             args.rdzv_endpoint, args.rdzv_id = slurm.endpoint, slurm.rdzv_id
     if args.nnodes:
         out += ["--nnodes", str(args.nnodes)]
+    backend = args.rdzv_backend
     if args.node_rank is not None:
         top = int(str(args.nnodes or "1").split(":")[-1])
         if args.node_rank >= top:
             raise ShardlabError(f"--node-rank {args.node_rank} is outside 0..{top - 1} (--nnodes {args.nnodes or 1})")
+        if backend == "c10d":
+            raise ShardlabError("--node-rank has no effect under --rdzv-backend c10d (it numbers nodes in the order they "
+                                "join); drop --node-rank, or drop --rdzv-backend for a static rendezvous that keeps it")
+        if ":" in str(args.nnodes or ""):
+            raise ShardlabError(f"--node-rank needs a fixed node count (a static rendezvous), not --nodes {args.nnodes}")
+        backend = backend or "static"              # node ranks given: torchrun's static rendezvous honours them
         out += ["--node-rank", str(args.node_rank)]
     multi = bool(args.nnodes) and int(str(args.nnodes).split(":")[-1]) > 1
     if multi and not args.rdzv_endpoint:
         raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
                             "the same on every node (without it each node would wait alone until --timeout)")
+    _store_bind(args)
     if args.rdzv_endpoint:
         if multi:
             from shardlab.runtime.preflight import check_reachable_name
 
             check_reachable_name(args.rdzv_endpoint, getattr(args, "local_addr", None))
-        if multi and not args.rdzv_id:
+        if multi and not args.rdzv_id and backend != "static":
             raise ShardlabError("a multi-node job needs --rdzv-id ID, the same on every node and new for every job (the "
-                                "scheduler's job id, say): a fixed id lets a stray node or anyone who reaches the "
-                                "endpoint join the job (torchrun's store runs what it is sent)")
-        out += ["--rdzv-backend", args.rdzv_backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
-        out += ["--rdzv-id", args.rdzv_id or "shardlab"]
+                                "scheduler's job id, say), or --node-rank on every node (a static rendezvous): a "
+                                "fixed id lets a stray node or anyone who reaches the endpoint join the job "
+                                "(torchrun's store runs what it is sent)")
+        out += ["--rdzv-backend", backend or "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+        if backend == "static" and multi:
+            # node 0's store gives up waiting for the others before the job's --timeout, saying how many joined
+            out += ["--rdzv-conf", f"timeout={max(5, int(0.6 * float(getattr(args, 'timeout', 300.0))))}"]
+        # one job's own id; a static rendezvous's id only prefixes its keys, and every node must use the same one
+        out += ["--rdzv-id", args.rdzv_id or ("shardlab" if backend == "static" else f"shardlab-{uuid.uuid4().hex[:12]}")]
     elif args.rdzv_backend or args.rdzv_id:
         raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
     if getattr(args, "local_addr", None):
@@ -137,11 +156,34 @@ def torchrun_args(args) -> tuple[str, ...]:
 
         out += ["--local-addr", args.local_addr]
         bind_collectives_to(args.local_addr, os.environ)      # the ranks inherit it
-        if args.rdzv_endpoint and args.rdzv_endpoint.rsplit(":", 1)[0].strip("[]") == args.local_addr.strip("[]"):
+        if (backend or "c10d") == "c10d" and args.rdzv_endpoint and \
+                args.rdzv_endpoint.rsplit(":", 1)[0].strip("[]") == args.local_addr.strip("[]"):
             # this node is the endpoint: it hosts the c10d store (torchrun matches the endpoint against the host
             # name's addresses only, which a node reached by --local-addr need not have)
             out += ["--rdzv-conf", "is_host=1"]
     return tuple(out)
+
+
+def _store_bind(args) -> None:
+    """Where this node's rendezvous store listens (``runtime.bound_run``, which the launcher runs as torchrun): the
+    --local-addr address when given (else the endpoint's host, or loopback for one node); a wildcard only with
+    --rdzv-bind-any. The ranks and torchrun inherit the settings through the environment."""
+    import os
+
+    from shardlab.errors import ShardlabError
+    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV, is_wildcard
+
+    named = [(flag, v) for flag, v in (("--local-addr", getattr(args, "local_addr", None)),
+                                       ("--rdzv-endpoint", (args.rdzv_endpoint or "").rsplit(":", 1)[0] or None)) if v]
+    wild = [flag for flag, v in named if is_wildcard(v)]
+    if wild and not getattr(args, "rdzv_bind_any", False):
+        raise ShardlabError(f"{wild[0]} names no single address: the rendezvous store would listen on every interface "
+                            "and run what anyone who reaches it sends; name this node's address, or pass "
+                            "--rdzv-bind-any to accept that")
+    if getattr(args, "rdzv_bind_any", False):
+        os.environ[BIND_ANY_ENV] = "1"
+    if getattr(args, "local_addr", None):
+        os.environ[BIND_ENV] = args.local_addr.strip("[]")
 
 
 def _need_what(args) -> int:

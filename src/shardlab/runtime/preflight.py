@@ -14,6 +14,23 @@ import socket
 from shardlab.errors import ShardlabError
 
 
+BIND_ENV = "SHARDLAB_STORE_BIND"
+"""Address the rendezvous store listens on (``runtime.bound_run``): an IP address or a host name of this node's."""
+BIND_ANY_ENV = "SHARDLAB_STORE_BIND_ANY"
+"""'1': a wildcard bind address is allowed (asked for explicitly, ``--rdzv-bind-any``)."""
+
+
+def is_wildcard(addr: str) -> bool:
+    """True for 0.0.0.0, ::, and the empty host: an address that listens on every interface."""
+    addr = addr.strip("[]")
+    if not addr:
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_unspecified
+    except ValueError:
+        return False
+
+
 def _loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
