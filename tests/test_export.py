@@ -1,6 +1,7 @@
 """shardlab export / --from: every target renders the four reference plans, reading the file back gives the same
 job except the settings the export said it could not express, and layouts a framework cannot run are refused."""
 
+import os
 import json
 
 import pytest
@@ -457,3 +458,38 @@ def test_slurm_script_for_a_cpu_cluster_runs_as_written(tmp_path):
     assert r.stdout.strip() == "1"                                     # 2 cores over 2 ranks
     code, _, _ = cli_main("export", "--to", "slurm", "llama-3.1-8b", "--gpus", "16", "--out", str(tmp_path / "g.sbatch"))
     assert code == 0 and "#SBATCH --gpus-per-node=8" in (tmp_path / "g.sbatch").read_text()
+
+
+def test_a_printed_export_is_the_file_not_wrapped(tmp_path):
+    """`shardlab export ... > job.sbatch` must give the file: prose output wraps at 100 columns when not a terminal,
+    and a wrapped comment line of a script would be a command."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "shardlab", "export", "--to", "slurm", "llama-3.1-8b", "--gpus", "16"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
+    printed = r.stdout
+    assert r.returncode == 0 and max(len(ln) for ln in printed.splitlines()) > 100
+    out = tmp_path / "j.sbatch"
+    assert cli_main("export", "--to", "slurm", "llama-3.1-8b", "--gpus", "16", "--out", str(out))[0] == 0
+    assert printed.rstrip("\n") == out.read_text().rstrip("\n")
+
+
+def test_launch_shardlab_runs_the_layout_with_the_runtime(tmp_path):
+    """--launch shardlab: the srun line is `shardlab run train` with the layout's strategy and degrees (Slurm's
+    environment gives the rendezvous), SkyPilot's passes the node rank and the head; experts beside tp are refused."""
+    code, text, err = cli_main("export", "--to", "slurm", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
+                               "--zero", "3", "--launch", "shardlab")
+    assert code == 0, err
+    assert "srun shardlab run train --strategy fsdp+tp+pp --tp 2 --pp 2 --nproc-per-node 8 --steps 10 --device cuda" in text
+    assert "--rdzv-endpoint" not in text
+    script = tmp_path / "r.sbatch"                     # read back: the layout from the line, the model from the header
+    script.write_text(text)
+    d = json.loads(cli_main("estimate", "--from", str(script), "--json")[1])
+    assert (d["layout"]["tp"], d["layout"]["pp"], d["layout"]["zero"], d["layout"]["dp"]) == (2, 2, 3, 4)
+    code, text, err = cli_main("export", "--to", "skypilot", "llama-3.1-8b", "--gpus", "16", "--launch", "shardlab")
+    assert code == 0, err
+    assert '--nodes 2 --node-rank "$SKYPILOT_NODE_RANK" --rdzv-endpoint "$head_ip":29500' in text
+    code, _, err = cli_main("export", "--to", "slurm", "mixtral-8x7b", "--gpus", "16", "--ep", "2", "--tp", "2",
+                            "--launch", "shardlab")
+    assert code == 2 and "expert parallelism as ddp+ep only" in err

@@ -215,3 +215,29 @@ def test_a_loaded_machine_charges_the_command_time_not_the_guards_clean_up(tmp_p
     run, = ledger_doc(led)["runs"]
     assert run["status"] == "finished" and run["wall_s"] < 1.0
     assert run["actual_usd"] < run["reserved_usd"] and "charged the reservation" not in (run["note"] or "")
+
+
+def test_a_multi_node_job_is_one_reservation_and_one_limit(tmp_path):
+    """Two nodes' guards of one job (flags on node 0; Slurm's environment on node 1): node 0 reserves the job's 2
+    GPUs once and charges them once; node 1 records nothing and stops its command at the same limit."""
+    led = tmp_path / "ledger.db"
+    common = ["--budget-name", "lab", "--ceiling", "10", "--gpus", "2", "--price", "1", "--hours", "0.001",
+              "--grace-s", "1", "--json", "--", sys.executable, "-c", "import time; time.sleep(60)"]
+    head = subprocess.Popen(guard_cmd(led, "--nodes", "2", "--node-rank", "0", "--job-id", "j7", *common),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    slurm = {**os.environ, "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": "j7"}
+    other = subprocess.run(guard_cmd(tmp_path / "elsewhere.db", *common), capture_output=True, text=True, timeout=60,
+                           env=slurm)
+    out, err = head.communicate(timeout=60)
+    assert head.returncode == other.returncode == 124, err + other.stderr
+    mine, theirs = json.loads(out), json.loads(other.stdout)
+    assert theirs["recorded"] is False and theirs["node_rank"] == 1 and theirs["job_id"] == "slurm-j7"
+    assert theirs["run"]["status"] == "killed-time-limit" and theirs["run"]["wall_s"] < 3.6 + 2
+    assert not (tmp_path / "elsewhere.db").exists()                          # the other node wrote no ledger
+    runs = ledger_doc(led)["runs"]
+    assert len(runs) == 1 and runs[0]["gpus"] == 2 and runs[0]["status"] == "killed-time-limit"
+    assert "job j7: one reservation for the 2 GPUs of its 2 nodes" in runs[0]["note"]
+    assert mine["run"]["actual_usd"] == pytest.approx(2 * 1 * runs[0]["wall_s"] / 3600, rel=1e-6)
+    code, _, err = cli_main("guard", "--budget-name", "lab", "--gpus", "2", "--price", "1", "--hours", "1",
+                            "--nodes", "2", "--node-rank", "2", "--", "true")
+    assert code == 2 and "--node-rank 2 is outside 0..1" in err

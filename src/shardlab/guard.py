@@ -48,8 +48,8 @@ class GuardOutcome:
     """The guard's exit code: the command's, 124 at the time limit, 128+N when interrupted by signal N."""
     ceiling_change: tuple[float, float] | None
     """(old, new) ceiling when this call changed it."""
-    budget: BudgetSummary
-    """The budget after the run."""
+    budget: BudgetSummary | None
+    """The budget after the run (None on a node other than a multi-node job's first: it holds no reservation)."""
     recorded: bool = True
     """False when the end could not be written to the ledger (the run stays 'running' there, and is settled
     'unfinished', at its full reservation, by the next guard or ledger call)."""
@@ -140,11 +140,14 @@ def _charge(req: RunRequest, wall_s: float) -> tuple[float, str]:
                               f"SIGKILL took longer than its margin to land); charged the reservation")
 
 
-def _record_end(ledger: Ledger, run: RunRecord, log: Callable[[str], None], **end) -> tuple[RunRecord, bool]:
+def _record_end(ledger: Ledger | None, run: RunRecord, log: Callable[[str], None], **end) -> tuple[RunRecord, bool]:
     """``ledger.finish`` retried; (row, recorded). When the ledger cannot be written at the end (a full disk,
     a lock held too long), the command's outcome is still reported and its exit code kept: the row returned
     says what could not be written, and the ledger keeps the run 'running' until it is settled as
     'unfinished' at its full reservation (never less than it cost)."""
+    if ledger is None:                       # a follower node: nothing of its own in a ledger (``run_follower``)
+        return replace(run, status=end["status"], exit_code=end["exit_code"], wall_s=end["wall_s"], actual_usd=0.0,
+                       note=end.get("note") or ""), True
     for wait_s in (*FINISH_RETRY_WAITS_S, None):
         try:
             return ledger.finish(run.id, **end), True
@@ -160,8 +163,8 @@ def _record_end(ledger: Ledger, run: RunRecord, log: Callable[[str], None], **en
     raise AssertionError("unreachable")
 
 
-def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, state: _State, stdout,
-         log) -> tuple[RunRecord, bool, int]:
+def _run(req: RunRequest, command: list[str], ledger: Ledger | None, run: RunRecord, state: _State, stdout,
+         log, job_note: str = "") -> tuple[RunRecord, bool, int]:
     """Start, supervise and clean up the command; record the end. Returns (run row, recorded, guard exit code)."""
     with proctree.subreaper():
         before = proctree.children_of(os.getpid())
@@ -207,16 +210,13 @@ def _run(req: RunRequest, command: list[str], ledger: Ledger, run: RunRecord, st
     if leftovers:
         note = (note + "; " if note else "") + f"stopped {leftovers} process(es) the command left running"
     actual, clipped = _charge(req, wall_s)
-    note = "; ".join(x for x in (note, clipped) if x)
+    note = "; ".join(x for x in (job_note, note, clipped) if x)
     return (*_record_end(ledger, run, log, status=status, exit_code=_exit_code(rc), wall_s=wall_s, actual_usd=actual,
                          note=note), guard_code)
 
 
-def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int | None = None,
-                log: Callable[[str], None] = lambda s: None) -> GuardOutcome:
-    """Reserve (or raise Refusal), run ``command`` under the time limit ``req.hours``, record the outcome."""
-    state = _State()
-
+def _forward_signals(state: _State) -> dict:
+    """Pass SIGINT, SIGTERM and SIGHUP on to the command; ignore Ctrl-Z. Returns the old handlers."""
     def on_signal(signum, frame) -> None:
         if state.received is None:
             state.received, state.received_at = signum, time.monotonic()
@@ -226,6 +226,37 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
     # Ctrl-Z would stop only the guard (the command has its own process group), and a stopped guard enforces no
     # time limit: ignore it (the watchdog's deadline covers an uncatchable SIGSTOP)
     old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    return old
+
+
+def run_follower(req: RunRequest, command: list[str], job_note: str, *, stdout: int | None = None,
+                 log: Callable[[str], None] = lambda s: None) -> GuardOutcome:
+    """A multi-node job's node other than the first: the first node's guard holds the one reservation for every
+    node's GPUs and charges it once; this node touches no ledger and runs ``command`` under the same time limit
+    (SIGTERM at ``req.hours``, SIGKILL after the grace), so the limit stops every node, each by its own guard."""
+    state = _State()
+    old = _forward_signals(state)
+    try:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        run = RunRecord(budget=req.budget, command=req.command, shell=req.shell, gpus=req.gpus, gpu=req.gpu,
+                        price_per_gpu_hour=req.price_per_gpu_hour, price_source=req.price_source, hours=req.hours,
+                        grace_s=req.grace_s, setup_hours=req.setup_hours, id=0, estimate_usd=0.0, reserved_usd=0.0,
+                        actual_usd=None, status="running", started_at=now, ended_at=None, wall_s=None, exit_code=None,
+                        note=job_note, host=os.uname().nodename, guard_pid=os.getpid(), guard_start=None, cwd=os.getcwd())
+        log(f"{job_note}. Starting: {req.command}")
+        rec, recorded, code = _run(req, command, None, run, state, stdout, log, job_note)
+        return GuardOutcome(rec, code, None, None, recorded)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int | None = None,
+                log: Callable[[str], None] = lambda s: None, job_note: str = "") -> GuardOutcome:
+    """Reserve (or raise Refusal), run ``command`` under the time limit ``req.hours``, record the outcome
+    (``job_note``: the multi-node job the reservation covers, in the row's note)."""
+    state = _State()
+    old = _forward_signals(state)
     try:
         check_before_creating(ledger_path, req.budget, req.ceiling_usd, req.parent, "--ceiling")
         with Ledger(ledger_path) as ledger:
@@ -245,7 +276,7 @@ def run_guarded(req: RunRequest, command: list[str], ledger_path, *, stdout: int
                 f"{fmt_usd(req.estimate_usd)} for {setup}{req.hours:g} h + {req.grace_s:g} s grace); spent "
                 f"{fmt_usd(b.spent_usd)}, reserved in all {fmt_usd(b.reserved_usd)}, ceiling {fmt_usd(b.ceiling_usd)}: "
                 f"{fmt_usd(b.remaining_usd)} left. Starting: {req.command}")
-            rec, recorded, code = _run(req, command, ledger, run, state, stdout, log)
+            rec, recorded, code = _run(req, command, ledger, run, state, stdout, log, job_note)
             return GuardOutcome(rec, code, change, ledger.budgets(req.budget)[0], recorded)
     finally:
         for s, h in old.items():

@@ -130,7 +130,7 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=20)
 
 
-def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False) -> tuple[dict, dict]:
+def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False, nproc: int = 1) -> tuple[dict, dict]:
     """Two nodes (one rank each) joined by torchrun's c10d rendezvous (``node_ranks``: each given --node-rank, a static
     rendezvous), in two network namespaces when ``hosts`` has them (each node names its address with --local-addr),
     else both on loopback: (head's JSON, other's JSON), the head being the node that ran global rank 0 (c10d numbers
@@ -138,7 +138,7 @@ def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False) -> t
     from shardlab.runtime.dist import free_port
 
     port = free_port()
-    common = ["run", "train", "--strategy", strategy, "--nproc-per-node", "1", "--nodes", "2", "--steps", "2",
+    common = ["run", "train", "--strategy", strategy, "--nproc-per-node", str(nproc), "--nodes", "2", "--steps", "2",
               "--timeout", "120", *extra, "--json"] + ([] if node_ranks else ["--rdzv-id", "e2e"])
     rank = [["--node-rank", str(k)] if node_ranks else [] for k in (0, 1)]
     if hosts:
@@ -184,6 +184,15 @@ def test_pipeline_across_two_nodes_checks_parity_on_every_stage(two_hosts):
     head, other = _two_nodes("pp", two_hosts, "--check-parity", node_ranks=True)
     assert head["layout"]["pp"] == 2 and head["parity"]["ok"] and head["parity"]["missing"] == []
     assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"]
+
+
+def test_ddp_and_tensor_parallel_across_two_nodes(two_hosts):
+    """ddp+tp-megatron over two nodes of two ranks each (c10d): TP pairs inside a node, the data-parallel all-reduce
+    across the two; parity holds on the gathered gradients and the head reports all four ranks."""
+    head, other = _two_nodes("ddp+tp-megatron", two_hosts, "--check-parity", nproc=2)
+    assert head["world_size"] == 4 and [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
+    assert head["layout"]["tp"] == 2 and head["layout"]["dp"] == 2 and head["parity"]["ok"]
+    assert other["report_elsewhere"] and len(other["ranks_here"]) == 2
 
 
 def test_hung_rank_ends_the_job_and_is_named():

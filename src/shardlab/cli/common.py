@@ -66,6 +66,7 @@ def _bounded():
         "stage_index": number_arg(integer=True, allow_zero=True, maximum=L.MAX_PIPELINE_STAGES, reason="pipeline ranks"),
         "factor": number_arg(integer=False, maximum=1e6, reason="a million times slower", smallest=L.MIN_SHARE),
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
+        "nodes": number_arg(integer=True, maximum=L.MAX_GPUS, reason="nodes (one GPU each at the least)"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),
         "iters": number_arg(integer=True, maximum=10**6, reason="a million iterations"),
         "gbit": number_arg(integer=False, maximum=1e6, reason="a petabit per second", smallest=L.MIN_SHARE),

@@ -55,6 +55,13 @@ def register(sub) -> None:
     p.add_argument("--grace-s", type=BOUNDED["seconds0"], default=10.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--ledger", default=None, metavar="PATH", help="ledger file (default: $SHARDLAB_LEDGER or the user's data dir)")
     p.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh (default: no shell)")
+    g = p.add_argument_group("a multi-node job (inside a Slurm allocation of several nodes: from SLURM_NNODES, "
+                             "SLURM_NODEID and SLURM_JOB_ID)")
+    g.add_argument("--nodes", type=BOUNDED["nodes"], default=None, metavar="N",
+                   help="nodes of the job, each running this guard: node 0 reserves and charges --gpus (all the "
+                        "job's GPUs) once, the others record nothing and stop their command at the same --hours")
+    g.add_argument("--node-rank", type=BOUNDED["node_rank"], default=None, metavar="K", help="this node (0 .. N-1)")
+    g.add_argument("--job-id", default=None, metavar="ID", help="the job's name in the ledger row's note")
     add_output_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the command to run")
     p.set_defaults(func=cmd_guard)
@@ -214,8 +221,23 @@ def cmd_guard(args) -> int:
 
     path = expand_user(args.ledger, "--ledger") if args.ledger else default_ledger_path()
     log = lambda s: print(f"guard: {s}", file=sys.stderr, flush=True)   # noqa: E731
+    nodes, rank, job = _job_nodes(args)
+    if nodes > 1 and rank > 0:
+        from shardlab.guard import run_follower
+
+        note = (f"node {rank} of job {job}'s {nodes}: covered by node 0's reservation of {args.gpus} GPUs, nothing "
+                f"recorded here; stopped at the same {args.hours:g} h")
+        out = run_follower(req, command, note, stdout=2 if args.json else None, log=log)
+        wall = "-" if out.run.wall_s is None else f"{out.run.wall_s:.1f} s"
+        log(f"node {rank} {out.run.status} (exit {out.run.exit_code}) after {wall}")
+        if args.json:
+            print(dumps({"ledger": None, "run": out.run.to_dict(), "budget": None, "exit_code": out.exit_code,
+                         "recorded": False, "node_rank": rank, "nodes": nodes, "job_id": job}))
+        return out.exit_code
+    note = (f"job {job}: one reservation for the {args.gpus} GPUs of its {nodes} nodes (node 0's guard; the others "
+            "stop their commands at the same limit)") if nodes > 1 else ""
     try:
-        out = run_guarded(req, command, path, stdout=2 if args.json else None, log=log)
+        out = run_guarded(req, command, path, stdout=2 if args.json else None, log=log, job_note=note)
     except Refusal as r:
         if args.json:
             print(dumps({"ledger": str(path), **r.to_dict()}))
@@ -231,6 +253,24 @@ def cmd_guard(args) -> int:
                      "recorded": out.recorded,
                      "ceiling_changed_from": out.ceiling_change[0] if out.ceiling_change else None}))
     return out.exit_code
+
+
+def _job_nodes(args) -> tuple[int, int, str]:
+    """(nodes, this node's rank, job id) of a guarded job: the flags, else a Slurm allocation of several nodes
+    (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_ID), else one node."""
+    import os
+
+    env = os.environ
+    slurm = env.get("SLURM_NNODES", "").isdigit() and int(env["SLURM_NNODES"]) > 1 and env.get("SLURM_NODEID", "").isdigit()
+    nodes = args.nodes or (int(env["SLURM_NNODES"]) if slurm else 1)
+    rank = args.node_rank if args.node_rank is not None else (int(env["SLURM_NODEID"]) if slurm and not args.nodes else 0)
+    job = args.job_id or (f"slurm-{env['SLURM_JOB_ID']}" if slurm and env.get("SLURM_JOB_ID") else "unnamed")
+    if rank >= nodes:
+        raise ShardlabError(f"--node-rank {rank} is outside 0..{nodes - 1} (--nodes {nodes})")
+    if args.job_id is not None and (not args.job_id.strip() or len(args.job_id) > 128 or
+                                    any(not (c.isalnum() or c in "._-") for c in args.job_id)):
+        raise ShardlabError("--job-id: up to 128 letters, digits, '.', '_' or '-'")
+    return nodes, rank, job
 
 
 def _check_budget_names(args) -> None:

@@ -50,9 +50,10 @@ def add_export_file_args(g, default_out: str = "print it") -> None:
     g.add_argument("--out", metavar="PATH", default=None,
                    help=f"write the file here; an existing file is kept unless --force (default: {default_out})")
     g.add_argument("--force", action="store_true", help="with --out: replace an existing file of that name")
-    g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm"), default=None,
+    g.add_argument("--launch", choices=("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "shardlab"),
+                   default=None,
                    help="slurm/skypilot: the framework each node runs (default: the plan's, or --framework's; torchtitan "
-                        "when that is none of these; vllm to serve)")
+                        "when that is none of these; vllm to serve; shardlab: `shardlab run train` on the layout)")
 
 
 # ---- building the job ----------------------------------------------------------------------------
@@ -174,7 +175,10 @@ def _write(exp, job, out: str | None, as_json: bool, force: bool = False):
             import sys
 
             sys.stderr.write(note + "\n")
-        return doc, exp.text.rstrip("\n")
+        from shardlab.render.table import KEEP
+
+        # the file itself: never wrapped to the terminal's width (a wrapped comment line is a command in a script)
+        return doc, "\n".join(KEEP + line for line in exp.text.rstrip("\n").split("\n"))
     rows = [[u.setting, str(u.value), u.why] for u in exp.unsupported] or [["(none)", "", "every setting carried over"]]
     text = "\n".join([f"wrote {out} ({exp.kind}; checked against {exp.checked_against})" if out else exp.kind,
                       f"launch: {exp.launch}", *([note] if note else []), "",

@@ -8,11 +8,12 @@ import re
 
 from shardlab.errors import ShardlabError
 
-INNER = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm")
+INNER = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "shardlab")
 EOF_MARK = "SHARDLAB_EOF"
 INSTALL = {"torchtitan": "pip install torchtitan==0.2.2", "deepspeed": "pip install deepspeed==0.19.8",
            "accelerate": "pip install accelerate==1.15.0", "vllm": "pip install vllm==0.11.0",
-           "megatron": "git clone --branch core_r0.16.0 https://github.com/NVIDIA/Megatron-LM && cd Megatron-LM && pip install -e ."}
+           "megatron": "git clone --branch core_r0.16.0 https://github.com/NVIDIA/Megatron-LM && cd Megatron-LM && pip install -e .",
+           "shardlab": "pip install torch==2.13.0 && pip install -e '.[runtime]'"}
 
 
 RUNS_AS = {"torchtitan": "torchtitan", "megatron": "megatron-lm", "deepspeed": "deepspeed", "accelerate": "pytorch-fsdp"}
@@ -56,6 +57,9 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
                                                           f"balancer in front")
         exp = dataclasses.replace(exp, unsupported=(*exp.unsupported, note))
         return "", _vllm_command(exp.text), exp
+    if inner == "shardlab":
+        exp = runtime_export(job, accelerate_rank, head)
+        return "", exp.text, exp
     inner_exp = render(job, spec, inner)
     fn = inner_exp.filename
     if inner == "torchtitan":
@@ -70,6 +74,61 @@ def node_commands(job, spec, inner: str, torchrun: str, accelerate_rank: str, he
                f"--machine_rank {accelerate_rank} --main_process_ip {head} --main_process_port 29500 train.py")
         return heredoc(fn, inner_exp.text), cmd, inner_exp
     return "", _vllm_command(inner_exp.text), inner_exp
+
+
+SLURM_RANK = "$SLURM_NODEID"
+"""The node-rank variable the Slurm launcher passes; ``shardlab run train`` reads Slurm's environment itself."""
+RUNTIME_STEPS = 10
+"""Steps of the exported runtime job: step 0 measures memory, step 1 records the collectives, the rest are timed."""
+
+
+def runtime_strategy(layout) -> tuple[str, list[str]]:
+    """``shardlab run train``'s --strategy and degree flags for a layout: fsdp for ZeRO-3 (else ddp when data-parallel),
+    tp-megatron beside ddp or DTensor tp under fsdp, pp, and ddp+ep for experts (combinations the runtime's
+    ``runtime.parallel.strategy`` accepts; ``runtime_export`` refuses experts beside tp, pp or fsdp as it does)."""
+    parts, flags = [], []
+    if layout.zero == 3:
+        parts.append("fsdp")
+    elif layout.dp > 1 or layout.ep > 1:
+        parts.append("ddp")
+    if layout.tp > 1:
+        parts.append("tp" if "fsdp" in parts else "tp-megatron")
+        flags += ["--tp", str(layout.tp)]
+    if layout.pp > 1:
+        parts.append("pp")
+        flags += ["--pp", str(layout.pp)]
+    if layout.ep > 1:
+        parts.append("ep")
+        flags += ["--ep", str(layout.ep)]
+    return "+".join(parts) or "ddp", flags
+
+
+def runtime_export(job, rank: str, head: str):
+    """The ``shardlab run train`` line each node runs (``--launch shardlab``): the plan's layout on the runtime's small
+    GPT (the layout is what it checks; the model's size is the estimate's business), every rank's memory, step time
+    and collectives measured against the predictions. Under Slurm the command reads SLURM_* for its rendezvous (a
+    static one: Slurm's node ids are the node ranks); elsewhere it gets the node rank and the head node's address."""
+    from shardlab.export.job import Export, Refused, Unsupported
+
+    if job.serve is not None:
+        raise Refused("--launch shardlab runs training layouts (shardlab run train); a serving job launches vllm")
+    strategy, flags = runtime_strategy(job.layout)
+    lay = job.layout
+    if lay.ep > 1 and (lay.tp > 1 or lay.pp > 1 or lay.zero == 3):
+        # the runtime's rule (runtime.parallel.strategy): experts run split over data-parallel ranks only
+        raise Refused(f"--launch shardlab: the runtime runs expert parallelism as ddp+ep only, not {strategy}; export "
+                      "this layout to a framework instead (--launch megatron)")
+    device = "cpu" if job.gpu.startswith("cpu") else "cuda"
+    cmd = ["shardlab", "run", "train", "--strategy", strategy, *flags, "--nproc-per-node", str(job.procs_per_node),
+           "--steps", str(RUNTIME_STEPS), "--device", device]
+    if job.nodes > 1 and rank != SLURM_RANK:
+        cmd += ["--nodes", str(job.nodes), "--node-rank", rank, "--rdzv-endpoint", f"{head}:29500"]
+    cmd.append("--json")
+    notes = (Unsupported("model", job.model, "the runtime runs the layout on its own small GPT (fp32): it checks the "
+                                             "layout's memory, collectives and step times against the predictions, "
+                                             "not the model's"),)
+    return Export("shardlab", "shardlab run train command", "", " ".join(cmd),
+                  "the runtime's strategy rules", notes)
 
 
 def _vllm_command(text: str) -> str:
@@ -98,4 +157,30 @@ def read_embedded(text: str, catalog):
         return read_text(text, catalog, "megatron")
     if "vllm serve" in text:
         return read_text(text, catalog, "vllm")
+    if re.search(r"^\s*(?:srun\s+)?shardlab run train ", text, flags=re.M):
+        return read_runtime_command(text)
     raise ShardlabError("the launcher script carries no framework file or command shardlab can read")
+
+
+def read_runtime_command(text: str):
+    """The layout of a ``shardlab run train`` line (``--launch shardlab``): its strategy's parts and degrees."""
+    from shardlab.export.job import Imported
+
+    line = re.search(r"^\s*(?:srun\s+)?shardlab run train .*$", text, flags=re.M)
+    words = line.group(0).split() if line else []
+    value = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    parts = value.get("--strategy", "ddp").split("+")
+    f: dict = {}
+    und = []
+    for flag in ("--tp", "--pp", "--ep"):
+        if flag in value and value[flag].isdigit():
+            f[flag[2:]] = int(value[flag])
+            und.append((f"{flag} {value[flag]}", f"{flag[2:]} {value[flag]}"))
+    if "fsdp" in parts:
+        f["zero"] = 3
+        und.append(("--strategy fsdp", "ZeRO-3"))
+    head = re.search(r"^# shardlab export --to \S+: train (\S+) on (\d+) × (\S+)", text, flags=re.M)
+    if head and head.group(2).isdigit() and len(head.group(2)) < 8:   # the runtime runs its own model: the header
+        f.update(model=head.group(1), gpus=int(head.group(2)), gpu=head.group(3))   # names the one it was planned for
+        und.append((f"header: {head.group(1)} on {head.group(2)} × {head.group(3)}", "model, gpus, gpu"))
+    return Imported("shardlab", f, tuple(und), ("the runtime's own small model (--steps, --device)",), None)

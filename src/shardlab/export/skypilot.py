@@ -48,6 +48,8 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
     text = (comment_block(comments)
             + f"name: shardlab-{re.sub(r'[^a-z0-9-]', '-', job.model.lower())}\n"
             + f"num_nodes: {job.nodes}\n"
+            # shardlab installs from its own source: the folder `sky launch` runs in, synced to every node
+            + ("workdir: .\n" if inner == "shardlab" else "")
             + "resources:\n"
             + f"  accelerators: {acc}:{job.procs_per_node}\n"
             + f"  use_spot: {'true' if job.notes.get('spot') else 'false'}\n"

@@ -155,7 +155,7 @@ def fit_text(text: str, limit: int | None = None) -> str:
 
     limit = limit or OUTPUT_WIDTH.get()
     if not limit:
-        return text
+        return "\n".join(line[len(KEEP):] if line.startswith(KEEP) else line for line in text.split("\n"))
     out = []
     for line in text.split("\n"):
         if line.startswith(KEEP):                    # a table row ``table`` could not narrow: whole
