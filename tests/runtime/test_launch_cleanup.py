@@ -104,7 +104,7 @@ def test_shardlab_run_killed_with_sigkill_leaves_no_rank(tmp_path):
 
     def training():
         seen.update(_descendants(p.pid))
-        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and b"distributed.run" not in _cmdline(q)]
+        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and not _is_launcher(q)]
         return len(ranks) >= 2 and all(b"step" in _heartbeat(q) for q in ranks)
     try:
         wait_for(training, 180, "both ranks to train")
@@ -130,7 +130,7 @@ def test_shardlab_run_json_interrupted_by_ctrl_c_prints_one_document(tmp_path):
 
     def training():
         seen.update(_descendants(p.pid))
-        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and b"distributed.run" not in _cmdline(q)]
+        ranks = [q for q in _descendants(p.pid) if b"train_worker" in _cmdline(q) and not _is_launcher(q)]
         return len(ranks) >= 2 and _steps_past(ranks, 3)
     try:
         wait_for(training, 180, "both ranks to train a few steps")
@@ -163,6 +163,12 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def _is_launcher(pid: int) -> bool:
+    """torchrun (started as shardlab.runtime.bound_run, or torch.distributed.run) names the rank module too."""
+    line = _cmdline(pid)
+    return b"bound_run" in line or b"distributed.run" in line
 
 
 def _heartbeat(pid: int) -> bytes:
