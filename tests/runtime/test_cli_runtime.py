@@ -198,20 +198,22 @@ def test_launch_flags_that_cannot_do_what_they_say_are_refused(argv, words):
     assert code == 2 and words in err and err.count("\n") == 1
 
 
-def test_node_ranks_mean_a_static_rendezvous_and_one_node_gets_its_own_id(monkeypatch):
+def test_node_ranks_mean_a_static_rendezvous_and_one_node_gets_its_own_id():
     import argparse
 
-    from shardlab.cli.runtime_cmds import torchrun_args
-    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV
+    import os
 
-    monkeypatch.delenv(BIND_ENV, raising=False)
-    monkeypatch.delenv(BIND_ANY_ENV, raising=False)
+    from shardlab.cli.runtime_cmds import torchrun_args
+    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV, launch_env
+
+    before = dict(os.environ)
     blank = dict(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, rdzv_backend=None)
     out = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 1, "rdzv_endpoint": "127.0.0.1:29500"}))
     assert out[out.index("--rdzv-backend") + 1] == "static" and out[out.index("--node-rank") + 1] == "1"
     ids = {torchrun_args(argparse.Namespace(**{**blank, "rdzv_endpoint": "127.0.0.1:29500"}))[-1] for _ in range(2)}
     assert len(ids) == 2 and all(i.startswith("shardlab-") for i in ids)          # never a fixed, guessable id
-    torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 0, "rdzv_endpoint": "0.0.0.0:29500",
-                                        "rdzv_bind_any": True, "local_addr": "127.0.0.1"}))
-    import os
-    assert os.environ[BIND_ANY_ENV] == "1"                                          # asked for explicitly
+    out = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 0, "rdzv_endpoint": "0.0.0.0:29500",
+                                              "rdzv_bind_any": True, "local_addr": "127.0.0.1"}))
+    env = launch_env(out)                       # what the launcher gives torchrun: never this process's environment
+    assert env[BIND_ANY_ENV] == "1" and env[BIND_ENV] == "127.0.0.1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert dict(os.environ) == before

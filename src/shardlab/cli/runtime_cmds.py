@@ -150,12 +150,7 @@ def torchrun_args(args) -> tuple[str, ...]:
     elif args.rdzv_backend or args.rdzv_id:
         raise ShardlabError("--rdzv-backend/--rdzv-id need --rdzv-endpoint HOST:PORT (node 0's address)")
     if getattr(args, "local_addr", None):
-        import os
-
-        from shardlab.runtime.preflight import bind_collectives_to
-
-        out += ["--local-addr", args.local_addr]
-        bind_collectives_to(args.local_addr, os.environ)      # the ranks inherit it
+        out += ["--local-addr", args.local_addr]     # the launcher binds the store and the collectives to it
         if (backend or "c10d") == "c10d" and args.rdzv_endpoint and \
                 args.rdzv_endpoint.rsplit(":", 1)[0].strip("[]") == args.local_addr.strip("[]"):
             # this node is the endpoint: it hosts the c10d store (torchrun matches the endpoint against the host
@@ -165,13 +160,11 @@ def torchrun_args(args) -> tuple[str, ...]:
 
 
 def _store_bind(args) -> None:
-    """Where this node's rendezvous store listens (``runtime.bound_run``, which the launcher runs as torchrun): the
-    --local-addr address when given (else the endpoint's host, or loopback for one node); a wildcard only with
-    --rdzv-bind-any. The ranks and torchrun inherit the settings through the environment."""
-    import os
-
+    """Refuse a wildcard endpoint or --local-addr unless --rdzv-bind-any asks for it: the rendezvous store would listen
+    on every interface (``runtime.bound_run``; the launcher sets the store's address from the flags,
+    ``preflight.launch_env``)."""
     from shardlab.errors import ShardlabError
-    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV, is_wildcard
+    from shardlab.runtime.preflight import is_wildcard
 
     named = [(flag, v) for flag, v in (("--local-addr", getattr(args, "local_addr", None)),
                                        ("--rdzv-endpoint", (args.rdzv_endpoint or "").rsplit(":", 1)[0] or None)) if v]
@@ -180,10 +173,6 @@ def _store_bind(args) -> None:
         raise ShardlabError(f"{wild[0]} names no single address: the rendezvous store would listen on every interface "
                             "and run what anyone who reaches it sends; name this node's address, or pass "
                             "--rdzv-bind-any to accept that")
-    if getattr(args, "rdzv_bind_any", False):
-        os.environ[BIND_ANY_ENV] = "1"
-    if getattr(args, "local_addr", None):
-        os.environ[BIND_ENV] = args.local_addr.strip("[]")
 
 
 def _need_what(args) -> int:

@@ -106,8 +106,15 @@ def launch(module: str, nproc: int, args: list[str], *, timeout_s: float, env: d
     temporary = not run_dir and not os.environ.get("SHARDLAB_KEEP_RUN_DIR")
     rd = Path(run_dir) if run_dir else _temp_run_dir()
     rd.mkdir(parents=True, exist_ok=True)
+    from shardlab.runtime.preflight import launch_env
+
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in launch_env(torchrun_args).items():     # the store's address, the collectives' interface
+        if k.endswith("_SOCKET_IFNAME"):
+            full_env.setdefault(k, v)                   # an interface the user set wins
+        else:
+            full_env[k] = v
     full_env.update(env or {})
     full_env["SHARDLAB_RUN_DIR"] = str(rd)
     # collectives time out well before the launcher does, so a hung rank's peers fail and name it

@@ -93,3 +93,22 @@ def bind_collectives_to(local_addr: str, env) -> str | None:
     env.setdefault("GLOO_SOCKET_IFNAME", name)
     env.setdefault("NCCL_SOCKET_IFNAME", name)
     return name
+
+
+def launch_env(torchrun_args) -> dict:
+    """Environment the launcher gives torchrun and the ranks from the rendezvous flags (never this process's own
+    environment): the store's bind address (``--local-addr``; ``runtime.bound_run``), the collectives' interface
+    (``bind_collectives_to``), and the wildcard permission when the flags name a wildcard (the command line refuses
+    one unless --rdzv-bind-any asked for it)."""
+    args = list(torchrun_args or ())
+
+    def value(flag: str) -> str | None:
+        return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+    env: dict = {}
+    local, endpoint = value("--local-addr"), value("--rdzv-endpoint")
+    if local:
+        env[BIND_ENV] = local.strip("[]")
+        bind_collectives_to(local.strip("[]"), env)
+    if any(v is not None and is_wildcard(v) for v in (local, endpoint.rsplit(":", 1)[0] if endpoint else None)):
+        env[BIND_ANY_ENV] = "1"
+    return env
