@@ -51,6 +51,17 @@ def cli_main(*args: str):
     return code, out.getvalue(), err.getvalue()
 
 
+_VALIDATE_INFERENCE: list = []
+
+
+def validate_inference_output() -> tuple[int, str, str]:
+    """`validate --inference --json` run once per test session (a full leave-one-source-out, about 30 s): the tests
+    that read it share one run (the catalog and the rows do not change while the suite runs)."""
+    if not _VALIDATE_INFERENCE:
+        _VALIDATE_INFERENCE.append(cli_main("validate", "--inference", "--json"))
+    return _VALIDATE_INFERENCE[0]
+
+
 def hand_edit(path, *statements) -> None:
     """Edit a SQLite file behind shardlab's back, as a user with the sqlite3 shell could: each statement is SQL text
     or (SQL, parameters); committed and closed."""

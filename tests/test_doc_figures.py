@@ -111,7 +111,11 @@ def test_report_risk_examples_are_what_plan_says():
 def test_inference_validation_summary_in_readme():
     """The README's serving accuracy line: leave-one-source-out and in-sample mean errors per target, and how many
     family targets (engine version × GPU generation, at least 5 measurements) are met."""
-    d = _json("validate", "--inference")["summary"]
+    from conftest import validate_inference_output
+
+    code, out, err = validate_inference_output()
+    assert code == 0, err
+    d = json.loads(out)["summary"]
     ins, loso = d["in_sample"]["by_group"], d["leave_one_source_out"]["by_group"]
     f = lambda s, g: f"{s[g]['mean_abs_error'] * 100:.1f}%"  # noqa: E731
     _assert_quoted("README.md", f"Out of sample (leave-one-source-out) the mean error is {f(loso, 'tpot')} on "

@@ -16,6 +16,11 @@ class _Pool:
 
     def __init__(self, args, spec, cluster, prec, engine, slo):
         self.args, self.spec, self.cluster, self.prec, self.engine, self.slo = args, spec, cluster, prec, engine, slo
+        from shardlab.catalog import get_catalog
+        from shardlab.cli.inference_cmds import speculation_kw
+
+        self.spec_kw = speculation_kw(args, spec, get_catalog(args.catalog))
+        """Speculative decoding settings every layout is prepared with (``prepare``'s keywords)."""
         self.cases: list = []
         self.by_key: dict = {}
         self.fluid: dict[int, tuple[float, float, str, dict]] = {}
@@ -41,7 +46,7 @@ class _Pool:
                 try:
                     c = prepare(self.spec, self.cluster, self.engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp,
                                 precision=self.prec, prompt_len=self.args.prompt_len, output_len=self.args.output_len,
-                                prefix_hit_rate=self.args.prefix_hit_rate)
+                                prefix_hit_rate=self.args.prefix_hit_rate, **self.spec_kw)
                 except ShardlabError as e:
                     self.by_key[key] = e
                 else:

@@ -53,6 +53,14 @@ def add_inference_args(p) -> None:
     g.add_argument("--prefix-hit-rate", type=BOUNDED["hit_share"], default=0.0, metavar="H",
                    help="share of each prompt already in the engine's prefix cache (shared system prompts, multi-turn "
                         "chats): not recomputed, its KV blocks shared (default 0)")
+    g.add_argument("--speculative-tokens", type=BOUNDED["spec_tokens"], default=None, metavar="K",
+                   help="speculative decoding: draft tokens proposed per sequence per step (1-16)")
+    g.add_argument("--draft", default=None, metavar="NAME",
+                   help="with --speculative-tokens: eagle (default), eagle3, or a catalog model id as the draft")
+    g.add_argument("--acceptance-rate", type=BOUNDED["share0"], default=None, metavar="A",
+                   help="with --speculative-tokens: per-token acceptance α (default: measured for eagle/eagle3)")
+    g.add_argument("--acceptance-length", type=BOUNDED["accept_len"], default=None, metavar="L",
+                   help="with --speculative-tokens: measured tokens per verification step instead of α")
     g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
                    help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")
@@ -148,6 +156,15 @@ def _check_serve_flags(args, plan: bool = False) -> None:
                             "goodput per GPU: drop --objective or give --concurrency/--arrival-rate")
 
 
+def speculation_kw(args, spec, catalog) -> dict:
+    """``prepare``'s speculation and draft_spec from the --speculative-tokens flags ({} without them)."""
+    from shardlab.serving.speculative import draft_spec, make_speculation
+
+    sp = make_speculation(getattr(args, "speculative_tokens", None), getattr(args, "draft", None),
+                          rate=getattr(args, "acceptance_rate", None), length=getattr(args, "acceptance_length", None))
+    return {} if sp is None else {"speculation": sp, "draft_spec": draft_spec(spec, sp.draft, catalog)}
+
+
 def estimate_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
 
@@ -168,11 +185,14 @@ def estimate_inference_cmd(args, catalog):
 
 
 def _estimate_static(args, spec, cluster, prec, engine):
+    from shardlab.cli.serve_cmds import speculation_line
     from shardlab.estimate.inference import estimate_inference, tp_versus_replicas
     from shardlab.render.table import kv_lines
 
+    from shardlab.catalog import get_catalog
+
     kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine,
-              prefix_hit_rate=args.prefix_hit_rate)
+              prefix_hit_rate=args.prefix_hit_rate, **speculation_kw(args, spec, get_catalog(args.catalog)))
     per_mb = -(-args.batch // args.pp)           # --batch is what is in flight, as plan reads it: pp micro-batches
     est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per_mb, **kw)
     if args.batch % args.pp:
@@ -181,12 +201,14 @@ def _estimate_static(args, spec, cluster, prec, engine):
     cmp = tp_versus_replicas(spec, cluster, tp=args.tp, batch=args.batch, **kw) if args.tp > 1 and args.pp == 1 else None
     doc = est.to_dict()
     doc["tp_vs_replicas"] = cmp
+    doc["speculation"] = est.case.speculation.to_dict() if est.case.speculation else None
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     acc, b = cluster.accelerator, est.case.blocks
     seq = est.full_length_tokens
     lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, {est.pp} micro-batch(es) "
              f"of {per_mb}, prompt {args.prompt_len} + output {args.output_len} tokens",
-             f"precision: {prec.label}; engine: {engine.id} ({engine.name}, version {engine.version})", "",
+             f"precision: {prec.label}; engine: {engine.id} ({engine.name}, version {engine.version})",
+             *([speculation_line(est.case.speculation)] if est.case.speculation else []), "",
              kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
                                            f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),
                        ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = "
@@ -261,6 +283,7 @@ def plan_inference_cmd(args, catalog):
                 served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
                                              prompt_len=args.prompt_len, output_len=args.output_len, precision=prec,
                                              prefix_hit_rate=args.prefix_hit_rate,
+                                             **speculation_kw(args, spec, catalog),
                                              engine=engine)
             except ShardlabError as e:                    # e.g. quantization groups split by this tp
                 reject(rejected, errors, e)

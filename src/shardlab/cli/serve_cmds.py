@@ -39,6 +39,12 @@ def _memory_lines(case) -> list[tuple[str, str]]:
             ("capacity", f"{case.capacity:,} sequences of {case.blocks_per_seq} blocks each ({held}); bound: {case.capacity_bound}")]
 
 
+def speculation_line(sp) -> str:
+    """One line saying how speculative decoding is priced."""
+    return (f"speculative decoding: {sp.draft} drafts {sp.tokens} tokens per step, {sp.acceptance_length:.2f} tokens "
+            f"per verification step ({sp.source}); TPOT = (verification of k + 1 positions + k draft steps) / that")
+
+
 def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.errors import ShardlabError
     from shardlab.render.table import kv_lines, table
@@ -49,8 +55,12 @@ def estimate_serve(args, spec, cluster, prec, engine):
 
     from shardlab.cli.inference_cmds import finite
 
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.inference_cmds import speculation_kw
+
     case = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, prompt_len=args.prompt_len,
-                   output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate)
+                   output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
+                   **speculation_kw(args, spec, get_catalog(args.catalog)))
     if case.capacity < 1:
         raise ShardlabError(f"{spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id} leaves room for "
                             f"{case.blocks.num_blocks} KV blocks, not one {args.prompt_len + args.output_len}-token sequence: "
@@ -76,7 +86,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "kv_blocks": case.blocks.to_dict(), "capacity": {"sequences": case.capacity, "bound": case.capacity_bound,
                                                            "blocks_per_sequence": case.blocks_per_seq},
-           "steady_state": res, "simulation": sim.to_dict() if sim else None, "limits": lim.to_dict(), "slo": slo}
+           "steady_state": res, "simulation": sim.to_dict() if sim else None, "limits": lim.to_dict(), "slo": slo,
+           "speculation": case.speculation.to_dict() if case.speculation else None}
     S = sim or _NO_SIM
     sm = (lambda x: _ms(x)) if sim else (lambda x: "–")  # noqa: E731
     rows = [["TTFT (ms)", _ms(res["ttft_s"]), sm(S.ttft_s.mean), sm(S.ttft_s.p50), sm(S.ttft_s.p99)],
@@ -107,6 +118,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
         f"shardlab estimate --inference --serve: {spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id}, "
         f"{engine.id} ({engine.name}, version {engine.version})",
         f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
+        *([speculation_line(case.speculation), ""] if case.speculation else []),
         kv_lines(_memory_lines(case)), "",
         table(["", "mean (steady state)", "mean (simulated)", "p50", "p99"], rows,
               title=(f"latency and throughput (simulation: {sim.requests} requests measured, {sim.cycles:,} cycles, "
@@ -160,11 +172,16 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
 
         return plan_capacity(args, spec, cluster, gpus, prec, engine)
     mode, load, words = _load(args)
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.inference_cmds import speculation_kw
+
+    spec_kw = speculation_kw(args, spec, get_catalog(args.catalog))
     cases, meta, rejected, errors = [], [], {}, {}
     for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
         try:
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
-                        prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate)
+                        prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
+                        **spec_kw)
         except ShardlabError as e:
             reject(rejected, errors, e)
             continue

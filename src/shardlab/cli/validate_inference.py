@@ -117,6 +117,10 @@ def inference_estimate_argv(run, case) -> list[str]:
     argv += ["--prompt-len", str(c["isl"]), "--output-len", str(c["osl"])]
     if c.get("prefix_hit_rate"):
         argv += ["--prefix-hit-rate", f"{c['prefix_hit_rate']:g}"]
+    if c.get("speculative_tokens"):
+        argv += ["--speculative-tokens", str(c["speculative_tokens"]), "--draft", c.get("draft", "eagle")]
+        if c.get("acceptance_length") is not None:
+            argv += ["--acceptance-length", f"{c['acceptance_length']:g}"]
     mode, n = run_mode(run, case.capacity)
     argv += (["--batch", str(int(n) * c.get("pp", 1))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
              else ["--serve", "--arrival-rate", f"{n:g}"])

@@ -177,10 +177,13 @@ def _parts(p: dict) -> dict:
 
 def static_batch(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, in_flight: int, prompt_len: int, output_len: int,
                  precision: InferencePrecision = BF16, engine: EngineProfile | None = None,
-                 overheads: Overheads = Overheads(), prefix_hit_rate: float = 0.0) -> tuple[ServeCase, dict]:
-    """(case, fluid numbers) of ``in_flight`` sequences served as one static batch on a TP×PP group."""
+                 overheads: Overheads = Overheads(), prefix_hit_rate: float = 0.0, speculation=None,
+                 draft_spec=None) -> tuple[ServeCase, dict]:
+    """(case, fluid numbers) of ``in_flight`` sequences served as one static batch on a TP×PP group (``speculation``
+    and its ``draft_spec``: speculative decoding, ``serving.speculative``)."""
     case = prepare(spec, cluster, engine or get_engine(None), tp=tp, pp=pp, precision=precision, prompt_len=prompt_len,
-                   output_len=output_len, overheads=overheads, prefix_hit_rate=prefix_hit_rate)
+                   output_len=output_len, overheads=overheads, prefix_hit_rate=prefix_hit_rate,
+                   speculation=speculation, draft_spec=draft_spec)
     res = fluid(arrays([case]), [0], [in_flight])
     return case, {k: float(v[0]) for k, v in res.items()}
 
@@ -188,12 +191,12 @@ def static_batch(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, in_flig
 def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: int = 1, batch: int = 1,
                        prompt_len: int = 1024, output_len: int = 256, precision: InferencePrecision = BF16,
                        engine: EngineProfile | None = None, overheads: Overheads = Overheads(),
-                       prefix_hit_rate: float = 0.0) -> InferenceEstimate:
+                       prefix_hit_rate: float = 0.0, speculation=None, draft_spec=None) -> InferenceEstimate:
     """Serve pp micro-batches of ``batch`` requests of ``prompt_len`` + ``output_len`` tokens on a TP×PP group
     (``prefix_hit_rate``: the share of each prompt already in the engine's prefix cache)."""
     case, res = static_batch(spec, cluster, tp=tp, pp=pp, in_flight=batch * pp, prompt_len=prompt_len,
                              output_len=output_len, precision=precision, engine=engine, overheads=overheads,
-                             prefix_hit_rate=prefix_hit_rate)
+                             prefix_hit_rate=prefix_hit_rate, speculation=speculation, draft_spec=draft_spec)
     S = case.prefill_tokens
     pre, pre_lines = step_lines(case, 0.0, 0.0, batch * S, batch * S * case.prefill_keys_per_token, batch)
     dec, dec_lines = step_lines(case, batch, batch * case.context_tokens)

@@ -13,7 +13,7 @@ other memory: CUDA context, library workspaces and NCCL buffers (``memory.overhe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError, field_name
@@ -24,6 +24,7 @@ from shardlab.memory.overheads import Overheads
 from shardlab.serving.engines import EngineProfile
 from shardlab.serving.precision import InferencePrecision
 from shardlab.serving.rates import rates_for
+from shardlab.serving.speculative import Speculation, draft_extra_params
 from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -73,6 +74,10 @@ class ServeCase:
     """... seconds per token of the step."""
     prefix_hit_rate: float = 0.0
     """Share of each prompt's tokens already in the engine's prefix cache (computed once, shared by the requests)."""
+    speculation: Speculation | None = None
+    """Speculative decoding settings (``serving.speculative``), or None."""
+    draft: StepModel | None = None
+    """The draft's step model on a TP rank (its weights, head and KV per token), with speculation."""
 
     @property
     def gpus(self) -> int:
@@ -107,9 +112,11 @@ def _held(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
 def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int = 1, pp: int = 1,
             precision: InferencePrecision = InferencePrecision(), prompt_len: int = 1024, output_len: int = 256,
             scheduler_steps: int | None = None, overheads: Overheads = Overheads(),
-            prefix_hit_rate: float = 0.0) -> ServeCase:
+            prefix_hit_rate: float = 0.0, speculation: Speculation | None = None,
+            draft_spec: ModelSpec | None = None) -> ServeCase:
     """Build the ServeCase of one replica (KV blocks, capacity, step models); the engine takes its defaults for the
-    GPU (``EngineProfile.for_gpu``)."""
+    GPU (``EngineProfile.for_gpu``). With ``speculation``, ``draft_spec`` (``speculative.draft_spec``) is priced on
+    the replica's last stage: its weights and KV beside the target's, its steps in every decode cycle."""
     validate(Layout(tp=tp, pp=pp), spec)
     engine = engine.for_gpu(cluster.accelerator)
     if not 0.0 <= prefix_hit_rate < 1.0:
@@ -125,6 +132,20 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
     weights = weight_bytes_per_rank(spec, tp, pp, precision=precision)
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
+    draft = None
+    if speculation is not None:
+        if draft_spec is None:
+            raise ShardlabError("speculative decoding needs its draft (serving.speculative.draft_spec)")
+        validate(Layout(tp=tp), draft_spec)
+        draft = stage_models(draft_spec, cluster, tp, 1, precision)[0]
+        extra = draft_extra_params(spec, speculation.draft)     # EAGLE's feature fc (h·n × h) beside its layer
+        draft = replace(draft, dense_weight_bytes=draft.dense_weight_bytes + 2.0 * extra / tp,
+                        gemm_flops_per_token=draft.gemm_flops_per_token + 2.0 * extra / tp)
+        # memory: an EAGLE head shares the target's embedding (and EAGLE-1 its output head); a draft model holds all
+        own = (draft.dense_weight_bytes + (draft.head_weight_bytes if speculation.draft == "eagle3" else 0.0)
+               if speculation.draft in ("eagle", "eagle3") else sum(weight_bytes_per_rank(draft_spec, tp, 1, precision=precision)))
+        weights = [*weights[:-1], weights[-1] + int(own)]
+        kv_tok = [*kv_tok[:-1], kv_tok[-1] + kv_cache_bytes_per_token(draft_spec, tp, 1, precision.kv_bytes)[0]]
     act = activation_peak_bytes(spec, tp, budget, engine.max_num_seqs)
     other = overheads.cuda_context_bytes + overheads.library_workspace_bytes + (overheads.nccl_bytes_per_group
                                                                                 if tp * pp > 1 else 0)
@@ -152,4 +173,4 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     acc = cluster.accelerator
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
-                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate)
+                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate, speculation, draft)

@@ -112,7 +112,10 @@ class _Replica:
                                 f"{field_name('layout.tp')}/{field_name('layout.pp')}, quantize, or shorten the "
                                 "request")
         self.a = scalars(case)
-        self.pre, self.gen, self.held, self.ve = (np.zeros(n, dtype=np.int64) for _ in range(4))
+        self.pre, self.held, self.ve = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        # tokens generated; a speculative decode cycle adds the acceptance length (a mean, fractional) to each
+        self.step = float(case.speculation.acceptance_length) if case.speculation else 1.0
+        self.gen = np.zeros(n, dtype=np.float64 if self.step != 1.0 else np.int64)
         self.free = case.blocks.num_blocks
         self.engines: list[list[int]] = [[] for _ in range(case.pp)]
         self.preemptions = 0
@@ -158,7 +161,11 @@ class _Replica:
         if self.eng.kv_admission != "on-demand" or not len(decoders):
             return set()
         pos = self.S - self.hit + self.gen[decoders]
-        grow = decoders[(pos % self.eng.kv_block_size == 0) & ((pos < self.window) if self.window else True)]
+        if self.step == 1.0:
+            grow = decoders[(pos % self.eng.kv_block_size == 0) & ((pos < self.window) if self.window else True)]
+        else:        # a cycle adds `step` tokens: a block when they cross into one the sequence does not hold yet
+            top = np.minimum(pos + self.step, self.window) if self.window else pos + self.step
+            grow = decoders[np.ceil(top / self.eng.kv_block_size) > self.held[decoders]]
         victims = set()
         while len(grow) > self.free:
             ve = max(range(len(self.engines)), key=lambda v: len(self.engines[v]))
@@ -254,7 +261,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         cycles += 1
         for r, c in ch:
             rep.pre[r] += c
-        rep.gen[d] += 1
+        rep.gen[d] += rep.step if rep.step != 1.0 else 1
         for r in fin:
             first[r], rep.gen[r] = end, 1
         for r in list(d) + fin:

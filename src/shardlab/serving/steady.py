@@ -77,6 +77,12 @@ class Arrays:
     """Pipeline send per boundary per step: latency part."""
     p2p_s_per_token: np.ndarray
     """... seconds per token of the step."""
+    draft: StepModel
+    """The speculative draft's step model (the target's own where there is no speculation: never run)."""
+    spec_tokens: np.ndarray
+    """Draft tokens per sequence per decode cycle, k (0: no speculation)."""
+    spec_accept: np.ndarray
+    """Tokens a decode cycle produces per sequence: the acceptance length (1 without speculation)."""
 
 
 def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overhead_s=None) -> Arrays:
@@ -89,14 +95,19 @@ def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overh
                   f(lambda c: c.engine.chunked_prefill), f(lambda c: c.scheduler_steps), f(lambda c: c.capacity),
                   f(lambda c: c.prefill_tokens), f(lambda c: c.prefill_keys_per_token), f(lambda c: c.output_len),
                   f(lambda c: c.context_tokens),
-                  f(lambda c: c.p2p_fixed_s), f(lambda c: c.p2p_s_per_token))
+                  f(lambda c: c.p2p_fixed_s), f(lambda c: c.p2p_s_per_token),
+                  stack([c.draft or c.whole for c in cases]),
+                  f(lambda c: c.speculation.tokens if c.speculation else 0),
+                  f(lambda c: c.speculation.acceptance_length if c.speculation else 1.0))
 
 
 def scalars(c: ServeCase) -> Arrays:
     """One ServeCase as an Arrays of plain floats (the simulation steps through it one cycle at a time)."""
     return Arrays(c.whole, c.slowest, c.kernels, c.engine.request_overhead_us * 1e-6, c.pp, c.budget_tokens,
                   float(c.engine.scheduling == "mixed"), float(c.engine.chunked_prefill), c.scheduler_steps, c.capacity,
-                  c.prefill_tokens, c.prefill_keys_per_token, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token)
+                  c.prefill_tokens, c.prefill_keys_per_token, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token,
+                  c.draft or c.whole, float(c.speculation.tokens if c.speculation else 0),
+                  float(c.speculation.acceptance_length if c.speculation else 1.0))
 
 
 def take(a, idx):
@@ -109,7 +120,8 @@ def take(a, idx):
 def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
     """(B, overloaded) of cases under Poisson arrivals λ: the root of f(B) = B − λ·O·cycle(B) on [0, Bmax],
     by the Illinois variant of regula falsi (Dowell & Jarratt 1971, BIT 11) on the bracket."""
-    f = lambda B: B - lam * a.O * _cycle(a, B * (a.O - 1) / a.O, B / a.O, poisson=True)["cycle_s"]  # noqa: E731
+    Oc = cycles_per_request(a)
+    f = lambda B: B - lam * Oc * _cycle(a, B * (Oc - 1) / Oc, B / Oc, poisson=True)["cycle_s"]  # noqa: E731
     lo, hi = np.zeros_like(Bmax), Bmax.copy()
     flo, fhi = f(lo), f(hi)
     over = fhi < 0
@@ -127,6 +139,12 @@ def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
     return np.where(over, Bmax, B), over
 
 
+def cycles_per_request(a: Arrays):
+    """Decode cycles a request spends decoding, counted as O output tokens / tokens per cycle (1, or the
+    speculative acceptance length), at least 1."""
+    return np.maximum(a.O / a.spec_accept, 1.0)
+
+
 def _through(a: Arrays, tokens):
     """Pipeline sends of one step through all stage boundaries."""
     return (a.pp - 1) * (a.p2p_fixed_s + tokens * a.p2p_s_per_token)
@@ -139,9 +157,18 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     layers), so the pass through all stages pays the engine's per-step and per-sequence overheads once per stage."""
     sampled = D if sampled is None else sampled
     k = a.kernels
-    through = (step_time(a.whole, k, D, Kd, P, pairs, sampled) + _through(a, D + P)
+    # speculative decoding (serving.speculative): each decoding sequence verifies its k drafted tokens beside its own
+    # (k more positions, each attending to the sequence's cached keys: no more KV read, k more pairs per key), and
+    # the draft runs k steps over the D sequences (the first also over the step's prompt tokens)
+    spec = a.spec_tokens
+    extra = spec * D
+    through = (step_time(a.whole, k, D, Kd, P + extra, pairs + spec * Kd, sampled + extra) + _through(a, D + P + extra)
                + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * sampled))
-    return through, step_time(a.slowest, a.kernels, D, Kd, P, pairs, sampled)
+    stage = step_time(a.slowest, a.kernels, D, Kd, P + extra, pairs + spec * Kd, sampled + extra)
+    drafting = np.where((spec > 0) & (np.asarray(D) > 0),
+                        step_time(a.draft, k, D, Kd, P, pairs, D)
+                        + np.maximum(spec - 1, 0) * step_time(a.draft, k, D, Kd, 0.0, 0.0, D), 0.0)
+    return through + drafting, stage + drafting
 
 
 def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
@@ -266,24 +293,26 @@ def fluid(a: Arrays, mode, n) -> dict:
     if rate.size:
         B[rate], over[rate] = _rate_in_flight(take(a, rate), lam[rate], Bmax[rate])
     # static batch: decode all B, no new prompts; steady modes: D decoding, r prompts per cycle
-    D = np.where(mode == 0, B, B * (O - 1) / O)
-    r = np.where(mode == 0, 0.0, B / O)
+    Oc = cycles_per_request(a)                    # O, or O / acceptance length with speculative decoding
+    D = np.where(mode == 0, B, B * (Oc - 1) / Oc)
+    r = np.where(mode == 0, 0.0, B / Oc)
     pois = mode == 2
     cyc = _cycle(a, D, r, poisson=pois)
-    tpot = cyc["cycle_s"]
+    cycle_s = cyc["cycle_s"]
+    tpot = cycle_s / a.spec_accept
     nb = np.where(mode == 0, B, cyc["prefill_batch"])
     prefill = _prefill_latency(a, np.where(mode == 0, 0.0, D), np.where(mode == 0, 0.0, r), nb, pois)
     batch_prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * S, B * S * a.L, B) + _through(a, B * S) \
         + (np.ceil(B * S / a.budget) - 1) * a.kernels.step_overhead_s + a.kernels.first_token_overhead_s
-    req_s = np.where(mode == 0, 0.0, B / (O * tpot))
+    req_s = np.where(mode == 0, 0.0, B / (Oc * cycle_s))
     t1 = _one_prompt_s(a, D, r, pois)
     rho = np.minimum(lam * t1, 0.999999)
     queue = np.where(mode == 2, rho * t1 / (2 * (1 - rho)), np.where(mode == 1, np.maximum(n - B, 0) / np.maximum(req_s, 1e-12), 0.0))
     busy = np.where(mode == 2, 1 - np.exp(-B), 1.0)        # P(engine busy) under Poisson arrivals (M/G/∞)
-    ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + busy * a.steps * tpot / 2 + prefill + queue)
+    ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + busy * a.steps * cycle_s / 2 + prefill + queue)
     ttft = np.where(over, np.inf, ttft)
     e2e = np.where(mode == 0, batch_prefill + (O - 1) * tpot, ttft + (O - 1) * tpot)
-    req_s = np.where(mode == 0, B / e2e, np.where(over, B / (O * tpot), req_s))
+    req_s = np.where(mode == 0, B / e2e, np.where(over, B / (Oc * cycle_s), req_s))
     return {"in_flight": B, "decoding": D, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": e2e, "requests_per_s": req_s,
             "output_tokens_per_s": req_s * O, "overloaded": over, "queue_s": queue, "max_in_flight": Bmax,
             "prefill_s": np.where(mode == 0, batch_prefill, prefill)}

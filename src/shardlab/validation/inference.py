@@ -29,7 +29,8 @@ METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", 
 """Measured metric -> the target it counts for (e2e of a static batch is per-token latency × tokens)."""
 _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", "activations", "group_size", "isl", "osl",
              "mode", "requests", "qps", "concurrency", "batch", "target", "dataset", "build", "settings", "assumed",
-             "ttft_stat", "tpot_stat", "e2e_stat", "prefix_hit_rate"} | set(METRICS)
+             "ttft_stat", "tpot_stat", "e2e_stat", "prefix_hit_rate", "speculative_tokens", "draft",
+             "acceptance_length"} | set(METRICS)
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 
@@ -103,9 +104,14 @@ def run_case(run: InferenceRun, catalog, engine: EngineProfile | None = None):
     prec = make_precision(c.get("weights", "bf16"), c.get("group_size"), c.get("kv_cache", "bf16"), c.get("activations"),
                           acc.peak_tflops)
     eng = run_engine(run, engine)
-    return prepare(catalog.model(c["model"]), cluster, eng, tp=c["tp"], pp=c.get("pp", 1), precision=prec,
+    spec = catalog.model(c["model"])
+    from shardlab.serving.speculative import draft_spec, make_speculation
+
+    speculation = make_speculation(c.get("speculative_tokens"), c.get("draft"), length=c.get("acceptance_length"))
+    return prepare(spec, cluster, eng, tp=c["tp"], pp=c.get("pp", 1), precision=prec,
                    prompt_len=c["isl"], output_len=c["osl"], scheduler_steps=eng.scheduler_steps,
-                   prefix_hit_rate=float(c.get("prefix_hit_rate", 0.0)))
+                   prefix_hit_rate=float(c.get("prefix_hit_rate", 0.0)), speculation=speculation,
+                   draft_spec=draft_spec(spec, speculation.draft, catalog) if speculation else None)
 
 
 def run_mode(run: InferenceRun, capacity: int) -> tuple[int, float]:
