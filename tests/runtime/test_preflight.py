@@ -25,7 +25,14 @@ def test_reachable_names_and_one_machine_pass():
     check("node0:29500", node0=["10.0.0.1"], worker1=["10.0.0.2"])
     check("127.0.0.1:29500")                                      # every node on this machine
     check("node0:29500", node0=["127.0.0.1"], worker1=["127.0.1.1"])   # the endpoint is this machine
-    check("node0:29500", "10.0.0.2", node0=["10.0.0.1"])          # --local-addr given: nothing to look up
+    check("node0:29500", "127.0.0.1", node0=["10.0.0.1"])         # --local-addr given (held here): nothing to look up
+
+
+def test_an_endpoint_that_does_not_resolve_and_an_address_not_held_here_are_refused():
+    with pytest.raises(ShardlabError, match="endpoint's host 'node9' does not resolve on this node"):
+        check("node9:29500", worker1=["10.0.0.2"])
+    with pytest.raises(ShardlabError, match="--local-addr 192.0.2.77 is not an address of this node"):
+        check("node0:29500", "192.0.2.77", node0=["10.0.0.1"])
 
 
 @pytest.mark.parametrize("table,match", [

@@ -163,27 +163,28 @@ def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False, npro
 
 
 def test_two_nodes_are_one_job_with_one_report(two_hosts):
-    """fsdp over two nodes (two network namespaces where they can be made) with --check-parity: the node that ran
-    global rank 0 reports every rank (memory exact, parity ok on the gathered gradients); the other node exits 0 with
+    """fsdp over two nodes of two ranks each (two network namespaces where they can be made) with --check-parity: the
+    node that ran global rank 0 reports every rank (memory exact, parity ok on the gathered gradients); the other node exits 0 with
     a document that says where the report is."""
-    head, other = _two_nodes("fsdp", two_hosts, "--check-parity")
-    assert head["world_size"] == 2 and [r["rank"] for r in head["ranks"]] == [0, 1]
+    head, other = _two_nodes("fsdp", two_hosts, "--check-parity", nproc=2)
+    assert head["world_size"] == 4 and [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
     assert head["parity"]["ok"] and not head["parity"]["missing"] and head["memory_states_exact"]
     assert {r["node"]["group_rank"] for r in head["ranks"]} == {0, 1}
-    assert other["report_elsewhere"] is True and other["ranks_here"] == [1] and "global rank 0" in other["report"]
+    assert other["report_elsewhere"] is True and other["ranks_here"] == [2, 3] and "global rank 0" in other["report"]
     from shardlab.runtime.train_report import render_train
 
     line = render_train(other)
-    assert "\n" not in line and "ran rank(s) 1 of 2" in line and "parity" in line
+    assert "\n" not in line and "ran rank(s) 2, 3 of 4" in line and "parity" in line
 
 
 def test_pipeline_across_two_nodes_checks_parity_on_every_stage(two_hosts):
     """pp over two nodes given their node ranks (a static rendezvous: node 0 hosts the store and runs stage 0): stage
     1's gradients live on the other node; gathered to rank 0, parity compares every tensor (it reported 19
     "missing" before the job's report was one)."""
-    head, other = _two_nodes("pp", two_hosts, "--check-parity", node_ranks=True)
-    assert head["layout"]["pp"] == 2 and head["parity"]["ok"] and head["parity"]["missing"] == []
-    assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"]
+    head, other = _two_nodes("pp", two_hosts, "--check-parity", node_ranks=True, nproc=2)
+    assert head["layout"]["pp"] == 4 and head["parity"]["ok"] and head["parity"]["missing"] == []
+    assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"] and other["ranks_here"] == [2, 3]
+    assert [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
 
 
 def test_ddp_and_tensor_parallel_across_two_nodes(two_hosts):

@@ -40,14 +40,19 @@ def _loopback(addr: str) -> bool:
 
 def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=socket.gethostname,
                          resolve=socket.getaddrinfo) -> None:
-    """Refuse, in one line naming the fix, a node the others could not reach by the name torchrun hands out."""
+    """Refuse, in one line naming the fix, a node the others could not reach by the name torchrun hands out, an
+    endpoint this node cannot resolve, and a --local-addr no interface of this node holds."""
     host = endpoint.rsplit(":", 1)[0].strip("[]")
+    if local_addr and not is_wildcard(local_addr) and _is_ipv4(local_addr) and interface_of(local_addr) is None:
+        raise ShardlabError(f"--local-addr {local_addr} is not an address of this node (no interface holds it): name "
+                            "this node's own address on the network the nodes share")
     if local_addr or _loopback(host):
         return
     try:
         host_ips = {ai[4][0] for ai in resolve(host, None)}
     except (OSError, UnicodeError):
-        host_ips = set()
+        raise ShardlabError(f"the rendezvous endpoint's host '{host[:64]}' does not resolve on this node: give its "
+                            "address (--rdzv-endpoint ADDR:PORT) or add the name to /etc/hosts") from None
     if host_ips and all(_loopback(ip) for ip in host_ips):
         return                     # the endpoint is this machine itself: every node is here
     name = hostname()
@@ -61,6 +66,13 @@ def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=sock
         raise ShardlabError(f"this node's host name '{name[:64]}' resolves only to {sorted(ips)[0]} (loopback), which the "
                             f"other nodes cannot reach: pass --local-addr ADDR (this node's address on the network the "
                             f"nodes share), or map the name to that address in /etc/hosts")
+
+
+def _is_ipv4(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).version == 4
+    except ValueError:
+        return False
 
 
 def interface_of(addr: str) -> str | None:
