@@ -33,6 +33,17 @@ def test_an_endpoint_that_does_not_resolve_and_an_address_not_held_here_are_refu
         check("node9:29500", worker1=["10.0.0.2"])
     with pytest.raises(ShardlabError, match="--local-addr 192.0.2.77 is not an address of this node"):
         check("node0:29500", "192.0.2.77", node0=["10.0.0.1"])
+    from shardlab.runtime import preflight
+
+    assert preflight._routable("127.0.0.1", 29500)            # a UDP connect picks a route and sends nothing
+
+
+def test_an_endpoint_without_a_route_is_refused(monkeypatch):
+    """No route to the endpoint's address (the kernel's UDP connect fails at once): one line before anything starts;
+    stubbed here, since this host may route every address."""
+    monkeypatch.setattr("shardlab.runtime.preflight._routable", lambda ip, port: False)
+    with pytest.raises(ShardlabError, match="no route to the rendezvous endpoint node0 .10.0.0.1."):
+        check("node0:29500", node0=["10.0.0.1"], worker1=["10.0.0.2"])
 
 
 @pytest.mark.parametrize("table,match", [

@@ -41,12 +41,12 @@ def _loopback(addr: str) -> bool:
 def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=socket.gethostname,
                          resolve=socket.getaddrinfo) -> None:
     """Refuse, in one line naming the fix, a node the others could not reach by the name torchrun hands out, an
-    endpoint this node cannot resolve, and a --local-addr no interface of this node holds."""
+    endpoint this node cannot resolve or has no route to, and a --local-addr no interface of this node holds."""
     host = endpoint.rsplit(":", 1)[0].strip("[]")
     if local_addr and not is_wildcard(local_addr) and _is_ipv4(local_addr) and interface_of(local_addr) is None:
         raise ShardlabError(f"--local-addr {local_addr} is not an address of this node (no interface holds it): name "
                             "this node's own address on the network the nodes share")
-    if local_addr or _loopback(host):
+    if _loopback(host):
         return
     try:
         host_ips = {ai[4][0] for ai in resolve(host, None)}
@@ -55,6 +55,13 @@ def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=sock
                             "address (--rdzv-endpoint ADDR:PORT) or add the name to /etc/hosts") from None
     if host_ips and all(_loopback(ip) for ip in host_ips):
         return                     # the endpoint is this machine itself: every node is here
+    port = endpoint.rsplit(":", 1)[1] if ":" in endpoint else "29500"
+    if not any(_routable(ip, int(port) if port.isdigit() else 29500) for ip in host_ips):
+        raise ShardlabError(f"this node has no route to the rendezvous endpoint {host[:64]} ({sorted(host_ips)[0]}): "
+                            "check the network between the nodes, or give the endpoint's address on a network this "
+                            "node shares with it")
+    if local_addr:
+        return                     # the others reach this node by the address it names, not by its host name
     name = hostname()
     try:
         ips = {ai[4][0] for ai in resolve(name, None)}
@@ -66,6 +73,18 @@ def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=sock
         raise ShardlabError(f"this node's host name '{name[:64]}' resolves only to {sorted(ips)[0]} (loopback), which the "
                             f"other nodes cannot reach: pass --local-addr ADDR (this node's address on the network the "
                             f"nodes share), or map the name to that address in /etc/hosts")
+
+
+def _routable(ip: str, port: int) -> bool:
+    """Whether the kernel has a route to ``ip`` (a UDP connect sends nothing: it only picks the route and the
+    source address, and fails at once with 'Network is unreachable' when there is none)."""
+    try:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((ip.split("%", 1)[0], port))
+        return True
+    except OSError:
+        return False
 
 
 def _is_ipv4(addr: str) -> bool:
