@@ -241,3 +241,6 @@ def test_a_multi_node_job_is_one_reservation_and_one_limit(tmp_path):
     code, _, err = cli_main("guard", "--budget-name", "lab", "--gpus", "2", "--price", "1", "--hours", "1",
                             "--nodes", "2", "--node-rank", "2", "--", "true")
     assert code == 2 and "--node-rank 2 is outside 0..1" in err
+    code, _, err = cli_main("guard", "--budget-name", "lab", "--gpus", "2", "--price", "1", "--hours", "1",
+                            "--nodes", "2", "--", "true")          # outside Slurm: every node would charge the job
+    assert code == 2 and "--nodes 2 needs --node-rank K" in err

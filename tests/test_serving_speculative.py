@@ -63,13 +63,13 @@ def test_a_draft_model_must_share_the_tokenizer():
 
 
 def test_a_decode_cycle_is_a_verification_and_k_draft_steps_over_the_acceptance_length():
-    """Batch 1: TPOT = (target step over 1 + k positions, the k extra attending to the cached keys + k steps of the
-    draft) / AL; the EAGLE head is one of the target's layers with its fc (2h × h) and the target's head."""
+    """Batch 1: TPOT = (target step over 1 + k positions, the k extra attending to the cached keys, replayed as a
+    CUDA graph like any decode step + k steps of the draft) / AL; the EAGLE head is one of the target's layers with its fc (2h × h) and the target's head."""
     k, L = 3, 2.29
     case = _case(k, length=L)
     a = scalars(case)
     ctx = case.context_tokens
-    verify = step_time(case.whole, case.kernels, 1.0, ctx, float(k), k * ctx, 1.0 + k)
+    verify = step_time(case.whole, case.kernels, 1.0, ctx, 0.0, k * ctx, 1.0 + k, float(k))   # a graphed decode step
     drafting = step_time(case.draft, case.kernels, 1.0, ctx, 0.0, 0.0, 1.0)
     res = fluid(arrays([case]), [0], [1])
     assert res["tpot_s"][0] == pytest.approx((verify + k * drafting) / L, rel=1e-9)

@@ -204,7 +204,7 @@ def test_node_ranks_mean_a_static_rendezvous_and_one_node_gets_its_own_id():
     import os
 
     from shardlab.cli.runtime_cmds import torchrun_args
-    from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV, launch_env
+    from shardlab.runtime.preflight import BIND_ANY_ENV, launch_env, is_wildcard
 
     before = dict(os.environ)
     blank = dict(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, rdzv_backend=None)
@@ -215,5 +215,7 @@ def test_node_ranks_mean_a_static_rendezvous_and_one_node_gets_its_own_id():
     out = torchrun_args(argparse.Namespace(**{**blank, "nnodes": "2", "node_rank": 0, "rdzv_endpoint": "0.0.0.0:29500",
                                               "rdzv_bind_any": True, "local_addr": "127.0.0.1"}))
     env = launch_env(out)                       # what the launcher gives torchrun: never this process's environment
-    assert env[BIND_ANY_ENV] == "1" and env[BIND_ENV] == "127.0.0.1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env[BIND_ANY_ENV] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert all(is_wildcard(w) for w in ("0", "0.0", "0x0", "0.0.0.0", "::", "[::]", ""))   # every spelling
+    assert not any(is_wildcard(w) for w in ("127.0.0.1", "10.0.0.1", "node0", "::1"))
     assert dict(os.environ) == before

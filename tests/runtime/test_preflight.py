@@ -24,8 +24,13 @@ def check(endpoint, local_addr=None, **table):
 def test_reachable_names_and_one_machine_pass():
     check("node0:29500", node0=["10.0.0.1"], worker1=["10.0.0.2"])
     check("127.0.0.1:29500")                                      # every node on this machine
-    check("node0:29500", node0=["127.0.0.1"], worker1=["127.0.1.1"])   # the endpoint is this machine
     check("node0:29500", "127.0.0.1", node0=["10.0.0.1"])         # --local-addr given (held here): nothing to look up
+
+
+def test_an_endpoint_name_that_resolves_to_loopback_here_is_refused():
+    """Debian's '127.0.1.1 hostname' line on the store's node: the store would listen where no other node reaches."""
+    with pytest.raises(ShardlabError, match="resolves only to 127.0.1.1 .loopback. on this node"):
+        check("node0:29500", node0=["127.0.1.1"], worker1=["10.0.0.2"])
 
 
 def test_an_endpoint_that_does_not_resolve_and_an_address_not_held_here_are_refused():

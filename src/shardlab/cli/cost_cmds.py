@@ -263,7 +263,15 @@ def _job_nodes(args) -> tuple[int, int, str]:
     env = os.environ
     slurm = env.get("SLURM_NNODES", "").isdigit() and int(env["SLURM_NNODES"]) > 1 and env.get("SLURM_NODEID", "").isdigit()
     nodes = args.nodes or (int(env["SLURM_NNODES"]) if slurm else 1)
-    rank = args.node_rank if args.node_rank is not None else (int(env["SLURM_NODEID"]) if slurm and not args.nodes else 0)
+    node_id = env.get("SLURM_NODEID", "")
+    if args.node_rank is not None:
+        rank = args.node_rank
+    elif nodes > 1 and node_id.isdigit():
+        rank = int(node_id)
+    elif nodes > 1:               # every node would take itself for node 0 and charge the whole job again
+        raise ShardlabError(f"--nodes {nodes} needs --node-rank K on every node (0 on the one that charges the job)")
+    else:
+        rank = 0
     job = args.job_id or (f"slurm-{env['SLURM_JOB_ID']}" if slurm and env.get("SLURM_JOB_ID") else "unnamed")
     if rank >= nodes:
         raise ShardlabError(f"--node-rank {rank} is outside 0..{nodes - 1} (--nodes {nodes})")

@@ -114,6 +114,9 @@ def runtime_export(job, rank: str, head: str):
         raise Refused("--launch shardlab runs training layouts (shardlab run train); a serving job launches vllm")
     strategy, flags = runtime_strategy(job.layout)
     lay = job.layout
+    if lay.cp > 1:
+        raise Refused(f"--launch shardlab: the runtime has no context parallelism (cp {lay.cp}); export this layout to a "
+                      "framework instead (--launch megatron or torchtitan)")
     if lay.ep > 1 and (lay.tp > 1 or lay.pp > 1 or lay.zero == 3):
         # the runtime's rule (runtime.parallel.strategy): experts run split over data-parallel ranks only
         raise Refused(f"--launch shardlab: the runtime runs expert parallelism as ddp+ep only, not {strategy}; export "
@@ -127,6 +130,13 @@ def runtime_export(job, rank: str, head: str):
     notes = (Unsupported("model", job.model, "the runtime runs the layout on its own small GPT (fp32): it checks the "
                                              "layout's memory, collectives and step times against the predictions, "
                                              "not the model's"),)
+    if lay.zero in (1, 2):
+        notes += (Unsupported("zero", lay.zero, "the runtime shards with FSDP (ZeRO-3) or not at all: ddp here"),)
+    if lay.vpp > 1:
+        notes += (Unsupported("vpp", lay.vpp, "the line runs 1F1B; add --schedule interleaved --vpp N to run the "
+                                              "interleaved schedule"),)
+    if lay.dp_replicate > 1:
+        notes += (Unsupported("dp_replicate", lay.dp_replicate, "the runtime runs one flat data-parallel group (no HSDP)"),)
     return Export("shardlab", "shardlab run train command", "", " ".join(cmd),
                   "the runtime's strategy rules", notes)
 

@@ -8,11 +8,11 @@ torchrun (``torch.distributed.run.main``) in-process with the store class of its
 and the agent's own ``create_c10d_store``) replaced by one that, when it hosts the store, binds a socket to one
 address first and hands it over:
 
-- ``SHARDLAB_STORE_BIND`` (set by ``shardlab.runtime.launch``): the address; otherwise the store's own host name,
-  resolved (``localhost`` for ``--standalone``: loopback; the rendezvous endpoint's host for a multi-node job: the
-  address the user named, which must be this node's);
-- a wildcard address (0.0.0.0, ::) only with ``SHARDLAB_STORE_BIND_ANY=1`` (``--rdzv-bind-any``), else the store
-  refuses to start with the reason.
+- the address is the host torch gives each store, resolved: the rendezvous endpoint's host for the rendezvous store
+  (the address the user named; it must be this node's), this node's ``--local-addr`` for the ranks' shared store
+  (the launcher passes ``--local-addr 127.0.0.1`` to a one-node job: loopback);
+- a wildcard, however spelled (0.0.0.0, ::, '0', a name that resolves to one), only with
+  ``SHARDLAB_STORE_BIND_ANY=1`` (``--rdzv-bind-any``), else torchrun stops with the reason.
 
     python -m shardlab.runtime.bound_run TORCHRUN_ARGS...        # the arguments torchrun takes
 """
@@ -20,33 +20,41 @@ address first and hands it over:
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import socket
 import sys
 
 from torch.distributed import TCPStore as _TCPStore
 
-from shardlab.runtime.preflight import BIND_ANY_ENV, BIND_ENV, is_wildcard
+from shardlab.runtime.preflight import BIND_ANY_ENV, is_wildcard
 
 _SOCKETS: list[socket.socket] = []          # the listening sockets stay open as long as their stores
 
 
 def listening_socket(host: str, port: int, env=os.environ) -> socket.socket:
-    """A socket bound to ``host`` (resolved; its first address) and ``port`` (0: any free one), listening. Raises
-    RuntimeError (what torch's rendezvous code expects from a store that cannot start) naming the fix."""
-    addr = env.get(BIND_ENV) or host
-    if is_wildcard(addr) and env.get(BIND_ANY_ENV) != "1":
-        raise RuntimeError(f"the rendezvous store would listen on every interface ({addr or 'no address'}); name the "
-                           "address the other nodes reach (--local-addr, --rdzv-endpoint) or pass --rdzv-bind-any")
+    """A socket bound to ``host`` (resolved; its first address) and ``port`` (0: any free one), listening. A wildcard,
+    however spelled (0.0.0.0, ::, '0', a name that resolves to one), only with SHARDLAB_STORE_BIND_ANY=1. Raises
+    RuntimeError when the port is taken (torch's c10d then joins as a client: another agent on this machine hosts
+    the store) and OSError, which stops torchrun at once, when the address is not this node's."""
     try:
-        family, kind, proto, _, where = socket.getaddrinfo(addr.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
+        family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        raise OSError(f"the rendezvous store's host {host!r} does not resolve ({e.strerror or e})") from None
+    if (is_wildcard(where[0]) or is_wildcard(host)) and env.get(BIND_ANY_ENV) != "1":
+        raise OSError(f"the rendezvous store would listen on every interface ({host} = {where[0]}); name the address "
+                      "the other nodes reach (--local-addr, --rdzv-endpoint) or pass --rdzv-bind-any")
+    sock = socket.socket(family, kind, proto)
+    try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(where)
         sock.listen(2048)
     except OSError as e:
-        raise RuntimeError(f"the rendezvous store cannot listen on {addr}:{port} ({e.strerror or e}); the address "
-                           "must be one of this node's (--local-addr)") from e
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise RuntimeError(f"the rendezvous store's port {port} on {where[0]} is taken") from e
+        raise OSError(f"the rendezvous store cannot listen on {where[0]}:{port} ({e.strerror or e}); the address must "
+                      "be one of this node's (--local-addr, or the endpoint's host on the node that hosts it)") from e
     return sock
 
 

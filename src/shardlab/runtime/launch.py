@@ -81,6 +81,10 @@ def torchrun_command(module: str, nproc: int, args: list[str], torchrun_args: li
     extra = list(torchrun_args or [])
     if not any(a.startswith(("--rdzv", "--rdzv_", "--master")) for a in extra):
         cmd.append("--standalone")
+        if not any(a.startswith(("--local-addr", "--local_addr")) for a in extra):
+            # the ranks' shared store listens on this node's address torchrun hands out (its fqdn, often a LAN
+            # address): one node needs only loopback
+            cmd += ["--local-addr", "127.0.0.1"]
     if log_dir is not None and not any(a.startswith(("--log-dir", "--log_dir")) for a in extra):
         cmd += ["--log-dir", str(log_dir)]
     cmd += ["--nproc-per-node", str(nproc), *extra, "-m", module, *args]

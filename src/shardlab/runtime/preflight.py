@@ -14,20 +14,23 @@ import socket
 from shardlab.errors import ShardlabError
 
 
-BIND_ENV = "SHARDLAB_STORE_BIND"
-"""Address the rendezvous store listens on (``runtime.bound_run``): an IP address or a host name of this node's."""
 BIND_ANY_ENV = "SHARDLAB_STORE_BIND_ANY"
 """'1': a wildcard bind address is allowed (asked for explicitly, ``--rdzv-bind-any``)."""
 
 
 def is_wildcard(addr: str) -> bool:
-    """True for 0.0.0.0, ::, and the empty host: an address that listens on every interface."""
+    """True for an address that listens on every interface: 0.0.0.0 and :: in any spelling the resolver takes as one
+    ('0', '0.0', '0x0': inet_aton's forms) and the empty host."""
     addr = addr.strip("[]")
     if not addr:
         return True
     try:
-        return ipaddress.ip_address(addr).is_unspecified
+        return ipaddress.ip_address(addr.split("%", 1)[0]).is_unspecified
     except ValueError:
+        pass
+    try:
+        return socket.inet_aton(addr) == b"\0\0\0\0"
+    except OSError:
         return False
 
 
@@ -54,7 +57,12 @@ def check_reachable_name(endpoint: str, local_addr: str | None, *, hostname=sock
         raise ShardlabError(f"the rendezvous endpoint's host '{host[:64]}' does not resolve on this node: give its "
                             "address (--rdzv-endpoint ADDR:PORT) or add the name to /etc/hosts") from None
     if host_ips and all(_loopback(ip) for ip in host_ips):
-        return                     # the endpoint is this machine itself: every node is here
+        # a name this node resolves only to loopback (Debian's '127.0.1.1 hostname' line): the store would listen
+        # there, where no other machine reaches it (a literal loopback endpoint means every node is on this machine)
+        raise ShardlabError(f"the rendezvous endpoint's host '{host[:64]}' resolves only to {sorted(host_ips)[0]} "
+                            "(loopback) on this node, where the store would listen out of the other nodes' reach: give "
+                            "the endpoint as the address the nodes share (--rdzv-endpoint ADDR:PORT), or map the name "
+                            "to it in /etc/hosts")
     port = endpoint.rsplit(":", 1)[1] if ":" in endpoint else "29500"
     if not any(_routable(ip, int(port) if port.isdigit() else 29500) for ip in host_ips):
         raise ShardlabError(f"this node has no route to the rendezvous endpoint {host[:64]} ({sorted(host_ips)[0]}): "
@@ -128,9 +136,8 @@ def bind_collectives_to(local_addr: str, env) -> str | None:
 
 def launch_env(torchrun_args) -> dict:
     """Environment the launcher gives torchrun and the ranks from the rendezvous flags (never this process's own
-    environment): the store's bind address (``--local-addr``; ``runtime.bound_run``), the collectives' interface
-    (``bind_collectives_to``), and the wildcard permission when the flags name a wildcard (the command line refuses
-    one unless --rdzv-bind-any asked for it)."""
+    environment): the collectives' interface (``bind_collectives_to``), and the wildcard permission when the flags
+    name a wildcard (the command line refuses one unless --rdzv-bind-any asked for it; ``runtime.bound_run``)."""
     args = list(torchrun_args or ())
 
     def value(flag: str) -> str | None:
@@ -138,7 +145,6 @@ def launch_env(torchrun_args) -> dict:
     env: dict = {}
     local, endpoint = value("--local-addr"), value("--rdzv-endpoint")
     if local:
-        env[BIND_ENV] = local.strip("[]")
         bind_collectives_to(local.strip("[]"), env)
     if any(v is not None and is_wildcard(v) for v in (local, endpoint.rsplit(":", 1)[0] if endpoint else None)):
         env[BIND_ANY_ENV] = "1"

@@ -140,9 +140,9 @@ def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cycles_per_request(a: Arrays):
-    """Decode cycles a request spends decoding, counted as O output tokens / tokens per cycle (1, or the
-    speculative acceptance length), at least 1."""
-    return np.maximum(a.O / a.spec_accept, 1.0)
+    """Cycles a request is in flight: its first token comes from the prefill, the other O − 1 at the tokens a decode
+    cycle yields (1, or the speculative acceptance length): 1 + (O − 1) / L, which is O without speculation."""
+    return 1.0 + (a.O - 1.0) / a.spec_accept
 
 
 def _through(a: Arrays, tokens):
@@ -162,9 +162,9 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     # the draft runs k steps over the D sequences (the first also over the step's prompt tokens)
     spec = a.spec_tokens
     extra = spec * D
-    through = (step_time(a.whole, k, D, Kd, P + extra, pairs + spec * Kd, sampled + extra) + _through(a, D + P + extra)
-               + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * sampled))
-    stage = step_time(a.slowest, a.kernels, D, Kd, P + extra, pairs + spec * Kd, sampled + extra)
+    through = (step_time(a.whole, k, D, Kd, P, pairs + spec * Kd, sampled + extra, extra) + _through(a, D + P + extra)
+               + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * (sampled + extra)))
+    stage = step_time(a.slowest, a.kernels, D, Kd, P, pairs + spec * Kd, sampled + extra, extra)
     drafting = np.where((spec > 0) & (np.asarray(D) > 0),
                         step_time(a.draft, k, D, Kd, P, pairs, D)
                         + np.maximum(spec - 1, 0) * step_time(a.draft, k, D, Kd, 0.0, 0.0, D), 0.0)

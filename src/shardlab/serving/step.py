@@ -213,11 +213,14 @@ def stack(items: list) -> object:
     return cls(**{f.name: np.array([getattr(x, f.name) for x in items], dtype=float) for f in fields(cls)})
 
 
-def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled) -> dict:
+def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled,
+               verify_tokens=0.0) -> dict:
     """Seconds per part of one step (module doc), floats or arrays: linear, head, attention, elementwise,
     comm, overhead, and their sum 'step_s' (plus the two sides of the linear roofline). decode_ctx_tokens = K_d; prefill_pairs = causal (query, key)
-    pairs of the prefill tokens; sampled = rows whose logits are computed."""
-    tokens = decode_seqs + prefill_tokens
+    pairs of the prefill tokens (and of the verified drafts); sampled = rows whose logits are computed;
+    verify_tokens = drafted positions a speculative step verifies beside the decoding tokens (they are decode work:
+    a captured CUDA graph covers them)."""
+    tokens = decode_seqs + prefill_tokens + verify_tokens
     bw = m.bandwidth_bytes_per_s
     gemm_eff = np.where(m.gemm_bits <= 4, k.gemm4_efficiency, np.where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
     expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
@@ -256,7 +259,7 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
 
 
 def step_time(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens=0.0, prefill_pairs=0.0,
-              sampled=None):
+              sampled=None, verify_tokens=0.0):
     """Seconds of one step (``step_parts``' sum); sampled defaults to the decoding sequences."""
     return step_parts(m, k, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs,
-                      decode_seqs if sampled is None else sampled)["step_s"]
+                      decode_seqs if sampled is None else sampled, verify_tokens)["step_s"]
