@@ -163,11 +163,12 @@ def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False, npro
 
 
 def test_two_nodes_are_one_job_with_one_report(two_hosts):
-    """fsdp over two nodes of two ranks each (two network namespaces where they can be made) with --check-parity: the
-    node that ran global rank 0 reports every rank (memory exact, parity ok on the gathered gradients); the other node exits 0 with
+    """fsdp+tp over two nodes of two ranks each (two network namespaces where they can be made) with --check-parity:
+    the node that ran global rank 0 reports every rank (memory exact, parity ok on the gathered gradients); the other node exits 0 with
     a document that says where the report is."""
-    head, other = _two_nodes("fsdp", two_hosts, "--check-parity", nproc=2)
+    head, other = _two_nodes("fsdp+tp", two_hosts, "--check-parity", nproc=2)
     assert head["world_size"] == 4 and [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
+    assert head["layout"]["tp"] == 2 and head["layout"]["dp"] == 2        # TP pairs inside a node, FSDP across
     assert head["parity"]["ok"] and not head["parity"]["missing"] and head["memory_states_exact"]
     assert {r["node"]["group_rank"] for r in head["ranks"]} == {0, 1}
     assert other["report_elsewhere"] is True and other["ranks_here"] == [2, 3] and "global rank 0" in other["report"]
@@ -178,22 +179,13 @@ def test_two_nodes_are_one_job_with_one_report(two_hosts):
 
 
 def test_pipeline_across_two_nodes_checks_parity_on_every_stage(two_hosts):
-    """pp over two nodes given their node ranks (a static rendezvous: node 0 hosts the store and runs stage 0): stage
-    1's gradients live on the other node; gathered to rank 0, parity compares every tensor (it reported 19
-    "missing" before the job's report was one)."""
-    head, other = _two_nodes("pp", two_hosts, "--check-parity", node_ranks=True, nproc=2)
-    assert head["layout"]["pp"] == 4 and head["parity"]["ok"] and head["parity"]["missing"] == []
-    assert head["parity"]["tensors_compared"] == 39 and other["report_elsewhere"] and other["ranks_here"] == [2, 3]
-    assert [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
-
-
-def test_ddp_and_tensor_parallel_across_two_nodes(two_hosts):
-    """ddp+tp-megatron over two nodes of two ranks each (c10d): TP pairs inside a node, the data-parallel all-reduce
-    across the two; parity holds on the gathered gradients and the head reports all four ranks."""
-    head, other = _two_nodes("ddp+tp-megatron", two_hosts, "--check-parity", nproc=2)
-    assert head["world_size"] == 4 and [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
-    assert head["layout"]["tp"] == 2 and head["layout"]["dp"] == 2 and head["parity"]["ok"]
-    assert other["report_elsewhere"] and len(other["ranks_here"]) == 2
+    """ddp+pp over two nodes of two ranks each, given their node ranks (a static rendezvous: node 0 hosts the store
+    and runs ranks 0 and 1): some stages' gradients live on the other node; gathered to rank 0, parity compares every
+    tensor (it reported 19 "missing" before the job's report was one)."""
+    head, other = _two_nodes("ddp+pp", two_hosts, "--check-parity", node_ranks=True, nproc=2)
+    assert head["layout"]["pp"] == 2 and head["layout"]["dp"] == 2 and head["parity"]["ok"]
+    assert head["parity"]["missing"] == [] and head["parity"]["tensors_compared"] == 39
+    assert other["report_elsewhere"] and other["ranks_here"] == [2, 3] and [r["rank"] for r in head["ranks"]] == [0, 1, 2, 3]
 
 
 def test_hung_rank_ends_the_job_and_is_named():
@@ -266,7 +258,7 @@ def test_a_node_left_alone_says_how_many_nodes_joined(how):
     from shardlab.runtime.dist import free_port
 
     r = shardlab("run", "train", "--strategy", "ddp", "--nproc-per-node", "1", "--nodes", "2", "--steps", "1",
-                 "--timeout", "6" if "--rdzv-id" in how else "12", *how, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                 "--timeout", "6" if "--rdzv-id" in how else "10", *how, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                  timeout=60)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-1500:]
     assert "only 1 of its 2 nodes joined" in r.stderr

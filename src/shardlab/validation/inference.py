@@ -292,13 +292,45 @@ def verdict(loso: dict) -> dict:
             "max_error": MAX_ERROR, "family_min": FAMILY_MIN}
 
 
+_FOLD_STATE: dict = {}
+"""The prepared runs and starting values the forked fold workers read (set before the pool forks)."""
+
+
+def _fold(src: str) -> tuple[str, list[dict]]:
+    """One leave-one-source-out fold: the two-stage fit without ``src``, then ``src``'s errors."""
+    from shardlab.validation.inference_fit import fit_two_stage, unseen_from_others
+
+    prep, values = _FOLD_STATE["prep"], _FOLD_STATE["values"]
+    everything = np.arange(len(prep.runs))
+    keep = np.array([i for i in everything if prep.runs[i].source != src])
+    held = np.array([i for i in everything if prep.runs[i].source == src])
+    vals = unseen_from_others(prep, keep, fit_two_stage(prep, keep, values))
+    return src, errors(prep, predict(prep, vals, held), held)
+
+
+def _folds(prep: Prepared, values: Params, sources: list[str]):
+    """Each source's fold, in order, on every core (forked workers: the folds are independent fits); one at a time
+    where there is one core or one source. Yields (source, its rows' errors)."""
+    import os
+
+    _FOLD_STATE.update(prep=prep, values=values)
+    workers = min(len(sources), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers < 2:
+        yield from (_fold(s) for s in sources)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap(_fold, sources)
+
+
 def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None,
              progress=None) -> dict:
     """Predict every run with the catalog's values; refit (two stages, all generations' rates and all engines'
     overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
     then the source predicted (a generation or engine only that source covers takes the others' mean). Returns rows, summaries, values and the refit. ``only_source``: hold out that
     source alone and skip the full refit (``validate --inference --run``)."""
-    from shardlab.validation.inference_fit import catalog_params, fit_two_stage, unseen_from_others
+    from shardlab.validation.inference_fit import catalog_params, fit_two_stage
 
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
@@ -313,11 +345,8 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     if loso:
-        for k, src in enumerate(sources, 2):
-            keep = np.array([i for i in everything if runs[i].source != src])
-            held = np.array([i for i in everything if runs[i].source == src])
-            vals = unseen_from_others(prep, keep, fit_two_stage(prep, keep, values))
-            for e in errors(prep, predict(prep, vals, held), held):
+        for k, (src, found) in enumerate(_folds(prep, values, sources), 2):
+            for e in found:
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
             if progress:
