@@ -131,7 +131,7 @@ def two_hosts():
 
 
 def _two_nodes(strategy: str, hosts, *extra: str, node_ranks: bool = False, nproc: int = 1) -> tuple[dict, dict]:
-    """Two nodes (one rank each) joined by torchrun's c10d rendezvous (``node_ranks``: each given --node-rank, a static
+    """Two nodes (``nproc`` ranks each) joined by torchrun's c10d rendezvous (``node_ranks``: each given --node-rank, a static
     rendezvous), in two network namespaces when ``hosts`` has them (each node names its address with --local-addr),
     else both on loopback: (head's JSON, other's JSON), the head being the node that ran global rank 0 (c10d numbers
     nodes in the order they join; with node ranks it must be node 0)."""
