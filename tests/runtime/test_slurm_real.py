@@ -18,15 +18,10 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_main
+from shardlab.runtime.dist import free_port as _free_port
 
 pytestmark = pytest.mark.slow
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _conf(d: Path, host: str) -> str:

@@ -130,7 +130,7 @@ def torchrun_args(args) -> tuple[str, ...]:
     if multi and not args.rdzv_endpoint:
         raise ShardlabError(f"--nodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address and a free port, "
                             "the same on every node (without it each node would wait alone until --timeout)")
-    _store_bind(args)
+    _refuse_wildcard(args)
     if args.rdzv_endpoint:
         if multi:
             from shardlab.runtime.preflight import check_reachable_name
@@ -159,7 +159,7 @@ def torchrun_args(args) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _store_bind(args) -> None:
+def _refuse_wildcard(args) -> None:
     """Refuse a wildcard endpoint or --local-addr unless --rdzv-bind-any asks for it: the rendezvous store would listen
     on every interface (``runtime.bound_run``; the launcher sets the store's address from the flags,
     ``preflight.launch_env``)."""

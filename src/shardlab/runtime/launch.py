@@ -28,6 +28,7 @@ from pathlib import Path
 
 from shardlab.errors import ShardlabError
 from shardlab.runtime.dist import DEFAULT_PG_TIMEOUT_S
+from shardlab.runtime.rendezvous import RENDEZVOUS_FILE, note_rendezvous, read_json, rendezvous_of
 
 _TIMEOUT_WORDS = ("timed out", "timeout", "connection closed by peer", "connection reset", "broken pipe")
 
@@ -165,7 +166,8 @@ def _run_job(cmd: list[str], full_env: dict, rd: Path, timeout_s: float, tempora
                 observer.start()
             out, err, timed_out = wait_job(proc, t0 + timeout_s, caught)
             if timed_out:
-                _note_rendezvous(cmd, rd)           # before the store (maybe this node's torchrun) is stopped
+                if not read_rank_files(rd, "heartbeat.json"):   # still waiting for nodes: count them before the
+                    note_rendezvous(cmd, rd)                   # store (maybe this node's torchrun) is stopped
                 _stop_job(proc, tree)
                 out, err = proc.communicate()
         finally:
@@ -356,7 +358,7 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
     nodes, endpoint = rendezvous_of(res.command)
     if res.timed_out and not beats and nodes > 1:
         exc = _last_exception_line(res.stderr)
-        joined = _read_json(res.run_dir / RENDEZVOUS_FILE).get("joined")
+        joined = read_json(res.run_dir / RENDEZVOUS_FILE).get("joined")
         count = f"only {joined} of its {nodes} nodes joined" if isinstance(joined, int) else \
             f"never gathered its {nodes} nodes"
         return None, (f"timed out after {timeout_s:g} s before any rank of this node started: the rendezvous at "
@@ -378,76 +380,6 @@ def summarise(res: LaunchResult, timeout_s: float) -> tuple[int | None, str]:
     if root is not None:
         return root, f"rank {root} failed ({how}){': ' + exc if exc else ''}{_where(beats.get(root))}"
     return None, f"torchrun exited with code {res.returncode}{': ' + exc if exc else ''}"
-
-
-RENDEZVOUS_FILE = "rendezvous.json"
-"""What the launcher read from a multi-node job's rendezvous store when the job timed out before its ranks started."""
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
-def _flag(cmd: list[str], flag: str) -> str | None:
-    for i, a in enumerate(cmd):
-        if a == flag and i + 1 < len(cmd):
-            return cmd[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def nodes_joined(cmd: list[str], timeout_s: float = 3.0) -> int | None:
-    """How many nodes have joined the c10d rendezvous of torchrun command ``cmd``, read from its store as a client
-    (no write, no count of its own): c10d keeps the round's participants in the pickled state under
-    ``torch.rendezvous.<run id>`` (dynamic_rendezvous._RendezvousState). None when the store cannot be read, and for
-    a static rendezvous, whose host store says it itself when its join timeout ends ('1/2 clients joined')."""
-    nodes, endpoint = rendezvous_of(cmd)
-    if nodes < 2 or endpoint == "?" or ":" not in endpoint or (_flag(cmd, "--rdzv-backend") or "c10d") != "c10d":
-        return None
-    host, port = endpoint.rsplit(":", 1)
-    try:
-        import datetime
-        import pickle
-        from base64 import b64decode
-
-        from torch.distributed import TCPStore
-
-        store = TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
-        key = "torch.rendezvous." + (_flag(cmd, "--rdzv-id") or "none")
-        if not store.check([key]):
-            return 0
-        raw = store.get(key)
-        state = pickle.loads(b64decode(raw)) if raw and raw != b"Y2FuaW1hZGFt" else None   # c10d's empty sentinel
-        return len(state.participants) if state is not None else 0
-    except Exception:          # noqa: BLE001 - a store that cannot be read leaves the summary without a count
-        return None
-
-
-def _note_rendezvous(cmd: list[str], rd: Path) -> None:
-    """Record the rendezvous' joined-node count beside the ranks' files (``summarise`` reads it) when no rank of
-    this node has started: the job is still waiting for nodes."""
-    if rendezvous_of(cmd)[0] < 2 or read_rank_files(rd, "heartbeat.json"):
-        return
-    joined = nodes_joined(cmd)
-    if joined is not None:
-        (rd / RENDEZVOUS_FILE).write_text(json.dumps({"joined": joined}))
-
-
-def rendezvous_of(cmd: list[str]) -> tuple[int, str]:
-    """(the most nodes torchrun was told to wait for, its rendezvous endpoint or '?') from its command line or flags
-    (``--nnodes N`` or ``MIN:MAX``, also as ``--nnodes=N``)."""
-    nn = _flag(cmd, "--nnodes") or "1"
-    try:
-        n = int(nn.split(":")[-1])
-    except ValueError:
-        n = 1
-    return n, _flag(cmd, "--rdzv-endpoint") or "?"
 
 
 def _where(hb: dict | None) -> str:

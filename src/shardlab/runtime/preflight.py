@@ -138,12 +138,11 @@ def launch_env(torchrun_args) -> dict:
     """Environment the launcher gives torchrun and the ranks from the rendezvous flags (never this process's own
     environment): the collectives' interface (``bind_collectives_to``), and the wildcard permission when the flags
     name a wildcard (the command line refuses one unless --rdzv-bind-any asked for it; ``runtime.bound_run``)."""
-    args = list(torchrun_args or ())
+    from shardlab.runtime.rendezvous import flag_value
 
-    def value(flag: str) -> str | None:
-        return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+    args = list(torchrun_args or ())
     env: dict = {}
-    local, endpoint = value("--local-addr"), value("--rdzv-endpoint")
+    local, endpoint = flag_value(args, "--local-addr"), flag_value(args, "--rdzv-endpoint")
     if local:
         bind_collectives_to(local.strip("[]"), env)
     if any(v is not None and is_wildcard(v) for v in (local, endpoint.rsplit(":", 1)[0] if endpoint else None)):

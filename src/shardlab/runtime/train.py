@@ -145,7 +145,7 @@ def prepare(req: TrainRequest):
 
 
 def _nnodes(torchrun_args) -> int:
-    from shardlab.runtime.launch import rendezvous_of
+    from shardlab.runtime.rendezvous import rendezvous_of
 
     return rendezvous_of(list(torchrun_args))[0]
 

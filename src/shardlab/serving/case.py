@@ -24,7 +24,7 @@ from shardlab.memory.overheads import Overheads
 from shardlab.serving.engines import EngineProfile
 from shardlab.serving.precision import InferencePrecision
 from shardlab.serving.rates import rates_for
-from shardlab.serving.speculative import Speculation, draft_extra_params
+from shardlab.serving.speculative import DRAFT_KINDS, Speculation, draft_extra_params
 from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -143,7 +143,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
                         gemm_flops_per_token=draft.gemm_flops_per_token + 2.0 * extra / tp)
         # memory: an EAGLE head shares the target's embedding (and EAGLE-1 its output head); a draft model holds all
         own = (draft.dense_weight_bytes + (draft.head_weight_bytes if speculation.draft == "eagle3" else 0.0)
-               if speculation.draft in ("eagle", "eagle3") else sum(weight_bytes_per_rank(draft_spec, tp, 1, precision=precision)))
+               if speculation.draft in DRAFT_KINDS else sum(weight_bytes_per_rank(draft_spec, tp, 1, precision=precision)))
         weights = [*weights[:-1], weights[-1] + int(own)]
         kv_tok = [*kv_tok[:-1], kv_tok[-1] + kv_cache_bytes_per_token(draft_spec, tp, 1, precision.kv_bytes)[0]]
     act = activation_peak_bytes(spec, tp, budget, engine.max_num_seqs)

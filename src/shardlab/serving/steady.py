@@ -293,7 +293,7 @@ def fluid(a: Arrays, mode, n) -> dict:
     if rate.size:
         B[rate], over[rate] = _rate_in_flight(take(a, rate), lam[rate], Bmax[rate])
     # static batch: decode all B, no new prompts; steady modes: D decoding, r prompts per cycle
-    Oc = cycles_per_request(a)                    # O, or O / acceptance length with speculative decoding
+    Oc = cycles_per_request(a)                    # O, or 1 + (O − 1) / acceptance length with speculation
     D = np.where(mode == 0, B, B * (Oc - 1) / Oc)
     r = np.where(mode == 0, 0.0, B / Oc)
     pois = mode == 2
