@@ -15,6 +15,7 @@ EXACT = {
     "mistral-7b": 7_241_732_096, "mixtral-8x7b": 46_702_792_704, "mixtral-8x22b": 140_620_634_112,
     "qwen2.5-7b": 7_615_616_512, "qwen2.5-72b": 72_706_203_648, "gpt-neox-20b": 20_554_567_680,
     "bloom-176b": 176_247_271_424, "deepseek-v3": 671_026_419_200, "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,       # from the config's dimensions (the model card rounds: 235B total, 22B active)
 }
 
 

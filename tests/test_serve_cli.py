@@ -55,7 +55,6 @@ def test_overloaded_serve_prints_valid_json():
 
 @pytest.mark.parametrize("argv,needle", [
     (["--concurrency", "8"], "add --serve"),
-    (["--serve"], "exactly one of --concurrency"),
     (["--serve", "--concurrency", "4", "--arrival-rate", "2"], "exactly one of"),
     (["--weights", "fp8", "--group-size", "64"], "group-size applies"),
     (["--precision", "fp32"], "training setting"),

@@ -17,9 +17,9 @@ class _Pool:
     def __init__(self, args, spec, cluster, prec, engine, slo):
         self.args, self.spec, self.cluster, self.prec, self.engine, self.slo = args, spec, cluster, prec, engine, slo
         from shardlab.catalog import get_catalog
-        from shardlab.cli.inference_cmds import speculation_kw
+        from shardlab.cli.inference_cmds import case_kw
 
-        self.spec_kw = speculation_kw(args, spec, get_catalog(args.catalog))
+        self.spec_kw = case_kw(args, spec, get_catalog(args.catalog))
         """Speculative decoding settings every layout is prepared with (``prepare``'s keywords)."""
         self.cases: list = []
         self.by_key: dict = {}

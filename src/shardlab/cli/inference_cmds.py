@@ -61,6 +61,19 @@ def add_inference_args(p) -> None:
                    help="with --speculative-tokens: per-token acceptance α (default: measured for eagle/eagle3)")
     g.add_argument("--acceptance-length", type=BOUNDED["accept_len"], default=None, metavar="L",
                    help="with --speculative-tokens: measured tokens per verification step instead of α")
+    g.add_argument("--dp-attention", action="store_true",
+                   help="MoE: attention replicated on ep/tp data-parallel ranks, experts shared across --ep GPUs by "
+                        "all-to-all (SGLang --enable-dp-attention, vLLM --data-parallel-size with EP)")
+    g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
+                   help="with --ep: busiest rank's routed tokens over the mean (default 1.18, SGLang EPLB measurement)")
+    g.add_argument("--two-batch-overlap", action="store_true",
+                   help="with --dp-attention: run each step as two halves, one's all-to-alls under the other's compute "
+                        "(SGLang --enable-two-batch-overlap, vLLM --enable-dbo)")
+    g.add_argument("--disaggregated", default=None, metavar="P:D",
+                   help="--serve: a prefill pool of P GPUs and a decode pool of D GPUs, the KV cache sent between "
+                        "them (DistServe); the decode pool's replicas use --tp")
+    g.add_argument("--prefill-tp", type=BOUNDED["gpus"], default=None, metavar="T",
+                   help="with --disaggregated: the prefill pool's TP (default --tp)")
     g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
                    help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")
@@ -147,7 +160,7 @@ def _check_serve_flags(args, plan: bool = False) -> None:
     if pct and loads:
         raise ShardlabError(f"--slo-percentile applies to the capacity search (no load); under {loads[0]} the plan "
                             f"prints the best layout's simulated p50 and p99: drop --slo-percentile")
-    if len(loads) != 1 and not (plan and not loads and slo):
+    if len(loads) > 1 or (plan and not loads and not slo):
         raise ShardlabError("--serve needs exactly one of --concurrency C (closed loop) or --arrival-rate R (requests/s)"
                             + ("; or, for the capacity under latency targets, --ttft-slo S and/or --tpot-slo S alone"
                                if plan else ""))
@@ -156,27 +169,48 @@ def _check_serve_flags(args, plan: bool = False) -> None:
                             "goodput per GPU: drop --objective or give --concurrency/--arrival-rate")
 
 
-def speculation_kw(args, spec, catalog) -> dict:
-    """``prepare``'s speculation and draft_spec from the --speculative-tokens flags ({} without them)."""
+def case_kw(args, spec, catalog) -> dict:
+    """``prepare``'s keywords from the flags: speculation and draft_spec (--speculative-tokens ...), and the MoE
+    layout (--ep with --dp-attention and --expert-imbalance under --inference)."""
     from shardlab.serving.speculative import draft_spec, make_speculation
 
     sp = make_speculation(getattr(args, "speculative_tokens", None), getattr(args, "draft", None),
                           rate=getattr(args, "acceptance_rate", None), length=getattr(args, "acceptance_length", None))
-    return {} if sp is None else {"speculation": sp, "draft_spec": draft_spec(spec, sp.draft, catalog)}
+    kw = {} if sp is None else {"speculation": sp, "draft_spec": draft_spec(spec, sp.draft, catalog)}
+    ep, dpa, imb = getattr(args, "ep", 1) or 1, bool(getattr(args, "dp_attention", False)), getattr(args, "expert_imbalance", None)
+    tbo = bool(getattr(args, "two_batch_overlap", False))
+    if ep != 1 or dpa or imb is not None or tbo:
+        kw.update(ep=ep, dp_attention=dpa, expert_imbalance=imb, two_batch_overlap=tbo)
+    return kw
+
+
+def replica_gpus(args) -> int:
+    """GPUs of the replica the flags describe: tp × pp, times ep / tp attention replicas under --dp-attention."""
+    dp = args.ep // args.tp if getattr(args, "dp_attention", False) and args.ep % args.tp == 0 else 1
+    return args.tp * args.pp * max(dp, 1)
 
 
 def estimate_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
 
-    ignored = [f for f, bad in (("--ep", args.ep != 1), ("--cp", args.cp != 1), ("--dp", args.dp not in (None, 1)),
-                                ("--zero", args.zero != 0), ("--gpus", args.gpus not in (None, args.tp * args.pp)))
+    from shardlab.cli.disagg_cmds import check_disagg_flags, parse_pools
+
+    check_disagg_flags(args)
+    n = sum(parse_pools(args.disaggregated)) if args.disaggregated else replica_gpus(args)
+    ignored = [f for f, bad in (("--cp", args.cp != 1), ("--dp", args.dp not in (None, 1)),
+                                ("--zero", args.zero != 0), ("--gpus", args.gpus not in (None, n)))
                if bad]
     if ignored:
-        raise ShardlabError(f"{', '.join(ignored)} do(es) not apply to --inference, which estimates one TP×PP group of "
-                            f"--tp × --pp GPUs; for replicas across more GPUs use `shardlab plan --inference --gpus N`")
+        raise ShardlabError(f"{', '.join(ignored)} do(es) not apply to --inference, which estimates one replica of "
+                            f"--tp × --pp GPUs ({n} here; × ep/tp with --dp-attention); for replicas across more GPUs use "
+                            f"`shardlab plan --inference --gpus N`")
     _check_serve_flags(args)
-    spec, cluster = spec_cluster(args, catalog, args.tp * args.pp)
+    spec, cluster = spec_cluster(args, catalog, n)
     prec, engine = precision_from_args(args, cluster.accelerator), engine_from_args(args)
+    if args.serve and args.disaggregated:
+        from shardlab.cli.disagg_cmds import estimate_disagg
+
+        return estimate_disagg(args, spec, cluster, prec, engine)
     if args.serve:
         from shardlab.cli.serve_cmds import estimate_serve
 
@@ -192,7 +226,7 @@ def _estimate_static(args, spec, cluster, prec, engine):
     from shardlab.catalog import get_catalog
 
     kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, precision=prec, engine=engine,
-              prefix_hit_rate=args.prefix_hit_rate, **speculation_kw(args, spec, get_catalog(args.catalog)))
+              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
     per_mb = -(-args.batch // args.pp)           # --batch is what is in flight, as plan reads it: pp micro-batches
     est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per_mb, **kw)
     if args.batch % args.pp:
@@ -205,18 +239,18 @@ def _estimate_static(args, spec, cluster, prec, engine):
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     acc, b = cluster.accelerator, est.case.blocks
     seq = est.full_length_tokens
-    lines = [f"shardlab estimate --inference: {spec.name} on TP {args.tp} × PP {args.pp} {acc.id}, {est.pp} micro-batch(es) "
+    lines = [f"shardlab estimate --inference: {spec.name} on {est.case.layout_label} {acc.id}, {est.pp} micro-batch(es) "
              f"of {per_mb}, prompt {args.prompt_len} + output {args.output_len} tokens",
              f"precision: {prec.label}; engine: {engine.id} ({engine.name}, version {engine.version})",
              *([speculation_line(est.case.speculation)] if est.case.speculation else []), "",
              kv_lines([("weights per GPU", f"{gib(est.weights_bytes)} (exact: this rank's shard; block matrices at "
                                            f"{prec.weights}, scales/zero points included; head and embeddings 16-bit)"),
                        ("KV cache per GPU", f"{gib(est.kv_cache_bytes)} = "
-                                            + (f"({est.in_flight} sequences × {est.own_tokens:,} own tokens + a "
+                                            + (f"({est.in_flight_per_gpu} sequences × {est.own_tokens:,} own tokens + a "
                                                f"{est.shared_prefix_tokens:,}-token cached prefix, held once)"
-                                               if est.case.prefix_hit_rate else f"{est.in_flight} sequences × {seq} tokens")
+                                               if est.case.prefix_hit_rate else f"{est.in_flight_per_gpu} sequences × {seq} tokens")
                                             + f" × {est.kv_cache_bytes_per_token:,} B/token ({prec.kv_cache}), in blocks of {b.block_size}"),
-                       ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.budget_tokens}-token step, "
+                       ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.step_budget_per_rank}-token step, "
                                  f"CUDA context, workspaces: estimates)"),
                        ("KV blocks", f"{b.num_blocks:,} blocks of {b.block_size} tokens ({gib(b.kv_bytes)}) in the engine's "
                                      f"{gib(b.reserved_bytes)} of {acc.memory_gib:g} GiB: {'fits' if est.fits else 'DOES NOT FIT'}"),
@@ -283,7 +317,7 @@ def plan_inference_cmd(args, catalog):
                 served = serve_over_replicas(spec, cluster, tp=tp, pp=pp, replicas=replicas, batch=args.batch,
                                              prompt_len=args.prompt_len, output_len=args.output_len, precision=prec,
                                              prefix_hit_rate=args.prefix_hit_rate,
-                                             **speculation_kw(args, spec, catalog),
+                                             **case_kw(args, spec, catalog),
                                              engine=engine)
             except ShardlabError as e:                    # e.g. quantization groups split by this tp
                 reject(rejected, errors, e)

@@ -98,7 +98,7 @@ def _recipe(args, catalog, cluster):
     return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
 
 
-TRAINING_LAYOUT_DESTS = ("cp", "ep", "zero", "micro_batch", "recompute", "recompute_fraction", "wrap", "dp_replicate",
+TRAINING_LAYOUT_DESTS = ("cp", "zero", "micro_batch", "recompute", "recompute_fraction", "wrap", "dp_replicate",
                          "sequence_parallel", "schedule", "vpp")
 """Layout flags (recorded when written, even at their default) that --inference has no use for."""
 TRAINING_WORKLOAD_FLAGS = (("--microbatches", "microbatches", None), ("--stage-layers", "stage_layers", None),

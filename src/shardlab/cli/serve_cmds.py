@@ -19,6 +19,12 @@ def _with_ms(s: float | None) -> str:
     return text if text == "overloaded" else f"{text} ms"
 
 
+def moe_doc(case) -> dict:
+    """A serving JSON's MoE layout: ep, dp_attention (attention ranks), expert_imbalance, two_batch_overlap."""
+    return {"ep": case.ep, "dp_attention": case.attention_dp, "expert_imbalance": case.expert_imbalance,
+            "two_batch_overlap": bool(float(case.whole.a2a_overlap))}
+
+
 def _load(args) -> tuple[int, float, str]:
     """(steady.MODES index, load, words) of the --concurrency / --arrival-rate flags."""
     if args.concurrency is not None:
@@ -32,7 +38,7 @@ def _memory_lines(case) -> list[tuple[str, str]]:
             else f"{e.gpu_memory_utilization:g} × ({_gib(b.capacity_bytes)} − weights − activations − other)")
     held = "prompt + whole output (reserved)" if e.kv_admission == "reserve" else "prompt + half the output (on demand)"
     return [("weights per GPU", f"{_gib(b.weights_bytes)} ({case.precision.label}; exact per rank)"),
-            ("activation peak", f"{_gib(b.activation_bytes)} (a {case.budget_tokens}-token step, {e.max_num_seqs} sampled rows: estimate)"),
+            ("activation peak", f"{_gib(b.activation_bytes)} (a {case.step_budget_per_rank}-token step, {e.max_num_seqs} sampled rows: estimate)"),
             ("other", f"{_gib(b.other_bytes)} (CUDA context, workspaces, NCCL: estimates)"),
             ("KV blocks", f"{b.num_blocks:,} × {b.block_size} tokens × {b.bytes_per_block // b.block_size:,} B/token = "
                           f"{_gib(b.kv_bytes)}  [{rule}]"),
@@ -56,16 +62,21 @@ def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.cli.inference_cmds import finite
 
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import speculation_kw
+    from shardlab.cli.inference_cmds import case_kw
 
     case = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, prompt_len=args.prompt_len,
                    output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
-                   **speculation_kw(args, spec, get_catalog(args.catalog)))
+                   **case_kw(args, spec, get_catalog(args.catalog)))
     if case.capacity < 1:
-        raise ShardlabError(f"{spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id} leaves room for "
+        raise ShardlabError(f"{spec.name} on {case.layout_label} {cluster.accelerator.id} leaves room for "
                             f"{case.blocks.num_blocks} KV blocks, not one {args.prompt_len + args.output_len}-token sequence: "
                             f"raise --tp/--pp, quantize (--weights), or shorten the request")
+    at_capacity = args.concurrency is None and args.arrival_rate is None
+    if at_capacity:                               # no load given: as many clients as the replica runs at once
+        args.concurrency = case.capacity
     mode, load, words = _load(args)
+    if at_capacity:
+        words += " (no load given: the replica's capacity)"
     res = {k: float(v[0]) for k, v in fluid(arrays([case]), [mode], [load]).items()}
     sim_failed = None
     try:
@@ -81,7 +92,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
     slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
            "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
                        and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
-    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "engine": engine.id, "engine_version": engine.version,
+    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "gpus": case.gpus,
+           **moe_doc(case), "engine": engine.id, "engine_version": engine.version,
            "precision": prec.label, "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "kv_blocks": case.blocks.to_dict(), "capacity": {"sequences": case.capacity, "bound": case.capacity_bound,
@@ -115,7 +127,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
             binds.append(f"mean {name} ≤ {1e3 * slo_v:g} ms holds up to {val:,.4g} {unit}" if val else
                          f"mean {name} ≤ {1e3 * slo_v:g} ms is not met even at the lightest load")
     text = "\n".join([
-        f"shardlab estimate --inference --serve: {spec.name} on TP {args.tp} × PP {args.pp} {cluster.accelerator.id}, "
+        f"shardlab estimate --inference --serve: {spec.name} on {case.layout_label} {cluster.accelerator.id}, "
         f"{engine.id} ({engine.name}, version {engine.version})",
         f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
         *([speculation_line(case.speculation), ""] if case.speculation else []),
@@ -173,9 +185,9 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         return plan_capacity(args, spec, cluster, gpus, prec, engine)
     mode, load, words = _load(args)
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import speculation_kw
+    from shardlab.cli.inference_cmds import case_kw
 
-    spec_kw = speculation_kw(args, spec, get_catalog(args.catalog))
+    spec_kw = case_kw(args, spec, get_catalog(args.catalog))
     cases, meta, rejected, errors = [], [], {}, {}
     for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
         try:

@@ -49,6 +49,12 @@ def validate_inference(args):
         if ins:
             totals.append(f"{names[g]} ({ins['n']} measurements): mean |error| {_pct(ins['mean_abs_error'])} in sample, "
                           f"{_pct(lo['mean_abs_error'])} leave-one-source-out")
+    for g in ("tpot", "ttft", "throughput"):
+        ins, lo = d["in_sample"]["expert_parallel"].get(g), d["loso"]["expert_parallel"].get(g)
+        if ins:
+            totals.append(f"MoE with expert parallelism, {names[g]} ({ins['n']} measurements, predicted, never fitted: "
+                          f"serving.moe): mean |error| {_pct(ins['mean_abs_error'])} in sample, "
+                          f"{_pct(lo['mean_abs_error'])} leave-one-source-out")
     misses = ", ".join(f"{m['family']} {names[m['group']]} {_pct(m['mean_abs_error'])} (goal {_pct(m['goal'])})"
                        for m in v["family_misses"])
     drift = [f"{g}'s {k}" for g, vals in refit["rates"].items() for k, x in vals.items()

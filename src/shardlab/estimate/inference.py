@@ -111,7 +111,13 @@ class InferenceEstimate:
         """KV cache of the in-flight sequences at full length on the worst rank, in whole blocks (a cached prefix
         once, shared)."""
         shared = math.ceil(self.shared_prefix_tokens / self.case.blocks.block_size)
-        return (self.in_flight * self._own_blocks() + shared) * self.case.blocks.bytes_per_block
+        return (self.in_flight_per_gpu * self._own_blocks() + shared) * self.case.blocks.bytes_per_block
+
+    @property
+    def in_flight_per_gpu(self) -> int:
+        """Sequences whose KV cache the busiest GPU holds: all in flight, or ceil(in flight / dp) under data-parallel
+        attention (each attention rank keeps its own sequences)."""
+        return -(-self.in_flight // self.case.attention_dp)
 
     @property
     def workspace_bytes(self) -> int:
@@ -134,7 +140,8 @@ class InferenceEstimate:
     def max_batch(self) -> int:
         """Full-length sequences per micro-batch the KV blocks (and max_num_seqs) hold."""
         free = self.case.blocks.num_blocks - math.ceil(self.shared_prefix_tokens / self.case.blocks.block_size)
-        return min(max(0, free) // self._own_blocks(), self.case.engine.max_num_seqs * self.pp) // self.pp
+        dp = self.case.attention_dp
+        return min(max(0, free) // self._own_blocks() * dp, self.case.max_num_seqs * self.pp) // self.pp
 
     @property
     def prefill_s(self) -> float:
@@ -159,6 +166,8 @@ class InferenceEstimate:
             "model": self.spec.name, "gpu": c.cluster.accelerator.id, "tp": self.tp, "pp": self.pp, "gpus": self.gpus,
             "engine": c.engine.id, "engine_version": c.engine.version, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
                                                  "kv_cache": c.precision.kv_cache, "activations": c.precision.activations},
+            "ep": c.ep, "dp_attention": c.attention_dp, "expert_imbalance": c.expert_imbalance,
+            "two_batch_overlap": bool(float(c.whole.a2a_overlap)),
             "batch": self.batch, "micro_batches": self.pp, "in_flight": self.in_flight,
             "prompt_len": c.prompt_len, "output_len": c.output_len,
             "memory": {"per_gpu": {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
@@ -177,13 +186,12 @@ def _parts(p: dict) -> dict:
 
 def static_batch(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, in_flight: int, prompt_len: int, output_len: int,
                  precision: InferencePrecision = BF16, engine: EngineProfile | None = None,
-                 overheads: Overheads = Overheads(), prefix_hit_rate: float = 0.0, speculation=None,
-                 draft_spec=None) -> tuple[ServeCase, dict]:
-    """(case, fluid numbers) of ``in_flight`` sequences served as one static batch on a TP×PP group (``speculation``
-    and its ``draft_spec``: speculative decoding, ``serving.speculative``)."""
+                 overheads: Overheads = Overheads(), prefix_hit_rate: float = 0.0, **case_kw) -> tuple[ServeCase, dict]:
+    """(case, fluid numbers) of ``in_flight`` sequences served as one static batch on a TP×PP group; ``case_kw``:
+    ``prepare``'s speculative decoding (``speculation``, ``draft_spec``) and MoE layout (``ep``, ``dp_attention``,
+    ``expert_imbalance``)."""
     case = prepare(spec, cluster, engine or get_engine(None), tp=tp, pp=pp, precision=precision, prompt_len=prompt_len,
-                   output_len=output_len, overheads=overheads, prefix_hit_rate=prefix_hit_rate,
-                   speculation=speculation, draft_spec=draft_spec)
+                   output_len=output_len, overheads=overheads, prefix_hit_rate=prefix_hit_rate, **case_kw)
     res = fluid(arrays([case]), [0], [in_flight])
     return case, {k: float(v[0]) for k, v in res.items()}
 
@@ -191,12 +199,12 @@ def static_batch(spec: ModelSpec, cluster: Cluster, *, tp: int, pp: int, in_flig
 def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: int = 1, batch: int = 1,
                        prompt_len: int = 1024, output_len: int = 256, precision: InferencePrecision = BF16,
                        engine: EngineProfile | None = None, overheads: Overheads = Overheads(),
-                       prefix_hit_rate: float = 0.0, speculation=None, draft_spec=None) -> InferenceEstimate:
+                       prefix_hit_rate: float = 0.0, **case_kw) -> InferenceEstimate:
     """Serve pp micro-batches of ``batch`` requests of ``prompt_len`` + ``output_len`` tokens on a TP×PP group
     (``prefix_hit_rate``: the share of each prompt already in the engine's prefix cache)."""
     case, res = static_batch(spec, cluster, tp=tp, pp=pp, in_flight=batch * pp, prompt_len=prompt_len,
                              output_len=output_len, precision=precision, engine=engine, overheads=overheads,
-                             prefix_hit_rate=prefix_hit_rate, speculation=speculation, draft_spec=draft_spec)
+                             prefix_hit_rate=prefix_hit_rate, **case_kw)
     S = case.prefill_tokens
     pre, pre_lines = step_lines(case, 0.0, 0.0, batch * S, batch * S * case.prefill_keys_per_token, batch)
     dec, dec_lines = step_lines(case, batch, batch * case.context_tokens)

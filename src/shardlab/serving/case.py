@@ -22,6 +22,7 @@ from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_t
                                        kv_cache_bytes_per_token, weight_bytes_per_rank)
 from shardlab.memory.overheads import Overheads
 from shardlab.serving.engines import EngineProfile
+from shardlab.serving.moe import moe_layout
 from shardlab.serving.precision import InferencePrecision
 from shardlab.serving.rates import rates_for
 from shardlab.serving.speculative import DRAFT_KINDS, Speculation, draft_extra_params
@@ -59,7 +60,8 @@ class ServeCase:
     capacity_bound: str
     """What sets capacity: kv-cache or max-num-seqs."""
     budget_tokens: int
-    """Token budget of a step (a whole prompt when prompts are not chunked and exceed the budget)."""
+    """Token budget of a step (a whole prompt when prompts are not chunked and exceed the budget); with data-parallel
+    attention, every attention rank's budget together."""
     whole: StepModel
     """All stages' terms (a token's trip through the pipeline)."""
     slowest: StepModel
@@ -78,10 +80,40 @@ class ServeCase:
     """Speculative decoding settings (``serving.speculative``), or None."""
     draft: StepModel | None = None
     """The draft's step model on a TP rank (its weights, head and KV per token), with speculation."""
+    ep: int = 1
+    """Expert-parallel degree: routed experts whole, split across ep ranks (1: experts TP-sliced)."""
+    attention_dp: int = 1
+    """Data-parallel attention ranks (``--dp-attention``): each holds its own sequences and KV cache and runs
+    attention on them; the routed experts are shared across the ep = tp × attention_dp GPUs."""
+    expert_imbalance: float = 1.0
+    """Busiest EP rank's routed tokens over the mean (1 without EP)."""
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.attention_dp
+
+    @property
+    def layout_label(self) -> str:
+        """The replica's layout in words: 'TP t × PP p', with its expert parallelism and DP attention."""
+        base = f"TP {self.tp} × PP {self.pp}"
+        if self.attention_dp > 1:
+            return f"EP {self.ep} ({self.attention_dp} data-parallel attention ranks of TP {self.tp})"
+        return base + (f", EP {self.ep}" if self.ep > 1 else "")
+
+    @property
+    def step_budget_per_rank(self) -> int:
+        """Token budget of one attention rank's step (the activation peak's size)."""
+        return self.budget_tokens // self.attention_dp
+
+    @property
+    def replica_blocks(self) -> int:
+        """KV blocks of the whole replica's scheduler: each data-parallel attention rank has its own (the same)."""
+        return self.blocks.num_blocks * self.attention_dp
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The engine's max_num_seqs for the replica's scheduler (each attention DP rank schedules its own)."""
+        return self.engine.max_num_seqs * self.attention_dp
 
     @property
     def prefill_tokens(self) -> int:
@@ -113,11 +145,15 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
             precision: InferencePrecision = InferencePrecision(), prompt_len: int = 1024, output_len: int = 256,
             scheduler_steps: int | None = None, overheads: Overheads = Overheads(),
             prefix_hit_rate: float = 0.0, speculation: Speculation | None = None,
-            draft_spec: ModelSpec | None = None) -> ServeCase:
+            draft_spec: ModelSpec | None = None, ep: int = 1, dp_attention: bool = False,
+            expert_imbalance: float | None = None, two_batch_overlap: bool = False) -> ServeCase:
     """Build the ServeCase of one replica (KV blocks, capacity, step models); the engine takes its defaults for the
     GPU (``EngineProfile.for_gpu``). With ``speculation``, ``draft_spec`` (``speculative.draft_spec``) is priced on
-    the replica's last stage: its weights and KV beside the target's, its steps in every decode cycle."""
+    the replica's last stage: its weights and KV beside the target's, its steps in every decode cycle. ``ep``,
+    ``dp_attention``, ``expert_imbalance`` and ``two_batch_overlap``: MoE serving (``serving.moe``)."""
     validate(Layout(tp=tp, pp=pp), spec)
+    dp, imbalance = moe_layout(spec, tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, expert_imbalance=expert_imbalance,
+                               two_batch_overlap=two_batch_overlap)
     engine = engine.for_gpu(cluster.accelerator)
     if not 0.0 <= prefix_hit_rate < 1.0:
         raise ShardlabError(f"--prefix-hit-rate must be a share in [0, 1), got {prefix_hit_rate:g}")
@@ -130,7 +166,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
                             f"{prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")
     budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
-    weights = weight_bytes_per_rank(spec, tp, pp, precision=precision)
+    weights = weight_bytes_per_rank(spec, tp, pp, precision=precision, ep=ep)
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
     draft = None
     if speculation is not None:
@@ -148,7 +184,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
         kv_tok = [*kv_tok[:-1], kv_tok[-1] + kv_cache_bytes_per_token(draft_spec, tp, 1, precision.kv_bytes)[0]]
     act = activation_peak_bytes(spec, tp, budget, engine.max_num_seqs)
     other = overheads.cuda_context_bytes + overheads.library_workspace_bytes + (overheads.nccl_bytes_per_group
-                                                                                if tp * pp > 1 else 0)
+                                                                                if tp * pp * dp > 1 else 0)
     cap_bytes = cluster.accelerator.memory_bytes
     per_stage = [kv_blocks(cap_bytes, w, act, other, k, block_size=engine.kv_block_size,
                            utilization=engine.gpu_memory_utilization, rule=engine.kv_memory_rule)
@@ -158,10 +194,11 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     own = max(1, prompt_len - round(prefix_hit_rate * prompt_len))
     held = own + (output_len if engine.kv_admission == "reserve" else math.ceil(output_len / 2))
     per_seq = math.ceil(_held(spec, engine, held) / engine.kv_block_size)
-    kv_seqs = blocks.num_blocks // per_seq
-    seq_cap = engine.max_num_seqs * pp
+    kv_seqs = blocks.num_blocks // per_seq * dp            # every attention DP rank holds its own sequences
+    seq_cap = engine.max_num_seqs * pp * dp
     capacity, bound = (kv_seqs, "kv-cache") if kv_seqs < seq_cap else (seq_cap, "max-num-seqs")
-    whole, slowest = pipeline_models(stage_models(spec, cluster, tp, pp, precision))
+    whole, slowest = pipeline_models(stage_models(spec, cluster, tp, pp, precision, ep=ep, attention_dp=dp,
+                                                  expert_imbalance=imbalance, two_batch_overlap=two_batch_overlap))
     p2p_fixed = p2p_tok = 0.0
     if pp > 1:
         link = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
@@ -173,4 +210,5 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     acc = cluster.accelerator
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
-                     budget, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate, speculation, draft)
+                     budget * dp, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate, speculation, draft,
+                     ep, dp, imbalance)

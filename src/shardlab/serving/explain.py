@@ -21,7 +21,19 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
     graphed = prefill_tokens <= 0 and decode_seqs <= float(k.graph_max_batch)
     layer_us = (k.layer_overhead_s + (0.0 if graphed else k.eager_layer_overhead_s)) * 1e6
     reads = 1.0 + float(k.per_head_kv) * (float(m.kv_group) - 1.0)
-    lines = [
+    dp = float(m.attention_dp)
+    if dp > 1:                            # every number below is the busiest GPU's share (serving.step module doc)
+        share = (-(-decode_seqs // dp) / decode_seqs) if decode_seqs else 1.0 / dp
+        decode_seqs, ctx_tokens, sampled = decode_seqs * share, ctx_tokens * share, sampled * share
+        prefill_tokens, prefill_pairs = prefill_tokens / dp, prefill_pairs / dp
+        tokens = decode_seqs + prefill_tokens
+        kv_bytes = ctx_tokens * m.kv_bytes_per_token
+    lines = [] if dp <= 1 and case.ep <= 1 else [
+        f"experts   = {case.ep}-way expert parallel, {case.spec.moe.num_experts // case.ep} whole experts per GPU"
+        + (f"; attention on {dp:g} data-parallel ranks of TP {case.tp}: the busiest GPU's share of the step below "
+           f"(the experts see all ranks' tokens, the busiest × {case.expert_imbalance:.2f} the mean)" if dp > 1
+           else f" (the TP group); the busiest × {case.expert_imbalance:.2f} the mean routed tokens")]
+    lines += [
         f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.3f}), "
         f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.3f}))"
         f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])})"
@@ -32,7 +44,10 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
         + (f" × {reads:g} (a decode kernel per query head reads each KV head {reads:g} times)" if reads > 1 else "")
         + f" / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.3f}), FLOPs)"
         + (f" + prefill attention over {prefill_pairs:.3g} pairs" if prefill_pairs else "") + f" = {fmt_time(p['attention_s'])}",
-        f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}",
+        f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}"
+        + (f"; EP all-to-alls (dispatch + combine, {case.ep} GPUs) = {fmt_time(p['a2a_raw_s'])}"
+           + (f", {fmt_time(p['a2a_s'])} of it beyond the compute it overlaps (two-batch overlap)"
+              if float(m.a2a_overlap) else "") if p["a2a_raw_s"] else ""),
         f"overhead  = {k.step_overhead_s * 1e6:.0f} µs per step + {k.seq_overhead_s * 1e6:.1f} µs × {sampled:g} sequences + "
         f"{layer_us:.1f} µs × {m.layers:g} layers" + (" (a captured CUDA graph: no eager launches)" if graphed else "")
         + f" = {fmt_time(p['overhead_s'])} ({case.engine.id})",

@@ -116,7 +116,7 @@ class _Replica:
         # tokens generated; a speculative decode cycle adds the acceptance length (a mean, fractional) to each
         self.step = float(case.speculation.acceptance_length) if case.speculation else 1.0
         self.gen = np.zeros(n, dtype=np.float64 if self.step != 1.0 else np.int64)
-        self.free = case.blocks.num_blocks
+        self.free = case.replica_blocks
         self.engines: list[list[int]] = [[] for _ in range(case.pp)]
         self.preemptions = 0
 
@@ -130,7 +130,7 @@ class _Replica:
     def admit(self, queue: list[int]) -> None:
         while queue and self.free >= self.need:
             ve = min(range(len(self.engines)), key=lambda v: len(self.engines[v]))
-            if len(self.engines[ve]) >= self.eng.max_num_seqs:
+            if len(self.engines[ve]) >= self.case.max_num_seqs:
                 return
             r = queue.pop(0)
             self.engines[ve].append(r)

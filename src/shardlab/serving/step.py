@@ -17,6 +17,9 @@ achieved bandwidth and its FLOPs over the achieved tensor-core rate.
               arXiv 2305.13245), else the group size (a kernel per query head reads it again)
     elementwise  (D+P) × the block's norm/activation/RoPE traffic (``estimate.compute.layer_times``)
     comm      2 TP all-reduces per layer of (D+P)·h·2 bytes (α–β, ``comm.collectives``)
+    a2a       with data-parallel attention: per MoE layer, the dispatch (k·h values per token) and combine
+              (k·h·2 bytes) all-to-alls across the ep GPUs, α–β; the busiest rank's share scales it; with
+              two-batch overlap only its excess over linear + attention + elementwise shows
     overhead  engine step overhead (scheduling, sampling) + per-sequence overhead × sequences
               + per-layer overhead × layers (small kernels' floor and the gaps between them) + the eager
               per-layer launch cost × layers, paid only by steps the engine does not replay as a captured CUDA
@@ -25,6 +28,9 @@ achieved bandwidth and its FLOPs over the achieved tensor-core rate.
 W_touched counts a MoE layer's routed experts by the share some token reaches, 1 − (1 − k/E)^(D+P)
 (uniform routing); the experts have a roofline of their own: each sees T·k/E of the step's T tokens, so they
 stay weight-bound at batches where the dense matrices are compute-bound. f_a = 2·(d_qk + d_v)·heads/t FLOPs per (query, key) pair per layer (QKᵀ and PV).
+Expert parallelism and data-parallel attention (``serving.moe``): every term is the busiest GPU's, which
+holds ceil(D/dp) of the D decoding sequences and 1/dp of the prompt tokens; the routed experts (E/ep whole ones
+per GPU) see the tokens of all dp ranks, the busiest carrying ``expert_imbalance`` × the mean.
 η_* belong to the GPU generation (``shardlab.serving.rates``), shared by every engine; the overheads, the CUDA
 graph sizes and the kernel's GQA grouping belong to the engine (``shardlab.serving.engines``). Every function here is plain
 arithmetic on floats or numpy arrays, so validation evaluates hundreds of rows at once.
@@ -94,6 +100,23 @@ class StepModel:
     gemm_half_tokens: object
     """Rows (tokens) at which a GEMM reaches half its large-shape rate: the half_size of the generation's matmul
     curve (``rates.hardware.matmul_curve``, fitted to training runs), applied to the token dimension."""
+    attention_dp: object = 1.0
+    """Data-parallel attention ranks sharing the experts (``--dp-attention``): a step's tokens and sequences are
+    split evenly across them; the routed experts see all of them (1 without DP attention)."""
+    expert_imbalance: object = 1.0
+    """The busiest expert-parallel rank's routed tokens over the mean (1: no EP, or perfect balance)."""
+    a2a_s_fixed: object = 0.0
+    """Expert-parallel dispatch + combine all-to-alls of one step (all the stage's MoE layers): latency part, s."""
+    a2a_s_per_token: object = 0.0
+    """... seconds per token of the step on one attention rank."""
+    decode_attn_flops_per_pair: object = None
+    """Attention FLOPs per (query, key) pair of a decoding token on the rank, all the stage's layers: as prefill's,
+    except with Multi-head Latent Attention, whose decode kernels absorb W_UK and W_UV into the query and output
+    (DeepSeek-V2 §2.1.3, arXiv 2405.04434; FlashMLA) and attend in the latent space: 2·heads·((d_c + d_rope) + d_c)
+    per pair, 576 + 512 wide for DeepSeek-V3 against prefill's 192 + 128. None: the prefill value."""
+    a2a_overlap: object = 0.0
+    """1 with two-batch overlap (SGLang ``--enable-two-batch-overlap``, vLLM ``--enable-dbo``): the step runs as two
+    halves, one's all-to-alls under the other's compute, so only what exceeds the compute shows; 0 without."""
 
 
 @dataclass(frozen=True)
@@ -139,14 +162,52 @@ def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[floa
     return one - slope, slope
 
 
-def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision: InferencePrecision) -> list[StepModel]:
-    """One StepModel per pipeline stage (index = stage)."""
+def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, cluster: Cluster) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one MoE layer's dispatch and combine across ``ep`` ranks, as DeepEP
+    moves them (deepseek-ai/DeepEP README; DeepSeek-V3 report §3.2.2, arXiv 2412.19437): each token goes to its
+    top-k experts (h values at the activations' width: fp8 when they are fp8) and comes back at 16 bits; an attention
+    TP group of ``tp`` ranks splits its tokens between them. Inside a node, an all-to-all of the k copies over
+    NVLink; across nodes a token crosses the network once per remote node holding one of its experts (NVLink
+    forwards it there), n·(1 − (1 − 1/n)^k) distinct nodes of n under uniform routing, (n − 1)/n of them remote.
+    α–β per phase (``comm.collectives``), the phases added."""
+    if ep <= 1 or spec.moe is None:
+        return 0.0, 0.0
+    k, h = spec.moe.top_k, spec.hidden_size
+    local = min(ep, cluster.gpus_per_node)
+    nodes = -(-ep // max(cluster.gpus_per_node, 1))
+    distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)           # nodes a token's k experts fall on
+    fixed = per_tok = 0.0
+    for width in ((1 if precision.activations == "fp8" else 2), 2):  # dispatch, then combine
+        phases = [("intra", k * h * width / tp, local, cluster.intra_link)]
+        if nodes > 1:
+            phases.append(("inter", distinct * h * width / tp, nodes, cluster.inter_link))
+        for _, b, n, link in phases:
+            if n <= 1:
+                continue
+            one = collective_time("all-to-all", max(1, round(b)), n, link).time_s
+            big = collective_time("all-to-all", max(1, round(4096 * b)), n, link).time_s
+            slope = (big - one) / 4095
+            fixed, per_tok = fixed + one - slope, per_tok + slope
+    return fixed, per_tok
+
+
+def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision: InferencePrecision, *, ep: int = 1,
+                 attention_dp: int = 1, expert_imbalance: float = 1.0, two_batch_overlap: bool = False) -> list[StepModel]:
+    """One StepModel per pipeline stage (index = stage). ``ep`` > 1: routed experts whole, E/ep per rank
+    (``memory.inference.serving_local_shape``), their tokens dispatched and combined by all-to-all each MoE layer;
+    ``attention_dp``: attention replicas sharing those experts (ep = tp × attention_dp)."""
+    from shardlab.memory.inference import serving_local_shape
     acc = cluster.accelerator
+    a2a_fixed, a2a_tok = _a2a_terms(spec, ep, tp, precision, cluster) if attention_dp > 1 else (0.0, 0.0)
     h, V = spec.hidden_size, spec.vocab_size
     lin = linear_params_per_layer(spec)
     routed = [sum(t.numel * spec.moe.top_k // spec.moe.num_experts for t in layer_matmuls(spec, i) if t.ep_dim is not None)
               if spec.moe else 0 for i in range(spec.num_layers)]
     qk, v = attention_dims(spec)
+    dqk, dv = qk, v
+    if spec.mla is not None:                  # absorbed decode attends over the latent (module doc, field doc)
+        dqk = spec.num_heads * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim)
+        dv = spec.num_heads * spec.mla.kv_lora_rank
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
     fixed, per_tok = _allreduce_terms(2 * h, tp, cluster)
     curve, _ = matmul_curve(acc)
@@ -158,7 +219,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
         for t in st.tensors:
             if t.component in ("embedding", "position") and not (st.holds_head and t.name == "output.weight"):
                 continue                                      # embeddings are gathered by row, not streamed
-            n = precision.tensor_bytes(t.component, t.local_shape(spec, tp), is_matmul_weight(t))
+            n = precision.tensor_bytes(t.component, serving_local_shape(t, spec, tp, ep), is_matmul_weight(t))
             if t.component == "head" or t.name == "output.weight":
                 head += n
             elif t.component == "experts":
@@ -178,6 +239,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
                 per_kind[kind] = float(two - one)
             elem += per_kind[kind]
         nl = len(st.layers)
+        n_moe = sum(1 for i in st.layers if spec.is_moe_layer(i)) if spec.moe else 0
         out.append(StepModel(
             dense_weight_bytes=float(dense), expert_weight_bytes=float(expert),
             expert_share=spec.moe.top_k / spec.moe.num_experts if spec.moe else 0.0,
@@ -185,6 +247,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             expert_flops_per_token=2.0 * sum(routed[i] for i in st.layers) / tp,
             head_flops_per_token=2.0 * -(-V // tp) * h if st.holds_head else 0.0,
             kv_bytes_per_token=float(kv_tok[st.stage]), attn_flops_per_pair=2.0 * (qk + v) / tp * nl,
+            decode_attn_flops_per_pair=2.0 * (dqk + dv) / tp * nl,
             elem_s_per_token=elem, comm_s_fixed=2 * nl * fixed, comm_s_per_token=2 * nl * per_tok,
             bandwidth_bytes_per_s=acc.memory_bandwidth_bytes_per_s, gemm_peak_flops=acc.peak_flops(precision.gemm_dtype),
             attn_peak_flops=acc.peak_flops(attn_dtype) if attn_dtype else peak16, head_peak_flops=peak16, layers=float(nl),
@@ -192,7 +255,9 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             # query heads per KV head on the rank: TP splits the query heads, and the KV heads until they run out
             # (then each rank keeps a replica of one), so a rank's group is (heads/t) / max(1, kv_heads/t)
             kv_group=float((spec.num_heads / tp) / max(1.0, spec.num_kv_heads / tp)),
-            gemm_half_tokens=float(curve.half_size)))
+            gemm_half_tokens=float(curve.half_size), attention_dp=float(attention_dp),
+            expert_imbalance=float(expert_imbalance if ep > 1 else 1.0),
+            a2a_s_fixed=n_moe * a2a_fixed, a2a_s_per_token=n_moe * a2a_tok, a2a_overlap=float(two_batch_overlap)))
     return out
 
 
@@ -201,7 +266,7 @@ def pipeline_models(stages: list[StepModel]) -> tuple[StepModel, StepModel]:
     def total(m: StepModel) -> float:
         return m.dense_weight_bytes + m.expert_weight_bytes + m.head_weight_bytes + m.kv_bytes_per_token
     keep = ("expert_share", "bandwidth_bytes_per_s", "gemm_peak_flops", "attn_peak_flops", "head_peak_flops", "gemm_bits",
-            "kv_group", "gemm_half_tokens")
+            "kv_group", "gemm_half_tokens", "attention_dp", "expert_imbalance", "a2a_overlap")
     whole = StepModel(**{f.name: (getattr(stages[0], f.name) if f.name in keep else sum(getattr(s, f.name) for s in stages))
                          for f in fields(StepModel)})
     return whole, max(stages, key=total)
@@ -220,10 +285,19 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     pairs of the prefill tokens (and of the verified drafts); sampled = rows whose logits are computed;
     verify_tokens = drafted positions a speculative step verifies beside the decoding tokens (they are decode work:
     a captured CUDA graph covers them)."""
+    # with data-parallel attention the step's sequences split evenly over the attention ranks: every term below is
+    # one rank's (its share of the tokens), except that the routed experts see the tokens of all ranks
+    # (a sequence lives on one rank, so the busiest rank decodes ceil(D/dp) of them; prompts spread by token)
+    dp = m.attention_dp
+    group_tokens = decode_seqs + prefill_tokens + verify_tokens
+    busiest = np.where(dp > 1, np.ceil(decode_seqs / dp - 1e-9), decode_seqs)
+    share = np.where(decode_seqs > 0, busiest / np.maximum(decode_seqs, 1e-9), 1.0 / dp)
+    decode_seqs, decode_ctx_tokens, verify_tokens = busiest, decode_ctx_tokens * share, verify_tokens * share
+    prefill_tokens, prefill_pairs, sampled = prefill_tokens / dp, prefill_pairs / dp, sampled * share
     tokens = decode_seqs + prefill_tokens + verify_tokens
     bw = m.bandwidth_bytes_per_s
     gemm_eff = np.where(m.gemm_bits <= 4, k.gemm4_efficiency, np.where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
-    expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** tokens)
+    expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** group_tokens)
     touched = m.dense_weight_bytes + expert_touched
     read = touched / (bw * k.weight_bandwidth_efficiency)
     rate = m.gemm_peak_flops * gemm_eff
@@ -233,28 +307,34 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     # the token dimension M of each GEMM sets its share of the large-shape rate, M / (M + m_half): the compute side
     # is flops × (M + m_half) / M; a routed expert's M is its T·k/E tokens (uniform routing)
     half = m.gemm_half_tokens
-    per_expert = np.maximum(tokens * m.expert_share, 1e-9)
+    per_expert = np.maximum(group_tokens * m.expert_share * m.expert_imbalance, 1e-9)   # the busiest rank's experts
     dense_m = np.maximum(tokens, 1e-9)
     linear = (np.maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                          tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
               + np.maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
-                           tokens * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
+                           tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
     sm = np.maximum(sampled, 1e-9)
     head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
     attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
+    dec_pair = m.attn_flops_per_pair if m.decode_attn_flops_per_pair is None else m.decode_attn_flops_per_pair
+    dec_rate = dec_pair / (m.attn_peak_flops * k.attention_efficiency)
     kv_reads = 1.0 + k.per_head_kv * (m.kv_group - 1.0)        # a per-head kernel reads each KV head group times
     attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token * kv_reads / (bw * k.kv_bandwidth_efficiency),
-                           decode_ctx_tokens * attn_rate) + prefill_pairs * attn_rate
+                           decode_ctx_tokens * dec_rate) + prefill_pairs * attn_rate
     elementwise = tokens * m.elem_s_per_token
     comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
+    a2a = np.where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
+    # two-batch overlap: half the batch communicates while the other half computes; what exceeds the compute shows
+    a2a_raw = a2a
+    a2a = np.where(m.a2a_overlap > 0, np.maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
     overhead = (k.step_overhead_s + k.seq_overhead_s * sampled
                 + (k.layer_overhead_s + np.where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)
     parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
-             "comm_s": comm, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
+             "comm_s": comm, "a2a_s": a2a, "a2a_raw_s": a2a_raw, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
              "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}
-    parts["step_s"] = linear + head + attention + elementwise + comm + overhead
+    parts["step_s"] = linear + head + attention + elementwise + comm + a2a + overhead
     return parts
 
 

@@ -30,7 +30,7 @@ METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", 
 _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", "activations", "group_size", "isl", "osl",
              "mode", "requests", "qps", "concurrency", "batch", "target", "dataset", "build", "settings", "assumed",
              "ttft_stat", "tpot_stat", "e2e_stat", "prefix_hit_rate", "speculative_tokens", "draft",
-             "acceptance_length"} | set(METRICS)
+             "acceptance_length", "ep", "dp_attention"} | set(METRICS)
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 
@@ -99,7 +99,8 @@ def run_case(run: InferenceRun, catalog, engine: EngineProfile | None = None):
 
     c = run.config
     acc = catalog.accelerator(c["gpu"])
-    cluster = Cluster(acc, c["tp"] * c.get("pp", 1), acc.system["gpus_per_node"], catalog.link(acc.system["intra_link"]),
+    dp = c.get("ep", 1) // c["tp"] if c.get("dp_attention") else 1
+    cluster = Cluster(acc, c["tp"] * c.get("pp", 1) * dp, acc.system["gpus_per_node"], catalog.link(acc.system["intra_link"]),
                       catalog.link(acc.system["inter_link"]))
     prec = make_precision(c.get("weights", "bf16"), c.get("group_size"), c.get("kv_cache", "bf16"), c.get("activations"),
                           acc.peak_tflops)
@@ -111,7 +112,8 @@ def run_case(run: InferenceRun, catalog, engine: EngineProfile | None = None):
     return prepare(spec, cluster, eng, tp=c["tp"], pp=c.get("pp", 1), precision=prec,
                    prompt_len=c["isl"], output_len=c["osl"], scheduler_steps=eng.scheduler_steps,
                    prefix_hit_rate=float(c.get("prefix_hit_rate", 0.0)), speculation=speculation,
-                   draft_spec=draft_spec(spec, speculation.draft, catalog) if speculation else None)
+                   draft_spec=draft_spec(spec, speculation.draft, catalog) if speculation else None,
+                   ep=c.get("ep", 1), dp_attention=bool(c.get("dp_attention", False)))
 
 
 def run_mode(run: InferenceRun, capacity: int) -> tuple[int, float]:
@@ -177,6 +179,22 @@ SHARES = set(RATE_FIELDS)
 _KERNEL_OF = {"weight_bandwidth_efficiency": "weight_bandwidth_efficiency", "kv_bandwidth_efficiency": "kv_bandwidth_efficiency",
               "gemm16_efficiency": "gemm_efficiency", "gemm8_efficiency": "gemm8_efficiency",
               "gemm4_efficiency": "gemm4_efficiency", "attention_efficiency": "attention_efficiency"}
+
+
+def expert_parallel(run: InferenceRun) -> bool:
+    """The run serves a MoE model with expert parallelism (``serving.moe``): predicted, never fitted."""
+    return int(run.config.get("ep", 1)) > 1
+
+
+def fitted(prep: Prepared, idx: np.ndarray) -> np.ndarray:
+    """Of ``idx``, the runs the fit sees: all but the expert-parallel ones, whose mechanisms (all-to-all over the
+    links, the cited imbalance) carry no fitted value, so their rows are predicted from the dense rows' rates."""
+    return np.array([i for i in idx if not expert_parallel(prep.runs[i])], dtype=int)
+
+
+def family_of(run: InferenceRun, generation: str) -> str:
+    """Family of a run for the targets: engine version × GPU generation; expert-parallel runs form their own."""
+    return f"{run.engine}{' MoE-EP' if expert_parallel(run) else ''} × {generation}"
 
 
 def generation_of(run: InferenceRun, catalog) -> str:
@@ -252,7 +270,7 @@ def errors(prep: Prepared, preds: dict, idx: np.ndarray, targets=TARGETS) -> lis
     for pos, i, m in _pairs(prep, idx, targets):
         p, meas = float(preds[m][pos]), prep.runs[i].measured[m]
         out.append({"run": prep.runs[i].id, "source": prep.runs[i].source, "engine": prep.runs[i].engine,
-                    "generation": prep.generations[i], "family": f"{prep.runs[i].engine} × {prep.generations[i]}",
+                    "generation": prep.generations[i], "family": family_of(prep.runs[i], prep.generations[i]),
                     "target": prep.runs[i].target, "metric": m, "group": METRICS[m], "stat": prep.runs[i].stats[m],
                     "measured": meas, "predicted": p if np.isfinite(p) else None,
                     "error": (p - meas) / meas if np.isfinite(p) else None})
@@ -267,18 +285,24 @@ MAX_ERROR = 0.35
 
 
 def _summary(errs: list[dict], key: str) -> dict:
-    """mean and max |error| of ``key`` errors per family, per engine and per group, target rows only."""
-    acc: dict = {"by_family": {}, "by_engine": {}, "by_group": {}}
+    """mean and max |error| of ``key`` errors per family, per engine and per group, target rows only; the
+    expert-parallel rows (predicted, never fitted) count in their own families and in 'expert_parallel' per group,
+    not in by_engine or by_group (the fitted model's figures)."""
+    acc: dict = {"by_family": {}, "by_engine": {}, "by_group": {}, "expert_parallel": {}}
     for e in errs:
         if e["target"] not in ("latency", "throughput") or e[key] is None:
             continue
         acc["by_family"].setdefault(e["family"], {}).setdefault(e["group"], []).append(abs(e[key]))
+        if "MoE-EP" in e["family"]:
+            acc["expert_parallel"].setdefault(e["group"], []).append(abs(e[key]))
+            continue
         acc["by_engine"].setdefault(e["engine"], {}).setdefault(e["group"], []).append(abs(e[key]))
         acc["by_group"].setdefault(e["group"], []).append(abs(e[key]))
     stat = lambda v: {"n": len(v), "mean_abs_error": float(np.mean(v)), "max_abs_error": float(np.max(v))}  # noqa: E731
     return {"by_family": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_family"].items()},
             "by_engine": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_engine"].items()},
-            "by_group": {g: stat(v) for g, v in acc["by_group"].items()}}
+            "by_group": {g: stat(v) for g, v in acc["by_group"].items()},
+            "expert_parallel": {g: stat(v) for g, v in acc["expert_parallel"].items()}}
 
 
 def verdict(loso: dict) -> dict:
@@ -304,7 +328,8 @@ def _fold(src: str) -> tuple[str, list[dict]]:
     everything = np.arange(len(prep.runs))
     keep = np.array([i for i in everything if prep.runs[i].source != src])
     held = np.array([i for i in everything if prep.runs[i].source == src])
-    vals = unseen_from_others(prep, keep, fit_two_stage(prep, keep, values))
+    seen = fitted(prep, keep)
+    vals = unseen_from_others(prep, seen, fit_two_stage(prep, seen, values))
     return src, errors(prep, predict(prep, vals, held), held)
 
 
@@ -336,7 +361,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     prep = prepare_runs(runs, catalog)
     everything = np.arange(len(runs))
     values = catalog_params(prep)
-    refit = None if only_source else fit_two_stage(prep, everything, values)
+    refit = None if only_source else fit_two_stage(prep, fitted(prep, everything), values)
     sources = [only_source] if only_source else sorted({r.source for r in runs})
     if progress:                                  # folds done of total: the refit, then each source held out
         progress(1, len(sources) + 1, "refit")
@@ -353,8 +378,9 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
                 progress(k, len(sources) + 1, f"held out {src}")
     counts: dict = {}
     per_engine: dict = {}
-    for r in rows:
-        if r["target"] in ("latency", "throughput"):
+    unfitted = {r.id for r in runs if expert_parallel(r)}
+    for r in rows:                                 # the measured values behind each fitted value
+        if r["target"] in ("latency", "throughput") and r["run"] not in unfitted:
             counts[r["generation"]] = counts.get(r["generation"], 0) + 1
             per_engine[r["engine"]] = per_engine.get(r["engine"], 0) + 1
     loso_summary = _summary(rows, "loso_error") if loso else None

@@ -1,0 +1,128 @@
+"""`shardlab estimate --inference --serve --disaggregated P:D`: a prefill pool and a decode pool (serving.disagg)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_POOLS = re.compile(r"^\s*(\d{1,6})\s*:\s*(\d{1,6})\s*$")
+
+
+def parse_pools(text: str) -> tuple[int, int]:
+    """(prefill GPUs, decode GPUs) of a --disaggregated P:D value, or one line saying what is wrong."""
+    from shardlab.errors import ShardlabError
+
+    m = _POOLS.match(text or "")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ShardlabError(f"--disaggregated takes P:D, the prefill and decode pools' GPU counts (e.g. 8:8), got "
+                            f"{text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_disagg_flags(args) -> None:
+    """One line for flags a disaggregated estimate cannot take."""
+    from shardlab.errors import ShardlabError
+
+    if getattr(args, "prefill_tp", None) is not None and not args.disaggregated:
+        raise ShardlabError("--prefill-tp sets the prefill pool's TP of --disaggregated P:D: add --disaggregated")
+    if not args.disaggregated:
+        return
+    if not args.serve:
+        raise ShardlabError("--disaggregated describes serving under load: add --serve")
+    if args.pp != 1:
+        raise ShardlabError("--disaggregated with --pp > 1 is not modelled (each pool runs TP replicas): drop --pp")
+    if getattr(args, "speculative_tokens", None):
+        raise ShardlabError("--speculative-tokens with --disaggregated is not modelled: drop one of them")
+
+
+def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
+    """The DisaggCase of the flags: prefill replicas of --prefill-tp (default --tp), decode replicas of --tp."""
+    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.serving.case import prepare
+    from shardlab.serving.disagg import make_disagg
+
+    kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
+              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, catalog))
+    pre = prepare(spec, cluster, engine, tp=args.prefill_tp or args.tp, **kw)
+    dec = prepare(spec, cluster, engine, tp=args.tp, **kw)
+    return make_disagg(pre, dec, *pools)
+
+
+def aggregated_line(d, res: dict, rate: float) -> tuple[dict | None, str]:
+    """The same GPUs serving the same rate aggregated (replicas of the decode pool's layout), steady state."""
+    from shardlab.serving.steady import arrays, fluid
+
+    reps = d.gpus // d.decode.gpus
+    if reps < 1 or d.gpus % d.decode.gpus:
+        return None, ""
+    agg = {k: float(v[0]) for k, v in fluid(arrays([d.decode]), [2], [rate / reps]).items()}
+    over = bool(agg["overloaded"])
+    doc = {"replicas": reps, "layout": d.decode.layout_label, "ttft_s": None if over else agg["ttft_s"],
+           "tpot_s": agg["tpot_s"], "overloaded": over}
+    words = (f"aggregated instead ({reps} × {d.decode.layout_label} on the same {d.gpus} GPUs, the same "
+             f"{rate:.3g} requests/s): " + ("overloaded" if over else
+                                           f"TTFT {1e3 * agg['ttft_s']:,.1f} ms, TPOT {1e3 * agg['tpot_s']:,.2f} ms")
+             + f" against {1e3 * res['ttft_s']:,.1f} ms and {1e3 * res['tpot_s']:,.2f} ms disaggregated"
+             if math.isfinite(res["ttft_s"]) else "")
+    return doc, words
+
+
+def estimate_disagg(args, spec, cluster, prec, engine):
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.serve_cmds import _load, _ms, sim_notes
+    from shardlab.render.table import table
+    from shardlab.serving.disagg import saturation_rate, steady_concurrency, steady_rate
+    from shardlab.serving.disagg_sim import simulate_disagg
+
+    pools = parse_pools(args.disaggregated)
+    d = build(args, spec, cluster, prec, engine, get_catalog(args.catalog), pools)
+    if args.concurrency is None and args.arrival_rate is None:     # no load: as many clients as the decode pool holds
+        args.concurrency = d.decode_replicas * d.decode.capacity
+    mode, load, words = _load(args)
+    res = steady_concurrency(d, int(load)) if mode == 1 else steady_rate(d, load)
+    sim = simulate_disagg(d, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
+                          seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
+    agg_doc, agg_words = aggregated_line(d, res, res["requests_per_s"])
+    sat = saturation_rate(d)
+    slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
+           "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
+                       and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
+    doc = {"model": spec.name, "gpu": cluster.accelerator.id, "gpus": d.gpus, "engine": engine.id,
+           "engine_version": engine.version, "precision": prec.label, "prompt_len": args.prompt_len,
+           "output_len": args.output_len, "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
+           "disaggregated": d.to_dict(), "kv_transfer_s": d.kv_transfer_s, "steady_state": res,
+           "simulation": sim.to_dict(), "saturation_rate": sat, "aggregated": agg_doc, "slo": slo}
+    c = lambda case, n: [n * case.gpus, n, case.layout_label, case.capacity, f"{case.blocks.weights_bytes / 2**30:.2f}",  # noqa: E731
+                         f"{case.blocks.num_blocks:,}"]
+    pools_t = table(["pool", "GPUs", "replicas", "layout", "sequences/replica", "weights GiB/GPU", "KV blocks/GPU"],
+                    [["prefill", *c(d.prefill, d.prefill_replicas)], ["decode", *c(d.decode, d.decode_replicas)]])
+    per_tok = d.kv_transfer_bytes / max(args.prompt_len, 1)
+    link = d.prefill.cluster.intra_link if d.link == "intra" else d.prefill.cluster.inter_link
+    S = sim
+    rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(S.ttft_s.mean), _ms(S.ttft_s.p50), _ms(S.ttft_s.p99)],
+            ["TPOT (ms)", _ms(res["tpot_s"]), _ms(S.tpot_s.mean), _ms(S.tpot_s.p50), _ms(S.tpot_s.p99)],
+            ["request latency (ms)", _ms(res["e2e_s"]), _ms(S.e2e_s.mean), _ms(S.e2e_s.p50), _ms(S.e2e_s.p99)],
+            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{S.output_tokens_per_s:,.0f}", "", ""],
+            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{S.requests_per_s:,.2f}", "", ""]]
+    lines = [
+        f"shardlab estimate --inference --serve --disaggregated {pools[0]}:{pools[1]}: {spec.name} on {d.gpus} × "
+        f"{cluster.accelerator.id}, {engine.id} ({engine.name}, version {engine.version})",
+        f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
+        pools_t, "",
+        f"KV transfer per request: {args.prompt_len:,} prompt tokens × {per_tok:,.0f} B/token on each prefill rank = "
+        f"{d.kv_transfer_bytes / 1e6:,.1f} MB, over {'NVLink (both pools in one node)' if d.link == 'intra' else 'the NIC'}"
+        f" ({link.name}) = {1e3 * d.kv_transfer_s:,.2f} ms (α–β send-recv, after the prefill)", "",
+        table(["", "mean (steady state)", "mean (simulated)", "p50", "p99"], rows,
+              title=f"latency and throughput (simulation: {sim.requests} requests measured, seed {args.seed})"),
+        "",
+        f"prefill pool {100 * res['prefill_utilization']:.0f}% busy (one prompt {1e3 * res['prefill_s']:,.1f} ms, "
+        f"queue {_ms(res['prefill_wait_s'])} ms, M/D/1), KV link {100 * res['kv_link_utilization']:.1f}% busy, decode "
+        f"replicas at {res['decode_batch']:,.1f} sequences each; the pools saturate at {sat:,.2f} requests/s",
+        *([agg_words] if agg_words else []),
+        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
+        *sim_notes(sim, args.concurrency),
+        "", "disaggregated prefill/decode (DistServe, Zhong et al. 2024): TTFT = queue + prefill + KV transfer + the "
+            "first decode step; TPOT from decode steps that carry no prefill (serving.disagg; percentiles: "
+            "serving.disagg_sim)"]
+    return finite(doc), "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Disaggregated prefill and decode: two GPU pools, the KV cache moved between them (steady state).
+
+DistServe (Zhong et al. 2024, OSDI, arXiv 2401.09670) and Splitwise (Patel et al. 2024, ISCA, arXiv
+2311.18677) run the compute-bound prefill and the bandwidth-bound decode on separate GPUs, so that neither
+phase's steps carry the other's work. Here: ``n_p`` prefill replicas and ``n_d`` decode replicas (each a
+prepared ``ServeCase``: its TP, MoE layout, KV blocks); every request
+
+1. waits for a prefill replica and is prefilled there, alone or batched with other prompts up to the step's
+   token budget. The prefill pool is an M/D/1 queue per replica, as DistServe §3.1 models it: with arrival
+   rate λ_p per replica and t₁ the prefill time of one prompt, the mean wait is ρ·t₁ / (2(1 − ρ)), where
+   ρ = λ_p·s and s is the time per prompt of a full step (prompts batched up to the budget; s = t₁ for a
+   prompt that fills it alone);
+2. sends its prompt's KV cache to a decode replica: every prefill rank sends its slice (the prompt's
+   tokens × the rank's KV bytes per token) over its own link, NVLink when both pools sit in one node,
+   the RDMA NIC otherwise, α–β (``comm.collectives``, send-recv), after the prefill ends (no layer-wise
+   overlap); the link's load λ_p × transfer time must stay below 1;
+3. decodes on a decode replica whose steps hold only decodes: B_d sequences per replica, each step
+   ``steady.cycle_time`` of B_d decodes at the mean context (prompt + half the output); B_d solves
+   B_d = λ_d · O · cycle(B_d) (Little's law) up to the replica's capacity (its KV blocks hold the whole
+   prompt and the output it grows into).
+
+TTFT = request overhead + prefill wait + prefill + KV transfer + the first decode step; TPOT = the decode
+cycle. A closed loop of C clients finds its request rate X by bisection on C = X × (TTFT + O·cycle).
+``serving.disagg_sim`` simulates the same two pools request by request for the percentiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardlab.comm.collectives import collective_time
+from shardlab.errors import ShardlabError
+from shardlab.memory.inference import kv_cache_bytes_per_token
+from shardlab.serving.case import ServeCase
+from shardlab.serving.steady import arrays, cycle_time, micro_batch_times
+
+
+@dataclass(frozen=True)
+class DisaggCase:
+    """Two pools of replicas serving one workload."""
+
+    prefill: ServeCase
+    """One prefill replica (its layout, step model, budget)."""
+    decode: ServeCase
+    """One decode replica (its layout, KV blocks, capacity)."""
+    prefill_replicas: int
+    """Replicas in the prefill pool."""
+    decode_replicas: int
+    """Replicas in the decode pool."""
+    kv_transfer_bytes: int
+    """KV bytes one prefill rank sends per request (its slice of the prompt's cache)."""
+    kv_transfer_s: float
+    """Seconds to send them (every prefill rank in parallel, over ``link``)."""
+    link: str
+    """The link between the pools: 'intra' (NVLink, one node) or 'inter' (the NIC)."""
+    pre_arrays: object = field(default=None, repr=False, compare=False)
+    """``steady.arrays`` of the prefill replica (built once)."""
+    dec_arrays: object = field(default=None, repr=False, compare=False)
+    """... of the decode replica."""
+    grid: tuple = field(default=(), repr=False, compare=False)
+    """(batches, decode step seconds) on a grid up to the decode replica's capacity, interpolated by the solvers
+    (the step time is piecewise smooth in the batch: one vectorised evaluation instead of one per iteration)."""
+
+    @property
+    def prefill_gpus(self) -> int:
+        return self.prefill_replicas * self.prefill.gpus
+
+    @property
+    def decode_gpus(self) -> int:
+        return self.decode_replicas * self.decode.gpus
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill_gpus + self.decode_gpus
+
+    def to_dict(self) -> dict:
+        pool = lambda c, n: {"gpus": n * c.gpus, "replicas": n, "tp": c.tp, "pp": c.pp, "ep": c.ep,  # noqa: E731
+                             "dp_attention": c.attention_dp, "capacity_per_replica": c.capacity,
+                             "kv_blocks_per_gpu": c.blocks.num_blocks, "weights_per_gpu": c.blocks.weights_bytes}
+        return {"prefill": pool(self.prefill, self.prefill_replicas), "decode": pool(self.decode, self.decode_replicas),
+                "gpus": self.gpus, "kv_transfer_bytes_per_rank": self.kv_transfer_bytes,
+                "kv_transfer_s": self.kv_transfer_s, "kv_link": self.link}
+
+
+def kv_transfer(pre: ServeCase, dec: ServeCase, same_node: bool) -> tuple[int, float, str]:
+    """(bytes per prefill rank, seconds, link) of moving one request's prompt KV from the prefill pool to the decode
+    pool. Each prefill rank holds its TP slice of the cache and sends it over its own link; the decode pool
+    stores it at its own layout (a different TP re-slices it on arrival, which costs no extra link time)."""
+    cl = pre.cluster
+    link = cl.intra_link if same_node else cl.inter_link
+    per_tok = max(kv_cache_bytes_per_token(pre.spec, pre.tp, pre.pp, pre.precision.kv_bytes))
+    nbytes = int(pre.prompt_len * per_tok)
+    return nbytes, float(collective_time("send-recv", max(1, nbytes), 2, link).time_s), "intra" if same_node else "inter"
+
+
+def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: int) -> DisaggCase:
+    """The two pools from one prepared replica of each and the GPUs each pool gets (whole replicas)."""
+    for name, n, c in (("prefill", prefill_gpus, pre), ("decode", decode_gpus, dec)):
+        if n < c.gpus or n % c.gpus:
+            raise ShardlabError(f"the {name} pool's {n} GPUs do not hold whole replicas of {c.gpus} GPUs "
+                                f"({c.layout_label}); give --disaggregated P:D with P and D multiples of the pools' "
+                                f"replica sizes")
+    if dec.capacity < 1:
+        raise ShardlabError(f"a decode replica ({dec.layout_label}) has room for no {dec.prompt_len + dec.output_len}-"
+                            f"token sequence: give the decode pool more GPUs per replica (--tp), or quantize")
+    same_node = prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node
+    nbytes, secs, link = kv_transfer(pre, dec, same_node)
+    a = arrays([dec])
+    cap = float(max(dec.capacity, 1))
+    B = np.unique(np.concatenate([np.arange(0.0, min(cap, 64.0) + 1), np.geomspace(1.0, cap, 192), [cap]]))
+    cyc = np.ravel(cycle_time(a, B, B * float(a.ctx[0]), seqs=np.maximum(B, 1e-9)))
+    return DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link,
+                      arrays([pre]), a, (B, cyc))
+
+
+def _prefill_times(d: DisaggCase) -> tuple[float, float]:
+    """(t₁: one prompt's prefill alone, s: seconds per prompt in a step filled to the budget) on a prefill replica."""
+    pre = d.prefill
+    a = d.pre_arrays
+    S = float(pre.prefill_tokens)
+    L = float(pre.prefill_keys_per_token)
+    one = float(micro_batch_times(a, 0.0, 0.0, S, S * L, 1.0)[0][0])
+    per_step = max(1, int(pre.budget_tokens // max(S, 1.0)))
+    full = float(micro_batch_times(a, 0.0, 0.0, per_step * S, per_step * S * L, float(per_step))[0][0])
+    chunks = max(1, int(-(-S // pre.budget_tokens)))            # a prompt longer than the budget takes several steps
+    overhead = (chunks - 1) * float(a.kernels.step_overhead_s[0])
+    return one + overhead, full / per_step + overhead
+
+
+def _decode_cycle(d: DisaggCase, B: float) -> float:
+    """Seconds of one decode step of B sequences on a decode replica (decodes only; ``DisaggCase.grid``)."""
+    return float(np.interp(B, d.grid[0], d.grid[1]))
+
+
+def steady_rate(d: DisaggCase, rate: float) -> dict:
+    """Steady state of the two pools under Poisson arrivals at ``rate`` requests/s (module doc)."""
+    dec = d.decode
+    O = dec.output_len
+    t1, s = _prefill_times(d)
+    lam_p, lam_d = rate / d.prefill_replicas, rate / d.decode_replicas
+    rho = lam_p * s
+    link_load = lam_p * d.kv_transfer_s
+    cap = float(dec.capacity)
+    # decode replica: B = λ_d · O · cycle(B) on [0, capacity], by bisection (f is increasing in B)
+    lo, hi = 0.0, cap
+    over_d = cap - lam_d * O * float(_decode_cycle(d, cap)) < 0
+    if not over_d:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if mid - lam_d * O * float(_decode_cycle(d, mid)) < 0:
+                lo = mid
+            else:
+                hi = mid
+    B = cap if over_d else hi
+    cycle = float(_decode_cycle(d, max(B, 1e-9)))
+    overloaded = bool(over_d or rho >= 1 or link_load >= 1)
+    wait = rho * t1 / (2 * (1 - rho)) if rho < 1 else float("inf")
+    over_s = dec.engine.request_overhead_us * 1e-6
+    ttft = over_s + wait + t1 + d.kv_transfer_s + cycle if not overloaded else float("inf")
+    e2e = ttft + (O - 1) * cycle
+    served = rate if not overloaded else min(d.prefill_replicas / s, d.decode_replicas * cap / (O * cycle))
+    return {"ttft_s": ttft, "tpot_s": cycle, "e2e_s": e2e, "requests_per_s": served, "output_tokens_per_s": served * O,
+            "overloaded": overloaded, "prefill_s": t1, "prefill_wait_s": wait, "prefill_utilization": min(rho, 1.0),
+            "kv_transfer_s": d.kv_transfer_s, "kv_link_utilization": min(link_load, 1.0),
+            "decode_batch": B, "in_flight": B * d.decode_replicas, "saturation_rate": saturation_rate(d)}
+
+
+def saturation_rate(d: DisaggCase) -> float:
+    """Requests/s past which a queue grows: the smallest of the prefill pool's, the decode pool's (full replicas)
+    and the KV link's rates."""
+    _, s = _prefill_times(d)
+    dec = d.decode
+    cap = float(dec.capacity)
+    decode_rate = d.decode_replicas * cap / (dec.output_len * float(_decode_cycle(d, cap)))
+    link_rate = d.prefill_replicas / d.kv_transfer_s if d.kv_transfer_s > 0 else float("inf")
+    return float(min(d.prefill_replicas / s, decode_rate, link_rate))
+
+
+def steady_concurrency(d: DisaggCase, clients: int) -> dict:
+    """Steady state under a closed loop of ``clients``: the rate X with clients = X × (TTFT(X) + (O − 1)·TPOT(X)),
+    by bisection below the saturation rate (a loop that would exceed it queues: the saturated state)."""
+    top = saturation_rate(d) * (1 - 1e-6)
+    at_top = steady_rate(d, top)
+    if clients >= top * at_top["e2e_s"]:            # more clients than the pools serve at once: they queue
+        res = dict(at_top)
+        res["ttft_s"] = clients / top - (d.decode.output_len - 1) * at_top["tpot_s"]
+        res["e2e_s"] = clients / top
+        return {**res, "requests_per_s": top, "output_tokens_per_s": top * d.decode.output_len, "overloaded": False}
+    lo, hi = 0.0, top
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid * steady_rate(d, mid)["e2e_s"] < clients:
+            lo = mid
+        else:
+            hi = mid
+    return steady_rate(d, lo)
+
+
+def max_rate_within(d: DisaggCase, ttft_slo: float | None, tpot_slo: float | None) -> float:
+    """Highest Poisson request rate whose steady-state mean TTFT and TPOT meet the SLOs (0 when none does)."""
+    def ok(rate: float) -> bool:
+        r = steady_rate(d, rate)
+        return (not r["overloaded"] and (ttft_slo is None or r["ttft_s"] <= ttft_slo)
+                and (tpot_slo is None or r["tpot_s"] <= tpot_slo))
+    top = saturation_rate(d) * (1 - 1e-6)
+    lo, hi = 0.0, top
+    if not ok(top * 1e-6):
+        return 0.0
+    if ok(top):
+        return top
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

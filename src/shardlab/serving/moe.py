@@ -1,0 +1,76 @@
+"""MoE serving layouts: expert parallelism (EP) and data-parallel attention.
+
+Two ways to spread a MoE model's routed experts over a replica's GPUs, as the engines run them:
+
+- **TP experts** (the default): every GPU holds a 1/tp slice of every expert; a MoE layer ends in the TP
+  all-reduce, as a dense MLP does.
+- **Expert parallelism**, ``ep`` > 1: each GPU holds E/ep whole experts (vLLM ``--enable-expert-parallel``,
+  whose EP size is TP × DP; SGLang ``--ep-size``; TensorRT-LLM ``moe_expert_parallel_size``).
+  Without DP attention the experts are split over the TP group (ep = tp) and the layer still ends in the TP
+  all-reduce. With **data-parallel attention** (``--dp-attention``; SGLang ``--enable-dp-attention``, vLLM
+  ``--data-parallel-size`` with EP, DeepSeek-V3 report §3.4, arXiv 2412.19437) the replica is
+  ep = tp × dp GPUs: dp attention groups of tp GPUs each keep their own sequences and KV cache (MLA's latent
+  cache is not split by TP, so dp replaces tp for it), and every MoE layer sends each token to its top-k
+  experts and back by all-to-all (DeepEP's dispatch and combine). Two-batch overlap (SGLang
+  ``--enable-two-batch-overlap``, vLLM ``--enable-dbo``) splits each step in two so that one half's
+  all-to-alls run under the other's compute.
+
+Per GPU and step (``serving.step.step_parts``): the dense and attention work of its 1/dp share of the
+step's sequences; the routed experts of all dp × its tokens, k/E each, E/ep experts on the GPU; the busiest
+GPU carries ``expert_imbalance`` times the mean routed tokens (routing is not uniform). Default imbalance:
+1.18, the ratio of SGLang's prefill throughput under simulated perfect expert balance to that with its
+default EPLB on 32 H100 (59,337 / 50,302 input tokens/s per node, DeepSeek-V3, LMSYS blog 2025-05-05,
+'Overall Throughput' table; ../shared/reference/published-serving-2025.md §2), the smallest measured gap
+between real and balanced routing, taken as the busiest rank's excess.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardlab.errors import ShardlabError
+from shardlab.specs.model import ModelSpec
+
+DEFAULT_EXPERT_IMBALANCE = 59_337 / 50_302
+"""Busiest EP rank over the mean (module doc: SGLang, DeepSeek-V3 on 32 H100, perfect vs default EPLB)."""
+
+MAX_EXPERT_IMBALANCE = 64.0
+"""Largest --expert-imbalance taken (one rank can carry at most every routed token: E/k × the mean)."""
+
+
+def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
+               expert_imbalance: float | None, two_batch_overlap: bool = False) -> tuple[int, float]:
+    """(attention DP ranks, expert imbalance) of a replica, or one line naming what does not go together."""
+    if two_batch_overlap and not dp_attention:
+        raise ShardlabError("--two-batch-overlap hides the expert all-to-alls of --dp-attention; add --ep N "
+                            "--dp-attention, or drop it")
+    if expert_imbalance is not None and not (math.isfinite(expert_imbalance)
+                                             and 1.0 <= expert_imbalance <= MAX_EXPERT_IMBALANCE):
+        raise ShardlabError(f"--expert-imbalance is the busiest expert-parallel rank's tokens over the mean, in "
+                            f"[1, {MAX_EXPERT_IMBALANCE:g}]; got {expert_imbalance:g}")
+    if ep == 1 and not dp_attention:
+        if expert_imbalance is not None:
+            raise ShardlabError("--expert-imbalance applies to expert parallelism: add --ep N, or drop it")
+        return 1, 1.0
+    if dp_attention and ep == 1:
+        raise ShardlabError("--dp-attention shares expert-parallel experts between attention replicas: add --ep N "
+                            "(a multiple of --tp)")
+    if spec.moe is None:
+        raise ShardlabError(f"{spec.name} is a dense model: it has no experts to split; drop --ep/--dp-attention")
+    E = spec.moe.num_experts
+    if ep < 1 or E % ep:
+        raise ShardlabError(f"--ep {ep} does not divide {spec.name}'s {E} routed experts; pick a divisor of {E}")
+    if not dp_attention:
+        if ep != tp:
+            raise ShardlabError(f"--ep {ep} without --dp-attention splits the experts over the TP group, so it must "
+                                f"equal --tp {tp}; give --ep {tp}, or add --dp-attention for {ep // max(tp, 1)} "
+                                f"attention replicas of TP {tp}")
+        return 1, DEFAULT_EXPERT_IMBALANCE if expert_imbalance is None else expert_imbalance
+    if pp > 1:
+        raise ShardlabError("--dp-attention with --pp > 1 is not modelled (the engines run wide EP without a "
+                            "pipeline): drop --pp")
+    if ep % tp or ep < tp:
+        raise ShardlabError(f"--dp-attention runs ep / tp attention replicas: --ep {ep} must be a multiple of "
+                            f"--tp {tp}")
+    imbalance = DEFAULT_EXPERT_IMBALANCE if expert_imbalance is None else expert_imbalance
+    return ep // tp, imbalance if ep > 1 else 1.0

@@ -1,0 +1,160 @@
+"""MoE serving: expert parallelism, data-parallel attention, the all-to-alls and their overlap (serving.moe)."""
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from conftest import cli_main
+from shardlab.catalog import get_catalog
+from shardlab.errors import ShardlabError
+from shardlab.memory.inference import kv_cache_bytes_per_token, weight_bytes_per_rank
+from shardlab.serving.case import prepare
+from shardlab.serving.engines import get_engine
+from shardlab.serving.moe import DEFAULT_EXPERT_IMBALANCE
+from shardlab.serving.precision import make_precision
+from shardlab.serving.step import step_parts
+from shardlab.specs.hardware import Cluster
+from shardlab.specs.tensors import model_tensors
+
+CAT = get_catalog()
+DS = CAT.model("deepseek-v3")
+
+
+def cluster(gpu: str, n: int) -> Cluster:
+    acc = CAT.accelerator(gpu)
+    return Cluster(acc, n, acc.system["gpus_per_node"], CAT.link(acc.system["intra_link"]),
+                   CAT.link(acc.system["inter_link"]))
+
+
+def test_weights_per_gpu_under_ep_are_exact():
+    """Every routed expert whole on exactly one of the ep ranks (E/ep each), every other tensor TP-sliced: the ranks'
+    expert bytes add up to the model's, and the rest is what TP 1 (or TP 2) holds."""
+    tensors = model_tensors(DS)
+    experts = sum(math.prod(t.shape) for t in tensors if t.ep_dim is not None)
+    rest = sum(math.prod(t.shape) for t in tensors if t.ep_dim is None)
+    assert weight_bytes_per_rank(DS, 1, 1, ep=16) == [2 * (rest + experts // 16)]
+    # TP 2 attention: the dense tensors halve (the head and embeddings too), the experts stay whole
+    tp2 = weight_bytes_per_rank(DS, 2, 1, ep=16)[0]
+    dense_tp2 = weight_bytes_per_rank(DS, 2, 1)[0] - 2 * experts // 2
+    assert tp2 == dense_tp2 + 2 * experts // 16
+    # the MLA latent cache is per token and layer, whatever the split
+    assert kv_cache_bytes_per_token(DS, 1, 1, 2) == [(512 + 64) * 61 * 2]
+
+
+def _case(**kw):
+    base = dict(tp=1, precision=make_precision("fp8", None, "fp8", "fp8", CAT.accelerator("h200").peak_tflops),
+                prompt_len=1000, output_len=1000)
+    base.update(kw)
+    n = base["tp"] * (base.get("ep", 1) // base["tp"] if base.get("dp_attention") else 1)
+    return prepare(DS, cluster("h200", n), get_engine("vllm"), **base)
+
+
+def test_dp_attention_multiplies_the_sequences_and_splits_the_step():
+    one = _case(tp=8, ep=8)                                   # experts over the TP group
+    dpa = _case(ep=8, dp_attention=True)                      # 8 attention replicas sharing the experts
+    assert (one.gpus, dpa.gpus, dpa.attention_dp) == (8, 8, 8)
+    assert dpa.replica_blocks == 8 * dpa.blocks.num_blocks
+    assert dpa.capacity == min(dpa.blocks.num_blocks // dpa.blocks_per_seq * 8, dpa.max_num_seqs)
+    # a step of 64 decoding sequences: the busiest rank holds 8 of them (dense work, KV reads), the experts see 64
+    m, k = dpa.whole, dpa.kernels
+    alone = replace(m, attention_dp=1.0)                      # one rank's own work, as a replica of its own
+    p = step_parts(m, k, 64.0, 64 * 1500.0, 0.0, 0.0, 64.0)
+    assert p["attention_s"] == pytest.approx(float(step_parts(alone, k, 8.0, 8 * 1500.0, 0.0, 0.0, 8.0)["attention_s"]))
+    assert p["weights_touched_bytes"] > step_parts(alone, k, 8.0, 8 * 1500.0, 0.0, 0.0, 8.0)["weights_touched_bytes"]
+    # 9 sequences over 8 ranks: one rank holds 2 (a sequence lives on one rank)
+    p9 = step_parts(m, k, 9.0, 9 * 1500.0, 0.0, 0.0, 9.0)
+    assert p9["attention_s"] == pytest.approx(float(step_parts(alone, k, 2.0, 2 * 1500.0, 0.0, 0.0, 2.0)["attention_s"]))
+
+
+def test_all_to_all_priced_with_dp_attention_and_hidden_by_two_batch_overlap():
+    tp_ep = _case(tp=8, ep=8)
+    dpa = _case(ep=8, dp_attention=True)
+    tbo = _case(ep=8, dp_attention=True, two_batch_overlap=True)
+    assert float(tp_ep.whole.a2a_s_per_token) == 0.0 and float(dpa.whole.a2a_s_per_token) > 0
+    assert dpa.expert_imbalance == pytest.approx(DEFAULT_EXPERT_IMBALANCE)
+    args = (512.0, 512 * 1500.0, 0.0, 0.0, 512.0)
+    plain, hidden = step_parts(dpa.whole, dpa.kernels, *args), step_parts(tbo.whole, tbo.kernels, *args)
+    assert plain["a2a_s"] > 0 and plain["a2a_s"] == plain["a2a_raw_s"]
+    assert hidden["a2a_raw_s"] == pytest.approx(float(plain["a2a_raw_s"]))
+    compute = float(hidden["linear_s"] + hidden["attention_s"] + hidden["elementwise_s"])
+    assert hidden["a2a_s"] == pytest.approx(max(0.0, float(plain["a2a_raw_s"]) - compute))
+    assert hidden["step_s"] < plain["step_s"]
+    # across nodes the network carries each token once per remote node: 16 GPUs cost more than 8
+    wide = _case(ep=16, dp_attention=True)
+    assert float(wide.whole.a2a_s_per_token) > float(dpa.whole.a2a_s_per_token)
+
+
+def test_imbalance_scales_the_busiest_ranks_expert_work():
+    even = _case(ep=8, dp_attention=True, expert_imbalance=1.0)
+    skew = _case(ep=8, dp_attention=True, expert_imbalance=2.0)
+    args = (2048.0, 2048 * 1500.0, 0.0, 0.0, 2048.0)
+    a, b = step_parts(even.whole, even.kernels, *args), step_parts(skew.whole, skew.kernels, *args)
+    fixed = float(even.whole.a2a_s_fixed)                  # the latency part does not scale with the tokens
+    assert b["linear_s"] > a["linear_s"] and float(b["a2a_s"]) - fixed == pytest.approx(2 * (float(a["a2a_s"]) - fixed))
+
+
+def test_mla_decode_attends_in_the_latent_space():
+    """Absorbed MLA decode: 2·heads·(576 + 512) FLOPs per pair per layer for DeepSeek-V3; prefill keeps 192 + 128."""
+    c = _case(tp=8, ep=8)
+    assert float(c.whole.decode_attn_flops_per_pair) == pytest.approx(2 * 128 * (576 + 512) / 8 * 61)
+    assert float(c.whole.attn_flops_per_pair) == pytest.approx(2 * 128 * (192 + 128) / 8 * 61)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(ep=3, dp_attention=True), "does not divide"),
+    (dict(tp=2, ep=8), "must equal --tp 2"),
+    (dict(tp=4, ep=6, dp_attention=True), "does not divide"),
+    (dict(tp=2, ep=4, dp_attention=True, pp=2), "not modelled"),
+    (dict(ep=8, dp_attention=True, expert_imbalance=0.5), "[1, 64]"),
+    (dict(tp=8, ep=8, two_batch_overlap=True), "--two-batch-overlap"),
+    (dict(dp_attention=True), "add --ep"),
+])
+def test_layouts_an_engine_cannot_run_are_refused(kw, needle):
+    with pytest.raises(ShardlabError, match=None) as e:
+        _case(**kw)
+    assert needle in str(e.value)
+
+
+def test_dense_model_with_ep_refused():
+    acc = CAT.accelerator("h100-sxm")
+    with pytest.raises(ShardlabError, match="dense model"):
+        prepare(CAT.model("llama-3.1-8b"), cluster("h100-sxm", 2), get_engine("vllm"), tp=2, ep=2,
+                precision=make_precision("bf16", None, "bf16", None, acc.peak_tflops))
+
+
+def test_estimate_serve_deepseek_wide_ep_json():
+    """The issue's command: one replica of 16 H200, DP attention 16 with EP 16, no load given (its capacity)."""
+    code, out, err = cli_main("estimate", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                              "--ep", "16", "--dp-attention", "--requests", "300", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["ep"], d["dp_attention"]) == (16, 16)
+    assert d["gpus"] == 16 and d["kv_blocks"]["weights_bytes"] == weight_bytes_per_rank(DS, 1, 1, ep=16)[0]
+    assert d["steady_state"]["output_tokens_per_s"] > 0
+    code, out, err = cli_main("estimate", "deepseek-v3", "--inference", "--gpus", "16", "--gpu", "h200", "--ep", "16",
+                              "--dp-attention", "--two-batch-overlap", "--batch", "64")
+    assert code == 0, err
+    assert "EP all-to-alls" in out and "16 data-parallel attention ranks" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["llama-3.1-8b", "--tp", "2", "--ep", "2"], "dense model"),
+    (["deepseek-v3", "--ep", "7", "--dp-attention"], "does not divide"),
+    (["deepseek-v3", "--ep", "16", "--dp-attention", "--expert-imbalance", "nan"], "--expert-imbalance"),
+    (["deepseek-v3", "--ep", "16", "--dp-attention", "--gpus", "8"], "--gpus"),
+    (["deepseek-v3", "--tp", "8", "--ep", "8", "--two-batch-overlap"], "--two-batch-overlap"),
+])
+def test_bad_moe_flags_one_line(argv, needle):
+    code, out, err = cli_main("estimate", *argv, "--inference", "--gpu", "h200")
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_ep_rows_are_predicted_not_fitted():
+    from shardlab.validation.inference import expert_parallel, family_of, load_inference_runs
+    runs = [r for r in load_inference_runs() if expert_parallel(r)]
+    assert len(runs) >= 30
+    assert all("MoE-EP" in family_of(r, "hopper") for r in runs)
+    assert np.all([r.config["dp_attention"] for r in runs])
