@@ -351,6 +351,10 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
            "best_simulated": sim.to_dict() if sim else None, "capacity": capacity, "pareto": pareto}
     if target is not None:
         doc["target"] = target
+    else:                                          # disaggregated prefill/decode layouts of the same GPUs, side by side
+        from shardlab.cli.disagg_cmds import disagg_section
+
+        doc.update(disagg_section(args, spec, cluster, gpus, prec, engine, slo, capacity))
     if ev["notes"]:
         doc["notes"] = ev["notes"]
     return finite(doc), _capacity_text(doc, args, cluster, sim, slo)

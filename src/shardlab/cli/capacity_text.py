@@ -99,11 +99,13 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
               table(["layout", "req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "tok/s/user", ""], front_rows)]
              if pareto else ["Pareto front: empty (no layout meets the SLO at any load)"])
     rejected = doc["rejected"]
+    from shardlab.cli.disagg_cmds import disagg_text
+
     return "\n".join([
         *head,
         table(["tp", "pp", "replicas", "max seqs", "max req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "binds",
                "KV blocks/GPU", "capacity"], rows),
-        "", *rec, "", *front, "",
+        "", *rec, "", *front, "", *disagg_text(doc, args),
         *(f"note: {n}" for n in doc.get("notes", [])),
         f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}"
                                                    if rejected else ""),

@@ -126,3 +126,101 @@ def estimate_disagg(args, spec, cluster, prec, engine):
             "first decode step; TPOT from decode steps that carry no prefill (serving.disagg; percentiles: "
             "serving.disagg_sim)"]
     return finite(doc), "\n".join(lines)
+
+
+def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict]:
+    """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
+    SLO's means, best goodput per GPU first; and counts of what was rejected."""
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.errors import ShardlabError
+    from shardlab.planner.space import tp_ok
+    from shardlab.serving.case import prepare
+    from shardlab.serving.disagg import search, steady_rate
+
+    kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
+              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
+    if kw.get("speculation"):
+        return [], {"speculative decoding with disaggregation is not modelled": 1}
+    cases, rejected = {}, {}
+    for tp in [t for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]:
+        try:
+            c = prepare(spec, cluster, engine, tp=tp, **kw)
+        except ShardlabError as e:
+            rejected[str(e).split(":")[0]] = rejected.get(str(e).split(":")[0], 0) + 1
+            continue
+        if c.blocks.num_blocks > 0 and c.gpus <= gpus:
+            cases[c.gpus] = c                          # replica GPUs -> case (tp × the MoE layout's DP ranks)
+    out = []
+    O = float(args.output_len)
+    for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s):
+        pre, dec = d.prefill, d.decode
+        at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
+        out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp,
+                                "layout": pre.layout_label},
+                    "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp,
+                               "layout": dec.layout_label, "capacity_per_replica": dec.capacity},
+                    "gpus": gpus, "kv_transfer_s": d.kv_transfer_s, "kv_link": d.link,
+                    "kv_transfer_bytes_per_rank": d.kv_transfer_bytes,
+                    "max_request_rate": rate, "meets_slo": rate > 0,
+                    "goodput_tokens_per_s_per_gpu": rate * O / gpus,
+                    "ttft_s": at["ttft_s"], "tpot_s": at["tpot_s"],
+                    "tokens_per_s_per_user": 1.0 / at["tpot_s"] if at["tpot_s"] > 0 else None,
+                    "prefill_utilization": at["prefill_utilization"], "saturation_rate": at["saturation_rate"],
+                    "_d": d})
+    out.sort(key=lambda p: (-p["goodput_tokens_per_s_per_gpu"], p["tpot_s"]))
+    return out, rejected
+
+
+def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: dict) -> dict:
+    """The capacity search's disaggregated part: ``disaggregated`` (the layouts, best goodput per GPU first, their
+    pools and KV transfer), ``best_disaggregated_simulated`` and ``comparison`` with the aggregated winner."""
+    from shardlab.serving.disagg_sim import simulate_disagg
+
+    found, rejected = disagg_capacity(args, spec, cluster, gpus, prec, engine, slo)
+    sim = None
+    if found and found[0]["meets_slo"] and slo.percentile == "p99":     # the means rank; p99 checks the best by simulation
+        best = found[0]
+        sim = simulate_disagg(best["_d"], arrival_rate=best["max_request_rate"], seed=args.seed,
+                              requests=args.requests, lifetime_s=best["ttft_s"]
+                              + (args.output_len - 1) * best["tpot_s"])
+    for p in found:
+        p.pop("_d")
+    agg = capacity.get("goodput_tokens_per_s_per_gpu") or 0.0
+    dis = found[0]["goodput_tokens_per_s_per_gpu"] if found else 0.0
+    winner = "disaggregated" if dis > agg else "aggregated" if agg > 0 else None
+    return {"disaggregated": found[: args.top], "disaggregated_rejected": rejected,
+            "best_disaggregated_simulated": sim.to_dict() if sim else None,
+            "comparison": {"aggregated_goodput_tokens_per_s_per_gpu": agg,
+                           "disaggregated_goodput_tokens_per_s_per_gpu": dis, "winner": winner,
+                           "ratio": dis / agg if agg > 0 else None, "statistic": "mean"}}
+
+
+def disagg_text(doc: dict, args) -> list[str]:
+    """The capacity report's disaggregated table and verdict (empty when the search did not run)."""
+    from shardlab.render.table import table
+
+    if "disaggregated" not in doc:
+        return []
+    found = doc["disaggregated"]
+    if not found:
+        return ["disaggregated prefill/decode: no layout of these GPUs holds the model in both pools", ""]
+    ms = lambda s: "–" if s is None or s != s or s == float("inf") else f"{1e3 * s:,.1f}"  # noqa: E731
+    rows = [[f"{p['prefill']['gpus']} (TP {p['prefill']['tp']})", f"{p['decode']['gpus']} (TP {p['decode']['tp']})",
+             f"{p['max_request_rate']:,.2f}", ms(p["ttft_s"]), ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
+             ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"] for p in found]
+    c = doc["comparison"]
+    verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
+               f"best disaggregated: {c['disaggregated_goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU "
+               f"against {c['aggregated_goodput_tokens_per_s_per_gpu']:,.0f} aggregated: "
+               + ("about the same (within 5%): splitting buys nothing here" if abs((c["ratio"] or 0) - 1) <= 0.05 else
+                  "splitting the phases pays here" if c["winner"] == "disaggregated" else
+                  "keep prefill and decode together here"))
+    sim = doc.get("best_disaggregated_simulated")
+    return ["disaggregated prefill/decode (DistServe): a prefill pool and a decode pool of the same GPUs, each "
+            "pool's replicas at one TP, the prompt's KV sent between them; capacity = the largest Poisson rate whose "
+            "steady-state mean TTFT and TPOT meet the targets (serving.disagg)",
+            table(["prefill GPUs", "decode GPUs", "max req/s", "TTFT ms", "TPOT ms", "tok/s/GPU", "KV send ms",
+                   "prefill busy"], rows),
+            verdict + (f"; simulated at its capacity ({sim['requests']} requests): TTFT p99 {ms(sim['ttft_s']['p99'])} "
+                       f"ms, TPOT p99 {ms(sim['tpot_s']['p99'])} ms" if sim else ""), ""]

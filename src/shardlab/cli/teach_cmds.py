@@ -64,8 +64,11 @@ def cmd_explain(args):
         return _list_topics()
     if not args.topic:
         raise ShardlabError("no topic: name one, e.g. `shardlab explain zero` (`shardlab explain --list` shows all)")
+    from shardlab.render.table import OUTPUT_WIDTH
+
     ex = explain(args.topic, args.values)
-    return ex.to_dict(), render(ex)
+    limit = OUTPUT_WIDTH.get()                  # wrap once, at the width the output must fit (110 without a limit)
+    return ex.to_dict(), render(ex, limit or 110)
 
 
 def _list_topics():

@@ -26,7 +26,7 @@ cycle. A closed loop of C clients finds its request rate X by bisection on C = X
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -59,9 +59,12 @@ class DisaggCase:
     """``steady.arrays`` of the prefill replica (built once)."""
     dec_arrays: object = field(default=None, repr=False, compare=False)
     """... of the decode replica."""
+    prefill_times: tuple = field(default=(), repr=False, compare=False)
+    """(t₁, s) of ``_prefill_times``, computed once."""
     grid: tuple = field(default=(), repr=False, compare=False)
-    """(batches, decode step seconds) on a grid up to the decode replica's capacity, interpolated by the solvers
-    (the step time is piecewise smooth in the batch: one vectorised evaluation instead of one per iteration)."""
+    """(batches, decode step seconds at the mean context, seconds per cached token beyond it) on a grid up to the
+    decode replica's capacity, interpolated by the solvers and the simulation (the step time is piecewise smooth in
+    the batch and linear in the cached tokens: one vectorised evaluation instead of one per step)."""
 
     @property
     def prefill_gpus(self) -> int:
@@ -110,13 +113,19 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
     a = arrays([dec])
     cap = float(max(dec.capacity, 1))
     B = np.unique(np.concatenate([np.arange(0.0, min(cap, 64.0) + 1), np.geomspace(1.0, cap, 192), [cap]]))
-    cyc = np.ravel(cycle_time(a, B, B * float(a.ctx[0]), seqs=np.maximum(B, 1e-9)))
-    return DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link,
-                      arrays([pre]), a, (B, cyc))
+    ctx = float(a.ctx[0])
+    cyc = np.ravel(cycle_time(a, B, B * ctx, seqs=np.maximum(B, 1e-9)))
+    more = np.ravel(cycle_time(a, B, B * ctx * 1.25, seqs=np.maximum(B, 1e-9)))
+    slope = np.where(B > 0, (more - cyc) / np.maximum(B * ctx * 0.25, 1e-9), 0.0)
+    d = DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link,
+                   arrays([pre]), a, (), (B, cyc, slope))
+    return replace(d, prefill_times=_prefill_times(d))
 
 
 def _prefill_times(d: DisaggCase) -> tuple[float, float]:
     """(t₁: one prompt's prefill alone, s: seconds per prompt in a step filled to the budget) on a prefill replica."""
+    if d.prefill_times:
+        return d.prefill_times
     pre = d.prefill
     a = d.pre_arrays
     S = float(pre.prefill_tokens)
@@ -143,17 +152,19 @@ def steady_rate(d: DisaggCase, rate: float) -> dict:
     rho = lam_p * s
     link_load = lam_p * d.kv_transfer_s
     cap = float(dec.capacity)
-    # decode replica: B = λ_d · O · cycle(B) on [0, capacity], by bisection (f is increasing in B)
-    lo, hi = 0.0, cap
-    over_d = cap - lam_d * O * float(_decode_cycle(d, cap)) < 0
-    if not over_d:
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if mid - lam_d * O * float(_decode_cycle(d, mid)) < 0:
-                lo = mid
-            else:
-                hi = mid
-    B = cap if over_d else hi
+    # decode replica: the root of f(B) = B − λ_d · O · cycle(B) on [0, capacity] (f < 0 until the root): on the
+    # grid, then linear between its two points around the sign change
+    Bg, cg, _ = d.grid
+    f = Bg - lam_d * O * cg
+    over_d = bool(f[-1] < 0)
+    if over_d:
+        B = cap
+    else:
+        k = int(np.argmax(f >= 0))
+        if k == 0:
+            B = 0.0
+        else:
+            B = float(Bg[k - 1] + (Bg[k] - Bg[k - 1]) * (-f[k - 1]) / (f[k] - f[k - 1]))
     cycle = float(_decode_cycle(d, max(B, 1e-9)))
     overloaded = bool(over_d or rho >= 1 or link_load >= 1)
     wait = rho * t1 / (2 * (1 - rho)) if rho < 1 else float("inf")
@@ -196,6 +207,30 @@ def steady_concurrency(d: DisaggCase, clients: int) -> dict:
         else:
             hi = mid
     return steady_rate(d, lo)
+
+
+def pool_sizes(gpus: int, per_node: int) -> list[int]:
+    """Prefill pool sizes tried: every split of up to two nodes; whole nodes beyond (pools span nodes by node)."""
+    if gpus <= 2 * per_node:
+        return list(range(1, gpus))
+    return [p for p in range(per_node, gpus, per_node)]
+
+
+def search(cases: dict, gpus: int, per_node: int, ttft_slo: float | None,
+           tpot_slo: float | None) -> list[tuple[DisaggCase, float]]:
+    """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (replica
+    GPUs -> prepared ServeCase, one per TP), with its highest rate within the SLO means; most goodput first."""
+    out = []
+    for P in pool_sizes(gpus, per_node):
+        D = gpus - P
+        for gp, pre in cases.items():
+            for gd, dec in cases.items():
+                if P % gp or D % gd or dec.capacity < 1:
+                    continue
+                d = make_disagg(pre, dec, P, D)
+                out.append((d, max_rate_within(d, ttft_slo, tpot_slo)))
+    out.sort(key=lambda x: -x[1])
+    return out
 
 
 def max_rate_within(d: DisaggCase, ttft_slo: float | None, tpot_slo: float | None) -> float:

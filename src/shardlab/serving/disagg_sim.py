@@ -64,6 +64,8 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
                + (chunks - 1) * step_over for n in range(1, per_step + 1)}
     think_s = float(np.ravel(cycle_time(d.dec_arrays, 1.0, float(S)))[0])
     cap = dec.capacity
+    Bg, cg, slope = d.grid
+    ctx = float(d.dec_arrays.ctx[0])
     first, done_t = np.full(N, np.nan), np.full(N, np.nan)
     gen = np.zeros(N, dtype=np.int64)
     events: list = [(float(arrive[i]), 0, i, "arrive") for i in range(N) if np.isfinite(arrive[i])]
@@ -104,8 +106,9 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
             stepping[r] = False
             return
         stepping[r] = True
-        kd = float(np.sum(S + gen[members]))
-        dt = float(np.ravel(cycle_time(d.dec_arrays, float(len(members)), kd, seqs=float(len(members))))[0])
+        n = float(len(members))
+        kd = float(np.sum(S + gen[members]))         # the step at n sequences, linear in their cached tokens
+        dt = float(np.interp(n, Bg, cg) + np.interp(n, Bg, slope) * (kd - n * ctx))
         steps += 1
         push(t + dt, "decoded", (r, members))
 

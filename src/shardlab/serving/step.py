@@ -290,10 +290,12 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     # (a sequence lives on one rank, so the busiest rank decodes ceil(D/dp) of them; prompts spread by token)
     dp = m.attention_dp
     group_tokens = decode_seqs + prefill_tokens + verify_tokens
-    busiest = np.where(dp > 1, np.ceil(decode_seqs / dp - 1e-9), decode_seqs)
-    share = np.where(decode_seqs > 0, busiest / np.maximum(decode_seqs, 1e-9), 1.0 / dp)
-    decode_seqs, decode_ctx_tokens, verify_tokens = busiest, decode_ctx_tokens * share, verify_tokens * share
-    prefill_tokens, prefill_pairs, sampled = prefill_tokens / dp, prefill_pairs / dp, sampled * share
+    moe_split = np.ndim(dp) > 0 or dp != 1.0           # scalars without DP attention (the simulation's steps) skip it
+    if moe_split:
+        busiest = np.where(dp > 1, np.ceil(decode_seqs / dp - 1e-9), decode_seqs)
+        share = np.where(decode_seqs > 0, busiest / np.maximum(decode_seqs, 1e-9), 1.0 / dp)
+        decode_seqs, decode_ctx_tokens, verify_tokens = busiest, decode_ctx_tokens * share, verify_tokens * share
+        prefill_tokens, prefill_pairs, sampled = prefill_tokens / dp, prefill_pairs / dp, sampled * share
     tokens = decode_seqs + prefill_tokens + verify_tokens
     bw = m.bandwidth_bytes_per_s
     gemm_eff = np.where(m.gemm_bits <= 4, k.gemm4_efficiency, np.where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
@@ -324,10 +326,13 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
                            decode_ctx_tokens * dec_rate) + prefill_pairs * attn_rate
     elementwise = tokens * m.elem_s_per_token
     comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
-    a2a = np.where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
-    # two-batch overlap: half the batch communicates while the other half computes; what exceeds the compute shows
-    a2a_raw = a2a
-    a2a = np.where(m.a2a_overlap > 0, np.maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
+    if moe_split or np.ndim(m.a2a_s_per_token) > 0 or m.a2a_s_per_token:
+        a2a = np.where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
+        # two-batch overlap: half the batch communicates while the other half computes; what exceeds the compute shows
+        a2a_raw = a2a
+        a2a = np.where(m.a2a_overlap > 0, np.maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
+    else:
+        a2a = a2a_raw = 0.0
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
     overhead = (k.step_overhead_s + k.seq_overhead_s * sampled
                 + (k.layer_overhead_s + np.where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)

@@ -90,6 +90,9 @@ PAPERS = {
     "qlora": Paper("Dettmers et al. 2023, \"QLoRA: Efficient Finetuning of Quantized LLMs\", arXiv 2305.14314",
                    "4-bit NormalFloat base weights in blocks of 64 with double-quantized scales (about 4.127 bits per "
                    "weight), bf16 adapters; a 65B model fine-tuned on one 48 GB GPU (§3)"),
+    "distserve": Paper("Zhong et al. 2024, \"DistServe: Disaggregating Prefill and Decoding for Goodput-optimized Large "
+                       "Language Model Serving\", OSDI 2024, arXiv 2401.09670", "prefill and decode on separate GPU "
+                       "pools; the prefill pool as an M/D/1 queue; goodput per GPU under TTFT and TPOT targets"),
     "shardlab-runtime": Paper("shardlab's own measurements (docs/runtime.md, docs/teach.md)",
                               "real torch.distributed runs on CPU: collective counts, bytes per rank, step times"),
 }

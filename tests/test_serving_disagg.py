@@ -1,0 +1,149 @@
+"""Disaggregated prefill/decode: the two pools' steady state, the KV transfer, the simulation, the CLI."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+from shardlab.catalog import get_catalog
+from shardlab.comm.collectives import collective_time
+from shardlab.errors import ShardlabError
+from shardlab.memory.inference import kv_cache_bytes_per_token
+from shardlab.serving.case import prepare
+from shardlab.serving.disagg import make_disagg, max_rate_within, saturation_rate, steady_concurrency, steady_rate
+from shardlab.serving.disagg_sim import simulate_disagg
+from shardlab.serving.engines import get_engine
+from shardlab.serving.precision import make_precision
+from shardlab.serving.steady import arrays, cycle_time, fluid
+from shardlab.specs.hardware import Cluster
+
+CAT = get_catalog()
+ACC = CAT.accelerator("h100-sxm")
+CL = Cluster(ACC, 16, 8, CAT.link(ACC.system["intra_link"]), CAT.link(ACC.system["inter_link"]))
+PREC = make_precision("bf16", None, "bf16", None, ACC.peak_tflops)
+L8 = CAT.model("llama-3.1-8b")
+
+
+def _case(tp: int, S: int = 4000, O: int = 500, model=L8):
+    return prepare(model, CL, get_engine("vllm"), tp=tp, precision=PREC, prompt_len=S, output_len=O)
+
+
+def test_kv_transfer_is_the_prompts_slice_over_the_link():
+    pre, dec = _case(2), _case(2)
+    one_node, two_nodes = make_disagg(pre, dec, 4, 4), make_disagg(pre, dec, 8, 8)
+    per_rank = 4000 * kv_cache_bytes_per_token(L8, 2, 1, 2)[0]
+    assert one_node.kv_transfer_bytes == two_nodes.kv_transfer_bytes == per_rank
+    assert (one_node.link, two_nodes.link) == ("intra", "inter")
+    assert one_node.kv_transfer_s == pytest.approx(collective_time("send-recv", per_rank, 2, CL.intra_link).time_s)
+    assert two_nodes.kv_transfer_s == pytest.approx(collective_time("send-recv", per_rank, 2, CL.inter_link).time_s)
+    assert two_nodes.kv_transfer_s > one_node.kv_transfer_s
+
+
+def test_steady_state_adds_up():
+    d = make_disagg(_case(1), _case(2), 4, 4)
+    r = steady_rate(d, 10.0)
+    a = arrays([d.decode])
+    B = r["decode_batch"]
+    cyc = float(cycle_time(a, B, B * float(a.ctx[0]), seqs=B)[0])
+    assert r["tpot_s"] == pytest.approx(cyc, rel=2e-3)                   # decode steps carry no prefill
+    assert B == pytest.approx(10.0 / d.decode_replicas * 500 * r["tpot_s"], rel=1e-3)   # Little's law per replica
+    over = d.decode.engine.request_overhead_us * 1e-6
+    assert r["ttft_s"] == pytest.approx(over + r["prefill_wait_s"] + r["prefill_s"] + d.kv_transfer_s + r["tpot_s"])
+    assert not r["overloaded"] and steady_rate(d, 1.01 * saturation_rate(d))["overloaded"]
+    c = steady_concurrency(d, 64)
+    assert 64 == pytest.approx(c["requests_per_s"] * c["e2e_s"], rel=1e-3)
+
+
+def test_decode_pool_tpot_beats_mixed_steps_with_long_prompts():
+    """Long prompts in mixed steps slow every decode; the decode pool does not see them (the reason to split)."""
+    d = make_disagg(_case(2), _case(2), 4, 4)
+    rate = 8.0
+    dis = steady_rate(d, rate)
+    agg = fluid(arrays([_case(2)]), [2], [rate / 4])               # 4 replicas of TP 2 on the same 8 GPUs
+    assert dis["tpot_s"] < float(agg["tpot_s"][0])
+
+
+def test_simulation_agrees_with_the_steady_state():
+    d = make_disagg(_case(1), _case(2), 4, 4)
+    st = steady_rate(d, 16.0)
+    sim = simulate_disagg(d, arrival_rate=16.0, requests=800, lifetime_s=st["e2e_s"])
+    assert sim.tpot_s.mean == pytest.approx(st["tpot_s"], rel=0.15)
+    assert sim.requests_per_s == pytest.approx(16.0, rel=0.1)
+    assert sim.ttft_s.mean <= 1.2 * st["ttft_s"]                # M/D/1 with one prompt per service: an upper side
+    closed = simulate_disagg(d, concurrency=32, requests=300, lifetime_s=st["e2e_s"])
+    assert closed.requests > 0 and closed.tpot_s.p99 >= closed.tpot_s.p50
+
+
+def test_capacity_within_slo():
+    d = make_disagg(_case(1), _case(2), 4, 4)
+    rate = max_rate_within(d, 1.0, 0.025)
+    r = steady_rate(d, rate)
+    assert 0 < rate < saturation_rate(d)
+    assert r["ttft_s"] <= 1.0 + 1e-9 and r["tpot_s"] <= 0.025 + 1e-9
+    worse = steady_rate(d, rate * 1.02)
+    assert worse["overloaded"] or worse["ttft_s"] > 1.0 or worse["tpot_s"] > 0.025
+
+
+def test_pools_must_hold_whole_replicas():
+    with pytest.raises(ShardlabError, match="whole replicas"):
+        make_disagg(_case(2), _case(2), 3, 4)
+
+
+def test_estimate_disaggregated_json_and_text():
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--tp", "2", "--prefill-tp", "1",
+                              "--disaggregated", "4:4", "--arrival-rate", "8", "--prompt-len", "4000", "--output-len",
+                              "500", "--requests", "200", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    dis = doc["disaggregated"]
+    assert (dis["prefill"]["gpus"], dis["prefill"]["tp"], dis["decode"]["gpus"], dis["decode"]["tp"]) == (4, 1, 4, 2)
+    assert doc["kv_transfer_s"] > 0 and doc["steady_state"]["tpot_s"] > 0 and doc["simulation"]["requests"] > 0
+    assert doc["aggregated"]["replicas"] == 4
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--tp", "2", "--disaggregated",
+                              "4:4", "--concurrency", "16", "--requests", "100")
+    assert code == 0, err
+    assert "KV transfer per request" in out and "aggregated instead" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--serve", "--disaggregated", "4:0", "--concurrency", "4"], "P:D"),
+    (["--serve", "--disaggregated", "four", "--concurrency", "4"], "P:D"),
+    (["--serve", "--tp", "2", "--disaggregated", "3:4", "--concurrency", "4"], "whole replicas"),
+    (["--serve", "--pp", "2", "--disaggregated", "4:4", "--concurrency", "4"], "--pp"),
+    (["--disaggregated", "4:4"], "add --serve"),
+    (["--serve", "--prefill-tp", "2", "--concurrency", "4"], "add --disaggregated"),
+    (["--serve", "--disaggregated", "4:4", "--gpus", "16", "--concurrency", "4"], "--gpus"),
+])
+def test_bad_disaggregated_flags_one_line(argv, needle):
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_plan_lists_disaggregated_beside_aggregated():
+    """The issue's question: 70B on 16 H100, 4000/500 tokens, TTFT ≤ 1 s, TPOT ≤ 25 ms, no load given."""
+    code, out, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--gpus", "16", "--gpu", "h100-sxm",
+                              "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025",
+                              "--requests", "200", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["pareto"] and doc["capacity"]["max_request_rate"] > 0
+    best = doc["disaggregated"][0]
+    assert best["prefill"]["gpus"] + best["decode"]["gpus"] == 16 and best["kv_transfer_s"] > 0
+    assert best["ttft_s"] <= 1.0 + 1e-9 and best["tpot_s"] <= 0.025 + 1e-9
+    goods = [p["goodput_tokens_per_s_per_gpu"] for p in doc["disaggregated"]]
+    assert goods == sorted(goods, reverse=True)
+    cmp = doc["comparison"]
+    assert cmp["winner"] == ("disaggregated" if cmp["disaggregated_goodput_tokens_per_s_per_gpu"]
+                             > cmp["aggregated_goodput_tokens_per_s_per_gpu"] else "aggregated")
+
+
+def test_explain_disaggregation_derives_the_verdict():
+    code, out, err = cli_main("explain", "disaggregation", "--json")
+    assert code == 0, err
+    n = json.loads(out)["numbers"]
+    agg, dis = n["aggregated"], n["disaggregated"]
+    assert n["ratio"] == pytest.approx(dis["goodput_tokens_per_s_per_gpu"] / agg["goodput_tokens_per_s_per_gpu"])
+    assert n["ratio"] > 1.1                                   # 70B, 4000-token prompts, 25 ms TPOT: splitting pays
+    assert agg["decode_only_step_s"] < agg["tpot_s"]          # the prompts' interference the split removes
+    code, out, err = cli_main("explain", "disaggregation", "model=llama-3.1-8b", "gpus=8", "prompt=512", "output=512")
+    assert code == 0, err and "goodput per GPU" in out
