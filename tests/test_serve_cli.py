@@ -133,7 +133,8 @@ def _replay_ids(runs):
     sweeps, multi-step scheduling, a memory fraction, FP8."""
     seen, out = set(), []
     for r in runs:
-        key = (r.config["mode"], tuple(sorted(r.measured)), tuple(sorted(r.settings)), r.config.get("weights", "bf16"))
+        key = (r.config["mode"], tuple(sorted(r.measured)), tuple(sorted(r.settings)), r.config.get("weights", "bf16"),
+               r.config.get("ep", 1) > 1, r.config.get("phase"))
         if key not in seen:
             seen.add(key)
             out.append(r)
@@ -158,6 +159,10 @@ def test_every_kind_of_serving_run_replays_from_its_printed_command():
         d = strict_json(out)
         if "--serve" in argv:
             got = d["steady_state"]
+        elif r.config.get("phase"):   # one phase alone: the static estimate's prefill or decode step of the batch
+            b = d["batch"]
+            got = {"input_tokens_per_s": b * d["prompt_len"] / d["prefill"]["step_s"],
+                   "output_tokens_per_s": b / d["decode"]["step_s"]}
         else:   # a static batch: one request's latency, the batch's output tokens/s
             got = {"e2e_s": d["request_latency_s"], "output_tokens_per_s": d["tokens_per_s"], "ttft_s": d["prefill_s"],
                    "tpot_s": d["decode_s_per_token"], "requests_per_s": d["tokens_per_s"] / d["output_len"]}

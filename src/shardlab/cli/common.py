@@ -69,6 +69,7 @@ def _bounded():
         "nodes": number_arg(integer=True, maximum=L.MAX_GPUS, reason="nodes (one GPU each at the least)"),
         "spec_tokens": number_arg(integer=True, maximum=16, reason="draft tokens per step (engines cap it lower)"),
         "share0": number_arg(integer=False, allow_zero=True, maximum=1.0, reason="a share"),
+        "experts": number_arg(integer=True, allow_zero=True, maximum=4096, reason="expert slots"),
         "imbalance": number_arg(integer=False, maximum=64.0, reason="the busiest rank's share (1 = balanced)"),
         "accept_len": number_arg(integer=False, maximum=17.0, reason="tokens per verification step (k + 1 at most)"),
         "steps": number_arg(integer=True, maximum=10**6, reason="a million optimizer steps"),

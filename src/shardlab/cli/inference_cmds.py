@@ -66,6 +66,8 @@ def add_inference_args(p) -> None:
                         "all-to-all (SGLang --enable-dp-attention, vLLM --data-parallel-size with EP)")
     g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
                    help="with --ep: busiest rank's routed tokens over the mean (default 1.18, SGLang EPLB measurement)")
+    g.add_argument("--redundant-experts", type=BOUNDED["experts"], default=None, metavar="R",
+                   help="with --ep: R replicated expert slots (EPLB), so (experts + R) / ep per GPU")
     g.add_argument("--two-batch-overlap", action="store_true",
                    help="with --dp-attention: run each step as two halves, one's all-to-alls under the other's compute "
                         "(SGLang --enable-two-batch-overlap, vLLM --enable-dbo)")
@@ -179,8 +181,9 @@ def case_kw(args, spec, catalog) -> dict:
     kw = {} if sp is None else {"speculation": sp, "draft_spec": draft_spec(spec, sp.draft, catalog)}
     ep, dpa, imb = getattr(args, "ep", 1) or 1, bool(getattr(args, "dp_attention", False)), getattr(args, "expert_imbalance", None)
     tbo = bool(getattr(args, "two_batch_overlap", False))
-    if ep != 1 or dpa or imb is not None or tbo:
-        kw.update(ep=ep, dp_attention=dpa, expert_imbalance=imb, two_batch_overlap=tbo)
+    red = getattr(args, "redundant_experts", None) or 0
+    if ep != 1 or dpa or imb is not None or tbo or red:
+        kw.update(ep=ep, dp_attention=dpa, expert_imbalance=imb, two_batch_overlap=tbo, redundant_experts=red)
     return kw
 
 

@@ -22,7 +22,7 @@ def _with_ms(s: float | None) -> str:
 def moe_doc(case) -> dict:
     """A serving JSON's MoE layout: ep, dp_attention (attention ranks), expert_imbalance, two_batch_overlap."""
     return {"ep": case.ep, "dp_attention": case.attention_dp, "expert_imbalance": case.expert_imbalance,
-            "two_batch_overlap": bool(float(case.whole.a2a_overlap))}
+            "two_batch_overlap": bool(float(case.whole.a2a_overlap)), "redundant_experts": case.redundant_experts}
 
 
 def _load(args) -> tuple[int, float, str]:

@@ -116,6 +116,10 @@ def inference_estimate_argv(run, case) -> list[str]:
     argv = [c["model"], "--inference", "--engine", run.engine, "--gpu", c["gpu"], "--tp", str(c["tp"])]
     if c.get("pp", 1) != 1:
         argv += ["--pp", str(c["pp"])]
+    if c.get("ep", 1) != 1:
+        argv += ["--ep", str(c["ep"]), *(["--dp-attention"] if c.get("dp_attention") else [])]
+        argv += ["--redundant-experts", str(c["redundant_experts"])] if c.get("redundant_experts") else []
+        argv += ["--two-batch-overlap"] if c.get("two_batch_overlap") else []
     for key, flag, default in (("weights", "--weights", "bf16"), ("group_size", "--group-size", None),
                                ("kv_cache", "--kv-cache-dtype", "bf16"), ("activations", "--activations", None)):
         if c.get(key) not in (None, default):
@@ -163,6 +167,10 @@ def one_inference_run(args):
     mode, n = run_mode(run, case.capacity)
     load = (f"a static batch of {n:g}" if mode == 0 else f"a closed loop of {n:g} clients" if mode == 1
             else f"Poisson arrivals at {n:g} requests/s")
+    if run.config.get("phase"):
+        load = (f"its {run.config['phase']} phase alone: {'prefill' if run.config['phase'] == 'prefill' else 'decode'}-"
+                f"only steps of {n:g} {'prompts' if run.config['phase'] == 'prefill' else 'sequences'} (the estimate's "
+                f"{run.config['phase']} step of --batch {n:g})")
     fmt = lambda m, x: "-" if x is None else (f"{x:,.4g} /s" if m.endswith("_per_s") else f"{1e3 * x:,.4g} ms")  # noqa: E731
     pct = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     tab = [[r["metric"], r["stat"], fmt(r["metric"], r["measured"]), fmt(r["metric"], r["predicted"]), pct(r["error"]),
@@ -178,7 +186,7 @@ def one_inference_run(args):
     text = "\n".join([
         f"published serving measurement {run.id} ({run.engine}; {where[run.target]})",
         kv_lines([("source", f"{run.citation} [{run.tag}]"), ("assumed", run.assumed or "nothing beyond the source"),
-                  ("priced as", f"one replica of TP {run.config['tp']} × PP {run.config.get('pp', 1)} under {load}; "
+                  ("priced as", f"one replica of {case.layout_label} under {load}; "
                                 f"{case.blocks.num_blocks:,} KV blocks, up to {case.capacity:,} sequences")], indent="  "),
         "", ("the same estimate from the command line (its steady-state means are the predictions below):" if mode
               else "the same estimate from the command line (its prefill, per-token and request times and tokens/s are "

@@ -167,7 +167,7 @@ class InferenceEstimate:
             "engine": c.engine.id, "engine_version": c.engine.version, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
                                                  "kv_cache": c.precision.kv_cache, "activations": c.precision.activations},
             "ep": c.ep, "dp_attention": c.attention_dp, "expert_imbalance": c.expert_imbalance,
-            "two_batch_overlap": bool(float(c.whole.a2a_overlap)),
+            "two_batch_overlap": bool(float(c.whole.a2a_overlap)), "redundant_experts": c.redundant_experts,
             "batch": self.batch, "micro_batches": self.pp, "in_flight": self.in_flight,
             "prompt_len": c.prompt_len, "output_len": c.output_len,
             "memory": {"per_gpu": {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,

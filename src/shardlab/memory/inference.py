@@ -26,25 +26,28 @@ from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import is_matmul_weight, kv_heads_local
 
 
-def serving_local_shape(t, spec: ModelSpec, tp: int, ep: int = 1) -> tuple[int, ...]:
+def serving_local_shape(t, spec: ModelSpec, tp: int, ep: int = 1, redundant: int = 0) -> tuple[int, ...]:
     """Shape a serving rank holds: TP slices every tensor, except that under expert parallelism (``ep`` > 1) a
     routed expert stays whole and the experts are split across the ep ranks, E/ep each (vLLM
-    ``--enable-expert-parallel``: EP size = TP × DP, experts not TP-sliced; SGLang ``--ep-size``)."""
+    ``--enable-expert-parallel``: EP size = TP × DP, experts not TP-sliced; SGLang ``--ep-size``); with
+    ``redundant`` replicated experts (DeepSeek's EPLB, arXiv 2412.19437 §3.4) each rank holds (E + redundant)/ep."""
     if ep > 1 and t.ep_dim is not None:
-        return t.local_shape(spec, 1, ep)
+        shape = list(t.local_shape(spec, 1, ep))
+        shape[t.ep_dim] = (t.shape[t.ep_dim] + redundant) // ep
+        return tuple(shape)
     return t.local_shape(spec, tp)
 
 
 def weight_bytes_per_rank(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_bytes: int = 2, precision=None,
-                          ep: int = 1) -> list[int]:
+                          ep: int = 1, redundant: int = 0) -> list[int]:
     """Weight bytes held by one rank of each pipeline stage (index = stage). With ``precision`` (an
     InferencePrecision) block matrices take its bytes; otherwise every tensor takes ``elem_bytes``. ``ep``:
     routed experts split whole across ep ranks (``serving_local_shape``)."""
     lay = Layout(tp=tp, pp=pp)
     if precision is None:
-        return [sum(math.prod(serving_local_shape(t, spec, tp, ep)) for t in st.tensors) * elem_bytes
+        return [sum(math.prod(serving_local_shape(t, spec, tp, ep, redundant)) for t in st.tensors) * elem_bytes
                 for st in stage_tensors(spec, lay)]
-    return [sum(precision.tensor_bytes(t.component, serving_local_shape(t, spec, tp, ep), is_matmul_weight(t))
+    return [sum(precision.tensor_bytes(t.component, serving_local_shape(t, spec, tp, ep, redundant), is_matmul_weight(t))
                 for t in st.tensors) for st in stage_tensors(spec, lay)]
 
 

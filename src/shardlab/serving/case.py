@@ -87,6 +87,8 @@ class ServeCase:
     attention on them; the routed experts are shared across the ep = tp × attention_dp GPUs."""
     expert_imbalance: float = 1.0
     """Busiest EP rank's routed tokens over the mean (1 without EP)."""
+    redundant_experts: int = 0
+    """Replicated expert slots beyond the model's experts (EPLB): each EP rank holds (E + this)/ep."""
 
     @property
     def gpus(self) -> int:
@@ -146,14 +148,15 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
             scheduler_steps: int | None = None, overheads: Overheads = Overheads(),
             prefix_hit_rate: float = 0.0, speculation: Speculation | None = None,
             draft_spec: ModelSpec | None = None, ep: int = 1, dp_attention: bool = False,
-            expert_imbalance: float | None = None, two_batch_overlap: bool = False) -> ServeCase:
+            expert_imbalance: float | None = None, two_batch_overlap: bool = False,
+            redundant_experts: int = 0) -> ServeCase:
     """Build the ServeCase of one replica (KV blocks, capacity, step models); the engine takes its defaults for the
     GPU (``EngineProfile.for_gpu``). With ``speculation``, ``draft_spec`` (``speculative.draft_spec``) is priced on
     the replica's last stage: its weights and KV beside the target's, its steps in every decode cycle. ``ep``,
     ``dp_attention``, ``expert_imbalance`` and ``two_batch_overlap``: MoE serving (``serving.moe``)."""
     validate(Layout(tp=tp, pp=pp), spec)
     dp, imbalance = moe_layout(spec, tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, expert_imbalance=expert_imbalance,
-                               two_batch_overlap=two_batch_overlap)
+                               two_batch_overlap=two_batch_overlap, redundant_experts=redundant_experts)
     engine = engine.for_gpu(cluster.accelerator)
     if not 0.0 <= prefix_hit_rate < 1.0:
         raise ShardlabError(f"--prefix-hit-rate must be a share in [0, 1), got {prefix_hit_rate:g}")
@@ -166,7 +169,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
                             f"{prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")
     budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
-    weights = weight_bytes_per_rank(spec, tp, pp, precision=precision, ep=ep)
+    weights = weight_bytes_per_rank(spec, tp, pp, precision=precision, ep=ep, redundant=redundant_experts)
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
     draft = None
     if speculation is not None:
@@ -198,7 +201,8 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     seq_cap = engine.max_num_seqs * pp * dp
     capacity, bound = (kv_seqs, "kv-cache") if kv_seqs < seq_cap else (seq_cap, "max-num-seqs")
     whole, slowest = pipeline_models(stage_models(spec, cluster, tp, pp, precision, ep=ep, attention_dp=dp,
-                                                  expert_imbalance=imbalance, two_batch_overlap=two_batch_overlap))
+                                                  expert_imbalance=imbalance, two_batch_overlap=two_batch_overlap,
+                                                  redundant_experts=redundant_experts))
     p2p_fixed = p2p_tok = 0.0
     if pp > 1:
         link = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
@@ -211,4 +215,4 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
                      budget * dp, whole, slowest, kernels, steps, p2p_fixed, p2p_tok, prefix_hit_rate, speculation, draft,
-                     ep, dp, imbalance)
+                     ep, dp, imbalance, redundant_experts)

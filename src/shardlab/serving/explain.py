@@ -29,7 +29,8 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
         tokens = decode_seqs + prefill_tokens
         kv_bytes = ctx_tokens * m.kv_bytes_per_token
     lines = [] if dp <= 1 and case.ep <= 1 else [
-        f"experts   = {case.ep}-way expert parallel, {case.spec.moe.num_experts // case.ep} whole experts per GPU"
+        f"experts   = {case.ep}-way expert parallel, {(case.spec.moe.num_experts + case.redundant_experts) // case.ep} "
+        f"whole experts per GPU" + (f" ({case.redundant_experts} redundant copies)" if case.redundant_experts else "")
         + (f"; attention on {dp:g} data-parallel ranks of TP {case.tp}: the busiest GPU's share of the step below "
            f"(the experts see all ranks' tokens, the busiest × {case.expert_imbalance:.2f} the mean)" if dp > 1
            else f" (the TP group); the busiest × {case.expert_imbalance:.2f} the mean routed tokens")]

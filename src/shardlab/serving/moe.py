@@ -39,8 +39,11 @@ MAX_EXPERT_IMBALANCE = 64.0
 
 
 def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
-               expert_imbalance: float | None, two_batch_overlap: bool = False) -> tuple[int, float]:
+               expert_imbalance: float | None, two_batch_overlap: bool = False,
+               redundant_experts: int = 0) -> tuple[int, float]:
     """(attention DP ranks, expert imbalance) of a replica, or one line naming what does not go together."""
+    if redundant_experts and ep == 1:
+        raise ShardlabError("--redundant-experts replicates experts across expert-parallel ranks: add --ep N")
     if two_batch_overlap and not dp_attention:
         raise ShardlabError("--two-batch-overlap hides the expert all-to-alls of --dp-attention; add --ep N "
                             "--dp-attention, or drop it")
@@ -58,8 +61,11 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
     if spec.moe is None:
         raise ShardlabError(f"{spec.name} is a dense model: it has no experts to split; drop --ep/--dp-attention")
     E = spec.moe.num_experts
-    if ep < 1 or E % ep:
-        raise ShardlabError(f"--ep {ep} does not divide {spec.name}'s {E} routed experts; pick a divisor of {E}")
+    if ep < 1 or (E + redundant_experts) % ep or redundant_experts > E:
+        raise ShardlabError(f"--ep {ep} does not divide {spec.name}'s {E} routed experts"
+                            + (f" plus {redundant_experts} redundant" if redundant_experts else "")
+                            + f"; pick a divisor of {E}, or add redundant experts (--redundant-experts R with "
+                              f"{E} + R a multiple of {ep}, at most {E})")
     if not dp_attention:
         if ep != tp:
             raise ShardlabError(f"--ep {ep} without --dp-attention splits the experts over the TP group, so it must "

@@ -192,7 +192,8 @@ def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision,
 
 
 def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision: InferencePrecision, *, ep: int = 1,
-                 attention_dp: int = 1, expert_imbalance: float = 1.0, two_batch_overlap: bool = False) -> list[StepModel]:
+                 attention_dp: int = 1, expert_imbalance: float = 1.0, two_batch_overlap: bool = False,
+                 redundant_experts: int = 0) -> list[StepModel]:
     """One StepModel per pipeline stage (index = stage). ``ep`` > 1: routed experts whole, E/ep per rank
     (``memory.inference.serving_local_shape``), their tokens dispatched and combined by all-to-all each MoE layer;
     ``attention_dp``: attention replicas sharing those experts (ep = tp × attention_dp)."""
@@ -219,7 +220,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
         for t in st.tensors:
             if t.component in ("embedding", "position") and not (st.holds_head and t.name == "output.weight"):
                 continue                                      # embeddings are gathered by row, not streamed
-            n = precision.tensor_bytes(t.component, serving_local_shape(t, spec, tp, ep), is_matmul_weight(t))
+            n = precision.tensor_bytes(t.component, serving_local_shape(t, spec, tp, ep, redundant_experts),
+                                       is_matmul_weight(t))
             if t.component == "head" or t.name == "output.weight":
                 head += n
             elif t.component == "experts":
@@ -242,7 +244,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
         n_moe = sum(1 for i in st.layers if spec.is_moe_layer(i)) if spec.moe else 0
         out.append(StepModel(
             dense_weight_bytes=float(dense), expert_weight_bytes=float(expert),
-            expert_share=spec.moe.top_k / spec.moe.num_experts if spec.moe else 0.0,
+            # a token reaches one copy of each of its k experts: k of the E + redundant slots
+            expert_share=spec.moe.top_k / (spec.moe.num_experts + redundant_experts) if spec.moe else 0.0,
             head_weight_bytes=float(head), gemm_flops_per_token=2.0 * sum(lin[i] for i in st.layers) / tp,
             expert_flops_per_token=2.0 * sum(routed[i] for i in st.layers) / tp,
             head_flops_per_token=2.0 * -(-V // tp) * h if st.holds_head else 0.0,

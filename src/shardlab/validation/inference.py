@@ -25,12 +25,16 @@ SETTINGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", 
             "cuda_graph_max_batch")
 """Engine settings a source or run may state (they replace the engine's defaults)."""
 METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", "ttft_s": "ttft", "tpot_s": "tpot",
-           "e2e_s": "tpot"}
+           "e2e_s": "tpot", "input_tokens_per_s": "throughput"}
 """Measured metric -> the target it counts for (e2e of a static batch is per-token latency × tokens)."""
 _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", "activations", "group_size", "isl", "osl",
              "mode", "requests", "qps", "concurrency", "batch", "target", "dataset", "build", "settings", "assumed",
              "ttft_stat", "tpot_stat", "e2e_stat", "prefix_hit_rate", "speculative_tokens", "draft",
-             "acceptance_length", "ep", "dp_attention"} | set(METRICS)
+             "acceptance_length", "ep", "dp_attention", "redundant_experts", "two_batch_overlap", "phase"} | set(METRICS)
+PHASES = {None: 0, "prefill": 1, "decode": 2}
+"""A run measured on one phase alone (disaggregated serving measured pool by pool, as DeepSeek and SGLang publish):
+'prefill' counts the input tokens/s of prefill-only steps of ``batch`` prompts, 'decode' the output tokens/s of
+decode-only steps of ``batch`` sequences at their context (the prompt)."""
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 
@@ -113,7 +117,9 @@ def run_case(run: InferenceRun, catalog, engine: EngineProfile | None = None):
                    prompt_len=c["isl"], output_len=c["osl"], scheduler_steps=eng.scheduler_steps,
                    prefix_hit_rate=float(c.get("prefix_hit_rate", 0.0)), speculation=speculation,
                    draft_spec=draft_spec(spec, speculation.draft, catalog) if speculation else None,
-                   ep=c.get("ep", 1), dp_attention=bool(c.get("dp_attention", False)))
+                   ep=c.get("ep", 1), dp_attention=bool(c.get("dp_attention", False)),
+                   redundant_experts=int(c.get("redundant_experts", 0)),
+                   two_batch_overlap=bool(c.get("two_batch_overlap", False)))
 
 
 def run_mode(run: InferenceRun, capacity: int) -> tuple[int, float]:
@@ -142,6 +148,8 @@ class Prepared:
     """Batch, clients or arrival rate per run."""
     steps: np.ndarray
     """Scheduler steps per run (the step overheads are spread over them)."""
+    phase: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """``PHASES`` index per run (0: the whole request)."""
     cases: list = field(repr=False, default_factory=list)
     """The ServeCases."""
     generations: list = field(default_factory=list)
@@ -158,7 +166,8 @@ def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
     modes = [run_mode(r, c.capacity) for r, c in zip(runs, cases)]
     gens = [generation_of(r, catalog) for r in runs]
     return Prepared(runs, arrays(cases), np.array([m for m, _ in modes]), np.array([n for _, n in modes], dtype=float),
-                    np.array([c.scheduler_steps for c in cases], dtype=float), cases, gens,
+                    np.array([c.scheduler_steps for c in cases], dtype=float),
+                    np.array([PHASES[r.config.get("phase")] for r in runs]), cases, gens,
                     {g: pinned_rates(c.cluster.accelerator) for g, c in zip(gens, cases) if pinned_rates(c.cluster.accelerator)})
 
 
@@ -248,7 +257,18 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
             values = values.per_run(prep, idx)
         k, req = _kernels(prep, idx, values)
         a = replace(a, kernels=k, request_overhead_s=req)
-    return fluid(a, prep.mode[idx], prep.n[idx])
+    out = fluid(a, prep.mode[idx], prep.n[idx])
+    phase = prep.phase[idx] if len(prep.phase) else np.zeros(len(idx))
+    out["input_tokens_per_s"] = np.zeros(len(idx))
+    if np.any(phase > 0):                        # one phase alone: the step of the batch (``PHASES``)
+        from shardlab.serving.step import step_time
+
+        B = prep.n[idx]
+        prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * a.S, B * a.S * a.L, B)
+        decode = step_time(a.whole, a.kernels, B, B * a.ctx)
+        out["input_tokens_per_s"] = np.where(phase == 1, B * a.S / prefill, 0.0)
+        out["output_tokens_per_s"] = np.where(phase == 2, B / decode, out["output_tokens_per_s"])
+    return out
 
 
 def _pairs(prep: Prepared, idx: np.ndarray, targets=("latency", "throughput")) -> list[tuple[int, int, str]]:
