@@ -232,7 +232,7 @@ def serving_predicted_vs_measured(rows: list[dict], path: str) -> Path:
     rows = [r for r in rows if r["target"] in ("latency", "throughput") and r.get("loso_predicted")]
     fams = sorted({r["family"] for r in rows})
     colour = {f: plt.get_cmap("tab20")(i % 20) for i, f in enumerate(fams)}
-    panels = [("throughput", "output tokens/s (or requests/s)"), ("tpot", "per-token latency, s (static batch: e2e)"),
+    panels = [("throughput", "output tokens/s (or requests/s; input tokens/s of prefill-only rows)"), ("tpot", "per-token latency, s (static batch: e2e)"),
               ("ttft", "first-token latency, s")]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.8), dpi=110)
     for ax, (group, label) in zip(axes, panels):
