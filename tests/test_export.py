@@ -10,7 +10,7 @@ from conftest import cli_main
 
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
-from shardlab.export import TARGETS, read_text, render, sniff
+from shardlab.export import SERVING_TARGETS, TARGETS, read_text, render, sniff
 from shardlab.export.build import job_from_fields, job_from_plan
 from shardlab.export.flags import check_flags
 from shardlab.export.job import Refused, job_fields
@@ -26,7 +26,7 @@ PLANS = {
 }
 SERVE = {"main": ["llama-3.1-70b", "--gpus", "8"], "fsdp": ["llama-3.1-8b", "--gpus", "8"],
          "3d-interleaved": ["llama-3.1-70b", "--gpus", "16"], "moe-ep": ["deepseek-v3", "--gpus", "16", "--gpu", "h200"]}
-TRAIN_TARGETS = [t for t in TARGETS if t != "vllm"]
+TRAIN_TARGETS = [t for t in TARGETS if t not in SERVING_TARGETS]
 CAT = get_catalog([])
 
 

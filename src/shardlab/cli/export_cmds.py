@@ -9,7 +9,8 @@ import os
 
 from shardlab.cli.common import add_estimate_args, add_output_args, positive_int
 
-TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot", "shardlab")
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "sglang", "tensorrt-llm", "slurm", "skypilot",
+           "shardlab")
 EXAMPLES = """examples:
   shardlab plan --json > plan.json && shardlab export --to torchtitan --plan plan.json --out job.toml
   shardlab export --to megatron llama-3.1-70b --gpus 64 --tp 8 --pp 2 --zero 1 --global-batch 512 --out run.sh
@@ -25,7 +26,7 @@ def register(sub) -> None:
     from shardlab.cli.plan_args import add_assumption_args, add_inference_args
 
     p = sub.add_parser("export", help="write a plan or layout as a framework's config (torchtitan, megatron, "
-                                      "deepspeed, accelerate, vllm, slurm, skypilot)",
+                                      "deepspeed, accelerate, vllm, sglang, tensorrt-llm, slurm, skypilot)",
                        description="Turn a layout (flags, or the winner of `shardlab plan --json` with --plan) into the "
                                    "file a framework runs; say what the framework could not express, and refuse "
                                    "layouts it cannot run. Read such files back with `shardlab estimate --from FILE`.",
@@ -73,7 +74,9 @@ def job_from_args(args, cat):
         spec, _ = resolve_model(args, cat)
         if spec is None:
             raise ShardlabError("export needs a model's shapes: give MODEL, not --params")
-        group = args.tp * args.pp
+        from shardlab.cli.inference_cmds import case_kw, replica_gpus
+
+        group = replica_gpus(args)
         gpus = args.gpus or group
         if gpus % group:
             raise ShardlabError(f"--gpus {gpus} is not a multiple of tp×pp = {group}")
@@ -85,19 +88,23 @@ def job_from_args(args, cat):
         prec = asked = precision_from_args(args, cluster.accelerator)
         if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
             prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16")
+        to = getattr(args, "to", None)
+        if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
+            args.framework = to                        # the engine the file runs prices its KV blocks
         engine = engine_from_args(args)
+        moe = {k: v for k, v in case_kw(args, spec, cat).items() if k not in ("speculation", "draft_spec")}
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,
-                                 output_len=args.output_len, precision=prec, engine=engine)
+                                 output_len=args.output_len, precision=prec, engine=engine, **moe)
         blocks = int(est.case.blocks.num_blocks)   # the serving model's KV allocation (memory.inference.kv_blocks)
         lay = validate(Layout(tp=args.tp, pp=args.pp), spec)
         cap = min(per, args.max_num_seqs or per)     # --max-num-seqs caps the sequences each replica runs at once
         return LaunchJob(spec.name, lay, args.prompt_len + args.output_len, per,
                          "fp16-mixed" if asked.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
-                         gpus_per_node=cluster.gpus_per_node, framework="vllm",
+                         gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
                          serve=Serve(cap, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
                                      gpu_memory_utilization=engine.gpu_memory_utilization,
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",
-                                     weights=asked.weights),
+                                     weights=asked.weights, ep=est.case.ep, dp_attention=est.case.attention_dp),
                          notes=price_notes(cat, cluster.accelerator.id, spot))
     est = training_estimate_from_args(args, cat)
     from shardlab.export.job import recipe_notes

@@ -95,7 +95,8 @@ def apply_import(args, imp, parser) -> None:
     from shardlab.errors import ShardlabError
 
     f = dict(imp.fields)
-    serving = "max_num_seqs" in f or imp.source == "vllm" or (imp.framework == "vllm")
+    serving = ("max_num_seqs" in f or imp.source in ("vllm", "sglang", "tensorrt-llm")
+               or imp.framework in ("vllm", "sglang", "tensorrt-llm"))
     if serving:
         if not hasattr(args, "inference"):
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
@@ -107,6 +108,12 @@ def apply_import(args, imp, parser) -> None:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
+    if f.get("dp_attention", 1) > 1:               # attention ranks: the flag is a switch, ep carries the GPUs
+        f.pop("dp_attention")
+        if hasattr(args, "dp_attention"):
+            args.dp_attention = True
+    else:
+        f.pop("dp_attention", None)
     if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
         f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
     for key, dest in ARG_OF.items():

@@ -2,7 +2,8 @@
 
 One module per target, each a pure pair ``render(job, spec) -> Export`` / ``read(text, catalog) -> Imported``
 (no torch, no framework imports): torchtitan (job TOML), megatron (pretrain_gpt.py arguments), deepspeed (config
-JSON), accelerate (FSDP config YAML), vllm (``vllm serve`` line), slurm (sbatch script), skypilot (task YAML).
+JSON), accelerate (FSDP config YAML), vllm (``vllm serve`` line), sglang (``sglang.launch_server`` line),
+tensorrt-llm (``trtllm-serve`` line and its options YAML), slurm (sbatch script), skypilot (task YAML).
 The round-trip contract: ``read(render(job).text)`` gives back every job field except those ``render`` listed in
 ``Export.unsupported``.
 """
@@ -22,14 +23,17 @@ from shardlab.safeio import yaml_load
 from shardlab.export.job import Export, Imported, LaunchJob, Refused
 from shardlab.export.text import FieldError, FileError
 
-TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "slurm", "skypilot", "shardlab")
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate", "vllm", "sglang", "tensorrt-llm", "slurm", "skypilot",
+           "shardlab")
+SERVING_TARGETS = ("vllm", "sglang", "tensorrt-llm")
+"""Targets that serve (an inference plan's engines)."""
 LAUNCHERS = ("slurm", "skypilot")
 
 
 def _module(target: str):
     if target not in TARGETS:
         raise ShardlabError(f"unknown export target '{target}'; choose one of {', '.join(TARGETS)}")
-    return importlib.import_module(f"shardlab.export.{target}")
+    return importlib.import_module(f"shardlab.export.{target.replace('-', '_')}")
 
 
 def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Export:
@@ -61,6 +65,10 @@ def sniff(text: str) -> str:
     if "vllm serve" in text or "vllm.entrypoints" in text:
         if "run:" not in text:
             return "vllm"
+    if "sglang.launch_server" in text and "run:" not in text:
+        return "sglang"
+    if "trtllm-serve" in text and "run:" not in text:
+        return "tensorrt-llm"
     try:
         doc = yaml_load(text)
     except yaml.YAMLError as e:
@@ -81,7 +89,8 @@ def sniff(text: str) -> str:
     if "pretrain_gpt.py" in text or "--tensor-model-parallel-size" in text or "--num-layers" in text:
         return "megatron"
     raise ShardlabError("cannot tell what this file is: shardlab reads its own job TOML, a torchtitan TOML, a DeepSpeed "
-                        "JSON, an Accelerate YAML, Megatron-LM arguments, a vllm serve line, a Slurm script or a "
+                        "JSON, an Accelerate YAML, Megatron-LM arguments, a vllm serve, sglang.launch_server or "
+                        "trtllm-serve line, a Slurm script or a "
                         "SkyPilot YAML")
 
 
@@ -116,6 +125,15 @@ FIELD_NAMES = {
     "vllm": {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size", "replicas": "--data-parallel-size",
              "max_num_seqs": "--max-num-seqs", "prompt_len": "--max-model-len", "output_len": "--max-model-len",
              "gpu_memory_utilization": "--gpu-memory-utilization", "model": "the model vllm serves"},
+    "sglang": {"tp": "--tp-size (÷ --dp-size with --enable-dp-attention)", "pp": "--pp-size",
+               "replicas": "--dp-size", "dp_attention": "--dp-size with --enable-dp-attention", "ep": "--ep-size",
+               "max_num_seqs": "--max-running-requests", "prompt_len": "--context-length",
+               "output_len": "--context-length", "gpu_memory_utilization": "--mem-fraction-static",
+               "model": "--model-path"},
+    "tensorrt-llm": {"tp": "--tp_size", "pp": "--pp_size", "ep": "--ep_size",
+                     "dp_attention": "--tp_size with enable_attention_dp", "max_num_seqs": "--max_batch_size",
+                     "prompt_len": "--max_seq_len", "output_len": "--max_seq_len",
+                     "gpu_memory_utilization": "--kv_cache_free_gpu_memory_fraction", "model": "the model trtllm-serve loads"},
     "slurm": {"gpus": "#SBATCH --nodes × --gpus-per-node", "gpus_per_node": "#SBATCH --gpus-per-node"},
     "skypilot": {"gpus": "num_nodes × resources.accelerators", "gpus_per_node": "resources.accelerators"},
     "shardlab": {"model": "[model] name", "gpus": "[cluster] gpus", "gpus_per_node": "[cluster] gpus_per_node",
@@ -129,7 +147,7 @@ FIELD_NAMES = {
 file's own field, never a shardlab flag the user did not give."""
 
 TARGET_OF_FRAMEWORK = {"torchtitan": "torchtitan", "megatron-lm": "megatron", "deepspeed": "deepspeed",
-                       "pytorch-fsdp": "accelerate", "vllm": "vllm"}
+                       "pytorch-fsdp": "accelerate", "vllm": "vllm", "sglang": "sglang", "tensorrt-llm": "tensorrt-llm"}
 
 
 def field_names(source: str, framework: str | None = None) -> dict:

@@ -44,6 +44,10 @@ class Serve:
     weights: str = "bf16"
     """Block weights as the plan serves them (shardlab --weights): fp8 is vLLM's --quantization fp8 of the bf16
     checkpoint; int4/int8 need a pre-quantized (AWQ/GPTQ) checkpoint the exporter cannot name."""
+    ep: int = 1
+    """Expert-parallel GPUs of a replica (``serving.moe``; 1: experts TP-sliced)."""
+    dp_attention: int = 1
+    """Data-parallel attention ranks of a replica (each of TP ``layout.tp``), sharing its ep GPUs' experts."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class LaunchJob:
     @property
     def gpus(self) -> int:
         if self.serve is not None:
-            return self.layout.tp * self.layout.pp * self.serve.replicas
+            return self.layout.tp * self.layout.pp * self.serve.dp_attention * self.serve.replicas
         return self.layout.world_size
 
     @property
@@ -192,7 +196,10 @@ def recipe_notes(offload, lora_rank, quantize_base) -> dict:
 def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     lay = job.layout
-    what = (f"serve {job.model}: {job.serve.replicas} replica(s) of TP {lay.tp} × PP {lay.pp} on {job.gpu}"
+    what = (f"serve {job.model}: {job.serve.replicas} replica(s) of "
+            + (f"EP {job.serve.ep} ({job.serve.dp_attention} data-parallel attention ranks of TP {lay.tp})"
+               if job.serve.dp_attention > 1 else f"TP {lay.tp} × PP {lay.pp}"
+               + (f", EP {job.serve.ep}" if job.serve.ep > 1 else "")) + f" on {job.gpu}"
             if job.serve else
             f"train {job.model} on {job.gpus} × {job.gpu} ({job.nodes} node(s) × {job.procs_per_node}): dp {lay.dp} × "
             f"tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" (ep {lay.ep})" if lay.ep > 1 else "")

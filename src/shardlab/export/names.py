@@ -80,3 +80,16 @@ def models_with_shape(catalog, shape: dict) -> list[str]:
         if all(mine[k] == v for k, v in shape.items() if k in mine and v is not None):
             hits.append(mid)
     return hits
+
+
+def read_model(repo, label: str = "model") -> tuple[dict, list, list]:
+    """(fields, understood, ignored) of a serving line's Hugging Face repository: the catalog model it names, or a
+    note to give MODEL."""
+    f, und, ign = {}, [], []
+    mid = model_from_hf(str(repo)) if repo else None
+    if mid:
+        f["model"] = mid
+        und.append((f"{label} {repo}", mid))
+    else:
+        ign.append(f"model {str(repo)[:80]} (no catalog model; give MODEL)")
+    return f, und, ign

@@ -182,3 +182,31 @@ def even_split(num_layers: int, stages: int) -> tuple[int, ...]:
 
 class FileError(ShardlabError):
     """An error that already names the file it is about (a launcher's reader passes it on unchanged)."""
+
+
+def serving_fields(fl: dict, text: str, where: str, seqs: str, length: str, memory: str, f: dict, und: list,
+                   ign: list) -> None:
+    """Read the settings every serving engine's line has, under its own flag names, into ``f``: ``seqs`` (sequences
+    per replica), ``length`` (prompt + output tokens, split as the file's 'requests:' comment says, else at most 256
+    output tokens) and ``memory`` (the usable memory share); what each became goes to ``und``, assumptions to
+    ``ign``."""
+    import re
+
+    from shardlab import limits as L
+
+    if seqs in fl:
+        f["max_num_seqs"] = as_int(fl, seqs, where, 1, L.MAX_BATCH)
+        und.append((f"--{seqs} {f['max_num_seqs']}", "concurrent sequences per replica (--batch)"))
+    m = re.search(r"requests: (\d{1,9}) prompt \+ (\d{1,9}) output tokens", text)
+    if length in fl:
+        total = as_int(fl, length, where, 2, L.MAX_SEQ_LEN, "prompt and output tokens, at least one of each")
+        if m and int(m.group(1)) + int(m.group(2)) == total:
+            f["prompt_len"], f["output_len"] = int(m.group(1)), int(m.group(2))
+        else:
+            f["output_len"] = min(256, total // 2)
+            f["prompt_len"] = total - f["output_len"]
+            ign.append(f"prompt/output split of --{length} {total} assumed {f['prompt_len']} + {f['output_len']}")
+        und.append((f"--{length} {total}", "prompt + output tokens"))
+    if memory in fl:
+        f["gpu_memory_utilization"] = fraction(fl[memory], f"--{memory}")
+        und.append((f"--{memory} {f['gpu_memory_utilization']:g}", "usable memory fraction"))

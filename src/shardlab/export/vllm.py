@@ -1,21 +1,22 @@
 """``vllm serve`` command line for an inference plan (flags of vLLM 0.11.0, ``data/flags.yaml``), with the KV-cache
 block count the plan predicts, so the number vLLM logs at start-up ('# GPU blocks: N') can be held against it.
 
-Mapping: tp/pp → --tensor-/--pipeline-parallel-size; replicas → --data-parallel-size; prompt + output length →
+Mapping: tp/pp → --tensor-/--pipeline-parallel-size; replicas → --data-parallel-size; expert parallelism →
+--enable-expert-parallel (vLLM's EP size is TP × DP), with data-parallel attention its ranks → --data-parallel-size
+(one replica); prompt + output length →
 --max-model-len; concurrent sequences per replica → --max-num-seqs; precision → --dtype;
 shardlab.estimate.inference's usable-memory fraction → --gpu-memory-utilization.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.names import hf_id, model_from_hf
-from shardlab.export.text import as_int, comment_block, flags_dict, fraction, split_command
+from shardlab.export.names import hf_id, read_model
+from shardlab.export.text import as_int, comment_block, flags_dict, serving_fields, split_command
 
 CHECKED = f"{version('vllm')} flag schema"
 DTYPE = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}
@@ -33,8 +34,16 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
     lay, s = job.layout, job.serve
     uns = []
     pairs = [("tensor-parallel-size", lay.tp), ("pipeline-parallel-size", lay.pp)]
-    if s.replicas > 1:
+    if s.dp_attention > 1 and s.replicas > 1:
+        raise Refused(f"one vllm serve with --enable-expert-parallel and --data-parallel-size is one expert-parallel "
+                      f"replica; {s.replicas} replicas need {s.replicas} servers: export one (--gpus "
+                      f"{job.gpus // s.replicas})")
+    if s.dp_attention > 1:
+        pairs.append(("data-parallel-size", s.dp_attention))
+    elif s.replicas > 1:
         pairs.append(("data-parallel-size", s.replicas))
+    if s.ep > 1:
+        pairs.append(("enable-expert-parallel", True))
     pairs += [("max-model-len", s.prompt_len + s.output_len), ("max-num-seqs", s.max_num_seqs),
               ("gpu-memory-utilization", s.gpu_memory_utilization), ("kv-cache-dtype", s.kv_cache_dtype),
               ("dtype", DTYPE[job.precision]), ("block-size", BLOCK_TOKENS)]
@@ -55,7 +64,7 @@ def render(job: LaunchJob, spec) -> Export:
     repo, pairs, uns = arg_list(job)
     require_valid("vllm", dict(pairs))
     s = job.serve
-    flags = [f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    flags = [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
     lines = header(job, "vllm", uns) + [f"checked against {CHECKED}",
                                         f"requests: {s.prompt_len} prompt + {s.output_len} output tokens"]
     if s.kv_blocks is not None:
@@ -77,13 +86,7 @@ def read(text: str, catalog) -> Imported:
     else:
         raise ShardlabError("no `vllm serve MODEL ...` line found")
     where = "vllm serve"
-    f, und, ign = {}, [], []
-    mid = model_from_hf(str(repo)) if repo else None
-    if mid:
-        f["model"] = mid
-        und.append((f"model {repo}", mid))
-    else:
-        ign.append(f"model {str(repo)[:80]} (no catalog model; give MODEL)")
+    f, und, ign = read_model(repo, "model")
     from shardlab import limits as L
 
     def g(n, d, lo=1, hi=L.MAX_GPUS, why=""):
@@ -91,24 +94,15 @@ def read(text: str, catalog) -> Imported:
 
     f["tp"] = g("tensor-parallel-size", 1)
     f["pp"] = g("pipeline-parallel-size", 1, 1, L.MAX_LAYERS, "each pipeline stage holds at least one layer")
-    f["replicas"] = g("data-parallel-size", 1)
+    dp = g("data-parallel-size", 1)
+    if fl.get("enable-expert-parallel") is True:   # vLLM's EP spans TP × DP; DP ranks then share the experts
+        f["ep"], f["dp_attention"] = f["tp"] * dp, dp
+        und.append(("--enable-expert-parallel" + (f" --data-parallel-size {dp}" if dp > 1 else ""),
+                    f"EP {f['ep']}" + (f", {dp} data-parallel attention ranks (--dp-attention)" if dp > 1 else "")))
+    else:
+        f["replicas"] = dp
     und.append((f"--tensor-parallel-size {f['tp']} --pipeline-parallel-size {f['pp']}", "tp, pp"))
-    if "max-num-seqs" in fl:
-        f["max_num_seqs"] = g("max-num-seqs", 256, 1, L.MAX_BATCH)
-        und.append((f"--max-num-seqs {f['max_num_seqs']}", "concurrent sequences per replica (--batch)"))
-    m = re.search(r"requests: (\d{1,9}) prompt \+ (\d{1,9}) output tokens", text)
-    if "max-model-len" in fl:
-        total = g("max-model-len", 0, 2, L.MAX_SEQ_LEN, "prompt and output tokens, at least one of each")
-        if m and int(m.group(1)) + int(m.group(2)) == total:
-            f["prompt_len"], f["output_len"] = int(m.group(1)), int(m.group(2))
-        else:
-            f["output_len"] = min(256, total // 2)
-            f["prompt_len"] = total - f["output_len"]
-            ign.append(f"prompt/output split of --max-model-len {total} assumed {f['prompt_len']} + {f['output_len']}")
-        und.append((f"--max-model-len {total}", "prompt + output tokens"))
-    if "gpu-memory-utilization" in fl:
-        f["gpu_memory_utilization"] = fraction(fl["gpu-memory-utilization"], "--gpu-memory-utilization")
-        und.append((f"--gpu-memory-utilization {f['gpu_memory_utilization']:g}", "usable memory fraction"))
+    serving_fields(fl, text, where, "max-num-seqs", "max-model-len", "gpu-memory-utilization", f, und, ign)
     dt = str(fl.get("dtype", "auto"))
     f["precision"] = {"float16": "fp16-mixed", "half": "fp16-mixed", "float32": "fp32", "float": "fp32"}.get(dt, "bf16")
     f["precision"] = "bf16-mixed" if f["precision"] == "bf16" else f["precision"]
@@ -117,7 +111,7 @@ def read(text: str, catalog) -> Imported:
     if str(fl.get("quantization", "")) == "fp8":
         f["weights"] = "fp8"
         und.append(("--quantization fp8", "FP8 weights (--weights fp8)"))
-    for k in ("quantization", "enable-expert-parallel", "max-num-batched-tokens", "enable-chunked-prefill", "swap-space"):
+    for k in ("quantization", "max-num-batched-tokens", "enable-chunked-prefill", "swap-space"):
         if k in fl and not (k == "quantization" and f.get("weights") == "fp8"):
             ign.append(f"--{k} (not modelled)")
     if f["kv_cache_dtype"].startswith("fp8"):
