@@ -148,7 +148,9 @@ def steady_rate(d: DisaggCase, rate: float) -> dict:
     dec = d.decode
     O = dec.output_len
     t1, s = _prefill_times(d)
-    lam_p, lam_d = rate / d.prefill_replicas, rate / d.decode_replicas
+    sat = saturation_rate(d)
+    # past saturation the pools complete their saturation rate: the decode pool sees that, a queue holds the rest
+    lam_p, lam_d = rate / d.prefill_replicas, min(rate, sat) / d.decode_replicas
     rho = lam_p * s
     link_load = lam_p * d.kv_transfer_s
     cap = float(dec.capacity)
@@ -166,16 +168,16 @@ def steady_rate(d: DisaggCase, rate: float) -> dict:
         else:
             B = float(Bg[k - 1] + (Bg[k] - Bg[k - 1]) * (-f[k - 1]) / (f[k] - f[k - 1]))
     cycle = float(_decode_cycle(d, max(B, 1e-9)))
-    overloaded = bool(over_d or rho >= 1 or link_load >= 1)
+    overloaded = bool(over_d or rho >= 1 or link_load >= 1 or rate >= sat)
     wait = rho * t1 / (2 * (1 - rho)) if rho < 1 else float("inf")
     over_s = dec.engine.request_overhead_us * 1e-6
     ttft = over_s + wait + t1 + d.kv_transfer_s + cycle if not overloaded else float("inf")
     e2e = ttft + (O - 1) * cycle
-    served = rate if not overloaded else min(d.prefill_replicas / s, d.decode_replicas * cap / (O * cycle))
+    served = rate if not overloaded else sat
     return {"ttft_s": ttft, "tpot_s": cycle, "e2e_s": e2e, "requests_per_s": served, "output_tokens_per_s": served * O,
             "overloaded": overloaded, "prefill_s": t1, "prefill_wait_s": wait, "prefill_utilization": min(rho, 1.0),
             "kv_transfer_s": d.kv_transfer_s, "kv_link_utilization": min(link_load, 1.0),
-            "decode_batch": B, "in_flight": B * d.decode_replicas, "saturation_rate": saturation_rate(d)}
+            "decode_batch": B, "in_flight": B * d.decode_replicas, "saturation_rate": sat}
 
 
 def saturation_rate(d: DisaggCase) -> float:
