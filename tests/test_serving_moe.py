@@ -158,3 +158,21 @@ def test_ep_rows_are_predicted_not_fitted():
     assert len(runs) >= 30
     assert all("MoE-EP" in family_of(r, "hopper") for r in runs)
     assert np.all([r.config["dp_attention"] for r in runs])
+
+
+def test_mtp_draft_is_deepseeks_moe_block():
+    """--draft mtp: one MoE block of the target's shape (DeepSeek-V3 §2.2), its weights beside the target's, its
+    default acceptance from the report (85-90%); a model without an MTP module is refused."""
+    from shardlab.serving.speculative import draft_spec, make_speculation
+
+    sp = make_speculation(2, "mtp")
+    assert sp.acceptance_length == pytest.approx(1 + 0.875 + 0.875 ** 2)
+    d = draft_spec(DS, "mtp", CAT)
+    assert d.num_layers == 1 and d.moe.first_dense_layers == 0 and d.is_moe_layer(0)
+    plain = _case(tp=8, ep=8)
+    spec = _case(tp=8, ep=8, speculation=sp, draft_spec=d)
+    extra = spec.blocks.weights_bytes - plain.blocks.weights_bytes
+    experts = sum(math.prod(t.shape) for t in model_tensors(d) if t.ep_dim is not None)
+    assert extra > experts // 8 * 1.0          # fp8: a byte per expert weight on each of the 8 EP ranks, and more
+    with pytest.raises(ShardlabError, match="multi-token-prediction"):
+        draft_spec(CAT.model("llama-3.1-8b"), "mtp", CAT)

@@ -56,7 +56,8 @@ def add_inference_args(p) -> None:
     g.add_argument("--speculative-tokens", type=BOUNDED["spec_tokens"], default=None, metavar="K",
                    help="speculative decoding: draft tokens proposed per sequence per step (1-16)")
     g.add_argument("--draft", default=None, metavar="NAME",
-                   help="with --speculative-tokens: eagle (default), eagle3, or a catalog model id as the draft")
+                   help="with --speculative-tokens: eagle (default), eagle3, mtp (DeepSeek's MTP module), or a "
+                        "catalog model id as the draft")
     g.add_argument("--acceptance-rate", type=BOUNDED["share0"], default=None, metavar="A",
                    help="with --speculative-tokens: per-token acceptance α (default: measured for eagle/eagle3)")
     g.add_argument("--acceptance-length", type=BOUNDED["accept_len"], default=None, metavar="L",

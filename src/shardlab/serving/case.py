@@ -176,12 +176,15 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
         if draft_spec is None:
             raise ShardlabError("speculative decoding needs its draft (serving.speculative.draft_spec)")
         validate(Layout(tp=tp), draft_spec)
-        draft = stage_models(draft_spec, cluster, tp, 1, precision)[0]
+        draft = stage_models(draft_spec, cluster, tp, 1, precision, ep=ep if draft_spec.moe else 1,
+                             attention_dp=dp, expert_imbalance=imbalance, two_batch_overlap=two_batch_overlap,
+                             redundant_experts=redundant_experts if draft_spec.moe else 0)[0]
         extra = draft_extra_params(spec, speculation.draft)     # EAGLE's feature fc (h·n × h) beside its layer
         draft = replace(draft, dense_weight_bytes=draft.dense_weight_bytes + 2.0 * extra / tp,
                         gemm_flops_per_token=draft.gemm_flops_per_token + 2.0 * extra / tp)
         # memory: an EAGLE head shares the target's embedding (and EAGLE-1 its output head); a draft model holds all
-        own = (draft.dense_weight_bytes + (draft.head_weight_bytes if speculation.draft == "eagle3" else 0.0)
+        own = (draft.dense_weight_bytes + draft.expert_weight_bytes
+               + (draft.head_weight_bytes if speculation.draft == "eagle3" else 0.0)
                if speculation.draft in DRAFT_KINDS else sum(weight_bytes_per_rank(draft_spec, tp, 1, precision=precision)))
         weights = [*weights[:-1], weights[-1] + int(own)]
         kv_tok = [*kv_tok[:-1], kv_tok[-1] + kv_cache_bytes_per_token(draft_spec, tp, 1, precision.kv_bytes)[0]]

@@ -17,6 +17,10 @@ Drafts:
 - ``eagle3``: EAGLE-3 (Li et al. 2025, arXiv 2503.01840 §3): one decoder layer over three fused target features (fc
   of 3h × h) and a head over a reduced draft vocabulary (32,000 tokens in the published Llama-3.1-8B draft,
   yuhuili/EAGLE3-LLaMA3.1-Instruct-8B config.json ``draft_vocab_size``);
+- ``mtp``: DeepSeek-V3's multi-token-prediction module (DeepSeek-AI 2024, arXiv 2412.19437 §2.2), shipped in the
+  DeepSeek-V3/R1 checkpoints: one decoder block of the target's own MoE shape over [RMSNorm(h); RMSNorm(Emb(t))]
+  through a 2h × h projection, sharing the target's embedding and output head, applied autoregressively for k > 1
+  (TensorRT-LLM's and SGLang's MTP speculation);
 - a catalog model id (``--draft-model llama-3.2-1b``): a whole smaller model with its own KV cache.
 """
 
@@ -28,16 +32,20 @@ from dataclasses import dataclass, replace
 from shardlab.errors import ShardlabError
 from shardlab.specs.model import ModelSpec
 
-DRAFT_KINDS = ("eagle", "eagle3")
+DRAFT_KINDS = ("eagle", "eagle3", "mtp")
 """Draft heads priced from the target's shape; any other draft is a catalog model."""
 EAGLE3_DRAFT_VOCAB = 32000
 """Draft vocabulary of the published EAGLE-3 Llama-3.1-8B head (its config.json ``draft_vocab_size``)."""
-DEFAULT_ACCEPTANCE_RATE = {"eagle": 0.634, "eagle3": 0.763}
+DEFAULT_ACCEPTANCE_RATE = {"eagle": 0.634, "eagle3": 0.763, "mtp": 0.875}
 """Per-token acceptance α when none is given: what vLLM V1 measured for Llama-3.1-8B-Instruct on MT-Bench at k = 3
 (vllm-project/vllm issue #20780, 2025-07: acceptance length 2.29 for EAGLE-1 and 2.79 for EAGLE-3; α solves
 (1 − α⁴)/(1 − α) = AL: 0.634 and 0.763, ``alpha_for``). The formula's independence assumption then gives other k
 (at k = 7 it says 2.66 and 3.73 where the same measurements give 2.47 and 3.54). A draft model has no default:
-give --acceptance-rate."""
+give --acceptance-rate. MTP: the DeepSeek-V3 report's acceptance of the second token, "between 85% and 90%"
+(arXiv 2412.19437 §5.4.3), its middle; applied at depth k > 1 it overstates (TensorRT-LLM measured 2.82 tokens per
+step at k = 3 on DeepSeek-R1, where 0.875 gives 3.50: give --acceptance-length there)."""
+MTP_FAMILIES = ("deepseek_v3",)
+"""Model families whose checkpoints carry an MTP module."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,9 @@ def make_speculation(tokens: int | None, draft: str | None, *, rate: float | Non
             raise ShardlabError(f"--draft {draft}: no measured acceptance for this draft; give --acceptance-rate A "
                                 "(per token, 0-1) or --acceptance-length L")
         rate = DEFAULT_ACCEPTANCE_RATE[draft]
-        src = f"α = {rate:g} for {draft} (vLLM issue #20780, Llama-3.1-8B on MT-Bench) and (1 − α^(k+1))/(1 − α)"
+        src = (f"α = {rate:g} for mtp (DeepSeek-V3 report §5.4.3: 85-90% of second tokens accepted) and "
+               f"(1 − α^(k+1))/(1 − α)" if draft == "mtp" else
+               f"α = {rate:g} for {draft} (vLLM issue #20780, Llama-3.1-8B on MT-Bench) and (1 − α^(k+1))/(1 − α)")
     else:
         if not 0.0 <= rate <= 1.0 or math.isnan(rate):
             raise ShardlabError(f"--acceptance-rate is a share in [0, 1], got {rate:g}")
@@ -107,6 +117,12 @@ def draft_spec(target: ModelSpec, draft: str, catalog) -> ModelSpec:
         return replace(target, name=f"{target.name} EAGLE head", num_layers=1, moe=None)
     if draft == "eagle3":
         return replace(target, name=f"{target.name} EAGLE-3 head", num_layers=1, moe=None, vocab_size=EAGLE3_DRAFT_VOCAB)
+    if draft == "mtp":
+        if target.family not in MTP_FAMILIES or target.moe is None:
+            raise ShardlabError(f"--draft mtp: {target.name} has no multi-token-prediction module (DeepSeek-V3 and R1 "
+                                f"ship one); use eagle, eagle3 or a draft model")
+        return replace(target, name=f"{target.name} MTP module", num_layers=1,
+                       moe=replace(target.moe, first_dense_layers=0))
     spec = catalog.model(draft)
     if spec.vocab_size != target.vocab_size:
         raise ShardlabError(f"--draft {draft}: its vocabulary ({spec.vocab_size:,}) differs from {target.name}'s "
@@ -118,4 +134,4 @@ def draft_extra_params(target: ModelSpec, draft: str) -> int:
     """Parameters of an EAGLE head outside its decoder layer: the fc fusing the target's features, 2h × h (EAGLE-1:
     token embedding and top feature) or 3h × h (EAGLE-3: low, middle and top features); 0 for a draft model."""
     h = target.hidden_size
-    return {"eagle": 2 * h * h, "eagle3": 3 * h * h}.get(draft, 0)
+    return {"eagle": 2 * h * h, "eagle3": 3 * h * h, "mtp": 2 * h * h}.get(draft, 0)
