@@ -74,7 +74,8 @@ def validate_inference(args):
         f"{_pct(v['max_error'])}): " + ("met" if v["met"] else "NOT met — " + "; ".join(
             x for x in (f"families over their goal: {misses}" if misses else "",
                         f"worst measurement {_pct(v['worst_abs_error'])}" if v["worst_abs_error"] > v["max_error"] else "") if x)),
-        f"outside the targets (moderate load, variable-length offline runs): {len(outside)} measurements, mean |error| "
+        f"outside the targets (moderate load, variable-length offline runs, informational rows): {len(outside)} "
+        f"measurements, mean |error| "
         f"{_pct(float(np.mean([abs(r['error']) for r in outside])) if outside else None)}"
         + (f", and {unscored} predicted overloaded (no prediction to score)" if unscored else "") + " (in the --json rows)",
         f"fitted: each GPU generation's {', '.join(RATE_FIELDS)} (shared by every engine; measured values behind them: "
