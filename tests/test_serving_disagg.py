@@ -147,3 +147,14 @@ def test_explain_disaggregation_derives_the_verdict():
     assert agg["decode_only_step_s"] < agg["tpot_s"]          # the prompts' interference the split removes
     code, out, err = cli_main("explain", "disaggregation", "model=llama-3.1-8b", "gpus=8", "prompt=512", "output=512")
     assert code == 0, err and "goodput per GPU" in out
+
+
+def test_capacity_page_draws_the_pools(tmp_path):
+    out = tmp_path / "cap.html"
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--gpu", "h100-sxm",
+                            "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025",
+                            "--html", str(out))
+    assert code == 0, err
+    html = out.read_text()
+    assert "Disaggregated prefill and decode" in html and 'aria-label="prefill pool, KV transfer, decode pool"' in html
+    assert html.count("prefill replica") >= 1 and "decode replica 1" in html

@@ -11,7 +11,7 @@ from shardlab.report.html import svg
 from shardlab.report.html.page import PALETTE, Page, esc, generic, kv_table, num, table
 from shardlab.units import fmt_time
 
-SHOWN = {"plans", "pareto", "capacity", "target", "best_simulated", "notes"}
+SHOWN = {"plans", "pareto", "capacity", "target", "best_simulated", "notes", "disaggregated", "comparison"}
 """Keys drawn by their own sections (the rest go to the generic one)."""
 
 
@@ -146,6 +146,11 @@ def capacity_plan_page(doc: dict) -> Page:
     page.add("plans", "Layouts by goodput per GPU", chart + table(
         ["layout", "most requests/s", "tokens/s per GPU", "binds", "in flight", "TTFT", "TPOT", "KV blocks/GPU",
          "sequences a replica holds"], prow))
+    from shardlab.report.html.pools import disagg_section
+
+    dis = disagg_section(doc)
+    if dis is not None:
+        page.add("disaggregated", "Disaggregated prefill and decode on the same GPUs", dis)
     page.add("simulation", "The recommended layout at its capacity, simulated",
              _percentiles(doc.get("best_simulated"), (lay or {}).get("replicas", 1)))
     page.add("more", "Everything else in the document", generic({k: v for k, v in doc.items() if k not in SHOWN}))

@@ -1,0 +1,69 @@
+"""The disaggregated part of the capacity page: the best split's two GPU pools (one square per GPU, grouped by
+replica, prefill and decode coloured apart) with the KV transfer between them, and the splits ranked beside the
+aggregated winner. Drawn from the JSON document (``disaggregated``, ``comparison``); it computes no number."""
+
+from __future__ import annotations
+
+from shardlab.report.html import svg
+from shardlab.report.html.page import PALETTE, esc, table
+from shardlab.units import fmt_time
+
+PREFILL, DECODE = PALETTE[1], PALETTE[0]
+
+
+def _pool(x0: float, y0: float, pool: dict, color: str, name: str) -> tuple[str, float]:
+    """(SVG, width) of one pool: its replicas side by side, each a row of GPU squares with a frame."""
+    per = max(1, pool["gpus"] // max(pool["replicas"], 1))
+    s, gap, out, x = 22.0, 10.0, [], x0
+    for r in range(pool["replicas"]):
+        w = per * (s + 3) + 5
+        out.append(svg._rect(x, y0, w, s + 10, "none", f"{name} replica {r + 1}: {pool['layout']}",
+                             'stroke="#888" stroke-width="1" rx="3"'))
+        for g in range(per):
+            out.append(svg._rect(x + 4 + g * (s + 3), y0 + 5, s, s, color,
+                                 f"{name} replica {r + 1}, GPU {g + 1} of {per} ({pool['layout']})", 'rx="2"'))
+        x += w + gap
+    out.append(svg._text(x0, y0 - 6, f"{name}: {pool['gpus']} GPUs = {pool['replicas']} × {pool['layout']}",
+                         size=12))
+    return "".join(out), x - x0
+
+
+def pools_svg(best: dict) -> str:
+    """The best split: the prefill pool, an arrow carrying the KV cache, the decode pool."""
+    pre, dec = best["prefill"], best["decode"]
+    a, wa = _pool(10, 30, pre, PREFILL, "prefill")
+    x1 = 10 + wa + 20
+    arrow = (f'<line x1="{x1:.1f}" y1="46" x2="{x1 + 120:.1f}" y2="46" stroke="#555" stroke-width="2" '
+             f'marker-end="url(#kvarrow)"/>'
+             + svg._text(x1 + 60, 40, f"KV {fmt_time(best['kv_transfer_s'])}", anchor="middle", size=11)
+             + svg._text(x1 + 60, 64, "NVLink" if best.get("kv_link") == "intra" else "NIC", anchor="middle", size=11))
+    b, _ = _pool(x1 + 140, 30, dec, DECODE, "decode")
+    marker = ('<defs><marker id="kvarrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+              '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>')
+    return svg._svg(80, marker + a + arrow + b, "prefill pool, KV transfer, decode pool")
+
+
+def disagg_section(doc: dict) -> str | None:
+    """HTML of the disaggregated splits, or None when the search did not run."""
+    found = doc.get("disaggregated")
+    if found is None:
+        return None
+    if not found:
+        return "<p>No split of these GPUs holds the model in both pools.</p>"
+    c = doc.get("comparison") or {}
+    best = found[0]
+    agg, dis = c.get("aggregated_goodput_tokens_per_s_per_gpu") or 0.0, c.get("disaggregated_goodput_tokens_per_s_per_gpu") or 0.0
+    verdict = (f"Best split: {dis:,.0f} output tokens/s per GPU against {agg:,.0f} aggregated"
+               + (f" ({dis / agg:.2f}×)." if agg else "."))
+    chart = svg.bars([("aggregated (the recommended layout)", agg),
+                      *[(f"{p['prefill']['gpus']} prefill (TP {p['prefill']['tp']}) + {p['decode']['gpus']} decode "
+                         f"(TP {p['decode']['tp']})", p["goodput_tokens_per_s_per_gpu"]) for p in found]],
+                     lambda v: f"{v:,.0f} tok/s/GPU", label_w=330)
+    rows = [[f"{p['prefill']['gpus']} (TP {p['prefill']['tp']})", f"{p['decode']['gpus']} (TP {p['decode']['tp']})",
+             f"{p['max_request_rate']:,.2f}", f"{p['goodput_tokens_per_s_per_gpu']:,.0f}", fmt_time(p["ttft_s"]),
+             fmt_time(p["tpot_s"]), fmt_time(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
+            for p in found]
+    return (f"<p>{esc(verdict)} Prefill runs on its own GPUs, so decode steps carry no prompt; each request's KV "
+            f"cache crosses from one pool to the other (DistServe, arXiv 2401.09670).</p>" + pools_svg(best) + chart
+            + table(["prefill GPUs", "decode GPUs", "most requests/s", "tokens/s per GPU", "TTFT", "TPOT", "KV send",
+                     "prefill busy"], rows))
