@@ -158,3 +158,12 @@ def test_capacity_page_draws_the_pools(tmp_path):
     html = out.read_text()
     assert "Disaggregated prefill and decode" in html and 'aria-label="prefill pool, KV transfer, decode pool"' in html
     assert html.count("prefill replica") >= 1 and "decode replica 1" in html
+
+
+def test_estimate_page_of_a_disaggregated_serve(tmp_path):
+    out = tmp_path / "d.html"
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--tp", "2", "--disaggregated", "4:4",
+                            "--arrival-rate", "8", "--requests", "100", "--html", str(out))
+    assert code == 0, err
+    html = out.read_text()
+    assert "The two pools and the KV transfer" in html and "aggregated instead" in html

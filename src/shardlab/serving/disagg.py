@@ -80,6 +80,7 @@ class DisaggCase:
 
     def to_dict(self) -> dict:
         pool = lambda c, n: {"gpus": n * c.gpus, "replicas": n, "tp": c.tp, "pp": c.pp, "ep": c.ep,  # noqa: E731
+                             "layout": c.layout_label,
                              "dp_attention": c.attention_dp, "capacity_per_replica": c.capacity,
                              "kv_blocks_per_gpu": c.blocks.num_blocks, "weights_per_gpu": c.blocks.weights_bytes}
         return {"prefill": pool(self.prefill, self.prefill_replicas), "decode": pool(self.decode, self.decode_replicas),

@@ -40,6 +40,10 @@ def build_page(kind: str, doc: dict):
         return pp.plan_page(doc)
     if kind == "estimate":
         if "prompt_len" in doc:
+            if "disaggregated" in doc:
+                from shardlab.report.html.pools import disagg_estimate_page
+
+                return disagg_estimate_page(doc)
             return sp.serve_estimate_page(doc) if "steady_state" in doc else rp.inference_page(doc)
         return pp.estimate_page(doc)
     builders = {"memory": rp.memory_page, "run-train": rp.run_train_page, "run-infer": rp.run_infer_page,

@@ -67,3 +67,33 @@ def disagg_section(doc: dict) -> str | None:
             f"cache crosses from one pool to the other (DistServe, arXiv 2401.09670).</p>" + pools_svg(best) + chart
             + table(["prefill GPUs", "decode GPUs", "most requests/s", "tokens/s per GPU", "TTFT", "TPOT", "KV send",
                      "prefill busy"], rows))
+
+
+def disagg_estimate_page(doc: dict):
+    """The page of `estimate --inference --serve --disaggregated P:D`: the answer, the two pools and the transfer,
+    the steady state beside the aggregated alternative, and the simulated percentiles."""
+    from shardlab.report.html.page import Page, kv_table, num
+    from shardlab.report.html.serve_pages import _load_text, _ms, _percentiles
+
+    d = doc["disaggregated"]
+    page = Page(f"shardlab estimate --inference --serve --disaggregated {d['prefill']['gpus']}:{d['decode']['gpus']}: "
+                f"{doc['model']} on {d['gpus']} × {doc['gpu']}",
+                f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
+                f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
+    ss = doc.get("steady_state") or {}
+    page.answer([("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
+                 ("output tokens/s", num(ss.get("output_tokens_per_s"))), ("KV transfer", _ms(doc.get("kv_transfer_s")))],
+                "the two pools' steady state (serving.disagg); percentiles from the simulation below")
+    best = {"prefill": d["prefill"], "decode": d["decode"], "kv_transfer_s": d["kv_transfer_s"], "kv_link": d["kv_link"]}
+    agg = doc.get("aggregated") or {}
+    page.add("pools", "The two pools and the KV transfer", pools_svg(best) + kv_table([
+        ("prefill pool busy", f"{100 * (ss.get('prefill_utilization') or 0):.0f}% (one prompt {_ms(ss.get('prefill_s'))},"
+                              f" queue {_ms(ss.get('prefill_wait_s'))}, M/D/1)"),
+        ("KV link busy", f"{100 * (ss.get('kv_link_utilization') or 0):.1f}%"),
+        ("decode sequences per replica", num(ss.get("decode_batch"))),
+        ("saturates at", f"{num(doc.get('saturation_rate'))} requests/s"),
+        ("aggregated instead", (f"{agg.get('replicas')} × {esc(agg.get('layout', ''))}: "
+                                + ("overloaded" if agg.get("overloaded") else
+                                   f"TTFT {_ms(agg.get('ttft_s'))}, TPOT {_ms(agg.get('tpot_s'))}")) if agg else "—")]))
+    page.add("simulation", "Simulated percentiles", _percentiles(doc.get("simulation")))
+    return page
