@@ -176,3 +176,10 @@ def test_mtp_draft_is_deepseeks_moe_block():
     assert extra > experts // 8 * 1.0          # fp8: a byte per expert weight on each of the 8 EP ranks, and more
     with pytest.raises(ShardlabError, match="multi-token-prediction"):
         draft_spec(CAT.model("llama-3.1-8b"), "mtp", CAT)
+
+
+@pytest.mark.parametrize("flags", [["--ep", "16", "--dp-attention"], ["--disaggregated", "8:8"], ["--two-batch-overlap"]])
+def test_plan_refuses_the_layout_flags_it_does_not_search(flags):
+    code, out, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                              "--concurrency", "64", *flags)
+    assert code == 2 and err.count("\n") == 1 and "shardlab estimate" in err
