@@ -105,12 +105,12 @@ def test_mla_decode_attends_in_the_latent_space():
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(ep=3, dp_attention=True), "does not divide"),
-    (dict(tp=2, ep=8), "must equal --tp 2"),
+    (dict(tp=2, ep=8), "must equal layout.tp 2"),     # the library names fields; the CLI maps them to flags
     (dict(tp=4, ep=6, dp_attention=True), "does not divide"),
     (dict(tp=2, ep=4, dp_attention=True, pp=2), "not modelled"),
     (dict(ep=8, dp_attention=True, expert_imbalance=0.5), "[1, 64]"),
     (dict(tp=8, ep=8, two_batch_overlap=True), "--two-batch-overlap"),
-    (dict(dp_attention=True), "add --ep"),
+    (dict(dp_attention=True), "add layout.ep"),
 ])
 def test_layouts_an_engine_cannot_run_are_refused(kw, needle):
     with pytest.raises(ShardlabError, match=None) as e:

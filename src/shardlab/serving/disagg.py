@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shardlab.comm.collectives import collective_time
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.inference import kv_cache_bytes_per_token
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import arrays, cycle_time, micro_batch_times
@@ -108,7 +108,8 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
                                 f"replica sizes")
     if dec.capacity < 1:
         raise ShardlabError(f"a decode replica ({dec.layout_label}) has room for no {dec.prompt_len + dec.output_len}-"
-                            f"token sequence: give the decode pool more GPUs per replica (--tp), or quantize")
+                            f"token sequence: give the decode pool more GPUs per replica ({field_name('layout.tp')}), or "
+                            f"quantize")
     same_node = prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node
     nbytes, secs, link = kv_transfer(pre, dec, same_node)
     a = arrays([dec])

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.specs.model import ModelSpec
 
 DEFAULT_EXPERT_IMBALANCE = 59_337 / 50_302
@@ -42,10 +42,11 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
                expert_imbalance: float | None, two_batch_overlap: bool = False,
                redundant_experts: int = 0) -> tuple[int, float]:
     """(attention DP ranks, expert imbalance) of a replica, or one line naming what does not go together."""
+    ep_f, tp_f, pp_f = (field_name(f"layout.{k}") for k in ("ep", "tp", "pp"))
     if redundant_experts and ep == 1:
-        raise ShardlabError("--redundant-experts replicates experts across expert-parallel ranks: add --ep N")
+        raise ShardlabError(f"--redundant-experts replicates experts across expert-parallel ranks: add {ep_f} N")
     if two_batch_overlap and not dp_attention:
-        raise ShardlabError("--two-batch-overlap hides the expert all-to-alls of --dp-attention; add --ep N "
+        raise ShardlabError(f"--two-batch-overlap hides the expert all-to-alls of --dp-attention; add {ep_f} N "
                             "--dp-attention, or drop it")
     if expert_imbalance is not None and not (math.isfinite(expert_imbalance)
                                              and 1.0 <= expert_imbalance <= MAX_EXPERT_IMBALANCE):
@@ -53,30 +54,30 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
                             f"[1, {MAX_EXPERT_IMBALANCE:g}]; got {expert_imbalance:g}")
     if ep == 1 and not dp_attention:
         if expert_imbalance is not None:
-            raise ShardlabError("--expert-imbalance applies to expert parallelism: add --ep N, or drop it")
+            raise ShardlabError(f"--expert-imbalance applies to expert parallelism: add {ep_f} N, or drop it")
         return 1, 1.0
     if dp_attention and ep == 1:
-        raise ShardlabError("--dp-attention shares expert-parallel experts between attention replicas: add --ep N "
-                            "(a multiple of --tp)")
+        raise ShardlabError(f"--dp-attention shares expert-parallel experts between attention replicas: add {ep_f} N "
+                            f"(a multiple of {tp_f})")
     if spec.moe is None:
-        raise ShardlabError(f"{spec.name} is a dense model: it has no experts to split; drop --ep/--dp-attention")
+        raise ShardlabError(f"{spec.name} is a dense model: it has no experts to split; drop {ep_f}/--dp-attention")
     E = spec.moe.num_experts
     if ep < 1 or (E + redundant_experts) % ep or redundant_experts > E:
-        raise ShardlabError(f"--ep {ep} does not divide {spec.name}'s {E} routed experts"
+        raise ShardlabError(f"{ep_f} {ep} does not divide {spec.name}'s {E} routed experts"
                             + (f" plus {redundant_experts} redundant" if redundant_experts else "")
                             + f"; pick a divisor of {E}, or add redundant experts (--redundant-experts R with "
                               f"{E} + R a multiple of {ep}, at most {E})")
     if not dp_attention:
         if ep != tp:
-            raise ShardlabError(f"--ep {ep} without --dp-attention splits the experts over the TP group, so it must "
-                                f"equal --tp {tp}; give --ep {tp}, or add --dp-attention for {ep // max(tp, 1)} "
+            raise ShardlabError(f"{ep_f} {ep} without --dp-attention splits the experts over the TP group, so it must "
+                                f"equal {tp_f} {tp}; give {ep_f} {tp}, or add --dp-attention for {ep // max(tp, 1)} "
                                 f"attention replicas of TP {tp}")
         return 1, DEFAULT_EXPERT_IMBALANCE if expert_imbalance is None else expert_imbalance
     if pp > 1:
-        raise ShardlabError("--dp-attention with --pp > 1 is not modelled (the engines run wide EP without a "
-                            "pipeline): drop --pp")
+        raise ShardlabError(f"--dp-attention with {pp_f} > 1 is not modelled (the engines run wide EP without a "
+                            f"pipeline): drop {pp_f}")
     if ep % tp or ep < tp:
-        raise ShardlabError(f"--dp-attention runs ep / tp attention replicas: --ep {ep} must be a multiple of "
-                            f"--tp {tp}")
+        raise ShardlabError(f"--dp-attention runs ep / tp attention replicas: {ep_f} {ep} must be a multiple of "
+                            f"{tp_f} {tp}")
     imbalance = DEFAULT_EXPERT_IMBALANCE if expert_imbalance is None else expert_imbalance
     return ep // tp, imbalance if ep > 1 else 1.0
