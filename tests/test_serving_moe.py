@@ -158,6 +158,14 @@ def test_ep_rows_are_predicted_not_fitted():
     assert len(runs) >= 30
     assert all("MoE-EP" in family_of(r, "hopper") for r in runs)
     assert np.all([r.config["dp_attention"] for r in runs])
+    # the fit sees target rows only: an informational row (DeepSeek-R1's MTP depths on B200) makes no generation
+    # "seen" in a fold that holds out the only fitted source of it
+    from shardlab.validation.inference import fitted, prepare_runs
+    every = load_inference_runs()
+    some = [r for r in every if r.source in ("trtllm-blog1-dsr1-mtp", "sglang-large-ep-2025", "nim-1.8-concurrency")]
+    prep = prepare_runs(some, CAT)
+    kept = {prep.runs[i].id for i in fitted(prep, np.arange(len(some)))}
+    assert kept == {r.id for r in some if r.target in ("latency", "throughput") and r.config.get("ep", 1) == 1}
 
 
 def test_mtp_draft_is_deepseeks_moe_block():

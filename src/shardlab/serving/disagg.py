@@ -99,8 +99,21 @@ def kv_transfer(pre: ServeCase, dec: ServeCase, same_node: bool) -> tuple[int, f
     return nbytes, float(collective_time("send-recv", max(1, nbytes), 2, link).time_s), "intra" if same_node else "inter"
 
 
-def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: int) -> DisaggCase:
-    """The two pools from one prepared replica of each and the GPUs each pool gets (whole replicas)."""
+def _decode_grid(dec: ServeCase):
+    """(steady.arrays of the decode replica, (batches, step seconds, seconds per extra cached token)): module doc."""
+    a = arrays([dec])
+    cap = float(max(dec.capacity, 1))
+    B = np.unique(np.concatenate([np.arange(0.0, min(cap, 64.0) + 1), np.geomspace(1.0, cap, 192), [cap]]))
+    ctx = float(a.ctx[0])
+    cyc = np.ravel(cycle_time(a, B, B * ctx, seqs=np.maximum(B, 1e-9)))
+    more = np.ravel(cycle_time(a, B, B * ctx * 1.25, seqs=np.maximum(B, 1e-9)))
+    slope = np.where(B > 0, (more - cyc) / np.maximum(B * ctx * 0.25, 1e-9), 0.0)
+    return a, (B, cyc, slope)
+
+
+def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: int, _cache: dict | None = None) -> DisaggCase:
+    """The two pools from one prepared replica of each and the GPUs each pool gets (whole replicas). ``_cache``
+    (a dict the caller keeps) reuses each replica's arrays, decode grid and prefill times across splits."""
     for name, n, c in (("prefill", prefill_gpus, pre), ("decode", decode_gpus, dec)):
         if n < c.gpus or n % c.gpus:
             raise ShardlabError(f"the {name} pool's {n} GPUs do not hold whole replicas of {c.gpus} GPUs "
@@ -112,16 +125,15 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
                             f"quantize")
     same_node = prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node
     nbytes, secs, link = kv_transfer(pre, dec, same_node)
-    a = arrays([dec])
-    cap = float(max(dec.capacity, 1))
-    B = np.unique(np.concatenate([np.arange(0.0, min(cap, 64.0) + 1), np.geomspace(1.0, cap, 192), [cap]]))
-    ctx = float(a.ctx[0])
-    cyc = np.ravel(cycle_time(a, B, B * ctx, seqs=np.maximum(B, 1e-9)))
-    more = np.ravel(cycle_time(a, B, B * ctx * 1.25, seqs=np.maximum(B, 1e-9)))
-    slope = np.where(B > 0, (more - cyc) / np.maximum(B * ctx * 0.25, 1e-9), 0.0)
-    d = DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link,
-                   arrays([pre]), a, (), (B, cyc, slope))
-    return replace(d, prefill_times=_prefill_times(d))
+    cache = {} if _cache is None else _cache
+    if ("dec", id(dec)) not in cache:
+        cache[("dec", id(dec))] = _decode_grid(dec)
+    a, grid = cache[("dec", id(dec))]
+    pre_a = cache.setdefault(("pre", id(pre)), arrays([pre]))
+    d = DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link, pre_a, a, (), grid)
+    if ("times", id(pre)) not in cache:
+        cache[("times", id(pre))] = _prefill_times(d)
+    return replace(d, prefill_times=cache[("times", id(pre))])
 
 
 def _prefill_times(d: DisaggCase) -> tuple[float, float]:
@@ -224,14 +236,14 @@ def search(cases: dict, gpus: int, per_node: int, ttft_slo: float | None,
            tpot_slo: float | None) -> list[tuple[DisaggCase, float]]:
     """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (replica
     GPUs -> prepared ServeCase, one per TP), with its highest rate within the SLO means; most goodput first."""
-    out = []
+    out, cache = [], {}
     for P in pool_sizes(gpus, per_node):
         D = gpus - P
         for gp, pre in cases.items():
             for gd, dec in cases.items():
                 if P % gp or D % gd or dec.capacity < 1:
                     continue
-                d = make_disagg(pre, dec, P, D)
+                d = make_disagg(pre, dec, P, D, cache)
                 out.append((d, max_rate_within(d, ttft_slo, tpot_slo)))
     out.sort(key=lambda x: -x[1])
     return out

@@ -196,9 +196,12 @@ def expert_parallel(run: InferenceRun) -> bool:
 
 
 def fitted(prep: Prepared, idx: np.ndarray) -> np.ndarray:
-    """Of ``idx``, the runs the fit sees: all but the expert-parallel ones, whose mechanisms (all-to-all over the
-    links, the cited imbalance) carry no fitted value, so their rows are predicted from the dense rows' rates."""
-    return np.array([i for i in idx if not expert_parallel(prep.runs[i])], dtype=int)
+    """Of ``idx``, the runs the fit sees: the latency and throughput target rows (informational and moderate-load
+    rows are scored, never fitted), less the expert-parallel ones, whose mechanisms (all-to-all over the links, the
+    cited imbalance) carry no fitted value, so their rows are predicted from the dense rows' rates. A generation or
+    engine only informational rows cover is therefore unseen in a fold (``unseen_from_others``)."""
+    return np.array([i for i in idx if not expert_parallel(prep.runs[i])
+                     and prep.runs[i].target in ("latency", "throughput")], dtype=int)
 
 
 def family_of(run: InferenceRun, generation: str) -> str:
@@ -375,7 +378,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
     then the source predicted (a generation or engine only that source covers takes the others' mean). Returns rows, summaries, values and the refit. ``only_source``: hold out that
     source alone and skip the full refit (``validate --inference --run``)."""
-    from shardlab.validation.inference_fit import catalog_params, fit_two_stage
+    from shardlab.validation.inference_fit import catalog_params, fit_two_stage, unseen_from_others
 
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
@@ -383,19 +386,31 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     values = catalog_params(prep)
     refit = None if only_source else fit_two_stage(prep, fitted(prep, everything), values)
     sources = [only_source] if only_source else sorted({r.source for r in runs})
+    # a source with no fitted row changes no fit: holding it out is the full refit (no fold to run)
+    has_fit = {prep.runs[i].source for i in fitted(prep, everything)}
+    folded = [s for s in sources if s in has_fit]
     if progress:                                  # folds done of total: the refit, then each source held out
-        progress(1, len(sources) + 1, "refit")
+        progress(1, len(folded) + 1, "refit")
     rows = errors(prep, predict(prep, values), everything)
     by_key = {(r["run"], r["metric"]): r for r in rows}
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     if loso:
-        for k, (src, found) in enumerate(_folds(prep, values, sources), 2):
+        free = [s for s in sources if s not in has_fit]
+        if free:
+            base = refit if refit is not None else fit_two_stage(prep, fitted(prep, everything), values)
+            vals = unseen_from_others(prep, fitted(prep, everything), base)
+            for src in free:
+                held = np.array([i for i in everything if prep.runs[i].source == src])
+                for e in errors(prep, predict(prep, vals, held), held):
+                    row = by_key[(e["run"], e["metric"])]
+                    row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
+        for k, (src, found) in enumerate(_folds(prep, values, folded), 2):
             for e in found:
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
             if progress:
-                progress(k, len(sources) + 1, f"held out {src}")
+                progress(k, len(folded) + 1, f"held out {src}")
     counts: dict = {}
     per_engine: dict = {}
     unfitted = {r.id for r in runs if expert_parallel(r)}
