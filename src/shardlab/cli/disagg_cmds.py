@@ -70,9 +70,9 @@ def aggregated_line(d, res: dict, rate: float) -> tuple[dict | None, str]:
 def estimate_disagg(args, spec, cluster, prec, engine):
     from shardlab.catalog import get_catalog
     from shardlab.cli.inference_cmds import finite
-    from shardlab.cli.serve_cmds import _load, _ms, sim_notes
+    from shardlab.cli.serve_cmds import _load, _ms, _with_ms, sim_notes
     from shardlab.render.table import table
-    from shardlab.serving.disagg import saturation_rate, steady_concurrency, steady_rate
+    from shardlab.serving.disagg import steady_concurrency, steady_rate
     from shardlab.serving.disagg_sim import simulate_disagg
 
     pools = parse_pools(args.disaggregated)
@@ -84,7 +84,7 @@ def estimate_disagg(args, spec, cluster, prec, engine):
     sim = simulate_disagg(d, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
                           seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
     agg_doc, agg_words = aggregated_line(d, res, res["requests_per_s"])
-    sat = saturation_rate(d)
+    sat = res["saturation_rate"]
     slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
            "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
                        and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
@@ -99,12 +99,11 @@ def estimate_disagg(args, spec, cluster, prec, engine):
                     [["prefill", *c(d.prefill, d.prefill_replicas)], ["decode", *c(d.decode, d.decode_replicas)]])
     per_tok = d.kv_transfer_bytes / max(args.prompt_len, 1)
     link = d.prefill.cluster.intra_link if d.link == "intra" else d.prefill.cluster.inter_link
-    S = sim
-    rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(S.ttft_s.mean), _ms(S.ttft_s.p50), _ms(S.ttft_s.p99)],
-            ["TPOT (ms)", _ms(res["tpot_s"]), _ms(S.tpot_s.mean), _ms(S.tpot_s.p50), _ms(S.tpot_s.p99)],
-            ["request latency (ms)", _ms(res["e2e_s"]), _ms(S.e2e_s.mean), _ms(S.e2e_s.p50), _ms(S.e2e_s.p99)],
-            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{S.output_tokens_per_s:,.0f}", "", ""],
-            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{S.requests_per_s:,.2f}", "", ""]]
+    rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(sim.ttft_s.mean), _ms(sim.ttft_s.p50), _ms(sim.ttft_s.p99)],
+            ["TPOT (ms)", _ms(res["tpot_s"]), _ms(sim.tpot_s.mean), _ms(sim.tpot_s.p50), _ms(sim.tpot_s.p99)],
+            ["request latency (ms)", _ms(res["e2e_s"]), _ms(sim.e2e_s.mean), _ms(sim.e2e_s.p50), _ms(sim.e2e_s.p99)],
+            ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
+            ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""]]
     lines = [
         f"shardlab estimate --inference --serve --disaggregated {pools[0]}:{pools[1]}: {spec.name} on {d.gpus} × "
         f"{cluster.accelerator.id}, {engine.id} ({engine.name}, version {engine.version})",
@@ -117,7 +116,7 @@ def estimate_disagg(args, spec, cluster, prec, engine):
               title=f"latency and throughput (simulation: {sim.requests} requests measured, seed {args.seed})"),
         "",
         f"prefill pool {100 * res['prefill_utilization']:.0f}% busy (one prompt {1e3 * res['prefill_s']:,.1f} ms, "
-        f"queue {_ms(res['prefill_wait_s'])} ms, M/D/1), KV link {100 * res['kv_link_utilization']:.1f}% busy, decode "
+        f"queue {_with_ms(res['prefill_wait_s'])}, M/D/1), KV link {100 * res['kv_link_utilization']:.1f}% busy, decode "
         f"replicas at {res['decode_batch']:,.1f} sequences each; the pools saturate at {sat:,.2f} requests/s",
         *([agg_words] if agg_words else []),
         *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
@@ -132,7 +131,7 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
     """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
     SLO's means, best goodput per GPU first; and counts of what was rejected."""
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.cli.inference_cmds import case_kw, reject
     from shardlab.errors import ShardlabError
     from shardlab.planner.space import tp_ok
     from shardlab.serving.case import prepare
@@ -142,12 +141,12 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
               prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
     if kw.get("speculation"):
         return [], {"speculative decoding with disaggregation is not modelled": 1}
-    cases, rejected = {}, {}
+    cases, rejected, errors = {}, {}, {}
     for tp in [t for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]:
         try:
             c = prepare(spec, cluster, engine, tp=tp, **kw)
         except ShardlabError as e:
-            rejected[str(e).split(":")[0]] = rejected.get(str(e).split(":")[0], 0) + 1
+            reject(rejected, errors, e)
             continue
         if c.blocks.num_blocks > 0 and c.gpus <= gpus:
             cases[c.gpus] = c                          # replica GPUs -> case (tp × the MoE layout's DP ranks)
@@ -198,6 +197,7 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
 
 def disagg_text(doc: dict, args) -> list[str]:
     """The capacity report's disaggregated table and verdict (empty when the search did not run)."""
+    from shardlab.cli.serve_cmds import _ms
     from shardlab.render.table import table
 
     if "disaggregated" not in doc:
@@ -205,10 +205,9 @@ def disagg_text(doc: dict, args) -> list[str]:
     found = doc["disaggregated"]
     if not found:
         return ["disaggregated prefill/decode: no layout of these GPUs holds the model in both pools", ""]
-    ms = lambda s: "–" if s is None or s != s or s == float("inf") else f"{1e3 * s:,.1f}"  # noqa: E731
     rows = [[f"{p['prefill']['gpus']} (TP {p['prefill']['tp']})", f"{p['decode']['gpus']} (TP {p['decode']['tp']})",
-             f"{p['max_request_rate']:,.2f}", ms(p["ttft_s"]), ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
-             ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"] for p in found]
+             f"{p['max_request_rate']:,.2f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
+             _ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"] for p in found]
     c = doc["comparison"]
     verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
                f"best disaggregated: {c['disaggregated_goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU "
@@ -222,5 +221,5 @@ def disagg_text(doc: dict, args) -> list[str]:
             "steady-state mean TTFT and TPOT meet the targets (serving.disagg)",
             table(["prefill GPUs", "decode GPUs", "max req/s", "TTFT ms", "TPOT ms", "tok/s/GPU", "KV send ms",
                    "prefill busy"], rows),
-            verdict + (f"; simulated at its capacity ({sim['requests']} requests): TTFT p99 {ms(sim['ttft_s']['p99'])} "
-                       f"ms, TPOT p99 {ms(sim['tpot_s']['p99'])} ms" if sim else ""), ""]
+            verdict + (f"; simulated at its capacity ({sim['requests']} requests): TTFT p99 {_ms(sim['ttft_s']['p99'])} "
+                       f"ms, TPOT p99 {_ms(sim['tpot_s']['p99'])} ms" if sim else ""), ""]

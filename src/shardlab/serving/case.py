@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import Layout, validate
 from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, kv_blocks,
@@ -26,7 +25,7 @@ from shardlab.serving.moe import moe_layout
 from shardlab.serving.precision import InferencePrecision
 from shardlab.serving.rates import rates_for
 from shardlab.serving.speculative import DRAFT_KINDS, Speculation, draft_extra_params
-from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
+from shardlab.serving.step import Kernels, StepModel, per_token_line, pipeline_models, stage_models
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 
@@ -209,10 +208,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     p2p_fixed = p2p_tok = 0.0
     if pp > 1:
         link = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
-        one = collective_time("send-recv", 2 * spec.hidden_size, 2, link).time_s
-        big = collective_time("send-recv", 2 * spec.hidden_size * 4096, 2, link).time_s
-        p2p_tok = (big - one) / 4095
-        p2p_fixed = one - p2p_tok
+        p2p_fixed, p2p_tok = per_token_line("send-recv", 2 * spec.hidden_size, 2, link)
     steps = scheduler_steps or engine.scheduler_steps
     acc = cluster.accelerator
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)

@@ -88,7 +88,7 @@ class DisaggCase:
                 "kv_transfer_s": self.kv_transfer_s, "kv_link": self.link}
 
 
-def kv_transfer(pre: ServeCase, dec: ServeCase, same_node: bool) -> tuple[int, float, str]:
+def kv_transfer(pre: ServeCase, same_node: bool) -> tuple[int, float, str]:
     """(bytes per prefill rank, seconds, link) of moving one request's prompt KV from the prefill pool to the decode
     pool. Each prefill rank holds its TP slice of the cache and sends it over its own link; the decode pool
     stores it at its own layout (a different TP re-slices it on arrival, which costs no extra link time)."""
@@ -124,7 +124,7 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
                             f"token sequence: give the decode pool more GPUs per replica ({field_name('layout.tp')}), or "
                             f"quantize")
     same_node = prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node
-    nbytes, secs, link = kv_transfer(pre, dec, same_node)
+    nbytes, secs, link = kv_transfer(pre, same_node)
     cache = {} if _cache is None else _cache
     if ("dec", id(dec)) not in cache:
         cache[("dec", id(dec))] = _decode_grid(dec)

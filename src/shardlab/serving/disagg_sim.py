@@ -23,28 +23,12 @@ from dataclasses import replace
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.limits import MAX_SIM_REQUESTS
 from shardlab.serving.disagg import DisaggCase
-from shardlab.serving.simulate import SimResult, _measure
+from shardlab.serving.simulate import SimResult, _measure, arrivals
 from shardlab.serving.steady import cycle_time, micro_batch_times
 
 MAX_EVENTS = 400_000
 """Events simulated at most (the run is marked truncated beyond)."""
-
-
-def _arrivals(concurrency, arrival_rate, requests, seed, lifetime_s):
-    """(arrival times, N, warm, drain) as ``serving.simulate.simulate`` sets them."""
-    if concurrency is not None:
-        N = requests or min(MAX_SIM_REQUESTS, max(100, min(5 * concurrency, 1200), 4 * concurrency))
-        warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
-        arrive = np.full(N, np.inf)
-        arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
-        return arrive, N, warm, drain
-    N = requests or int(min(1000, max(100, arrival_rate * max(40.0, 5 * lifetime_s))))
-    arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
-    warm = min(N // 3, max(N // 10, int(np.count_nonzero(arrive < lifetime_s))))
-    drain = min(N // 3, int(np.count_nonzero(arrive > arrive[-1] - lifetime_s))) if lifetime_s > 0 else 0
-    return arrive, N, warm, drain
 
 
 def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_rate: float | None = None,
@@ -56,7 +40,7 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
     S, O = pre.prompt_len, dec.output_len
     Sc = float(pre.prefill_tokens)
     L = float(pre.prefill_keys_per_token)
-    arrive, N, warm, drain = _arrivals(concurrency, arrival_rate, requests, seed, lifetime_s)
+    arrive, N, warm, drain = arrivals(concurrency, arrival_rate, requests, seed, lifetime_s)
     per_step = max(1, int(pre.budget_tokens // max(Sc, 1.0)))
     chunks = max(1, math.ceil(Sc / pre.budget_tokens))
     step_over = float(d.pre_arrays.kernels.step_overhead_s[0])

@@ -186,14 +186,10 @@ class _Replica:
         self.held[r] = 0
 
 
-def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: float | None = None,
-             requests: int | None = None, seed: int = 0, max_cycles: int = 60000, lifetime_s: float = 0.0) -> SimResult:
-    """Simulate ``case`` under a closed loop of ``concurrency`` clients or Poisson ``arrival_rate`` req/s.
-    ``lifetime_s``: the closed loop's clients start spread evenly over this time (one request's expected
-    end-to-end latency), so the run starts near steady state."""
-    if (concurrency is None) == (arrival_rate is None):
-        raise ShardlabError("simulate needs either a concurrency or an arrival rate")
-    S, O = case.prompt_len, case.output_len
+def arrivals(concurrency: int | None, arrival_rate: float | None, requests: int | None, seed: int,
+             lifetime_s: float) -> tuple[np.ndarray, int, int, int]:
+    """(arrival times, requests N, warm-up, drain) of a run: a closed loop's first requests (the rest arrive as
+    clients finish: inf here), or Poisson arrivals."""
     if concurrency is not None:
         # every client's first request arrives into a ramp (the queue is still building): measure only later ones,
         # so the run holds four requests per client beyond 300 clients (bounded by MAX_SIM_REQUESTS: past 3,333
@@ -202,15 +198,27 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         warm, drain = min(2 * concurrency, N // 3), min(concurrency, N // 3)
         arrive = np.full(N, np.inf)
         arrive[:min(concurrency, N)] = np.arange(min(concurrency, N)) * lifetime_s / concurrency
-    else:
-        # 40 s of arrivals, or five request lifetimes when they are longer (the replica is full after one)
-        N = requests or int(min(1000, max(100, arrival_rate * max(40.0, 5 * lifetime_s))))
-        arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
-        # measure neither the requests that find the replica filling up (those of the first lifetime: Little's law
-        # has λ·lifetime in flight only after it) nor those that finish while it drains (the last lifetime's);
-        # at least a tenth of the run is warm-up, at most a third each
-        warm = min(N // 3, max(N // 10, int(np.count_nonzero(arrive < lifetime_s))))
-        drain = min(N // 3, int(np.count_nonzero(arrive > arrive[-1] - lifetime_s))) if lifetime_s > 0 else 0
+        return arrive, N, warm, drain
+    # 40 s of arrivals, or five request lifetimes when they are longer (the replica is full after one)
+    N = requests or int(min(1000, max(100, arrival_rate * max(40.0, 5 * lifetime_s))))
+    arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
+    # measure neither the requests that find the replica filling up (those of the first lifetime: Little's law
+    # has λ·lifetime in flight only after it) nor those that finish while it drains (the last lifetime's);
+    # at least a tenth of the run is warm-up, at most a third each
+    warm = min(N // 3, max(N // 10, int(np.count_nonzero(arrive < lifetime_s))))
+    drain = min(N // 3, int(np.count_nonzero(arrive > arrive[-1] - lifetime_s))) if lifetime_s > 0 else 0
+    return arrive, N, warm, drain
+
+
+def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: float | None = None,
+             requests: int | None = None, seed: int = 0, max_cycles: int = 60000, lifetime_s: float = 0.0) -> SimResult:
+    """Simulate ``case`` under a closed loop of ``concurrency`` clients or Poisson ``arrival_rate`` req/s.
+    ``lifetime_s``: the closed loop's clients start spread evenly over this time (one request's expected
+    end-to-end latency), so the run starts near steady state."""
+    if (concurrency is None) == (arrival_rate is None):
+        raise ShardlabError("simulate needs either a concurrency or an arrival rate")
+    S, O = case.prompt_len, case.output_len
+    arrive, N, warm, drain = arrivals(concurrency, arrival_rate, requests, seed, lifetime_s)
     rep = _Replica(case, N)
     think_s = float(cycle_time(rep.a, 1.0, float(S)))      # one decode cycle: jitter that breaks lock-step
     first, done_t = np.full(N, np.nan), np.full(N, np.nan)

@@ -151,15 +151,21 @@ class Kernels:
     """Seconds per block per step outside CUDA graphs (host launches)."""
 
 
-def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one TP all-reduce: the α–β line through 1 and 4096 tokens."""
-    if tp == 1:
-        return 0.0, 0.0
-    link = cluster.intra_link if tp <= cluster.gpus_per_node else cluster.inter_link
-    one = collective_time("all-reduce", tokens_bytes, tp, link).time_s
-    big = collective_time("all-reduce", 4096 * tokens_bytes, tp, link).time_s
+def per_token_line(op: str, bytes_per_token: float, ranks: int, link) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one collective whose message grows with a step's tokens: the α–β line
+    (``comm.collectives``) through 1 and 4096 tokens."""
+    one = collective_time(op, max(1, round(bytes_per_token)), ranks, link).time_s
+    big = collective_time(op, max(1, round(4096 * bytes_per_token)), ranks, link).time_s
     slope = (big - one) / 4095
     return one - slope, slope
+
+
+def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one TP all-reduce."""
+    if tp == 1:
+        return 0.0, 0.0
+    return per_token_line("all-reduce", tokens_bytes, tp, cluster.intra_link if tp <= cluster.gpus_per_node
+                          else cluster.inter_link)
 
 
 def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, cluster: Cluster) -> tuple[float, float]:
@@ -178,16 +184,13 @@ def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision,
     distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)           # nodes a token's k experts fall on
     fixed = per_tok = 0.0
     for width in ((1 if precision.activations == "fp8" else 2), 2):  # dispatch, then combine
-        phases = [("intra", k * h * width / tp, local, cluster.intra_link)]
+        phases = [(k * h * width / tp, local, cluster.intra_link)]              # NVLink inside the node
         if nodes > 1:
-            phases.append(("inter", distinct * h * width / tp, nodes, cluster.inter_link))
-        for _, b, n, link in phases:
-            if n <= 1:
-                continue
-            one = collective_time("all-to-all", max(1, round(b)), n, link).time_s
-            big = collective_time("all-to-all", max(1, round(4096 * b)), n, link).time_s
-            slope = (big - one) / 4095
-            fixed, per_tok = fixed + one - slope, per_tok + slope
+            phases.append((distinct * h * width / tp, nodes, cluster.inter_link))   # the NIC to the other nodes
+        for b, n, link in phases:
+            if n > 1:
+                f, t = per_token_line("all-to-all", b, n, link)
+                fixed, per_tok = fixed + f, per_tok + t
     return fixed, per_tok
 
 

@@ -148,7 +148,7 @@ class Prepared:
     """Batch, clients or arrival rate per run."""
     steps: np.ndarray
     """Scheduler steps per run (the step overheads are spread over them)."""
-    phase: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    phase: np.ndarray
     """``PHASES`` index per run (0: the whole request)."""
     cases: list = field(repr=False, default_factory=list)
     """The ServeCases."""
@@ -261,7 +261,7 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         k, req = _kernels(prep, idx, values)
         a = replace(a, kernels=k, request_overhead_s=req)
     out = fluid(a, prep.mode[idx], prep.n[idx])
-    phase = prep.phase[idx] if len(prep.phase) else np.zeros(len(idx))
+    phase = prep.phase[idx]
     out["input_tokens_per_s"] = np.zeros(len(idx))
     if np.any(phase > 0):                        # one phase alone: the step of the batch (``PHASES``)
         from shardlab.serving.step import step_time

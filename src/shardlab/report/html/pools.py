@@ -84,9 +84,8 @@ def disagg_estimate_page(doc: dict):
     page.answer([("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
                  ("output tokens/s", num(ss.get("output_tokens_per_s"))), ("KV transfer", _ms(doc.get("kv_transfer_s")))],
                 "the two pools' steady state (serving.disagg); percentiles from the simulation below")
-    best = {"prefill": d["prefill"], "decode": d["decode"], "kv_transfer_s": d["kv_transfer_s"], "kv_link": d["kv_link"]}
     agg = doc.get("aggregated") or {}
-    page.add("pools", "The two pools and the KV transfer", pools_svg(best) + kv_table([
+    page.add("pools", "The two pools and the KV transfer", pools_svg(d) + kv_table([
         ("prefill pool busy", f"{100 * (ss.get('prefill_utilization') or 0):.0f}% (one prompt {_ms(ss.get('prefill_s'))},"
                               f" queue {_ms(ss.get('prefill_wait_s'))}, M/D/1)"),
         ("KV link busy", f"{100 * (ss.get('kv_link_utilization') or 0):.1f}%"),
