@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 
 from shardlab.serving.engines import ENGINES_FILE, FITTED, builtin_engines  # noqa: E402
 from shardlab.serving.rates import RATE_FIELDS, RATES_FILE, builtin_rates  # noqa: E402
-from shardlab.validation.inference import load_inference_runs, validate  # noqa: E402
+from shardlab.validation.inference import load_inference_runs  # noqa: E402
+from shardlab.validation.inference_loso import validate  # noqa: E402
 from shardlab.validation.inference_fit import _v, _x  # noqa: E402
 
 COMMAND = "python benchmarks/fit_engines.py"

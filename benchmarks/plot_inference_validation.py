@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from shardlab.catalog import get_catalog  # noqa: E402
 from shardlab.render.plots import serving_predicted_vs_measured  # noqa: E402
-from shardlab.validation.inference import validate  # noqa: E402
+from shardlab.validation.inference_loso import validate  # noqa: E402
 
 
 def main() -> int:

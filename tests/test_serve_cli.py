@@ -7,7 +7,8 @@ import pytest
 
 from conftest import cli_main
 from shardlab.catalog import get_catalog
-from shardlab.validation.inference import GOALS, load_inference_runs, validate
+from shardlab.validation.inference import load_inference_runs
+from shardlab.validation.inference_loso import GOALS, validate
 
 
 def strict_json(text: str) -> dict:

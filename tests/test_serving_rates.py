@@ -159,7 +159,7 @@ def test_a_full_mesh_drives_one_ring_per_peer_link():
 
 def test_validation_families_and_verdict():
     """Families are engine version × generation; the verdict names every family of ≥ 5 over its goal."""
-    from shardlab.validation.inference import FAMILY_MIN, GOALS, verdict
+    from shardlab.validation.inference_loso import FAMILY_MIN, GOALS, verdict
 
     loso = {"by_family": {"vllm × hopper": {"tpot": {"n": 5, "mean_abs_error": 0.11, "max_abs_error": 0.2}},
                           "vllm × ampere": {"tpot": {"n": 4, "mean_abs_error": 0.5, "max_abs_error": 0.3}}}}
@@ -310,7 +310,8 @@ def test_review_fixes(tmp_path):
 def test_validate_reports_folds_done_of_total():
     """validate --inference's progress: the refit, then one call per held-out source, counted against the total."""
     from shardlab.catalog import get_catalog
-    from shardlab.validation.inference import load_inference_runs, validate
+    from shardlab.validation.inference import load_inference_runs
+    from shardlab.validation.inference_loso import validate
 
     runs = load_inference_runs()
     pick = sorted({r.source for r in runs})[:2]

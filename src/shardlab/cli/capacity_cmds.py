@@ -17,7 +17,7 @@ class _Pool:
     def __init__(self, args, spec, cluster, prec, engine, slo):
         self.args, self.spec, self.cluster, self.prec, self.engine, self.slo = args, spec, cluster, prec, engine, slo
         from shardlab.catalog import get_catalog
-        from shardlab.cli.inference_cmds import case_kw
+        from shardlab.cli.inference_args import case_kw
 
         self.spec_kw = case_kw(args, spec, get_catalog(args.catalog))
         """Speculative decoding settings every layout is prepared with (``prepare``'s keywords)."""
@@ -297,7 +297,8 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
     from shardlab.serving.capacity import GPU_COUNT_CAP, Slo, sim_requests
     from shardlab.serving.simulate import simulate
 
-    from shardlab.cli.inference_cmds import finite, serving_settings
+    from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.inference_args import serving_settings
 
     slo = Slo(args.ttft_slo, args.tpot_slo, args.slo_percentile or "p50")
     pool = _Pool(args, spec, cluster, prec, engine, slo)

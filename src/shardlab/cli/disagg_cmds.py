@@ -37,7 +37,7 @@ def check_disagg_flags(args) -> None:
 
 def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
     """The DisaggCase of the flags: prefill replicas of --prefill-tp (default --tp), decode replicas of --tp."""
-    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.cli.inference_args import case_kw
     from shardlab.serving.case import prepare
     from shardlab.serving.disagg import make_disagg
 
@@ -131,7 +131,8 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
     """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
     SLO's means, best goodput per GPU first; and counts of what was rejected."""
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import case_kw, reject
+    from shardlab.cli.inference_cmds import reject
+    from shardlab.cli.inference_args import case_kw
     from shardlab.errors import ShardlabError
     from shardlab.planner.space import tp_ok
     from shardlab.serving.case import prepare

@@ -61,7 +61,7 @@ def add_export_file_args(g, default_out: str = "print it") -> None:
 def job_from_args(args, cat):
     """A LaunchJob from the estimate flags (training) or the inference flags."""
     from shardlab.cli.common import cluster_from_args, resolve_gpu, resolve_model
-    from shardlab.cli.inference_cmds import engine_from_args, precision_from_args
+    from shardlab.cli.inference_args import engine_from_args, precision_from_args
     from shardlab.cli.plan_cmds import training_estimate_from_args
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import estimate_inference
@@ -74,7 +74,7 @@ def job_from_args(args, cat):
         spec, _ = resolve_model(args, cat)
         if spec is None:
             raise ShardlabError("export needs a model's shapes: give MODEL, not --params")
-        from shardlab.cli.inference_cmds import case_kw, replica_gpus
+        from shardlab.cli.inference_args import case_kw, replica_gpus
 
         group = replica_gpus(args)
         gpus = args.gpus or group

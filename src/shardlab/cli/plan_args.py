@@ -46,7 +46,7 @@ def add_assumption_args(p) -> None:
 
 
 def add_inference_args(p) -> None:
-    from shardlab.cli.inference_cmds import add_inference_args as add_serving_args
+    from shardlab.cli.inference_args import add_inference_args as add_serving_args
 
     add_serving_args(p)
 

@@ -44,7 +44,7 @@ def register(sub) -> None:
                        description="Predict every published run in the validation set and compare with what was measured: "
                                    "in sample (the committed fit) and out of sample (leave-one-source-out), by family "
                                    "(framework × GPU generation); --inference for the serving runs.")
-    from shardlab.cli.inference_cmds import add_validate_args as add_inference_validate_args
+    from shardlab.cli.inference_args import add_validate_args as add_inference_validate_args
     from shardlab.cli.validate_cmd import add_validate_args, cmd_validate
 
     add_inference_validate_args(p)
@@ -156,7 +156,7 @@ def cmd_estimate(args):
         from shardlab.cli.inference_cmds import estimate_inference_cmd
 
         return with_slow_rank(getattr(args, "slow_rank", None), *estimate_inference_cmd(args, _catalog(args)))
-    from shardlab.cli.inference_cmds import refuse_serving_flags
+    from shardlab.cli.inference_args import refuse_serving_flags
 
     refuse_serving_flags(args)
     from shardlab.estimate.report import render_estimate
@@ -227,7 +227,7 @@ def cmd_plan(args):
         args.max_memory_fraction = DEFAULT_MEMORY_FRACTION
     if args.objective == "latency":
         raise ShardlabError("--objective latency is for --inference; training plans use throughput, cost or memory")
-    from shardlab.cli.inference_cmds import refuse_serving_flags
+    from shardlab.cli.inference_args import refuse_serving_flags
     from shardlab.cli.plan_fix import layout_flags_as_fixes, parse_fix
 
     refuse_serving_flags(args)

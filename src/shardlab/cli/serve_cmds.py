@@ -62,7 +62,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.cli.inference_cmds import finite
 
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.cli.inference_args import case_kw
 
     case = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, prompt_len=args.prompt_len,
                    output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
@@ -177,7 +177,8 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     from shardlab.serving.simulate import simulate
     from shardlab.serving.steady import arrays, fluid
 
-    from shardlab.cli.inference_cmds import finite, raise_common_error, reject, serving_settings
+    from shardlab.cli.inference_cmds import finite, raise_common_error, reject
+    from shardlab.cli.inference_args import serving_settings
 
     if args.concurrency is None and args.arrival_rate is None:       # no load: the capacity under the SLO
         from shardlab.cli.capacity_cmds import plan_capacity
@@ -185,7 +186,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         return plan_capacity(args, spec, cluster, gpus, prec, engine)
     mode, load, words = _load(args)
     from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import case_kw
+    from shardlab.cli.inference_args import case_kw
 
     spec_kw = case_kw(args, spec, get_catalog(args.catalog))
     cases, meta, rejected, errors = [], [], {}, {}

@@ -14,7 +14,8 @@ def validate_inference(args):
     from shardlab.render.table import table
     from shardlab.serving.engines import FITTED, get_engine
     from shardlab.serving.rates import RATE_FIELDS, rates_for
-    from shardlab.validation.inference import GOALS, load_inference_runs, validate
+    from shardlab.validation.inference import load_inference_runs
+    from shardlab.validation.inference_loso import GOALS, validate
 
     from shardlab.cli.inference_cmds import finite
 
@@ -152,7 +153,8 @@ def one_inference_run(args):
 
     from shardlab.catalog import get_catalog
     from shardlab.render.table import kv_lines, table
-    from shardlab.validation.inference import load_inference_runs, run_case, run_mode, validate
+    from shardlab.validation.inference import load_inference_runs, run_case, run_mode
+    from shardlab.validation.inference_loso import validate
 
     from shardlab.cli.inference_cmds import finite
     from shardlab.cli.validate_cmd import find_run
