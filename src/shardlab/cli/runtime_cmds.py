@@ -353,7 +353,8 @@ def cmd_train(args):
 
 @reports_interrupt("run infer")
 def cmd_infer(args):
-    from shardlab.runtime.infer import InferRequest, render_infer, render_sweep, run_infer, run_sweep
+    from shardlab.runtime.infer import InferRequest, run_infer, run_sweep
+    from shardlab.runtime.infer_report import render_infer, render_sweep
 
     req = InferRequest(tp=args.tp, model=args.model, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                        strategy=args.strategy, seed=args.seed, timeout_s=args.timeout, device=args.device,
