@@ -124,6 +124,10 @@ def test_inference_validation_summary_in_readme():
     v = d["verdict"]
     targets = sum(1 for fam in d["leave_one_source_out"]["by_family"].values() for x in fam.values() if x["n"] >= v["family_min"])
     _assert_quoted("README.md", f"{targets - len(v['family_misses'])} of the {targets} family targets are met")
+    rows = json.loads(out)["rows"]
+    outside = [abs(r["error"]) for r in rows if r["target"] in ("load", "info") and r["error"] is not None]
+    _assert_quoted("README.md", f"a mean error of about {round(100 * sum(outside) / len(outside))}% over {len(outside)} "
+                   "informational measurements")
     ep, ep_loso = d["in_sample"]["expert_parallel"]["throughput"], d["leave_one_source_out"]["expert_parallel"]["throughput"]
     _assert_quoted("README.md", f"{ep['n']} throughput values of MoE models served with expert parallelism "
                    f"and data-parallel attention are predicted, never fitted: {f({'x': ep}, 'x')} mean error "
@@ -245,3 +249,21 @@ def test_inference_doc_run_detail_block():
     for name in ("ttft_s", "tpot_s"):
         printed = next(line for line in out.splitlines() if line.startswith(name + " "))
         assert printed in text.splitlines(), printed
+
+
+def test_disaggregation_figures_in_the_docs():
+    """docs/inference.md §8 and docs/capacity.md quote the 70B split against the aggregated winner (shardlab explain
+    disaggregation, the issue's question) and the two-pool simulation against the steady state."""
+    n = _json("explain", "disaggregation")["numbers"]
+    agg, dis = n["aggregated"], n["disaggregated"]
+    _assert_quoted("docs/inference.md", f"give {dis['goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU against "
+                   f"{agg['goodput_tokens_per_s_per_gpu']:,.0f} aggregated ({n['ratio']:.2f}×): a mixed step of the "
+                   f"aggregated winner takes {1e3 * agg['tpot_s']:.0f} ms where its decodes alone take "
+                   f"{1e3 * agg['decode_only_step_s']:.0f} ms")
+    _assert_quoted("docs/capacity.md", f"gives {n['ratio']:.2f}× the aggregated goodput")
+    d = _json("estimate", "llama-3.1-8b", "--inference", "--serve", "--tp", "2", "--prefill-tp", "1", "--disaggregated",
+              "4:4", "--arrival-rate", "28", "--prompt-len", "4000", "--output-len", "500", "--requests", "3000")
+    s, m = d["steady_state"], d["simulation"]
+    _assert_quoted("docs/inference.md", f"simulates a mean TPOT of {1e3 * m['tpot_s']['mean']:.1f} ms against the steady "
+                   f"state's {1e3 * s['tpot_s']:.1f} ms, and a mean TTFT of {1e3 * m['ttft_s']['mean']:.0f} ms against "
+                   f"{1e3 * s['ttft_s']:.0f} ms")
