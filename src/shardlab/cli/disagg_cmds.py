@@ -48,6 +48,41 @@ def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
     return make_disagg(pre, dec, *pools)
 
 
+def export_job(args, cat, spec):
+    """The LaunchJob of `export --to ENGINE --inference --disaggregated P:D`: the decode replicas' layout, the prefill
+    TP, each decode server's sequences (its KV capacity, or --max-num-seqs) and KV blocks from the serving model."""
+    from shardlab.cli.common import cluster_from_args
+    from shardlab.cli.inference_args import engine_from_args, precision_from_args
+    from shardlab.errors import ShardlabError
+    from shardlab.export.build import price_notes
+    from shardlab.export.job import LaunchJob, Pools, Serve
+    from shardlab.layout import Layout, validate
+
+    pools = parse_pools(args.disaggregated)
+    if args.gpus and args.gpus != sum(pools):
+        raise ShardlabError(f"--gpus {args.gpus} is not the pools' {pools[0]} + {pools[1]} GPUs of --disaggregated; "
+                            f"drop --gpus")
+    if args.pp != 1:
+        raise ShardlabError("--disaggregated with --pp > 1 is not modelled (each pool runs TP replicas): drop --pp")
+    cluster = cluster_from_args(args, cat, sum(pools))
+    prec = precision_from_args(args, cluster.accelerator)
+    to = getattr(args, "to", None)
+    if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
+        args.framework = to
+    engine = engine_from_args(args)
+    d = build(args, spec, cluster, prec, engine, cat, pools)
+    dec = d.decode
+    cap = min(dec.capacity, args.max_num_seqs or dec.capacity)
+    serve = Serve(cap, args.prompt_len, args.output_len, 1, kv_blocks=int(dec.blocks.num_blocks),
+                  gpu_memory_utilization=engine.gpu_memory_utilization,
+                  kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto", weights=prec.weights, ep=dec.ep,
+                  dp_attention=dec.attention_dp, pools=Pools(pools[0], pools[1], d.prefill.tp))
+    return LaunchJob(spec.name, validate(Layout(tp=dec.tp), spec), args.prompt_len + args.output_len, cap,
+                     "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
+                     gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
+                     serve=serve, notes=price_notes(cat, cluster.accelerator.id, getattr(args, "spot", False)))
+
+
 def aggregated_line(d, res: dict, rate: float) -> tuple[dict | None, str]:
     """The same GPUs serving the same rate aggregated (replicas of the decode pool's layout), steady state."""
     from shardlab.serving.steady import arrays, fluid
@@ -159,7 +194,9 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
         out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp,
                                 "layout": pre.layout_label},
                     "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp,
-                               "layout": dec.layout_label, "capacity_per_replica": dec.capacity},
+                               "layout": dec.layout_label, "capacity_per_replica": dec.capacity,
+                               "ep": dec.ep, "dp_attention": dec.attention_dp,
+                               "kv_blocks_per_gpu": int(dec.blocks.num_blocks)},
                     "gpus": gpus, "kv_transfer_s": d.kv_transfer_s, "kv_link": d.link,
                     "kv_transfer_bytes_per_rank": d.kv_transfer_bytes,
                     "max_request_rate": rate, "meets_slo": rate > 0,

@@ -35,7 +35,9 @@ def register(sub) -> None:
     add_estimate_args(p)
     g = p.add_argument_group("export")
     g.add_argument("--plan", metavar="FILE", help="a `shardlab plan --json` document: export its winner")
-    g.add_argument("--rank", type=positive_int, default=1, help="with --plan: which plan (1 = the winner)")
+    g.add_argument("--rank", type=positive_int, default=None,
+                   help="with --plan: which plan (1 = the best; default: the plan's winner, the best disaggregated "
+                        "layout where a serving plan's comparison says splitting prefill and decode wins)")
     add_export_file_args(g)
     g.add_argument("--spot", action="store_true", help="skypilot: ask for spot instances (and price them so)")
     add_assumption_args(p)
@@ -76,6 +78,10 @@ def job_from_args(args, cat):
             raise ShardlabError("export needs a model's shapes: give MODEL, not --params")
         from shardlab.cli.inference_args import case_kw, replica_gpus
 
+        if getattr(args, "disaggregated", None):
+            from shardlab.cli.disagg_cmds import export_job
+
+            return export_job(args, cat, spec)
         group = replica_gpus(args)
         gpus = args.gpus or group
         if gpus % group:
@@ -282,7 +288,7 @@ def with_export(fn):
         cat = _catalog(args)
         plan = json.loads(json.dumps(doc, default=str))
         spec = cat.model(args.model) if getattr(args, "model", None) else None
-        job = job_from_plan(plan, cat, 1, spec)
+        job = job_from_plan(plan, cat, None, spec)      # the winner: disaggregated where the comparison says so
         job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
         if not args.out and os.path.lexists(out) and not args.force:

@@ -100,12 +100,19 @@ def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
     return job
 
 
-def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
-    """The ``rank``-th plan (1 = the winner) of a ``shardlab plan --json`` document. The model is ``spec`` when
-    given, else the document's ``model_ref`` (a file or hf: id) or its catalog ``model``."""
+def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> LaunchJob:
+    """The ``rank``-th plan (1 = the best) of a ``shardlab plan --json`` document; without ``rank``, the plan's
+    winner: the best disaggregated layout where a serving plan's ``comparison`` says splitting the phases wins, else
+    the first plan. The model is ``spec`` when given, else the document's ``model_ref`` (a file or hf: id) or its
+    catalog ``model``."""
     plans = doc.get("plans") if isinstance(doc, dict) else None
     if not plans or "model" not in doc:
         raise ShardlabError("--plan FILE must be the output of `shardlab plan --json` (it has no plans)")
+    comp = doc.get("comparison")
+    if rank is None and isinstance(comp, dict) and comp.get("winner") == "disaggregated" and doc.get("disaggregated"):
+        spec = spec or plan_model(doc, catalog)
+        return _disagg_job(doc, doc["disaggregated"][0], spec, catalog)
+    rank = rank or 1
     if not 1 <= rank <= len(plans):
         raise ShardlabError(f"--rank {rank}: the plan file lists {len(plans)} plan(s)")
     p = plans[rank - 1]
@@ -146,6 +153,32 @@ def job_from_plan(doc: dict, catalog, rank: int = 1, spec=None) -> LaunchJob:
                      acc.id, gpn, framework=_framework_id(fw), notes=notes,
                      grad_reduce_bytes=red if red in (2, 4) else None,
                      dropout=(doc.get("assumptions") or {}).get("dropout") is True)
+
+
+def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
+    """The job of a capacity search's disaggregated layout (``plan --inference --serve``'s ``disaggregated``)."""
+    from shardlab.export.job import Pools
+
+    acc = catalog.accelerator(doc["gpu"])
+    gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
+    pre, dec = p["prefill"], p["decode"]
+    for name, v in (("prefill.gpus", pre["gpus"]), ("prefill.tp", pre["tp"]), ("decode.gpus", dec["gpus"]),
+                    ("decode.tp", dec["tp"]), ("decode.capacity_per_replica", dec["capacity_per_replica"]),
+                    ("decode.ep", dec.get("ep", 1)), ("decode.dp_attention", dec.get("dp_attention", 1))):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ShardlabError(f"--plan FILE: disaggregated {name} must be a positive whole number; export the plan "
+                                f"again with `shardlab plan --json`")
+    sv = _serving_settings(doc.get("serving"))
+    cap = min(dec["capacity_per_replica"], sv["max_num_seqs"] or dec["capacity_per_replica"])
+    blocks = dec.get("kv_blocks_per_gpu")
+    serve = Serve(max_num_seqs=cap, prompt_len=doc["prompt_len"], output_len=doc["output_len"], replicas=1,
+                  kv_blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
+                  gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
+                  weights=sv["weights"], ep=dec.get("ep", 1), dp_attention=dec.get("dp_attention", 1),
+                  pools=Pools(pre["gpus"], dec["gpus"], pre["tp"]))
+    return LaunchJob(spec.name, Layout(tp=dec["tp"]), doc["prompt_len"] + doc["output_len"], cap,
+                     "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed", gpu=acc.id, gpus_per_node=gpn,
+                     framework="vllm", serve=serve, notes={"step_time_s": None, **price_notes(catalog, acc.id)})
 
 
 def _cluster(catalog, gpu: str, gpus: int, gpn: int):

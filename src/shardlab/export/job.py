@@ -48,6 +48,26 @@ class Serve:
     """Expert-parallel GPUs of a replica (``serving.moe``; 1: experts TP-sliced)."""
     dp_attention: int = 1
     """Data-parallel attention ranks of a replica (each of TP ``layout.tp``), sharing its ep GPUs' experts."""
+    pools: "Pools | None" = None
+    """Disaggregated prefill/decode (``serving.disagg``): the two pools; None: every replica runs both phases."""
+
+
+@dataclass(frozen=True)
+class Pools:
+    """A disaggregated job's two pools of whole replicas. The decode replicas are the job's layout (TP
+    ``layout.tp`` × the MoE layout's attention ranks); the prefill replicas have their own TP."""
+
+    prefill_gpus: int
+    """GPUs of the prefill pool (a whole number of prefill replicas)."""
+    decode_gpus: int
+    """GPUs of the decode pool (a whole number of decode replicas)."""
+    prefill_tp: int
+    """TP of each prefill replica."""
+
+    @property
+    def label(self) -> str:
+        """The pools as `--disaggregated` takes them: 'P:D'."""
+        return f"{self.prefill_gpus}:{self.decode_gpus}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,8 @@ class LaunchJob:
 
     @property
     def gpus(self) -> int:
+        if self.serve is not None and self.serve.pools is not None:
+            return self.serve.pools.prefill_gpus + self.serve.pools.decode_gpus
         if self.serve is not None:
             return self.layout.tp * self.layout.pp * self.serve.dp_attention * self.serve.replicas
         return self.layout.world_size
@@ -196,7 +218,13 @@ def recipe_notes(offload, lora_rank, quantize_base) -> dict:
 def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     lay = job.layout
-    what = (f"serve {job.model}: {job.serve.replicas} replica(s) of "
+    pools = job.serve.pools if job.serve else None
+    what = (f"serve {job.model} disaggregated: a prefill pool of {pools.prefill_gpus} GPUs (replicas of TP "
+            f"{pools.prefill_tp}) and a decode pool of {pools.decode_gpus} GPUs (replicas of TP {lay.tp}"
+            + (f" × {job.serve.dp_attention} attention ranks, EP {job.serve.ep}" if job.serve.dp_attention > 1 else
+               f", EP {job.serve.ep}" if job.serve.ep > 1 else "") + f") on {job.gpu}, the KV cache sent from one to the other"
+            if pools else
+            f"serve {job.model}: {job.serve.replicas} replica(s) of "
             + (f"EP {job.serve.ep} ({job.serve.dp_attention} data-parallel attention ranks of TP {lay.tp})"
                if job.serve.dp_attention > 1 else f"TP {lay.tp} × PP {lay.pp}"
                + (f", EP {job.serve.ep}" if job.serve.ep > 1 else "")) + f" on {job.gpu}"

@@ -62,6 +62,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
 
 
 def render(job: LaunchJob, spec) -> Export:
+    if job.serve is not None and job.serve.pools is not None:
+        from shardlab.export import pd_engines
+
+        return pd_engines.render_sglang(job)
     repo, pairs, uns = arg_list(job)
     flags = dict(pairs)
     require_valid("sglang", flags)
@@ -76,6 +80,15 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab.export import pd_engines
+
+    if pd_engines.is_disaggregated(text):
+        return pd_engines.read("sglang", text)
+    return read_one(text, catalog)
+
+
+def read_one(text: str, catalog=None) -> Imported:
+    """One server's line (a disaggregated script's instances are read one by one, ``export.pd_engines``)."""
     words = split_command(text)
     if not any("sglang.launch_server" in w for w in words):
         raise ShardlabError("no `python -m sglang.launch_server ...` line found")

@@ -81,6 +81,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], dict, list[
 
 
 def render(job: LaunchJob, spec) -> Export:
+    if job.serve is not None and job.serve.pools is not None:
+        from shardlab.export import pd_engines
+
+        return pd_engines.render_trtllm(job)
     repo, pairs, options, uns = arg_list(job)
     require_valid("tensorrt-llm", dict(pairs))
     bad = check_options(options)
@@ -100,6 +104,15 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab.export import pd_engines
+
+    if pd_engines.is_disaggregated(text):
+        return pd_engines.read("tensorrt-llm", text)
+    return read_one(text, catalog)
+
+
+def read_one(text: str, catalog=None) -> Imported:
+    """One server's line (a disaggregated script's instances are read one by one, ``export.pd_engines``)."""
     words = split_command(_HEREDOC.sub("", text))
     if "trtllm-serve" not in words:
         raise ShardlabError("no `trtllm-serve MODEL ...` line found")

@@ -61,6 +61,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
 
 
 def render(job: LaunchJob, spec) -> Export:
+    if job.serve is not None and job.serve.pools is not None:
+        from shardlab.export import pd_engines
+
+        return pd_engines.render_vllm(job)
     repo, pairs, uns = arg_list(job)
     require_valid("vllm", dict(pairs))
     s = job.serve
@@ -75,6 +79,15 @@ def render(job: LaunchJob, spec) -> Export:
 
 
 def read(text: str, catalog) -> Imported:
+    from shardlab.export import pd_engines
+
+    if pd_engines.is_disaggregated(text):
+        return pd_engines.read("vllm", text)
+    return read_one(text, catalog)
+
+
+def read_one(text: str, catalog=None) -> Imported:
+    """One server's line (a disaggregated script's instances are read one by one, ``export.pd_engines``)."""
     words = split_command(text)
     if "serve" in words and any(w.endswith("vllm") for w in words[:words.index("serve")]):
         i = words.index("serve")
