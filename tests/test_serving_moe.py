@@ -186,8 +186,57 @@ def test_mtp_draft_is_deepseeks_moe_block():
         draft_spec(CAT.model("llama-3.1-8b"), "mtp", CAT)
 
 
-@pytest.mark.parametrize("flags", [["--ep", "16", "--dp-attention"], ["--disaggregated", "8:8"], ["--two-batch-overlap"]])
-def test_plan_refuses_the_layout_flags_it_does_not_search(flags):
-    code, out, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
-                              "--concurrency", "64", *flags)
-    assert code == 2 and err.count("\n") == 1 and "shardlab estimate" in err
+@pytest.mark.parametrize("flags,serve", [(["--ep", "16", "--dp-attention"], True), (["--disaggregated", "8:8"], True),
+                                         (["--two-batch-overlap"], False)])
+def test_plan_refuses_the_layout_flags_it_searches_itself(flags, serve):
+    code, out, err = cli_main("plan", "deepseek-v3", "--inference", *(["--serve", "--concurrency", "64"] if serve else []),
+                              "--gpus", "16", "--gpu", "h200", *flags)
+    assert code == 2 and err.count("\n") == 1 and ("shardlab estimate" in err or "add --serve" in err)
+
+
+def test_a_token_runs_each_expert_it_reaches_on_one_row():
+    """At batch 1 the routed experts' GEMMs have M = 1 per touched expert (not k/E of a row on every expert): the
+    decode step of one sequence is no slower than that of sixteen."""
+    c = prepare(DS, cluster("h200", 16), get_engine("vllm"), tp=1, ep=16, dp_attention=True, prompt_len=1000,
+                output_len=1000)
+    m, k = c.whole, c.kernels
+    one, many = (step_parts(m, k, d, d * 1500.0, 0.0, 0.0, d)["step_s"] for d in (1.0, 16.0))
+    assert float(one) <= float(many)
+
+
+def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
+    out = tmp_path / "ds.sh"
+    code, doc, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                              "--prompt-len", "1000", "--output-len", "1000", "--ttft-slo", "2", "--tpot-slo", "0.05",
+                              "--export", "sglang", "--out", str(out), "--json")
+    assert code == 0, err
+    d = json.loads(doc)
+    best = d["plans"][0]
+    assert (best["ep"], best["dp_attention"], best["tp"], best["gpus_per_replica"]) == (16, 16, 1, 16)
+    assert {(p["ep"], p["dp_attention"]) for p in d["plans"]} >= {(16, 16), (1, 1)}     # TP-sliced experts beside
+    tp_sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["ep"] == 1)
+    assert best["goodput_tokens_per_s_per_gpu"] > 2 * tp_sliced
+    assert d["capacity"]["layout"]["dp_attention"] == 16 and any(q["dp_attention"] == 16 for q in d["pareto"])
+    text = out.read_text()
+    assert "--enable-dp-attention" in text and "--ep-size 16" in text
+    code, back, err = cli_main("estimate", "--from", str(out), "--gpu", "h200", "--json")
+    assert code == 0, err
+    assert (json.loads(back)["ep"], json.loads(back)["dp_attention"]) == (16, 16)
+    code, txt, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                              "--prompt-len", "1000", "--output-len", "1000", "--concurrency", "256", "--wide")
+    assert code == 0, err
+    assert "EP (attn DP)" in txt and "16 (16)" in txt
+    code, txt, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "2", "--concurrency", "8")
+    assert code == 0 and "EP (attn DP)" not in txt                                   # dense: no such column
+
+
+def test_html_page_draws_the_experts_per_gpu(tmp_path):
+    page = tmp_path / "ds.html"
+    code, _, err = cli_main("estimate", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200", "--ep",
+                            "16", "--dp-attention", "--redundant-experts", "32", "--concurrency", "64", "--html",
+                            str(page))
+    assert code == 0, err
+    html = page.read_text()
+    assert "Experts per GPU" in html and "EP 16 (16 attention ranks of TP 1)" in html
+    assert html.count("<title>routed expert ") == 256 and html.count("<title>redundant slot") == 32
+    assert html.count("GPU 15 (node 1)") == 1                     # 16 boxes over two nodes of 8

@@ -6,7 +6,17 @@ from __future__ import annotations
 import math
 
 from shardlab.cli.capacity_text import _capacity_text, _slo_words
-from shardlab.cli.serve_cmds import _candidates
+from shardlab.cli.serve_cmds import _candidates, moe_kw
+
+
+def _key(m) -> tuple:
+    """A layout's identity without its max-num-seqs: (tp, pp, ep, attention ranks)."""
+    return (m[0], m[1], m[4], m[5])
+
+
+def _gpr(m) -> int:
+    """GPUs of one replica of a layout: tp × pp × attention ranks."""
+    return m[0] * m[1] * m[5]
 
 
 # ---- capacity under SLOs: `plan --inference --serve --ttft-slo S [--tpot-slo S]` with no load ---------------------
@@ -38,15 +48,16 @@ class _Pool:
 
         idx, meta, rejected, errors = [], [], {}, {}
         no_room = "no room for one sequence's KV cache"
-        for tp, pp, cap in _candidates(self.spec, self.cluster, gpus, self.engine):
+        for tp, pp, cap, ep, dpa in _candidates(self.spec, self.cluster, gpus, self.engine,
+                                                self.spec_kw.get("redundant_experts") or 0):
             if default_cap and cap != self.engine.for_gpu(self.cluster.accelerator).max_num_seqs:
                 continue
-            key = (tp, pp, cap)
+            key = (tp, pp, cap, ep, dpa)
             if key not in self.by_key:
                 try:
                     c = prepare(self.spec, self.cluster, self.engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp,
                                 precision=self.prec, prompt_len=self.args.prompt_len, output_len=self.args.output_len,
-                                prefix_hit_rate=self.args.prefix_hit_rate, **self.spec_kw)
+                                prefix_hit_rate=self.args.prefix_hit_rate, **moe_kw(self.spec_kw, ep, dpa))
                 except ShardlabError as e:
                     self.by_key[key] = e
                 else:
@@ -60,7 +71,7 @@ class _Pool:
                 rejected[no_room] = rejected.get(no_room, 0) + 1
             else:
                 idx.append(v)
-                meta.append((tp, pp, gpus // (tp * pp), cap))
+                meta.append((tp, pp, gpus // (tp * pp * dpa), cap, ep, dpa))
         return idx, meta, rejected, errors
 
     def fluid_caps(self, idx) -> None:
@@ -124,13 +135,13 @@ def _capacity_at(pool, gpus: int):
     keep = []
     for j in sorted(range(len(idx)), key=lambda j: -meta[j][3]):
         rate, _, _, at = pool.fluid[idx[j]]
-        same = kept.setdefault(meta[j][:2], [])
+        same = kept.setdefault(_key(meta[j]), [])
         if not any(abs(rate - r) <= 1e-3 * max(r, 1e-12) and abs(at["tpot_s"] - t) <= 1e-3 * t for r, t in same):
             same.append((rate, at["tpot_s"]))
             keep.append(j)
     keep.sort()
     idx, meta = [idx[j] for j in keep], [meta[j] for j in keep]
-    gpr = np.array([m[0] * m[1] for m in meta], dtype=float)
+    gpr = np.array([_gpr(m) for m in meta], dtype=float)
     cap = pool.capacity_arrays(idx)
     a = arrays([pool.cases[i] for i in idx])
     notes = []
@@ -143,9 +154,9 @@ def _capacity_at(pool, gpus: int):
         pick: dict = {}
         for k in (pareto_front(*_xy(sw50), rel_tol=FRONT_TOL) if len(sw50.case) else []):
             j = int(sw50.case[k])
-            old = pick.get(meta[j][:2])
+            old = pick.get(_key(meta[j]))
             if old is None or rate[j] > rate[old]:
-                pick[meta[j][:2]] = j
+                pick[_key(meta[j])] = j
         sims, cut = pool.refine(idx, gpr, must=sorted(pick.values()))
         rate = np.array([sims[j].request_rate_per_replica if j in sims else 0.0 for j in range(len(idx))])
         # a rate known to meet the p99 targets draws the front; only a settled one ranks
@@ -156,9 +167,9 @@ def _capacity_at(pool, gpus: int):
     # same curve sooner: below its saturation the sequences in flight, so the latencies, do not depend on it)
     lead: dict = {}
     for j in range(len(idx)):
-        k = lead.get(meta[j][:2])
+        k = lead.get(_key(meta[j]))
         if k is None or (rate[j], meta[j][3]) > (rate[k], meta[k][3]):
-            lead[meta[j][:2]] = j
+            lead[_key(meta[j])] = j
     sw = sweep(a, np.where(np.isin(np.arange(len(idx)), list(lead.values())), rate, 0.0), gpr)
     front = pareto_front(*_xy(sw), rel_tol=FRONT_TOL) if len(sw.case) else np.zeros(0, dtype=int)
     lightest = cap.saturation_rate_per_replica * (1 - 1e-6) * 1e-4
@@ -176,12 +187,13 @@ def _capacity_at(pool, gpus: int):
     # layouts not simulated (by their p50 bound); then those meeting it at no load, nearest miss first
     plans.sort(key=lambda p: (0 if p["meets_slo"] else 1 if p["meets_slo"] is None else 2,
                               -(p["goodput_tokens_per_s_per_gpu"] or 0), p.get("slo_ratio", 0.0),
-                              -(p["max_request_rate_mean"] / (p["tp"] * p["pp"])), p["tpot_s"], p["tp"] * p["pp"]))
+                              -(p["max_request_rate_mean"] / p["gpus_per_replica"]), p["tpot_s"], p["gpus_per_replica"]))
     by_j = {p["_j"]: p for p in plans}
     pareto = []
     for k in front:
         p = by_j[int(sw.case[k])]
-        pareto.append({"tp": p["tp"], "pp": p["pp"], "replicas": p["replicas"], "max_num_seqs": p["max_num_seqs"],
+        pareto.append({"tp": p["tp"], "pp": p["pp"], "ep": p["ep"], "dp_attention": p["dp_attention"],
+                       "replicas": p["replicas"], "max_num_seqs": p["max_num_seqs"],
                        "request_rate": float(sw.request_rate_per_replica[k]) * p["replicas"],
                        "concurrency": float(sw.request_rate_per_replica[k] * sw.e2e_s[k]) * p["replicas"],
                        "in_flight_per_replica": float(sw.in_flight_per_replica[k]),
@@ -199,7 +211,8 @@ def _capacity_plan(c, meta, j: int, i: int, rate: float, upper: float, cap, sc, 
     """One layout's plan entry at its capacity: the keys of a loaded plan's entries (evaluated at the capacity) and
     the capacity's (``j``: its place in ``cap`` and ``res``, ``i``: its case in the pool). ``unsimulated``: its p99
     capacity is not settled; it lies in [``rate``, ``upper``)."""
-    tp, pp, r, mns = meta
+    tp, pp, r, mns, ep, dpa = meta
+    gpr = tp * pp * dpa
     stat_rate = None if unsimulated else float(rate)
     if sc is not None and sc.request_rate_per_replica > 0:   # simulated: the target the next rate tried missed
         binds, stat = (sc.binds, "p99") if sc.binds else (str(cap.binds[j]), "p50")
@@ -207,13 +220,14 @@ def _capacity_plan(c, meta, j: int, i: int, rate: float, upper: float, cap, sc, 
         binds, stat = str(cap.binds[j]), "p50"
     if binds == "saturation":                             # full replicas: whatever the statistic
         stat = slo.percentile
-    p = {"tp": tp, "pp": pp, "replicas": r, "max_num_seqs": mns,
+    p = {"tp": tp, "pp": pp, "replicas": r, "max_num_seqs": mns, "ep": ep, "dp_attention": dpa,
+         "gpus_per_replica": gpr, "replica_layout": c.layout_label,
          "max_request_rate": None if stat_rate is None else stat_rate * r,
          "max_request_rate_per_replica": stat_rate,
          "max_request_rate_mean": float(cap.request_rate_per_replica[j]) * r,
          **({"max_request_rate_bounds": [float(rate) * r, float(upper) * r]} if unsimulated else {}),
          "saturation_rate": float(cap.saturation_rate_per_replica[j]) * r,
-         "goodput_tokens_per_s_per_gpu": None if stat_rate is None else stat_rate * O / (tp * pp),
+         "goodput_tokens_per_s_per_gpu": None if stat_rate is None else stat_rate * O / gpr,
          "binds": binds, "binds_statistic": stat,
          "capacity_statistic": ("mean" if slo.percentile == "p50" else
                                 "not simulated" if sc is None else
@@ -269,7 +283,7 @@ def _target_search(pool, rate: float, bound: int) -> tuple[int, int]:
             if total[j] > best[0]:
                 best = (float(total[j]), g)
             if total[j] >= rate and pool.slo.percentile == "p99":
-                gpr = np.array([m[0] * m[1] for m in meta], dtype=float)
+                gpr = np.array([_gpr(m) for m in meta], dtype=float)
                 before = len(pool.sims)
                 sims, _ = pool.refine(idx, gpr)
                 sim_layouts += len(pool.sims) - before
@@ -326,7 +340,7 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
             sim = simulate(case, arrival_rate=lam, requests=n, seed=args.seed, lifetime_s=life)
     stat_ttft = sim.ttft_s.p99 if (sim and slo.percentile == "p99") else best["ttft_s"]
     stat_tpot = sim.tpot_s.p99 if (sim and slo.percentile == "p99") else best["tpot_s"]
-    capacity = {"layout": {k: best[k] for k in ("tp", "pp", "replicas", "max_num_seqs")},
+    capacity = {"layout": {k: best[k] for k in ("tp", "pp", "ep", "dp_attention", "replicas", "max_num_seqs")},
                 "max_request_rate": best["max_request_rate"] if best["meets_slo"] else 0.0,
                 "max_request_rate_per_replica": best["max_request_rate_per_replica"] if best["meets_slo"] else 0.0,
                 "max_concurrency": (best["max_request_rate"] * best["e2e_s"]) if best["meets_slo"] else 0.0,

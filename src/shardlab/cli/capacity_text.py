@@ -16,7 +16,18 @@ def _slo_words(slo) -> str:
 
 
 def _plan_label(p: dict) -> str:
+    if p.get("ep", 1) > 1:
+        from shardlab.cli.serve_cmds import layout_words
+
+        return f"{layout_words(p)} × {p['replicas']}, max seqs {p['max_num_seqs']}"
     return f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}, max seqs {p['max_num_seqs']}"
+
+
+def _replicas_words(lay: dict) -> str:
+    """'N replica(s) of LAYOUT, max-num-seqs M' of the capacity's layout."""
+    from shardlab.cli.serve_cmds import layout_words
+
+    return f"{lay['replicas']} replica(s) of {layout_words(lay)}, max-num-seqs {lay['max_num_seqs']}"
 
 
 def _thin(points: list, n: int) -> list:
@@ -44,7 +55,10 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
 
     plans, cap, pareto = doc["plans"], doc["capacity"], doc["pareto"]
     best = plans[0]
-    rows = [[p["tp"], p["pp"], p["replicas"], p["max_num_seqs"],
+    from shardlab.cli.serve_cmds import _ep_cell
+
+    moe_cols = any(p.get("ep", 1) > 1 for p in plans)
+    rows = [[p["tp"], p["pp"], *([_ep_cell(p)] if moe_cols else []), p["replicas"], p["max_num_seqs"],
              _cap_cell(p),
              f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]),
              f"{p['goodput_tokens_per_s_per_gpu']:,.0f}" if p["goodput_tokens_per_s_per_gpu"] is not None else "—",
@@ -60,8 +74,7 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
     if "target" in doc:
         t = doc["target"]
         head.insert(1, f"target: {t['rate']:g} requests/s within the SLO needs {t['gpus']:,} GPUs ("
-                       f"{lay['replicas']} replica(s) of TP {lay['tp']} × PP {lay['pp']}, max-num-seqs "
-                       f"{lay['max_num_seqs']}): capacity {_rate(t['capacity_request_rate'])} requests/s, headroom "
+                       f"{_replicas_words(lay)}): capacity {_rate(t['capacity_request_rate'])} requests/s, headroom "
                        f"{100 * (t['headroom'] or 0):.0f}%"
                        + (f"; {t['next_smaller_count']:,} GPUs serve less" if t.get("next_smaller_count") else ""))
     binds = {"ttft": "the TTFT target binds", "tpot": "the TPOT target binds",
@@ -71,8 +84,7 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
                   "binds)")
     stat = "p99" if slo.percentile == "p99" else "mean"
     if best["meets_slo"]:
-        rec = [f"recommended: {lay['replicas']} replica(s) of TP {lay['tp']} × PP {lay['pp']}, max-num-seqs "
-               f"{lay['max_num_seqs']}: up to {_rate(cap['max_request_rate'])} requests/s over all replicas "
+        rec = [f"recommended: {_replicas_words(lay)}: up to {_rate(cap['max_request_rate'])} requests/s over all replicas "
                f"({_rate(cap['max_request_rate_per_replica'])} per replica), {cap['output_tokens_per_s']:,.0f} output "
                f"tokens/s = {cap['goodput_tokens_per_s_per_gpu']:,.0f} per GPU; {binds}",
                f"  at that rate: {stat} TTFT {_with_ms(cap['ttft_s'])}, {stat} TPOT {_with_ms(cap['tpot_s'])}, "
@@ -103,7 +115,7 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
 
     return "\n".join([
         *head,
-        table(["tp", "pp", "replicas", "max seqs", "max req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "binds",
+        table(["tp", "pp", *(["EP (attn DP)"] if moe_cols else []), "replicas", "max seqs", "max req/s", "in flight", "TTFT ms", "TPOT ms", "tok/s/GPU", "binds",
                "KV blocks/GPU", "capacity"], rows),
         "", *rec, "", *front, "", *disagg_text(doc, args),
         *(f"note: {n}" for n in doc.get("notes", [])),

@@ -123,15 +123,19 @@ def plan_inference_cmd(args, catalog):
 
     check_serve_flags(args, plan=True)
     moe = [f for f, on in (("--ep", getattr(args, "ep", 1) != 1), ("--dp-attention", getattr(args, "dp_attention", False)),
-                           ("--expert-imbalance", getattr(args, "expert_imbalance", None) is not None),
-                           ("--redundant-experts", bool(getattr(args, "redundant_experts", None))),
-                           ("--two-batch-overlap", getattr(args, "two_batch_overlap", False)),
                            ("--disaggregated", bool(getattr(args, "disaggregated", None))),
                            ("--prefill-tp", getattr(args, "prefill_tp", None) is not None)) if on]
     if moe:
-        raise ShardlabError(f"{', '.join(moe)}: plan searches TP × PP replicas with TP-sliced experts (and, in the "
-                            f"capacity search, every prefill/decode split); price an expert-parallel or disaggregated "
-                            f"layout with `shardlab estimate --inference --serve` and these flags")
+        raise ShardlabError(f"{', '.join(moe)}: plan searches them (a MoE model's TP-sliced, TP-group and wide "
+                            f"expert-parallel layouts with data-parallel attention under --serve; in the capacity "
+                            f"search, every prefill/decode split); price one such layout with `shardlab estimate "
+                            f"--inference --serve` and these flags")
+    tuning = [f for f, on in (("--expert-imbalance", getattr(args, "expert_imbalance", None) is not None),
+                              ("--redundant-experts", bool(getattr(args, "redundant_experts", None))),
+                              ("--two-batch-overlap", getattr(args, "two_batch_overlap", False))) if on]
+    if tuning and not args.serve:
+        raise ShardlabError(f"{', '.join(tuning)}: the static-batch plan searches TP × PP replicas with TP-sliced "
+                            f"experts; add --serve to search expert-parallel layouts with these settings")
     if args.fix or args.objective in ("cost", "memory"):
         raise ShardlabError(f"{'--fix' if args.fix else '--objective ' + args.objective} applies to training plans; "
                             f"--inference plans rank by --objective throughput or latency over every TP × PP layout")

@@ -21,8 +21,11 @@ def _with_ms(s: float | None) -> str:
 
 def moe_doc(case) -> dict:
     """A serving JSON's MoE layout: ep, dp_attention (attention ranks), expert_imbalance, two_batch_overlap."""
+    moe = case.spec.moe
     return {"ep": case.ep, "dp_attention": case.attention_dp, "expert_imbalance": case.expert_imbalance,
-            "two_batch_overlap": bool(float(case.whole.a2a_overlap)), "redundant_experts": case.redundant_experts}
+            "two_batch_overlap": bool(float(case.whole.a2a_overlap)), "redundant_experts": case.redundant_experts,
+            "experts": moe.num_experts if moe else 0, "top_k": moe.top_k if moe else 0,
+            "gpus_per_node": case.cluster.gpus_per_node}
 
 
 def _load(args) -> tuple[int, float, str]:
@@ -157,15 +160,50 @@ class _Missing:
 _NO_SIM = _Missing()
 
 
-def _candidates(spec, cluster, gpus, engine):
+def _candidates(spec, cluster, gpus, engine, redundant: int = 0):
+    """(tp, pp, max-num-seqs, ep, attention DP ranks) of every replica layout of ``gpus`` GPUs. A MoE model adds,
+    beside its TP-sliced experts: experts whole over the TP group (ep = tp > 1), and wide expert parallelism with
+    data-parallel attention, N = ep GPUs per replica of N attention ranks of TP 1 (pp 1), N dividing the experts
+    (+ ``redundant`` slots), as SGLang, vLLM and TensorRT-LLM run DeepSeek and Qwen3 MoE (``serving.moe``)."""
     from shardlab.planner.space import tp_ok
 
     engine = engine.for_gpu(cluster.accelerator)                 # the cap the engine takes on this GPU, and below
     caps = sorted({engine.max_num_seqs} | {2**i for i in range(3, 12) if 2**i < engine.max_num_seqs}, reverse=True)
+    experts = spec.moe.num_experts + redundant if spec.moe is not None else 0
     for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node and tp_ok(spec, d)]:
         for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
+            moe = [(1, 1)] + ([(tp, 1)] if experts and tp > 1 and experts % tp == 0 else [])
+            for ep, dpa in moe:
+                for cap in caps:
+                    yield tp, pp, cap, ep, dpa
+    if experts:
+        for n in [d for d in range(2, gpus + 1) if gpus % d == 0 and experts % d == 0]:
             for cap in caps:
-                yield tp, pp, cap
+                yield 1, 1, cap, n, n
+
+
+def moe_kw(spec_kw: dict, ep: int, dpa: int) -> dict:
+    """``prepare``'s keywords for a searched MoE layout: the flags' settings (--expert-imbalance,
+    --two-batch-overlap, --redundant-experts) where the layout takes them."""
+    base = {k: v for k, v in spec_kw.items() if k not in ("ep", "dp_attention", "expert_imbalance",
+                                                           "two_batch_overlap", "redundant_experts")}
+    if ep == 1:
+        return base
+    return {**base, "ep": ep, "dp_attention": dpa > 1, "expert_imbalance": spec_kw.get("expert_imbalance"),
+            "two_batch_overlap": bool(spec_kw.get("two_batch_overlap")) and dpa > 1,
+            "redundant_experts": spec_kw.get("redundant_experts") or 0}
+
+
+def _ep_cell(p: dict) -> str:
+    """The EP column of a MoE plan table: 'EP (attention ranks)', or TP-sliced experts."""
+    return "— (TP experts)" if p.get("ep", 1) == 1 else f"{p['ep']} ({p.get('dp_attention', 1)})"
+
+
+def layout_words(p: dict) -> str:
+    """A plan entry's replica layout in words."""
+    if p.get("dp_attention", 1) > 1:
+        return f"EP {p['ep']} ({p['dp_attention']} attention ranks of TP {p['tp']})"
+    return f"TP {p['tp']} × PP {p['pp']}" + (f", EP {p['ep']}" if p.get("ep", 1) > 1 else "")
 
 
 def plan_serve(args, spec, cluster, gpus, prec, engine):
@@ -190,11 +228,11 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
 
     spec_kw = case_kw(args, spec, get_catalog(args.catalog))
     cases, meta, rejected, errors = [], [], {}, {}
-    for tp, pp, cap in _candidates(spec, cluster, gpus, engine):
+    for tp, pp, cap, ep, dpa in _candidates(spec, cluster, gpus, engine, spec_kw.get("redundant_experts") or 0):
         try:
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
                         prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
-                        **spec_kw)
+                        **moe_kw(spec_kw, ep, dpa))
         except ShardlabError as e:
             reject(rejected, errors, e)
             continue
@@ -202,7 +240,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
             rejected["no room for one sequence's KV cache"] = rejected.get("no room for one sequence's KV cache", 0) + 1
             continue
         cases.append(c)
-        meta.append((tp, pp, gpus // (tp * pp), cap))
+        meta.append((tp, pp, gpus // (tp * pp * dpa), cap, ep, dpa))
     if not cases:
         raise_common_error(errors, rejected, "no room")
         raise ShardlabError(f"no TP×PP layout of {gpus} × {cluster.accelerator.id} holds {spec.name} with a "
@@ -210,11 +248,12 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     reps = np.array([m[2] for m in meta], dtype=float)
     res = fluid(arrays(cases), np.full(len(cases), mode), load / reps)
     plans = []
-    for i, (c, (tp, pp, r, cap)) in enumerate(zip(cases, meta)):
+    for i, (c, (tp, pp, r, cap, ep, dpa)) in enumerate(zip(cases, meta)):
         ttft, tpot = float(res["ttft_s"][i]), float(res["tpot_s"][i])
         ok = not res["overloaded"][i] and (args.ttft_slo is None or ttft <= args.ttft_slo) \
             and (args.tpot_slo is None or tpot <= args.tpot_slo)
-        plans.append({"tp": tp, "pp": pp, "replicas": r, "max_num_seqs": cap, "in_flight_per_replica": float(res["in_flight"][i]),
+        plans.append({"tp": tp, "pp": pp, "replicas": r, "max_num_seqs": cap, "ep": ep, "dp_attention": dpa,
+                      "replica_layout": c.layout_label, "in_flight_per_replica": float(res["in_flight"][i]),
                       "ttft_s": ttft, "tpot_s": tpot, "e2e_s": float(res["e2e_s"][i]),
                       "output_tokens_per_s": float(res["output_tokens_per_s"][i]) * r,
                       "requests_per_s": float(res["requests_per_s"][i]) * r, "meets_slo": bool(ok),
@@ -224,7 +263,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
                       "weights_bytes_per_gpu": c.blocks.weights_bytes, "_case": c})
     seen, unique = set(), []
     for p in sorted(plans, key=lambda p: -p["max_num_seqs"]):      # a cap that does not bind repeats the default
-        sig = (p["tp"], p["pp"], round(p["ttft_s"], 6), round(p["tpot_s"], 6))
+        sig = (p["tp"], p["pp"], p["ep"], p["dp_attention"], round(p["ttft_s"], 6), round(p["tpot_s"], 6))
         if sig not in seen:
             seen.add(sig)
             unique.append(p)
@@ -232,7 +271,8 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     latency = args.objective == "latency"
     # meeting the SLO first; among layouts that miss it, the nearest miss (the largest measured/target ratio)
     key = (lambda p: (not p["meets_slo"], 0.0 if p["meets_slo"] else p["slo_ratio"],
-                      p["e2e_s"] if latency else -p["output_tokens_per_s"], -p["output_tokens_per_s"], p["tp"] * p["pp"]))
+                      p["e2e_s"] if latency else -p["output_tokens_per_s"], -p["output_tokens_per_s"],
+                      p["tp"] * p["pp"] * p["dp_attention"]))
     plans.sort(key=key)
     best = plans[0]
     sim = simulate(best["_case"], concurrency=None if mode == 2 else max(1, round(load / best["replicas"])),
@@ -247,7 +287,9 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),
            "rejected": rejected, "plans": top, "best_simulated": sim.to_dict()}
-    rows = [[p["tp"], p["pp"], p["replicas"], p["max_num_seqs"], f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]),
+    moe_cols = any(p["ep"] > 1 for p in top)             # MoE layouts searched: the EP and attention ranks shown
+    rows = [[p["tp"], p["pp"], *([_ep_cell(p)] if moe_cols else []), p["replicas"], p["max_num_seqs"],
+             f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]),
              _ms(p["tpot_s"]), f"{p['output_tokens_per_s']:,.0f}", f"{p['kv_blocks_per_gpu']:,}", f"{p['capacity_per_replica']:,}",
              "yes" if p["meets_slo"] else "no"] for p in top]
     slo_words = ", ".join(f"{n} ≤ {1e3 * v:g} ms" for n, v in (("TTFT", args.ttft_slo), ("TPOT", args.tpot_slo)) if v) or "none"
@@ -255,10 +297,10 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         f"shardlab plan --inference --serve: {spec.name} on {gpus} × {cluster.accelerator.id} ({engine.id}, {prec.label})",
         f"workload: {words} over all replicas, prompt {args.prompt_len} + output {args.output_len} tokens; SLO: {slo_words}; "
         f"objective: {'lowest request latency' if latency else 'most output tokens/s'} under the SLO",
-        table(["tp", "pp", "replicas", "max seqs", "in flight", "TTFT ms", "TPOT ms", "tokens/s", "KV blocks/GPU",
-               "capacity", "SLO"], rows),
+        table(["tp", "pp", *(["EP (attn DP)"] if moe_cols else []), "replicas", "max seqs", "in flight", "TTFT ms",
+               "TPOT ms", "tokens/s", "KV blocks/GPU", "capacity", "SLO"], rows),
         "",
-        f"recommended: {best['replicas']} replica(s) of TP {best['tp']} × PP {best['pp']}, max-num-seqs {best['max_num_seqs']}: "
+        f"recommended: {best['replicas']} replica(s) of {layout_words(best)}, max-num-seqs {best['max_num_seqs']}: "
         f"TTFT {_with_ms(best['ttft_s'])}, TPOT {_with_ms(best['tpot_s'])}, {best['output_tokens_per_s']:,.0f} output tokens/s "
         f"({best['requests_per_s']:,.2f} requests/s)" + _miss(best),
         f"  each GPU allocates {best['kv_blocks_per_gpu']:,} KV blocks of {best['kv_block_size']} tokens "

@@ -129,10 +129,15 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
         blocks = p.get("kv_blocks") or p.get("kv_blocks_per_gpu") or kv_blocks(spec, cluster, p["tp"], p["pp"], per,
                                                                                doc["prompt_len"], doc["output_len"])
         sv = _serving_settings(doc.get("serving"))
+        ep, dpa = p.get("ep", 1), p.get("dp_attention", 1)     # a MoE layout the serving search picked
+        for name, v in (("ep", ep), ("dp_attention", dpa)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ShardlabError(f"--plan FILE: {name} must be a positive whole number; export the plan again with "
+                                    f"`shardlab plan --json`")
         serve = Serve(max_num_seqs=min(per, sv["max_num_seqs"] or per), prompt_len=doc["prompt_len"],
                       output_len=doc["output_len"], replicas=p["replicas"], kv_blocks=blocks,
                       gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
-                      weights=sv["weights"])
+                      weights=sv["weights"], ep=ep, dp_attention=dpa)
         prec = "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed"
         return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
                          gpus_per_node=gpn, framework="vllm", serve=serve,

@@ -315,7 +315,11 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     # the token dimension M of each GEMM sets its share of the large-shape rate, M / (M + m_half): the compute side
     # is flops × (M + m_half) / M; a routed expert's M is its T·k/E tokens (uniform routing)
     half = m.gemm_half_tokens
-    per_expert = np.maximum(group_tokens * m.expert_share * m.expert_imbalance, 1e-9)   # the busiest rank's experts
+    # the busiest rank's experts: T·k/E × imbalance tokens each on average, but an expert that runs runs at least one
+    # row: the GEMMs' M is the tokens per *touched* expert (a batch of one token runs k experts at M = 1, not all E at
+    # M = k/E), the touched share 1 − (1 − k/E)^T as for the bytes above
+    touched_share = np.maximum(1.0 - (1.0 - m.expert_share) ** group_tokens, 1e-12)
+    per_expert = np.maximum(group_tokens * m.expert_share * m.expert_imbalance / touched_share, 1e-9)
     dense_m = np.maximum(tokens, 1e-9)
     linear = (np.maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                          tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)

@@ -24,14 +24,22 @@ def _n(v) -> str:
     return f"{v:,.0f}" if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= 1000 else num(v)
 
 
-def _layout(p: dict) -> str:
+def _replicas(p: dict) -> str:
+    """'N replica(s)' of a layout in words: TP × PP, or the MoE layout the serving search picked."""
     reps = p.get("replicas", 1)
-    return (f"TP {p['tp']} × PP {p['pp']} × {reps} replica{'s' if reps != 1 else ''}, max-num-seqs "
-            f"{p['max_num_seqs']:,}")
+    if p.get("dp_attention", 1) > 1:
+        what = f"EP {p['ep']} ({p['dp_attention']} attention ranks of TP {p['tp']})"
+    else:
+        what = f"TP {p['tp']} × PP {p['pp']}" + (f", EP {p['ep']}" if p.get("ep", 1) > 1 else "")
+    return f"{what} × {reps} replica{'s' if reps != 1 else ''}"
+
+
+def _layout(p: dict) -> str:
+    return f"{_replicas(p)}, max-num-seqs {p['max_num_seqs']:,}"
 
 
 def _same_layout(p: dict, lay: dict) -> bool:
-    return all(p.get(k) == lay.get(k) for k in ("tp", "pp", "replicas", "max_num_seqs"))
+    return all(p.get(k, 1) == lay.get(k, 1) for k in ("tp", "pp", "ep", "dp_attention", "replicas", "max_num_seqs"))
 
 
 def pareto_chart(points: Sequence[dict], winner: dict | None) -> str:
@@ -42,8 +50,7 @@ def pareto_chart(points: Sequence[dict], winner: dict | None) -> str:
     W = svg.W
     series: dict[str, list[dict]] = {}
     for p in points:                                  # one series per TP × PP × replicas (caps in the tooltips)
-        reps = p.get("replicas", 1)
-        series.setdefault(f"TP {p['tp']} × PP {p['pp']} × {reps} replica{'s' if reps != 1 else ''}", []).append(p)
+        series.setdefault(_replicas(p), []).append(p)
     items = [(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(series)]
     extra = 18 * (svg.legend_rows(items) - 1)
     x0, x1, top, h = 78, W - 24, 34 + extra, 400 + extra

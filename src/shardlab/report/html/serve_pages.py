@@ -50,7 +50,9 @@ def _percentiles(sim: dict | None, replicas: int = 1) -> str:
 
 
 def serve_estimate_page(doc: dict) -> Page:
-    page = Page(f"shardlab estimate --inference --serve: {doc['model']} on TP {doc['tp']} × PP {doc['pp']} {doc['gpu']}",
+    where = (f"EP {doc['ep']} ({doc['dp_attention']} attention ranks of TP {doc['tp']})" if doc.get("dp_attention", 1) > 1
+             else f"TP {doc['tp']} × PP {doc['pp']}" + (f", EP {doc['ep']}" if doc.get("ep", 1) > 1 else ""))
+    page = Page(f"shardlab estimate --inference --serve: {doc['model']} on {where} {doc['gpu']}",
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
     ss = doc.get("steady_state") or {}
@@ -69,6 +71,10 @@ def serve_estimate_page(doc: dict) -> Page:
         ("requests/s", num(ss.get("requests_per_s"))), ("in flight", num(ss.get("in_flight"))),
         ("queueing", unbounded if over else _ms(ss.get("queue_s"))), ("overloaded", "yes" if over else "no")]))
     page.add("simulation", "Simulated percentiles", _percentiles(doc.get("simulation")))
+    if doc.get("ep", 1) > 1 and doc.get("experts"):
+        from shardlab.report.html.experts import experts_svg
+
+        page.add("experts", "Experts per GPU", experts_svg(doc, doc["tp"], doc.get("gpus_per_node") or 8))
     kv = doc.get("kv_blocks") or {}
     if kv.get("capacity_bytes"):
         cats = [(name, PALETTE[i]) for i, name in enumerate(("weights", "activations", "other", "KV cache", "held back"))]
@@ -106,7 +112,9 @@ def serve_plan_page(doc: dict) -> Page:
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}, {esc(targets)}, objective {esc(doc['objective'])}; estimates")
     plans = doc.get("plans") or []
-    rows = [[f"TP {p['tp']} × PP {p['pp']} × {p['replicas']} replica{'s' if p['replicas'] > 1 else ''}",
+    from shardlab.report.html.capacity_page import _replicas
+
+    rows = [[_replicas(p),
              f"{p['max_num_seqs']:,}", num(p.get("capacity_per_replica")), num(p["in_flight_per_replica"]),
              _ms(p["ttft_s"]), _ms(p["tpot_s"]), num(p["output_tokens_per_s"]), f"{p['kv_blocks_per_gpu']:,}",
              "yes" if p.get("meets_slo") else "no"] for p in plans]
