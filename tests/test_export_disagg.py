@@ -119,3 +119,31 @@ def test_a_script_without_its_router_lists_is_one_line(tmp_path):
                               and "--decoder" not in x))
     code, _, err = cli_main("estimate", "--from", str(path))
     assert code == 2 and err.count("\n") == 1 and "proxy" in err
+
+
+def test_pools_of_two_gpu_kinds(tmp_path):
+    """Splitwise's mixed pools: H100 prefill, H200 decode; the KV crosses the NIC even where 4 + 4 GPUs would share
+    a node, each pool has its own memory, and the script puts the decode pool on its own node and reads back."""
+    args = ("llama-3.1-70b", "--inference", "--disaggregated", "4:4", "--tp", "4", "--prefill-tp", "4", "--gpu", "h200",
+            "--prompt-len", "4000", "--output-len", "500")
+    code, out, err = cli_main("estimate", *args, "--prefill-gpu", "h100-sxm", "--serve", "--arrival-rate", "1", "--json")
+    assert code == 0, err
+    d = json.loads(out)["disaggregated"]
+    assert (d["prefill"]["gpu"], d["decode"]["gpu"], d["kv_link"]) == ("h100-sxm", "h200", "inter")
+    assert d["decode"]["kv_blocks_per_gpu"] > 2 * d["prefill"]["kv_blocks_per_gpu"]       # 141 GB against 80 GB
+    same = json.loads(cli_main("estimate", *args, "--serve", "--arrival-rate", "1", "--json")[1])["disaggregated"]
+    assert same["kv_link"] == "intra" and same["kv_transfer_s"] < d["kv_transfer_s"]
+    text, path = export(tmp_path, "vllm", *args, "--prefill-gpu", "h100-sxm")
+    bash_parses(path)
+    assert 'NODE_RANK" = 1 ] && CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM' in text          # the decode server's own node
+    f = read_text(text, CAT).fields
+    assert (f["disaggregated"], f["prefill_gpu"]) == ("4:4", "h100-sxm")
+    back = json.loads(cli_main("estimate", "--from", str(path), "--gpu", "h200", "--json")[1])["disaggregated"]
+    assert back["prefill"]["gpu"] == "h100-sxm" and back["kv_link"] == "inter"
+
+
+@pytest.mark.parametrize("flags,word", [(["--prefill-gpu", "h100-sxm"], "--disaggregated"),
+                                        (["--disaggregated", "4:4", "--prefill-gpu", "h999"], "h999")])
+def test_prefill_gpu_bad_input_is_one_line(flags, word):
+    code, _, err = cli_main("estimate", "llama-3.1-70b", "--inference", "--serve", "--tp", "4", *flags)
+    assert code == 2 and err.count("\n") == 1 and word in err and "Traceback" not in err

@@ -25,6 +25,8 @@ def check_disagg_flags(args) -> None:
 
     if getattr(args, "prefill_tp", None) is not None and not args.disaggregated:
         raise ShardlabError("--prefill-tp sets the prefill pool's TP of --disaggregated P:D: add --disaggregated")
+    if getattr(args, "prefill_gpu", None) is not None and not args.disaggregated:
+        raise ShardlabError("--prefill-gpu sets the prefill pool's GPU kind of --disaggregated P:D: add --disaggregated")
     if not args.disaggregated:
         return
     if not args.serve:
@@ -41,11 +43,29 @@ def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
     from shardlab.serving.case import prepare
     from shardlab.serving.disagg import make_disagg
 
-    kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
-              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, catalog))
-    pre = prepare(spec, cluster, engine, tp=args.prefill_tp or args.tp, **kw)
-    dec = prepare(spec, cluster, engine, tp=args.tp, **kw)
+    kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
+              **case_kw(args, spec, catalog))
+    pre_cluster, pre_prec = prefill_cluster(args, catalog, cluster, prec, pools[0])
+    pre = prepare(spec, pre_cluster, engine, tp=args.prefill_tp or args.tp, precision=pre_prec, **kw)
+    dec = prepare(spec, cluster, engine, tp=args.tp, precision=prec, **kw)
     return make_disagg(pre, dec, *pools)
+
+
+def prefill_cluster(args, catalog, cluster, prec, gpus: int):
+    """(cluster, precision) of the prefill pool: --prefill-gpu's kind in its usual server (its own links and
+    peaks), else the decode pool's."""
+    from shardlab.cli.inference_args import precision_from_args
+    from shardlab.specs.hardware import Cluster
+
+    kind = getattr(args, "prefill_gpu", None)
+    if not kind:
+        return cluster, prec
+    acc = catalog.accelerator(kind)
+    if acc.id == cluster.accelerator.id:
+        return cluster, prec
+    c = Cluster(accelerator=acc, num_gpus=gpus, gpus_per_node=acc.system["gpus_per_node"],
+                intra_link=catalog.link(acc.system["intra_link"]), inter_link=catalog.link(acc.system["inter_link"]))
+    return c, precision_from_args(args, acc)
 
 
 def export_job(args, cat, spec):
@@ -76,7 +96,10 @@ def export_job(args, cat, spec):
     serve = Serve(cap, args.prompt_len, args.output_len, 1, kv_blocks=int(dec.blocks.num_blocks),
                   gpu_memory_utilization=engine.gpu_memory_utilization,
                   kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto", weights=prec.weights, ep=dec.ep,
-                  dp_attention=dec.attention_dp, pools=Pools(pools[0], pools[1], d.prefill.tp))
+                  dp_attention=dec.attention_dp,
+                  pools=Pools(pools[0], pools[1], d.prefill.tp,
+                              None if d.prefill.cluster.accelerator.id == cluster.accelerator.id
+                              else d.prefill.cluster.accelerator.id))
     return LaunchJob(spec.name, validate(Layout(tp=dec.tp), spec), args.prompt_len + args.output_len, cap,
                      "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
                      gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
@@ -94,7 +117,9 @@ def aggregated_line(d, res: dict, rate: float) -> tuple[dict | None, str]:
     over = bool(agg["overloaded"])
     doc = {"replicas": reps, "layout": d.decode.layout_label, "ttft_s": None if over else agg["ttft_s"],
            "tpot_s": agg["tpot_s"], "overloaded": over}
-    words = (f"aggregated instead ({reps} × {d.decode.layout_label} on the same {d.gpus} GPUs, the same "
+    mixed = d.prefill.cluster.accelerator.id != d.decode.cluster.accelerator.id
+    where = f"{d.gpus} {d.decode.cluster.accelerator.id} GPUs" if mixed else f"the same {d.gpus} GPUs"
+    words = (f"aggregated instead ({reps} × {d.decode.layout_label} on {where}, the same "
              f"{rate:.3g} requests/s): " + ("overloaded" if over else
                                            f"TTFT {1e3 * agg['ttft_s']:,.1f} ms, TPOT {1e3 * agg['tpot_s']:,.2f} ms")
              + f" against {1e3 * res['ttft_s']:,.1f} ms and {1e3 * res['tpot_s']:,.2f} ms disaggregated"
@@ -128,10 +153,14 @@ def estimate_disagg(args, spec, cluster, prec, engine):
            "output_len": args.output_len, "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "disaggregated": d.to_dict(), "kv_transfer_s": d.kv_transfer_s, "steady_state": res,
            "simulation": sim.to_dict(), "saturation_rate": sat, "aggregated": agg_doc, "slo": slo}
-    c = lambda case, n: [n * case.gpus, n, case.layout_label, case.capacity, f"{case.blocks.weights_bytes / 2**30:.2f}",  # noqa: E731
-                         f"{case.blocks.num_blocks:,}"]
-    pools_t = table(["pool", "GPUs", "replicas", "layout", "sequences/replica", "weights GiB/GPU", "KV blocks/GPU"],
+    mixed = d.prefill.cluster.accelerator.id != cluster.accelerator.id
+    c = lambda case, n: [n * case.gpus, *([case.cluster.accelerator.id] if mixed else []), n, case.layout_label,  # noqa: E731
+                         case.capacity, f"{case.blocks.weights_bytes / 2**30:.2f}", f"{case.blocks.num_blocks:,}"]
+    pools_t = table(["pool", "GPUs", *(["GPU"] if mixed else []), "replicas", "layout", "sequences/replica",
+                     "weights GiB/GPU", "KV blocks/GPU"],
                     [["prefill", *c(d.prefill, d.prefill_replicas)], ["decode", *c(d.decode, d.decode_replicas)]])
+    on = (f"{d.prefill_gpus} × {d.prefill.cluster.accelerator.id} + {d.decode_gpus} × {cluster.accelerator.id}"
+          if mixed else f"{d.gpus} × {cluster.accelerator.id}")
     per_tok = d.kv_transfer_bytes / max(args.prompt_len, 1)
     link = d.prefill.cluster.intra_link if d.link == "intra" else d.prefill.cluster.inter_link
     rows = [["TTFT (ms)", _ms(res["ttft_s"]), _ms(sim.ttft_s.mean), _ms(sim.ttft_s.p50), _ms(sim.ttft_s.p99)],
@@ -140,8 +169,8 @@ def estimate_disagg(args, spec, cluster, prec, engine):
             ["output tokens/s", f"{res['output_tokens_per_s']:,.0f}", f"{sim.output_tokens_per_s:,.0f}", "", ""],
             ["requests/s", f"{res['requests_per_s']:,.2f}", f"{sim.requests_per_s:,.2f}", "", ""]]
     lines = [
-        f"shardlab estimate --inference --serve --disaggregated {pools[0]}:{pools[1]}: {spec.name} on {d.gpus} × "
-        f"{cluster.accelerator.id}, {engine.id} ({engine.name}, version {engine.version})",
+        f"shardlab estimate --inference --serve --disaggregated {pools[0]}:{pools[1]}: {spec.name} on {on}, "
+        f"{engine.id} ({engine.name}, version {engine.version})",
         f"workload: {words}, prompt {args.prompt_len} + output {args.output_len} tokens", "",
         pools_t, "",
         f"KV transfer per request: {args.prompt_len:,} prompt tokens × {per_tok:,.0f} B/token on each prefill rank = "

@@ -76,6 +76,9 @@ def add_inference_args(p) -> None:
                         "them (DistServe); the decode pool's replicas use --tp")
     g.add_argument("--prefill-tp", type=BOUNDED["gpus"], default=None, metavar="T",
                    help="with --disaggregated: the prefill pool's TP (default --tp)")
+    g.add_argument("--prefill-gpu", default=None, metavar="GPU",
+                   help="with --disaggregated: the prefill pool's GPU kind (default --gpu; other kinds sit on other "
+                        "nodes, the KV cache crosses the NIC)")
     g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
                    help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")

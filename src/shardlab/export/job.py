@@ -63,6 +63,8 @@ class Pools:
     """GPUs of the decode pool (a whole number of decode replicas)."""
     prefill_tp: int
     """TP of each prefill replica."""
+    prefill_gpu: str | None = None
+    """GPU kind of the prefill pool when it differs from the job's (its own nodes); None: the job's."""
 
     @property
     def label(self) -> str:
@@ -219,10 +221,11 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     lay = job.layout
     pools = job.serve.pools if job.serve else None
-    what = (f"serve {job.model} disaggregated: a prefill pool of {pools.prefill_gpus} GPUs (replicas of TP "
-            f"{pools.prefill_tp}) and a decode pool of {pools.decode_gpus} GPUs (replicas of TP {lay.tp}"
+    what = (f"serve {job.model} disaggregated: a prefill pool of {pools.prefill_gpus} "
+            f"{pools.prefill_gpu or job.gpu} GPUs (replicas of TP {pools.prefill_tp}) and a decode pool of "
+            f"{pools.decode_gpus} {job.gpu} GPUs (replicas of TP {lay.tp}"
             + (f" × {job.serve.dp_attention} attention ranks, EP {job.serve.ep}" if job.serve.dp_attention > 1 else
-               f", EP {job.serve.ep}" if job.serve.ep > 1 else "") + f") on {job.gpu}, the KV cache sent from one to the other"
+               f", EP {job.serve.ep}" if job.serve.ep > 1 else "") + "), the KV cache sent from one to the other"
             if pools else
             f"serve {job.model}: {job.serve.replicas} replica(s) of "
             + (f"EP {job.serve.ep} ({job.serve.dp_attention} data-parallel attention ranks of TP {lay.tp})"

@@ -75,6 +75,8 @@ def place(job: LaunchJob) -> list[Instance]:
     node, used, slot = 0, 0, 0
     for role in ("prefill", "decode"):
         n = per[role]
+        if role == "decode" and pools.prefill_gpu and used:      # another GPU kind: the decode pool's own nodes
+            node, used, slot = node + 1, 0, 0
         if n > gpn:
             raise Refused(f"a {role} replica of {n} GPUs spans nodes of {gpn}; the script starts one server per "
                           f"replica on one node: use a layout of at most {gpn} GPUs per replica")
@@ -194,7 +196,16 @@ def pools_fields(roles: list[tuple[str, dict]], where: str) -> dict:
 
 def understood(f: dict) -> tuple[str, str]:
     return ("prefill and decode servers", f"--disaggregated {f['disaggregated']} --prefill-tp {f['prefill_tp']} "
-                                          f"(decode TP {f['tp']})")
+                                          + (f"--prefill-gpu {f['prefill_gpu']} " if f.get("prefill_gpu") else "")
+                                          + f"(decode TP {f['tp']})")
+
+
+def prefill_kind(text: str) -> str | None:
+    """The prefill pool's GPU kind where the script's header names one other than the decode pool's."""
+    import re
+
+    m = re.search(r"a prefill pool of \d+ (\S+) GPUs .*? a decode pool of \d+ (\S+) GPUs", text)
+    return m.group(1) if m and m.group(1) != m.group(2) else None
 
 
 def check_job(job: LaunchJob) -> None:

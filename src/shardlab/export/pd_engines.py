@@ -235,6 +235,9 @@ def read(target: str, text: str) -> Imported:
     if first is None:
         raise ShardlabError(f"{where}: no decode server found; fix the file")
     f = pd.pools_fields(roles, where)
+    kind = pd.prefill_kind(text)
+    if kind:
+        f["prefill_gpu"] = kind
     quiet = ("disaggregation", "cache_transceiver_config", "disable_overlap_scheduler", "kv-transfer-config")
     ign = tuple(x for x in first.ignored if not any(q in x for q in quiet))
     return Imported(target, f, (pd.understood(f), *first.understood), ign, framework=first.framework)

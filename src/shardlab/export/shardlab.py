@@ -12,7 +12,7 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs);
-              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp (two pools), where set
+              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_gpu (two pools), where set
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
-              "ep", "dp_attention", "disaggregated", "prefill_tp")
-SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None}
+              "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu")
+SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None}
 """Serving keys written only where they differ from these (expert parallelism, disaggregated pools)."""
 SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),
             "layout": LAYOUT_KEYS, "workload": WORKLOAD_KEYS, "framework": ("name",), "serve": SERVE_KEYS,
@@ -60,7 +60,8 @@ def render(job: LaunchJob, spec=None) -> Export:
         sv = job.serve
         vals = {**{k: getattr(sv, k) for k in SERVE_KEYS if hasattr(sv, k)},
                 "disaggregated": sv.pools.label if sv.pools else None,
-                "prefill_tp": sv.pools.prefill_tp if sv.pools else None}
+                "prefill_tp": sv.pools.prefill_tp if sv.pools else None,
+                "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None}
         doc["serve"] = {k: v for k, v in vals.items() if k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k]}
         del doc["workload"]
     est = {k: v for k, v in job.notes.items() if k in ("step_time_s", "usd_per_hour") and isinstance(v, (int, float))}
@@ -85,7 +86,7 @@ def _check_keys(doc: dict) -> None:
 
 
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
-         "kv_cache_dtype": str, "weights": str, "disaggregated": str, "sequence_parallel": bool, "dropout": bool,
+         "kv_cache_dtype": str, "weights": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them."""
 

@@ -79,7 +79,8 @@ class DisaggCase:
         return self.prefill_gpus + self.decode_gpus
 
     def to_dict(self) -> dict:
-        pool = lambda c, n: {"gpus": n * c.gpus, "replicas": n, "tp": c.tp, "pp": c.pp, "ep": c.ep,  # noqa: E731
+        pool = lambda c, n: {"gpus": n * c.gpus, "gpu": c.cluster.accelerator.id, "replicas": n, "tp": c.tp,  # noqa: E731
+                             "pp": c.pp, "ep": c.ep,
                              "layout": c.layout_label,
                              "dp_attention": c.attention_dp, "capacity_per_replica": c.capacity,
                              "kv_blocks_per_gpu": c.blocks.num_blocks, "weights_per_gpu": c.blocks.weights_bytes}
@@ -123,7 +124,9 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
         raise ShardlabError(f"a decode replica ({dec.layout_label}) has room for no {dec.prompt_len + dec.output_len}-"
                             f"token sequence: give the decode pool more GPUs per replica ({field_name('layout.tp')}), or "
                             f"quantize")
-    same_node = prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node
+    # two GPU kinds never share a node (Splitwise's mixed pools): their KV crosses the NIC
+    same_node = (pre.cluster.accelerator.id == dec.cluster.accelerator.id
+                 and prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node)
     nbytes, secs, link = kv_transfer(pre, same_node)
     cache = {} if _cache is None else _cache
     if ("dec", id(dec)) not in cache:

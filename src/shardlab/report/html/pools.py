@@ -11,7 +11,7 @@ from shardlab.units import fmt_time
 PREFILL, DECODE = PALETTE[1], PALETTE[0]
 
 
-def _pool(x0: float, y0: float, pool: dict, color: str, name: str) -> tuple[str, float]:
+def _pool(x0: float, y0: float, pool: dict, color: str, name: str, kind: bool = False) -> tuple[str, float]:
     """(SVG, width) of one pool: its replicas side by side, each a row of GPU squares with a frame."""
     per = max(1, pool["gpus"] // max(pool["replicas"], 1))
     s, gap, out, x = 22.0, 10.0, [], x0
@@ -23,21 +23,22 @@ def _pool(x0: float, y0: float, pool: dict, color: str, name: str) -> tuple[str,
             out.append(svg._rect(x + 4 + g * (s + 3), y0 + 5, s, s, color,
                                  f"{name} replica {r + 1}, GPU {g + 1} of {per} ({pool['layout']})", 'rx="2"'))
         x += w + gap
-    out.append(svg._text(x0, y0 - 6, f"{name}: {pool['gpus']} GPUs = {pool['replicas']} × {pool['layout']}",
-                         size=12))
+    gpus = f"{pool['gpus']} × {pool.get('gpu')}" if kind else f"{pool['gpus']} GPUs"
+    out.append(svg._text(x0, y0 - 6, f"{name}: {gpus} = {pool['replicas']} × {pool['layout']}", size=12))
     return "".join(out), x - x0
 
 
 def pools_svg(best: dict) -> str:
     """The best split: the prefill pool, an arrow carrying the KV cache, the decode pool."""
     pre, dec = best["prefill"], best["decode"]
-    a, wa = _pool(10, 30, pre, PREFILL, "prefill")
+    kind = pre.get("gpu") != dec.get("gpu")                # two GPU kinds: each pool names its own
+    a, wa = _pool(10, 30, pre, PREFILL, "prefill", kind)
     x1 = 10 + wa + 20
     arrow = (f'<line x1="{x1:.1f}" y1="46" x2="{x1 + 120:.1f}" y2="46" stroke="#555" stroke-width="2" '
              f'marker-end="url(#kvarrow)"/>'
              + svg._text(x1 + 60, 40, f"KV {fmt_time(best['kv_transfer_s'])}", anchor="middle", size=11)
              + svg._text(x1 + 60, 64, "NVLink" if best.get("kv_link") == "intra" else "NIC", anchor="middle", size=11))
-    b, _ = _pool(x1 + 140, 30, dec, DECODE, "decode")
+    b, _ = _pool(x1 + 140, 30, dec, DECODE, "decode", kind)
     marker = ('<defs><marker id="kvarrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
               '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>')
     return svg._svg(80, marker + a + arrow + b, "prefill pool, KV transfer, decode pool")
