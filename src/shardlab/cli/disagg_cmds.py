@@ -206,22 +206,29 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
               prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
     if kw.get("speculation"):
         return [], {"speculative decoding with disaggregation is not modelled": 1}
+    from shardlab.cli.serve_cmds import moe_kw
+
     cases, rejected, errors = {}, {}, {}
-    for tp in [t for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]:
+    # one replica layout per TP (TP-sliced experts); a MoE model adds wide EP with data-parallel attention, N ranks
+    # of TP 1 for N dividing the experts, up to a node (what serve_cmds._candidates searches aggregated)
+    experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
+    layouts = [(t, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]
+    layouts += [(1, n, n) for n in range(2, min(gpus, cluster.gpus_per_node) + 1) if experts and experts % n == 0]
+    for tp, ep, dpa in layouts:
         try:
-            c = prepare(spec, cluster, engine, tp=tp, **kw)
+            c = prepare(spec, cluster, engine, tp=tp, **moe_kw(kw, ep, dpa))
         except ShardlabError as e:
             reject(rejected, errors, e)
             continue
         if c.blocks.num_blocks > 0 and c.gpus <= gpus:
-            cases[c.gpus] = c                          # replica GPUs -> case (tp × the MoE layout's DP ranks)
+            cases[(tp, ep, dpa)] = c
     out = []
     O = float(args.output_len)
     for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s):
         pre, dec = d.prefill, d.decode
         at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
         out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp,
-                                "layout": pre.layout_label},
+                                "layout": pre.layout_label, "ep": pre.ep, "dp_attention": pre.attention_dp},
                     "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp,
                                "layout": dec.layout_label, "capacity_per_replica": dec.capacity,
                                "ep": dec.ep, "dp_attention": dec.attention_dp,
@@ -262,6 +269,11 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
                            "ratio": dis / agg if agg > 0 else None, "statistic": "mean"}}
 
 
+def pool_words(pool: dict) -> str:
+    """A pool's replica layout, short: 'TP 4', or 'EP 8' for wide expert parallelism with attention ranks."""
+    return f"EP {pool['ep']}" if pool.get("dp_attention", 1) > 1 else f"TP {pool['tp']}"
+
+
 def disagg_text(doc: dict, args) -> list[str]:
     """The capacity report's disaggregated table and verdict (empty when the search did not run)."""
     from shardlab.cli.serve_cmds import _ms
@@ -272,7 +284,7 @@ def disagg_text(doc: dict, args) -> list[str]:
     found = doc["disaggregated"]
     if not found:
         return ["disaggregated prefill/decode: no layout of these GPUs holds the model in both pools", ""]
-    rows = [[f"{p['prefill']['gpus']} (TP {p['prefill']['tp']})", f"{p['decode']['gpus']} (TP {p['decode']['tp']})",
+    rows = [[f"{p['prefill']['gpus']} ({pool_words(p['prefill'])})", f"{p['decode']['gpus']} ({pool_words(p['decode'])})",
              f"{p['max_request_rate']:,.2f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
              _ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"] for p in found]
     c = doc["comparison"]
@@ -283,8 +295,10 @@ def disagg_text(doc: dict, args) -> list[str]:
                   "splitting the phases pays here" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))
     sim = doc.get("best_disaggregated_simulated")
+    one = ("one layout (TP, or EP over attention ranks, the same in both pools)"
+           if any(p["decode"].get("dp_attention", 1) > 1 for p in found) else "one TP")
     return ["disaggregated prefill/decode (DistServe): a prefill pool and a decode pool of the same GPUs, each "
-            "pool's replicas at one TP, the prompt's KV sent between them; capacity = the largest Poisson rate whose "
+            f"pool's replicas at {one}, the prompt's KV sent between them; capacity = the largest Poisson rate whose "
             "steady-state mean TTFT and TPOT meet the targets (serving.disagg)",
             table(["prefill GPUs", "decode GPUs", "max req/s", "TTFT ms", "TPOT ms", "tok/s/GPU", "KV send ms",
                    "prefill busy"], rows),

@@ -167,6 +167,10 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
     acc = catalog.accelerator(doc["gpu"])
     gpn = doc.get("gpus_per_node") or acc.system["gpus_per_node"]
     pre, dec = p["prefill"], p["decode"]
+    if (pre.get("ep", 1), pre.get("dp_attention", 1)) != (dec.get("ep", 1), dec.get("dp_attention", 1)) and \
+            max(pre.get("dp_attention", 1), dec.get("dp_attention", 1)) > 1:
+        raise ShardlabError("--plan FILE: the disaggregated pools mix expert-parallel layouts, which no export writes; "
+                            "export the plan again with `shardlab plan --json`")
     for name, v in (("prefill.gpus", pre["gpus"]), ("prefill.tp", pre["tp"]), ("decode.gpus", dec["gpus"]),
                     ("decode.tp", dec["tp"]), ("decode.capacity_per_replica", dec["capacity_per_replica"]),
                     ("decode.ep", dec.get("ep", 1)), ("decode.dp_attention", dec.get("dp_attention", 1))):

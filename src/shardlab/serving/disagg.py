@@ -237,14 +237,18 @@ def pool_sizes(gpus: int, per_node: int) -> list[int]:
 
 def search(cases: dict, gpus: int, per_node: int, ttft_slo: float | None,
            tpot_slo: float | None) -> list[tuple[DisaggCase, float]]:
-    """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (replica
-    GPUs -> prepared ServeCase, one per TP), with its highest rate within the SLO means; most goodput first."""
+    """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (a mapping
+    to prepared ServeCases: one per TP, and a MoE model's expert-parallel layouts), with its highest rate within the
+    SLO means; most goodput first."""
     out, cache = [], {}
     for P in pool_sizes(gpus, per_node):
         D = gpus - P
-        for gp, pre in cases.items():
-            for gd, dec in cases.items():
-                if P % gp or D % gd or dec.capacity < 1:
+        for pre in cases.values():
+            for dec in cases.values():
+                wide = pre.attention_dp > 1 or dec.attention_dp > 1   # EP pools: the same layout in both, as the
+                if wide and (pre.ep, pre.attention_dp) != (dec.ep, dec.attention_dp):   # estimate's flags price them
+                    continue
+                if P % pre.gpus or D % dec.gpus or dec.capacity < 1:
                     continue
                 d = make_disagg(pre, dec, P, D, cache)
                 out.append((d, max_rate_within(d, ttft_slo, tpot_slo)))
