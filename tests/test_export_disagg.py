@@ -163,3 +163,22 @@ def test_plan_splits_a_moe_model_into_expert_parallel_pools(tmp_path):
     assert text.count("--enable-dp-attention") == 2 and text.count("--disaggregation-mode") == 2
     back = json.loads(cli_main("estimate", "--from", str(out), "--gpu", "h200", "--json")[1])["disaggregated"]
     assert back["prefill"]["ep"] == back["decode"]["ep"] == 8
+
+
+@pytest.mark.parametrize("target,old,new,word", [
+    ("vllm", "--port 20000", "--port abc", "--port"),
+    ("vllm", "--prefiller-ports 20000 20001", "--prefiller-ports x y", "--port"),
+    ("sglang", "--disaggregation-mode prefill", "--disaggregation-mode both", "--disaggregation-mode"),
+    ("sglang", "--tp-size 2", "--tp-size 3", "prefill servers"),
+    ("sglang", "--disaggregation-mode prefill", "--disaggregation-mode decode", "no prefill server"),
+    ("tensorrt-llm", "context_servers:", "context_servers: [", "YAML"),
+    ("tensorrt-llm", "urls:", "urlz:", "urls"),
+    ("tensorrt-llm", "--port 30000", "--port 0", "--port"),
+])
+def test_tampered_disaggregated_scripts_are_one_line(tmp_path, target, old, new, word):
+    text, path = export(tmp_path, target, "llama-3.1-70b", "--inference", "--disaggregated", "4:4", "--tp", "4",
+                        "--prefill-tp", "2")
+    assert old in text
+    path.write_text(text.replace(old, new))
+    code, _, err = cli_main("estimate", "--from", str(path))
+    assert code == 2 and err.count("\n") == 1 and word in err and "Traceback" not in err

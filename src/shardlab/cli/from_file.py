@@ -198,7 +198,11 @@ def _check_against_model(args, fields: dict, imp) -> None:
     mine = {k: v for k, v in fields.items() if k in ("tp", "pp", "vpp", "ep", "stage_layers")}
     if "pp" in mine or "vpp" in mine:          # the other factor of pp × vpp may be a flag
         mine.update(pp=getattr(args, "pp", None) or 1, vpp=getattr(args, "vpp", None) or 1)
-    check_against_model(mine, spec, args.from_file, field_names(imp.source, imp.framework))
+    names = field_names(imp.source, imp.framework)
+    check_against_model(mine, spec, args.from_file, names)
+    if isinstance(fields.get("prefill_tp"), int):     # a disaggregated script's prefill servers: their own TP
+        check_against_model({"tp": fields["prefill_tp"]}, spec, args.from_file,
+                            {**names, "tp": f"{names.get('tp', 'tp')} of the prefill servers"})
 
 
 def import_text(imp) -> str:
