@@ -173,7 +173,7 @@ def test_plan_splits_a_moe_model_into_expert_parallel_pools(tmp_path):
     ("sglang", "--disaggregation-mode prefill", "--disaggregation-mode decode", "no prefill server"),
     ("tensorrt-llm", "context_servers:", "context_servers: [", "YAML"),
     ("tensorrt-llm", "urls:", "urlz:", "urls"),
-    ("tensorrt-llm", "--port 30000", "--port 0", "--port"),
+    ("tensorrt-llm", "--port 30002", "--port 0", "--port"),
 ])
 def test_tampered_disaggregated_scripts_are_one_line(tmp_path, target, old, new, word):
     text, path = export(tmp_path, target, "llama-3.1-70b", "--inference", "--disaggregated", "4:4", "--tp", "4",
