@@ -149,22 +149,6 @@ def test_prefill_gpu_bad_input_is_one_line(flags, word):
     assert code == 2 and err.count("\n") == 1 and word in err and "Traceback" not in err
 
 
-def test_plan_splits_a_moe_model_into_expert_parallel_pools(tmp_path):
-    out = tmp_path / "ds.sh"
-    code, doc, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
-                              "--weights", "fp8", "--activations", "fp8", "--prompt-len", "4000", "--output-len", "500",
-                              "--ttft-slo", "2", "--tpot-slo", "0.05", "--export", "sglang", "--out", str(out), "--json")
-    assert code == 0, err
-    d = json.loads(doc)
-    best = d["disaggregated"][0]
-    assert best["prefill"]["dp_attention"] == best["decode"]["dp_attention"] == 8 and d["comparison"]["ratio"] > 1
-    assert all(p["prefill"]["dp_attention"] == p["decode"]["dp_attention"] for p in d["disaggregated"])
-    text = out.read_text()
-    assert text.count("--enable-dp-attention") == 2 and text.count("--disaggregation-mode") == 2
-    back = json.loads(cli_main("estimate", "--from", str(out), "--gpu", "h200", "--json")[1])["disaggregated"]
-    assert back["prefill"]["ep"] == back["decode"]["ep"] == 8
-
-
 @pytest.mark.parametrize("target,old,new,word", [
     ("vllm", "--port 20000", "--port abc", "--port"),
     ("vllm", "--prefiller-ports 20000 20001", "--prefiller-ports x y", "--port"),

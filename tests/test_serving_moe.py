@@ -205,23 +205,35 @@ def test_a_token_runs_each_expert_it_reaches_on_one_row():
 
 
 def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
-    out = tmp_path / "ds.sh"
+    """One search (DeepSeek-V3 FP8 on 16 H200): the aggregated winner is wide EP over attention ranks, more than twice
+    the best TP-sliced layout's goodput; the prefill/decode split uses EP pools (the same layout in both) and wins,
+    so --export writes it; --rank 1 exports the aggregated EP winner; both read back."""
+    out, plan = tmp_path / "ds.sh", tmp_path / "plan.json"
     code, doc, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
-                              "--prompt-len", "1000", "--output-len", "1000", "--ttft-slo", "2", "--tpot-slo", "0.05",
-                              "--export", "sglang", "--out", str(out), "--json")
+                              "--weights", "fp8", "--activations", "fp8", "--prompt-len", "4000", "--output-len", "500",
+                              "--ttft-slo", "2", "--tpot-slo", "0.05", "--top", "40", "--export", "sglang", "--out",
+                              str(out), "--json")
     assert code == 0, err
     d = json.loads(doc)
     best = d["plans"][0]
     assert (best["ep"], best["dp_attention"], best["tp"], best["gpus_per_replica"]) == (16, 16, 1, 16)
-    assert {(p["ep"], p["dp_attention"]) for p in d["plans"]} >= {(16, 16), (1, 1)}     # TP-sliced experts beside
     tp_sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["ep"] == 1)
     assert best["goodput_tokens_per_s_per_gpu"] > 2 * tp_sliced
     assert d["capacity"]["layout"]["dp_attention"] == 16 and any(q["dp_attention"] == 16 for q in d["pareto"])
+    pools = d["disaggregated"][0]
+    assert pools["prefill"]["dp_attention"] == pools["decode"]["dp_attention"] == 8 and d["comparison"]["ratio"] > 1
+    assert all(p["prefill"]["dp_attention"] == p["decode"]["dp_attention"] for p in d["disaggregated"])
     text = out.read_text()
-    assert "--enable-dp-attention" in text and "--ep-size 16" in text
-    code, back, err = cli_main("estimate", "--from", str(out), "--gpu", "h200", "--json")
+    assert text.count("--enable-dp-attention") == 2 and text.count("--disaggregation-mode") == 2
+    back = json.loads(cli_main("estimate", "--from", str(out), "--gpu", "h200", "--json")[1])["disaggregated"]
+    assert back["prefill"]["ep"] == back["decode"]["ep"] == 8
+    plan.write_text(json.dumps(d))
+    agg = tmp_path / "agg.sh"
+    code, _, err = cli_main("export", "--to", "sglang", "--plan", str(plan), "--rank", "1", "--out", str(agg))
     assert code == 0, err
-    assert (json.loads(back)["ep"], json.loads(back)["dp_attention"]) == (16, 16)
+    assert "--enable-dp-attention" in agg.read_text() and "--ep-size 16" in agg.read_text()
+    back = json.loads(cli_main("estimate", "--from", str(agg), "--gpu", "h200", "--json")[1])
+    assert (back["ep"], back["dp_attention"]) == (16, 16)
     code, txt, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
                               "--prompt-len", "1000", "--output-len", "1000", "--concurrency", "256", "--wide")
     assert code == 0, err
