@@ -104,6 +104,9 @@ def test_plan_exports_its_disaggregated_winner_across_two_nodes(tmp_path):
     assert f'disaggregated = "{f["disaggregated"]}"' in (tmp_path / "j.toml").read_text()
     code, out2, err = cli_main("export", "--to", "vllm", "--plan", str(plan), "--rank", "1", "--json")
     assert code == 0 and "disaggregated" not in json.loads(out2)["kind"]    # --rank picks the aggregated plans
+    for target in ("slurm", "skypilot"):        # one command per node cannot start two pools: the way out, named
+        code, _, err = cli_main("export", "--to", target, "--plan", str(plan), "--launch", "vllm")
+        assert code == 2 and err.count("\n") == 1 and "--to vllm" in err and "--rank 1" in err
 
 
 @pytest.mark.parametrize("pools,word", [("3:4", "whole replicas"), ("4:0", "P:D"), ("4:4:4", "P:D")])
@@ -166,3 +169,4 @@ def test_tampered_disaggregated_scripts_are_one_line(tmp_path, target, old, new,
     path.write_text(text.replace(old, new))
     code, _, err = cli_main("estimate", "--from", str(path))
     assert code == 2 and err.count("\n") == 1 and word in err and "Traceback" not in err
+

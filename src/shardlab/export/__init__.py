@@ -39,6 +39,10 @@ def _module(target: str):
 def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Export:
     """The framework file for ``job`` (``inner``: which framework a launcher target runs)."""
     mod = _module(target)
+    if target in LAUNCHERS and job.serve is not None and job.serve.pools is not None:
+        raise Refused(f"{target} starts one command on every node; a disaggregated job starts different servers per "
+                      f"node: export it with --to vllm, sglang or tensorrt-llm (one script that each node runs with its "
+                      f"NODE_RANK), or an aggregated plan with --rank 1")
     if job.gpus > job.gpus_per_node and job.gpus % job.gpus_per_node and (job.serve is None or target in LAUNCHERS):
         # launchers start the same number of processes on every node (torchrun --nproc-per-node, deepspeed --num_gpus)
         raise Refused(f"{job.gpus} GPUs do not fill whole nodes of {job.gpus_per_node}: launchers start as many processes "
