@@ -288,7 +288,8 @@ def with_export(fn):
         cat = _catalog(args)
         plan = json.loads(json.dumps(doc, default=str))
         spec = cat.model(args.model) if getattr(args, "model", None) else None
-        job = job_from_plan(plan, cat, None, spec)      # the winner: disaggregated where the comparison says so
+        # the winner: disaggregated where the comparison says so, unless a launcher (one command per node) writes it
+        job = job_from_plan(plan, cat, 1 if args.export in ("slurm", "skypilot") else None, spec)
         job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
         if not args.out and os.path.lexists(out) and not args.force:
