@@ -107,6 +107,11 @@ def test_plan_exports_its_disaggregated_winner_across_two_nodes(tmp_path):
     for target in ("slurm", "skypilot"):        # one command per node cannot start two pools: the way out, named
         code, _, err = cli_main("export", "--to", target, "--plan", str(plan), "--launch", "vllm")
         assert code == 2 and err.count("\n") == 1 and "--to vllm" in err and "--rank 1" in err
+    code, _, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--gpus", "16", "--prompt-len", "4000",
+                            "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025", "--export", "slurm",
+                            "--launch", "vllm", "--out", str(tmp_path / "job.sbatch"))
+    assert code == 0, err                       # plan --export slurm: the aggregated winner
+    assert "--disaggregat" not in (tmp_path / "job.sbatch").read_text() and "vllm serve" in (tmp_path / "job.sbatch").read_text()
 
 
 @pytest.mark.parametrize("pools,word", [("3:4", "whole replicas"), ("4:0", "P:D"), ("4:4:4", "P:D")])
