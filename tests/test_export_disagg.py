@@ -150,6 +150,18 @@ def test_pools_of_two_gpu_kinds(tmp_path):
     assert back["prefill"]["gpu"] == "h100-sxm" and back["kv_link"] == "inter"
 
 
+def test_pipeline_stages_in_both_pools_round_trip(tmp_path):
+    text, path = export(tmp_path, "sglang", "llama-3.1-70b", "--inference", "--disaggregated", "8:8", "--tp", "4",
+                        "--pp", "2", "--prefill-tp", "2", "--prefill-pp", "2", "--prompt-len", "4000", "--output-len",
+                        "500")
+    bash_parses(path)
+    assert text.count("--pp-size 2") == 3 and "replicas of TP 2 × PP 2" in text
+    f = read_text(text, CAT).fields
+    assert (f["tp"], f["pp"], f["prefill_tp"], f["prefill_pp"]) == (4, 2, 2, 2)
+    back = json.loads(cli_main("estimate", "--from", str(path), "--json")[1])["disaggregated"]
+    assert (back["prefill"]["pp"], back["decode"]["pp"]) == (2, 2)
+
+
 @pytest.mark.parametrize("flags,word", [(["--prefill-gpu", "h100-sxm"], "--disaggregated"),
                                         (["--disaggregated", "4:4", "--prefill-gpu", "h999"], "h999")])
 def test_prefill_gpu_bad_input_is_one_line(flags, word):

@@ -84,6 +84,21 @@ def test_capacity_within_slo():
     assert worse["overloaded"] or worse["ttft_s"] > 1.0 or worse["tpot_s"] > 0.025
 
 
+def test_pipeline_stages_in_the_prefill_pool_pipeline_the_prompts():
+    """TP 2 × PP 2 prefill replicas: one prompt takes longer (through both stages) than on TP 4, but a replica takes
+    its next prompts when its slowest stage is free, so the pool saturates later; the simulation pipelines too."""
+    L70 = CAT.model("llama-3.1-70b")
+    tp4 = _case(4, model=L70)
+    pp2 = prepare(L70, CL, get_engine("vllm"), tp=2, pp=2, precision=PREC, prompt_len=4000, output_len=500)
+    dec = prepare(L70, CL, get_engine("vllm"), tp=4, pp=2, precision=PREC, prompt_len=4000, output_len=500)
+    flat, piped = make_disagg(tp4, dec, 8, 8), make_disagg(pp2, dec, 8, 8)
+    a, b = steady_rate(flat, 3.0), steady_rate(piped, 3.0)
+    assert b["prefill_s"] > a["prefill_s"] and saturation_rate(piped) > 1.1 * saturation_rate(flat)
+    sim = simulate_disagg(piped, arrival_rate=3.0, requests=300, lifetime_s=b["e2e_s"])
+    assert sim.requests_per_s == pytest.approx(3.0, rel=0.15)
+    assert sim.ttft_s.mean >= b["prefill_s"]                        # every prompt goes through both stages
+
+
 def test_pools_must_hold_whole_replicas():
     with pytest.raises(ShardlabError, match="whole replicas"):
         make_disagg(_case(2), _case(2), 3, 4)
@@ -109,7 +124,8 @@ def test_estimate_disaggregated_json_and_text():
     (["--serve", "--disaggregated", "4:0", "--concurrency", "4"], "P:D"),
     (["--serve", "--disaggregated", "four", "--concurrency", "4"], "P:D"),
     (["--serve", "--tp", "2", "--disaggregated", "3:4", "--concurrency", "4"], "whole replicas"),
-    (["--serve", "--pp", "2", "--disaggregated", "4:4", "--concurrency", "4"], "--pp"),
+    (["--serve", "--pp", "3", "--disaggregated", "4:4", "--concurrency", "4"], "whole replicas"),
+    (["--serve", "--prefill-pp", "2", "--concurrency", "4"], "add --disaggregated"),
     (["--disaggregated", "4:4"], "add --serve"),
     (["--serve", "--prefill-tp", "2", "--concurrency", "4"], "add --disaggregated"),
     (["--serve", "--disaggregated", "4:4", "--gpus", "16", "--concurrency", "4"], "--gpus"),

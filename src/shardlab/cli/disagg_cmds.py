@@ -25,14 +25,15 @@ def check_disagg_flags(args) -> None:
 
     if getattr(args, "prefill_tp", None) is not None and not args.disaggregated:
         raise ShardlabError("--prefill-tp sets the prefill pool's TP of --disaggregated P:D: add --disaggregated")
+    if getattr(args, "prefill_pp", None) is not None and not args.disaggregated:
+        raise ShardlabError("--prefill-pp sets the prefill pool's pipeline stages of --disaggregated P:D: add "
+                            "--disaggregated")
     if getattr(args, "prefill_gpu", None) is not None and not args.disaggregated:
         raise ShardlabError("--prefill-gpu sets the prefill pool's GPU kind of --disaggregated P:D: add --disaggregated")
     if not args.disaggregated:
         return
     if not args.serve:
         raise ShardlabError("--disaggregated describes serving under load: add --serve")
-    if args.pp != 1:
-        raise ShardlabError("--disaggregated with --pp > 1 is not modelled (each pool runs TP replicas): drop --pp")
     if getattr(args, "speculative_tokens", None):
         raise ShardlabError("--speculative-tokens with --disaggregated is not modelled: drop one of them")
 
@@ -46,8 +47,9 @@ def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
     kw = dict(prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
               **case_kw(args, spec, catalog))
     pre_cluster, pre_prec = prefill_cluster(args, catalog, cluster, prec, pools[0])
-    pre = prepare(spec, pre_cluster, engine, tp=args.prefill_tp or args.tp, precision=pre_prec, **kw)
-    dec = prepare(spec, cluster, engine, tp=args.tp, precision=prec, **kw)
+    pre = prepare(spec, pre_cluster, engine, tp=args.prefill_tp or args.tp, pp=args.prefill_pp or args.pp,
+                  precision=pre_prec, **kw)
+    dec = prepare(spec, cluster, engine, tp=args.tp, pp=args.pp, precision=prec, **kw)
     return make_disagg(pre, dec, *pools)
 
 
@@ -82,8 +84,6 @@ def export_job(args, cat, spec):
     if args.gpus and args.gpus != sum(pools):
         raise ShardlabError(f"--gpus {args.gpus} is not the pools' {pools[0]} + {pools[1]} GPUs of --disaggregated; "
                             f"drop --gpus")
-    if args.pp != 1:
-        raise ShardlabError("--disaggregated with --pp > 1 is not modelled (each pool runs TP replicas): drop --pp")
     cluster = cluster_from_args(args, cat, sum(pools))
     prec = precision_from_args(args, cluster.accelerator)
     to = getattr(args, "to", None)
@@ -99,8 +99,8 @@ def export_job(args, cat, spec):
                   dp_attention=dec.attention_dp,
                   pools=Pools(pools[0], pools[1], d.prefill.tp,
                               None if d.prefill.cluster.accelerator.id == cluster.accelerator.id
-                              else d.prefill.cluster.accelerator.id))
-    return LaunchJob(spec.name, validate(Layout(tp=dec.tp), spec), args.prompt_len + args.output_len, cap,
+                              else d.prefill.cluster.accelerator.id, d.prefill.pp))
+    return LaunchJob(spec.name, validate(Layout(tp=dec.tp, pp=dec.pp), spec), args.prompt_len + args.output_len, cap,
                      "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
                      gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
                      serve=serve, notes=price_notes(cat, cluster.accelerator.id, getattr(args, "spot", False)))

@@ -85,7 +85,8 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
           "weights": "weights", "kv_cache": "kv_cache_dtype", "optimizer": "optimizer",
           "recompute_fraction": "recompute_fraction", "wrap": "wrap", "dp_replicate": "dp_replicate",
-          "replicas": "replicas", "disaggregated": "disaggregated", "prefill_tp": "prefill_tp", "prefill_gpu": "prefill_gpu"}
+          "replicas": "replicas", "disaggregated": "disaggregated", "prefill_tp": "prefill_tp", "prefill_gpu": "prefill_gpu",
+          "prefill_pp": "prefill_pp"}
 GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
@@ -110,7 +111,8 @@ def apply_import(args, imp, parser) -> None:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them
         if parser.prog.split()[1:] == ["plan"]:      # plan searches the pools again (its serving search)
-            f.pop("disaggregated"), f.pop("prefill_tp", None), f.pop("prefill_gpu", None)
+            for k in ("disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp"):
+                f.pop(k, None)
         elif not hasattr(args, "disaggregated"):
             raise ShardlabError(f"{args.from_file} is a disaggregated prefill/decode script; read it with "
                                 f"`shardlab estimate --from`")

@@ -76,6 +76,8 @@ def add_inference_args(p) -> None:
                         "them (DistServe); the decode pool's replicas use --tp")
     g.add_argument("--prefill-tp", type=BOUNDED["gpus"], default=None, metavar="T",
                    help="with --disaggregated: the prefill pool's TP (default --tp)")
+    g.add_argument("--prefill-pp", type=BOUNDED["gpus"], default=None, metavar="P",
+                   help="with --disaggregated: the prefill pool's pipeline stages (default --pp)")
     g.add_argument("--prefill-gpu", default=None, metavar="GPU",
                    help="with --disaggregated: the prefill pool's GPU kind (default --gpu; other kinds sit on other "
                         "nodes, the KV cache crosses the NIC)")

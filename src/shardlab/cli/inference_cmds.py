@@ -124,7 +124,8 @@ def plan_inference_cmd(args, catalog):
     check_serve_flags(args, plan=True)
     moe = [f for f, on in (("--ep", getattr(args, "ep", 1) != 1), ("--dp-attention", getattr(args, "dp_attention", False)),
                            ("--disaggregated", bool(getattr(args, "disaggregated", None))),
-                           ("--prefill-tp", getattr(args, "prefill_tp", None) is not None)) if on]
+                           ("--prefill-tp", getattr(args, "prefill_tp", None) is not None),
+                           ("--prefill-pp", getattr(args, "prefill_pp", None) is not None)) if on]
     if getattr(args, "prefill_gpu", None) is not None:
         raise ShardlabError("--prefill-gpu: plan's prefill/decode search keeps one GPU kind (--gpu); price a split over "
                             "two kinds with `shardlab estimate --inference --serve --disaggregated P:D --prefill-gpu "

@@ -65,6 +65,8 @@ class Pools:
     """TP of each prefill replica."""
     prefill_gpu: str | None = None
     """GPU kind of the prefill pool when it differs from the job's (its own nodes); None: the job's."""
+    prefill_pp: int = 1
+    """Pipeline stages of each prefill replica."""
 
     @property
     def label(self) -> str:
@@ -222,8 +224,9 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     lay = job.layout
     pools = job.serve.pools if job.serve else None
     what = (f"serve {job.model} disaggregated: a prefill pool of {pools.prefill_gpus} "
-            f"{pools.prefill_gpu or job.gpu} GPUs (replicas of TP {pools.prefill_tp}) and a decode pool of "
-            f"{pools.decode_gpus} {job.gpu} GPUs (replicas of TP {lay.tp}"
+            f"{pools.prefill_gpu or job.gpu} GPUs (replicas of TP {pools.prefill_tp}"
+            + (f" × PP {pools.prefill_pp}" if pools.prefill_pp > 1 else "") + ") and a decode pool of "
+            f"{pools.decode_gpus} {job.gpu} GPUs (replicas of TP {lay.tp}" + (f" × PP {lay.pp}" if lay.pp > 1 else "")
             + (f" × {job.serve.dp_attention} attention ranks, EP {job.serve.ep}" if job.serve.dp_attention > 1 else
                f", EP {job.serve.ep}" if job.serve.ep > 1 else "") + "), the KV cache sent from one to the other"
             if pools else

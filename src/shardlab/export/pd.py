@@ -62,7 +62,7 @@ class Instance:
 def pool_gpus(job: LaunchJob) -> tuple[int, int]:
     """(GPUs of one prefill replica, GPUs of one decode replica)."""
     s = job.serve
-    return s.pools.prefill_tp * s.dp_attention, job.layout.tp * job.layout.pp * s.dp_attention
+    return s.pools.prefill_tp * s.pools.prefill_pp * s.dp_attention, job.layout.tp * job.layout.pp * s.dp_attention
 
 
 def place(job: LaunchJob) -> list[Instance]:
@@ -93,8 +93,8 @@ def place(job: LaunchJob) -> list[Instance]:
 def instance_job(job: LaunchJob, role: str) -> LaunchJob:
     """The one-replica job an instance of ``role`` runs (what the engine's own line writer takes)."""
     s = job.serve
-    tp = s.pools.prefill_tp if role == "prefill" else job.layout.tp
-    return replace(job, layout=Layout(tp=tp, pp=job.layout.pp), serve=replace(s, replicas=1, pools=None))
+    tp, pp = (s.pools.prefill_tp, s.pools.prefill_pp) if role == "prefill" else (job.layout.tp, job.layout.pp)
+    return replace(job, layout=Layout(tp=tp, pp=pp), serve=replace(s, replicas=1, pools=None))
 
 
 def words(pairs) -> list[str]:
@@ -186,18 +186,20 @@ def pools_fields(roles: list[tuple[str, dict]], where: str) -> dict:
             raise ShardlabError(f"{where}: the {role} servers differ in layout; shardlab models one layout per pool")
     gpus = lambda f: f.get("tp", 1) * f.get("pp", 1) * f.get("dp_attention", 1)   # noqa: E731
     dec = dict(by["decode"][0])
-    if by["prefill"][0].get("pp", 1) > 1 or dec.get("pp", 1) > 1:
-        raise ShardlabError(f"{where}: pipeline stages in a disaggregated pool are not modelled; fix the file")
     dec.pop("replicas", None)
     dec["prefill_tp"] = by["prefill"][0]["tp"]
+    if by["prefill"][0].get("pp", 1) > 1:
+        dec["prefill_pp"] = by["prefill"][0]["pp"]
     dec["disaggregated"] = f"{len(by['prefill']) * gpus(by['prefill'][0])}:{len(by['decode']) * gpus(dec)}"
     return dec
 
 
 def understood(f: dict) -> tuple[str, str]:
     return ("prefill and decode servers", f"--disaggregated {f['disaggregated']} --prefill-tp {f['prefill_tp']} "
+                                          + (f"--prefill-pp {f['prefill_pp']} " if f.get("prefill_pp") else "")
                                           + (f"--prefill-gpu {f['prefill_gpu']} " if f.get("prefill_gpu") else "")
-                                          + f"(decode TP {f['tp']})")
+                                          + f"(decode TP {f['tp']}" + (f" × PP {f['pp']}" if f.get("pp", 1) > 1 else "")
+                                          + ")")
 
 
 def prefill_kind(text: str) -> str | None:
@@ -208,7 +210,3 @@ def prefill_kind(text: str) -> str | None:
     return m.group(1) if m and m.group(1) != m.group(2) else None
 
 
-def check_job(job: LaunchJob) -> None:
-    """What no engine's script can express: pipeline stages in the pools, replicas beside the pools."""
-    if job.layout.pp > 1:
-        raise Refused("disaggregated pools run TP replicas: drop --pp")

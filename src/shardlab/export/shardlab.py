@@ -12,7 +12,7 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs);
-              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_gpu (two pools), where set
+              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
-              "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu")
-SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None}
+              "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
+SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
+                 "prefill_pp": None}
 """Serving keys written only where they differ from these (expert parallelism, disaggregated pools)."""
 SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),
             "layout": LAYOUT_KEYS, "workload": WORKLOAD_KEYS, "framework": ("name",), "serve": SERVE_KEYS,
@@ -61,7 +62,8 @@ def render(job: LaunchJob, spec=None) -> Export:
         vals = {**{k: getattr(sv, k) for k in SERVE_KEYS if hasattr(sv, k)},
                 "disaggregated": sv.pools.label if sv.pools else None,
                 "prefill_tp": sv.pools.prefill_tp if sv.pools else None,
-                "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None}
+                "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None,
+                "prefill_pp": sv.pools.prefill_pp if sv.pools and sv.pools.prefill_pp > 1 else None}
         doc["serve"] = {k: v for k, v in vals.items() if k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k]}
         del doc["workload"]
     est = {k: v for k, v in job.notes.items() if k in ("step_time_s", "usd_per_hour") and isinstance(v, (int, float))}

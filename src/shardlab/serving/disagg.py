@@ -9,7 +9,8 @@ prepared ``ServeCase``: its TP, MoE layout, KV blocks); every request
    token budget. The prefill pool is an M/D/1 queue per replica, as DistServe §3.1 models it: with arrival
    rate λ_p per replica and t₁ the prefill time of one prompt, the mean wait is ρ·t₁ / (2(1 − ρ)), where
    ρ = λ_p·s and s is the time per prompt of a full step (prompts batched up to the budget; s = t₁ for a
-   prompt that fills it alone);
+   prompt that fills it alone; with pipeline stages, s is the slowest stage's share, the next step entering
+   the pipeline while the last one runs on the later stages);
 2. sends its prompt's KV cache to a decode replica: every prefill rank sends its slice (the prompt's
    tokens × the rank's KV bytes per token) over its own link, NVLink when both pools sit in one node,
    the RDMA NIC otherwise, α–β (``comm.collectives``, send-recv), after the prefill ends (no layer-wise
@@ -149,7 +150,9 @@ def _prefill_times(d: DisaggCase) -> tuple[float, float]:
     L = float(pre.prefill_keys_per_token)
     one = float(micro_batch_times(a, 0.0, 0.0, S, S * L, 1.0)[0][0])
     per_step = max(1, int(pre.budget_tokens // max(S, 1.0)))
-    full = float(micro_batch_times(a, 0.0, 0.0, per_step * S, per_step * S * L, float(per_step))[0][0])
+    through, stage = micro_batch_times(a, 0.0, 0.0, per_step * S, per_step * S * L, float(per_step))
+    # pipeline stages pipeline the prompts: a replica takes the next step when its slowest stage is free
+    full = float(stage[0] if pre.pp > 1 else through[0])
     chunks = max(1, int(-(-S // pre.budget_tokens)))            # a prompt longer than the budget takes several steps
     overhead = (chunks - 1) * float(a.kernels.step_overhead_s[0])
     return one + overhead, full / per_step + overhead

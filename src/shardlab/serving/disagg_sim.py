@@ -44,8 +44,10 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
     per_step = max(1, int(pre.budget_tokens // max(Sc, 1.0)))
     chunks = max(1, math.ceil(Sc / pre.budget_tokens))
     step_over = float(d.pre_arrays.kernels.step_overhead_s[0])
-    batch_s = {n: float(micro_batch_times(d.pre_arrays, 0.0, 0.0, n * Sc, n * Sc * L, float(n))[0][0])
-               + (chunks - 1) * step_over for n in range(1, per_step + 1)}
+    times = {n: micro_batch_times(d.pre_arrays, 0.0, 0.0, n * Sc, n * Sc * L, float(n)) for n in range(1, per_step + 1)}
+    batch_s = {n: float(th[0]) + (chunks - 1) * step_over for n, (th, _) in times.items()}
+    # pipeline stages: the replica takes its next batch when the slowest stage is free, the batch ends later
+    free_s = ({n: float(st[0]) + (chunks - 1) * step_over for n, (_, st) in times.items()} if pre.pp > 1 else batch_s)
     think_s = float(np.ravel(cycle_time(d.dec_arrays, 1.0, float(S)))[0])
     cap = dec.capacity
     Bg, cg, slope = d.grid
@@ -81,7 +83,10 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
             batch = pq[:per_step]
             del pq[:len(batch)]
             p_busy[r] = True
-            push(t + batch_s[len(batch)], "prefilled", (r, batch))
+            piped = free_s is not batch_s
+            if piped:
+                push(t + free_s[len(batch)], "pfree", r)
+            push(t + batch_s[len(batch)], "prefilled", (r, batch, not piped))
 
     def start_decode(t, r):
         nonlocal steps
@@ -114,9 +119,13 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
         if kind == "arrive":
             pq.append(payload)
             start_prefill(t)
+        elif kind == "pfree":                          # a pipelined replica's slowest stage took its batch
+            p_busy[payload] = False
+            start_prefill(t)
         elif kind == "prefilled":
-            r, batch = payload
-            p_busy[r] = False
+            r, batch, frees = payload
+            if frees:                                  # pipelined replicas were freed by "pfree" already
+                p_busy[r] = False
             for i in batch:                            # the replica's link sends its prompts' KV one after the other
                 link_free[r] = max(link_free[r], t) + d.kv_transfer_s
                 push(link_free[r], "kv", i)
