@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from shardlab.cli.capacity_text import _capacity_text, _slo_words
-from shardlab.cli.serve_cmds import _candidates, moe_kw
+from shardlab.cli.serve_space import _candidates, moe_kw
 
 
 def _key(m) -> tuple:

@@ -17,7 +17,7 @@ def _slo_words(slo) -> str:
 
 def _plan_label(p: dict) -> str:
     if p.get("ep", 1) > 1:
-        from shardlab.cli.serve_cmds import layout_words
+        from shardlab.cli.serve_space import layout_words
 
         return f"{layout_words(p)} × {p['replicas']}, max seqs {p['max_num_seqs']}"
     return f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}, max seqs {p['max_num_seqs']}"
@@ -25,7 +25,7 @@ def _plan_label(p: dict) -> str:
 
 def _replicas_words(lay: dict) -> str:
     """'N replica(s) of LAYOUT, max-num-seqs M' of the capacity's layout."""
-    from shardlab.cli.serve_cmds import layout_words
+    from shardlab.cli.serve_space import layout_words
 
     return f"{lay['replicas']} replica(s) of {layout_words(lay)}, max-num-seqs {lay['max_num_seqs']}"
 
@@ -55,7 +55,7 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
 
     plans, cap, pareto = doc["plans"], doc["capacity"], doc["pareto"]
     best = plans[0]
-    from shardlab.cli.serve_cmds import _ep_cell
+    from shardlab.cli.serve_space import _ep_cell
 
     moe_cols = any(p.get("ep", 1) > 1 for p in plans)
     rows = [[p["tp"], p["pp"], *([_ep_cell(p)] if moe_cols else []), p["replicas"], p["max_num_seqs"],

@@ -206,11 +206,11 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
               prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
     if kw.get("speculation"):
         return [], {"speculative decoding with disaggregation is not modelled": 1}
-    from shardlab.cli.serve_cmds import moe_kw
+    from shardlab.cli.serve_space import moe_kw
 
     cases, rejected, errors = {}, {}, {}
     # one replica layout per TP (TP-sliced experts); a MoE model adds wide EP with data-parallel attention, N ranks
-    # of TP 1 for N dividing the experts, up to a node (what serve_cmds._candidates searches aggregated)
+    # of TP 1 for N dividing the experts, up to a node (what serve_space._candidates searches aggregated)
     experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
     layouts = [(t, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]
     layouts += [(1, n, n) for n in range(2, min(gpus, cluster.gpus_per_node) + 1) if experts and experts % n == 0]

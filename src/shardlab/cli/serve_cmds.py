@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from shardlab.cli.serve_space import _candidates, _ep_cell, layout_words, moe_kw
+
 
 def _gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
@@ -158,52 +160,6 @@ class _Missing:
 
 
 _NO_SIM = _Missing()
-
-
-def _candidates(spec, cluster, gpus, engine, redundant: int = 0):
-    """(tp, pp, max-num-seqs, ep, attention DP ranks) of every replica layout of ``gpus`` GPUs. A MoE model adds,
-    beside its TP-sliced experts: experts whole over the TP group (ep = tp > 1), and wide expert parallelism with
-    data-parallel attention, N = ep GPUs per replica of N attention ranks of TP 1 (pp 1), N dividing the experts
-    (+ ``redundant`` slots), as SGLang, vLLM and TensorRT-LLM run DeepSeek and Qwen3 MoE (``serving.moe``)."""
-    from shardlab.planner.space import tp_ok
-
-    engine = engine.for_gpu(cluster.accelerator)                 # the cap the engine takes on this GPU, and below
-    caps = sorted({engine.max_num_seqs} | {2**i for i in range(3, 12) if 2**i < engine.max_num_seqs}, reverse=True)
-    experts = spec.moe.num_experts + redundant if spec.moe is not None else 0
-    for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node and tp_ok(spec, d)]:
-        for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
-            moe = [(1, 1)] + ([(tp, 1)] if experts and tp > 1 and experts % tp == 0 else [])
-            for ep, dpa in moe:
-                for cap in caps:
-                    yield tp, pp, cap, ep, dpa
-    if experts:
-        for n in [d for d in range(2, gpus + 1) if gpus % d == 0 and experts % d == 0]:
-            for cap in caps:
-                yield 1, 1, cap, n, n
-
-
-def moe_kw(spec_kw: dict, ep: int, dpa: int) -> dict:
-    """``prepare``'s keywords for a searched MoE layout: the flags' settings (--expert-imbalance,
-    --two-batch-overlap, --redundant-experts) where the layout takes them."""
-    base = {k: v for k, v in spec_kw.items() if k not in ("ep", "dp_attention", "expert_imbalance",
-                                                           "two_batch_overlap", "redundant_experts")}
-    if ep == 1:
-        return base
-    return {**base, "ep": ep, "dp_attention": dpa > 1, "expert_imbalance": spec_kw.get("expert_imbalance"),
-            "two_batch_overlap": bool(spec_kw.get("two_batch_overlap")) and dpa > 1,
-            "redundant_experts": spec_kw.get("redundant_experts") or 0}
-
-
-def _ep_cell(p: dict) -> str:
-    """The EP column of a MoE plan table: 'EP (attention ranks)', or TP-sliced experts."""
-    return "— (TP experts)" if p.get("ep", 1) == 1 else f"{p['ep']} ({p.get('dp_attention', 1)})"
-
-
-def layout_words(p: dict) -> str:
-    """A plan entry's replica layout in words."""
-    if p.get("dp_attention", 1) > 1:
-        return f"EP {p['ep']} ({p['dp_attention']} attention ranks of TP {p['tp']})"
-    return f"TP {p['tp']} × PP {p['pp']}" + (f", EP {p['ep']}" if p.get("ep", 1) > 1 else "")
 
 
 def plan_serve(args, spec, cluster, gpus, prec, engine):
