@@ -129,6 +129,10 @@ def test_inference_validation_summary_in_readme():
     _assert_quoted("README.md", f"a mean error of about {round(100 * sum(outside) / len(outside))}% over {len(outside)} "
                    "informational measurements")
     ep, ep_loso = d["in_sample"]["expert_parallel"]["throughput"], d["leave_one_source_out"]["expert_parallel"]["throughput"]
+    from shardlab.serving.moe import EP_VALIDATION       # the caveat every EP estimate and plan prints
+    assert (EP_VALIDATION["values"], round(EP_VALIDATION["mean_abs_error"], 3),
+            round(EP_VALIDATION["loso_mean_abs_error"], 3)) == (ep["n"], round(ep["mean_abs_error"], 3),
+                                                                round(ep_loso["mean_abs_error"], 3))
     _assert_quoted("README.md", f"{ep['n']} throughput values of MoE models served with expert parallelism "
                    f"and data-parallel attention are predicted, never fitted: {f({'x': ep}, 'x')} mean error "
                    f"({f({'x': ep_loso}, 'x')} leave-one-source-out)")

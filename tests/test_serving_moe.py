@@ -220,6 +220,7 @@ def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
     tp_sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["ep"] == 1)
     assert best["goodput_tokens_per_s_per_gpu"] > 2 * tp_sliced
     assert d["capacity"]["layout"]["dp_attention"] == 16 and any(q["dp_attention"] == 16 for q in d["pareto"])
+    assert any("predicted, never fitted" in n and "upper bounds" in n for n in d["notes"])   # the validation's caveat
     pools = d["disaggregated"][0]
     assert pools["prefill"]["dp_attention"] == pools["decode"]["dp_attention"] == 8 and d["comparison"]["ratio"] > 1
     assert all(p["prefill"]["dp_attention"] == p["decode"]["dp_attention"] for p in d["disaggregated"])
@@ -239,7 +240,7 @@ def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
     assert code == 0, err
     assert "EP (attn DP)" in txt and "16 (16)" in txt
     code, txt, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "2", "--concurrency", "8")
-    assert code == 0 and "EP (attn DP)" not in txt                                   # dense: no such column
+    assert code == 0 and "EP (attn DP)" not in txt and "never fitted" not in txt     # dense: no such column
 
 
 def test_html_page_draws_the_experts_per_gpu(tmp_path):

@@ -370,6 +370,11 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
         from shardlab.cli.disagg_cmds import disagg_section
 
         doc.update(disagg_section(args, spec, cluster, gpus, prec, engine, slo, capacity))
+    if best.get("dp_attention", 1) > 1 or any(p["decode"].get("dp_attention", 1) > 1
+                                               for p in (doc.get("disaggregated") or [])[:1]):
+        from shardlab.serving.moe import ep_caveat
+
+        ev["notes"].append(ep_caveat())
     if ev["notes"]:
         doc["notes"] = ev["notes"]
     return finite(doc), _capacity_text(doc, args, cluster, sim, slo)

@@ -134,6 +134,7 @@ def estimate_disagg(args, spec, cluster, prec, engine):
     from shardlab.render.table import table
     from shardlab.serving.disagg import steady_concurrency, steady_rate
     from shardlab.serving.disagg_sim import simulate_disagg
+    from shardlab.serving.moe import ep_caveat
 
     pools = parse_pools(args.disaggregated)
     d = build(args, spec, cluster, prec, engine, get_catalog(args.catalog), pools)
@@ -152,7 +153,8 @@ def estimate_disagg(args, spec, cluster, prec, engine):
            "engine_version": engine.version, "precision": prec.label, "prompt_len": args.prompt_len,
            "output_len": args.output_len, "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "disaggregated": d.to_dict(), "kv_transfer_s": d.kv_transfer_s, "steady_state": res,
-           "simulation": sim.to_dict(), "saturation_rate": sat, "aggregated": agg_doc, "slo": slo}
+           "simulation": sim.to_dict(), "saturation_rate": sat, "aggregated": agg_doc, "slo": slo,
+           **({"notes": [ep_caveat()]} if d.decode.attention_dp > 1 else {})}
     mixed = d.prefill.cluster.accelerator.id != cluster.accelerator.id
     c = lambda case, n: [n * case.gpus, *([case.cluster.accelerator.id] if mixed else []), n, case.layout_label,  # noqa: E731
                          case.capacity, f"{case.blocks.weights_bytes / 2**30:.2f}", f"{case.blocks.num_blocks:,}"]
@@ -185,6 +187,7 @@ def estimate_disagg(args, spec, cluster, prec, engine):
         *([agg_words] if agg_words else []),
         *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
         *sim_notes(sim, args.concurrency),
+        *([ep_caveat()] if d.decode.attention_dp > 1 else []),
         "", "disaggregated prefill/decode (DistServe, Zhong et al. 2024): TTFT = queue + prefill + KV transfer + the "
             "first decode step; TPOT from decode steps that carry no prefill (serving.disagg; percentiles: "
             "serving.disagg_sim)"]

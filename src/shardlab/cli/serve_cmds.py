@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from shardlab.cli.serve_space import _candidates, _ep_cell, layout_words, moe_kw
+from shardlab.serving.moe import ep_caveat
 
 
 def _gib(b: float) -> str:
@@ -122,6 +123,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
                         f"the pool holds at {case.blocks_per_seq} blocks each and counts no recomputation: read the "
                         f"simulated column (or add blocks: --gpu-memory-utilization, --kv-cache-dtype fp8, more --tp)")
         notes.append(preempt_note)
+    if case.attention_dp > 1:
+        notes.append(ep_caveat())
     if notes:
         doc["notes"] = notes
     unit = lim.unit
@@ -242,7 +245,8 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
            "objective": "latency" if latency else "throughput", "prompt_len": args.prompt_len, "output_len": args.output_len,
            "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
            "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "evaluated": len(plans) + sum(rejected.values()),
-           "rejected": rejected, "plans": top, "best_simulated": sim.to_dict()}
+           "rejected": rejected, "plans": top, "best_simulated": sim.to_dict(),
+           **({"notes": [ep_caveat()]} if best["dp_attention"] > 1 else {})}
     moe_cols = any(p["ep"] > 1 for p in top)             # MoE layouts searched: the EP and attention ranks shown
     rows = [[p["tp"], p["pp"], *([_ep_cell(p)] if moe_cols else []), p["replicas"], p["max_num_seqs"],
              f"{p['in_flight_per_replica']:.1f}", _ms(p["ttft_s"]),
@@ -265,6 +269,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         f"  simulated ({sim.requests} requests): TTFT p50 {_with_ms(sim.ttft_s.p50)} / p99 {_with_ms(sim.ttft_s.p99)}, "
         f"TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}",
         *(f"  note: {n}" for n in sim_notes(sim, None if mode == 2 else max(1, round(load / best["replicas"])))),
+        *([f"  note: {ep_caveat()}"] if best["dp_attention"] > 1 else []),
         f"evaluated {doc['evaluated']} layouts" + (f"; rejected: {', '.join(f'{k} ({v})' for k, v in rejected.items())}" if rejected else ""),
         "pipeline stages add sequences in flight (throughput), not per-token speed; replicas split the load."])
     return finite(doc), text

@@ -81,3 +81,19 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
                             f"{tp_f} {tp}")
     imbalance = DEFAULT_EXPERT_IMBALANCE if expert_imbalance is None else expert_imbalance
     return ep // tp, imbalance if ep > 1 else 1.0
+
+
+EP_VALIDATION = {"values": 37, "mean_abs_error": 0.428, "loso_mean_abs_error": 0.459}
+"""What `validate --inference` says of the expert-parallel families (predicted, never fitted): published throughputs
+of MoE models served with EP and data-parallel attention, and the mean |error| in sample and leave-one-source-out
+(tests/test_doc_figures.py holds these to the command's output)."""
+
+
+def ep_caveat() -> str:
+    """The note every estimate or plan of a data-parallel-attention EP layout carries (``EP_VALIDATION``)."""
+    v = EP_VALIDATION
+    return (f"expert parallelism with data-parallel attention is predicted, never fitted: against {v['values']} "
+            f"published throughputs (TensorRT-LLM, SGLang) the model runs {100 * v['mean_abs_error']:.1f}% off on "
+            f"average ({100 * v['loso_mean_abs_error']:.1f}% leave-one-source-out), nearly always too fast: read these "
+            f"capacities as upper bounds (`shardlab validate --inference`)")
+
