@@ -12,7 +12,8 @@ from shardlab.catalog import get_catalog
 from shardlab.export import read_text, sniff
 from shardlab.export.flags import check_flags
 from shardlab.export.pd import commands, multi_flags
-from shardlab.export.pd_engines import HEREDOC, check_config
+from shardlab.export.pd_engines import check_config
+from shardlab.export.text import HEREDOC
 from shardlab.export.tensorrt_llm import check_options
 from shardlab.export.text import flags_dict
 from shardlab.safeio import yaml_load

@@ -7,7 +7,8 @@ from conftest import cli_main
 from shardlab.catalog import get_catalog
 from shardlab.export import read_text, sniff
 from shardlab.export.flags import check_flags
-from shardlab.export.tensorrt_llm import _HEREDOC, check_options
+from shardlab.export.tensorrt_llm import check_options
+from shardlab.export.text import HEREDOC
 from shardlab.export.text import flags_dict, split_command
 from shardlab.safeio import yaml_load
 
@@ -24,7 +25,7 @@ def export(tmp_path, target, *args):
 
 
 def flags_of(target: str, text: str) -> dict:
-    words = split_command(_HEREDOC.sub("", text))
+    words = split_command(HEREDOC.sub("", text))
     start = next(i for i, w in enumerate(words) if LINE[target].split()[-1] in w)
     fl = flags_dict(words[start + 1:])
     fl.pop("model-path", None) if target != "sglang" else None
@@ -43,7 +44,7 @@ def test_dense_replicas_round_trip(tmp_path, target):
     assert f["max_num_seqs"] == 32 and str(f["kv_cache_dtype"]).startswith("fp8")
     if target == "tensorrt-llm":                     # one server per replica: the file says so and serves one
         assert "could not express replicas=2" in text and "replicas" not in f
-        options = yaml_load(_HEREDOC.search(text).group(2))
+        options = yaml_load(HEREDOC.search(text).group(2))
         assert check_options(options) == [] and options["kv_cache_config"]["dtype"] == "fp8"
     else:
         assert f["replicas"] == 2
@@ -62,7 +63,7 @@ def test_wide_ep_with_dp_attention_round_trips(tmp_path, target):
               "tensorrt-llm": {"tp_size": "16", "ep_size": "16"}}[target]
     assert {k: fl[k] for k in expect} == expect
     if target == "tensorrt-llm":
-        assert yaml_load(_HEREDOC.search(text).group(2))["enable_attention_dp"] is True
+        assert yaml_load(HEREDOC.search(text).group(2))["enable_attention_dp"] is True
     f = read_text(text, CAT).fields
     assert (f["tp"], f["ep"], f["dp_attention"]) == (1, 16, 16)
     code, out, err = cli_main("estimate", "--from", str(path), "--gpu", "h200", "--json")

@@ -250,6 +250,6 @@ def test_html_page_draws_the_experts_per_gpu(tmp_path):
                             str(page))
     assert code == 0, err
     html = page.read_text()
-    assert "Experts per GPU" in html and "EP 16 (16 attention ranks of TP 1)" in html
+    assert "Experts per GPU" in html and "EP 16 (16 data-parallel attention ranks of TP 1)" in html
     assert html.count("<title>routed expert ") == 256 and html.count("<title>redundant slot") == 32
     assert html.count("GPU 15 (node 1)") == 1                     # 16 boxes over two nodes of 8

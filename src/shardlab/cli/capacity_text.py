@@ -17,17 +17,17 @@ def _slo_words(slo) -> str:
 
 def _plan_label(p: dict) -> str:
     if p.get("ep", 1) > 1:
-        from shardlab.cli.serve_space import layout_words
+        from shardlab.serving.moe import plan_label
 
-        return f"{layout_words(p)} × {p['replicas']}, max seqs {p['max_num_seqs']}"
+        return f"{plan_label(p)} × {p['replicas']}, max seqs {p['max_num_seqs']}"
     return f"TP {p['tp']} × PP {p['pp']} × {p['replicas']}, max seqs {p['max_num_seqs']}"
 
 
 def _replicas_words(lay: dict) -> str:
     """'N replica(s) of LAYOUT, max-num-seqs M' of the capacity's layout."""
-    from shardlab.cli.serve_space import layout_words
+    from shardlab.serving.moe import plan_label
 
-    return f"{lay['replicas']} replica(s) of {layout_words(lay)}, max-num-seqs {lay['max_num_seqs']}"
+    return f"{lay['replicas']} replica(s) of {plan_label(lay)}, max-num-seqs {lay['max_num_seqs']}"
 
 
 def _thin(points: list, n: int) -> list:

@@ -74,7 +74,7 @@ def export_job(args, cat, spec):
     """The LaunchJob of `export --to ENGINE --inference --disaggregated P:D`: the decode replicas' layout, the prefill
     TP, each decode server's sequences (its KV capacity, or --max-num-seqs) and KV blocks from the serving model."""
     from shardlab.cli.common import cluster_from_args
-    from shardlab.cli.inference_args import engine_from_args, precision_from_args
+    from shardlab.cli.inference_args import precision_from_args
     from shardlab.errors import ShardlabError
     from shardlab.export.build import price_notes
     from shardlab.export.job import LaunchJob, Pools, Serve
@@ -86,10 +86,9 @@ def export_job(args, cat, spec):
                             f"drop --gpus")
     cluster = cluster_from_args(args, cat, sum(pools))
     prec = precision_from_args(args, cluster.accelerator)
-    to = getattr(args, "to", None)
-    if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
-        args.framework = to
-    engine = engine_from_args(args)
+    from shardlab.cli.export_cmds import serving_engine
+
+    engine, fw = serving_engine(args)
     d = build(args, spec, cluster, prec, engine, cat, pools)
     dec = d.decode
     cap = min(dec.capacity, args.max_num_seqs or dec.capacity)
@@ -102,7 +101,7 @@ def export_job(args, cat, spec):
                               else d.prefill.cluster.accelerator.id, d.prefill.pp))
     return LaunchJob(spec.name, validate(Layout(tp=dec.tp, pp=dec.pp), spec), args.prompt_len + args.output_len, cap,
                      "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
-                     gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
+                     gpus_per_node=cluster.gpus_per_node, framework=fw,
                      serve=serve, notes=price_notes(cat, cluster.accelerator.id, getattr(args, "spot", False)))
 
 
@@ -272,15 +271,11 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
                            "ratio": dis / agg if agg > 0 else None, "statistic": "mean"}}
 
 
-def pool_words(pool: dict) -> str:
-    """A pool's replica layout, short: 'TP 4', or 'EP 8' for wide expert parallelism with attention ranks."""
-    return f"EP {pool['ep']}" if pool.get("dp_attention", 1) > 1 else f"TP {pool['tp']}"
-
-
 def disagg_text(doc: dict, args) -> list[str]:
     """The capacity report's disaggregated table and verdict (empty when the search did not run)."""
     from shardlab.cli.serve_cmds import _ms
     from shardlab.render.table import table
+    from shardlab.serving.moe import pool_label as pool_words
 
     if "disaggregated" not in doc:
         return []

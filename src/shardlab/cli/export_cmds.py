@@ -60,10 +60,21 @@ def add_export_file_args(g, default_out: str = "print it") -> None:
 
 
 # ---- building the job ----------------------------------------------------------------------------
+def serving_engine(args):
+    """(engine profile, framework id) of a serving export: the engine the file runs (sglang, tensorrt-llm) prices its
+    KV blocks unless --framework names another; vllm otherwise."""
+    from shardlab.cli.inference_args import engine_from_args
+
+    to = getattr(args, "to", None)
+    if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
+        args.framework = to
+    return engine_from_args(args), to if to in ("sglang", "tensorrt-llm") else "vllm"
+
+
 def job_from_args(args, cat):
     """A LaunchJob from the estimate flags (training) or the inference flags."""
     from shardlab.cli.common import cluster_from_args, resolve_gpu, resolve_model
-    from shardlab.cli.inference_args import engine_from_args, precision_from_args
+    from shardlab.cli.inference_args import precision_from_args
     from shardlab.cli.plan_cmds import training_estimate_from_args
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import estimate_inference
@@ -94,10 +105,7 @@ def job_from_args(args, cat):
         prec = asked = precision_from_args(args, cluster.accelerator)
         if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
             prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16")
-        to = getattr(args, "to", None)
-        if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
-            args.framework = to                        # the engine the file runs prices its KV blocks
-        engine = engine_from_args(args)
+        engine, fw = serving_engine(args)
         moe = {k: v for k, v in case_kw(args, spec, cat).items() if k not in ("speculation", "draft_spec")}
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,
                                  output_len=args.output_len, precision=prec, engine=engine, **moe)
@@ -106,7 +114,7 @@ def job_from_args(args, cat):
         cap = min(per, args.max_num_seqs or per)     # --max-num-seqs caps the sequences each replica runs at once
         return LaunchJob(spec.name, lay, args.prompt_len + args.output_len, per,
                          "fp16-mixed" if asked.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
-                         gpus_per_node=cluster.gpus_per_node, framework=to if to in ("sglang", "tensorrt-llm") else "vllm",
+                         gpus_per_node=cluster.gpus_per_node, framework=fw,
                          serve=Serve(cap, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
                                      gpu_memory_utilization=engine.gpu_memory_utilization,
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",

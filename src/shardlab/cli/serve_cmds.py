@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from shardlab.cli.serve_space import _candidates, _ep_cell, layout_words, moe_kw
-from shardlab.serving.moe import ep_caveat
+from shardlab.cli.serve_space import _candidates, _ep_cell, moe_kw
+from shardlab.serving.moe import ep_caveat, plan_label
 
 
 def _gib(b: float) -> str:
@@ -260,7 +260,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
         table(["tp", "pp", *(["EP (attn DP)"] if moe_cols else []), "replicas", "max seqs", "in flight", "TTFT ms",
                "TPOT ms", "tokens/s", "KV blocks/GPU", "capacity", "SLO"], rows),
         "",
-        f"recommended: {best['replicas']} replica(s) of {layout_words(best)}, max-num-seqs {best['max_num_seqs']}: "
+        f"recommended: {best['replicas']} replica(s) of {plan_label(best)}, max-num-seqs {best['max_num_seqs']}: "
         f"TTFT {_with_ms(best['ttft_s'])}, TPOT {_with_ms(best['tpot_s'])}, {best['output_tokens_per_s']:,.0f} output tokens/s "
         f"({best['requests_per_s']:,.2f} requests/s)" + _miss(best),
         f"  each GPU allocates {best['kv_blocks_per_gpu']:,} KV blocks of {best['kv_block_size']} tokens "

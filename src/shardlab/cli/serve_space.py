@@ -42,10 +42,3 @@ def moe_kw(spec_kw: dict, ep: int, dpa: int) -> dict:
 def _ep_cell(p: dict) -> str:
     """The EP column of a MoE plan table: 'EP (attention ranks)', or TP-sliced experts."""
     return "— (TP experts)" if p.get("ep", 1) == 1 else f"{p['ep']} ({p.get('dp_attention', 1)})"
-
-
-def layout_words(p: dict) -> str:
-    """A plan entry's replica layout in words."""
-    if p.get("dp_attention", 1) > 1:
-        return f"EP {p['ep']} ({p['dp_attention']} attention ranks of TP {p['tp']})"
-    return f"TP {p['tp']} × PP {p['pp']}" + (f", EP {p['ep']}" if p.get("ep", 1) > 1 else "")

@@ -221,6 +221,8 @@ def recipe_notes(offload, lora_rank, quantize_base) -> dict:
 
 def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
+    from shardlab.serving.moe import replica_label
+
     lay = job.layout
     pools = job.serve.pools if job.serve else None
     what = (f"serve {job.model} disaggregated: a prefill pool of {pools.prefill_gpus} "
@@ -231,9 +233,7 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
                f", EP {job.serve.ep}" if job.serve.ep > 1 else "") + "), the KV cache sent from one to the other"
             if pools else
             f"serve {job.model}: {job.serve.replicas} replica(s) of "
-            + (f"EP {job.serve.ep} ({job.serve.dp_attention} data-parallel attention ranks of TP {lay.tp})"
-               if job.serve.dp_attention > 1 else f"TP {lay.tp} × PP {lay.pp}"
-               + (f", EP {job.serve.ep}" if job.serve.ep > 1 else "")) + f" on {job.gpu}"
+            + replica_label(lay.tp, lay.pp, job.serve.ep, job.serve.dp_attention) + f" on {job.gpu}"
             if job.serve else
             f"train {job.model} on {job.gpus} × {job.gpu} ({job.nodes} node(s) × {job.procs_per_node}): dp {lay.dp} × "
             f"tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" (ep {lay.ep})" if lay.ep > 1 else "")

@@ -12,14 +12,14 @@ selective (Korthikanti 2022's attention-core recompute, the same mechanism); ful
 from __future__ import annotations
 
 import re
-import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.layout import wrap_word
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import models_with_shape
-from shardlab.export.text import FieldError, Said, as_int, comment_block, even_split, flags_dict, split_command, whole
+from shardlab.export.text import (FieldError, Said, as_int, comment_block, even_split, flag_words, flags_dict,
+                                  split_command, whole)
 
 CHECKED = f"{version('megatron')} flag schema; Megatron-Core 0.16.1 TransformerConfig"
 ZERO_FSDP = {2: "optim_grads", 3: "optim_grads_params"}
@@ -198,7 +198,7 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
 def render(job: LaunchJob, spec) -> Export:
     pairs, uns = arg_list(job, spec)
     require_valid("megatron", {k: v for k, v in pairs})
-    flags = [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    flags = flag_words(pairs)
     launch = (f"torchrun --nnodes {job.nodes} --nproc-per-node {job.procs_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
               f"--master-addr \"${{MASTER_ADDR:-localhost}}\" --master-port 29500")
     text = ("#!/usr/bin/env bash\n" + comment_block(header(job, "megatron", uns) + [

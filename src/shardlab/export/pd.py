@@ -19,7 +19,6 @@ disaggregation settings:
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, replace
 
 from shardlab.errors import ShardlabError
@@ -97,10 +96,6 @@ def instance_job(job: LaunchJob, role: str) -> LaunchJob:
     return replace(job, layout=Layout(tp=tp, pp=pp), serve=replace(s, replicas=1, pools=None))
 
 
-def words(pairs) -> list[str]:
-    return [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
-
-
 def script(header: list[str], job: LaunchJob, inst: list[Instance], line, router: str, files: str = "") -> str:
     """The bash script: ``line(instance)`` is an instance's command (without the GPUs and the trailing &),
     ``router`` the router's command, ``files`` what is written before (here-documents)."""
@@ -136,9 +131,9 @@ def commands(text: str) -> list[list[str]]:
     assignments, node guards and the trailing & dropped."""
     import re
 
-    from shardlab.export.text import split_command
+    from shardlab.export.text import HEREDOC, split_command
 
-    body = re.sub(r"cat > \S+ <<'?EOF'?\n.*?\nEOF\n", "", text, flags=re.S).replace("\\\n", " ")
+    body = HEREDOC.sub("", text).replace("\\\n", " ")
     out = []
     for raw in body.split("\n"):
         raw = re.sub(r'^\s*\[ "\$NODE_RANK" = \d+ \] && ', "", raw)

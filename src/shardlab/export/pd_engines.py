@@ -17,13 +17,12 @@ from shardlab.errors import ShardlabError
 from shardlab.export import pd
 from shardlab.export.flags import check_flags, require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Unsupported, header
-from shardlab.export.text import as_int, flags_dict
+from shardlab.export.text import HEREDOC, as_int, flag_words, flags_dict
 
 NIXL = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
 """vLLM 0.11's KV-transfer configuration for P/D over NIXL (docs/features/nixl_connector_usage.md): every instance
 both sends and receives; the proxy decides which instance prefills."""
 VLLM_PROXY = '"${VLLM_SRC:-./vllm}/tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"'
-HEREDOC = re.compile(r"cat > (\S+) <<'?EOF'?\n(.*?)\nEOF\n", re.S)
 SGLANG_BACKEND = "mooncake"
 """SGLang's default KV transfer backend (--disaggregation-transfer-backend), written so it can be changed."""
 TRT_CACHE = {"backend": "DEFAULT"}
@@ -66,7 +65,7 @@ def render_vllm(job: LaunchJob) -> Export:
     def line(i: pd.Instance) -> str:
         repo, pairs = lines[i.role]
         return (f"VLLM_NIXL_SIDE_CHANNEL_PORT={i.side_port} vllm serve {repo} \\\n    "
-                + " \\\n    ".join(pd.words([("port", i.port), *pairs])))
+                + " \\\n    ".join(flag_words([("port", i.port), *pairs])))
 
     pre = [i for i in inst if i.role == "prefill"]
     dec = [i for i in inst if i.role == "decode"]
@@ -103,7 +102,7 @@ def render_sglang(job: LaunchJob) -> Export:
         extra = [("host", "0.0.0.0"), ("port", i.port)] + (
             [("disaggregation-bootstrap-port", i.side_port)] if i.role == "prefill" else [])
         require_valid("sglang", dict(extra))
-        return "python -m sglang.launch_server \\\n    " + " \\\n    ".join(pd.words(lines[i.role] + extra))
+        return "python -m sglang.launch_server \\\n    " + " \\\n    ".join(flag_words(lines[i.role] + extra))
 
     router = ["--pd-disaggregation"] + [f"--prefill http://{i.host}:{i.port} {i.side_port}" for i in inst
                                         if i.role == "prefill"]
@@ -151,7 +150,7 @@ def render_trtllm(job: LaunchJob) -> Export:
     def line(i: pd.Instance) -> str:
         repo, pairs = lines[i.role]
         return (f"trtllm-serve {repo} \\\n    "
-                + " \\\n    ".join(pd.words([("host", "0.0.0.0"), ("port", i.port), *pairs])))
+                + " \\\n    ".join(flag_words([("host", "0.0.0.0"), ("port", i.port), *pairs])))
 
     text = pd.script(header(job, "tensorrt-llm", uns) + [f"checked against {version('tensorrt-llm')} option schema",
                                                          _requests(job)],

@@ -10,13 +10,12 @@ the instance's GPUs), --ep-num-redundant-experts; two-batch overlap → --enable
 
 from __future__ import annotations
 
-import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import hf_id, read_model
-from shardlab.export.text import as_int, comment_block, flags_dict, serving_fields, split_command
+from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
 
 CHECKED = f"{version('sglang')} flag schema"
 DTYPE = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}
@@ -70,7 +69,7 @@ def render(job: LaunchJob, spec) -> Export:
     flags = dict(pairs)
     require_valid("sglang", flags)
     s = job.serve
-    words = [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    words = flag_words(pairs)
     lines = header(job, "sglang", uns) + [f"checked against {CHECKED}",
                                           f"requests: {s.prompt_len} prompt + {s.output_len} output tokens"]
     text = ("#!/usr/bin/env bash\n" + comment_block(lines) + "python -m sglang.launch_server \\\n    "

@@ -11,7 +11,6 @@ script writes the YAML beside it with a here-document, then starts the server.
 
 from __future__ import annotations
 
-import re
 import shlex
 
 import yaml
@@ -20,11 +19,10 @@ from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, schemas, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import hf_id, read_model
-from shardlab.export.text import as_int, comment_block, flags_dict, serving_fields, split_command
+from shardlab.export.text import HEREDOC, as_int, comment_block, flags_dict, serving_fields, split_command
 from shardlab.safeio import yaml_load
 
 CHECKED = f"{version('tensorrt-llm')} option schema"
-_HEREDOC = re.compile(r"cat > (\S+) <<'EOF'\n(.*?)\nEOF\n", re.S)
 
 
 def check_options(options: dict) -> list[str]:
@@ -113,7 +111,7 @@ def read(text: str, catalog) -> Imported:
 
 def read_one(text: str, catalog=None) -> Imported:
     """One server's line (a disaggregated script's instances are read one by one, ``export.pd_engines``)."""
-    words = split_command(_HEREDOC.sub("", text))
+    words = split_command(HEREDOC.sub("", text))
     if "trtllm-serve" not in words:
         raise ShardlabError("no `trtllm-serve MODEL ...` line found")
     i = words.index("trtllm-serve")
@@ -121,7 +119,7 @@ def read_one(text: str, catalog=None) -> Imported:
     fl = flags_dict(words[i + 1:])
     where = "trtllm-serve"
     options: dict = {}
-    m = _HEREDOC.search(text)
+    m = HEREDOC.search(text)
     if m:
         try:
             doc = yaml_load(m.group(2))

@@ -4,6 +4,7 @@ shell command lines (``shlex``), and argument lists to flag dictionaries."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from shardlab.errors import ShardlabError
@@ -42,6 +43,15 @@ def split_command(text: str) -> list[str]:
         return shlex.split(text.replace("\\\n", " "), comments=True)
     except ValueError as e:
         raise ShardlabError(f"cannot read the command line: {e}; check its quotes") from None
+
+
+def flag_words(pairs) -> list[str]:
+    """``[(name, value or True)]`` as command-line words: ``--switch`` for True, else ``--name value`` (shell-quoted)."""
+    return [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+
+
+HEREDOC = re.compile(r"cat > (\S+) <<'?EOF'?\n(.*?)\nEOF\n", re.S)
+"""A file a script writes with a here-document (quoted or not): (name, body)."""
 
 
 def flags_dict(words: list[str]) -> dict[str, object]:

@@ -10,13 +10,12 @@ shardlab.estimate.inference's usable-memory fraction → --gpu-memory-utilizatio
 
 from __future__ import annotations
 
-import shlex
 
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import hf_id, read_model
-from shardlab.export.text import as_int, comment_block, flags_dict, serving_fields, split_command
+from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
 
 CHECKED = f"{version('vllm')} flag schema"
 DTYPE = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "fp16-mixed": "float16", "fp32": "float32"}
@@ -68,7 +67,7 @@ def render(job: LaunchJob, spec) -> Export:
     repo, pairs, uns = arg_list(job)
     require_valid("vllm", dict(pairs))
     s = job.serve
-    flags = [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    flags = flag_words(pairs)
     lines = header(job, "vllm", uns) + [f"checked against {CHECKED}",
                                         f"requests: {s.prompt_len} prompt + {s.output_len} output tokens"]
     if s.kv_blocks is not None:

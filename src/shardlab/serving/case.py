@@ -95,11 +95,10 @@ class ServeCase:
 
     @property
     def layout_label(self) -> str:
-        """The replica's layout in words: 'TP t × PP p', with its expert parallelism and DP attention."""
-        base = f"TP {self.tp} × PP {self.pp}"
-        if self.attention_dp > 1:
-            return f"EP {self.ep} ({self.attention_dp} data-parallel attention ranks of TP {self.tp})"
-        return base + (f", EP {self.ep}" if self.ep > 1 else "")
+        """The replica's layout in words (``serving.moe.replica_label``)."""
+        from shardlab.serving.moe import replica_label
+
+        return replica_label(self.tp, self.pp, self.ep, self.attention_dp)
 
     @property
     def step_budget_per_rank(self) -> int:

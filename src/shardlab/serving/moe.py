@@ -83,6 +83,25 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
     return ep // tp, imbalance if ep > 1 else 1.0
 
 
+def replica_label(tp: int, pp: int = 1, ep: int = 1, dp_attention: int = 1) -> str:
+    """A replica's layout in words, as every table, page and file header names it: 'TP t × PP p' (', EP e' with
+    experts over the TP group), or 'EP e (n data-parallel attention ranks of TP t)'."""
+    if dp_attention > 1:
+        return f"EP {ep} ({dp_attention} data-parallel attention ranks of TP {tp})"
+    return f"TP {tp} × PP {pp}" + (f", EP {ep}" if ep > 1 else "")
+
+
+def pool_label(pool: dict) -> str:
+    """A prefill or decode pool's replicas, short (``disaggregated`` entries): 'TP t', or 'EP e' over attention
+    ranks."""
+    return f"EP {pool['ep']}" if pool.get("dp_attention", 1) > 1 else f"TP {pool['tp']}"
+
+
+def plan_label(p: dict) -> str:
+    """``replica_label`` of a plan entry (its tp, pp, ep, dp_attention keys)."""
+    return replica_label(p["tp"], p["pp"], p.get("ep", 1), p.get("dp_attention", 1))
+
+
 EP_VALIDATION = {"values": 37, "mean_abs_error": 0.428, "loso_mean_abs_error": 0.459}
 """What `validate --inference` says of the expert-parallel families (predicted, never fitted): published throughputs
 of MoE models served with EP and data-parallel attention, and the mean |error| in sample and leave-one-source-out

@@ -26,12 +26,10 @@ def _n(v) -> str:
 
 def _replicas(p: dict) -> str:
     """'N replica(s)' of a layout in words: TP × PP, or the MoE layout the serving search picked."""
+    from shardlab.serving.moe import plan_label
+
     reps = p.get("replicas", 1)
-    if p.get("dp_attention", 1) > 1:
-        what = f"EP {p['ep']} ({p['dp_attention']} attention ranks of TP {p['tp']})"
-    else:
-        what = f"TP {p['tp']} × PP {p['pp']}" + (f", EP {p['ep']}" if p.get("ep", 1) > 1 else "")
-    return f"{what} × {reps} replica{'s' if reps != 1 else ''}"
+    return f"{plan_label(p)} × {reps} replica{'s' if reps != 1 else ''}"
 
 
 def _layout(p: dict) -> str:

@@ -5,6 +5,7 @@ aggregated winner. Drawn from the JSON document (``disaggregated``, ``comparison
 from __future__ import annotations
 
 from shardlab.report.html import svg
+from shardlab.serving.moe import pool_label
 from shardlab.report.html.page import PALETTE, esc, table
 from shardlab.units import fmt_time
 
@@ -44,11 +45,6 @@ def pools_svg(best: dict) -> str:
     return svg._svg(80, marker + a + arrow + b, "prefill pool, KV transfer, decode pool")
 
 
-def _short(pool: dict) -> str:
-    """'TP 4', or 'EP 8' for a pool of wide expert parallelism with attention ranks."""
-    return f"EP {pool['ep']}" if pool.get("dp_attention", 1) > 1 else f"TP {pool['tp']}"
-
-
 def disagg_section(doc: dict) -> str | None:
     """HTML of the disaggregated splits, or None when the search did not run."""
     found = doc.get("disaggregated")
@@ -62,10 +58,10 @@ def disagg_section(doc: dict) -> str | None:
     verdict = (f"Best split: {dis:,.0f} output tokens/s per GPU against {agg:,.0f} aggregated"
                + (f" ({dis / agg:.2f}×)." if agg else "."))
     chart = svg.bars([("aggregated (the recommended layout)", agg),
-                      *[(f"{p['prefill']['gpus']} prefill ({_short(p['prefill'])}) + {p['decode']['gpus']} decode "
-                         f"({_short(p['decode'])})", p["goodput_tokens_per_s_per_gpu"]) for p in found]],
+                      *[(f"{p['prefill']['gpus']} prefill ({pool_label(p['prefill'])}) + {p['decode']['gpus']} decode "
+                         f"({pool_label(p['decode'])})", p["goodput_tokens_per_s_per_gpu"]) for p in found]],
                      lambda v: f"{v:,.0f} tok/s/GPU", label_w=330)
-    rows = [[f"{p['prefill']['gpus']} ({_short(p['prefill'])})", f"{p['decode']['gpus']} ({_short(p['decode'])})",
+    rows = [[f"{p['prefill']['gpus']} ({pool_label(p['prefill'])})", f"{p['decode']['gpus']} ({pool_label(p['decode'])})",
              f"{p['max_request_rate']:,.2f}", f"{p['goodput_tokens_per_s_per_gpu']:,.0f}", fmt_time(p["ttft_s"]),
              fmt_time(p["tpot_s"]), fmt_time(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
             for p in found]

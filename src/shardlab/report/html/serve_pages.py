@@ -50,9 +50,9 @@ def _percentiles(sim: dict | None, replicas: int = 1) -> str:
 
 
 def serve_estimate_page(doc: dict) -> Page:
-    where = (f"EP {doc['ep']} ({doc['dp_attention']} attention ranks of TP {doc['tp']})" if doc.get("dp_attention", 1) > 1
-             else f"TP {doc['tp']} × PP {doc['pp']}" + (f", EP {doc['ep']}" if doc.get("ep", 1) > 1 else ""))
-    page = Page(f"shardlab estimate --inference --serve: {doc['model']} on {where} {doc['gpu']}",
+    from shardlab.serving.moe import plan_label
+
+    page = Page(f"shardlab estimate --inference --serve: {doc['model']} on {plan_label(doc)} {doc['gpu']}",
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
     ss = doc.get("steady_state") or {}
