@@ -4,8 +4,8 @@ import pytest
 
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
-from shardlab.layout import (Layout, all_groups, group_nodes, group_ranks, group_span_nodes, rank_coords,
-                             coords_rank, split_layers, validate)
+from shardlab.layout import Layout, split_layers, validate
+from shardlab.rank_grid import all_groups, group_nodes, group_ranks, group_span_nodes, rank_coords, coords_rank
 
 CAT = get_catalog()
 
@@ -127,7 +127,7 @@ def test_expert_parallel():
 def test_group_span_nodes_equals_listing_the_groups_even_when_nodes_are_not_a_multiple():
     import random
 
-    from shardlab.layout import all_groups, group_span_nodes
+    from shardlab.rank_grid import all_groups, group_span_nodes
 
     rng = random.Random(7)
     for _ in range(200):

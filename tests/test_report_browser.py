@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_main
-from shardlab.layout import Layout, rank_coords
+from shardlab.layout import Layout
+from shardlab.rank_grid import rank_coords
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

@@ -9,7 +9,8 @@ from html.parser import HTMLParser
 import pytest
 
 from conftest import DATA, cli_main, run_cli
-from shardlab.layout import Layout, rank_coords
+from shardlab.layout import Layout
+from shardlab.rank_grid import rank_coords
 from shardlab.report.html import render_report
 from shardlab.report.html.mermaid_js import MERMAID_VERSION, mermaid_info
 

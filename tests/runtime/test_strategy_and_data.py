@@ -3,7 +3,7 @@
 import pytest
 
 from shardlab.errors import ShardlabError
-from shardlab.layout import rank_coords
+from shardlab.rank_grid import rank_coords
 from shardlab.runtime.parallel.strategy import parse_strategy
 
 

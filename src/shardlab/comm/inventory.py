@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from shardlab.comm.collectives import collective_time
-from shardlab.layout import Layout, axis_stride, group_span_nodes, validate
+from shardlab.layout import Layout, validate
+from shardlab.rank_grid import axis_stride, group_span_nodes
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
@@ -152,7 +153,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     messages carry b·(s/cp)·h elements of the compute dtype; parameters use the precision's bytes
     (``memory.precision.state_bytes``), gradients the reduction dtype (``grad_wire_bytes``: fp32 for Megatron-LM
     under bf16, ``--grad-reduce-fp32/-bf16``). Links come from the rank grid: a group whose members span
-    more than one node (``layout.group_span_nodes``) uses the inter-node link (``_price``). ``framework`` (a
+    more than one node (``rank_grid.group_span_nodes``) uses the inter-node link (``_price``). ``framework`` (a
     Framework profile, or an estimate's Workload built from one) adds its mechanisms: DeepSpeed ZeRO-3 gathers the
     weights again for a recomputed forward.
     """

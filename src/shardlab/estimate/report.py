@@ -13,7 +13,7 @@ from shardlab.units import fmt_count, fmt_time
 
 def _pp_link(est: TrainingEstimate) -> str:
     """The link the pipeline group crosses (the rank grid decides)."""
-    from shardlab.layout import group_span_nodes
+    from shardlab.rank_grid import group_span_nodes
 
     cl = est.cluster
     return cl.inter_link.id if group_span_nodes(est.layout, "pp", cl.gpus_per_node) > 1 else cl.intra_link.id

@@ -169,7 +169,7 @@ def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layou
 
 def rank_state_report(spec: ModelSpec, layout: Layout, sb: StateBytes, rank: int) -> StateReport:
     """Model states of global ``rank``: its pipeline stage, TP chunk and ZeRO shard from the rank grid."""
-    from shardlab.layout import rank_coords
+    from shardlab.rank_grid import rank_coords
 
     c = rank_coords(rank, layout)
     st = stage_tensors(spec, layout)[c["pp"]]

@@ -1,14 +1,15 @@
 """The detail of one training layout that pictures need, as plain data: which rank sits where and holds what
 (the rank map), per-stage memory by category, the simulated pipeline step, and the TP block diagram.
 
-Everything comes from the core's own functions (``layout.rank_coords``/``group_ranks``, ``memory``,
+Everything comes from the core's own functions (``rank_grid.rank_coords``/``group_ranks``, ``memory``,
 ``pipeline.simulate``, ``shard.block_mermaid``); ``shardlab plan`` and ``shardlab estimate`` put it in their
 JSON document under ``detail``, and the HTML report draws it without computing any number itself.
 """
 
 from __future__ import annotations
 
-from shardlab.layout import Layout, all_groups, rank_coords
+from shardlab.layout import Layout
+from shardlab.rank_grid import all_groups, rank_coords
 from shardlab.memory import MemoryReport
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
@@ -83,7 +84,7 @@ def rank_map(spec: ModelSpec, layout: Layout, cluster: Cluster, *, zero_shards: 
     return {"nodes": -(-layout.world_size // gpn), "gpus_per_node": gpn, "world_size": layout.world_size,
             "columns": list(RANK_COLUMNS), "ranks": rows, "groups": groups,
             "stages": stages, "tp_shard": tp_text, "zero_shard": z_text,
-            "axis_order": "tp fastest, then cp, dp, pp (Megatron-LM order; shardlab.layout.rank_coords)"}
+            "axis_order": "tp fastest, then cp, dp, pp (Megatron-LM order; shardlab.rank_grid.rank_coords)"}
 
 
 def memory_stages(mem: MemoryReport) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.layout import group_span_nodes
+from shardlab.rank_grid import group_span_nodes
 from shardlab.planner.risk import RiskInputs, axis_risk, collective_risk
 from shardlab.planner.search import PlanResult, layout_of, objective_key
 

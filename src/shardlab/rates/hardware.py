@@ -126,7 +126,7 @@ def group_link(cluster: Cluster, size, stride, per_gpu_nic: bool = False) -> Gro
     per_node = ranks_per_node(cluster, size, stride)
     nodes = -(-size // per_node)
     # a node whose GPU count is not a multiple of the group's extent (6 per node, groups of 4) has groups straddling
-    # two nodes; the slowest group sets the pace (layout.group_span_nodes finds the widest exactly)
+    # two nodes; the slowest group sets the pace (rank_grid.group_span_nodes finds the widest exactly)
     st, gpn = np.maximum(np.asarray(stride), 1), cluster.gpus_per_node
     ext = st * size
     straddle = ((size > 1) & (ext < gpn) & (gpn % ext != 0) & (cluster.num_gpus > gpn))
