@@ -41,7 +41,9 @@ def test_data_set_size_families_and_sources():
 def test_committed_folds_cover_every_in_target_source():
     """crossval.yaml (benchmarks/fit_step_model.py) holds one refit per source, each without that source's runs."""
     folds = load_folds()
-    target = [r for r in RUNS if not r.informational]
+    from shardlab.validation.fit import fitted_runs
+
+    target = fitted_runs(RUNS, CAT)       # in target, on a fitted generation (Blackwell runs are predicted only)
     assert set(folds) == {r.source for r in target}
     for src, f in folds.items():
         assert f.runs == sum(1 for r in target if r.source != src)
@@ -51,8 +53,11 @@ def test_committed_fit_is_the_catalogs():
     """fitted.yaml is what the catalog applies: its recorded rms is what the in-sample predictions give."""
     from shardlab.catalog import DATA_DIR, load_yaml
 
+    from shardlab.validation.fit import fitted_runs
+
     fit = load_yaml(DATA_DIR / "fitted.yaml")["fit"]
-    target = [c for c in in_sample() if not c.run.informational]
+    fitted_ids = {r.id for r in fitted_runs(RUNS, CAT)}
+    target = [c for c in in_sample() if c.run.id in fitted_ids]
     rms = float(np.sqrt(np.mean([np.log(1 + c.error) ** 2 for c in target])))
     assert fit["runs"] == len(target)
     assert rms == pytest.approx(fit["rms_log_error"], abs=2e-3)
@@ -61,8 +66,12 @@ def test_committed_fit_is_the_catalogs():
 def test_accuracy_by_family_in_sample_and_out_of_sample():
     """The figures docs/validation.md and the README quote (recomputed from the committed fit and folds)."""
     acc = {f.family: f for f in family_accuracy(in_sample(), out_of_sample())}
-    for f in acc.values():
-        assert f.in_sample_mean < (0.08 if f.target_applies else 0.12), f.to_dict()
+    for f in acc.values():   # a generation the fit never sees (Blackwell: the default curve) is out of sample twice
+        fitted_gen = f.family.split(" × ")[1] in CAT.generations
+        assert f.in_sample_mean < (0.08 if f.target_applies and fitted_gen else 0.12), f.to_dict()
+    blackwell = acc["megatron-lm × blackwell"]
+    assert blackwell.runs >= 5 and blackwell.in_sample_mean == pytest.approx(blackwell.loso_mean)
+    assert blackwell.loso_max <= 0.20
     for fam in ("megatron-lm × ampere", "torchtitan × ampere", "pytorch-fsdp × ampere", "pytorch-fsdp × hopper",
                 "torchtitan × hopper"):
         assert acc[fam].loso_mean <= 0.07, acc[fam].to_dict()
@@ -83,10 +92,17 @@ def test_zero3_throughput_collapses_at_fixed_global_batch():
 
 def test_every_published_run_fits_in_memory():
     """Each of these runs really ran, so shardlab's memory estimate of it (with the framework's mechanisms: fused
-    loss, compiled activations, DeepSpeed's module-wise gathers) must fit the GPU."""
+    loss, compiled activations, DeepSpeed's module-wise gathers, Megatron's FP8 primary weights) must fit the GPU.
+    The exceptions are informational runs whose recomputation is not published and which do not fit without some:
+    NeMo's two GB200 Llama 3.1 405B rows (interleaved PP 16 × VP 4), as their ``assumed`` says."""
+    unfit = set()
     for c in in_sample():
         mem = c.estimate.memory
-        assert mem.fits, f"{c.run.id}: {mem.worst.total / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.1f}"
+        if not mem.fits:
+            unfit.add(c.run.id)
+            assert c.run.informational and "recomput" in c.run.config.get("assumed", ""), \
+                f"{c.run.id}: {mem.worst.total / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.1f}"
+    assert unfit == {"mcore-405b-gb200-25.11", "mcore-405b-gb200-26.04"}
 
 
 def test_gpt3_175b_megatron_readme():

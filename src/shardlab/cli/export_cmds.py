@@ -132,7 +132,9 @@ def job_from_args(args, cat):
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,
                      est.workload.optimizer, est.accelerator.id, est.cluster.gpus_per_node,
                      framework=getattr(args, "framework", None), notes=notes,
-                     grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout))
+                     grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout),
+                     tp_comm_overlap=est.workload.tp_comm_overlap,
+                     fp8_params=est.workload.precision == "fp8-mixed" and est.workload.recipe.fp8.primary_weights)
 
 
 def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
@@ -148,7 +150,7 @@ def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
     if job.serve is None and cluster is not None:
         job = retarget(job, spec, target, inner, cat, cluster)
     exp = render(job, spec, target, inner)
-    return job, replace(exp, unsupported=exp.unsupported + recipe_unsupported(job))
+    return job, replace(exp, unsupported=exp.unsupported + recipe_unsupported(job, target))
 
 
 def _plan_cluster(doc: dict, cat, job):

@@ -145,6 +145,9 @@ def apply_import(args, imp, parser) -> None:
             and getattr(args, "microbatches", None) in (None, parser.get_default("microbatches"))):
         per = max(1, int(f.get("micro_batch") or 1) * int(f.get("dp") or 1))   # memory: the micro-batches in flight
         args.microbatches = max(1, int(f["global_batch"]) // per)
+    for key in ("tp_comm_overlap", "fp8_params"):     # switches: a file that sets one turns the flag on
+        if f.get(key) and hasattr(args, key):
+            setattr(args, key, True)
     red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
     if red and hasattr(args, red):
         other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]

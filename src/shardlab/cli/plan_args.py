@@ -30,6 +30,9 @@ def add_assumption_args(p) -> None:
     g.add_argument("--no-flash-attention", action="store_true", help="attention stores and computes the full s×s scores")
     g.add_argument("--dropout", action="store_true", help="dropout in the blocks (GPT-3-era training)")
     g.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction starts after the backward (no overlap)")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="TP/SP collectives pipelined with their GEMMs (Megatron-Core --tp-comm-overlap, Transformer "
+                        "Engine userbuffers; torchtitan async TP)")
     from shardlab.cli.common import add_grad_reduce_args
 
     add_grad_reduce_args(g)

@@ -117,6 +117,8 @@ def _refuse_recipe_flags(args) -> None:
                              ("--lora-rank", getattr(args, "lora_rank", None) is not None),
                              ("--quantize-base", getattr(args, "quantize_base", "none") != "none"),
                              ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
+                             ("--fp8-params", getattr(args, "fp8_params", False)),
+                             ("--tp-comm-overlap", getattr(args, "tp_comm_overlap", False)),
                              ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
     written = getattr(args, "given_flags", None) or set()
     given += [f"--{d.replace('_', '-')}" for d in TRAINING_LAYOUT_DESTS if d in written]
@@ -134,13 +136,14 @@ def _overrides(args, catalog) -> dict:
     no_overlap = getattr(args, "no_dp_overlap", False) or (catalog.profile or {}).get("comm_overlap", True) is False
     return {"dp_overlap": False if no_overlap else None,
             "grad_reduce_bytes": grad_reduce_choice(args),
-            "attention_kernel": getattr(args, "attention_kernel", None), "fused_loss": getattr(args, "fused_loss", None)}
+            "attention_kernel": getattr(args, "attention_kernel", None), "fused_loss": getattr(args, "fused_loss", None),
+            "tp_comm_overlap": bool(getattr(args, "tp_comm_overlap", False))}
 
 
 def framework_doc(fw, wl) -> dict:
     """What the estimate assumed of the framework (every estimate and plan prints it)."""
     return {"id": fw.id, "name": fw.name, "kernels": wl.kernels, "attention_kernel": wl.attention_label,
-            "dp_overlap": wl.dp_overlap, "zero3_prefetch": wl.zero3_prefetch,
+            "dp_overlap": wl.dp_overlap, "tp_comm_overlap": wl.tp_comm_overlap, "zero3_prefetch": wl.zero3_prefetch,
             "zero3_regather_for_recompute": wl.zero3_regather_for_recompute,
             "grad_reduce_bytes": wl.grad_reduce_bytes, "main_grad_bytes": wl.main_grad_bytes,
             "layer_host_s": wl.layer_host_s, "pipeline_host_s": wl.pipeline_host_s, "step_overhead_s": wl.step_overhead_s,
@@ -323,7 +326,7 @@ def cmd_plan(args):
 def _assumptions(args) -> dict:
     """The modelling switches behind the numbers (shown on the report's inputs section)."""
     return {"flash_attention": not args.no_flash_attention, "dropout": bool(args.dropout),
-            "dp_overlap": not args.no_dp_overlap,
+            "dp_overlap": not args.no_dp_overlap, "tp_comm_overlap": bool(getattr(args, "tp_comm_overlap", False)),
             "grad_reduce": "fp32" if args.grad_reduce_fp32 else "bf16/fp16" if getattr(args, "grad_reduce_bf16", False)
             else "the framework's",
             "attention_kernel": getattr(args, "attention_kernel", None) or "the framework's",

@@ -34,6 +34,9 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
                    help="fp8-mixed: amax history length per scaled tensor (Transformer Engine default 1024)")
     g.add_argument("--fp8-all-gather", action="store_true",
                    help="fp8-mixed with --zero 3: all-gather weights in FP8 (torchtitan enable_fsdp_float8_all_gather)")
+    g.add_argument("--fp8-params", action="store_true",
+                   help="fp8-mixed: FP8 GEMM weights kept only in FP8, gathered in FP8 (Megatron-Core "
+                        "--fp8-param-gather, Transformer Engine fp8_model_init)")
 
 
 def recipe_from_args(args):
@@ -56,8 +59,11 @@ def recipe_from_args(args):
         raise ShardlabError("--lora-targets chooses the adapted layers of a LoRA run: add --lora-rank R (e.g. 16)")
     if device is not None and getattr(args, "offload", "none") == "none":
         raise ShardlabError("--offload-device says where offloaded states go: add --offload optimizer, params or both")
-    if (history is not None or getattr(args, "fp8_all_gather", False)) and not fp8:
-        raise ShardlabError("--fp8-amax-history / --fp8-all-gather describe FP8 training: add --precision fp8-mixed")
+    params = getattr(args, "fp8_params", False)
+    if (history is not None or getattr(args, "fp8_all_gather", False) or params) and not fp8:
+        raise ShardlabError("--fp8-amax-history / --fp8-all-gather / --fp8-params describe FP8 training: add "
+                            "--precision fp8-mixed")
     lora = None if rank is None else LoraSpec(rank=rank, targets=tuple(targets or ("all-linear",)), quantize_base=quant)
     return Recipe(offload=Offload(getattr(args, "offload", "none"), device or "cpu"), lora=lora,
-                  fp8=Fp8Recipe(amax_history_len=history or 1024, all_gather=getattr(args, "fp8_all_gather", False)))
+                  fp8=Fp8Recipe(amax_history_len=history or 1024, all_gather=getattr(args, "fp8_all_gather", False) or params,
+                                primary_weights=params))

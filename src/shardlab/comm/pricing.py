@@ -56,6 +56,18 @@ def tp_per_block_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int
     return count * one
 
 
+def tp_overlapped_s(comm_s, gemm_s, tp):
+    """Exposed part of a block's TP/SP communication when each collective is split into ``tp`` chunks pipelined with
+    the GEMM that consumes (all-gather) or produces (reduce-scatter) it: Wang et al. 2023, "Overlap Communication with
+    Dependent Computation via Decomposition in Large Deep Learning Models" (ASPLOS '23), as Transformer Engine's
+    userbuffers (Megatron-Core ``--tp-comm-overlap``) and torchtitan's async TP implement it. Chunk i's transfer runs
+    under chunk i − 1's GEMM, so what shows is the first (or last) chunk, min(C, G)/tp, plus whatever communication
+    the GEMMs cannot cover, max(0, C − G). ``comm_s``: the block's TP/SP collectives; ``gemm_s``: its GEMMs in the
+    same passes (array-safe). Not priced: the SMs the overlapped reduce-scatters take from the GEMM (TE's ``num_sm``)."""
+    comm_s, gemm_s, tp = (np.asarray(x, dtype=float) for x in (comm_s, gemm_s, tp))
+    return np.where(tp > 1, np.maximum(comm_s - gemm_s, 0.0) + np.minimum(comm_s, gemm_s) / np.maximum(tp, 1.0), comm_s)
+
+
 def tp_embedding_head_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int):
     """Vocabulary-parallel embedding (forward all-reduce of its output) or head (backward all-reduce of its input gradient)."""
     link = group_link(cluster, tp, 1)

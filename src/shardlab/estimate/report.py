@@ -49,7 +49,11 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
         "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "
                       f"{lay.micro_batch}·{wl.seq_len // lay.cp}·{est.model.hidden_size} elements over {lay.tp} ranks "
-                      f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), not overlapped"
+                      f"({cl.intra_link.id if lay.tp <= cl.gpus_per_node else cl.inter_link.id}), "
+                      + (f"split into tp chunks pipelined with their GEMMs ({field_name('workload.tp_comm_overlap')}; Wang et al. "
+                         "2023): the "
+                         f"part they do not hide, of {est.comm_total_s.get('tp_comm_s', 0.0):.3g} s in all"
+                         if wl.tp_comm_overlap else "not overlapped")
                       + ("; half that in MoE blocks, whose expert dispatch gathers for the MLP"
                          if est.model.moe is not None and not est.model.moe.shared_width else "")),
         "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",

@@ -36,7 +36,7 @@ from shardlab.memory.activations import ActivationContext, in_flight, layer_acti
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.buffers import stage_overheads
-from shardlab.memory.fp8 import FP8_COPIES_BYTES, fsdp_unit_weight_bytes, scaling_state_bytes
+from shardlab.memory.fp8 import FP8_COPIES_BYTES, fsdp_unit_weight_bytes, primary_weight_saving, scaling_state_bytes
 from shardlab.memory.lora import lora_activation_bytes, nf4_bits_per_weight
 from shardlab.memory.training import stage_activation_bytes
 from shardlab.specs.hardware import Cluster
@@ -57,7 +57,7 @@ CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks), HSDP replicas (none), FSDP wrap (one block)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "cp_comm_total_s", "zero3_comm_total_s",
-               "dp_window_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
+               "dp_window_s", "tp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads(),
@@ -179,11 +179,12 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         d_lat = np.where(c["wrap"] == 0, sum(ct.zero3_unit_collectives_s(
             cluster, shard=dp * cp // c["rep"], stride=tp, rep=c["rep"], unit_params=0, grad_bytes=1, weight_bytes=1,
             per_gpu_nic=wl.zero3_comm_per_gpu_nic).values()), 0.0)
+        # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
+        tp_all = ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc,
+                                   mlp=not (kind and not spec.moe.shared_width))
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
-            # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
-            tp=ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc,
-                                 mlp=not (kind and not spec.moe.shared_width)),
+            tp_total=tp_all, tp=_tp_block_s(tp_all, lt, rc, tp, wl.tp_comm_overlap),
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             cp_total=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp), elem_bytes=e,
@@ -219,6 +220,17 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         tied_fsdp=fsdp["tied"] + np.zeros_like(T),
         lora_roots={key: lora_of(key) for key in (PRE, spec.num_layers, "tied") if key in (lora_u or {})},
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
+
+
+def _tp_block_s(comm_s, lt: dict, rc, tp, overlap: bool):
+    """A block's TP/SP communication per micro-batch on the critical path: all of it, or with ``--tp-comm-overlap``
+    what its GEMMs do not hide (``comm.pricing.tp_overlapped_s``): the forward GEMMs, the backward's two per
+    forward one, and the re-run forward under full recomputation (the passes whose collectives ``tp_per_block_s``
+    counts)."""
+    if not overlap:
+        return comm_s
+    passes = 3.0 + (np.asarray(rc) == 2)
+    return ct.tp_overlapped_s(comm_s, passes * lt["gemm_s"], tp)
 
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
@@ -283,7 +295,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         # what the CP and ZeRO-3 collectives take in all, hidden or not (comm plan's inventory prices the same calls):
         # the first block unit's gather and last reduce-scatter are counted once, as traffic, not again as an edge
         t["z3"] = t["z3"] + np.where(zero == 3, root_s, 0.0)
-        all_s = {"cp": part("cp_total"),
+        all_s = {"cp": part("cp_total"), "tp": t["tp"] - part("tp") + part("tp_total"),
                "z3": part("z3_total") + np.where(zero == 3, root_s, 0.0)}
         expert = part("expert")
         total_p = dense + expert
@@ -307,6 +319,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             g_b = np.select([zero >= 3, zero == 2], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.gradients
             o_b = np.select([zero >= 3, zero >= 1], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.optimizer
             f_states = replace(recipe, trainable=1.0, weight_bytes=sb.weights)
+        if wl.precision == "fp8-mixed" and wl.recipe.fp8.primary_weights and wl.recipe.lora is None:
+            w_b = w_b - primary_weight_saving(part("fp8_numel"), np.ceil(part("fp8_numel") / D), zero, sb.weights)
         w_b, g_b, o_b, host = stage_state_bytes(w_b, g_b, o_b, np.where(zero >= 3, z3_p, total_p), zero, f_states,
                                                 wl.recipe, sb)
         mem = w_b + g_b + o_b
@@ -344,7 +358,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                     has_moe=counts[1] > 0, unit_params=unit, bucket_grad_bytes=bucket_g)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
-                                weight_bytes=sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
+                                weight_bytes=sb.weights if wl.recipe.lora else recipe.gather_bytes, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
                                 expert_params_local=expert * recipe.trainable, eta=overlap_efficiency(acc))
         # optimizer: read the gradient, read and write master weights and moments, write the weights;
         # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor
@@ -390,6 +404,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         "cp_comm_s": m * parts["cp"], "ep_comm_s": m * parts["ep"], "pp_p2p_s": m * parts["p2p"] + g["tied_ar"],
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,
         "cp_comm_total_s": m * pick(np.stack([r["all_s"]["cp"] for r in rows])),
+        "tp_comm_total_s": m * pick(np.stack([r["all_s"]["tp"] for r in rows])),
         "zero3_comm_total_s": m * pick(np.stack([r["all_s"]["z3"] for r in rows])),
         "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "dp_window_s": dp_window,
         "optimizer_s": opt_s,

@@ -98,6 +98,7 @@ class TrainingEstimate:
             "mfu": self.mfu, "hfu": self.hfu,
             "framework": {"id": self.workload.framework, "kernels": self.workload.kernels,
                           "attention_kernel": self.workload.attention_label, "dp_overlap": self.workload.dp_overlap,
+                          "tp_comm_overlap": self.workload.tp_comm_overlap,
                           "zero3_prefetch": self.workload.zero3_prefetch,
                           "zero3_regather_for_recompute": self.workload.zero3_regather_for_recompute,
                           "grad_reduce_bytes": self.workload.grad_reduce_bytes,
@@ -145,7 +146,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
                       framework=None, dp_overlap: bool | None = None, grad_reduce_bytes: int | None = None,
                       compile: bool | None = None, attention_kernel: str | None = None, fused_loss: bool | None = None,
-                      overheads: Overheads = Overheads(), recipe=None) -> TrainingEstimate:
+                      overheads: Overheads = Overheads(), recipe=None, tp_comm_overlap: bool = False) -> TrainingEstimate:
     """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch.
 
     ``framework``: a Framework profile (default: the catalog's megatron-lm); ``dp_overlap``, ``grad_reduce_bytes`` and
@@ -181,7 +182,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     wl = workload_for(framework, seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
-                      fused_loss=fused_loss, recipe=recipe)
+                      fused_loss=fused_loss, recipe=recipe, tp_comm_overlap=tp_comm_overlap)
     r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers)
     mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:
@@ -193,6 +194,6 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         model_tflops_per_gpu=val("model_tflops_per_gpu"), hardware_tflops_per_gpu=val("hardware_tflops_per_gpu"),
         mfu=val("mfu"), hfu=val("hfu"), memory=mem, slowest_stage=int(r["slowest_stage"][0]),
         dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes, dp_window_s=val("dp_window_s"),
-        comm_total_s={"tp_comm_s": val("tp_comm_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_s"),
+        comm_total_s={"tp_comm_s": val("tp_comm_total_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_s"),
                       "pp_p2p_s": val("pp_p2p_s"), "zero3_comm_s": val("zero3_comm_total_s"),
                       "dp_comm_s": val("dp_comm_total_s")})

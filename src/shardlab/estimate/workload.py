@@ -29,6 +29,9 @@ class Workload:
     dp_overlap: bool = True
     """Data-parallel communication overlaps compute: gradient reduction under the last backward (PyTorch
     DDP/FSDP, Megatron --overlap-grad-reduce) and ZeRO-3 gathers under the previous block (prefetch)."""
+    tp_comm_overlap: bool = False
+    """TP/SP collectives split into chunks pipelined with the GEMMs that consume or produce them (Megatron-Core
+    ``--tp-comm-overlap`` with Transformer Engine's userbuffers; torchtitan's async TP): ``comm.pricing.tp_overlapped_s``."""
     grad_reduce_bytes: int = 0
     """Bytes per gradient element on the wire (0: the gradient dtype; Megatron-LM under bf16: 4)."""
     main_grad_bytes: int = 0
@@ -72,7 +75,8 @@ class Workload:
 def workload_for(framework, *, seq_len: int, global_batch: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
                  flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
                  grad_reduce_bytes: int | None = None, compile: bool | None = None,
-                 attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None) -> Workload:
+                 attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None,
+                 tp_comm_overlap: bool = False) -> Workload:
     """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
     (not None) overriding the matching mechanism."""
     from shardlab.specs.framework import effective_grad_bytes
@@ -81,7 +85,7 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
     wire, held = effective_grad_bytes(fw, precision, grad_reduce_bytes)
     return Workload(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                     flash_attention=flash_attention, dropout=dropout,
-                    dp_overlap=fw.dp_overlap if dp_overlap is None else dp_overlap,
+                    dp_overlap=fw.dp_overlap if dp_overlap is None else dp_overlap, tp_comm_overlap=bool(tp_comm_overlap),
                     grad_reduce_bytes=wire, main_grad_bytes=held, main_grad_buffer=fw.main_grad_buffer,
                     framework=fw.id, kernels=fw.kernels_for(compile),
                     attention_kernel=attention_kernel or fw.attention_kernel,

@@ -221,7 +221,8 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
     job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
                     gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
                     framework=f.get("framework"), grad_reduce_bytes=f.get("grad_reduce_bytes"),
-                    dropout=bool(f.get("dropout", False)))
+                    dropout=bool(f.get("dropout", False)), tp_comm_overlap=bool(f.get("tp_comm_overlap", False)),
+                    fp8_params=bool(f.get("fp8_params", False)))
     if serving:
         seqs, plen, olen = f.get("max_num_seqs", 256), f.get("prompt_len", 1024), f.get("output_len", 256)
         job = replace(job, seq_len=plen + olen, global_batch=seqs, serve=Serve(max_num_seqs=seqs, prompt_len=plen, output_len=olen, replicas=f.get("replicas", 1),

@@ -102,6 +102,10 @@ class LaunchJob:
     """Serving settings; None for training."""
     dropout: bool = False
     """Dropout in the blocks (GPT-3-era training, rate 0.1) as the estimate assumed; False: none (modern recipes)."""
+    tp_comm_overlap: bool = False
+    """TP/SP collectives pipelined with their GEMMs (Megatron-LM ``--tp-comm-overlap``) as the estimate assumed."""
+    fp8_params: bool = False
+    """FP8 primary weights (Megatron-LM ``--fp8-param-gather``) as the estimate assumed."""
     notes: dict = field(default_factory=dict, compare=False, hash=False)
     """Estimates for comments (step_time_s, usd_per_hour, train_hours, usd, price_source); not part of the layout."""
 
@@ -207,9 +211,21 @@ RECIPE_WHY = {
 """The training recipe settings (shardlab.memory.recipe) that no exported file carries, and what to do instead."""
 
 
-def recipe_unsupported(job: LaunchJob) -> tuple[Unsupported, ...]:
-    """The job's recipe settings (``notes['recipe']``) as what the file could not express."""
-    return tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
+MEGATRON_ONLY = {
+    "tp_comm_overlap": "TP communication overlap is written for Megatron-LM only (--tp-comm-overlap); torchtitan's "
+                       "equivalent is parallelism.enable_async_tensor_parallel",
+    "fp8_params": "FP8 primary weights are written for Megatron-LM only (--fp8-param-gather)",
+}
+"""Workload settings only the Megatron-LM export (and shardlab's own job file) carries, and what to do elsewhere."""
+
+
+def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, ...]:
+    """The job's recipe settings (``notes['recipe']``) as what the file could not express; for a target other than
+    Megatron-LM or shardlab's job file, also the Megatron-only workload settings (``MEGATRON_ONLY``)."""
+    out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
+    if target not in ("megatron", "shardlab"):
+        out += tuple(Unsupported(k, True, why) for k, why in MEGATRON_ONLY.items() if getattr(job, k))
+    return out
 
 
 def recipe_notes(offload, lora_rank, quantize_base) -> dict:
@@ -248,6 +264,6 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     elif st:
         scored = f" under {r['scored_for']}, not {r['framework']}" if r else ""
         out.append(f"predicted step time {st:.2f} s{scored} (shardlab estimate; an estimate, not a measurement)")
-    for u in (*unsupported, *recipe_unsupported(job)):
+    for u in (*unsupported, *recipe_unsupported(job, target)):
         out.append(f"could not express {u.line()}")
     return out

@@ -185,6 +185,16 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         uns.append(Unsupported("grad_reduce", "bf16", "fp32 training reduces fp32 gradients in Megatron-LM"))
     if job.precision == "fp8-mixed":
         out.append(("fp8-format", "hybrid"))     # Transformer Engine: E4M3 forward, E5M2 gradients (shardlab's FP8 recipe)
+        if job.fp8_params:
+            out.append(("fp8-param-gather", True))   # FP8 primary weights, gathered in FP8 (memory.fp8.Fp8Recipe)
+    if job.tp_comm_overlap:
+        # Transformer Engine's userbuffers overlap the sequence-parallel all-gather / reduce-scatter with the GEMMs:
+        # Megatron-LM asserts --sequence-parallel with --tp-comm-overlap (megatron/training/arguments.py)
+        if lay.tp > 1 and lay.sequence_parallel:
+            out.append(("tp-comm-overlap", True))
+        else:
+            uns.append(Unsupported("tp_comm_overlap", True, "Megatron-LM overlaps TP communication only with tensor "
+                                                            "and sequence parallelism (--sequence-parallel, TP > 1)"))
     out.append(("optimizer", "sgd" if job.optimizer == "sgd" else "adam"))
     out += model_flags(spec)
     # Megatron-LM's dropout defaults are 0.1 for both (arguments.py, _add_regularization_args): written as the estimate
@@ -303,6 +313,12 @@ def read(text: str, catalog) -> Imported:
     f["precision"] = ("fp8-mixed" if "fp8-format" in fl and "bf16" in fl else "bf16-mixed" if "bf16" in fl
                       else "fp16-mixed" if "fp16" in fl else "fp32")
     und.append(("precision flags", f["precision"]))
+    if "tp-comm-overlap" in fl:
+        f["tp_comm_overlap"] = True
+        und.append(("--tp-comm-overlap", "TP communication overlapped with the GEMMs"))
+    if "fp8-param-gather" in fl and f["precision"] == "fp8-mixed":
+        f["fp8_params"] = True
+        und.append(("--fp8-param-gather", "FP8 primary weights"))
     if "grad-reduce-in-bf16" in fl:
         f["grad_reduce_bytes"] = 2
         und.append(("--grad-reduce-in-bf16", "gradients held and reduced in bf16"))
@@ -338,7 +354,7 @@ def read(text: str, catalog) -> Imported:
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
              "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
              "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format",
-             "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32",
+             "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32", "tp-comm-overlap", "fp8-param-gather",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
              "pipeline-model-parallel-layout",

@@ -9,7 +9,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [cluster]   gpu, gpus, gpus_per_node
   [layout]    dp tp pp cp ep zero vpp micro_batch recompute recompute_fraction wrap dp_replicate sequence_parallel
               schedule stage_layers
-  [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes
+  [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params (the last
+              two where true)
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs);
               ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set
@@ -28,7 +29,8 @@ CHECKED = "Python's tomllib (shardlab's own reader, export/shardlab.py)"
 VERSION = 1
 LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
-WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes")
+WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
+                 "fp8_params")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
               "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
 SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
@@ -55,6 +57,9 @@ def render(job: LaunchJob, spec=None) -> Export:
                               "optimizer": job.optimizer, "dropout": job.dropout}}
     if job.grad_reduce_bytes is not None:
         doc["workload"]["grad_reduce_bytes"] = job.grad_reduce_bytes
+    for key in ("tp_comm_overlap", "fp8_params"):
+        if getattr(job, key):
+            doc["workload"][key] = True
     if job.framework:
         doc["framework"] = {"name": job.framework}
     if job.serve is not None:
@@ -89,6 +94,7 @@ def _check_keys(doc: dict) -> None:
 
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
          "kv_cache_dtype": str, "weights": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
+         "tp_comm_overlap": bool, "fp8_params": bool,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them."""
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import TensorSpec
 
@@ -46,6 +48,10 @@ class Fp8Recipe:
     """Keep the FP8 weight copies across micro-batches (TE); False casts every micro-batch (torchao dynamic scaling)."""
     all_gather: bool = False
     """ZeRO-3/FSDP all-gathers FP8 weights instead of bf16 (torchtitan enable_fsdp_float8_all_gather)."""
+    primary_weights: bool = False
+    """The FP8 GEMM weights exist only in FP8, the fp32 master in the optimizer (Megatron-Core ``--fp8-param-gather``,
+    Transformer Engine ``fp8_model_init``): no bf16 copy beside the FP8 weight and its transpose, and the
+    distributed optimizer / FSDP gathers them in FP8 (``primary_weight_saving``)."""
 
 
 def is_fp8_gemm(t: TensorSpec, spec: ModelSpec) -> bool:
@@ -66,6 +72,14 @@ def fp8_gemms(tensors, spec: ModelSpec, ep: int = 1) -> int:
 def scaling_state_bytes(n_gemms: int, recipe: Fp8Recipe) -> int:
     """fp32 amax history + scale + inverse scale for the 5 scaled tensors of each GEMM."""
     return n_gemms * FP8_TENSORS_PER_GEMM * (recipe.amax_history_len + 2) * 4
+
+
+def primary_weight_saving(fp8_local_numel, fp8_shard_numel, zero, weight_bytes: int):
+    """Bytes FP8 primary weights save on a rank (array-safe): without ZeRO-3 the bf16 weights of the FP8 GEMMs
+    (``weight_bytes`` each; the cached FP8 copy and its transpose become the weights), under ZeRO-3 the shard's
+    ``weight_bytes`` − 1 per element (stored in FP8; the gathered copies live and die with their unit)."""
+    return np.where(np.asarray(zero) >= 3, (weight_bytes - 1) * np.asarray(fp8_shard_numel, dtype=float),
+                    weight_bytes * np.asarray(fp8_local_numel, dtype=float))
 
 
 def fp8_extra_bytes(tensors, spec: ModelSpec, layout, recipe: Fp8Recipe) -> dict[str, int]:

@@ -65,6 +65,20 @@ class RankStates:
     """LoRA breakdown (base_quantized_bytes, base_bf16_bytes, adapter_params_local, adapter_weight_bytes)."""
 
 
+def _primary_fp8(rep: StateReport, tensors, spec, layout, sb: StateBytes) -> StateReport:
+    """``rep`` with FP8 primary weights (``Fp8Recipe.primary_weights``): the FP8 GEMMs' bf16 weights gone."""
+    from dataclasses import replace
+
+    from shardlab.memory.fp8 import is_fp8_gemm, primary_weight_saving
+    from shardlab.memory.states import fsdp_shard_numel
+
+    fp8 = [t for t in tensors if is_fp8_gemm(t, spec)]
+    local = sum(t.local_numel(spec, layout.tp, layout.ep) for t in fp8)
+    shard = sum(fsdp_shard_numel(t.local_shape(spec, layout.tp, layout.ep),
+                                 layout.expert_dp if t.ep_dim is not None else layout.dp_shard) for t in fp8)
+    return replace(rep, weights=int(rep.weights - primary_weight_saving(local, shard, layout.zero, sb.weights)))
+
+
 def rank_states(tensors, spec, layout, sb: StateBytes, recipe: Recipe, precision: str) -> RankStates:
     """Model states of a rank holding ``tensors`` (TP/EP/ZeRO as in ``state_report``) under ``recipe``."""
     parts: dict = {}
@@ -76,6 +90,8 @@ def rank_states(tensors, spec, layout, sb: StateBytes, recipe: Recipe, precision
         rep = state_report(tuple(tensors), spec, layout, sb)
     if precision == "fp8-mixed":
         other.update(fp8_extra_bytes(tensors, spec, layout, recipe.fp8))
+        if recipe.fp8.primary_weights and recipe.lora is None:
+            rep = _primary_fp8(rep, tensors, spec, layout, sb)
     return _offloaded(rep, layout, sb, recipe, other, parts)
 
 

@@ -20,7 +20,7 @@ _RUN_KEYS = {"id", "source", "framework", "model", "gpu", "gpus", "gpus_per_node
              "precision", "recompute", "recompute_fraction", "dropout", "flash_attention", "dp_overlap", "compile",
              "schedule", "sequence_parallel", "grad_reduce_bytes", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu",
              "convention", "measured_step_time_s", "reported_mfu", "assumed", "informational", "attention_kernel",
-             "fused_loss", "fp8_all_gather"}
+             "fused_loss", "fp8_all_gather", "fp8_params", "tp_comm_overlap"}
 _FILE_KEYS = {"sources", "defaults", "runs"}
 
 
@@ -155,12 +155,13 @@ def predict_inputs(run: PublishedRun, catalog):
     kw = dict(seq_len=c.get("seq_len", 2048), global_batch=c["global_batch"], precision=c.get("precision", "bf16-mixed"),
               flash_attention=c.get("flash_attention", True), dropout=c.get("dropout", False),
               dp_overlap=c.get("dp_overlap"), grad_reduce_bytes=c.get("grad_reduce_bytes"), compile=c.get("compile"),
-              attention_kernel=c.get("attention_kernel"), fused_loss=c.get("fused_loss"))
-    if c.get("fp8_all_gather"):   # torchtitan enable_fsdp_float8_all_gather
+              attention_kernel=c.get("attention_kernel"), fused_loss=c.get("fused_loss"),
+              tp_comm_overlap=bool(c.get("tp_comm_overlap", False)))
+    if c.get("fp8_all_gather") or c.get("fp8_params"):   # torchtitan enable_fsdp_float8_all_gather; Megatron FP8 params
         from shardlab.memory.fp8 import Fp8Recipe
         from shardlab.memory.recipe import Recipe
 
-        kw["recipe"] = Recipe(fp8=Fp8Recipe(all_gather=True))
+        kw["recipe"] = Recipe(fp8=Fp8Recipe(all_gather=True, primary_weights=bool(c.get("fp8_params"))))
     return run_spec(run, catalog), lay, cluster, kw
 
 

@@ -155,12 +155,14 @@ def _prepare(run, catalog) -> _Prepared:
 def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.ndarray:
     """Predicted metric of one run for K parameter sets (thetas: K × P)."""
     from shardlab.estimate.step import evaluate
+    from shardlab.rates.hardware import matmul_curve, memory_efficiency, overlap_efficiency
     from shardlab.specs.hardware import MatmulEfficiency
 
     K = thetas.shape[0]
     acc = p.cluster.accelerator
-    cur = {"max_fraction": acc.efficiency.max_fraction, "half_size": acc.efficiency.half_size,
-           "memory": acc.memory_efficiency, "overlap": acc.overlap_efficiency,
+    curve, _ = matmul_curve(acc)                 # a generation without fitted entries takes the defaults (rates.hardware)
+    cur = {"max_fraction": curve.max_fraction, "half_size": curve.half_size,
+           "memory": memory_efficiency(acc), "overlap": overlap_efficiency(acc),
            "layer_host_s": p.wl.layer_host_s, "pipeline_host_s": p.wl.pipeline_host_s}
     vals = {k: np.full(K, float(v)) for k, v in cur.items()}
     for j, prm in enumerate(params):
@@ -326,9 +328,16 @@ def _result(pb: _Problem, prepared: list, runs: list) -> FittedParams:
     return FittedParams({p.name: float(t) for p, t in zip(pb.params, theta)}, len(pb.members), rms, pb.held_out)
 
 
+def fitted_runs(runs, catalog) -> list:
+    """The runs a fit sees: in target, on a GPU generation with fitted efficiencies (catalog/data/efficiencies.yaml).
+    A generation without an entry (Blackwell) is predicted from the default curve and never fitted: its runs would
+    otherwise move the shared values (half size, overlap) that the fitted generations' runs set."""
+    return [r for r in runs if not r.informational and catalog.accelerator(r.gpu).generation in catalog.generations]
+
+
 def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, progress=None) -> FittedParams:
     """Fit ``params`` (default: every parameter the runs inform) to the in-target ``runs``, from the priors."""
-    runs = [r for r in runs if not r.informational]
+    runs = fitted_runs(runs, catalog)
     prepared = [_prepare(r, catalog) for r in runs]
     pb = _Problem(np.arange(len(runs)), params or default_params(runs, catalog), None)
     _solve([pb], prepared, runs, catalog, iterations, progress)
@@ -338,7 +347,7 @@ def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, 
 def cross_validate(runs, catalog, iterations: int = 40, progress=None) -> tuple[FittedParams, dict[str, FittedParams]]:
     """The fit on every in-target run, and leave-one-source-out: {source: the fit without that source's runs}, all
     solved together. Parameters no remaining run informs take their priors, never the full fit's values."""
-    runs = [r for r in runs if not r.informational]
+    runs = fitted_runs(runs, catalog)
     prepared = [_prepare(r, catalog) for r in runs]
     every = default_params(runs, catalog)
     sources = sorted({r.source for r in runs})
