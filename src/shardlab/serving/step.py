@@ -38,6 +38,7 @@ arithmetic on floats or numpy arrays, so validation evaluates hundreds of rows a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -284,6 +285,21 @@ def stack(items: list) -> object:
     return cls(**{f.name: np.array([getattr(x, f.name) for x in items], dtype=float) for f in fields(cls)})
 
 
+_ARRAY_OPS = (np.where, np.maximum, np.ceil)
+_SCALAR_OPS = (lambda c, a, b: a if c else b, max, math.ceil)
+
+
+def _ops(*xs) -> tuple:
+    """(where, maximum, ceil): numpy's when any input (or field of a StepModel or Kernels) is an array, plain
+    Python's on floats, the simulation's steps: a numpy call on a scalar costs about a microsecond, and a step
+    makes dozens. The formulas of ``step_parts`` are the same either way."""
+    for x in xs:
+        for v in (vars(x).values() if isinstance(x, (StepModel, Kernels)) else (x,)):
+            if isinstance(v, np.ndarray) and v.ndim:
+                return _ARRAY_OPS
+    return _SCALAR_OPS
+
+
 def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled,
                verify_tokens=0.0) -> dict:
     """Seconds per part of one step (module doc), floats or arrays: linear, head, attention, elementwise,
@@ -291,6 +307,7 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     pairs of the prefill tokens (and of the verified drafts); sampled = rows whose logits are computed;
     verify_tokens = drafted positions a speculative step verifies beside the decoding tokens (they are decode work:
     a captured CUDA graph covers them)."""
+    where, maximum, ceil = _ops(m, k, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled, verify_tokens)
     # with data-parallel attention the step's sequences split evenly over the attention ranks: every term below is
     # one rank's (its share of the tokens), except that the routed experts see the tokens of all ranks
     # (a sequence lives on one rank, so the busiest rank decodes ceil(D/dp) of them; prompts spread by token)
@@ -298,13 +315,13 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     group_tokens = decode_seqs + prefill_tokens + verify_tokens
     moe_split = np.ndim(dp) > 0 or dp != 1.0           # scalars without DP attention (the simulation's steps) skip it
     if moe_split:
-        busiest = np.where(dp > 1, np.ceil(decode_seqs / dp - 1e-9), decode_seqs)
-        share = np.where(decode_seqs > 0, busiest / np.maximum(decode_seqs, 1e-9), 1.0 / dp)
+        busiest = where(dp > 1, ceil(decode_seqs / dp - 1e-9), decode_seqs)
+        share = where(decode_seqs > 0, busiest / maximum(decode_seqs, 1e-9), 1.0 / dp)
         decode_seqs, decode_ctx_tokens, verify_tokens = busiest, decode_ctx_tokens * share, verify_tokens * share
         prefill_tokens, prefill_pairs, sampled = prefill_tokens / dp, prefill_pairs / dp, sampled * share
     tokens = decode_seqs + prefill_tokens + verify_tokens
     bw = m.bandwidth_bytes_per_s
-    gemm_eff = np.where(m.gemm_bits <= 4, k.gemm4_efficiency, np.where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
+    gemm_eff = where(m.gemm_bits <= 4, k.gemm4_efficiency, where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
     expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** group_tokens)
     touched = m.dense_weight_bytes + expert_touched
     read = touched / (bw * k.weight_bandwidth_efficiency)
@@ -318,34 +335,34 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     # the busiest rank's experts: T·k/E × imbalance tokens each on average, but an expert that runs runs at least one
     # row: the GEMMs' M is the tokens per *touched* expert (a batch of one token runs k experts at M = 1, not all E at
     # M = k/E), the touched share 1 − (1 − k/E)^T as for the bytes above
-    touched_share = np.maximum(1.0 - (1.0 - m.expert_share) ** group_tokens, 1e-12)
-    per_expert = np.maximum(group_tokens * m.expert_share * m.expert_imbalance / touched_share, 1e-9)
-    dense_m = np.maximum(tokens, 1e-9)
-    linear = (np.maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
+    touched_share = maximum(1.0 - (1.0 - m.expert_share) ** group_tokens, 1e-12)
+    per_expert = maximum(group_tokens * m.expert_share * m.expert_imbalance / touched_share, 1e-9)
+    dense_m = maximum(tokens, 1e-9)
+    linear = (maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                          tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
-              + np.maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
+              + maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
                            tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
-    sm = np.maximum(sampled, 1e-9)
-    head = np.maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
+    sm = maximum(sampled, 1e-9)
+    head = maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
     attn_rate = m.attn_flops_per_pair / (m.attn_peak_flops * k.attention_efficiency)
     dec_pair = m.attn_flops_per_pair if m.decode_attn_flops_per_pair is None else m.decode_attn_flops_per_pair
     dec_rate = dec_pair / (m.attn_peak_flops * k.attention_efficiency)
     kv_reads = 1.0 + k.per_head_kv * (m.kv_group - 1.0)        # a per-head kernel reads each KV head group times
-    attention = np.maximum(decode_ctx_tokens * m.kv_bytes_per_token * kv_reads / (bw * k.kv_bandwidth_efficiency),
+    attention = maximum(decode_ctx_tokens * m.kv_bytes_per_token * kv_reads / (bw * k.kv_bandwidth_efficiency),
                            decode_ctx_tokens * dec_rate) + prefill_pairs * attn_rate
     elementwise = tokens * m.elem_s_per_token
-    comm = np.where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
+    comm = where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
     if moe_split or np.ndim(m.a2a_s_per_token) > 0 or m.a2a_s_per_token:
-        a2a = np.where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
+        a2a = where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
         # two-batch overlap: half the batch communicates while the other half computes; what exceeds the compute shows
         a2a_raw = a2a
-        a2a = np.where(m.a2a_overlap > 0, np.maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
+        a2a = where(m.a2a_overlap > 0, maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
     else:
         a2a = a2a_raw = 0.0
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
     overhead = (k.step_overhead_s + k.seq_overhead_s * sampled
-                + (k.layer_overhead_s + np.where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)
+                + (k.layer_overhead_s + where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)
     parts = {"linear_s": linear, "head_s": head, "attention_s": attention, "elementwise_s": elementwise,
              "comm_s": comm, "a2a_s": a2a, "a2a_raw_s": a2a_raw, "overhead_s": overhead, "weights_read_s": read, "gemm_compute_s": compute,
              "weights_touched_bytes": touched, "gemm_efficiency": gemm_eff}
