@@ -253,3 +253,22 @@ def test_html_page_draws_the_experts_per_gpu(tmp_path):
     assert "Experts per GPU" in html and "EP 16 (16 data-parallel attention ranks of TP 1)" in html
     assert html.count("<title>routed expert ") == 256 and html.count("<title>redundant slot") == 32
     assert html.count("GPU 15 (node 1)") == 1                     # 16 boxes over two nodes of 8
+
+
+def test_attention_ranks_of_tp_above_one_where_the_engine_runs_them():
+    """Wide EP over attention ranks of TP t > 1 (vLLM DP over TP, SGLang --dp-size below --tp-size) is searched for
+    the engines that run it; TensorRT-LLM's attention ranks are one GPU each, so its search keeps TP 1, and its export
+    of such a layout says what it wrote instead."""
+    from shardlab.cli.serve_space import _candidates
+
+    cl = cluster("h200", 16)
+    got = {name: {(tp, ep, dpa) for tp, pp, cap, ep, dpa in _candidates(DS, cl, 16, get_engine(name)) if dpa > 1}
+           for name in ("vllm", "sglang", "tensorrt-llm")}
+    assert {(2, 16, 8), (4, 16, 4), (8, 16, 2), (2, 8, 4)} <= got["vllm"] == got["sglang"]
+    assert got["tensorrt-llm"] == {(1, n, n) for n in (2, 4, 8, 16)}
+    assert all(ep // tp == dpa for tp, ep, dpa in got["vllm"])
+    code, doc, err = cli_main("export", "--to", "tensorrt-llm", "deepseek-v3", "--inference", "--gpu", "h200", "--tp", "2",
+                              "--ep", "16", "--dp-attention", "--prompt-len", "4000", "--output-len", "500", "--json")
+    assert code == 0, err
+    said = {u["setting"]: u["why"] for u in json.loads(doc)["unsupported"]}
+    assert "16 ranks of TP 1, not 8 of TP 2" in said["attention_tp"]

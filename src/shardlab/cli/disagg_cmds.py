@@ -208,14 +208,16 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
               prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
     if kw.get("speculation"):
         return [], {"speculative decoding with disaggregation is not modelled": 1}
-    from shardlab.cli.serve_space import moe_kw
+    from shardlab.cli.serve_space import moe_kw, wide_ep_layouts
 
     cases, rejected, errors = {}, {}, {}
-    # one replica layout per TP (TP-sliced experts); a MoE model adds wide EP with data-parallel attention, N ranks
-    # of TP 1 for N dividing the experts, up to a node (what serve_space._candidates searches aggregated)
+    # one replica layout per TP (TP-sliced experts); a MoE model adds wide EP with data-parallel attention over N
+    # GPUs dividing the experts, up to a node, in ranks of TP 1 or more (what serve_space._candidates searches
+    # aggregated)
     experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
     layouts = [(t, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]
-    layouts += [(1, n, n) for n in range(2, min(gpus, cluster.gpus_per_node) + 1) if experts and experts % n == 0]
+    layouts += [(t, n, n // t) for n, t in wide_ep_layouts(spec, cluster, gpus, experts, cluster.gpus_per_node,
+                                                                    divides=False, attention_tp=engine.attention_dp_tp)]
     for tp, ep, dpa in layouts:
         try:
             c = prepare(spec, cluster, engine, tp=tp, **moe_kw(kw, ep, dpa))

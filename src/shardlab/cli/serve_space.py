@@ -8,8 +8,9 @@ from __future__ import annotations
 def _candidates(spec, cluster, gpus, engine, redundant: int = 0):
     """(tp, pp, max-num-seqs, ep, attention DP ranks) of every replica layout of ``gpus`` GPUs. A MoE model adds,
     beside its TP-sliced experts: experts whole over the TP group (ep = tp > 1), and wide expert parallelism with
-    data-parallel attention, N = ep GPUs per replica of N attention ranks of TP 1 (pp 1), N dividing the experts
-    (+ ``redundant`` slots), as SGLang, vLLM and TensorRT-LLM run DeepSeek and Qwen3 MoE (``serving.moe``)."""
+    data-parallel attention, N = ep GPUs per replica (pp 1), N dividing the experts (+ ``redundant`` slots), as
+    SGLang, vLLM and TensorRT-LLM run DeepSeek and Qwen3 MoE (``serving.moe``): N attention ranks of TP 1, or N/t
+    ranks of TP t for every t > 1 dividing N inside a node (SGLang's --tp N --dp N/t --enable-dp-attention)."""
     from shardlab.planner.space import tp_ok
 
     engine = engine.for_gpu(cluster.accelerator)                 # the cap the engine takes on this GPU, and below
@@ -21,10 +22,23 @@ def _candidates(spec, cluster, gpus, engine, redundant: int = 0):
             for ep, dpa in moe:
                 for cap in caps:
                     yield tp, pp, cap, ep, dpa
-    if experts:
-        for n in [d for d in range(2, gpus + 1) if gpus % d == 0 and experts % d == 0]:
-            for cap in caps:
-                yield 1, 1, cap, n, n
+    for n, t in wide_ep_layouts(spec, cluster, gpus, experts, attention_tp=engine.attention_dp_tp):
+        for cap in caps:
+            yield t, 1, cap, n, n // t
+
+
+def wide_ep_layouts(spec, cluster, gpus: int, experts: int, most: int | None = None,
+                    divides: bool = True, attention_tp: bool = True) -> list[tuple[int, int]]:
+    """(ep GPUs N, attention TP t) of the wide-EP replicas: N dividing the ``experts`` slots and (``divides``)
+    ``gpus``, at most ``most``, in N/t attention ranks of TP t for t = 1 or, where the engine runs them
+    (``attention_tp``: ``EngineProfile.attention_dp_tp``), any t < N dividing N inside a node (a disaggregated
+    pool takes any N up to a node: ``divides`` False)."""
+    from shardlab.planner.space import tp_ok
+
+    if not experts:
+        return []
+    return [(n, t) for n in range(2, min(gpus, most or gpus) + 1) if (gpus % n == 0 or not divides) and experts % n == 0
+            for t in range(1, n) if n % t == 0 and t <= cluster.gpus_per_node and (t == 1 or attention_tp and tp_ok(spec, t))]
 
 
 def moe_kw(spec_kw: dict, ep: int, dpa: int) -> dict:

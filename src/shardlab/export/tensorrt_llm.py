@@ -61,6 +61,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], dict, list[
     options: dict = {}
     if s.dp_attention > 1:
         options["enable_attention_dp"] = True
+        if lay.tp > 1:      # with enable_attention_dp every GPU is an attention rank of its own (TP 1)
+            uns.append(Unsupported("attention_tp", lay.tp, f"TensorRT-LLM's attention data parallelism runs every GPU "
+                                                          f"as an attention rank of TP 1: written as {lay.tp * s.dp_attention} "
+                                                          f"ranks of TP 1, not {s.dp_attention} of TP {lay.tp}"))
     options["kv_cache_config"] = {"free_gpu_memory_fraction": s.gpu_memory_utilization,
                                   **({"dtype": "fp8"} if s.kv_cache_dtype.startswith("fp8") else {})}
     options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": s.max_num_seqs}

@@ -75,6 +75,9 @@ class EngineProfile:
     """Largest decode batch replayed as a captured CUDA graph (0: none); such steps pay no per-layer launches."""
     prefix_caching: bool
     """Prompt prefixes already in the KV cache are not recomputed (automatic prefix caching / RadixAttention)."""
+    attention_dp_tp: bool
+    """Data-parallel attention ranks may each span a TP group (attention TP > 1 beside wide expert parallelism); False:
+    every attention rank is one GPU, or the version has no data-parallel attention."""
     step_overhead_us: float
     """Per step: scheduling, sampling, graph launch and synchronisation the GPU waits for, µs."""
     seq_overhead_us: float
@@ -141,7 +144,7 @@ generation's (``serving.rates.RATE_FIELDS``)."""
 _FRACTIONS = ("gpu_memory_utilization",)
 _FIELDS = {f.name for f in fields(EngineProfile)} - {"id", "given"}
 _TEXT = ("name", "version")
-_BOOLS = ("chunked_prefill", "sliding_window_cache", "prefix_caching")
+_BOOLS = ("chunked_prefill", "sliding_window_cache", "prefix_caching", "attention_dp_tp")
 _CHOICES = (("kv_memory_rule", KV_RULES), ("kv_admission", ADMISSION), ("scheduling", SCHEDULING),
             ("chunked_scheduling", SCHEDULING), ("decode_groups_query_heads", GQA_KERNELS))
 
