@@ -151,6 +151,18 @@ def test_plan_lists_disaggregated_beside_aggregated():
     cmp = doc["comparison"]
     assert cmp["winner"] == ("disaggregated" if cmp["disaggregated_goodput_tokens_per_s_per_gpu"]
                              > cmp["aggregated_goodput_tokens_per_s_per_gpu"] else "aggregated")
+    # the pools' replicas may run pipeline stages too, each priced as --prefill-pp / --pp price them
+    staged = [p for p in doc["disaggregated"] if p["prefill"]["pp"] > 1 or p["decode"]["pp"] > 1]
+    assert staged and all(p["prefill"]["tp"] * p["prefill"]["pp"] <= p["prefill"]["gpus"] for p in staged)
+    p = next(p for p in staged if p["prefill"]["pp"] > 1)
+    code, out, err = cli_main("estimate", "llama-3.1-70b", "--inference", "--serve", "--gpu", "h100-sxm",
+                              "--disaggregated", f"{p['prefill']['gpus']}:{p['decode']['gpus']}",
+                              "--prefill-tp", str(p["prefill"]["tp"]), "--prefill-pp", str(p["prefill"]["pp"]),
+                              "--tp", str(p["decode"]["tp"]), "--pp", str(p["decode"]["pp"]), "--prompt-len", "4000",
+                              "--output-len", "500", "--arrival-rate", str(max(p["max_request_rate"], 0.05)), "--json")
+    assert code == 0, err
+    if p["max_request_rate"] > 0:
+        assert json.loads(out)["steady_state"]["tpot_s"] == pytest.approx(p["tpot_s"], rel=1e-6)
 
 
 def test_explain_disaggregation_derives_the_verdict():

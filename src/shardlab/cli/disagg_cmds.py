@@ -215,25 +215,28 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
     # GPUs dividing the experts, up to a node, in ranks of TP 1 or more (what serve_space._candidates searches
     # aggregated)
     experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
-    layouts = [(t, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)]
-    layouts += [(t, n, n // t) for n, t in wide_ep_layouts(spec, cluster, gpus, experts, cluster.gpus_per_node,
-                                                                    divides=False, attention_tp=engine.attention_dp_tp)]
-    for tp, ep, dpa in layouts:
+    # a TP replica may also run pipeline stages (PP 2, 4, 8 where they leave the other pool a GPU: a long prompt's
+    # prefill split over stages, as --prefill-pp / --pp price them)
+    layouts = [(t, p, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)
+               for p in (1, 2, 4, 8) if p == 1 or (t * p < gpus and p <= spec.num_layers)]
+    layouts += [(t, 1, n, n // t) for n, t in wide_ep_layouts(spec, cluster, gpus, experts, cluster.gpus_per_node,
+                                                                       divides=False, attention_tp=engine.attention_dp_tp)]
+    for tp, pp, ep, dpa in layouts:
         try:
-            c = prepare(spec, cluster, engine, tp=tp, **moe_kw(kw, ep, dpa))
+            c = prepare(spec, cluster, engine, tp=tp, pp=pp, **moe_kw(kw, ep, dpa))
         except ShardlabError as e:
             reject(rejected, errors, e)
             continue
         if c.blocks.num_blocks > 0 and c.gpus <= gpus:
-            cases[(tp, ep, dpa)] = c
+            cases[(tp, pp, ep, dpa)] = c
     out = []
     O = float(args.output_len)
     for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s):
         pre, dec = d.prefill, d.decode
         at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
-        out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp,
+        out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp, "pp": pre.pp,
                                 "layout": pre.layout_label, "ep": pre.ep, "dp_attention": pre.attention_dp},
-                    "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp,
+                    "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp, "pp": dec.pp,
                                "layout": dec.layout_label, "capacity_per_replica": dec.capacity,
                                "ep": dec.ep, "dp_attention": dec.attention_dp,
                                "kv_blocks_per_gpu": int(dec.blocks.num_blocks)},
@@ -295,8 +298,8 @@ def disagg_text(doc: dict, args) -> list[str]:
                   "splitting the phases pays here" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))
     sim = doc.get("best_disaggregated_simulated")
-    one = ("one layout (TP, or EP over attention ranks, the same in both pools)"
-           if any(p["decode"].get("dp_attention", 1) > 1 for p in found) else "one TP")
+    one = ("one layout (TP × PP, or EP over attention ranks, the same in both pools)"
+           if any(p["decode"].get("dp_attention", 1) > 1 for p in found) else "one TP × PP")
     return ["disaggregated prefill/decode (DistServe): a prefill pool and a decode pool of the same GPUs, each "
             f"pool's replicas at {one}, the prompt's KV sent between them; capacity = the largest Poisson rate whose "
             "steady-state mean TTFT and TPOT meet the targets (serving.disagg)",

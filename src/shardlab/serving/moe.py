@@ -92,9 +92,11 @@ def replica_label(tp: int, pp: int = 1, ep: int = 1, dp_attention: int = 1) -> s
 
 
 def pool_label(pool: dict) -> str:
-    """A prefill or decode pool's replicas, short (``disaggregated`` entries): 'TP t', or 'EP e' over attention
-    ranks."""
-    return f"EP {pool['ep']}" if pool.get("dp_attention", 1) > 1 else f"TP {pool['tp']}"
+    """A prefill or decode pool's replicas, short (``disaggregated`` entries): 'TP t' (× 'PP p'), or 'EP e' over
+    attention ranks (of TP t when t > 1)."""
+    if pool.get("dp_attention", 1) > 1:
+        return f"EP {pool['ep']}" + (f", attn TP {pool['tp']}" if pool.get("tp", 1) > 1 else "")
+    return f"TP {pool['tp']}" + (f" × PP {pool['pp']}" if pool.get("pp", 1) > 1 else "")
 
 
 def plan_label(p: dict) -> str:

@@ -164,11 +164,10 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     extra = spec * D
     through = (step_time(a.whole, k, D, Kd, P, pairs + spec * Kd, sampled + extra, extra) + _through(a, D + P + extra)
                + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * (sampled + extra)))
-    one = np.ndim(a.pp) == 0 and np.ndim(spec) == 0       # one case (the simulation's steps): skip what cannot count
-    # one stage: the slowest stage is the whole replica (the same terms) and nothing crosses between stages
-    stage = through if one and a.pp == 1 else step_time(a.slowest, a.kernels, D, Kd, P, pairs + spec * Kd,
+    # one stage everywhere: the slowest stage is the whole replica (the same terms) and nothing crosses between stages
+    stage = through if np.all(a.pp == 1) else step_time(a.slowest, a.kernels, D, Kd, P, pairs + spec * Kd,
                                                         sampled + extra, extra)
-    if one and spec == 0:                                   # no draft to run
+    if not np.any(spec > 0):                                # no draft to run
         return through, stage
     drafting = np.where((spec > 0) & (np.asarray(D) > 0),
                         step_time(a.draft, k, D, Kd, P, pairs, D)
