@@ -195,3 +195,40 @@ def test_estimate_page_of_a_disaggregated_serve(tmp_path):
     assert code == 0, err
     html = out.read_text()
     assert "The two pools and the KV transfer" in html and "aggregated instead" in html
+
+
+def test_plan_splits_over_two_gpu_kinds_per_dollar(tmp_path):
+    """`plan --prefill-gpu KIND`: prefill replicas on one kind, decode on --gpu (Splitwise); a GPU of one kind is not
+    one of the other, so the splits rank, and the comparison runs, per dollar at the catalog's prices; the winner
+    exports as a script of both kinds that reads back."""
+    from shardlab.export.build import price_notes
+
+    args = ["llama-3.1-70b", "--inference", "--serve", "--gpus", "16", "--gpu", "h200", "--prefill-gpu", "h100-sxm",
+            "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025"]
+    out = tmp_path / "pd.sh"
+    code, doc, err = cli_main("plan", *args, "--export", "vllm", "--out", str(out), "--json")
+    assert code == 0, err
+    d = json.loads(doc)
+    c, found = d["comparison"], d["disaggregated"]
+    assert c["basis"] == "per dollar" and found
+    assert all(p["prefill"]["gpu"] == "h100-sxm" and p["decode"]["gpu"] == "h200" and p["kv_link"] == "inter"
+               for p in found)
+    per = [p["output_tokens_per_usd"] for p in found]
+    assert per == sorted(per, reverse=True)
+    h100, h200 = (price_notes(get_catalog(), g)["usd_per_gpu_hour"] for g in ("h100-sxm", "h200"))
+    best = found[0]
+    assert best["usd_per_hour"] == pytest.approx(best["prefill"]["gpus"] * h100 + best["decode"]["gpus"] * h200)
+    assert best["output_tokens_per_usd"] == pytest.approx(best["max_request_rate"] * 500 * 3600 / best["usd_per_hour"])
+    assert c["aggregated_usd_per_hour"] == pytest.approx(16 * h200)
+    assert c["aggregated_output_tokens_per_usd"] == pytest.approx(
+        c["aggregated_goodput_tokens_per_s_per_gpu"] * 16 * 3600 / (16 * h200))
+    assert c["winner"] == "disaggregated" and c["ratio"] > 1     # 12 H100 prefill + 4 H200 decode beat 16 H200 per $
+    back = json.loads(cli_main("estimate", "--from", str(out), "--gpu", "h200", "--arrival-rate", "1", "--json")[1])
+    assert (back["disaggregated"]["prefill"]["gpu"], back["disaggregated"]["prefill"]["gpus"]) == (
+        "h100-sxm", best["prefill"]["gpus"])
+    # one GPU kind stays per GPU; the mixed search needs the capacity search
+    same = json.loads(cli_main("plan", *[a for a in args if a not in ("--prefill-gpu", "h100-sxm")], "--json")[1])
+    assert same["comparison"]["basis"] == "per GPU"
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--concurrency", "8",
+                            "--prefill-gpu", "h100-sxm")
+    assert code == 2 and "--prefill-gpu" in err and len(err.strip().splitlines()) == 1

@@ -193,71 +193,23 @@ def estimate_disagg(args, spec, cluster, prec, engine):
     return finite(doc), "\n".join(lines)
 
 
-def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict]:
-    """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
-    SLO's means, best goodput per GPU first; and counts of what was rejected."""
-    from shardlab.catalog import get_catalog
-    from shardlab.cli.inference_cmds import reject
-    from shardlab.cli.inference_args import case_kw
-    from shardlab.errors import ShardlabError
-    from shardlab.planner.space import tp_ok
-    from shardlab.serving.case import prepare
-    from shardlab.serving.disagg import search, steady_rate
-
-    kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
-              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, get_catalog(args.catalog)))
-    if kw.get("speculation"):
-        return [], {"speculative decoding with disaggregation is not modelled": 1}
-    from shardlab.cli.serve_space import moe_kw, wide_ep_layouts
-
-    cases, rejected, errors = {}, {}, {}
-    # one replica layout per TP (TP-sliced experts); a MoE model adds wide EP with data-parallel attention over N
-    # GPUs dividing the experts, up to a node, in ranks of TP 1 or more (what serve_space._candidates searches
-    # aggregated)
-    experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
-    # a TP replica may also run pipeline stages (PP 2, 4, 8 where they leave the other pool a GPU: a long prompt's
-    # prefill split over stages, as --prefill-pp / --pp price them)
-    layouts = [(t, p, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)
-               for p in (1, 2, 4, 8) if p == 1 or (t * p < gpus and p <= spec.num_layers)]
-    layouts += [(t, 1, n, n // t) for n, t in wide_ep_layouts(spec, cluster, gpus, experts, cluster.gpus_per_node,
-                                                                       divides=False, attention_tp=engine.attention_dp_tp)]
-    for tp, pp, ep, dpa in layouts:
-        try:
-            c = prepare(spec, cluster, engine, tp=tp, pp=pp, **moe_kw(kw, ep, dpa))
-        except ShardlabError as e:
-            reject(rejected, errors, e)
-            continue
-        if c.blocks.num_blocks > 0 and c.gpus <= gpus:
-            cases[(tp, pp, ep, dpa)] = c
-    out = []
-    O = float(args.output_len)
-    for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s):
-        pre, dec = d.prefill, d.decode
-        at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
-        out.append({"prefill": {"gpus": d.prefill_gpus, "replicas": d.prefill_replicas, "tp": pre.tp, "pp": pre.pp,
-                                "layout": pre.layout_label, "ep": pre.ep, "dp_attention": pre.attention_dp},
-                    "decode": {"gpus": d.decode_gpus, "replicas": d.decode_replicas, "tp": dec.tp, "pp": dec.pp,
-                               "layout": dec.layout_label, "capacity_per_replica": dec.capacity,
-                               "ep": dec.ep, "dp_attention": dec.attention_dp,
-                               "kv_blocks_per_gpu": int(dec.blocks.num_blocks)},
-                    "gpus": gpus, "kv_transfer_s": d.kv_transfer_s, "kv_link": d.link,
-                    "kv_transfer_bytes_per_rank": d.kv_transfer_bytes,
-                    "max_request_rate": rate, "meets_slo": rate > 0,
-                    "goodput_tokens_per_s_per_gpu": rate * O / gpus,
-                    "ttft_s": at["ttft_s"], "tpot_s": at["tpot_s"],
-                    "tokens_per_s_per_user": 1.0 / at["tpot_s"] if at["tpot_s"] > 0 else None,
-                    "prefill_utilization": at["prefill_utilization"], "saturation_rate": at["saturation_rate"],
-                    "_d": d})
-    out.sort(key=lambda p: (-p["goodput_tokens_per_s_per_gpu"], p["tpot_s"]))
-    return out, rejected
-
-
 def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: dict) -> dict:
     """The capacity search's disaggregated part: ``disaggregated`` (the layouts, best goodput per GPU first, their
-    pools and KV transfer), ``best_disaggregated_simulated`` and ``comparison`` with the aggregated winner."""
+    pools and KV transfer), ``best_disaggregated_simulated`` and ``comparison`` with the aggregated winner. With a
+    prefill pool of another GPU kind (``--prefill-gpu``) a GPU of one kind is not one of the other: where the catalog
+    prices both, the splits rank, and the comparison runs, per dollar (output tokens per USD)."""
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.disagg_search import disagg_capacity, usd_per_hour
     from shardlab.serving.disagg_sim import simulate_disagg
 
     found, rejected = disagg_capacity(args, spec, cluster, gpus, prec, engine, slo)
+    agg = capacity.get("goodput_tokens_per_s_per_gpu") or 0.0
+    agg_usd = usd_per_hour(get_catalog(args.catalog), [(cluster.accelerator.id, gpus)], getattr(args, "spot", False))
+    agg_per_usd = agg * gpus * 3600 / agg_usd if agg_usd else None
+    mixed = bool(found) and found[0]["prefill"]["gpu"] != cluster.accelerator.id
+    per_usd = mixed and agg_per_usd is not None and all(p["output_tokens_per_usd"] is not None for p in found)
+    if per_usd:
+        found.sort(key=lambda p: (-p["output_tokens_per_usd"], p["tpot_s"]))
     sim = None
     if found and found[0]["meets_slo"] and slo.percentile == "p99":     # the means rank; p99 checks the best by simulation
         best = found[0]
@@ -266,14 +218,18 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
                               + (args.output_len - 1) * best["tpot_s"])
     for p in found:
         p.pop("_d")
-    agg = capacity.get("goodput_tokens_per_s_per_gpu") or 0.0
     dis = found[0]["goodput_tokens_per_s_per_gpu"] if found else 0.0
-    winner = "disaggregated" if dis > agg else "aggregated" if agg > 0 else None
+    agg_b, dis_b = (agg_per_usd, found[0]["output_tokens_per_usd"]) if per_usd else (agg, dis)
+    winner = "disaggregated" if dis_b > agg_b else "aggregated" if agg_b > 0 else None
     return {"disaggregated": found[: args.top], "disaggregated_rejected": rejected,
             "best_disaggregated_simulated": sim.to_dict() if sim else None,
             "comparison": {"aggregated_goodput_tokens_per_s_per_gpu": agg,
                            "disaggregated_goodput_tokens_per_s_per_gpu": dis, "winner": winner,
-                           "ratio": dis / agg if agg > 0 else None, "statistic": "mean"}}
+                           "ratio": dis_b / agg_b if agg_b > 0 else None, "statistic": "mean",
+                           "basis": "per dollar" if per_usd else "per GPU",
+                           "aggregated_usd_per_hour": agg_usd, "aggregated_output_tokens_per_usd": agg_per_usd,
+                           "disaggregated_usd_per_hour": found[0]["usd_per_hour"] if found else None,
+                           "disaggregated_output_tokens_per_usd": found[0]["output_tokens_per_usd"] if found else None}}
 
 
 def disagg_text(doc: dict, args) -> list[str]:
@@ -287,23 +243,36 @@ def disagg_text(doc: dict, args) -> list[str]:
     found = doc["disaggregated"]
     if not found:
         return ["disaggregated prefill/decode: no layout of these GPUs holds the model in both pools", ""]
-    rows = [[f"{p['prefill']['gpus']} ({pool_words(p['prefill'])})", f"{p['decode']['gpus']} ({pool_words(p['decode'])})",
-             f"{p['max_request_rate']:,.2f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
-             _ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"] for p in found]
     c = doc["comparison"]
+    dollars = c.get("basis") == "per dollar"
+    kind = (lambda pool: f" × {pool['gpu']}") if any(p["prefill"].get("gpu") != p["decode"].get("gpu")
+                                                     for p in found) else (lambda pool: "")
+    rows = [[f"{p['prefill']['gpus']}{kind(p['prefill'])} ({pool_words(p['prefill'])})",
+             f"{p['decode']['gpus']}{kind(p['decode'])} ({pool_words(p['decode'])})",
+             f"{p['max_request_rate']:,.2f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
+             _ms(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
+            + ([f"{p['output_tokens_per_usd']:,.0f}"] if dollars else []) for p in found]
+    best = (f"{c['disaggregated_output_tokens_per_usd']:,.0f} output tokens per dollar against "
+            f"{c['aggregated_output_tokens_per_usd']:,.0f} for the aggregated winner on {doc['gpu']} "
+            f"(${c['disaggregated_usd_per_hour']:,.2f} and ${c['aggregated_usd_per_hour']:,.2f} an hour; two GPU "
+            f"kinds compare per dollar, prices from the catalog)" if dollars else
+            f"{c['disaggregated_goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU "
+            f"against {c['aggregated_goodput_tokens_per_s_per_gpu']:,.0f} aggregated")
     verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
-               f"best disaggregated: {c['disaggregated_goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU "
-               f"against {c['aggregated_goodput_tokens_per_s_per_gpu']:,.0f} aggregated: "
+               f"best disaggregated: {best}: "
                + ("about the same (within 5%): splitting buys nothing here" if abs((c["ratio"] or 0) - 1) <= 0.05 else
                   "splitting the phases pays here" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))
     sim = doc.get("best_disaggregated_simulated")
     one = ("one layout (TP × PP, or EP over attention ranks, the same in both pools)"
            if any(p["decode"].get("dp_attention", 1) > 1 for p in found) else "one TP × PP")
-    return ["disaggregated prefill/decode (DistServe): a prefill pool and a decode pool of the same GPUs, each "
+    pools = (f"a prefill pool of {found[0]['prefill']['gpu']} and a decode pool of {found[0]['decode']['gpu']} on "
+             "nodes of their own (Splitwise)" if found[0]["prefill"].get("gpu") != found[0]["decode"].get("gpu") else
+             "a prefill pool and a decode pool of the same GPUs")
+    return [f"disaggregated prefill/decode (DistServe): {pools}, each "
             f"pool's replicas at {one}, the prompt's KV sent between them; capacity = the largest Poisson rate whose "
             "steady-state mean TTFT and TPOT meet the targets (serving.disagg)",
             table(["prefill GPUs", "decode GPUs", "max req/s", "TTFT ms", "TPOT ms", "tok/s/GPU", "KV send ms",
-                   "prefill busy"], rows),
+                   "prefill busy"] + (["tokens/$"] if dollars else []), rows),
             verdict + (f"; simulated at its capacity ({sim['requests']} requests): TTFT p99 {_ms(sim['ttft_s']['p99'])} "
                        f"ms, TPOT p99 {_ms(sim['tpot_s']['p99'])} ms" if sim else ""), ""]

@@ -80,7 +80,8 @@ def add_inference_args(p) -> None:
                    help="with --disaggregated: the prefill pool's pipeline stages (default --pp)")
     g.add_argument("--prefill-gpu", default=None, metavar="GPU",
                    help="with --disaggregated: the prefill pool's GPU kind (default --gpu; other kinds sit on other "
-                        "nodes, the KV cache crosses the NIC)")
+                        "nodes, the KV cache crosses the NIC); plan's capacity search splits over the two kinds, "
+                        "per dollar")
     g.add_argument("--scheduler-steps", type=BOUNDED["scheduler_steps"], default=None, metavar="K",
                    help="decode steps per scheduling round (vLLM's --num-scheduler-steps; engine default 1)")
     g.add_argument("--requests", type=BOUNDED["requests"], default=None, help="--serve: requests simulated for the percentiles")

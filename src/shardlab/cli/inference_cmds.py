@@ -126,10 +126,12 @@ def plan_inference_cmd(args, catalog):
                            ("--disaggregated", bool(getattr(args, "disaggregated", None))),
                            ("--prefill-tp", getattr(args, "prefill_tp", None) is not None),
                            ("--prefill-pp", getattr(args, "prefill_pp", None) is not None)) if on]
-    if getattr(args, "prefill_gpu", None) is not None:
-        raise ShardlabError("--prefill-gpu: plan's prefill/decode search keeps one GPU kind (--gpu); price a split over "
-                            "two kinds with `shardlab estimate --inference --serve --disaggregated P:D --prefill-gpu "
-                            "KIND`")
+    if getattr(args, "prefill_gpu", None) is not None and not (
+            getattr(args, "serve", False) and args.concurrency is None and args.arrival_rate is None
+            and getattr(args, "target_rate", None) is None and (args.ttft_slo is not None or args.tpot_slo is not None)):
+        raise ShardlabError("--prefill-gpu: plan splits prefill and decode over two GPU kinds in its capacity search "
+                            "(--serve with --ttft-slo/--tpot-slo, no load, no --target-rate); price one split with "
+                            "`shardlab estimate --inference --serve --disaggregated P:D --prefill-gpu KIND`")
     if moe:
         raise ShardlabError(f"{', '.join(moe)}: plan searches them (a MoE model's TP-sliced, TP-group and wide "
                             f"expert-parallel layouts with data-parallel attention under --serve; in the capacity "

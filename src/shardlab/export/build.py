@@ -173,7 +173,8 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
                             "export the plan again with `shardlab plan --json`")
     for name, v in (("prefill.gpus", pre["gpus"]), ("prefill.tp", pre["tp"]), ("decode.gpus", dec["gpus"]),
                     ("decode.tp", dec["tp"]), ("decode.capacity_per_replica", dec["capacity_per_replica"]),
-                    ("decode.ep", dec.get("ep", 1)), ("decode.dp_attention", dec.get("dp_attention", 1))):
+                    ("decode.ep", dec.get("ep", 1)), ("decode.dp_attention", dec.get("dp_attention", 1)),
+                    ("prefill.pp", pre.get("pp", 1)), ("decode.pp", dec.get("pp", 1))):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ShardlabError(f"--plan FILE: disaggregated {name} must be a positive whole number; export the plan "
                                 f"again with `shardlab plan --json`")
@@ -184,10 +185,22 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
                   kv_blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
                   gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
                   weights=sv["weights"], ep=dec.get("ep", 1), dp_attention=dec.get("dp_attention", 1),
-                  pools=Pools(pre["gpus"], dec["gpus"], pre["tp"]))
-    return LaunchJob(spec.name, Layout(tp=dec["tp"]), doc["prompt_len"] + doc["output_len"], cap,
+                  pools=Pools(pre["gpus"], dec["gpus"], pre["tp"], prefill_pp=pre.get("pp", 1),
+                              prefill_gpu=_prefill_kind(pre, acc.id, catalog)))
+    return LaunchJob(spec.name, Layout(tp=dec["tp"], pp=dec.get("pp", 1)), doc["prompt_len"] + doc["output_len"], cap,
                      "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed", gpu=acc.id, gpus_per_node=gpn,
                      framework="vllm", serve=serve, notes={"step_time_s": None, **price_notes(catalog, acc.id)})
+
+
+def _prefill_kind(pre: dict, decode_gpu: str, catalog) -> str | None:
+    """The prefill pool's GPU kind where it differs from the decode pool's (``plan --prefill-gpu``), else None."""
+    kind = pre.get("gpu")
+    if kind is None or kind == decode_gpu:
+        return None
+    if not isinstance(kind, str):
+        raise ShardlabError("--plan FILE: disaggregated prefill.gpu must be a GPU id; export the plan again with "
+                            "`shardlab plan --json`")
+    return catalog.accelerator(kind).id
 
 
 def _cluster(catalog, gpu: str, gpus: int, gpn: int):

@@ -239,14 +239,15 @@ def pool_sizes(gpus: int, per_node: int) -> list[int]:
 
 
 def search(cases: dict, gpus: int, per_node: int, ttft_slo: float | None,
-           tpot_slo: float | None) -> list[tuple[DisaggCase, float]]:
+           tpot_slo: float | None, prefill_cases: dict | None = None) -> list[tuple[DisaggCase, float]]:
     """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (a mapping
     to prepared ServeCases: one per TP, and a MoE model's expert-parallel layouts), with its highest rate within the
-    SLO means; most goodput first."""
+    SLO means; most goodput first. ``prefill_cases``: the prefill pool's replicas when they differ (another GPU
+    kind), else ``cases``."""
     out, cache = [], {}
     for P in pool_sizes(gpus, per_node):
         D = gpus - P
-        for pre in cases.values():
+        for pre in (cases if prefill_cases is None else prefill_cases).values():
             for dec in cases.values():
                 wide = pre.attention_dp > 1 or dec.attention_dp > 1   # EP pools: the same layout in both, as the
                 if wide and (pre.ep, pre.attention_dp) != (dec.ep, dec.attention_dp):   # estimate's flags price them

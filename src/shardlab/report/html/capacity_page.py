@@ -155,7 +155,9 @@ def capacity_plan_page(doc: dict) -> Page:
 
     dis = disagg_section(doc)
     if dis is not None:
-        page.add("disaggregated", "Disaggregated prefill and decode on the same GPUs", dis)
+        two = (doc.get("comparison") or {}).get("basis") == "per dollar"
+        page.add("disaggregated", "Disaggregated prefill and decode " + ("on two GPU kinds" if two else "on the same GPUs"),
+                 dis)
     page.add("simulation", "The recommended layout at its capacity, simulated",
              _percentiles(doc.get("best_simulated"), (lay or {}).get("replicas", 1)))
     page.add("more", "Everything else in the document", generic({k: v for k, v in doc.items() if k not in SHOWN}))

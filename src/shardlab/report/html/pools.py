@@ -54,21 +54,27 @@ def disagg_section(doc: dict) -> str | None:
         return "<p>No split of these GPUs holds the model in both pools.</p>"
     c = doc.get("comparison") or {}
     best = found[0]
-    agg, dis = c.get("aggregated_goodput_tokens_per_s_per_gpu") or 0.0, c.get("disaggregated_goodput_tokens_per_s_per_gpu") or 0.0
-    verdict = (f"Best split: {dis:,.0f} output tokens/s per GPU against {agg:,.0f} aggregated"
-               + (f" ({dis / agg:.2f}×)." if agg else "."))
+    dollars = c.get("basis") == "per dollar"     # two GPU kinds (plan --prefill-gpu): compared per dollar
+    key, unit = (("output_tokens_per_usd", "tokens per dollar") if dollars else
+                 ("goodput_tokens_per_s_per_gpu", "output tokens/s per GPU"))
+    agg = (c.get("aggregated_output_tokens_per_usd") if dollars else c.get("aggregated_goodput_tokens_per_s_per_gpu")) or 0.0
+    dis = (c.get("disaggregated_output_tokens_per_usd") if dollars else
+           c.get("disaggregated_goodput_tokens_per_s_per_gpu")) or 0.0
+    verdict = (f"Best split: {dis:,.0f} {unit} against {agg:,.0f} aggregated" + (f" ({dis / agg:.2f}×)." if agg else ".")
+               + (" Two GPU kinds are compared per dollar, at the catalog's prices." if dollars else ""))
+    kind = (lambda pool: f" {pool['gpu']}") if dollars else (lambda pool: "")
+    name = lambda p, role: f"{p[role]['gpus']}{kind(p[role])} ({pool_label(p[role])})"   # noqa: E731
     chart = svg.bars([("aggregated (the recommended layout)", agg),
-                      *[(f"{p['prefill']['gpus']} prefill ({pool_label(p['prefill'])}) + {p['decode']['gpus']} decode "
-                         f"({pool_label(p['decode'])})", p["goodput_tokens_per_s_per_gpu"]) for p in found]],
-                     lambda v: f"{v:,.0f} tok/s/GPU", label_w=330)
-    rows = [[f"{p['prefill']['gpus']} ({pool_label(p['prefill'])})", f"{p['decode']['gpus']} ({pool_label(p['decode'])})",
-             f"{p['max_request_rate']:,.2f}", f"{p['goodput_tokens_per_s_per_gpu']:,.0f}", fmt_time(p["ttft_s"]),
-             fmt_time(p["tpot_s"]), fmt_time(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
-            for p in found]
+                      *[(f"{name(p, 'prefill')} prefill + {name(p, 'decode')} decode", p[key] or 0.0) for p in found]],
+                     lambda v: f"{v:,.0f} {'tok/$' if dollars else 'tok/s/GPU'}", label_w=420 if dollars else 330)
+    rows = [[name(p, "prefill"), name(p, "decode"), f"{p['max_request_rate']:,.2f}",
+             f"{p['goodput_tokens_per_s_per_gpu']:,.0f}", fmt_time(p["ttft_s"]), fmt_time(p["tpot_s"]),
+             fmt_time(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
+            + ([f"{p['output_tokens_per_usd']:,.0f}"] if dollars else []) for p in found]
     return (f"<p>{esc(verdict)} Prefill runs on its own GPUs, so decode steps carry no prompt; each request's KV "
             f"cache crosses from one pool to the other (DistServe, arXiv 2401.09670).</p>" + pools_svg(best) + chart
             + table(["prefill GPUs", "decode GPUs", "most requests/s", "tokens/s per GPU", "TTFT", "TPOT", "KV send",
-                     "prefill busy"], rows))
+                     "prefill busy"] + (["tokens per dollar"] if dollars else []), rows))
 
 
 def disagg_estimate_page(doc: dict):

@@ -1,0 +1,95 @@
+"""The capacity search's prefill/decode splits (`plan --inference --serve` with SLOs): the replica layouts each
+pool may take, on one GPU kind or, with ``--prefill-gpu KIND``, a prefill pool of another kind on its own nodes
+(Splitwise, Patel et al. 2024, arXiv 2311.18677: prompt phases on one generation, token phases on another), each
+split at its highest request rate within the SLO means (``serving.disagg.search``), with its price per hour where
+the catalog prices both kinds."""
+
+from __future__ import annotations
+
+
+def pool_cases(args, spec, cluster, gpus: int, engine, kw: dict, rejected: dict, errors: dict) -> dict:
+    """{(tp, pp, ep, attention ranks): ServeCase} of the replicas a pool of ``cluster``'s GPUs may run: one per TP,
+    with PP 2, 4, 8 where they leave the other pool a GPU (a long prompt's prefill split over stages, as
+    --prefill-pp / --pp price them); a MoE model adds wide EP with data-parallel attention over N GPUs dividing the
+    experts, up to a node, in ranks of TP 1 or more (what ``serve_space._candidates`` searches aggregated)."""
+    from shardlab.cli.inference_cmds import reject
+    from shardlab.cli.serve_space import moe_kw, wide_ep_layouts
+    from shardlab.errors import ShardlabError
+    from shardlab.planner.space import tp_ok
+    from shardlab.serving.case import prepare
+
+    experts = spec.moe.num_experts + (kw.get("redundant_experts") or 0) if spec.moe is not None else 0
+    layouts = [(t, p, 1, 1) for t in range(1, min(gpus, cluster.gpus_per_node) + 1) if tp_ok(spec, t)
+               for p in (1, 2, 4, 8) if p == 1 or (t * p < gpus and p <= spec.num_layers)]
+    layouts += [(t, 1, n, n // t) for n, t in wide_ep_layouts(spec, cluster, gpus, experts, cluster.gpus_per_node,
+                                                                       divides=False, attention_tp=engine.attention_dp_tp)]
+    cases = {}
+    for tp, pp, ep, dpa in layouts:
+        try:
+            c = prepare(spec, cluster, engine, tp=tp, pp=pp, **moe_kw(kw, ep, dpa))
+        except ShardlabError as e:
+            reject(rejected, errors, e)
+            continue
+        if c.blocks.num_blocks > 0 and c.gpus <= gpus:
+            cases[(tp, pp, ep, dpa)] = c
+    return cases
+
+
+def usd_per_hour(catalog, pools: list[tuple[str, int]], spot: bool = False) -> float | None:
+    """Price per hour of ``pools`` [(GPU id, GPUs)] from the price catalog, or None when a kind has no price."""
+    from shardlab.export.build import price_notes
+
+    total = 0.0
+    for gpu, n in pools:
+        p = price_notes(catalog, gpu, spot).get("usd_per_gpu_hour")
+        if p is None:
+            return None
+        total += p * n
+    return total
+
+
+def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict]:
+    """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
+    SLO's means, best goodput per GPU first; and counts of what was rejected. With ``--prefill-gpu KIND`` the prefill
+    pool's replicas run on that kind (its server, links and peaks), the decode pool's on ``--gpu``."""
+    from shardlab.catalog import get_catalog
+    from shardlab.cli.disagg_cmds import prefill_cluster
+    from shardlab.cli.inference_args import case_kw
+    from shardlab.serving.disagg import search, steady_rate
+
+    catalog = get_catalog(args.catalog)
+    kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
+              prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, catalog))
+    if kw.get("speculation"):
+        return [], {"speculative decoding with disaggregation is not modelled": 1}
+    rejected, errors = {}, {}
+    cases = pool_cases(args, spec, cluster, gpus, engine, kw, rejected, errors)
+    pre_cluster, pre_prec = prefill_cluster(args, catalog, cluster, prec, gpus)
+    pre_cases = cases if pre_cluster is cluster else pool_cases(args, spec, pre_cluster, gpus, engine,
+                                                                {**kw, "precision": pre_prec}, rejected, errors)
+    out = []
+    O = float(args.output_len)
+    spot = getattr(args, "spot", False)
+    for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s, prefill_cases=pre_cases):
+        pre, dec = d.prefill, d.decode
+        at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
+        usd = usd_per_hour(catalog, [(pre.cluster.accelerator.id, d.prefill_gpus),
+                                     (dec.cluster.accelerator.id, d.decode_gpus)], spot)
+        out.append({"prefill": {"gpus": d.prefill_gpus, "gpu": pre.cluster.accelerator.id, "replicas": d.prefill_replicas,
+                                "tp": pre.tp, "pp": pre.pp, "layout": pre.layout_label, "ep": pre.ep,
+                                "dp_attention": pre.attention_dp},
+                    "decode": {"gpus": d.decode_gpus, "gpu": dec.cluster.accelerator.id, "replicas": d.decode_replicas,
+                               "tp": dec.tp, "pp": dec.pp, "layout": dec.layout_label, "capacity_per_replica": dec.capacity,
+                               "ep": dec.ep, "dp_attention": dec.attention_dp,
+                               "kv_blocks_per_gpu": int(dec.blocks.num_blocks)},
+                    "gpus": gpus, "kv_transfer_s": d.kv_transfer_s, "kv_link": d.link,
+                    "kv_transfer_bytes_per_rank": d.kv_transfer_bytes,
+                    "max_request_rate": rate, "meets_slo": rate > 0,
+                    "goodput_tokens_per_s_per_gpu": rate * O / gpus,
+                    "usd_per_hour": usd, "output_tokens_per_usd": rate * O * 3600 / usd if usd else None,
+                    "ttft_s": at["ttft_s"], "tpot_s": at["tpot_s"],
+                    "tokens_per_s_per_user": 1.0 / at["tpot_s"] if at["tpot_s"] > 0 else None,
+                    "prefill_utilization": at["prefill_utilization"], "saturation_rate": at["saturation_rate"],
+                    "_d": d})
+    out.sort(key=lambda p: (-p["goodput_tokens_per_s_per_gpu"], p["tpot_s"]))
+    return out, rejected
