@@ -137,3 +137,64 @@ def test_other_targets_say_they_cannot_carry_them(tmp_path, capsys):
                         str(tmp_path / "t.sh"), "--json")
     assert code == 0 and "--tp-comm-overlap" not in (tmp_path / "t.sh").read_text()
     assert [u["setting"] for u in json.loads(out)["unsupported"]] == ["tp_comm_overlap"]
+
+
+def test_planner_memory_shards_fp8_experts_over_the_expert_group():
+    """ZeRO-3 with FP8 primary weights on a MoE model: the routed experts' FP8 shards are over dp·cp/ep, as the
+    exact report has them; the planner's vectorised memory agrees."""
+    from shardlab.estimate.step import evaluate
+    from shardlab.layout import layouts_to_arrays
+
+    spec = CAT.model("mixtral-8x7b")
+    for ep in (4, 8):
+        lay = Layout(dp=8, ep=ep, zero=3)
+        est = estimate_training(spec, lay, _cluster(8), seq_len=4096, global_batch=64, precision="fp8-mixed",
+                                recipe=Recipe(fp8=Fp8Recipe(primary_weights=True, all_gather=True)))
+        r = evaluate(spec, est.cluster, est.workload, layouts_to_arrays([lay]))
+        assert float(r["memory_bytes"][0]) == pytest.approx(est.memory.worst.total, rel=2e-3)
+
+
+def test_fp8_all_gather_stays_a_zero3_setting():
+    """torchtitan's FSDP flag changes nothing under ZeRO-1 (the distributed optimizer gathers bf16 there); FP8
+    primary weights gather in FP8 at every stage."""
+    base = ["estimate", "llama-3.1-8b", "--gpus", "16", "--zero", "1", "--precision", "fp8-mixed", "--seq-len", "4096",
+            "--global-batch", "64", "--json"]
+
+    import contextlib
+    import io
+
+    totals = []
+    for extra in ((), ("--fp8-all-gather",), ("--fp8-params",)):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main([*base, *extra]) == 0
+        d = json.loads(buf.getvalue())
+        totals.append(d["comm_total_s"]["dp_comm_s"])
+    assert totals[0] == pytest.approx(totals[1], rel=1e-12) and totals[2] < totals[0]
+
+
+def test_plans_and_launchers_carry_both_flags(tmp_path, capsys):
+    flags = ["--fp8-params", "--tp-comm-overlap", "--sequence-parallel"]
+    plan_args = ["llama-3.1-70b", "--gpus", "64", "--gpu", "h100-sxm", "--precision", "fp8-mixed", "--seq-len", "8192",
+                 "--global-batch", "128", "--fix", "tp=4", "--fix", "pp=8", "--top", "1"]
+    out = tmp_path / "pe.sh"
+    code, doc, err = _run(capsys, "plan", *plan_args, *flags, "--export", "megatron", "--out", str(out), "--json")
+    assert code == 0, err
+    text = out.read_text()
+    assert "--tp-comm-overlap" in text and "--fp8-param-gather" in text and "could not express" not in text
+    assert json.loads(doc)["workload"]["fp8_params"] is True
+    code, doc, err = _run(capsys, "export", "--to", "slurm", "--launch", "megatron", *ARGS, "--fp8-params",
+                          "--tp-comm-overlap", "--out", str(tmp_path / "job.sbatch"), "--json")
+    assert code == 0, err
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "--tp-comm-overlap" in script and "--fp8-param-gather" in script
+    assert not {u["setting"] for u in json.loads(doc)["unsupported"]} & {"tp_comm_overlap", "fp8_params"}
+    assert "could not express tp_comm_overlap" not in script
+
+
+def test_validate_replays_a_nemo_row_with_its_recipe_flags(capsys):
+    code, out, err = _run(capsys, "validate", "--run", "mcore-70b-h100-25.09", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    cmd = json.dumps(d)
+    assert "--fp8-params" in cmd and "--grad-reduce-bf16" in cmd and "--fp8-all-gather" not in cmd

@@ -221,6 +221,8 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
     dis = found[0]["goodput_tokens_per_s_per_gpu"] if found else 0.0
     agg_b, dis_b = (agg_per_usd, found[0]["output_tokens_per_usd"]) if per_usd else (agg, dis)
     winner = "disaggregated" if dis_b > agg_b else "aggregated" if agg_b > 0 else None
+    unpriced = [g for g in dict.fromkeys((found[0]["prefill"]["gpu"], cluster.accelerator.id))
+                if usd_per_hour(get_catalog(args.catalog), [(g, 1)]) is None] if mixed and not per_usd else []
     return {"disaggregated": found[: args.top], "disaggregated_rejected": rejected,
             "best_disaggregated_simulated": sim.to_dict() if sim else None,
             "comparison": {"aggregated_goodput_tokens_per_s_per_gpu": agg,
@@ -229,7 +231,9 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
                            "basis": "per dollar" if per_usd else "per GPU",
                            "aggregated_usd_per_hour": agg_usd, "aggregated_output_tokens_per_usd": agg_per_usd,
                            "disaggregated_usd_per_hour": found[0]["usd_per_hour"] if found else None,
-                           "disaggregated_output_tokens_per_usd": found[0]["output_tokens_per_usd"] if found else None}}
+                           "disaggregated_output_tokens_per_usd": found[0]["output_tokens_per_usd"] if found else None,
+                           **({"note": f"no catalog price for {' or '.join(unpriced)}: two GPU kinds compared per GPU "
+                                       f"(--catalog FILE adds prices)"} if unpriced else {})}}
 
 
 def disagg_text(doc: dict, args) -> list[str]:
@@ -259,7 +263,7 @@ def disagg_text(doc: dict, args) -> list[str]:
             f"{c['disaggregated_goodput_tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU "
             f"against {c['aggregated_goodput_tokens_per_s_per_gpu']:,.0f} aggregated")
     verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
-               f"best disaggregated: {best}: "
+               (f"{c['note']}; " if c.get("note") else "") + f"best disaggregated: {best}: "
                + ("about the same (within 5%): splitting buys nothing here" if abs((c["ratio"] or 0) - 1) <= 0.05 else
                   "splitting the phases pays here" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))

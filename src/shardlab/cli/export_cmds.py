@@ -150,7 +150,7 @@ def _render(job, cat, target: str, inner: str | None, cluster, spec=None):
     if job.serve is None and cluster is not None:
         job = retarget(job, spec, target, inner, cat, cluster)
     exp = render(job, spec, target, inner)
-    return job, replace(exp, unsupported=exp.unsupported + recipe_unsupported(job, target))
+    return job, replace(exp, unsupported=exp.unsupported + recipe_unsupported(job, inner or target))
 
 
 def _plan_cluster(doc: dict, cat, job):

@@ -184,7 +184,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                    mlp=not (kind and not spec.moe.shared_width))
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
-            tp_total=tp_all, tp=_tp_block_s(tp_all, lt, rc, tp, wl.tp_comm_overlap),
+            tp_total=tp_all, tp=_tp_block_s(tp_all, lt, rc, tp, sp, wl.tp_comm_overlap),
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             cp_total=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp), elem_bytes=e,
@@ -222,15 +222,16 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
-def _tp_block_s(comm_s, lt: dict, rc, tp, overlap: bool):
+def _tp_block_s(comm_s, lt: dict, rc, tp, sp, overlap: bool):
     """A block's TP/SP communication per micro-batch on the critical path: all of it, or with ``--tp-comm-overlap``
-    what its GEMMs do not hide (``comm.pricing.tp_overlapped_s``): the forward GEMMs, the backward's two per
-    forward one, and the re-run forward under full recomputation (the passes whose collectives ``tp_per_block_s``
-    counts)."""
+    and sequence parallelism (the all-gathers and reduce-scatters the overlap splits: Megatron-Core asserts
+    --sequence-parallel with it) what its GEMMs do not hide (``comm.pricing.tp_overlapped_s``): the forward GEMMs,
+    the backward's two per forward one, and the re-run forward under full recomputation (the passes whose
+    collectives ``tp_per_block_s`` counts)."""
     if not overlap:
         return comm_s
     passes = 3.0 + (np.asarray(rc) == 2)
-    return ct.tp_overlapped_s(comm_s, passes * lt["gemm_s"], tp)
+    return np.where(np.asarray(sp, dtype=bool), ct.tp_overlapped_s(comm_s, passes * lt["gemm_s"], tp), comm_s)
 
 
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
@@ -238,6 +239,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     e = sb.weights
     recipe = recipe_factors(spec, wl.recipe, sb)
+    # FP8 primary weights (Megatron --fp8-param-gather): no bf16 copy of the FP8 GEMM weights, gathered in FP8
+    fp8_primary = wl.precision == "fp8-mixed" and wl.recipe.fp8.primary_weights and wl.recipe.lora is None
     gbytes = wl.grad_reduce_bytes or sb.gradients
     tp, cp, ep, dp, mb, zero, rc = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc"))
     sp = c["sp"].astype(bool)
@@ -319,8 +322,10 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             g_b = np.select([zero >= 3, zero == 2], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.gradients
             o_b = np.select([zero >= 3, zero >= 1], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.optimizer
             f_states = replace(recipe, trainable=1.0, weight_bytes=sb.weights)
-        if wl.precision == "fp8-mixed" and wl.recipe.fp8.primary_weights and wl.recipe.lora is None:
-            w_b = w_b - primary_weight_saving(part("fp8_numel"), np.ceil(part("fp8_numel") / D), zero, sb.weights)
+        if fp8_primary:   # the FP8 GEMM weights' bf16 copies go; routed experts shard over the expert group
+            fp8_expert = np.minimum(part("expert"), part("fp8_numel"))
+            w_b = w_b - primary_weight_saving(part("fp8_numel"), np.ceil((part("fp8_numel") - fp8_expert) / D)
+                                              + np.ceil(fp8_expert / De), zero, sb.weights)
         w_b, g_b, o_b, host = stage_state_bytes(w_b, g_b, o_b, np.where(zero >= 3, z3_p, total_p), zero, f_states,
                                                 wl.recipe, sb)
         mem = w_b + g_b + o_b
@@ -358,7 +363,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                     has_moe=counts[1] > 0, unit_params=unit, bucket_grad_bytes=bucket_g)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
-                                weight_bytes=sb.weights if wl.recipe.lora else recipe.gather_bytes, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
+                                weight_bytes=recipe.gather_bytes if fp8_primary else sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
                                 expert_params_local=expert * recipe.trainable, eta=overlap_efficiency(acc))
         # optimizer: read the gradient, read and write master weights and moments, write the weights;
         # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor

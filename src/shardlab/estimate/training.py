@@ -92,7 +92,9 @@ class TrainingEstimate:
                         "inter_link": self.cluster.inter_link.id, "nodes": self.cluster.num_nodes},
             "workload": {"seq_len": self.workload.seq_len, "global_batch": self.workload.global_batch,
                          "precision": self.workload.precision, "optimizer": self.workload.optimizer,
-                         "tokens_per_step": self.workload.seq_len * self.workload.global_batch},
+                         "tokens_per_step": self.workload.seq_len * self.workload.global_batch,
+                         "fp8_params": self.workload.precision == "fp8-mixed"
+                         and self.workload.recipe.fp8.primary_weights},
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu, "hfu": self.hfu,
@@ -183,6 +185,10 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
                       fused_loss=fused_loss, recipe=recipe, tp_comm_overlap=tp_comm_overlap)
+    if tp_comm_overlap and (layout.tp == 1 or not layout.sequence_parallel):
+        notes.append(f"{field_name('workload.tp_comm_overlap')} overlaps the sequence-parallel all-gathers and "
+                     f"reduce-scatters of TP > 1 ({field_name('layout.sequence_parallel')}; Megatron-Core asserts it): "
+                     "not applied to this layout")
     r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers)
     mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:

@@ -157,7 +157,9 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],
                      acc.id, gpn, framework=_framework_id(fw), notes=notes,
                      grad_reduce_bytes=red if red in (2, 4) else None,
-                     dropout=(doc.get("assumptions") or {}).get("dropout") is True)
+                     dropout=(doc.get("assumptions") or {}).get("dropout") is True,
+                     tp_comm_overlap=isinstance(fw, dict) and fw.get("tp_comm_overlap") is True,
+                     fp8_params=wl.get("fp8_params") is True)
 
 
 def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:

@@ -235,7 +235,7 @@ def recipe_notes(offload, lora_rank, quantize_base) -> dict:
     return {"recipe": r} if r else {}
 
 
-def header(job: LaunchJob, target: str, unsupported) -> list[str]:
+def header(job: LaunchJob, target: str, unsupported, inner: str | None = None) -> list[str]:
     """Comment lines (without the comment marker) opening every exported file."""
     from shardlab.serving.moe import replica_label
 
@@ -264,6 +264,6 @@ def header(job: LaunchJob, target: str, unsupported) -> list[str]:
     elif st:
         scored = f" under {r['scored_for']}, not {r['framework']}" if r else ""
         out.append(f"predicted step time {st:.2f} s{scored} (shardlab estimate; an estimate, not a measurement)")
-    for u in (*unsupported, *recipe_unsupported(job, target)):
+    for u in (*unsupported, *recipe_unsupported(job, inner or target)):   # a launcher: what its framework writes
         out.append(f"could not express {u.line()}")
     return out

@@ -319,6 +319,8 @@ def read(text: str, catalog) -> Imported:
     if "fp8-param-gather" in fl and f["precision"] == "fp8-mixed":
         f["fp8_params"] = True
         und.append(("--fp8-param-gather", "FP8 primary weights"))
+    elif "fp8-param-gather" in fl:
+        ign.append("--fp8-param-gather without --fp8-format (no FP8 training: no FP8 weights to keep)")
     if "grad-reduce-in-bf16" in fl:
         f["grad_reduce_bytes"] = 2
         und.append(("--grad-reduce-in-bf16", "gradients held and reduced in bf16"))

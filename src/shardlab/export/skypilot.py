@@ -43,7 +43,7 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
     write, cmd, inner_exp = node_commands(job, spec, inner, torchrun, "\"$SKYPILOT_NODE_RANK\"", "\"$head_ip\"")
     uns = inner_exp.unsupported
     run = "set -euo pipefail\nhead_ip=$(echo \"$SKYPILOT_NODE_IPS\" | head -n 1)\n" + write + cmd + "\n"
-    comments = header(job, "skypilot", uns) + _cost_lines(job) + [f"runs {inner} ({inner_exp.checked_against})",
+    comments = header(job, "skypilot", uns, inner) + _cost_lines(job) + [f"runs {inner} ({inner_exp.checked_against})",
                                                                   f"checked against {CHECKED}"]
     text = (comment_block(comments)
             + f"name: shardlab-{re.sub(r'[^a-z0-9-]', '-', job.model.lower())}\n"

@@ -26,7 +26,7 @@ def render(job: LaunchJob, spec, inner: str | None = None) -> Export:
     sb = [f"--job-name=shardlab-{job.model}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
           *([] if cpu else [f"--gpus-per-node={job.procs_per_node}"]), "--exclusive"]
     lines = ["#!/bin/bash", *[f"#SBATCH {s}" for s in sb],
-             comment_block(header(job, "slurm", uns) + [f"runs {inner} ({inner_exp.checked_against})"]).rstrip(),
+             comment_block(header(job, "slurm", uns, inner) + [f"runs {inner} ({inner_exp.checked_against})"]).rstrip(),
              "set -euo pipefail",
              f"# the Python environment with torch and {inner}: $VENV, else .venv in the submit directory, if present",
              'venv="${VENV:-${SLURM_SUBMIT_DIR:-.}/.venv}"',

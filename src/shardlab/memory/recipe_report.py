@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shardlab.errors import field_name
+
 from shardlab.memory.fp8 import FP8_COPIES_BYTES, FP8_TENSORS_PER_GEMM
 from shardlab.memory.lora import adapter_param_count, nf4_bits_per_weight
 from shardlab.memory.precision import StateBytes
@@ -27,13 +29,18 @@ def recipe_summary(rep, model, sb: StateBytes) -> dict:
                                     f"{fmt_bytes(w.optimizer)}  [LoRA, Hu et al. 2021; ZeRO §3.1]")
     if rep.precision == "fp8-mixed":
         out["fp8"] = {"amax_history_len": r.fp8.amax_history_len, "weight_cache": r.fp8.weight_cache,
-                      "fsdp_fp8_all_gather": r.fp8.all_gather, "weight_cache_bytes": w.other.get("fp8_weight_cache", 0),
+                      "fsdp_fp8_all_gather": r.fp8.all_gather, "primary_weights": r.fp8.primary_weights,
+                      "weight_cache_bytes": w.other.get("fp8_weight_cache", 0),
                       "scaling_state_bytes": w.other.get("fp8_scaling_state", 0),
                       "saved_linear_inputs": "fp8 (1 byte)", "gemm_dtype": "fp8 (E4M3 forward, E5M2 gradients)"}
         rep.explain["fp8"] = (f"FP8 weight copies {FP8_COPIES_BYTES} B (weight + transpose) per linear weight"
                               f"{' (per gathered unit under ZeRO-3)' if rep.layout.zero >= 3 else ''}, "
                               f"{FP8_TENSORS_PER_GEMM} scaled tensors per GEMM × (amax history {r.fp8.amax_history_len} + 2) × 4 B; "
                               f"linear inputs saved in FP8 [Transformer Engine; Micikevicius 2022]")
+        if r.fp8.primary_weights and r.lora is None:   # the weights line: the FP8 GEMM weights keep no bf16 copy
+            rep.explain["weights"] = (f"{rep.explain['weights'].rsplit(' = ', 1)[0]}, less the FP8 GEMM weights' bf16 "
+                                      f"copies (FP8 primary weights, {field_name('recipe.fp8_params')}: {'1 B' if rep.layout.zero >= 3 else '2 B'}"
+                                      f" each{' of the shard' if rep.layout.zero >= 3 else ''}) = {fmt_bytes(w.weights)}")
     if r.offload.what != "none":
         off = r.offload
         out["offload"] = {"what": off.what, "device": off.device, "host_bytes_per_gpu": w.host_total,

@@ -47,8 +47,12 @@ def estimate_argv(run: PublishedRun, catalog, model_path: str | None = None) -> 
         argv += ["--recompute-fraction", f"{lay.recompute_fraction:g}"]
     if kw["compile"]:
         argv.append("--compile")
-    if "recipe" in kw and kw["recipe"].fp8.all_gather:
+    if "recipe" in kw and kw["recipe"].fp8.primary_weights:
+        argv.append("--fp8-params")                  # FP8 primary weights, gathered in FP8
+    elif "recipe" in kw and kw["recipe"].fp8.all_gather:
         argv.append("--fp8-all-gather")
+    if kw.get("tp_comm_overlap"):
+        argv.append("--tp-comm-overlap")
     if kw["attention_kernel"]:
         argv += ["--attention-kernel", kw["attention_kernel"]]
     if kw["fused_loss"] is not None:

@@ -155,7 +155,7 @@ def capacity_plan_page(doc: dict) -> Page:
 
     dis = disagg_section(doc)
     if dis is not None:
-        two = (doc.get("comparison") or {}).get("basis") == "per dollar"
+        two = any(p["prefill"].get("gpu") != p["decode"].get("gpu") for p in doc.get("disaggregated") or [])
         page.add("disaggregated", "Disaggregated prefill and decode " + ("on two GPU kinds" if two else "on the same GPUs"),
                  dis)
     page.add("simulation", "The recommended layout at its capacity, simulated",

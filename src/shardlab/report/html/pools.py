@@ -61,12 +61,14 @@ def disagg_section(doc: dict) -> str | None:
     dis = (c.get("disaggregated_output_tokens_per_usd") if dollars else
            c.get("disaggregated_goodput_tokens_per_s_per_gpu")) or 0.0
     verdict = (f"Best split: {dis:,.0f} {unit} against {agg:,.0f} aggregated" + (f" ({dis / agg:.2f}×)." if agg else ".")
-               + (" Two GPU kinds are compared per dollar, at the catalog's prices." if dollars else ""))
-    kind = (lambda pool: f" {pool['gpu']}") if dollars else (lambda pool: "")
+               + (" Two GPU kinds are compared per dollar, at the catalog's prices." if dollars else "")
+               + (f" {c['note'][0].upper()}{c['note'][1:]}." if c.get("note") else ""))
+    two = any(p["prefill"].get("gpu") != p["decode"].get("gpu") for p in found)     # plan --prefill-gpu
+    kind = (lambda pool: f" {pool['gpu']}") if two else (lambda pool: "")
     name = lambda p, role: f"{p[role]['gpus']}{kind(p[role])} ({pool_label(p[role])})"   # noqa: E731
     chart = svg.bars([("aggregated (the recommended layout)", agg),
                       *[(f"{name(p, 'prefill')} prefill + {name(p, 'decode')} decode", p[key] or 0.0) for p in found]],
-                     lambda v: f"{v:,.0f} {'tok/$' if dollars else 'tok/s/GPU'}", label_w=420 if dollars else 330)
+                     lambda v: f"{v:,.0f} {'tok/$' if dollars else 'tok/s/GPU'}", label_w=420 if two else 330)
     rows = [[name(p, "prefill"), name(p, "decode"), f"{p['max_request_rate']:,.2f}",
              f"{p['goodput_tokens_per_s_per_gpu']:,.0f}", fmt_time(p["ttft_s"]), fmt_time(p["tpot_s"]),
              fmt_time(p["kv_transfer_s"]), f"{100 * p['prefill_utilization']:.0f}%"]
