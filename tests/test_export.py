@@ -284,7 +284,7 @@ def test_megatron_pipeline_layout_round_trip_and_user_strings():
     assert job.layout.vpp > 1 and CAT.model(job.model).num_layers % (job.layout.pp * job.layout.vpp)
     exp, _, diff = round_trip(job, "megatron")
     assert "--pipeline-model-parallel-layout" in exp.text and not exp.unsupported and not diff
-    from shardlab.export.megatron import read
+    from shardlab.export.megatron_read import read
 
     base = ("pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --num-layers 80 "
             "--hidden-size 8192 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "

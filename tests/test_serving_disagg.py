@@ -1,6 +1,7 @@
 """Disaggregated prefill/decode: the two pools' steady state, the KV transfer, the simulation, the CLI."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,10 @@ def test_plan_lists_disaggregated_beside_aggregated():
     # the pools' replicas may run pipeline stages too, each priced as --prefill-pp / --pp price them
     staged = [p for p in doc["disaggregated"] if p["prefill"]["pp"] > 1 or p["decode"]["pp"] > 1]
     assert staged and all(p["prefill"]["tp"] * p["prefill"]["pp"] <= p["prefill"]["gpus"] for p in staged)
+    tie = next(p for p in staged if (p["prefill"]["tp"], p["prefill"]["pp"]) == (4, 2))   # docs/inference.md §8 quotes it
+    assert tie["max_request_rate"] == pytest.approx(best["max_request_rate"], rel=1e-3)
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
+    assert f"ties it at {best['max_request_rate']:.2f} requests/s" in doc
     p = next(p for p in staged if p["prefill"]["pp"] > 1)
     code, out, err = cli_main("estimate", "llama-3.1-70b", "--inference", "--serve", "--gpu", "h100-sxm",
                               "--disaggregated", f"{p['prefill']['gpus']}:{p['decode']['gpus']}",
@@ -223,6 +228,13 @@ def test_plan_splits_over_two_gpu_kinds_per_dollar(tmp_path):
     assert c["aggregated_output_tokens_per_usd"] == pytest.approx(
         c["aggregated_goodput_tokens_per_s_per_gpu"] * 16 * 3600 / (16 * h200))
     assert c["winner"] == "disaggregated" and c["ratio"] > 1     # 12 H100 prefill + 4 H200 decode beat 16 H200 per $
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
+    pre, dec = best["prefill"], best["decode"]
+    assert (f"{pre['gpus']} H100 prefill GPUs ({pre['replicas']} × TP {pre['tp']}) and {dec['gpus']} H200 decode GPUs "
+            f"(TP {dec['tp']}) serve {best['max_request_rate']:.2f} requests/s at ${best['usd_per_hour']:.2f} an hour, "
+            f"{best['output_tokens_per_usd']:,.0f} output tokens per dollar, against "
+            f"{c['aggregated_output_tokens_per_usd']:,.0f} for 16 H200 aggregated (${c['aggregated_usd_per_hour']:.2f} an "
+            f"hour): {c['ratio']:.2f}×.") in doc
     back = json.loads(cli_main("estimate", "--from", str(out), "--gpu", "h200", "--arrival-rate", "1", "--json")[1])
     assert (back["disaggregated"]["prefill"]["gpu"], back["disaggregated"]["prefill"]["gpus"]) == (
         "h100-sxm", best["prefill"]["gpus"])

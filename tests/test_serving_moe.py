@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -220,6 +221,12 @@ def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
     tp_sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["ep"] == 1)
     assert best["goodput_tokens_per_s_per_gpu"] > 2 * tp_sliced
     assert d["capacity"]["layout"]["dp_attention"] == 16 and any(q["dp_attention"] == 16 for q in d["pareto"])
+    # docs/inference.md §7 quotes the search's attention ranks of TP 1, 2 and 4 (EP 16)
+    best_of = {t: max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if (p["tp"], p["ep"]) == (t, 16))
+               for t in (1, 2, 4)}
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
+    assert (f"against {best_of[1]:.0f} aggregated. Attention ranks of TP 2 serve {best_of[2]:.0f} output tokens/s per "
+            f"GPU there (EP 16 as 8 ranks of TP 2), TP 4 {best_of[4]:.0f}:") in doc
     assert any("predicted, never fitted" in n and "upper bounds" in n for n in d["notes"])   # the validation's caveat
     pools = d["disaggregated"][0]
     assert pools["prefill"]["dp_attention"] == pools["decode"]["dp_attention"] == 8 and d["comparison"]["ratio"] > 1

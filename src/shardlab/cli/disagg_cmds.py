@@ -201,12 +201,14 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
     from shardlab.catalog import get_catalog
     from shardlab.cli.disagg_search import disagg_capacity, usd_per_hour
     from shardlab.serving.disagg_sim import simulate_disagg
+    from shardlab.serving.moe import two_kinds
 
     found, rejected = disagg_capacity(args, spec, cluster, gpus, prec, engine, slo)
+    catalog = get_catalog(args.catalog)
     agg = capacity.get("goodput_tokens_per_s_per_gpu") or 0.0
-    agg_usd = usd_per_hour(get_catalog(args.catalog), [(cluster.accelerator.id, gpus)], getattr(args, "spot", False))
+    agg_usd = usd_per_hour(catalog, [(cluster.accelerator.id, gpus)], getattr(args, "spot", False))
     agg_per_usd = agg * gpus * 3600 / agg_usd if agg_usd else None
-    mixed = bool(found) and found[0]["prefill"]["gpu"] != cluster.accelerator.id
+    mixed = two_kinds(found[:1])
     per_usd = mixed and agg_per_usd is not None and all(p["output_tokens_per_usd"] is not None for p in found)
     if per_usd:
         found.sort(key=lambda p: (-p["output_tokens_per_usd"], p["tpot_s"]))
@@ -222,7 +224,7 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
     agg_b, dis_b = (agg_per_usd, found[0]["output_tokens_per_usd"]) if per_usd else (agg, dis)
     winner = "disaggregated" if dis_b > agg_b else "aggregated" if agg_b > 0 else None
     unpriced = [g for g in dict.fromkeys((found[0]["prefill"]["gpu"], cluster.accelerator.id))
-                if usd_per_hour(get_catalog(args.catalog), [(g, 1)]) is None] if mixed and not per_usd else []
+                if usd_per_hour(catalog, [(g, 1)]) is None] if mixed and not per_usd else []
     return {"disaggregated": found[: args.top], "disaggregated_rejected": rejected,
             "best_disaggregated_simulated": sim.to_dict() if sim else None,
             "comparison": {"aggregated_goodput_tokens_per_s_per_gpu": agg,
@@ -240,7 +242,7 @@ def disagg_text(doc: dict, args) -> list[str]:
     """The capacity report's disaggregated table and verdict (empty when the search did not run)."""
     from shardlab.cli.serve_cmds import _ms
     from shardlab.render.table import table
-    from shardlab.serving.moe import pool_label as pool_words
+    from shardlab.serving.moe import pool_label as pool_words, two_kinds
 
     if "disaggregated" not in doc:
         return []
@@ -249,8 +251,7 @@ def disagg_text(doc: dict, args) -> list[str]:
         return ["disaggregated prefill/decode: no layout of these GPUs holds the model in both pools", ""]
     c = doc["comparison"]
     dollars = c.get("basis") == "per dollar"
-    kind = (lambda pool: f" × {pool['gpu']}") if any(p["prefill"].get("gpu") != p["decode"].get("gpu")
-                                                     for p in found) else (lambda pool: "")
+    kind = (lambda pool: f" × {pool['gpu']}") if two_kinds(found) else (lambda pool: "")
     rows = [[f"{p['prefill']['gpus']}{kind(p['prefill'])} ({pool_words(p['prefill'])})",
              f"{p['decode']['gpus']}{kind(p['decode'])} ({pool_words(p['decode'])})",
              f"{p['max_request_rate']:,.2f}", _ms(p["ttft_s"]), _ms(p["tpot_s"]), f"{p['goodput_tokens_per_s_per_gpu']:,.0f}",
@@ -271,7 +272,7 @@ def disagg_text(doc: dict, args) -> list[str]:
     one = ("one layout (TP × PP, or EP over attention ranks, the same in both pools)"
            if any(p["decode"].get("dp_attention", 1) > 1 for p in found) else "one TP × PP")
     pools = (f"a prefill pool of {found[0]['prefill']['gpu']} and a decode pool of {found[0]['decode']['gpu']} on "
-             "nodes of their own (Splitwise)" if found[0]["prefill"].get("gpu") != found[0]["decode"].get("gpu") else
+             "nodes of their own (Splitwise)" if two_kinds(found[:1]) else
              "a prefill pool and a decode pool of the same GPUs")
     return [f"disaggregated prefill/decode (DistServe): {pools}, each "
             f"pool's replicas at {one}, the prompt's KV sent between them; capacity = the largest Poisson rate whose "

@@ -134,7 +134,7 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes,
                      grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout),
                      tp_comm_overlap=est.workload.tp_comm_overlap,
-                     fp8_params=est.workload.precision == "fp8-mixed" and est.workload.recipe.fp8.primary_weights)
+                     fp8_params=est.workload.fp8_params)
 
 
 def _render(job, cat, target: str, inner: str | None, cluster, spec=None):

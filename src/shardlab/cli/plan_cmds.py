@@ -294,7 +294,7 @@ def cmd_plan(args):
                         "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
                         "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
                         "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none",
-                        "fp8_params": wl.precision == "fp8-mixed" and wl.recipe.fp8.primary_weights},
+                        "fp8_params": wl.fp8_params},
            "notes": seq_notes + ([offload_note] if offload_note else []),
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,
            "plans": [{k: v for k, v in p.items() if k != "index"} for p in res.plans]}

@@ -68,6 +68,16 @@ def tp_overlapped_s(comm_s, gemm_s, tp):
     return np.where(tp > 1, np.maximum(comm_s - gemm_s, 0.0) + np.minimum(comm_s, gemm_s) / np.maximum(tp, 1.0), comm_s)
 
 
+def tp_exposed_per_block_s(comm_s, gemm_fwd_s, recompute_code, tp, sequence_parallel):
+    """A block's TP/SP communication per micro-batch on the critical path with ``--tp-comm-overlap``: where sequence
+    parallelism splits it into all-gathers and reduce-scatters (the collectives the overlap decomposes; Megatron-Core
+    asserts --sequence-parallel with it), what its GEMMs do not hide (``tp_overlapped_s``) — the forward GEMMs
+    ``gemm_fwd_s``, the backward's two per forward one, and the re-run forward under full recomputation, the passes
+    whose collectives ``tp_per_block_s`` counts; all of it elsewhere (array-safe)."""
+    passes = 3.0 + (np.asarray(recompute_code) == 2)
+    return np.where(np.asarray(sequence_parallel, dtype=bool), tp_overlapped_s(comm_s, passes * gemm_fwd_s, tp), comm_s)
+
+
 def tp_embedding_head_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int):
     """Vocabulary-parallel embedding (forward all-reduce of its output) or head (backward all-reduce of its input gradient)."""
     link = group_link(cluster, tp, 1)

@@ -90,3 +90,12 @@ def lora_block_step_times(lt: dict, *, adapter_fwd_s, dequant_s, recompute) -> d
 def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Accelerator, ep=1):
     """Seconds of one dequantization pass over a block's NF4 weights."""
     return memory_time_s(dequant_bytes_per_pass(spec, layer, lora, tp, ep), acc)
+
+
+def lora_block_times(spec: ModelSpec, layer: int, lora: LoraSpec, lt: dict, tokens, tp, ep, recompute,
+                     acc: Accelerator, curve: MatmulEfficiency, dtype: str) -> dict:
+    """Forward, backward and recomputation seconds of a frozen-base (LoRA/QLoRA) block per micro-batch: the base
+    block's ``lt`` (``rates.compute.layer_times``) with its adapters' GEMMs and the NF4 dequantisation added
+    (``lora_block_step_times``)."""
+    return lora_block_step_times(lt, adapter_fwd_s=adapter_gemm_time_s(spec, layer, lora, tokens, tp, acc, curve, dtype),
+                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep), recompute=recompute)

@@ -30,6 +30,7 @@ from shardlab.rates.hardware import matmul_curve, memory_time_s, overlap_efficie
 from shardlab.estimate import unit_terms as ut
 from shardlab.estimate.unit_terms import stage_compositions
 from shardlab.estimate.workload import Workload, workload_overheads
+from shardlab.estimate.lora import lora_block_times
 from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
@@ -150,7 +151,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
                          kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, **common)
         bt = block_step_times(lt, rc, c["rf"]) if wl.recipe.lora is None else \
-            _lora_bt(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
+            lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
         # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
         # a unit holds at most a stage's blocks (memory.buffers.largest_unit_bytes: --wrap 1000-blocks on 32 layers is
@@ -184,7 +185,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                    mlp=not (kind and not spec.moe.shared_width))
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
-            tp_total=tp_all, tp=_tp_block_s(tp_all, lt, rc, tp, sp, wl.tp_comm_overlap),
+            tp_total=tp_all, tp=ct.tp_exposed_per_block_s(tp_all, lt["gemm_s"], rc, tp, sp) if wl.tp_comm_overlap
+            else tp_all,
             cp=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp),
                                  elem_bytes=e, attn_fwd_s=lt["attn_s"], recompute_code=rc, eta=overlap),
             cp_total=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp), elem_bytes=e,
@@ -222,25 +224,11 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
-def _tp_block_s(comm_s, lt: dict, rc, tp, sp, overlap: bool):
-    """A block's TP/SP communication per micro-batch on the critical path: all of it, or with ``--tp-comm-overlap``
-    and sequence parallelism (the all-gathers and reduce-scatters the overlap splits: Megatron-Core asserts
-    --sequence-parallel with it) what its GEMMs do not hide (``comm.pricing.tp_overlapped_s``): the forward GEMMs,
-    the backward's two per forward one, and the re-run forward under full recomputation (the passes whose
-    collectives ``tp_per_block_s`` counts)."""
-    if not overlap:
-        return comm_s
-    passes = 3.0 + (np.asarray(rc) == 2)
-    return np.where(np.asarray(sp, dtype=bool), ct.tp_overlapped_s(comm_s, passes * lt["gemm_s"], tp), comm_s)
-
-
 def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     e = sb.weights
     recipe = recipe_factors(spec, wl.recipe, sb)
-    # FP8 primary weights (Megatron --fp8-param-gather): no bf16 copy of the FP8 GEMM weights, gathered in FP8
-    fp8_primary = wl.precision == "fp8-mixed" and wl.recipe.fp8.primary_weights and wl.recipe.lora is None
     gbytes = wl.grad_reduce_bytes or sb.gradients
     tp, cp, ep, dp, mb, zero, rc = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc"))
     sp = c["sp"].astype(bool)
@@ -270,8 +258,10 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         n_tensors = sum(cnt * tensors_per_unit[kind] for kind, cnt in zip((False, True), counts)) \
             + (tensors_per_unit[PRE] if first else 0) + (tensors_per_unit[spec.num_layers] if last else 0)
         part = lambda key: sum(cnt * K[kind][key] for kind, cnt in zip((False, True), counts) if cnt) + zeros
+        # the vocabulary-parallel embedding's and head's all-reduces and the loss's: no GEMM of a block to hide under
+        vocab_tp = (g["emb_ar"] if first else 0.0) + (g["emb_ar"] + g["ce_ar"] if last else 0.0)
         t = {"compute": part("compute") + (g["head"] if last else 0.0), "rec": part("rec"),
-             "tp": part("tp") + (g["emb_ar"] if first else 0.0) + (g["emb_ar"] + g["ce_ar"] if last else 0.0),
+             "tp": part("tp") + vocab_tp,
              "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros,
              "host": part("host") + np.where(pp > 1, 2 * vpp * wl.pipeline_host_s, 0.0) + zeros,
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
@@ -298,7 +288,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         # what the CP and ZeRO-3 collectives take in all, hidden or not (comm plan's inventory prices the same calls):
         # the first block unit's gather and last reduce-scatter are counted once, as traffic, not again as an edge
         t["z3"] = t["z3"] + np.where(zero == 3, root_s, 0.0)
-        all_s = {"cp": part("cp_total"), "tp": t["tp"] - part("tp") + part("tp_total"),
+        all_s = {"cp": part("cp_total"), "tp": part("tp_total") + vocab_tp,
                "z3": part("z3_total") + np.where(zero == 3, root_s, 0.0)}
         expert = part("expert")
         total_p = dense + expert
@@ -322,7 +312,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             g_b = np.select([zero >= 3, zero == 2], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.gradients
             o_b = np.select([zero >= 3, zero >= 1], [lp["lora_adapter_z3"], a_flat], lp["lora_adapter"]) * sb.optimizer
             f_states = replace(recipe, trainable=1.0, weight_bytes=sb.weights)
-        if fp8_primary:   # the FP8 GEMM weights' bf16 copies go; routed experts shard over the expert group
+        if wl.fp8_params:   # the FP8 GEMM weights' bf16 copies go; routed experts shard over the expert group
             fp8_expert = np.minimum(part("expert"), part("fp8_numel"))
             w_b = w_b - primary_weight_saving(part("fp8_numel"), np.ceil((part("fp8_numel") - fp8_expert) / D)
                                               + np.ceil(fp8_expert / De), zero, sb.weights)
@@ -363,7 +353,8 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                                     has_moe=counts[1] > 0, unit_params=unit, bucket_grad_bytes=bucket_g)
             mem = mem + acts + sum(np.asarray(v, dtype=float) for v in other.values())
         exp, tot = ct.dp_step_s(g["dp_coeffs"], zero=zero, params_local=total_p * recipe.trainable, grad_bytes=gbytes,
-                                weight_bytes=recipe.gather_bytes if fp8_primary else sb.weights, microbatches=m, bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
+                                weight_bytes=recipe.gather_bytes if wl.fp8_params else sb.weights, microbatches=m,
+                                bwd_last_s=part("bwd"), overlap=wl.dp_overlap,
                                 expert_params_local=expert * recipe.trainable, eta=overlap_efficiency(acc))
         # optimizer: read the gradient, read and write master weights and moments, write the weights;
         # eager (for-loop) AdamW dispatches about OPTIMIZER_OPS_PER_TENSOR operators per parameter tensor
@@ -416,10 +407,3 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         "memory_bytes": mem.max(axis=0), "slowest_stage": stage_ids[star], "worst_memory_stage": stage_ids[np.argmax(mem, axis=0)],
     }
 
-
-def _lora_bt(spec, layer, lora, lt, T, tp, ep, rc, acc, curve, dtype) -> dict:
-    """Block times of a frozen-base (LoRA/QLoRA) block: ``estimate/lora.py``."""
-    from shardlab.estimate.lora import adapter_gemm_time_s, dequant_time_s, lora_block_step_times
-
-    return lora_block_step_times(lt, adapter_fwd_s=adapter_gemm_time_s(spec, layer, lora, T, tp, acc, curve, dtype),
-                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep), recompute=rc)

@@ -93,8 +93,7 @@ class TrainingEstimate:
             "workload": {"seq_len": self.workload.seq_len, "global_batch": self.workload.global_batch,
                          "precision": self.workload.precision, "optimizer": self.workload.optimizer,
                          "tokens_per_step": self.workload.seq_len * self.workload.global_batch,
-                         "fp8_params": self.workload.precision == "fp8-mixed"
-                         and self.workload.recipe.fp8.primary_weights},
+                         "fp8_params": self.workload.fp8_params},
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu, "hfu": self.hfu,

@@ -66,6 +66,12 @@ class Workload:
     """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
 
     @property
+    def fp8_params(self) -> bool:
+        """FP8 primary weights in effect: fp8-mixed with ``Fp8Recipe.primary_weights``, on a model trained whole
+        (a LoRA base keeps its own bytes)."""
+        return self.precision == "fp8-mixed" and self.recipe.fp8.primary_weights and self.recipe.lora is None
+
+    @property
     def attention_label(self) -> str:
         """The attention the estimate priced: the fused kernel's name, or 'unfused' (QKᵀ and PV as batched GEMMs with
         a materialised softmax) when flash attention is off."""

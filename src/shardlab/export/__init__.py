@@ -30,6 +30,10 @@ SERVING_TARGETS = ("vllm", "sglang", "tensorrt-llm")
 LAUNCHERS = ("slurm", "skypilot")
 
 
+READERS = {"megatron": "megatron_read"}
+"""Targets whose reading-back lives in a module of its own (the writer imports nothing from it)."""
+
+
 def _module(target: str):
     if target not in TARGETS:
         raise ShardlabError(f"unknown export target '{target}'; choose one of {', '.join(TARGETS)}")
@@ -195,7 +199,8 @@ def read_text(text: str, catalog, target: str | None = None, name: str | None = 
                                                           if depth > MAX_NESTING else f"uses an anchor or alias (line {alias})")
                                 + "; write the values out")
     try:
-        imported = _module(target).read(text, catalog)
+        imported = (importlib.import_module(f"shardlab.export.{READERS[target]}") if target in READERS
+                    else _module(target)).read(text, catalog)
         check_fields(imported.fields, None, field_names(target, imported.framework))
     except FileError:
         raise

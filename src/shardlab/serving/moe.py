@@ -99,6 +99,12 @@ def pool_label(pool: dict) -> str:
     return f"TP {pool['tp']}" + (f" × PP {pool['pp']}" if pool.get("pp", 1) > 1 else "")
 
 
+def two_kinds(splits: list[dict]) -> bool:
+    """Whether a capacity search's ``disaggregated`` entries put the prefill pool on another GPU kind than the decode
+    pool (``plan --prefill-gpu``)."""
+    return any(p["prefill"].get("gpu") != p["decode"].get("gpu") for p in splits)
+
+
 def plan_label(p: dict) -> str:
     """``replica_label`` of a plan entry (its tp, pp, ep, dp_attention keys)."""
     return replica_label(p["tp"], p["pp"], p.get("ep", 1), p.get("dp_attention", 1))

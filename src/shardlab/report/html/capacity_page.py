@@ -155,9 +155,10 @@ def capacity_plan_page(doc: dict) -> Page:
 
     dis = disagg_section(doc)
     if dis is not None:
-        two = any(p["prefill"].get("gpu") != p["decode"].get("gpu") for p in doc.get("disaggregated") or [])
-        page.add("disaggregated", "Disaggregated prefill and decode " + ("on two GPU kinds" if two else "on the same GPUs"),
-                 dis)
+        from shardlab.serving.moe import two_kinds
+
+        page.add("disaggregated", "Disaggregated prefill and decode "
+                 + ("on two GPU kinds" if two_kinds(doc.get("disaggregated") or []) else "on the same GPUs"), dis)
     page.add("simulation", "The recommended layout at its capacity, simulated",
              _percentiles(doc.get("best_simulated"), (lay or {}).get("replicas", 1)))
     page.add("more", "Everything else in the document", generic({k: v for k, v in doc.items() if k not in SHOWN}))

@@ -5,7 +5,7 @@ aggregated winner. Drawn from the JSON document (``disaggregated``, ``comparison
 from __future__ import annotations
 
 from shardlab.report.html import svg
-from shardlab.serving.moe import pool_label
+from shardlab.serving.moe import pool_label, two_kinds
 from shardlab.report.html.page import PALETTE, esc, table
 from shardlab.units import fmt_time
 
@@ -63,7 +63,7 @@ def disagg_section(doc: dict) -> str | None:
     verdict = (f"Best split: {dis:,.0f} {unit} against {agg:,.0f} aggregated" + (f" ({dis / agg:.2f}×)." if agg else ".")
                + (" Two GPU kinds are compared per dollar, at the catalog's prices." if dollars else "")
                + (f" {c['note'][0].upper()}{c['note'][1:]}." if c.get("note") else ""))
-    two = any(p["prefill"].get("gpu") != p["decode"].get("gpu") for p in found)     # plan --prefill-gpu
+    two = two_kinds(found)                                     # plan --prefill-gpu
     kind = (lambda pool: f" {pool['gpu']}") if two else (lambda pool: "")
     name = lambda p, role: f"{p[role]['gpus']}{kind(p[role])} ({pool_label(p[role])})"   # noqa: E731
     chart = svg.bars([("aggregated (the recommended layout)", agg),
