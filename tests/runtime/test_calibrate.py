@@ -178,7 +178,7 @@ def test_framework_host_times_fitted_from_runs(tmp_path):
     from shardlab.specs.hardware import Cluster
 
     cat = get_catalog()
-    truth = replace(cat.framework("torchtitan"), layer_host_s=2e-3, step_overhead_s=30e-3)
+    truth = replace(cat.framework("torchtitan"), layer_host_s=2e-3, step_overhead_s=30e-3, layer_host_min_zero=0)
     from shardlab.runtime.train_worker import resolve_spec
 
     spec = resolve_spec("tiny")

@@ -133,7 +133,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
 _FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer", "pipeline_host_s",
-                "moe_tp_needs_sp"}
+                "moe_tp_needs_sp", "layer_host_min_zero", "ddp_one_dimensional"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -157,7 +157,7 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
     if d["kernels"] not in KERNELS:
         raise ShardlabError(f"{where}: framework '{name}' kernels must be one of {', '.join(KERNELS)}, got {d['kernels']!r}")
     for key in ("compiles", "fused_loss", "dp_overlap", "zero3_prefetch", "zero3_regather_for_recompute",
-                "zero3_comm_per_gpu_nic", "hybrid_sharding", "main_grad_buffer", "moe_tp_needs_sp"):
+                "zero3_comm_per_gpu_nic", "hybrid_sharding", "main_grad_buffer", "moe_tp_needs_sp", "ddp_one_dimensional"):
         if not isinstance(d.get(key, False), bool):
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be true or false, got {d.get(key)!r}")
     if d["grad_reduce_bytes"] not in (0, 2, 4):
@@ -167,6 +167,8 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         v = d.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")
+    if d.get("layer_host_min_zero", 0) not in (0, 1, 2, 3):
+        raise ShardlabError(f"{where}: framework '{name}' layer_host_min_zero must be 0, 1, 2 or 3")
     if d["pipeline_max_zero"] not in (0, 1, 2, 3):
         raise ShardlabError(f"{where}: framework '{name}' pipeline_max_zero must be 0, 1, 2 or 3")
     lists = {}
@@ -179,4 +181,6 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
     live = {k: float(d.get(k, 0.0)) for k in ("zero3_live_params", "zero3_reduce_bucket_params", "pipeline_host_s")}
     return Framework(id=name, **{**{k: d[k] for k in _FW_FIELDS - _FW_OPTIONAL}, **lists, **live},
                      notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False),
-                     moe_tp_needs_sp=d.get("moe_tp_needs_sp", False))
+                     moe_tp_needs_sp=d.get("moe_tp_needs_sp", False),
+                     layer_host_min_zero=int(d.get("layer_host_min_zero", 0)),
+                     ddp_one_dimensional=d.get("ddp_one_dimensional", False))

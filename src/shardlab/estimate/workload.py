@@ -58,6 +58,8 @@ class Workload:
     """Module-wise ZeRO-3: gradient elements held for the reduce-scatter."""
     layer_host_s: float = 0.0
     """Host time per block and pass the GPU waits for, seconds."""
+    layer_host_min_zero: int = 0
+    """Lowest ZeRO stage at which layer_host_s applies (``Framework.layer_host_min_zero``)."""
     step_overhead_s: float = 0.0
     """Host time per step the GPUs wait for, seconds."""
     pipeline_host_s: float = 0.0
@@ -99,7 +101,8 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     zero3_regather_for_recompute=fw.zero3_regather_for_recompute,
                     zero3_comm_per_gpu_nic=fw.zero3_comm_per_gpu_nic,
                     zero3_live_params=fw.zero3_live_params, zero3_reduce_bucket_params=fw.zero3_reduce_bucket_params,
-                    layer_host_s=fw.layer_host_s, step_overhead_s=fw.step_overhead_s,
+                    layer_host_s=fw.layer_host_s, layer_host_min_zero=fw.layer_host_min_zero,
+                    step_overhead_s=fw.step_overhead_s,
                     pipeline_host_s=fw.pipeline_host_s,
                     **({"recipe": recipe} if recipe is not None else {}))
 

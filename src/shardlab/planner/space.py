@@ -37,6 +37,7 @@ REJECT_REASONS = (
     "hybrid sharding needs ZeRO, more than one node's worth of data parallelism, and a framework that has it",
     "the framework does not combine this ZeRO stage with pipeline parallelism",
     "the framework trains MoE layers under tp only with sequence parallelism",
+    "the framework's data parallelism without ZeRO is one-dimensional (no tp, pp or cp beside dp > 1; cp needs ZeRO)",
 )
 
 
@@ -118,6 +119,7 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
                      & (fw is None or fw.hybrid_sharding)),
         (pp == 1) | (zero <= (3 if fw is None else fw.pipeline_max_zero)),
         ~((tp > 1) & (sp == 0) & bool(spec.moe is not None and fw is not None and fw.moe_tp_needs_sp)),
+        ~((zero == 0) & (((dp > 1) & (mp > 1)) | (cp > 1)) & bool(fw is not None and fw.ddp_one_dimensional)),
     ]
     rejected = Counter()
     alive = np.ones(len(tp), dtype=bool)

@@ -265,7 +265,8 @@ def calibrate_framework(docs: list[tuple[str, dict]], catalog, *, base: str, gpu
 
     fw = catalog.framework(base)
     prof = catalog.profile or {}
-    zero_fw = replace(fw, layer_host_s=0.0, step_overhead_s=0.0)
+    # the runs measure the host time of the stages they ran: the calibrated profile applies it at every stage
+    zero_fw = replace(fw, layer_host_s=0.0, step_overhead_s=0.0, layer_host_min_zero=0)
     files = list(dict.fromkeys(re.sub(r"(: runs)?\[\d+\]$", "", where) for where, _ in docs))
     named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "") or "--from-run"
     check_run_count(len(docs), named)
@@ -314,10 +315,11 @@ def calibrate_framework(docs: list[tuple[str, dict]], catalog, *, base: str, gpu
     date = _dt.date.today().isoformat()
     entry = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(fw).items() if k != "id"}
     entry.update(name=f"{fw.name} (calibrated)", layer_host_s=float(f"{layer_s:.4g}"), step_overhead_s=float(f"{step_s:.4g}"),
+                 layer_host_min_zero=0,
                  source=(f"host times fitted by `{command or 'shardlab calibrate --from-run'}` on {date} to {len(rows)} "
                          f"measured run(s) (relative RMS error {fit.rel_rms_before:.1%} -> {fit.rel_rms_after:.1%}); other "
                          f"mechanisms from {fw.id}: {fw.source}"),
-                 notes=f"layer_host_s per block and pass; step_overhead_s {'fitted' if both else 'held at 0 (the runs could not separate it)'}")
+                 notes=f"layer_host_s per block and pass, at every ZeRO stage (measured on these runs); step_overhead_s {'fitted' if both else 'held at 0 (the runs could not separate it)'}")
     # the profile section names the framework only: loaded after a hardware profile, its keys merge into that one's
     doc = {"frameworks": {fid: entry},
            "profile": {"framework": fid, "source": f"host times fitted by shardlab calibrate --from-run ({len(rows)} runs)",

@@ -101,6 +101,16 @@ class Framework:
     """Host time per micro-batch, pass (forward, backward) and pipeline stage that the GPU waits for, seconds: a
     pipeline engine that interprets its schedule instruction by instruction in Python with blocking point-to-point
     handshakes (DeepSpeed's PipelineEngine). 0 where the schedule is issued ahead of the GPU."""
+    layer_host_min_zero: int = 0
+    """Lowest ZeRO stage at which ``layer_host_s`` stalls the GPU: 2 where the stalling host work is FSDP's per-unit
+    hooks (unshard and reshard with their CPU-side waits, copy-in/copy-out, the reduce-scatter hook), which run only
+    when parameters or gradients are sharded (FULL_SHARD = 3, SHARD_GRAD_OP = 2); below it the module runs as plain
+    data parallelism, whose host work is queued ahead of the GPU. 0: at every stage (DeepSpeed's activation
+    checkpointing synchronises per module whatever the stage)."""
+    ddp_one_dimensional: bool = False
+    """Its plain data parallelism (ZeRO-0) runs on a one-dimensional mesh only: with dp > 1 it does not combine with
+    TP, PP or CP (torchtitan's apply_ddp: 'DDP has not supported > 1D parallelism'), and CP needs sharding (torchtitan
+    applies FSDP over the data-parallel and context-parallel ranks together)."""
     moe_tp_needs_sp: bool = False
     """It trains mixture-of-experts layers under tensor parallelism only with sequence parallelism (Megatron-Core's
     MoELayer.forward raises otherwise: its token dispatcher expects each TP rank's sequence shard)."""
@@ -127,6 +137,11 @@ class Framework:
             return (f"{self.id} does not combine ZeRO-{layout.zero} with pipeline parallelism; use "
                     f"{field_name('layout.zero')} "
                     f"{self.pipeline_max_zero} or less with {field_name('layout.pp')} {layout.pp}")
+        if self.ddp_one_dimensional and layout.zero == 0 and (layout.cp > 1 or (
+                layout.dp > 1 and max(layout.tp, layout.pp) > 1)):
+            return (f"{self.id}'s data parallelism without sharding (ZeRO-0) is one-dimensional: with "
+                    f"{field_name('layout.dp')} > 1 it does not combine with TP or PP, and CP needs sharding; use "
+                    f"{field_name('layout.zero')} 2 or 3")
         if self.moe_tp_needs_sp and spec is not None and spec.moe is not None and layout.tp > 1 \
                 and not layout.sequence_parallel:
             return (f"{self.id} trains mixture-of-experts layers under tensor parallelism only with sequence "
