@@ -12,6 +12,7 @@ from conftest import cli_main
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
 from shardlab.memory.inference import kv_cache_bytes_per_token, weight_bytes_per_rank
+from shardlab.rates.hardware import overlap_efficiency
 from shardlab.serving.case import prepare
 from shardlab.serving.engines import get_engine
 from shardlab.serving.moe import DEFAULT_EXPERT_IMBALANCE
@@ -79,13 +80,35 @@ def test_all_to_all_priced_with_dp_attention_and_hidden_by_two_batch_overlap():
     args = (512.0, 512 * 1500.0, 0.0, 0.0, 512.0)
     plain, hidden = step_parts(dpa.whole, dpa.kernels, *args), step_parts(tbo.whole, tbo.kernels, *args)
     assert plain["a2a_s"] > 0 and plain["a2a_s"] == plain["a2a_raw_s"]
-    assert hidden["a2a_raw_s"] == pytest.approx(float(plain["a2a_raw_s"]))
+    # two halves: each pays the all-to-alls' latency, and each reads the weights its GEMMs touch
+    fixed = float(dpa.whole.a2a_decode_s_fixed)
+    assert hidden["a2a_raw_s"] == pytest.approx(float(plain["a2a_raw_s"]) + fixed)
+    assert hidden["linear_s"] > plain["linear_s"]
+    # the all-to-alls hide under the overlap share of the other half's compute (the training fit's overlap efficiency)
+    eta = overlap_efficiency(dpa.cluster.accelerator)
+    assert float(tbo.whole.a2a_overlap) == pytest.approx(eta) and 0 < eta < 1
     compute = float(hidden["linear_s"] + hidden["attention_s"] + hidden["elementwise_s"])
-    assert hidden["a2a_s"] == pytest.approx(max(0.0, float(plain["a2a_raw_s"]) - compute))
-    assert hidden["step_s"] < plain["step_s"]
+    assert hidden["a2a_s"] == pytest.approx(max(0.0, float(hidden["a2a_raw_s"]) - eta * compute))
+    # 64 sequences per GPU, 32 experts per GPU: each half reads them all, so the overlap costs more than it hides;
+    # 16 experts per GPU across two nodes at 256 sequences per GPU, it pays (SGLang runs it on wide EP at large batch)
+    assert hidden["step_s"] > plain["step_s"]
+    wide_tbo = _case(ep=16, dp_attention=True, two_batch_overlap=True)
+    big = (4096.0, 4096 * 1500.0, 0.0, 0.0, 4096.0)
+    assert step_parts(wide_tbo.whole, wide_tbo.kernels, *big)["step_s"] < step_parts(
+        _case(ep=16, dp_attention=True).whole, wide_tbo.kernels, *big)["step_s"]
     # across nodes the network carries each token once per remote node: 16 GPUs cost more than 8
     wide = _case(ep=16, dp_attention=True)
     assert float(wide.whole.a2a_s_per_token) > float(dpa.whole.a2a_s_per_token)
+    # decoding steps go through DeepEP's low-latency kernels, straight to each remote expert's GPU: more network
+    # bytes than the normal kernels' once-per-node (prefill); inside one node the two are the same
+    assert float(wide.whole.a2a_decode_s_per_token) > float(wide.whole.a2a_s_per_token)
+    assert float(dpa.whole.a2a_decode_s_per_token) == pytest.approx(float(dpa.whole.a2a_s_per_token))
+    dec = step_parts(wide.whole, wide.kernels, *args)
+    mixed = step_parts(wide.whole, wide.kernels, 512.0, 512 * 1500.0, 1.0, 1.0, 513.0)
+    tokens = 512 / 16                                                    # 16 attention ranks: the busiest one's share
+    assert dec["a2a_raw_s"] == pytest.approx(float(wide.whole.a2a_decode_s_fixed) + tokens * wide.expert_imbalance
+                                             * float(wide.whole.a2a_decode_s_per_token))
+    assert mixed["a2a_raw_s"] < dec["a2a_raw_s"]
 
 
 def test_imbalance_scales_the_busiest_ranks_expert_work():

@@ -45,7 +45,7 @@ import numpy as np
 
 from shardlab.comm.collectives import collective_time
 from shardlab.rates.compute import layer_times
-from shardlab.rates.hardware import matmul_curve
+from shardlab.rates.hardware import matmul_curve, overlap_efficiency
 from shardlab.flops import attention_dims, layer_matmuls, linear_params_per_layer
 from shardlab.layout import Layout
 from shardlab.memory.inference import kv_cache_bytes_per_token
@@ -110,14 +110,21 @@ class StepModel:
     """Expert-parallel dispatch + combine all-to-alls of one step (all the stage's MoE layers): latency part, s."""
     a2a_s_per_token: object = 0.0
     """... seconds per token of the step on one attention rank."""
+    a2a_decode_s_fixed: object = 0.0
+    """As ``a2a_s_fixed`` for a step without prompt tokens, dispatched by DeepEP's low-latency kernels (``_a2a_terms``)."""
+    a2a_decode_s_per_token: object = 0.0
+    """As ``a2a_s_per_token`` for a step without prompt tokens (low-latency kernels)."""
     decode_attn_flops_per_pair: object = None
     """Attention FLOPs per (query, key) pair of a decoding token on the rank, all the stage's layers: as prefill's,
     except with Multi-head Latent Attention, whose decode kernels absorb W_UK and W_UV into the query and output
     (DeepSeek-V2 §2.1.3, arXiv 2405.04434; FlashMLA) and attend in the latent space: 2·heads·((d_c + d_rope) + d_c)
     per pair, 576 + 512 wide for DeepSeek-V3 against prefill's 192 + 128. None: the prefill value."""
     a2a_overlap: object = 0.0
-    """1 with two-batch overlap (SGLang ``--enable-two-batch-overlap``, vLLM ``--enable-dbo``): the step runs as two
-    halves, one's all-to-alls under the other's compute, so only what exceeds the compute shows; 0 without."""
+    """With two-batch overlap (SGLang ``--enable-two-batch-overlap``, vLLM ``--enable-dbo``) the share of the compute
+    window the all-to-alls hide under (the generation's overlap efficiency, ``rates.hardware.overlap_efficiency``: the
+    training fit's, communication beside compute slows it); 0 without. The step runs as two halves, one's all-to-alls
+    under the other's compute: each half reads the weights its GEMMs touch, and each pays the all-to-alls' fixed
+    latency."""
 
 
 @dataclass(frozen=True)
@@ -169,20 +176,25 @@ def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[floa
                           else cluster.inter_link)
 
 
-def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, cluster: Cluster) -> tuple[float, float]:
+def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, cluster: Cluster,
+               low_latency: bool = False) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of one MoE layer's dispatch and combine across ``ep`` ranks, as DeepEP
     moves them (deepseek-ai/DeepEP README; DeepSeek-V3 report §3.2.2, arXiv 2412.19437): each token goes to its
     top-k experts (h values at the activations' width: fp8 when they are fp8) and comes back at 16 bits; an attention
     TP group of ``tp`` ranks splits its tokens between them. Inside a node, an all-to-all of the k copies over
-    NVLink; across nodes a token crosses the network once per remote node holding one of its experts (NVLink
-    forwards it there), n·(1 − (1 − 1/n)^k) distinct nodes of n under uniform routing, (n − 1)/n of them remote.
-    α–β per phase (``comm.collectives``), the phases added."""
+    NVLink. Across nodes, DeepEP's normal kernels (prefill) send a token over the network once per remote node
+    holding one of its experts (NVLink forwards it there), n·(1 − (1 − 1/n)^k) distinct nodes of n under uniform
+    routing; its low-latency kernels (``low_latency``: decoding, 'pure RDMA' in the README) send it straight to each
+    remote GPU holding one of its experts, ep·(1 − (1 − 1/ep)^k) distinct GPUs of ep. Either way (r − 1)/r of them
+    are remote. α–β per phase (``comm.collectives``), the phases added."""
     if ep <= 1 or spec.moe is None:
         return 0.0, 0.0
     k, h = spec.moe.top_k, spec.hidden_size
     local = min(ep, cluster.gpus_per_node)
     nodes = -(-ep // max(cluster.gpus_per_node, 1))
     distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)           # nodes a token's k experts fall on
+    if low_latency:                                               # remote GPUs, each reached by RDMA, not via NVLink
+        distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** k) * (ep - local) / ep * nodes / max(nodes - 1, 1)
     fixed = per_tok = 0.0
     for width in ((1 if precision.activations == "fp8" else 2), 2):  # dispatch, then combine
         phases = [(k * h * width / tp, local, cluster.intra_link)]              # NVLink inside the node
@@ -204,6 +216,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
     from shardlab.memory.inference import serving_local_shape
     acc = cluster.accelerator
     a2a_fixed, a2a_tok = _a2a_terms(spec, ep, tp, precision, cluster) if attention_dp > 1 else (0.0, 0.0)
+    ll_fixed, ll_tok = _a2a_terms(spec, ep, tp, precision, cluster, low_latency=True) if attention_dp > 1 else (0.0, 0.0)
     h, V = spec.hidden_size, spec.vocab_size
     lin = linear_params_per_layer(spec)
     routed = [sum(t.numel * spec.moe.top_k // spec.moe.num_experts for t in layer_matmuls(spec, i) if t.ep_dim is not None)
@@ -264,7 +277,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             kv_group=float((spec.num_heads / tp) / max(1.0, spec.num_kv_heads / tp)),
             gemm_half_tokens=float(curve.half_size), attention_dp=float(attention_dp),
             expert_imbalance=float(expert_imbalance if ep > 1 else 1.0),
-            a2a_s_fixed=n_moe * a2a_fixed, a2a_s_per_token=n_moe * a2a_tok, a2a_overlap=float(two_batch_overlap)))
+            a2a_s_fixed=n_moe * a2a_fixed, a2a_s_per_token=n_moe * a2a_tok,
+            a2a_decode_s_fixed=n_moe * ll_fixed, a2a_decode_s_per_token=n_moe * ll_tok, a2a_overlap=overlap_efficiency(acc) if two_batch_overlap else 0.0))
     return out
 
 
@@ -342,6 +356,18 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
                          tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
               + maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
                            tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
+    tbo = moe_split and (np.ndim(m.a2a_overlap) > 0 or m.a2a_overlap > 0)
+    if tbo:   # two-batch overlap: two halves of the step, each reading the weights it touches (field doc)
+        g2, t2 = group_tokens / 2, tokens / 2
+        touched2 = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** g2)
+        share2 = maximum(1.0 - (1.0 - m.expert_share) ** g2, 1e-12)
+        per2 = maximum(g2 * m.expert_share * m.expert_imbalance / share2, 1e-9)
+        m2 = maximum(t2, 1e-9)
+        halves = 2 * (maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
+                              t2 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (m2 + half) / m2)
+                      + maximum(touched2 / (bw * k.weight_bandwidth_efficiency),
+                                t2 * m.expert_imbalance * m.expert_flops_per_token / rate * (per2 + half) / per2))
+        linear = where(m.a2a_overlap > 0, halves, linear)
     sm = maximum(sampled, 1e-9)
     head = maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
@@ -354,10 +380,16 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     elementwise = tokens * m.elem_s_per_token
     comm = where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
     if moe_split or np.ndim(m.a2a_s_per_token) > 0 or m.a2a_s_per_token:
-        a2a = where(tokens > 0, m.a2a_s_fixed + tokens * m.expert_imbalance * m.a2a_s_per_token, 0.0)
-        # two-batch overlap: half the batch communicates while the other half computes; what exceeds the compute shows
+        # two-batch overlap: each half pays the fixed latency; one half communicates while the other computes, and
+        # what exceeds the overlap share of that compute shows
+        # a step without prompt tokens dispatches with DeepEP's low-latency kernels, one with them with its normal ones
+        decoding = prefill_tokens <= 0
+        a2a_fixed = where(decoding, m.a2a_decode_s_fixed, m.a2a_s_fixed)
+        a2a_tok = where(decoding, m.a2a_decode_s_per_token, m.a2a_s_per_token)
+        fixed = where(m.a2a_overlap > 0, 2 * a2a_fixed, a2a_fixed)
+        a2a = where(tokens > 0, fixed + tokens * m.expert_imbalance * a2a_tok, 0.0)
         a2a_raw = a2a
-        a2a = where(m.a2a_overlap > 0, maximum(0.0, a2a - (linear + attention + elementwise)), a2a)
+        a2a = where(m.a2a_overlap > 0, maximum(0.0, a2a - m.a2a_overlap * (linear + attention + elementwise)), a2a)
     else:
         a2a = a2a_raw = 0.0
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
