@@ -302,3 +302,19 @@ def test_attention_ranks_of_tp_above_one_where_the_engine_runs_them():
     assert code == 0, err
     said = {u["setting"]: u["why"] for u in json.loads(doc)["unsupported"]}
     assert "16 ranks of TP 1, not 8 of TP 2" in said["attention_tp"]
+
+
+def test_docs_quote_the_bf16_wide_ep_search():
+    """docs/inference.md §7's DeepSeek-V3 (bf16) figures on 16 H200, 1,000/1,000 tokens, are the search's output."""
+    code, out, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                              "--prompt-len", "1000", "--output-len", "1000", "--ttft-slo", "2", "--tpot-slo", "0.05",
+                              "--top", "60", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    cap, lay = d["capacity"], d["capacity"]["layout"]
+    tp1 = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["dp_attention"] == 16)
+    sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["dp_attention"] == 1)
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
+    assert (f"EP {lay['ep']} over {lay['dp_attention']} attention ranks of TP {lay['tp']} serves "
+            f"{cap['max_request_rate']:.1f} requests/s, {cap['goodput_tokens_per_s_per_gpu']:.0f} output tokens/s per "
+            f"GPU (16 ranks of TP 1: {tp1:.0f}), against {sliced:.0f} for the best TP-sliced layout") in doc
