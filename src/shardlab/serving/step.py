@@ -356,7 +356,7 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
                          tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
               + maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
                            tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
-    tbo = moe_split and (np.ndim(m.a2a_overlap) > 0 or m.a2a_overlap > 0)
+    tbo = moe_split and bool(np.any(m.a2a_overlap))
     if tbo:   # two-batch overlap: two halves of the step, each reading the weights it touches (field doc)
         g2, t2 = group_tokens / 2, tokens / 2
         touched2 = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** g2)
@@ -379,7 +379,10 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
                            decode_ctx_tokens * dec_rate) + prefill_pairs * attn_rate
     elementwise = tokens * m.elem_s_per_token
     comm = where(tokens > 0, m.comm_s_fixed + tokens * m.comm_s_per_token, 0.0)
-    if moe_split or np.ndim(m.a2a_s_per_token) > 0 or m.a2a_s_per_token:
+    # arrays (fits, searches): skip the terms when no case has an all-to-all (every dense case prices 0 either way)
+    has_a2a = bool(np.any(m.a2a_s_per_token) or np.any(m.a2a_s_fixed)) if np.ndim(m.a2a_s_per_token) > 0 else \
+        (moe_split or bool(m.a2a_s_per_token))
+    if has_a2a:
         # two-batch overlap: each half pays the fixed latency; one half communicates while the other computes, and
         # what exceeds the overlap share of that compute shows
         # a step without prompt tokens dispatches with DeepEP's low-latency kernels, one with them with its normal ones
@@ -391,7 +394,7 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
         a2a_raw = a2a
         a2a = where(m.a2a_overlap > 0, maximum(0.0, a2a - m.a2a_overlap * (linear + attention + elementwise)), a2a)
     else:
-        a2a = a2a_raw = 0.0
+        a2a = a2a_raw = 0.0 * tokens
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps
     overhead = (k.step_overhead_s + k.seq_overhead_s * sampled
                 + (k.layer_overhead_s + where(graphed, 0.0, k.eager_layer_overhead_s)) * m.layers)
