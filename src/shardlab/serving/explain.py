@@ -46,9 +46,12 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
         + f" / ({bw:g} GB/s × {k.kv_bandwidth_efficiency:.3f}), FLOPs)"
         + (f" + prefill attention over {prefill_pairs:.3g} pairs" if prefill_pairs else "") + f" = {fmt_time(p['attention_s'])}",
         f"elementwise (norms, activation, RoPE) = {fmt_time(p['elementwise_s'])}; TP all-reduces = {fmt_time(p['comm_s'])}"
-        + (f"; EP all-to-alls (dispatch + combine, {case.ep} GPUs) = {fmt_time(p['a2a_raw_s'])}"
-           + (f", {fmt_time(p['a2a_s'])} of it beyond the compute it overlaps (two-batch overlap)"
-              if float(m.a2a_overlap) else "") if p["a2a_raw_s"] else ""),
+        + (f"; EP all-to-alls (dispatch + combine, {case.ep} GPUs"
+           + (", DeepEP's low-latency kernels across nodes" if prefill_tokens <= 0 and case.ep > case.cluster.gpus_per_node
+              else "") + f") = {fmt_time(p['a2a_raw_s'])}"
+           + (f", {fmt_time(p['a2a_s'])} of it beyond the {100 * float(m.a2a_overlap):.0f}% of the compute it overlaps "
+              f"(two-batch overlap: two halves, each reading the weights)" if float(m.a2a_overlap) else "")
+           if p["a2a_raw_s"] else ""),
         f"overhead  = {k.step_overhead_s * 1e6:.0f} µs per step + {k.seq_overhead_s * 1e6:.1f} µs × {sampled:g} sequences + "
         f"{layer_us:.1f} µs × {m.layers:g} layers" + (" (a captured CUDA graph: no eager launches)" if graphed else "")
         + f" = {fmt_time(p['overhead_s'])} ({case.engine.id})",
