@@ -59,8 +59,18 @@ def test_torchtitan_ddp_is_one_dimensional():
 
 def test_layer_host_min_zero_is_checked():
     base = load_yaml(Path(entries_file).parent / "data" / "frameworks.yaml")["torchtitan"]
-    assert framework_from_dict("t", dict(base), "x").layer_host_min_zero == 2
+    assert framework_from_dict("t", dict(base), "x").layer_host_min_zero == 3
     with pytest.raises(ShardlabError, match="layer_host_min_zero must be 0, 1, 2 or 3"):
         framework_from_dict("t", {**base, "layer_host_min_zero": 5}, "x")
     with pytest.raises(ShardlabError, match="ddp_one_dimensional"):
         framework_from_dict("t", {**base, "ddp_one_dimensional": "yes"}, "x")
+
+
+def test_the_runtime_profile_keeps_its_own_data_parallelism():
+    """The shardlab runtime takes torchtitan's mechanisms but runs DDP beside TP and PP, and its host time is
+    measured at every stage: neither torchtitan rule carries over."""
+    from shardlab.runtime.probe import _runtime_framework
+
+    fw = framework_from_dict("shardlab-runtime", _runtime_framework("cpu"), "x")
+    assert fw.layer_host_min_zero == 0 and not fw.ddp_one_dimensional
+    assert fw.refusal(Layout(dp=2, pp=2, zero=0)) is None and fw.refusal(Layout(dp=2, tp=2, zero=0)) is None

@@ -89,6 +89,15 @@ def test_all_to_all_priced_with_dp_attention_and_hidden_by_two_batch_overlap():
     assert float(tbo.whole.a2a_overlap) == pytest.approx(eta) and 0 < eta < 1
     compute = float(hidden["linear_s"] + hidden["attention_s"] + hidden["elementwise_s"])
     assert hidden["a2a_s"] == pytest.approx(max(0.0, float(hidden["a2a_raw_s"]) - eta * compute))
+    # a rank with one sequence runs it whole: no halves, no hiding
+    one = (8.0, 8 * 1500.0, 0.0, 0.0, 8.0)
+    whole1, tbo1 = step_parts(dpa.whole, dpa.kernels, *one), step_parts(tbo.whole, tbo.kernels, *one)
+    assert tbo1["step_s"] == pytest.approx(whole1["step_s"]) and tbo1["weights_touched_bytes"] == whole1["weights_touched_bytes"]
+    # the halves' two weight reads are what the step reports it reads
+    assert hidden["weights_touched_bytes"] > plain["weights_touched_bytes"]
+    # one attention rank (EP over the TP group, --dp-attention at ep = tp) has no all-to-all for the overlap to hide
+    solo = _case(tp=8, ep=8, dp_attention=True, two_batch_overlap=True)
+    assert float(solo.whole.a2a_overlap) == 0.0
     # 64 sequences per GPU, 32 experts per GPU: each half reads them all, so the overlap costs more than it hides;
     # 16 experts per GPU across two nodes at 256 sequences per GPU, it pays (SGLang runs it on wide EP at large batch)
     assert hidden["step_s"] > plain["step_s"]

@@ -146,7 +146,8 @@ def framework_doc(fw, wl) -> dict:
             "dp_overlap": wl.dp_overlap, "tp_comm_overlap": wl.tp_comm_overlap, "zero3_prefetch": wl.zero3_prefetch,
             "zero3_regather_for_recompute": wl.zero3_regather_for_recompute,
             "grad_reduce_bytes": wl.grad_reduce_bytes, "main_grad_bytes": wl.main_grad_bytes,
-            "layer_host_s": wl.layer_host_s, "pipeline_host_s": wl.pipeline_host_s, "step_overhead_s": wl.step_overhead_s,
+            "layer_host_s": wl.layer_host_s, "layer_host_min_zero": wl.layer_host_min_zero,
+            "pipeline_host_s": wl.pipeline_host_s, "step_overhead_s": wl.step_overhead_s,
             "source": fw.source}
 
 

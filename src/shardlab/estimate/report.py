@@ -71,7 +71,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                             and lay.recompute == "full" else "")
                          + (f"; HSDP: {lay.dp_replicate} replicas all-reduce gradient shards" if lay.dp_replicate > 1 else "")),
         "host_overhead_s": (f"host time the GPUs wait for: {1e3 * wl.layer_host_s:.2g} ms per block and pass "
-                            + (f"(FSDP's per-unit hooks: ZeRO {wl.layer_host_min_zero} and 3 only) "
+                            + (f"(FSDP's per-unit hooks: ZeRO stage {wl.layer_host_min_zero} or above only) "
                                if wl.layer_host_min_zero else "")
                             + (f"+ {1e3 * wl.pipeline_host_s:.2g} ms per micro-batch and pass of the pipeline engine "
                                if lay.pp > 1 and wl.pipeline_host_s else "")

@@ -71,6 +71,7 @@ def _runtime_framework(device: str) -> dict:
     cuda = device == "cuda"
     entry.update(name=f"the shardlab runtime on {device} ({fw.name}'s mechanisms)", dp_overlap=cuda and fw.dp_overlap,
                  zero3_prefetch=cuda and fw.zero3_prefetch, layer_host_s=0.0, step_overhead_s=0.0, layer_host_min_zero=0,
+                 ddp_one_dimensional=False,
                  source=("src/shardlab/runtime/parallel (DDP, FSDP2 fully_shard, DTensor TP, its own pipeline "
                          f"schedules, eager kernels); overlap off on CPU (docs/calibration.md); other mechanisms from "
                          f"{fw.id}: {fw.source}"))

@@ -278,7 +278,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             gemm_half_tokens=float(curve.half_size), attention_dp=float(attention_dp),
             expert_imbalance=float(expert_imbalance if ep > 1 else 1.0),
             a2a_s_fixed=n_moe * a2a_fixed, a2a_s_per_token=n_moe * a2a_tok,
-            a2a_decode_s_fixed=n_moe * ll_fixed, a2a_decode_s_per_token=n_moe * ll_tok, a2a_overlap=overlap_efficiency(acc) if two_batch_overlap else 0.0))
+            a2a_decode_s_fixed=n_moe * ll_fixed, a2a_decode_s_per_token=n_moe * ll_tok, a2a_overlap=overlap_efficiency(acc) if two_batch_overlap and attention_dp > 1 else 0.0))
     return out
 
 
@@ -357,6 +357,8 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
               + maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
                            tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
     tbo = moe_split and bool(np.any(m.a2a_overlap))
+    # a rank's step splits in two only when it has two tokens or more (one decoding sequence runs whole)
+    split = ((m.a2a_overlap > 0) & (tokens >= 2)) if tbo else False
     if tbo:   # two-batch overlap: two halves of the step, each reading the weights it touches (field doc)
         g2, t2 = group_tokens / 2, tokens / 2
         touched2 = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** g2)
@@ -367,7 +369,9 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
                               t2 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (m2 + half) / m2)
                       + maximum(touched2 / (bw * k.weight_bandwidth_efficiency),
                                 t2 * m.expert_imbalance * m.expert_flops_per_token / rate * (per2 + half) / per2))
-        linear = where(m.a2a_overlap > 0, halves, linear)
+        linear = where(split, halves, linear)
+        touched = where(split, 2 * (m.dense_weight_bytes + touched2), touched)
+        read = where(split, touched / (bw * k.weight_bandwidth_efficiency), read)
     sm = maximum(sampled, 1e-9)
     head = maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
@@ -389,10 +393,10 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
         decoding = prefill_tokens <= 0
         a2a_fixed = where(decoding, m.a2a_decode_s_fixed, m.a2a_s_fixed)
         a2a_tok = where(decoding, m.a2a_decode_s_per_token, m.a2a_s_per_token)
-        fixed = where(m.a2a_overlap > 0, 2 * a2a_fixed, a2a_fixed)
+        fixed = where(split, 2 * a2a_fixed, a2a_fixed)
         a2a = where(tokens > 0, fixed + tokens * m.expert_imbalance * a2a_tok, 0.0)
         a2a_raw = a2a
-        a2a = where(m.a2a_overlap > 0, maximum(0.0, a2a - m.a2a_overlap * (linear + attention + elementwise)), a2a)
+        a2a = where(split, maximum(0.0, a2a - m.a2a_overlap * (linear + attention + elementwise)), a2a)
     else:
         a2a = a2a_raw = 0.0 * tokens
     graphed = (prefill_tokens <= 0) & (decode_seqs <= k.graph_max_batch)   # a captured decode graph: no launch gaps

@@ -102,11 +102,11 @@ class Framework:
     pipeline engine that interprets its schedule instruction by instruction in Python with blocking point-to-point
     handshakes (DeepSpeed's PipelineEngine). 0 where the schedule is issued ahead of the GPU."""
     layer_host_min_zero: int = 0
-    """Lowest ZeRO stage at which ``layer_host_s`` stalls the GPU: 2 where the stalling host work is FSDP's per-unit
-    hooks (unshard and reshard with their CPU-side waits, copy-in/copy-out, the reduce-scatter hook), which run only
-    when parameters or gradients are sharded (FULL_SHARD = 3, SHARD_GRAD_OP = 2); below it the module runs as plain
-    data parallelism, whose host work is queued ahead of the GPU. 0: at every stage (DeepSpeed's activation
-    checkpointing synchronises per module whatever the stage)."""
+    """Lowest ZeRO stage at which ``layer_host_s`` stalls the GPU: 3 where the stalling host work is FSDP's per-unit
+    hooks around the all-gather of a unit resharded every micro-batch (unshard with its CPU-side wait, reshard,
+    copy-in/copy-out, the reduce-scatter hook), which the step model prices at ZeRO-3 only (at ZeRO-2 it keeps the
+    weights resident between micro-batches); below it the host's work is queued ahead of the GPU. 0: at every stage
+    (DeepSpeed's activation checkpointing synchronises per module whatever the stage)."""
     ddp_one_dimensional: bool = False
     """Its plain data parallelism (ZeRO-0) runs on a one-dimensional mesh only: with dp > 1 it does not combine with
     TP, PP or CP (torchtitan's apply_ddp: 'DDP has not supported > 1D parallelism'), and CP needs sharding (torchtitan
