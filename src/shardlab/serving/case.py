@@ -25,7 +25,8 @@ from shardlab.serving.moe import moe_layout
 from shardlab.serving.precision import InferencePrecision
 from shardlab.serving.rates import rates_for
 from shardlab.serving.speculative import DRAFT_KINDS, Speculation, draft_extra_params
-from shardlab.serving.step import Kernels, StepModel, per_token_line, pipeline_models, stage_models
+from shardlab.serving.step import Kernels, StepModel, pipeline_models, stage_models
+from shardlab.serving.step_comm import per_token_line
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
 

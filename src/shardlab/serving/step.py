@@ -43,8 +43,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from shardlab.comm.collectives import collective_time
 from shardlab.rates.compute import layer_times
+from shardlab.serving.step_comm import a2a_terms, allreduce_terms
 from shardlab.rates.hardware import matmul_curve, overlap_efficiency
 from shardlab.flops import attention_dims, layer_matmuls, linear_params_per_layer
 from shardlab.layout import Layout
@@ -111,7 +111,7 @@ class StepModel:
     a2a_s_per_token: object = 0.0
     """... seconds per token of the step on one attention rank."""
     a2a_decode_s_fixed: object = 0.0
-    """As ``a2a_s_fixed`` for a step without prompt tokens, dispatched by DeepEP's low-latency kernels (``_a2a_terms``)."""
+    """As ``a2a_s_fixed`` for a step without prompt tokens, dispatched by DeepEP's low-latency kernels (``step_comm.a2a_terms``)."""
     a2a_decode_s_per_token: object = 0.0
     """As ``a2a_s_per_token`` for a step without prompt tokens (low-latency kernels)."""
     decode_attn_flops_per_pair: object = None
@@ -159,54 +159,6 @@ class Kernels:
     """Seconds per block per step outside CUDA graphs (host launches)."""
 
 
-def per_token_line(op: str, bytes_per_token: float, ranks: int, link) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one collective whose message grows with a step's tokens: the α–β line
-    (``comm.collectives``) through 1 and 4096 tokens."""
-    one = collective_time(op, max(1, round(bytes_per_token)), ranks, link).time_s
-    big = collective_time(op, max(1, round(4096 * bytes_per_token)), ranks, link).time_s
-    slope = (big - one) / 4095
-    return one - slope, slope
-
-
-def _allreduce_terms(tokens_bytes: int, tp: int, cluster: Cluster) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one TP all-reduce."""
-    if tp == 1:
-        return 0.0, 0.0
-    return per_token_line("all-reduce", tokens_bytes, tp, cluster.intra_link if tp <= cluster.gpus_per_node
-                          else cluster.inter_link)
-
-
-def _a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, cluster: Cluster,
-               low_latency: bool = False) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one MoE layer's dispatch and combine across ``ep`` ranks, as DeepEP
-    moves them (deepseek-ai/DeepEP README; DeepSeek-V3 report §3.2.2, arXiv 2412.19437): each token goes to its
-    top-k experts (h values at the activations' width: fp8 when they are fp8) and comes back at 16 bits; an attention
-    TP group of ``tp`` ranks splits its tokens between them. Inside a node, an all-to-all of the k copies over
-    NVLink. Across nodes, DeepEP's normal kernels (prefill) send a token over the network once per remote node
-    holding one of its experts (NVLink forwards it there), n·(1 − (1 − 1/n)^k) distinct nodes of n under uniform
-    routing; its low-latency kernels (``low_latency``: decoding, 'pure RDMA' in the README) send it straight to each
-    remote GPU holding one of its experts, ep·(1 − (1 − 1/ep)^k) distinct GPUs of ep. Either way (r − 1)/r of them
-    are remote. α–β per phase (``comm.collectives``), the phases added."""
-    if ep <= 1 or spec.moe is None:
-        return 0.0, 0.0
-    k, h = spec.moe.top_k, spec.hidden_size
-    local = min(ep, cluster.gpus_per_node)
-    nodes = -(-ep // max(cluster.gpus_per_node, 1))
-    distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)           # nodes a token's k experts fall on
-    if low_latency:                                               # remote GPUs, each reached by RDMA, not via NVLink
-        distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** k) * (ep - local) / ep * nodes / max(nodes - 1, 1)
-    fixed = per_tok = 0.0
-    for width in ((1 if precision.activations == "fp8" else 2), 2):  # dispatch, then combine
-        phases = [(k * h * width / tp, local, cluster.intra_link)]              # NVLink inside the node
-        if nodes > 1:
-            phases.append((distinct * h * width / tp, nodes, cluster.inter_link))   # the NIC to the other nodes
-        for b, n, link in phases:
-            if n > 1:
-                f, t = per_token_line("all-to-all", b, n, link)
-                fixed, per_tok = fixed + f, per_tok + t
-    return fixed, per_tok
-
-
 def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision: InferencePrecision, *, ep: int = 1,
                  attention_dp: int = 1, expert_imbalance: float = 1.0, two_batch_overlap: bool = False,
                  redundant_experts: int = 0) -> list[StepModel]:
@@ -215,8 +167,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
     ``attention_dp``: attention replicas sharing those experts (ep = tp × attention_dp)."""
     from shardlab.memory.inference import serving_local_shape
     acc = cluster.accelerator
-    a2a_fixed, a2a_tok = _a2a_terms(spec, ep, tp, precision, cluster) if attention_dp > 1 else (0.0, 0.0)
-    ll_fixed, ll_tok = _a2a_terms(spec, ep, tp, precision, cluster, low_latency=True) if attention_dp > 1 else (0.0, 0.0)
+    a2a_fixed, a2a_tok = a2a_terms(spec, ep, tp, precision, cluster) if attention_dp > 1 else (0.0, 0.0)
+    ll_fixed, ll_tok = a2a_terms(spec, ep, tp, precision, cluster, low_latency=True) if attention_dp > 1 else (0.0, 0.0)
     h, V = spec.hidden_size, spec.vocab_size
     lin = linear_params_per_layer(spec)
     routed = [sum(t.numel * spec.moe.top_k // spec.moe.num_experts for t in layer_matmuls(spec, i) if t.ep_dim is not None)
@@ -227,7 +179,7 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
         dqk = spec.num_heads * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim)
         dv = spec.num_heads * spec.mla.kv_lora_rank
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
-    fixed, per_tok = _allreduce_terms(2 * h, tp, cluster)
+    fixed, per_tok = allreduce_terms(2 * h, tp, cluster)
     curve, _ = matmul_curve(acc)
     peak16 = acc.peak_flops("fp16" if precision.activations == "fp16" else "bf16")
     attn_dtype = "fp8" if precision.kv_cache == "fp8" and precision.activations == "fp8" else None
@@ -314,6 +266,27 @@ def _ops(*xs) -> tuple:
     return _SCALAR_OPS
 
 
+def _linear_s(m: StepModel, k: Kernels, rate, tokens, group_tokens, maximum) -> tuple:
+    """(seconds, routed-expert bytes touched) of a step's linear layers on one rank: a roofline per GEMM class. The
+    dense matrices see all the step's ``tokens``, a routed expert only its T·k/E share, so the experts can stay
+    weight-bound while the dense layers are compute-bound (max of sums would hide it). The token dimension M of each
+    GEMM sets its share of the large-shape rate, M / (M + m_half): the compute side is flops × (M + m_half) / M. The
+    busiest rank's experts see T·k/E × imbalance tokens each on average of the ``group_tokens`` T of all attention
+    ranks, but an expert that runs runs at least one row: their M is the tokens per *touched* expert (a batch of one
+    token runs k experts at M = 1, not all E at M = k/E), the touched share 1 − (1 − k/E)^T as for the bytes."""
+    bw = m.bandwidth_bytes_per_s * k.weight_bandwidth_efficiency
+    half = m.gemm_half_tokens
+    touched_share = maximum(1.0 - (1.0 - m.expert_share) ** group_tokens, 1e-12)
+    expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** group_tokens)
+    per_expert = maximum(group_tokens * m.expert_share * m.expert_imbalance / touched_share, 1e-9)
+    dense_m = maximum(tokens, 1e-9)
+    seconds = (maximum(m.dense_weight_bytes / bw,
+                       tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
+               + maximum(expert_touched / bw,
+                         tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
+    return seconds, expert_touched
+
+
 def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill_tokens, prefill_pairs, sampled,
                verify_tokens=0.0) -> dict:
     """Seconds per part of one step (module doc), floats or arrays: linear, head, attention, elementwise,
@@ -336,42 +309,20 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     tokens = decode_seqs + prefill_tokens + verify_tokens
     bw = m.bandwidth_bytes_per_s
     gemm_eff = where(m.gemm_bits <= 4, k.gemm4_efficiency, where(m.gemm_bits <= 8, k.gemm8_efficiency, k.gemm_efficiency))
-    expert_touched = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** group_tokens)
-    touched = m.dense_weight_bytes + expert_touched
-    read = touched / (bw * k.weight_bandwidth_efficiency)
     rate = m.gemm_peak_flops * gemm_eff
     compute = tokens * m.gemm_flops_per_token / rate
-    # a roofline per GEMM class: the dense matrices see all the step's tokens, a routed expert only its T·k/E share,
-    # so the experts can stay weight-bound while the dense layers are compute-bound (max of sums would hide it)
-    # the token dimension M of each GEMM sets its share of the large-shape rate, M / (M + m_half): the compute side
-    # is flops × (M + m_half) / M; a routed expert's M is its T·k/E tokens (uniform routing)
-    half = m.gemm_half_tokens
-    # the busiest rank's experts: T·k/E × imbalance tokens each on average, but an expert that runs runs at least one
-    # row: the GEMMs' M is the tokens per *touched* expert (a batch of one token runs k experts at M = 1, not all E at
-    # M = k/E), the touched share 1 − (1 − k/E)^T as for the bytes above
-    touched_share = maximum(1.0 - (1.0 - m.expert_share) ** group_tokens, 1e-12)
-    per_expert = maximum(group_tokens * m.expert_share * m.expert_imbalance / touched_share, 1e-9)
-    dense_m = maximum(tokens, 1e-9)
-    linear = (maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
-                         tokens * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (dense_m + half) / dense_m)
-              + maximum(expert_touched / (bw * k.weight_bandwidth_efficiency),
-                           tokens * m.expert_imbalance * m.expert_flops_per_token / rate * (per_expert + half) / per_expert))
+    linear, expert_touched = _linear_s(m, k, rate, tokens, group_tokens, maximum)
+    touched = m.dense_weight_bytes + expert_touched
+    read = touched / (bw * k.weight_bandwidth_efficiency)
     tbo = moe_split and bool(np.any(m.a2a_overlap))
     # a rank's step splits in two only when it has two tokens or more (one decoding sequence runs whole)
     split = ((m.a2a_overlap > 0) & (tokens >= 2)) if tbo else False
     if tbo:   # two-batch overlap: two halves of the step, each reading the weights it touches (field doc)
-        g2, t2 = group_tokens / 2, tokens / 2
-        touched2 = m.expert_weight_bytes * (1.0 - (1.0 - m.expert_share) ** g2)
-        share2 = maximum(1.0 - (1.0 - m.expert_share) ** g2, 1e-12)
-        per2 = maximum(g2 * m.expert_share * m.expert_imbalance / share2, 1e-9)
-        m2 = maximum(t2, 1e-9)
-        halves = 2 * (maximum(m.dense_weight_bytes / (bw * k.weight_bandwidth_efficiency),
-                              t2 * (m.gemm_flops_per_token - m.expert_flops_per_token) / rate * (m2 + half) / m2)
-                      + maximum(touched2 / (bw * k.weight_bandwidth_efficiency),
-                                t2 * m.expert_imbalance * m.expert_flops_per_token / rate * (per2 + half) / per2))
-        linear = where(split, halves, linear)
-        touched = where(split, 2 * (m.dense_weight_bytes + touched2), touched)
+        halves, expert_touched2 = _linear_s(m, k, rate, tokens / 2, group_tokens / 2, maximum)
+        linear = where(split, 2 * halves, linear)
+        touched = where(split, 2 * (m.dense_weight_bytes + expert_touched2), touched)
         read = where(split, touched / (bw * k.weight_bandwidth_efficiency), read)
+    half = m.gemm_half_tokens
     sm = maximum(sampled, 1e-9)
     head = maximum(m.head_weight_bytes / (bw * k.weight_bandwidth_efficiency),
                       sampled * m.head_flops_per_token / (m.head_peak_flops * k.gemm_efficiency) * (sm + half) / sm)
