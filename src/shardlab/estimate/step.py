@@ -202,7 +202,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             dequant=(ut.dequant_bytes(spec, layer, tp, ep, wl.recipe.lora) if wl.recipe.lora is not None else 0.0)
             + np.zeros_like(T),
             z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
-            # forward, backward (+ re-run forward); FSDP's per-unit hooks stall only where it shards (ZeRO >= 2)
+            # forward, backward (+ re-run forward); FSDP's per-unit hooks stall only where units are gathered every
+            # micro-batch (ZeRO-3: Framework.layer_host_min_zero)
             host=np.where(zero >= wl.layer_host_min_zero, wl.layer_host_s, 0.0) * (2 + np.where(rc >= 2, rf, 0.0)),
             dense=dense + np.zeros_like(T), expert=expert + np.zeros_like(T), fsdp=fsdp[kind] + np.zeros_like(T),
             act=layer_activation_bytes(spec, layer, lay, ctx) if memory else None)

@@ -190,9 +190,9 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                      "not applied to this layout")
     if wl.layer_host_s and layout.zero < wl.layer_host_min_zero:
         notes.append(f"no host stall per block: {framework.id}'s {1e3 * wl.layer_host_s:.2g} ms per block and pass is "
-                     f"FSDP's per-unit work (unshard, reshard, reduce-scatter hooks), which runs only where it shards "
-                     f"(ZeRO stage {wl.layer_host_min_zero} or above); under ZeRO-{layout.zero} the host's work is queued "
-                     "ahead of the GPU")
+                     f"FSDP's per-unit work around units gathered every micro-batch (unshard, reshard, reduce-scatter "
+                     f"hooks), priced at ZeRO stage {wl.layer_host_min_zero} or above; under ZeRO-{layout.zero} the "
+                     "host's work is queued ahead of the GPU")
     r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers)
     mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:
