@@ -156,6 +156,26 @@ def test_megatron_core_transformer_config(files):
             assert r["chunks"] == sizes, name      # uneven virtual chunks go through --pipeline-model-parallel-layout
 
 
+@need("megatron.core", "Megatron-Core 0.16.1")
+@pytest.mark.parametrize("argv,mods", [
+    (["qwen3-30b-a3b", "--gpus", "8", "--ep", "8"], "moe_act,layernorm"),
+    (["deepseek-v3", "--gpus", "256", "--pp", "8", "--ep", "32"], "mlp,moe_act,mla_up_proj")])
+def test_megatron_core_takes_the_recompute_modules(tmp_path, argv, mods):
+    """Megatron-Core's own TransformerConfig accepts the exported --recompute-modules (it refuses moe_act without
+    grouped-GEMM experts and mla_up_proj without MLA) and keeps them as written."""
+    from shardlab.cli.common import module_list
+
+    out = subprocess.run([sys.executable, "-m", "shardlab", "export", *argv, "--to", "megatron", "--gpus-per-node", "8",
+                          "--recompute", "selective", "--recompute-modules", mods, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "job.sh"
+    path.write_text(json.loads(out.stdout)["text"])
+    (r,) = run_check("megatron", [str(path)])
+    assert r["recompute_granularity"] == "selective" and tuple(r["recompute_modules"]) == module_list(mods)
+    assert r["moe_grouped_gemm"] is True
+
+
 def test_slurm_scripts_parse(files):
     rows = files["slurm"]
     res = run_check("slurm", [p for _, p, _ in rows])
@@ -291,12 +311,14 @@ def check_megatron(path: str) -> dict:
     from shardlab.export.text import flags_dict, split_command
 
     words = split_command(open(path).read())
-    fl = flags_dict(words[words.index("pretrain_gpt.py") + 1:])
+    fl = flags_dict(words[words.index("pretrain_gpt.py") + 1:], lists=("recompute-modules",))
     args = {k.replace("-", "_"): v for k, v in fl.items()}
     names = {f.name: f for f in dataclasses.fields(TransformerConfig)}
     def value(k, v):  # argparse's types for these flags
         if v is True:
             return True
+        if isinstance(v, tuple):  # nargs='*' (--recompute-modules)
+            return list(v)
         if k == "moe_layer_freq":
             return list(eval(v))  # Megatron-LM's moe_freq_type evaluates the expression the same way
         for cast in (int, float):
@@ -335,7 +357,8 @@ def check_megatron(path: str) -> dict:
     return {"tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size, "cp": c.context_parallel_size,
             "ep": c.expert_model_parallel_size, "vpp": c.virtual_pipeline_model_parallel_size,
             "num_layers": c.num_layers, "hidden_size": c.hidden_size, "chunks": chunks,
-            "dropout": [c.attention_dropout, c.hidden_dropout]}
+            "dropout": [c.attention_dropout, c.hidden_dropout], "recompute_granularity": c.recompute_granularity,
+            "recompute_modules": c.recompute_modules, "moe_grouped_gemm": c.moe_grouped_gemm}
 
 
 def check_slurm(path: str) -> dict:

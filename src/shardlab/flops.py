@@ -19,7 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import layer_matmuls
+from shardlab.specs.tensors import layer_matmuls, recompute_module
 
 
 @lru_cache(maxsize=256)
@@ -65,19 +65,37 @@ def op_recomputed_linear_params(spec: ModelSpec) -> int:
     return n
 
 
-def training_flops_per_token(spec: ModelSpec, seq_len, recompute: str = "none", fraction: float = 1.0) -> tuple:
+def training_flops_per_token(spec: ModelSpec, seq_len, recompute: str = "none", fraction: float = 1.0,
+                             modules: tuple[str, ...] | None = None) -> tuple:
     """(model FLOPs, hardware FLOPs) per token of a training step.
 
     model = 3 × forward (Korthikanti Eq. 7 convention); hardware adds the recomputed forward of the
     blocks under full recomputation (Narayanan Eq. 3 counts this; logits are not recomputed), of the
-    attention core under selective recomputation (Korthikanti §5), or of every other matmul under per-op
-    checkpointing ('op'); ``fraction`` of the blocks are checkpointed.
+    selective ``modules`` (None: the attention core, Korthikanti §5; Megatron-core's modules re-run their matmuls,
+    ``module_linear_params``), or of every other matmul under per-op checkpointing ('op'); ``fraction`` of the
+    blocks are checkpointed.
     """
     f = forward_flops_per_token(spec, seq_len)
     model = 3 * (f["linear"] + f["attention"] + f["logits"])
-    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"],
+    mods = modules or ("core_attn",)
+    selective = ("core_attn" in mods) * f["attention"] + 2 * sum(module_linear_params(spec).get(m, 0) for m in mods)
+    extra = {"none": 0, "selective": selective, "full": f["linear"] + f["attention"],
              "op": 2 * op_recomputed_linear_params(spec)}[recompute]
     return model, model + fraction * extra
+
+
+@lru_cache(maxsize=256)
+def module_linear_params(spec: ModelSpec) -> dict:
+    """Matmul weights per token each Megatron-core recompute module re-runs (``layout.RECOMPUTE_MODULES``), all
+    blocks; routed experts count top_k of num_experts."""
+    out: dict = {}
+    for layer in range(spec.num_layers):
+        for t in layer_matmuls(spec, layer):
+            mod = recompute_module(t)
+            n = t.numel * spec.moe.top_k // spec.moe.num_experts if t.ep_dim is not None else t.numel
+            for m in ((mod, "moe") if mod == "shared_experts" else (mod,)) if mod else ():
+                out[m] = out.get(m, 0) + n
+    return out
 
 
 def narayanan_eq3(B: int, s: int, L: int, h: int, V: int) -> float:

@@ -62,6 +62,12 @@ _RECOMPUTE_ORDER = tuple(Recompute)
 _SCHEDULE_ORDER = tuple(Schedule)
 RECOMPUTE = tuple(r.value for r in Recompute)
 """Recomputation names, by code: none 0, selective 1, full 2, op 3."""
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""The submodules selective recomputation can re-run (megatron-core 0.16.1 TransformerConfig.recompute_modules):
+core_attn, the attention core; layernorm, the two pre-norms (their outputs discarded and recomputed); moe_act, the
+routed experts' activation; mla_up_proj, MLA's up-projections (Q, K, V re-made from the latents); mlp, a dense
+block's whole MLP; moe, a MoE block's whole MoE layer (router, dispatch, experts, combine); shared_experts, the
+shared experts of a MoE block."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 """Schedule names in the order the command line lists them (codes: ``Schedule.code``)."""
 
@@ -106,6 +112,10 @@ class Layout:
     """Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1."""
     stage_layers: tuple[int, ...] | None = None
     """Layers per pipeline stage; None splits evenly (remainder to the middle stages)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """What selective recomputation re-runs, as Megatron-core names its modules (``RECOMPUTE_MODULES``;
+    --recompute-modules, TransformerConfig.recompute_modules): None = ('core_attn',), the attention core, which is
+    Korthikanti's selective recomputation and Megatron-core's default. Only with recompute 'selective'."""
 
     def __post_init__(self):
         # names from flags, files and JSON become the enums (a bad name: one line naming the field and the choices)
@@ -136,10 +146,14 @@ class Layout:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers) if self.stage_layers else None
+        d["recompute_modules"] = list(self.recompute_modules) if self.recompute_modules else None
         d["recompute"], d["schedule"] = str(self.recompute), str(self.schedule)   # plain strings for JSON/YAML/TOML
         return d
 
     def with_(self, **kw) -> Layout:
+        """A copy with ``kw`` changed; a recomputation other than selective drops the selective modules."""
+        if kw.get("recompute", "selective") != "selective" and "recompute_modules" not in kw:
+            kw["recompute_modules"] = None
         return replace(self, **kw)
 
 
@@ -233,6 +247,12 @@ def split_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def recompute_words(layout: Layout) -> str:
+    """The recomputation as the output names it: 'selective (mlp, moe_act)' when modules are given."""
+    mods = layout.recompute_modules
+    return f"{layout.recompute} ({', '.join(mods)})" if mods and layout.recompute == "selective" else str(layout.recompute)
+
+
 def wrap_word(n: int) -> str:
     """The --wrap value of an FSDP unit of ``n`` blocks (0: the whole model; ``cli.common.wrap_policy`` reads it)."""
     return "model" if n == 0 else "block" if n == 1 else f"{n}-blocks"
@@ -290,6 +310,15 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
                             f"per rank; add {field_name('layout.schedule')} interleaved")
     if layout.schedule == "interleaved" and layout.pp > 1 and layout.vpp < 2:
         raise ShardlabError(f"{field_name('layout.schedule')} interleaved needs {field_name('layout.vpp')} 2 or more")
+    if layout.recompute_modules is not None:
+        mods = layout.recompute_modules
+        if not isinstance(mods, tuple) or not mods or any(m not in RECOMPUTE_MODULES for m in mods) \
+                or len(set(mods)) != len(mods):
+            raise ShardlabError(f"{field_name('layout.recompute_modules')} takes distinct names from "
+                                f"{', '.join(RECOMPUTE_MODULES)}, got {','.join(map(str, mods))[:80]!r}")
+        if layout.recompute != "selective":
+            raise ShardlabError(f"{field_name('layout.recompute_modules')} says what selective recomputation "
+                                f"re-runs; add {field_name('layout.recompute')} selective")
     if layout.stage_layers is not None:
         if len(layout.stage_layers) != layout.pp or any(n < 1 for n in layout.stage_layers):
             raise ShardlabError(f"{field_name('layout.stage_layers')} needs {layout.pp} positive counts, one per "
@@ -344,6 +373,18 @@ def _validate_against_model(layout: Layout, spec) -> None:
         if spec.moe.num_experts % layout.ep:
             raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} does not divide {spec.name}'s "
                                 f"{spec.moe.num_experts} experts")
+    # Megatron-core refuses mla_up_proj without MLA and moe_act without grouped GEMM experts; a module the model
+    # lacks would re-run nothing
+    needs = {"mla_up_proj": (spec.mla is not None, "multi-head latent attention"),
+             "moe_act": (spec.moe is not None, "mixture-of-experts blocks"),
+             "moe": (spec.moe is not None, "mixture-of-experts blocks"),
+             "shared_experts": (spec.moe is not None and spec.moe.shared_width > 0, "shared experts"),
+             "mlp": (spec.moe is None or spec.moe.first_dense_layers > 0, "dense MLP blocks")}
+    for mod in layout.recompute_modules or ():
+        ok, what = needs.get(mod, (True, ""))
+        if not ok:
+            raise ShardlabError(f"{field_name('layout.recompute_modules')} {mod} needs {what}, which {spec.name} "
+                                f"does not have; leave it out")
 
 
 def divisors(n: int) -> list[int]:

@@ -130,6 +130,18 @@ def token_ids(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def module_list(text: str) -> tuple[str, ...]:
+    """--recompute-modules: Megatron-core module names separated by commas (``layout.RECOMPUTE_MODULES``)."""
+    from shardlab.layout import RECOMPUTE_MODULES
+
+    parts = tuple(x.strip() for x in text[:400].split(","))
+    bad = [x for x in parts if x not in RECOMPUTE_MODULES]
+    if bad or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"distinct names from {','.join(RECOMPUTE_MODULES)} separated by commas, "
+                                         f"got {text[:60]!r}")
+    return parts
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """A comma-separated list of positive whole numbers (each checked by the one number parser)."""
     from shardlab import limits
@@ -217,6 +229,9 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--recompute", action=Given, choices=("none", "selective", "full", "op"), default="none",
                    help="activation recomputation: selective = attention core (Korthikanti 2022), full = whole blocks, "
                         "op = torchtitan's per-operator checkpointing")
+    g.add_argument("--recompute-modules", action=Given, type=module_list, default=None, metavar="M,M,...",
+                   help="with --recompute selective: what it re-runs, as Megatron-core names its modules (core_attn "
+                        "(the default), layernorm, moe_act, mla_up_proj, mlp, moe, shared_experts)")
     g.add_argument("--recompute-fraction", action=Given, type=BOUNDED["share"], default=1.0, metavar="F",
                    help="share of the blocks checkpointed (torchtitan's 'every k-th layer' = 1/k; default 1)")
     g.add_argument("--wrap", action=Given, type=wrap_policy, default=1, metavar="POLICY",
@@ -281,6 +296,7 @@ def layout_from_args(args, num_gpus: int | None = None):
     return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
                   micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                   schedule=args.schedule, stage_layers=args.stage_layers,
+                  recompute_modules=getattr(args, "recompute_modules", None),
                   recompute_fraction=getattr(args, "recompute_fraction", 1.0), dp_replicate=getattr(args, "dp_replicate", 1),
                   wrap=getattr(args, "wrap", 1))
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 FLAGS = {
     "layout.dp": "--dp", "layout.tp": "--tp", "layout.pp": "--pp", "layout.cp": "--cp", "layout.ep": "--ep",
     "layout.zero": "--zero", "layout.vpp": "--vpp", "layout.micro_batch": "--micro-batch",
-    "layout.recompute": "--recompute", "layout.recompute_fraction": "--recompute-fraction", "layout.wrap": "--wrap",
+    "layout.recompute": "--recompute", "layout.recompute_fraction": "--recompute-fraction",
+    "layout.recompute_modules": "--recompute-modules", "layout.wrap": "--wrap",
     "layout.dp_replicate": "--dp-replicate", "layout.sequence_parallel": "--sequence-parallel",
     "layout.schedule": "--schedule", "layout.stage_layers": "--stage-layers",
     "workload.seq_len": "--seq-len", "workload.global_batch": "--global-batch", "workload.microbatches": "--microbatches",

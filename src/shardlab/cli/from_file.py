@@ -50,7 +50,8 @@ def apply_sets(imp, sets: list[str] | None) -> None:
         name = {"name": "model" if section == "model" else "framework"}.get(name, name)
         if name == "framework":
             imp = imp.__class__(imp.source, imp.fields, imp.understood, imp.ignored, str(value))
-        imp.fields[name] = tuple(value) if name == "stage_layers" and isinstance(value, list) else value
+        imp.fields[name] = tuple(value) if name in ("stage_layers", "recompute_modules") and isinstance(value, list) \
+            else value
     if sets:                     # the same checks a file's own values get
         from shardlab.export import check_fields, field_names
 
@@ -84,7 +85,8 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
           "weights": "weights", "kv_cache": "kv_cache_dtype", "optimizer": "optimizer",
-          "recompute_fraction": "recompute_fraction", "wrap": "wrap", "dp_replicate": "dp_replicate",
+          "recompute_fraction": "recompute_fraction", "recompute_modules": "recompute_modules", "wrap": "wrap",
+          "dp_replicate": "dp_replicate",
           "replicas": "replicas", "disaggregated": "disaggregated", "prefill_tp": "prefill_tp", "prefill_gpu": "prefill_gpu",
           "prefill_pp": "prefill_pp"}
 GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
@@ -130,7 +132,7 @@ def apply_import(args, imp, parser) -> None:
         if key not in f or not hasattr(args, dest):
             continue
         val = f[key]
-        if dest == "stage_layers" and val is not None:
+        if dest in ("stage_layers", "recompute_modules") and val is not None:
             val = tuple(val)
         cur, default = getattr(args, dest), parser.get_default(dest)
         if dest == "model" and cur is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from shardlab.cli import export_cmds
 from shardlab.cli.common import BOUNDED, add_cluster_args, add_layout_args, add_model_args, add_output_args
 from shardlab.cli.report_cmd import add_html_arg
+from shardlab.layout import recompute_words
 
 EXAMPLES = """examples:
   shardlab memory llama-3.1-8b --gpus 8 --zero 3
@@ -166,7 +167,7 @@ def render(rep, hints: list[str] = ()) -> str:
             f"layout: dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f", ep {lay.ep}" if lay.ep > 1 else "")
             + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}" + (f", seq {rep.seq_len}" if rep.seq_len else "")
             + (f", {lay.schedule} m={rep.microbatches}" + (f" vpp={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
-            + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else "")
+            + f", recompute {recompute_words(lay)}" + (", sequence parallel" if lay.sequence_parallel else "")
             + f", {rep.precision}, {rep.optimizer}",
             f"worst rank: rank {w.rank}: {rep.worst_reason()}", ""]
     rows = [["weights", gib(w.weights), rep.explain.get("weights", "")],

@@ -257,6 +257,10 @@ def cmd_plan(args):
                       flash_attention=not args.no_flash_attention, dropout=args.dropout, compile=args.compile,
                       recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
     fixed = layout_flags_as_fixes(args, parse_fix(args.fix))
+    if args.recompute_modules:      # the search's selective option re-runs these: each must exist in the model
+        from shardlab.layout import Layout, validate
+
+        validate(Layout(recompute="selective", recompute_modules=args.recompute_modules), spec)
     if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
         fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar
@@ -264,7 +268,7 @@ def cmd_plan(args):
     with bar(1, "plan", unit="step") as tick:
         res = plan_training(spec, cluster, wl, objective=args.objective, top=args.top, fixed=fixed,
                             overheads=load_overheads(args.overheads, args.no_overheads), progress=tick, framework=fw,
-                            memory_fraction=args.max_memory_fraction)
+                            memory_fraction=args.max_memory_fraction, recompute_modules=args.recompute_modules)
     offload_note = None
     if not res.plans and wl.recipe.offload.what == "none" and wl.recipe.lora is None and fixed.get("zero", 3) == 3:
         # nothing fits in GPU memory: try FSDP CPU offload (ZeRO-3, parameters, gradients and optimizer on the host);
@@ -278,7 +282,7 @@ def cmd_plan(args):
             res_off = plan_training(spec, cluster, wl_off, objective=args.objective, top=args.top,
                                     fixed={**fixed, "zero": 3}, framework=fw,
                                     overheads=load_overheads(args.overheads, args.no_overheads),
-                                    memory_fraction=args.max_memory_fraction)
+                                    memory_fraction=args.max_memory_fraction, recompute_modules=args.recompute_modules)
         except ShardlabError:
             res_off = None
         if res_off is not None and res_off.plans:

@@ -45,14 +45,17 @@ def _time(op, size, n, link):
     return np.where(n > 1, alpha_beta_time(op, size, np.maximum(n, 1), link.alpha_s, link.beta_bytes_per_s, "ring"), 0.0)
 
 
-def tp_per_block_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int, recompute_code, mlp=True):
+def tp_per_block_s(cluster: Cluster, *, tp, tokens, hidden: int, elem_bytes: int, recompute_code, mlp=True,
+                   rerun_mlp=False):
     """TP/SP communication of one block per micro-batch (critical path): two all-reduces (or SP pairs) per pass,
     one for attention and one for the MLP; ``mlp`` False (array-safe) counts attention's alone (a MoE block whose
-    expert dispatch does the MLP's TP collectives, ``ep_per_moe_block_s``)."""
+    expert dispatch does the MLP's TP collectives, ``ep_per_moe_block_s``). ``rerun_mlp``: selective recomputation
+    re-runs the MLP (Megatron-core's 'mlp' module), and its collective with it."""
     link = group_link(cluster, tp, 1)
     one = _time("all-reduce", tokens * hidden * elem_bytes, tp, link)
-    per_pass = 1 + np.asarray(mlp, dtype=float)
-    count = per_pass * (2 + (np.asarray(recompute_code) == 2))
+    mlp = np.asarray(mlp, dtype=float)
+    code = np.asarray(recompute_code)
+    count = (1 + mlp) * (2 + (code == 2)) + mlp * ((code == 1) & bool(rerun_mlp))
     return count * one
 
 
@@ -116,7 +119,7 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
 
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code,
-                       num_experts: int = 0):
+                       num_experts: int = 0, rerun_moe: bool = False):
     """Dispatch and combine of one MoE block per micro-batch (critical path), as Megatron-core's alltoall token
     dispatcher runs them with the experts split by TP (megatron/core/transformer/moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher; --expert-tensor-parallel-size defaults to the TP size, the split shardlab's
@@ -135,7 +138,8 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     each of its n − 1 peers, the g − 1 in its node over the intra-node link and the n − g on other nodes through its
     own NIC (every rank's traffic leaves the node, so the node's NICs are not pooled for it); the two run at once,
     the busier sets the pace. Forward, backward (the gradients take the same path back) and a re-run forward under
-    full recomputation."""
+    full recomputation, or under selective recomputation of the whole MoE layer (``rerun_moe``: Megatron-core's 'moe'
+    module)."""
     n = np.maximum(np.asarray(ep), 1)
     tp = np.asarray(tp)
     g = ranks_per_node(cluster, n, tp * np.asarray(cp))   # the rank and its peers in one node
@@ -151,7 +155,8 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     # the TP × EP group: tp consecutive ranks, repeated every tp·cp ranks, so gpus_per_node / cp of it share a node
     counts = np.where(group > 1, _time("all-gather", group * num_experts * 8, group,
                                        group_link(cluster, group, np.asarray(cp))), 0.0)
-    rerun = np.asarray(recompute_code) == 2
+    code = np.asarray(recompute_code)
+    rerun = (code == 2) | ((code == 1) & bool(rerun_moe))
     return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
 
 

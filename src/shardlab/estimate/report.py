@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardlab.errors import field_name
+from shardlab.layout import recompute_words
 from shardlab.rates.hardware import (attention_efficiency, attention_kernel_speed, matmul_curve, memory_efficiency,
                                        overlap_efficiency)
 from shardlab.estimate.training import TrainingEstimate
@@ -115,7 +116,7 @@ def render_estimate(est: TrainingEstimate) -> str:
         + f" × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
         + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, {est.microbatches} micro-batches"
         + (f", {lay.schedule}" + (f" v={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
-        + f", recompute {lay.recompute}" + (", sequence parallel" if lay.sequence_parallel else ""),
+        + f", recompute {recompute_words(lay)}" + (", sequence parallel" if lay.sequence_parallel else ""),
         f"workload: seq {wl.seq_len}, global batch {wl.global_batch} sequences "
         f"({fmt_count(wl.global_batch * wl.seq_len)} tokens/step), "
         f"{wl.precision}, {wl.optimizer}",

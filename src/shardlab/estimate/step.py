@@ -62,15 +62,17 @@ OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads(),
-             stage_layers: tuple[int, ...] | None = None, memory: bool = True) -> dict:
+             stage_layers: tuple[int, ...] | None = None, memory: bool = True,
+             recompute_modules: tuple[str, ...] | None = None) -> dict:
     """Score candidate layouts (dict of equal-length arrays, keys CANDIDATE_KEYS). Returns arrays.
 
-    ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly).
+    ``stage_layers`` fixes the layers of each pipeline stage (one estimate; the planner splits evenly);
+    ``recompute_modules``, what the candidates' selective recomputation re-runs (``Layout.recompute_modules``).
     ``memory=False`` skips activations and overheads (model states only): the fit of efficiencies needs times."""
     n = len(cands["dp"])
     overheads = workload_overheads(wl, overheads)
     c = {k: np.asarray(cands[k]) if k in cands else np.full(n, CANDIDATE_DEFAULTS[k]) for k in CANDIDATE_KEYS}
-    g = _global_terms(spec, cluster, wl, c, memory)
+    g = _global_terms(spec, cluster, wl, c, memory, recompute_modules)
     out = {k: np.zeros(n) for k in OUTPUT_KEYS}
     keys = (c["pp"] * 64 + c["vpp"]) * 8 + c["sched"]
     order = np.argsort(keys, kind="stable")
@@ -82,13 +84,15 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         gsub = _index(g, idx)
         pp, rest = divmod(int(key), 64 * 8)
         vpp, sched = divmod(rest, 8)
-        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads, stage_layers, memory)
+        res = _evaluate_group(spec, cluster, wl, sub, gsub, pp, vpp, sched, overheads, stage_layers, memory,
+                              recompute_modules)
         for k, v in res.items():
             out[k][idx] = v
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     model_tok = float(training_flops_per_token(spec, wl.seq_len, "none")[0])
-    per_mode = np.array([float(training_flops_per_token(spec, wl.seq_len, r)[1]) for r in ("none", "selective", "full", "op")])
+    per_mode = np.array([float(training_flops_per_token(spec, wl.seq_len, r, modules=recompute_modules)[1])
+                         for r in ("none", "selective", "full", "op")])
     hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)
     tokens = float(wl.global_batch * wl.seq_len)
     world = c["dp"] * c["tp"] * c["pp"] * c["cp"]
@@ -119,7 +123,7 @@ def _index(tree, idx):
     return a[idx] if a.ndim else a
 
 
-def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memory: bool = True) -> dict:
+def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memory: bool = True, modules=None) -> dict:
     """Per-candidate quantities that do not depend on the pipeline split."""
     acc = cluster.accelerator
     curve, _ = matmul_curve(acc)
@@ -132,7 +136,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
     T = mb * wl.seq_len / cp
     h = spec.hidden_size
     lay = ArrayLayout(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
-                          recompute_fraction=rf)
+                      recompute_fraction=rf, recompute_modules=modules)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
                             compiled=wl.kernels == "compiled")
@@ -150,7 +154,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         kind = spec.is_moe_layer(layer)
         lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
                          kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, **common)
-        bt = block_step_times(lt, rc, c["rf"]) if wl.recipe.lora is None else \
+        bt = block_step_times(lt, rc, c["rf"], modules) if wl.recipe.lora is None else \
             lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
         # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
@@ -182,7 +186,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             per_gpu_nic=wl.zero3_comm_per_gpu_nic).values()), 0.0)
         # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
         tp_all = ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc,
-                                   mlp=not (kind and not spec.moe.shared_width))
+                                   mlp=not (kind and not spec.moe.shared_width),
+                                   rerun_mlp=bool({"mlp", "moe", "shared_experts"} & set(modules or ())))
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp_total=tp_all, tp=ct.tp_exposed_per_block_s(tp_all, lt["gemm_s"], rc, tp, sp) if wl.tp_comm_overlap
@@ -192,7 +197,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
             cp_total=ct.cp_per_block_s(cluster, tp=tp, cp=cp, tokens=T, kv_width=kv_width_local(spec, tp), elem_bytes=e,
                                        attn_fwd_s=lt["attn_s"], recompute_code=rc, total=True),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
-                                      recompute_code=rc, num_experts=spec.moe.num_experts) if kind else np.zeros_like(T)),
+                                      recompute_code=rc, num_experts=spec.moe.num_experts,
+                                      rerun_moe="moe" in (modules or ())) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0), z3_total=np.where(zero == 3, z3_total, 0.0),
             z3_x_lat=np.where(zero == 3, x_lat, 0.0), z3_d_lat=np.where(zero == 3, d_lat, 0.0),
             fp8_numel=fp8_terms[kind][0] + np.zeros_like(T), fp8_gemms=fp8_terms[kind][1] + np.zeros_like(T),
@@ -226,7 +232,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
 
 
-def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True) -> dict:
+def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=None, memory: bool = True,
+                    modules=None) -> dict:
     acc = cluster.accelerator
     sb = state_bytes(wl.precision, wl.optimizer, wl.main_grad_bytes)
     e = sb.weights
@@ -237,7 +244,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     m = g["m"]
     sched_name = {v: k for k, v in SCHEDULE_CODES.items()}[sched]
     lay = ArrayLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
-                          sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"])
+                      sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"], recompute_modules=modules)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
                             compiled=wl.kernels == "compiled")

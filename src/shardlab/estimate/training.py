@@ -193,7 +193,8 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                      f"FSDP's per-unit work around units gathered every micro-batch (unshard, reshard, reduce-scatter "
                      f"hooks), priced at ZeRO stage {wl.layer_host_min_zero} or above; under ZeRO-{layout.zero} the "
                      "host's work is queued ahead of the GPU")
-    r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers)
+    r = evaluate(spec, cluster, wl, layouts_to_arrays([layout]), overheads, stage_layers=layout.stage_layers,
+                 recompute_modules=layout.recompute_modules)
     mem = workload_memory(layout, spec, cluster.accelerator, wl, m, overheads)
     if matmul_curve(cluster.accelerator)[1]:
         notes.append(f"{cluster.accelerator.id} has no fitted matmul efficiency: using the default curve (estimate)")

@@ -120,6 +120,7 @@ FIELD_NAMES = {
                  "gpus": "torchrun --nnodes × --nproc-per-node", "zero": "the optimizer sharding flags",
                  "grad_reduce_bytes": "--grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32",
                  "tp_comm_overlap": "--tp-comm-overlap", "fp8_params": "--fp8-param-gather",
+                 "recompute_modules": "--recompute-modules",
                  "model": "the model shape flags (--num-layers, --hidden-size, ...)"},
     "deepspeed": {"zero": "zero_optimization.stage", "tp": "tensor_parallel.autotp_size", "pp": "pipeline.stages",
                   "ep": "expert_parallel.autoep_size", "micro_batch": "train_micro_batch_size_per_gpu",

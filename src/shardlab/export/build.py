@@ -145,8 +145,9 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     from dataclasses import fields as dc_fields
 
     lay = {k: v for k, v in p["layout"].items() if k in {f.name for f in dc_fields(Layout)}}   # every field: no loss
-    if lay.get("stage_layers"):
-        lay["stage_layers"] = tuple(lay["stage_layers"])
+    for key in ("stage_layers", "recompute_modules"):
+        if lay.get(key):
+            lay[key] = tuple(lay[key])
     wl = doc["workload"]
     notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id),
              **recipe_notes(wl.get("offload"), wl.get("lora_rank"), wl.get("quantize_base"))}

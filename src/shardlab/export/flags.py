@@ -38,6 +38,10 @@ def check_flags(target: str, flags: dict) -> list[str]:
         if val is True:
             bad.append(f"--{name} needs a value")
             continue
+        if kind == "list":      # nargs='*' of names
+            vals = val if isinstance(val, (tuple, list)) else (val,)
+            bad += [f"--{name} {v} is not one of {s['choices']}" for v in vals if v not in s.get("choices", (v,))]
+            continue
         try:
             v = {"int": int, "float": float, "str": str}[kind](str(val))
         except ValueError:

@@ -44,7 +44,8 @@ def model_flags(spec) -> list[tuple[str, object]]:
         out.append(("untie-embeddings-and-output-weights", True))
     if spec.moe:
         m = spec.moe
-        out += [("num-experts", m.num_experts), ("moe-router-topk", m.top_k), ("moe-ffn-hidden-size", m.expert_ffn_hidden_size)]
+        out += [("num-experts", m.num_experts), ("moe-router-topk", m.top_k), ("moe-ffn-hidden-size", m.expert_ffn_hidden_size),
+                ("moe-grouped-gemm", True)]   # a rank's experts as grouped GEMMs (TEGroupedMLP), as shardlab prices them
         if m.num_shared_experts:
             out.append(("moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn_hidden_size))
         if m.first_dense_layers:
@@ -146,6 +147,8 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out.append(("sequence-parallel", True))
     if lay.recompute in ("selective", "op"):
         out.append(("recompute-granularity", "selective"))
+        if lay.recompute == "selective" and lay.recompute_modules:
+            out.append(("recompute-modules", tuple(lay.recompute_modules)))
         if lay.recompute == "op":
             uns.append(Unsupported("recompute", "op", "Megatron-LM has no per-operator checkpointing: written as its "
                                                       "selective recomputation (the attention core, less memory saved)"))

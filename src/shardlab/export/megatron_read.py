@@ -17,7 +17,7 @@ def read(text: str, catalog) -> Imported:
     words = split_command(text)
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     launcher = flags_dict(words[:script]) if script is not None else {}
-    fl = flags_dict(words[script + 1:] if script is not None else words)
+    fl = flags_dict(words[script + 1:] if script is not None else words, lists=("recompute-modules",))
     if not fl:
         raise ShardlabError("no Megatron-LM flags found: give a file of --flags (one per line) or a script with the "
                             "pretrain_gpt.py line")
@@ -55,6 +55,18 @@ def read(text: str, catalog) -> Imported:
     f["recompute"] = {"selective": "selective", "full": "full"}.get(gran, "none")
     if gran:
         und.append((f"--recompute-granularity {str(gran)[:40]}", f"recompute {f['recompute']}"))
+    mods = fl.get("recompute-modules")
+    if gran == "selective" and isinstance(mods, tuple) and mods:
+        from shardlab.layout import RECOMPUTE_MODULES
+
+        bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if bad or len(set(mods)) != len(mods):
+            raise ShardlabError(f"{where}: --recompute-modules {' '.join(mods)[:60]} takes distinct names from "
+                                f"{', '.join(RECOMPUTE_MODULES)}; fix it")
+        f["recompute_modules"] = tuple(mods)
+        und.append((f"--recompute-modules {' '.join(mods)}", f"recompute_modules {','.join(mods)}"))
+    elif mods is not None:
+        ign.append("--recompute-modules without --recompute-granularity selective (Megatron-core ignores it)")
     if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1, 1, L.MAX_LAYERS) != 1):
         ign.append("--recompute-method/--recompute-num-layers other than uniform/1 (modelled as every layer)")
     f["micro_batch"] = g("micro-batch-size", 1, 1, L.MAX_BATCH)
@@ -147,7 +159,7 @@ def read(text: str, catalog) -> Imported:
         ign.append(f"model shape flags match {' and '.join(hits) if hits else 'no catalog model'} (give MODEL)")
     known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
-             "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
+             "recompute-num-layers", "recompute-modules", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
              "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format",
              "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32", "tp-comm-overlap", "fp8-param-gather",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",

@@ -51,7 +51,7 @@ def render(job: LaunchJob, spec=None) -> Export:
     lay = job.layout.to_dict()
     doc: dict = {"shardlab": {"format": "job", "version": VERSION}, "model": {"name": job.model},
                  "cluster": {"gpu": job.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus_per_node},
-                 "layout": {k: (list(lay[k]) if k == "stage_layers" else lay[k]) for k in LAYOUT_KEYS
+                 "layout": {k: (list(lay[k]) if k in ("stage_layers", "recompute_modules") else lay[k]) for k in LAYOUT_KEYS
                             if lay.get(k) is not None},
                  "workload": {"seq_len": job.seq_len, "global_batch": job.global_batch, "precision": job.precision,
                               "optimizer": job.optimizer, "dropout": job.dropout}}
@@ -95,8 +95,9 @@ def _check_keys(doc: dict) -> None:
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
          "kv_cache_dtype": str, "weights": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool,
-         "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list}
-"""Keys whose values are not whole numbers (the rest are): checked before anything reads them."""
+         "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
+"""Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
+names)."""
 
 
 def check_types(values: dict, where: str) -> None:
@@ -104,12 +105,13 @@ def check_types(values: dict, where: str) -> None:
     for k, v in values.items():
         want = TYPES.get(k, int)
         ok = (isinstance(v, (int, float)) and not isinstance(v, bool) if want is float else
+              isinstance(v, list) and all(isinstance(x, str) for x in v) if want is tuple else
               isinstance(v, want) and not (want is int and isinstance(v, bool)))
         if want is list and ok:
             ok = all(isinstance(x, int) and not isinstance(x, bool) for x in v)
         if not ok:
             kind = {str: "text", bool: "true or false", float: "a number", list: "a list of whole numbers",
-                    int: "a whole number"}[want]
+                    tuple: "a list of names", int: "a whole number"}[want]
             raise ShardlabError(f"{where}: {k} = {v!r} must be {kind}; fix it")
 
 
@@ -134,7 +136,7 @@ def fields_of(doc: dict) -> tuple[dict, str | None]:
     lay = doc.get("layout", {})
     for k in LAYOUT_KEYS:
         if k in lay:
-            f[k] = tuple(lay[k]) if k == "stage_layers" and isinstance(lay[k], list) else lay[k]
+            f[k] = tuple(lay[k]) if k in ("stage_layers", "recompute_modules") and isinstance(lay[k], list) else lay[k]
     wl = doc.get("workload", {})
     for k in WORKLOAD_KEYS:
         if k in wl:

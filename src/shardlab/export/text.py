@@ -46,22 +46,32 @@ def split_command(text: str) -> list[str]:
 
 
 def flag_words(pairs) -> list[str]:
-    """``[(name, value or True)]`` as command-line words: ``--switch`` for True, else ``--name value`` (shell-quoted)."""
-    return [f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
+    """``[(name, value or True)]`` as command-line words: ``--switch`` for True, ``--name a b`` for a tuple (argparse's
+    nargs), else ``--name value`` (shell-quoted)."""
+    return [f"--{k}" if v is True else f"--{k} {' '.join(shlex.quote(str(x)) for x in v)}" if isinstance(v, tuple)
+            else f"--{k} {shlex.quote(str(v))}" for k, v in pairs]
 
 
 HEREDOC = re.compile(r"cat > (\S+) <<'?EOF'?\n(.*?)\nEOF\n", re.S)
 """A file a script writes with a here-document (quoted or not): (name, body)."""
 
 
-def flags_dict(words: list[str]) -> dict[str, object]:
-    """``--name value`` / ``--name=value`` / bare ``--switch`` → {name: value or True}; the last occurrence wins."""
+def flags_dict(words: list[str], lists: tuple[str, ...] = ()) -> dict[str, object]:
+    """``--name value`` / ``--name=value`` / bare ``--switch`` → {name: value or True}; the last occurrence wins. A
+    name in ``lists`` takes every word up to the next flag, as a tuple (argparse's nargs='*')."""
     out: dict[str, object] = {}
     i = 0
     while i < len(words):
         w = words[i]
         if w.startswith("--"):
             name, eq, val = w[2:].partition("=")
+            if name in lists and not eq:
+                j = i + 1
+                while j < len(words) and not words[j].startswith("--"):
+                    j += 1
+                out[name] = tuple(words[i + 1:j])
+                i = j
+                continue
             if eq:
                 out[name] = val
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):

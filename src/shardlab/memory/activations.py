@@ -71,10 +71,27 @@ def _tsh(layout):
 def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> tuple[float, float]:
     """Bytes one layer saves for backward for one micro-batch, no recomputation.
 
-    Returns (total, scores): ``scores`` is the part selective recomputation removes (attention scores /
-    softmax / dropout of the s×s matrices, or flash attention's log-sum-exp). ``layout`` may carry numpy
-    arrays (tp, cp, micro_batch, sequence_parallel) for many layouts at once.
+    Returns (total, selective): ``selective`` is the part selective recomputation removes, the sum of
+    ``recompute_parts`` over the layout's ``recompute_modules`` (by default the attention core: the scores, softmax
+    and dropout of the s×s matrices, or flash attention's log-sum-exp). ``layout`` may carry numpy arrays (tp, cp,
+    micro_batch, sequence_parallel) for many layouts at once.
     """
+    total, parts = _layer_parts(spec, layer, layout, ctx)
+    mods = getattr(layout, "recompute_modules", None) or ("core_attn",)
+    return total, sum(parts[m] for m in mods)
+
+
+def recompute_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> dict:
+    """What each Megatron-core recompute module (``layout.RECOMPUTE_MODULES``) removes from the bytes block
+    ``layer`` saves for one micro-batch (0 where the block has no such module). Megatron-core
+    (transformer_config.py, recompute_modules) discards the outputs of layernorm, moe_act and mla_up_proj and
+    re-makes them from the inputs it keeps ('output-discarding checkpointing'); core_attn, mlp, moe and
+    shared_experts checkpoint the whole submodule, keeping only its input, which the block keeps anyway (the
+    norm's output, the residual stream)."""
+    return _layer_parts(spec, layer, layout, ctx)[1]
+
+
+def _layer_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext) -> tuple:
     e, t = ctx.elem_bytes, layout.tp
     li = ctx.lin_bytes                            # saved linear inputs (1 byte under FP8)
     s_l = ctx.seq_len / layout.cp
@@ -87,8 +104,10 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     # one per sublayer for the post-norms of sandwich blocks (Gemma 2/3)
     attn_norm_in, ffn_norm_in = {"shared": (1, 0), "sandwich": (2, 2)}.get(spec.block_norms, (1, 1))
 
+    parts = dict.fromkeys(("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"), 0.0)
     # --- attention ---------------------------------------------------------------------------
     total = (attn_norm_in * e + li) * sb * h / tsh  # norm input(s) + norm output (= QKV input)
+    parts["layernorm"] = li * sb * h / tsh        # the pre-attention norm's output
     total += mask * sb * h / tsh                  # dropout mask after the output projection
     if spec.mla is None:
         total += e * sb * spec.q_size / t         # Q
@@ -101,32 +120,45 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
         total += e * sb * (m.kv_lora_rank + m.qk_rope_head_dim) + e * sb * m.kv_lora_rank  # kv_a out, kv_norm out
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         total += e * sb * a_loc * (2 * qk + 2 * m.v_head_dim)  # Q, K, V, attention output
+        parts["mla_up_proj"] = e * sb * a_loc * (2 * qk + m.v_head_dim)   # Q, K, V: the up-projections' outputs
     if ctx.flash_attention:
         scores = 4 * a_loc * sb                    # fp32 log-sum-exp per query row
     else:
         # softmax output e, plus with dropout its mask (1) and output (e); keys span the full sequence
         scores = (e + mask * (1 + e)) * a_loc * sb * ctx.seq_len
     total += scores
+    parts["core_attn"] = scores
 
     # --- feed-forward ----------------------------------------------------------------------------
     total += (ffn_norm_in * e + (li if ffn_norm_in else 0)) * sb * h / tsh  # norm input + output (= MLP input)
+    parts["layernorm"] = parts["layernorm"] + (li if ffn_norm_in else 0) * sb * h / tsh   # the pre-MLP norm's output
     total += mask * sb * h / tsh                  # dropout mask after the MLP
     # f-wide tensors saved per token: SwiGLU gate, up, silu(gate) and the product (= down input); GELU its input
     # and output (= down input). The down projection's input is a linear input (FP8 under fp8-mixed).
     inter = (3 * e + li) if spec.mlp == "swiglu" else (e + li)
     if ctx.compiled:   # the elementwise outputs (SiLU(gate)·up, GELU(x)) are recomputed from the matmul outputs
         inter = 2 * e if spec.mlp == "swiglu" else e
+    # the activation's outputs (SwiGLU: silu(gate) and the product; GELU: its output), which moe_act re-makes
+    act_out = (e + li) if spec.mlp == "swiglu" else li
+    if ctx.compiled:
+        act_out = 0
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k, fe = moe.top_k, moe.expert_ffn_hidden_size
-        total += 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
-        total += (li + e) * k * sb * h             # dispatched token copies (expert inputs), expert outputs
-        total += inter * k * sb * fe / t           # expert intermediates for k·s·b tokens
+        routed = 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
+        routed += (li + e) * k * sb * h            # dispatched token copies (expert inputs), expert outputs
+        routed += inter * k * sb * fe / t          # expert intermediates for k·s·b tokens
+        total += routed
+        parts["moe_act"] = act_out * k * sb * fe / t
         if moe.shared_width:
-            total += inter * sb * moe.shared_width / t
+            shared = inter * sb * moe.shared_width / t
+            total += shared
+            parts["shared_experts"] = shared
+        parts["moe"] = routed + parts["shared_experts"]
     else:
-        total += inter * sb * spec.ffn_hidden_size / t
-    return total, scores
+        parts["mlp"] = inter * sb * spec.ffn_hidden_size / t
+        total += parts["mlp"]
+    return total, parts
 
 
 def op_saved_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationContext):

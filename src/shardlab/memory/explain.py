@@ -48,8 +48,10 @@ def explain_report(rep, spec: ModelSpec, sb: StateBytes, ctx: ActivationContext,
     per = " + ".join(f"{fmt_bytes(v)} ({k.split(':')[1]})" for k, v in parts.items() if k.startswith("per_layer"))
     terms = [f"[{per} per block per micro-batch: {kind}; s={ctx.seq_len}, b={lay.micro_batch}, tp={lay.tp}"
              f"{', SP' if lay.sequence_parallel else ''}{', flash attention' if ctx.flash_attention else ''}, "
-             f"{mode[lay.recompute]}" + (f" on {lay.recompute_fraction:.0%} of the blocks" if lay.recompute_fraction < 1
-                                         and lay.recompute != "none" else "")
+             + (f"selective recomputation ({', '.join(lay.recompute_modules)})" if lay.recompute == "selective"
+                and lay.recompute_modules else mode[lay.recompute])
+             + (f" on {lay.recompute_fraction:.0%} of the blocks" if lay.recompute_fraction < 1
+                and lay.recompute != "none" else "")
              + f"] × {w.layers} blocks × {w.in_flight:g} micro-batches in flight = {fmt_bytes(parts['blocks'])}"]
     for key, label in (("working_set", "one block re-materialised in backward"), ("embedding_mask", "embedding dropout mask"),
                        ("head_inputs", "final-norm and head inputs"), ("adapters", "LoRA adapters' r-wide intermediates")):

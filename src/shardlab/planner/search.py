@@ -59,8 +59,11 @@ class PlanResult:
 
 
 def layout_of(c: dict, i: int) -> Layout:
-    """The Layout of candidate ``i`` (``layout.layout_from_arrays``: every field the array form holds)."""
-    return layout_from_arrays(c, i)
+    """The Layout of candidate ``i`` (``layout.layout_from_arrays``: every field the array form holds), with the
+    search's selective-recomputation modules (``c['recompute_modules']``, one tuple for every candidate)."""
+    lay = layout_from_arrays(c, i)
+    mods = c.get("recompute_modules")
+    return lay.with_(recompute_modules=mods) if mods and lay.recompute == "selective" else lay
 
 
 def _spread(worlds: list[int]) -> list[int]:
@@ -93,8 +96,11 @@ def objective_key(objective: str, c: dict, r: dict):
 
 def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective: str = "throughput", top: int = 5,
                   fixed: dict | None = None, overheads: Overheads = Overheads(), exact_check: int = 3,
-                  progress=None, framework=None, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> PlanResult:
+                  progress=None, framework=None, memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+                  recompute_modules: tuple[str, ...] | None = None) -> PlanResult:
     """Search all layouts of ``cluster.num_gpus`` GPUs (objective 'cost' also tries fewer GPUs).
+
+    ``recompute_modules``: what the candidates' selective recomputation re-runs (``Layout.recompute_modules``).
 
     ``memory_fraction``: keep only layouts whose worst rank needs at most this share of a GPU's memory (the margin a
     team keeps for what no estimate sees: a longer sample, a framework's extra buffer, a newer library's workspace);
@@ -121,7 +127,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
         if len(c["dp"]):
             cl = Cluster(cluster.accelerator, w, cluster.gpus_per_node, cluster.intra_link, cluster.inter_link)
             cand_parts.append(c)
-            score_parts.append(evaluate(spec, cl, wl, c, overheads))
+            score_parts.append(evaluate(spec, cl, wl, c, overheads, recompute_modules=recompute_modules))
     if not cand_parts:
         raise ShardlabError(f"no valid layout: every one of {total} combinations was rejected "
                             f"({'; '.join(f'{k}: {v}' for k, v in rejected.items())}); "
@@ -131,6 +137,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
                             + (f" (or {field_name('framework.name')})" if any("framework" in k for k in rejected)
                                else ""))
     c, r = _concat(cand_parts), _concat(score_parts)
+    c["recompute_modules"] = recompute_modules     # not an array: one setting for every candidate (layout_of)
     evaluated = len(c["dp"])
     fits = r["fits"].copy()
     if (~fits).any():

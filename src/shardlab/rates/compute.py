@@ -23,7 +23,7 @@ from shardlab.rates.hardware import attention_time_s, gemm_time_s, memory_time_s
 from shardlab.rates.kernels import OPS_PER_BLOCK, block_elementwise_bytes, head_elementwise_bytes
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import TensorSpec, kv_heads_local, layer_matmuls
+from shardlab.specs.tensors import TensorSpec, kv_heads_local, layer_matmuls, recompute_module
 
 
 HEAD_OPS = 8
@@ -60,6 +60,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     T = mb * seq_len / cp
     tsh = np.where(sp, tp, 1)
     gemm = gemm_odd = 0.0
+    by_module = {"mla_up_proj": 0.0, "mlp": 0.0, "moe": 0.0, "shared_experts": 0.0}   # GEMMs a module re-runs
     for i, t in enumerate(layer_matmuls(spec, layer)):
         n_out, n_in = _local_dims(spec, t, tp)
         fp8 = gemm_dtype == "fp8" and is_fp8_gemm(t, spec)
@@ -72,6 +73,11 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
             g = gemm_time_s(T, n_out, n_in, fp8_peak if fp8 else peak, curve)
             tokens = T
         gemm = gemm + g
+        mod = recompute_module(t)
+        if mod:
+            by_module[mod] = by_module[mod] + g
+        if mod == "shared_experts":          # the MoE layer's recomputation re-runs its shared experts too
+            by_module["moe"] = by_module["moe"] + g
         if i % 2 == 1:      # re-run by per-op selective checkpointing (every other matmul)
             gemm_odd = gemm_odd + g
         if fp8:
@@ -92,17 +98,38 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     elem = block_elementwise_bytes(spec, layer, kernels, tokens=T, tp=tp, tsh=tsh, elem_bytes=elem_bytes,
                                    dropout=dropout, flash_attention=flash_attention, seq_len=seq_len)
     ops = len(layer_matmuls(spec, layer)) + OPS_PER_BLOCK[kernels]
+    # what each Megatron-core recompute module re-runs in backward (layout.RECOMPUTE_MODULES): its GEMMs, and the
+    # memory-bound kernels that re-make its outputs (a norm reads its input and writes its output; an activation
+    # reads the gate and up outputs and writes its own; MoE layers also re-route, re-permute and re-weight)
+    e = elem_bytes
+    norm_b = 2 * 2 * e * T * spec.hidden_size / np.where(sp, tp, 1)
+    act_w = 3 * e if spec.mlp == "swiglu" else 2 * e
+    if spec.is_moe_layer(layer):
+        moe = spec.moe
+        act_b = act_w * T * moe.top_k * moe.expert_ffn_hidden_size / tp
+        shared_act_b = act_w * T * moe.shared_width / tp
+        moe_b = T * (8 * moe.num_experts + 4 * e * moe.top_k * spec.hidden_size + 2 * e * spec.hidden_size) \
+            + act_b + shared_act_b
+        mlp_b = 0.0
+    else:
+        act_b = shared_act_b = moe_b = 0.0
+        mlp_b = act_w * T * spec.ffn_hidden_size / tp
+    recompute = {"core_attn": attn, "layernorm": memory_time_s(norm_b, acc), "moe_act": memory_time_s(act_b, acc),
+                 "mla_up_proj": by_module["mla_up_proj"], "mlp": by_module["mlp"] + memory_time_s(mlp_b, acc),
+                 "moe": by_module["moe"] + memory_time_s(moe_b, acc),
+                 "shared_experts": by_module["shared_experts"] + memory_time_s(shared_act_b, acc)}
     return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6,
-            "gemm_op_recompute_s": gemm_odd,
+            "gemm_op_recompute_s": gemm_odd, "module_recompute_s": recompute,
             "cast_fwd_s": memory_time_s(cast_f, acc), "cast_bwd_s": memory_time_s(cast_b, acc)}
 
 
-def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0) -> dict:
+
+def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0, modules=None) -> dict:
     """Per micro-batch: forward, backward and recomputation times of a block from ``layer_times``.
 
-    recompute: 'none' | 'selective' (attention core re-run in backward) | 'full' (whole forward re-run) | 'op'
-    (every other matmul and all memory-bound kernels re-run), or an integer array 0-3 over candidates;
-    ``fraction``: share of the blocks checkpointed (the average block's recomputation scales with it).
+    recompute: 'none' | 'selective' (the ``modules`` re-run in backward; None: the attention core) | 'full' (whole
+    forward re-run) | 'op' (every other matmul and all memory-bound kernels re-run), or an integer array 0-3 over
+    candidates; ``fraction``: share of the blocks checkpointed (the average block's recomputation scales with it).
     """
     from shardlab.memory.training import recompute_code
 
@@ -110,7 +137,8 @@ def block_step_times(lt: dict, recompute: str | np.ndarray, fraction=1.0) -> dic
     bwd = 2.0 * fwd + lt.get("cast_bwd_s", 0.0)   # FP8: output-gradient casts (rates/fp8.py)
     fwd = fwd + lt.get("cast_fwd_s", 0.0)         # FP8: input casts
     code = np.asarray(recompute_code(recompute))
-    rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"],
+    selective = sum(lt["module_recompute_s"][m] for m in modules) if modules else lt["attn_s"]
+    rec = np.where(code == 2, fwd, np.where(code == 1, selective,
                                             np.where(code == 3, lt["gemm_op_recompute_s"] + lt["elem_s"], 0.0)))
     return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": np.asarray(fraction) * rec}
 

@@ -255,6 +255,15 @@ def layer_matmuls(spec: ModelSpec, layer: int) -> tuple[TensorSpec, ...]:
     return _matmuls_by_layer(spec).get(layer, ())
 
 
+def recompute_module(t: TensorSpec) -> str:
+    """The Megatron-core recompute module whose re-run includes matmul ``t`` ('' for none): MLA's up-projections
+    (q_b, kv_b), a dense block's MLP, a MoE block's router and routed experts, its shared experts."""
+    name = t.name.rsplit(".", 2)[-2] if t.name.count(".") >= 2 else ""
+    if t.component == "attention":
+        return "mla_up_proj" if name in ("wq_b", "wkv_b") else ""
+    return {"mlp": "mlp", "experts": "moe", "router": "moe", "shared_experts": "shared_experts"}.get(t.component, "")
+
+
 def layer_linear_shapes(spec: ModelSpec, layer: int, tp=1, ep=1) -> list[tuple]:
     """(out features per rank, in features per rank, tokens per token) of each matmul of block ``layer`` in forward
     order. Routed experts: all of a rank's experts together see top_k copies of each token (with or without EP).

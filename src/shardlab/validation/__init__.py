@@ -17,7 +17,7 @@ RUNS_DIR = Path(__file__).parent / "runs"
 CROSSVAL_FILE = Path(__file__).parent / "crossval.yaml"
 _RUN_KEYS = {"id", "source", "framework", "model", "gpu", "gpus", "gpus_per_node", "intra_link", "inter_link",
              "inter_node_gbit", "tp", "pp", "cp", "ep", "vpp", "zero", "hsdp", "micro_batch", "global_batch", "seq_len",
-             "precision", "recompute", "recompute_fraction", "dropout", "flash_attention", "dp_overlap", "compile",
+             "precision", "recompute", "recompute_fraction", "recompute_modules", "dropout", "flash_attention", "dp_overlap", "compile",
              "schedule", "sequence_parallel", "grad_reduce_bytes", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu",
              "convention", "measured_step_time_s", "reported_mfu", "assumed", "informational", "attention_kernel",
              "fused_loss", "fp8_all_gather", "fp8_params", "tp_comm_overlap"}
@@ -151,6 +151,7 @@ def predict_inputs(run: PublishedRun, catalog):
     lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=c.get("ep", 1), zero=c.get("zero", 0), dp_replicate=rep,
                  vpp=c.get("vpp", 1), micro_batch=c.get("micro_batch", 1), recompute=c.get("recompute", "none"),
                  recompute_fraction=float(c.get("recompute_fraction", 1.0)),
+                 recompute_modules=tuple(c["recompute_modules"]) if c.get("recompute_modules") else None,
                  sequence_parallel=bool(c.get("sequence_parallel", False)), schedule=c.get("schedule", "1f1b"))
     kw = dict(seq_len=c.get("seq_len", 2048), global_batch=c["global_batch"], precision=c.get("precision", "bf16-mixed"),
               flash_attention=c.get("flash_attention", True), dropout=c.get("dropout", False),
@@ -189,7 +190,8 @@ class Comparison:
     """(predicted − measured) / measured."""
     predicted_step_time_s: float
     family: str
-    """framework × GPU generation, e.g. 'pytorch-fsdp × a100'."""
+    """framework × GPU generation, e.g. 'pytorch-fsdp × ampere'; mixture-of-experts models are their own families
+    ('megatron-lm MoE × hopper'): their expert dispatch, grouped GEMMs and host work are not a dense model's."""
     estimate: object = field(repr=False, default=None)
 
 
@@ -200,7 +202,8 @@ def predicted_metric(run: PublishedRun, est) -> float:
 
 
 def family_of(run: PublishedRun, catalog) -> str:
-    return f"{run.framework} × {catalog.accelerator(run.gpu).generation}"
+    moe = isinstance(run.config.get("model"), str) and catalog.model(run.config["model"]).moe is not None
+    return f"{run.framework}{' MoE' if moe else ''} × {catalog.accelerator(run.gpu).generation}"
 
 
 def compare(runs: list[PublishedRun] | None = None, catalog=None, params=None) -> list[Comparison]:

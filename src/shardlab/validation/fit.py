@@ -136,6 +136,7 @@ class _Prepared:
     wl: object
     cands: dict
     stage_layers: object
+    recompute_modules: object
     generation: str
     framework: str
 
@@ -149,7 +150,8 @@ def _prepare(run, catalog) -> _Prepared:
     fw = catalog.framework(run.framework)
     wl = workload_for(fw, **kw)
     cands = {k: v[0] for k, v in layouts_to_arrays([lay]).items()}
-    return _Prepared(run, spec, cluster, wl, cands, lay.stage_layers, cluster.accelerator.generation, run.framework)
+    return _Prepared(run, spec, cluster, wl, cands, lay.stage_layers, lay.recompute_modules,
+                     cluster.accelerator.generation, run.framework)
 
 
 def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.ndarray:
@@ -173,7 +175,8 @@ def _predict_batch(p: _Prepared, params: list[Param], thetas: np.ndarray) -> np.
                     memory_efficiency=vals["memory"], overlap_efficiency=vals["overlap"])
     wl_k = replace(p.wl, layer_host_s=vals["layer_host_s"], pipeline_host_s=vals["pipeline_host_s"])
     cands = {k: np.full(K, v) for k, v in p.cands.items()}
-    out = evaluate(p.spec, replace(p.cluster, accelerator=acc_k), wl_k, cands, stage_layers=p.stage_layers, memory=False)
+    out = evaluate(p.spec, replace(p.cluster, accelerator=acc_k), wl_k, cands, stage_layers=p.stage_layers, memory=False,
+                   recompute_modules=p.recompute_modules)
     run = p.run
     if run.metric == "tokens_per_s_per_gpu":
         return out["tokens_per_s"] / p.cluster.num_gpus

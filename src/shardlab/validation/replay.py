@@ -43,6 +43,8 @@ def estimate_argv(run: PublishedRun, catalog, model_path: str | None = None) -> 
         argv.append("--sequence-parallel")
     argv += ["--zero", str(lay.zero), "--micro-batch", str(lay.micro_batch), "--global-batch", str(kw["global_batch"]),
              "--seq-len", str(kw["seq_len"]), "--recompute", lay.recompute, "--precision", kw["precision"]]
+    if lay.recompute_modules:
+        argv += ["--recompute-modules", ",".join(lay.recompute_modules)]
     if lay.recompute_fraction != 1.0:
         argv += ["--recompute-fraction", f"{lay.recompute_fraction:g}"]
     if kw["compile"]:
