@@ -332,10 +332,17 @@ def _result(pb: _Problem, prepared: list, runs: list) -> FittedParams:
 
 
 def fitted_runs(runs, catalog) -> list:
-    """The runs a fit sees: in target, on a GPU generation with fitted efficiencies (catalog/data/efficiencies.yaml).
-    A generation without an entry (Blackwell) is predicted from the default curve and never fitted: its runs would
-    otherwise move the shared values (half size, overlap) that the fitted generations' runs set."""
-    return [r for r in runs if not r.informational and catalog.accelerator(r.gpu).generation in catalog.generations]
+    """The runs a fit sees: in target, on a GPU generation with fitted efficiencies (catalog/data/efficiencies.yaml),
+    of a dense model. A generation without an entry (Blackwell) is predicted from the default curve and never fitted:
+    its runs would otherwise move the shared values (half size, overlap) that the fitted generations' runs set.
+    Mixture-of-experts runs are predicted, never fitted, for the same reason: their grouped GEMMs, dispatch and host
+    work are mechanisms of their own, not what the dense runs' efficiencies measure."""
+    def dense(r):
+        m = r.config.get("model")
+        return not (isinstance(m, str) and catalog.model(m).moe is not None)
+
+    return [r for r in runs if not r.informational and catalog.accelerator(r.gpu).generation in catalog.generations
+            and dense(r)]
 
 
 def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, progress=None) -> FittedParams:
