@@ -201,7 +201,7 @@ def test_from_user_files(tmp_path):
     d = json.loads(out)
     assert d["model"] == "llama-3.1-70b" and d["layout"]["tp"] == 8 and d["layout"]["zero"] == 1
     assert "--lr" in d["imported"]["ignored"]
-    assert "--moe-token-dispatcher-type allgather (shardlab prices the alltoall dispatcher)" in d["imported"]["ignored"]
+    assert "--moe-token-dispatcher-type allgather (shardlab prices the alltoall and DeepEP dispatchers)" in d["imported"]["ignored"]
     vl = tmp_path / "serve.sh"
     vl.write_text("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2 --max-model-len 4096 --max-num-seqs 16 "
                   "--quantization awq\n")

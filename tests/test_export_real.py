@@ -157,6 +157,22 @@ def test_megatron_core_transformer_config(files):
 
 
 @need("megatron.core", "Megatron-Core 0.16.1")
+def test_megatron_core_takes_deepep_and_the_all_to_all_overlap(tmp_path):
+    """--moe-dispatcher deepep and --ep-comm-overlap as written pass Megatron-Core's own checks (flex dispatcher with
+    the DeepEP backend; the overlap's EP > 1, virtual stages with PP, no full recomputation, bf16)."""
+    out = subprocess.run([sys.executable, "-m", "shardlab", "export", "qwen3-235b-a22b", "--to", "megatron", "--gpus",
+                          "256", "--gpus-per-node", "8", "--tp", "2", "--sequence-parallel", "--pp", "8", "--vpp", "4",
+                          "--schedule", "interleaved", "--ep", "16", "--global-batch", "2048", "--recompute",
+                          "selective", "--recompute-modules", "moe_act,layernorm", "--moe-dispatcher", "deepep",
+                          "--ep-comm-overlap", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "job.sh"
+    path.write_text(json.loads(out.stdout)["text"])
+    (r,) = run_check("megatron", [str(path)])
+    assert r["dispatcher"] == ["flex", "deepep"] and r["ep_overlap"] is True and r["ep"] == 16 and r["vpp"] == 4
+
+
+@need("megatron.core", "Megatron-Core 0.16.1")
 @pytest.mark.parametrize("argv,mods", [
     (["qwen3-30b-a3b", "--gpus", "8", "--ep", "8"], "moe_act,layernorm"),
     (["deepseek-v3", "--gpus", "256", "--pp", "8", "--ep", "32"], "mlp,moe_act,mla_up_proj")])
@@ -358,7 +374,9 @@ def check_megatron(path: str) -> dict:
             "ep": c.expert_model_parallel_size, "vpp": c.virtual_pipeline_model_parallel_size,
             "num_layers": c.num_layers, "hidden_size": c.hidden_size, "chunks": chunks,
             "dropout": [c.attention_dropout, c.hidden_dropout], "recompute_granularity": c.recompute_granularity,
-            "recompute_modules": c.recompute_modules, "moe_grouped_gemm": c.moe_grouped_gemm}
+            "recompute_modules": c.recompute_modules, "moe_grouped_gemm": c.moe_grouped_gemm,
+            "dispatcher": [c.moe_token_dispatcher_type, c.moe_flex_dispatcher_backend],
+            "ep_overlap": c.overlap_moe_expert_parallel_comm}
 
 
 def check_slurm(path: str) -> dict:

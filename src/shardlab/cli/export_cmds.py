@@ -134,7 +134,9 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes,
                      grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout),
                      tp_comm_overlap=est.workload.tp_comm_overlap,
-                     fp8_params=est.workload.fp8_params)
+                     fp8_params=est.workload.fp8_params, moe_dispatcher=est.workload.moe.dispatcher,
+                     ep_comm_overlap=est.workload.moe.ep_comm_overlap,
+                     expert_imbalance=est.workload.moe.expert_imbalance)
 
 
 def _render(job, cat, target: str, inner: str | None, cluster, spec=None):

@@ -20,6 +20,8 @@ FLAGS = {
     "recipe.offload": "--offload", "recipe.lora_rank": "--lora-rank", "recipe.quantize_base": "--quantize-base",
     "recipe.lora_targets": "--lora-targets", "recipe.fp8_all_gather": "--fp8-all-gather",
     "recipe.fp8_params": "--fp8-params", "workload.tp_comm_overlap": "--tp-comm-overlap",
+    "moe.dispatcher": "--moe-dispatcher", "moe.ep_comm_overlap": "--ep-comm-overlap",
+    "moe.expert_imbalance": "--expert-imbalance",
 }
 """Every field the core names, and the flag that sets it (tests/test_cli_fields.py checks each flag exists)."""
 

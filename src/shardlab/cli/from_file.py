@@ -86,6 +86,7 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "output_len": "output_len", "max_num_seqs": "batch", "gpu_memory_utilization": "gpu_memory_utilization",
           "weights": "weights", "kv_cache": "kv_cache_dtype", "optimizer": "optimizer",
           "recompute_fraction": "recompute_fraction", "recompute_modules": "recompute_modules", "wrap": "wrap",
+          "moe_dispatcher": "moe_dispatcher", "expert_imbalance": "expert_imbalance",
           "dp_replicate": "dp_replicate",
           "replicas": "replicas", "disaggregated": "disaggregated", "prefill_tp": "prefill_tp", "prefill_gpu": "prefill_gpu",
           "prefill_pp": "prefill_pp"}
@@ -147,7 +148,7 @@ def apply_import(args, imp, parser) -> None:
             and getattr(args, "microbatches", None) in (None, parser.get_default("microbatches"))):
         per = max(1, int(f.get("micro_batch") or 1) * int(f.get("dp") or 1))   # memory: the micro-batches in flight
         args.microbatches = max(1, int(f["global_batch"]) // per)
-    for key in ("tp_comm_overlap", "fp8_params"):     # switches: a file that sets one turns the flag on
+    for key in ("tp_comm_overlap", "fp8_params", "ep_comm_overlap"):   # switches: a file that sets one turns it on
         if f.get(key) and hasattr(args, key):
             setattr(args, key, True)
     red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))

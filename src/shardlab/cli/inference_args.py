@@ -65,7 +65,7 @@ def add_inference_args(p) -> None:
                    help="MoE: attention replicated on ep/tp data-parallel ranks, experts shared across --ep GPUs by "
                         "all-to-all (SGLang --enable-dp-attention, vLLM --data-parallel-size with EP)")
     g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
-                   help="with --ep: busiest rank's routed tokens over the mean (default 1.18, SGLang EPLB measurement)")
+                   help="with --ep: busiest rank's routed tokens over the mean (serving default 1.18, SGLang EPLB measurement; training default 1, balanced routing)")
     g.add_argument("--redundant-experts", type=BOUNDED["experts"], default=None, metavar="R",
                    help="with --ep: R replicated expert slots (EPLB), so (experts + R) / ep per GPU")
     g.add_argument("--two-batch-overlap", action="store_true",

@@ -33,6 +33,12 @@ def add_assumption_args(p) -> None:
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="TP/SP collectives pipelined with their GEMMs (Megatron-Core --tp-comm-overlap, Transformer "
                         "Engine userbuffers; torchtitan async TP)")
+    g.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
+                   help="MoE token dispatcher in training: alltoall (Megatron-core's, one copy per routed expert) or "
+                        "deepep (flex dispatcher with DeepEP: one copy per remote node, forwarded over NVLink)")
+    g.add_argument("--ep-comm-overlap", action="store_true",
+                   help="MoE training: one micro-batch's dispatch and combine under another's compute (Megatron-core "
+                        "--overlap-moe-expert-parallel-comm; needs --ep > 1, no full recomputation, --vpp with --pp)")
     from shardlab.cli.common import add_grad_reduce_args
 
     add_grad_reduce_args(g)

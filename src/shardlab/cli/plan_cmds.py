@@ -119,6 +119,8 @@ def _refuse_recipe_flags(args) -> None:
                              ("--fp8-all-gather", getattr(args, "fp8_all_gather", False)),
                              ("--fp8-params", getattr(args, "fp8_params", False)),
                              ("--tp-comm-overlap", getattr(args, "tp_comm_overlap", False)),
+                             ("--moe-dispatcher", getattr(args, "moe_dispatcher", "alltoall") != "alltoall"),
+                             ("--ep-comm-overlap", getattr(args, "ep_comm_overlap", False)),
                              ("--precision fp8-mixed", getattr(args, "precision", "") == "fp8-mixed")) if on]
     written = getattr(args, "given_flags", None) or set()
     given += [f"--{d.replace('_', '-')}" for d in TRAINING_LAYOUT_DESTS if d in written]
@@ -130,20 +132,26 @@ def _refuse_recipe_flags(args) -> None:
 
 def _overrides(args, catalog) -> dict:
     """Mechanisms the user's flags override (None: the framework's): --no-dp-overlap, a profile that measured no
-    overlap, --grad-reduce-fp32/-bf16, --attention-kernel, --fused-loss/--no-fused-loss."""
+    overlap, --grad-reduce-fp32/-bf16, --attention-kernel, --fused-loss/--no-fused-loss; a MoE model's
+    --moe-dispatcher, --ep-comm-overlap and --expert-imbalance."""
     from shardlab.cli.common import grad_reduce_choice
+    from shardlab.comm.moe_dispatch import MoeDispatch
 
     no_overlap = getattr(args, "no_dp_overlap", False) or (catalog.profile or {}).get("comm_overlap", True) is False
     return {"dp_overlap": False if no_overlap else None,
             "grad_reduce_bytes": grad_reduce_choice(args),
             "attention_kernel": getattr(args, "attention_kernel", None), "fused_loss": getattr(args, "fused_loss", None),
-            "tp_comm_overlap": bool(getattr(args, "tp_comm_overlap", False))}
+            "tp_comm_overlap": bool(getattr(args, "tp_comm_overlap", False)),
+            "moe": MoeDispatch(getattr(args, "moe_dispatcher", "alltoall"), bool(getattr(args, "ep_comm_overlap", False)),
+                               getattr(args, "expert_imbalance", None) or 1.0)}
 
 
 def framework_doc(fw, wl) -> dict:
     """What the estimate assumed of the framework (every estimate and plan prints it)."""
     return {"id": fw.id, "name": fw.name, "kernels": wl.kernels, "attention_kernel": wl.attention_label,
-            "dp_overlap": wl.dp_overlap, "tp_comm_overlap": wl.tp_comm_overlap, "zero3_prefetch": wl.zero3_prefetch,
+            "dp_overlap": wl.dp_overlap, "tp_comm_overlap": wl.tp_comm_overlap,
+            "moe_dispatcher": wl.moe.dispatcher, "ep_comm_overlap": wl.moe.ep_comm_overlap,
+            "expert_imbalance": wl.moe.expert_imbalance, "zero3_prefetch": wl.zero3_prefetch,
             "zero3_regather_for_recompute": wl.zero3_regather_for_recompute,
             "grad_reduce_bytes": wl.grad_reduce_bytes, "main_grad_bytes": wl.main_grad_bytes,
             "layer_host_s": wl.layer_host_s, "layer_host_min_zero": wl.layer_host_min_zero,

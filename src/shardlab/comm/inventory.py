@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 
 from shardlab.comm.collectives import collective_time
+from shardlab.comm.moe_dispatch import MoeDispatch
+from shardlab.comm.pricing import ep_all_to_all_s
 from shardlab.layout import Layout, validate
 from shardlab.rank_grid import axis_stride, group_span_nodes
 from shardlab.memory.precision import state_bytes
@@ -173,6 +175,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     sp = layout.sequence_parallel and t > 1
     act = b * s * h * e                            # (b, s/cp, h) activation tensor, bytes
     recompute_fwd = layout.recompute == "full"
+    mods = set(layout.recompute_modules or ("core_attn",)) if layout.recompute == "selective" else set()
+    rerun_ep = recompute_fwd or "moe" in mods      # the MoE layer's forward re-run in backward (its all-to-alls too)
+    moe = getattr(framework, "moe", None) or MoeDispatch()
     out: list[CommItem] = []
 
     # ---- tensor parallel (and sequence parallel) ---------------------------------------------------
@@ -182,8 +187,14 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         moe_busy = sum(spec.is_moe_layer(i) for i in stages[busiest].layers)
         pairs = 2 * L - (moe_busy if spec.moe is not None and not spec.moe.shared_width else 0)
         mlp_note = " (attention alone in a MoE layer: the dispatcher gathers for its experts)" if pairs < 2 * L else ""
-        fwd, bwd = pairs * m, (2 if recompute_fwd else 1) * pairs * m
-        rnote = " (+2 per layer re-run by full recomputation)" if recompute_fwd else ""
+        # selective recomputation of an MLP re-runs its TP pair too: a dense block's ('mlp'), a MoE block's shared
+        # expert ('moe' or 'shared_experts')
+        reruns = sum(1 for i in stages[busiest].layers
+                     if ("mlp" in mods if not spec.is_moe_layer(i) else
+                         bool(spec.moe.shared_width) and bool({"moe", "shared_experts"} & mods)))
+        fwd, bwd = pairs * m, (2 if recompute_fwd else 1) * pairs * m + reruns * m
+        rnote = (" (+2 per layer re-run by full recomputation)" if recompute_fwd else
+                 f" (+{reruns} per micro-batch: MLPs re-run by selective recomputation)" if reruns else "")
         if sp:
             for phase, calls in (("forward", fwd), ("backward", bwd)):
                 out.append(_item("SP", "all-gather", phase, act, calls, t, span["tp"], cluster, "critical",
@@ -359,15 +370,24 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     if moe_L and (layout.ep > 1 or t > 1):
         k = spec.moe.top_k
         routed = b * s * k * h * e                  # the TP group's b·s tokens, k copies each, h wide
+        f = moe.expert_imbalance                   # the busiest rank receives f × the mean copies
+        deepep = moe.dispatcher == "deepep"
         for phase in ("forward", "backward"):
-            passes = (2 if phase == "backward" and recompute_fwd else 1) * moe_L * m   # estimate: ep_per_moe_block_s
-            rnote = (" (+1 per MoE layer re-run by full recomputation)" if phase == "backward" and recompute_fwd else "")
+            passes = (2 if phase == "backward" and rerun_ep else 1) * moe_L * m   # estimate: ep_per_moe_block_s
+            rnote = (" (+1 per MoE layer re-run by " + ("full" if recompute_fwd else "selective") + " recomputation)"
+                     if phase == "backward" and rerun_ep else "")
             if layout.ep > 1:
-                out.append(_item("EP", "all-to-all", phase, routed / t, 2 * passes, layout.ep, span["ep"], cluster,
-                                 "critical", f"MoE dispatch and combine: {k} copies of each token to its experts and back"
+                one = float(ep_all_to_all_s(cluster, tp=t, cp=layout.cp, ep=layout.ep, size=routed / t * f, top_k=k,
+                                            dispatcher=moe.dispatcher)) if deepep else None
+                out.append(_item("EP", "all-to-all", phase, routed / t * f, 2 * passes, layout.ep, span["ep"], cluster,
+                                 "critical", ("DeepEP dispatch and combine: each token once per remote node holding "
+                                              "one of its experts, forwarded over NVLink" if deepep else
+                                              f"MoE dispatch and combine: {k} copies of each token to its experts and "
+                                              "back")
                                  + (f" (each TP rank sends its 1/{t} share)" if t > 1 else "")
-                                 + rnote.replace("+1", "+2")))
-            counts = moe_L * m if phase == "forward" or recompute_fwd else 0   # forward passes, a re-run one included
+                                 + (f" (the busiest rank: {f:g}× the mean)" if f != 1.0 else "")
+                                 + rnote.replace("+1", "+2"), total_s=2 * passes * one if deepep else None))
+            counts = moe_L * m if (phase == "forward" or rerun_ep) and not deepep else 0   # forward passes
             if counts:
                 E = spec.moe.num_experts
                 out.append(_item("EP", "all-gather", phase, t * layout.ep * E * 8, counts, t * layout.ep, span["ep"],

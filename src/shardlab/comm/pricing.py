@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.comm.collectives import alpha_beta_time
+from shardlab.comm.moe_dispatch import remote_nodes_per_token
 from shardlab.rates.hardware import group_link, ranks_per_node
 from shardlab.specs.hardware import Cluster
 
@@ -119,7 +120,8 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
 
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code,
-                       num_experts: int = 0, rerun_moe: bool = False):
+                       num_experts: int = 0, rerun_moe: bool = False, dispatcher: str = "alltoall",
+                       imbalance: float = 1.0):
     """Dispatch and combine of one MoE block per micro-batch (critical path), as Megatron-core's alltoall token
     dispatcher runs them with the experts split by TP (megatron/core/transformer/moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher; --expert-tensor-parallel-size defaults to the TP size, the split shardlab's
@@ -139,25 +141,44 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     own NIC (every rank's traffic leaves the node, so the node's NICs are not pooled for it); the two run at once,
     the busier sets the pace. Forward, backward (the gradients take the same path back) and a re-run forward under
     full recomputation, or under selective recomputation of the whole MoE layer (``rerun_moe``: Megatron-core's 'moe'
-    module)."""
+    module).
+    ``dispatcher='deepep'`` (``comm.moe_dispatch``): across nodes a token crosses the network once per remote node
+    holding one of its experts, (nodes − 1)·(1 − (1 − 1/nodes)^k) of them, and that node's GPU forwards the copies
+    over NVLink (the local copies, and (g − 1)/g of those arriving); the NVLink and NIC parts run at once; no
+    separate count all-gather. ``imbalance``: the busiest rank receives that many times the mean copies, and every
+    rank waits for it."""
     n = np.maximum(np.asarray(ep), 1)
     tp = np.asarray(tp)
-    g = ranks_per_node(cluster, n, tp * np.asarray(cp))   # the rank and its peers in one node
     routed = tokens * top_k * hidden * elem_bytes
-    size = routed / np.maximum(tp, 1)
-    intra, inter = cluster.intra_link, cluster.inter_link
-    lat = (g - 1) * intra.latency_s + (n - g) * inter.latency_s
-    bw = np.maximum((g - 1) / n * size / intra.bytes_per_s, (n - g) / n * size / inter.bytes_per_s)
-    a2a = np.where(n > 1, lat + bw, 0.0)
+    a2a = ep_all_to_all_s(cluster, tp=tp, cp=cp, ep=n, size=routed / np.maximum(tp, 1) * imbalance, top_k=top_k,
+                          dispatcher=dispatcher)
     link = group_link(cluster, tp, 1)
     etp = _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link)   # 0 without TP
     group = tp * n
     # the TP × EP group: tp consecutive ranks, repeated every tp·cp ranks, so gpus_per_node / cp of it share a node
-    counts = np.where(group > 1, _time("all-gather", group * num_experts * 8, group,
-                                       group_link(cluster, group, np.asarray(cp))), 0.0)
+    counts = np.where((group > 1) & (dispatcher != "deepep"),
+                      _time("all-gather", group * num_experts * 8, group, group_link(cluster, group, np.asarray(cp))),
+                      0.0)
     code = np.asarray(recompute_code)
     rerun = (code == 2) | ((code == 1) & bool(rerun_moe))
     return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
+
+
+def ep_all_to_all_s(cluster: Cluster, *, tp, cp, ep, size, top_k: int, dispatcher: str = "alltoall"):
+    """One dispatch (or combine) of ``size`` bytes of token copies per rank over an EP group of ``ep`` ranks ``tp·cp``
+    apart (``ep_per_moe_block_s`` says how each dispatcher moves them). Array-safe."""
+    n = np.maximum(np.asarray(ep), 1)
+    g = ranks_per_node(cluster, n, np.asarray(tp) * np.asarray(cp))   # the rank and its peers in one node
+    intra, inter = cluster.intra_link, cluster.inter_link
+    if dispatcher == "deepep":
+        nodes = n / np.maximum(g, 1)
+        nvlink = size * ((g - 1) / n + (n - g) / n * (g - 1) / np.maximum(g, 1))
+        lat = (g - 1) * intra.latency_s + (nodes - 1) * inter.latency_s
+        bw = np.maximum(nvlink / intra.bytes_per_s, remote_nodes_per_token(nodes, top_k) * size / top_k / inter.bytes_per_s)
+    else:
+        lat = (g - 1) * intra.latency_s + (n - g) * inter.latency_s
+        bw = np.maximum((g - 1) / n * size / intra.bytes_per_s, (n - g) / n * size / inter.bytes_per_s)
+    return np.where(n > 1, lat + bw, 0.0)
 
 
 def pp_p2p_per_microbatch_s(cluster: Cluster, *, tp, cp, dp, pp, vpp, tokens, hidden: int, elem_bytes: int):

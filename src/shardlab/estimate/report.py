@@ -58,9 +58,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       + ("; half that in MoE blocks, whose expert dispatch gathers for the MLP"
                          if est.model.moe is not None and not est.model.moe.shared_width else "")),
         "cp_comm_s": f"ring-attention K/V exchange over {lay.cp} ranks beyond what the attention core hides",
-        "ep_comm_s": ("expert dispatch per MoE block: the token counts gathered"
-                      + (f", dispatch + combine all-to-alls over {lay.ep} ranks" if lay.ep > 1 else "")
-                      + (f", the copies gathered and scattered over the {lay.tp} expert-TP ranks" if lay.tp > 1 else "")),
+        "ep_comm_s": _ep_words(est, lay, wl, acc),
         "pp_p2p_s": ("blocking send of activations / gradients between stages per micro-batch, 1/tp of them per TP "
                      "rank "
                      f"({_pp_link(est)})"),
@@ -164,3 +162,24 @@ def render_estimate(est: TrainingEstimate) -> str:
     lines += ["", "estimates: step time from a roofline-style model fitted on published runs (docs/validation.md)"]
     lines += [f"note: {n}" for n in est.notes]
     return "\n".join(lines)
+
+
+def _ep_words(est, lay, wl, acc) -> str:
+    """Where the expert-dispatch seconds come from: the dispatcher, the imbalance and the overlap in effect."""
+    from shardlab.comm.moe_dispatch import overlap_refusal
+
+    moe = wl.moe
+    deepep = moe.dispatcher == "deepep" and lay.ep > 1
+    words = "expert dispatch per MoE block: " + ("" if deepep else "the token counts gathered")
+    if lay.ep > 1:
+        words += (("DeepEP dispatch + combine over " if deepep else ", dispatch + combine all-to-alls over ")
+                  + f"{lay.ep} ranks" + (" (one copy per remote node, forwarded over NVLink)" if deepep else ""))
+    if lay.tp > 1:
+        words += f", the copies gathered and scattered over the {lay.tp} expert-TP ranks"
+    if moe.expert_imbalance != 1.0 and lay.ep > 1:
+        words += (f"; the busiest rank receives {moe.expert_imbalance:g}× the mean copies "
+                  f"({field_name('moe.expert_imbalance')})")
+    if moe.ep_comm_overlap and not overlap_refusal(lay):
+        words += (f"; what {100 * overlap_efficiency(acc):.0f}% of another micro-batch's compute does not hide "
+                  f"({field_name('moe.ep_comm_overlap')})")
+    return words

@@ -33,6 +33,7 @@ from shardlab.estimate.workload import Workload, workload_overheads
 from shardlab.estimate.lora import lora_block_times
 from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token
+from shardlab.comm.moe_dispatch import overlapped_ep_s
 from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
@@ -58,7 +59,7 @@ CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
 """Keys a caller may leave out: recompute fraction (all blocks), HSDP replicas (none), FSDP wrap (one block)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "cp_comm_total_s", "zero3_comm_total_s",
-               "dp_window_s", "tp_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
+               "dp_window_s", "tp_comm_total_s", "ep_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overheads: Overheads = Overheads(),
@@ -154,6 +155,11 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         kind = spec.is_moe_layer(layer)
         lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
                          kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, **common)
+        f = wl.moe.expert_imbalance if kind else 1.0
+        if f != 1.0:     # the busiest EP rank's experts see f × the mean tokens; every all-to-all waits for it
+            extra = (f - 1.0) * lt["expert_gemm_s"] * (np.asarray(ep) > 1)
+            lt = {**lt, "gemm_s": lt["gemm_s"] + extra,
+                  "module_recompute_s": {**lt["module_recompute_s"], "moe": lt["module_recompute_s"]["moe"] + extra}}
         bt = block_step_times(lt, rc, c["rf"], modules) if wl.recipe.lora is None else \
             lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
         dense, expert = params[kind]
@@ -187,7 +193,7 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
         # a MoE block: the dispatcher's TP gather/scatter replace the MLP's TP pair (a shared expert keeps it)
         tp_all = ct.tp_per_block_s(cluster, tp=tp, tokens=T, hidden=h, elem_bytes=e, recompute_code=rc,
                                    mlp=not (kind and not spec.moe.shared_width),
-                                   rerun_mlp=bool({"mlp", "moe", "shared_experts"} & set(modules or ())))
+                                   rerun_mlp=bool(({"moe", "shared_experts"} if kind else {"mlp"}) & set(modules or ())))
         kinds[kind] = dict(
             compute=bt["fwd_s"] + bt["bwd_s"], rec=bt["recompute_s"], bwd=bt["bwd_s"] + bt["recompute_s"],
             tp_total=tp_all, tp=ct.tp_exposed_per_block_s(tp_all, lt["gemm_s"], rc, tp, sp) if wl.tp_comm_overlap
@@ -198,7 +204,8 @@ def _global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memo
                                        attn_fwd_s=lt["attn_s"], recompute_code=rc, total=True),
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc, num_experts=spec.moe.num_experts,
-                                      rerun_moe="moe" in (modules or ())) if kind else np.zeros_like(T)),
+                                      rerun_moe="moe" in (modules or ()), dispatcher=wl.moe.dispatcher,
+                                      imbalance=f) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0), z3_total=np.where(zero == 3, z3_total, 0.0),
             z3_x_lat=np.where(zero == 3, x_lat, 0.0), z3_d_lat=np.where(zero == 3, d_lat, 0.0),
             fp8_numel=fp8_terms[kind][0] + np.zeros_like(T), fp8_gemms=fp8_terms[kind][1] + np.zeros_like(T),
@@ -274,6 +281,11 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
              "cp": part("cp"), "ep": part("ep"), "p2p": g["p2p"] + zeros,
              "host": part("host") + np.where(pp > 1, 2 * vpp * wl.pipeline_host_s, 0.0) + zeros,
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
+        if wl.moe.ep_comm_overlap:   # one micro-batch's all-to-alls under another's compute (comm.moe_dispatch),
+            # where Megatron-core runs it: EP > 1, no full recomputation, virtual stages with a pipeline
+            ok = (ep > 1) & (rc != 2) & ((pp == 1) | (vpp > 1))
+            t["ep"] = np.where(ok, overlapped_ep_s(t["ep"], part("compute") + part("rec"), m, overlap_efficiency(acc)),
+                               t["ep"])
         # model states of this stage (flat ZeRO partition; the exact per-tensor check is memory.training)
         dense = part("dense") + (g["emb_params"] if first else 0.0) + (g["head_params"] if last else 0.0)
         if last and spec.tied_embeddings and pp > 1:
@@ -297,7 +309,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         # what the CP and ZeRO-3 collectives take in all, hidden or not (comm plan's inventory prices the same calls):
         # the first block unit's gather and last reduce-scatter are counted once, as traffic, not again as an edge
         t["z3"] = t["z3"] + np.where(zero == 3, root_s, 0.0)
-        all_s = {"cp": part("cp_total"), "tp": part("tp_total") + vocab_tp,
+        all_s = {"cp": part("cp_total"), "tp": part("tp_total") + vocab_tp, "ep": part("ep"),
                "z3": part("z3_total") + np.where(zero == 3, root_s, 0.0)}
         expert = part("expert")
         total_p = dense + expert
@@ -410,6 +422,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         "zero3_comm_s": m * parts["z3"], "pp_bubble_s": pipe - m * t_max, "dp_comm_s": dp_e,
         "cp_comm_total_s": m * pick(np.stack([r["all_s"]["cp"] for r in rows])),
         "tp_comm_total_s": m * pick(np.stack([r["all_s"]["tp"] for r in rows])),
+        "ep_comm_total_s": m * pick(np.stack([r["all_s"]["ep"] for r in rows])),
         "zero3_comm_total_s": m * pick(np.stack([r["all_s"]["z3"] for r in rows])),
         "dp_comm_total_s": np.max(np.stack([r["dp_total"] for r in rows]), axis=0), "dp_window_s": dp_window,
         "optimizer_s": opt_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+from shardlab.comm.moe_dispatch import moe_notes
 from shardlab.errors import ShardlabError, field_name
 from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import evaluate
@@ -100,6 +101,9 @@ class TrainingEstimate:
             "framework": {"id": self.workload.framework, "kernels": self.workload.kernels,
                           "attention_kernel": self.workload.attention_label, "dp_overlap": self.workload.dp_overlap,
                           "tp_comm_overlap": self.workload.tp_comm_overlap,
+                          "moe_dispatcher": self.workload.moe.dispatcher,
+                          "ep_comm_overlap": self.workload.moe.ep_comm_overlap,
+                          "expert_imbalance": self.workload.moe.expert_imbalance,
                           "zero3_prefetch": self.workload.zero3_prefetch,
                           "zero3_regather_for_recompute": self.workload.zero3_regather_for_recompute,
                           "grad_reduce_bytes": self.workload.grad_reduce_bytes,
@@ -147,11 +151,13 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                       tokens: float | None = None, flash_attention: bool = True, dropout: bool = False,
                       framework=None, dp_overlap: bool | None = None, grad_reduce_bytes: int | None = None,
                       compile: bool | None = None, attention_kernel: str | None = None, fused_loss: bool | None = None,
-                      overheads: Overheads = Overheads(), recipe=None, tp_comm_overlap: bool = False) -> TrainingEstimate:
+                      overheads: Overheads = Overheads(), recipe=None, tp_comm_overlap: bool = False,
+                      moe=None) -> TrainingEstimate:
     """Estimate one layout. ``global_batch`` (sequences per step) or ``microbatches`` sets the batch.
 
     ``framework``: a Framework profile (default: the catalog's megatron-lm); ``dp_overlap``, ``grad_reduce_bytes`` and
-    ``compile`` override its mechanisms when not None; ``recipe``: FP8/offload/LoRA (memory/recipe.py)."""
+    ``compile`` override its mechanisms when not None; ``recipe``: FP8/offload/LoRA (memory/recipe.py); ``moe``: a
+    MoE model's dispatcher, all-to-all overlap and routing imbalance (comm/moe_dispatch.py)."""
     validate(layout, spec, cluster.num_gpus, seq_len)
     if framework is None:
         from shardlab.catalog import get_catalog
@@ -183,11 +189,12 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
     wl = workload_for(framework, seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
                       flash_attention=flash_attention, dropout=dropout, dp_overlap=dp_overlap,
                       grad_reduce_bytes=grad_reduce_bytes, compile=compile, attention_kernel=attention_kernel,
-                      fused_loss=fused_loss, recipe=recipe, tp_comm_overlap=tp_comm_overlap)
+                      fused_loss=fused_loss, recipe=recipe, tp_comm_overlap=tp_comm_overlap, moe=moe)
     if tp_comm_overlap and (layout.tp == 1 or not layout.sequence_parallel):
         notes.append(f"{field_name('workload.tp_comm_overlap')} overlaps the sequence-parallel all-gathers and "
                      f"reduce-scatters of TP > 1 ({field_name('layout.sequence_parallel')}; Megatron-Core asserts it): "
                      "not applied to this layout")
+    notes += moe_notes(wl.moe, layout, spec)
     if wl.layer_host_s and layout.zero < wl.layer_host_min_zero:
         notes.append(f"no host stall per block: {framework.id}'s {1e3 * wl.layer_host_s:.2g} ms per block and pass is "
                      f"FSDP's per-unit work around units gathered every micro-batch (unshard, reshard, reduce-scatter "
@@ -205,6 +212,6 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         model_tflops_per_gpu=val("model_tflops_per_gpu"), hardware_tflops_per_gpu=val("hardware_tflops_per_gpu"),
         mfu=val("mfu"), hfu=val("hfu"), memory=mem, slowest_stage=int(r["slowest_stage"][0]),
         dp_comm_total_s=val("dp_comm_total_s"), tokens=tokens, notes=notes, dp_window_s=val("dp_window_s"),
-        comm_total_s={"tp_comm_s": val("tp_comm_total_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_s"),
+        comm_total_s={"tp_comm_s": val("tp_comm_total_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_total_s"),
                       "pp_p2p_s": val("pp_p2p_s"), "zero3_comm_s": val("zero3_comm_total_s"),
                       "dp_comm_s": val("dp_comm_total_s")})

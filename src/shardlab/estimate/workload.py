@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shardlab.comm.moe_dispatch import MoeDispatch
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.recipe import DEFAULT as DEFAULT_RECIPE, Recipe
 from shardlab.specs.model import ModelSpec
@@ -66,6 +67,8 @@ class Workload:
     """Host time per micro-batch, per pass and pipeline stage the GPU waits for (a pipeline engine's instructions), s."""
     recipe: Recipe = DEFAULT_RECIPE
     """Offload, LoRA/QLoRA and FP8 details (``memory/recipe.py``; time terms in ``estimate/recipe_terms.py``)."""
+    moe: MoeDispatch = MoeDispatch()
+    """A MoE model's token dispatcher, all-to-all overlap and routing imbalance (``comm/moe_dispatch.py``)."""
 
     @property
     def fp8_params(self) -> bool:
@@ -84,7 +87,7 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                  flash_attention: bool = True, dropout: bool = False, dp_overlap: bool | None = None,
                  grad_reduce_bytes: int | None = None, compile: bool | None = None,
                  attention_kernel: str | None = None, fused_loss: bool | None = None, recipe=None,
-                 tp_comm_overlap: bool = False) -> Workload:
+                 tp_comm_overlap: bool = False, moe: MoeDispatch | None = None) -> Workload:
     """A Workload whose mechanisms come from ``framework`` (a Framework profile), with the user's explicit choices
     (not None) overriding the matching mechanism."""
     from shardlab.specs.framework import effective_grad_bytes
@@ -104,7 +107,7 @@ def workload_for(framework, *, seq_len: int, global_batch: int, precision: str =
                     layer_host_s=fw.layer_host_s, layer_host_min_zero=fw.layer_host_min_zero,
                     step_overhead_s=fw.step_overhead_s,
                     pipeline_host_s=fw.pipeline_host_s,
-                    **({"recipe": recipe} if recipe is not None else {}))
+                    **({"recipe": recipe} if recipe is not None else {}), **({"moe": moe} if moe is not None else {}))
 
 
 def workload_overheads(wl, ov: Overheads) -> Overheads:

@@ -121,6 +121,8 @@ FIELD_NAMES = {
                  "grad_reduce_bytes": "--grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32",
                  "tp_comm_overlap": "--tp-comm-overlap", "fp8_params": "--fp8-param-gather",
                  "recompute_modules": "--recompute-modules",
+                 "moe_dispatcher": "--moe-token-dispatcher-type / --moe-flex-dispatcher-backend",
+                 "ep_comm_overlap": "--overlap-moe-expert-parallel-comm",
                  "model": "the model shape flags (--num-layers, --hidden-size, ...)"},
     "deepspeed": {"zero": "zero_optimization.stage", "tp": "tensor_parallel.autotp_size", "pp": "pipeline.stages",
                   "ep": "expert_parallel.autoep_size", "micro_batch": "train_micro_batch_size_per_gpu",

@@ -160,7 +160,9 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
                      grad_reduce_bytes=red if red in (2, 4) else None,
                      dropout=(doc.get("assumptions") or {}).get("dropout") is True,
                      tp_comm_overlap=isinstance(fw, dict) and fw.get("tp_comm_overlap") is True,
-                     fp8_params=wl.get("fp8_params") is True)
+                     fp8_params=wl.get("fp8_params") is True,
+                     **({k: fw[k] for k in ("moe_dispatcher", "ep_comm_overlap", "expert_imbalance") if k in fw}
+                        if isinstance(fw, dict) else {}))
 
 
 def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
@@ -238,7 +240,9 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
                     gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
                     framework=f.get("framework"), grad_reduce_bytes=f.get("grad_reduce_bytes"),
                     dropout=bool(f.get("dropout", False)), tp_comm_overlap=bool(f.get("tp_comm_overlap", False)),
-                    fp8_params=bool(f.get("fp8_params", False)))
+                    fp8_params=bool(f.get("fp8_params", False)), moe_dispatcher=f.get("moe_dispatcher", "alltoall"),
+                    ep_comm_overlap=bool(f.get("ep_comm_overlap", False)),
+                    expert_imbalance=float(f.get("expert_imbalance", 1.0)))
     if serving:
         seqs, plen, olen = f.get("max_num_seqs", 256), f.get("prompt_len", 1024), f.get("output_len", 256)
         job = replace(job, seq_len=plen + olen, global_batch=seqs, serve=Serve(max_num_seqs=seqs, prompt_len=plen, output_len=olen, replicas=f.get("replicas", 1),

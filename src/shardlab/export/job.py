@@ -106,6 +106,12 @@ class LaunchJob:
     """TP/SP collectives pipelined with their GEMMs (Megatron-LM ``--tp-comm-overlap``) as the estimate assumed."""
     fp8_params: bool = False
     """FP8 primary weights (Megatron-LM ``--fp8-param-gather``) as the estimate assumed."""
+    moe_dispatcher: str = "alltoall"
+    """A MoE model's token dispatcher as the estimate assumed (``comm.moe_dispatch``)."""
+    ep_comm_overlap: bool = False
+    """The MoE all-to-all overlap (Megatron-LM ``--overlap-moe-expert-parallel-comm``) as the estimate assumed."""
+    expert_imbalance: float = 1.0
+    """The busiest expert-parallel rank's routed tokens over the mean, as the estimate assumed (not a launch flag)."""
     notes: dict = field(default_factory=dict, compare=False, hash=False)
     """Estimates for comments (step_time_s, usd_per_hour, train_hours, usd, price_source); not part of the layout."""
 
@@ -215,6 +221,8 @@ MEGATRON_ONLY = {
     "tp_comm_overlap": "TP communication overlap is written for Megatron-LM only (--tp-comm-overlap); torchtitan's "
                        "equivalent is parallelism.enable_async_tensor_parallel",
     "fp8_params": "FP8 primary weights are written for Megatron-LM only (--fp8-param-gather)",
+    "ep_comm_overlap": "the MoE all-to-all overlap is written for Megatron-LM only "
+                       "(--overlap-moe-expert-parallel-comm)",
 }
 """Workload settings only the Megatron-LM export (and shardlab's own job file) carries, and what to do elsewhere."""
 
@@ -225,6 +233,9 @@ def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, .
     out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
     if target not in ("megatron", "shardlab"):
         out += tuple(Unsupported(k, True, why) for k, why in MEGATRON_ONLY.items() if getattr(job, k))
+        if job.moe_dispatcher != "alltoall":
+            out += (Unsupported("moe_dispatcher", job.moe_dispatcher, "DeepEP dispatch is written for Megatron-LM only "
+                                "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)"),)
     return out
 
 

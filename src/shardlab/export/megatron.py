@@ -142,7 +142,18 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
     if lay.ep > 1:
         out.append(("expert-model-parallel-size", lay.ep))
     if spec.moe is not None and (lay.ep > 1 or lay.tp > 1):   # the dispatcher shardlab prices (the default is allgather)
-        out.append(("moe-token-dispatcher-type", "alltoall"))
+        if job.moe_dispatcher == "deepep":      # flex dispatcher with DeepEP (transformer_config.py, core 0.16.1)
+            out += [("moe-token-dispatcher-type", "flex"), ("moe-flex-dispatcher-backend", "deepep")]
+        else:
+            out.append(("moe-token-dispatcher-type", "alltoall"))
+    if job.ep_comm_overlap:
+        from shardlab.comm.moe_dispatch import overlap_refusal
+
+        why = "a dense model has no expert all-to-all" if spec.moe is None else overlap_refusal(lay)
+        if why:
+            uns.append(Unsupported("ep_comm_overlap", True, f"not written: {why}"))
+        else:
+            out.append(("overlap-moe-expert-parallel-comm", True))
     if lay.sequence_parallel:
         out.append(("sequence-parallel", True))
     if lay.recompute in ("selective", "op"):

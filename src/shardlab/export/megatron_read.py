@@ -118,6 +118,12 @@ def read(text: str, catalog) -> Imported:
     f["precision"] = ("fp8-mixed" if "fp8-format" in fl and "bf16" in fl else "bf16-mixed" if "bf16" in fl
                       else "fp16-mixed" if "fp16" in fl else "fp32")
     und.append(("precision flags", f["precision"]))
+    if fl.get("moe-token-dispatcher-type") == "flex" and fl.get("moe-flex-dispatcher-backend", "deepep") == "deepep":
+        f["moe_dispatcher"] = "deepep"
+        und.append(("--moe-token-dispatcher-type flex (DeepEP backend)", "moe_dispatcher deepep"))
+    if "overlap-moe-expert-parallel-comm" in fl:
+        f["ep_comm_overlap"] = True
+        und.append(("--overlap-moe-expert-parallel-comm", "MoE all-to-alls under another micro-batch's compute"))
     if "tp-comm-overlap" in fl:
         f["tp_comm_overlap"] = True
         und.append(("--tp-comm-overlap", "TP communication overlapped with the GEMMs"))
@@ -159,7 +165,8 @@ def read(text: str, catalog) -> Imported:
         ign.append(f"model shape flags match {' and '.join(hits) if hits else 'no catalog model'} (give MODEL)")
     known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
-             "recompute-num-layers", "recompute-modules", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
+             "recompute-num-layers", "recompute-modules", "moe-flex-dispatcher-backend",
+             "overlap-moe-expert-parallel-comm", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
              "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format",
              "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32", "tp-comm-overlap", "fp8-param-gather",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
@@ -169,8 +176,10 @@ def read(text: str, catalog) -> Imported:
              "num-query-groups", "attention-dropout", "hidden-dropout", "moe-token-dispatcher-type"}
     shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
     disp = fl.get("moe-token-dispatcher-type")
-    if disp is not None and disp != "alltoall":
-        ign.append(f"--moe-token-dispatcher-type {str(disp)[:20]} (shardlab prices the alltoall dispatcher)")
+    if disp is not None and disp != "alltoall" and f.get("moe_dispatcher") != "deepep":
+        ign.append(f"--moe-token-dispatcher-type {str(disp)[:20]}"
+                   + (f" with --moe-flex-dispatcher-backend {str(fl.get('moe-flex-dispatcher-backend'))[:20]}"
+                      if disp == "flex" else "") + " (shardlab prices the alltoall and DeepEP dispatchers)")
     ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
     return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")
 

@@ -8,9 +8,9 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [model]     name
   [cluster]   gpu, gpus, gpus_per_node
   [layout]    dp tp pp cp ep zero vpp micro_batch recompute recompute_fraction wrap dp_replicate sequence_parallel
-              schedule stage_layers
-  [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params (the last
-              two where true)
+              schedule stage_layers recompute_modules
+  [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params
+              ep_comm_overlap (these three where true) moe_dispatcher expert_imbalance (where not the default)
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs);
               ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set
@@ -30,7 +30,7 @@ VERSION = 1
 LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
-                 "fp8_params")
+                 "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
               "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
 SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
@@ -57,9 +57,13 @@ def render(job: LaunchJob, spec=None) -> Export:
                               "optimizer": job.optimizer, "dropout": job.dropout}}
     if job.grad_reduce_bytes is not None:
         doc["workload"]["grad_reduce_bytes"] = job.grad_reduce_bytes
-    for key in ("tp_comm_overlap", "fp8_params"):
+    for key in ("tp_comm_overlap", "fp8_params", "ep_comm_overlap"):
         if getattr(job, key):
             doc["workload"][key] = True
+    if job.moe_dispatcher != "alltoall":
+        doc["workload"]["moe_dispatcher"] = job.moe_dispatcher
+    if job.expert_imbalance != 1.0:
+        doc["workload"]["expert_imbalance"] = job.expert_imbalance
     if job.framework:
         doc["framework"] = {"name": job.framework}
     if job.serve is not None:
@@ -94,7 +98,8 @@ def _check_keys(doc: dict) -> None:
 
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
          "kv_cache_dtype": str, "weights": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
-         "tp_comm_overlap": bool, "fp8_params": bool,
+         "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
+         "expert_imbalance": float,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
 names)."""

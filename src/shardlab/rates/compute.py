@@ -47,7 +47,8 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
                 attention_kernel: str = "flash2", gemm_dtype: str = "") -> dict:
     """Forward times of block ``layer`` for one micro-batch on one rank: 'gemm_s', 'attn_s' (attention
     core), 'elem_s' (memory-bound, at the ``kernels`` level of rates/kernels.py), 'gemm_op_recompute_s'
-    (the matmuls per-op checkpointing re-runs). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear
+    (the matmuls per-op checkpointing re-runs), 'module_recompute_s' (what each Megatron-core recompute module
+    re-runs), 'expert_gemm_s' (the routed experts' GEMMs, part of 'gemm_s'). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear
     layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``rates/fp8.py``)."""
     from shardlab.rates.fp8 import linear_cast_bytes
     from shardlab.memory.fp8 import is_fp8_gemm
@@ -59,7 +60,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     sp = np.asarray(sequence_parallel, dtype=bool)
     T = mb * seq_len / cp
     tsh = np.where(sp, tp, 1)
-    gemm = gemm_odd = 0.0
+    gemm = gemm_odd = expert_gemm = 0.0
     by_module = {"mla_up_proj": 0.0, "mlp": 0.0, "moe": 0.0, "shared_experts": 0.0}   # GEMMs a module re-runs
     for i, t in enumerate(layer_matmuls(spec, layer)):
         n_out, n_in = _local_dims(spec, t, tp)
@@ -68,6 +69,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
             E, k = spec.moe.num_experts, spec.moe.top_k
             tokens_per_expert = T * ep * k / E
             g = (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, fp8_peak if fp8 else peak, curve)
+            expert_gemm = expert_gemm + g
             tokens = T * k
         else:
             g = gemm_time_s(T, n_out, n_in, fp8_peak if fp8 else peak, curve)
@@ -119,7 +121,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
                  "moe": by_module["moe"] + memory_time_s(moe_b, acc),
                  "shared_experts": by_module["shared_experts"] + memory_time_s(shared_act_b, acc)}
     return {"gemm_s": gemm, "attn_s": attn, "elem_s": memory_time_s(elem, acc) + ops * acc.op_overhead_us * 1e-6,
-            "gemm_op_recompute_s": gemm_odd, "module_recompute_s": recompute,
+            "gemm_op_recompute_s": gemm_odd, "module_recompute_s": recompute, "expert_gemm_s": expert_gemm,
             "cast_fwd_s": memory_time_s(cast_f, acc), "cast_bwd_s": memory_time_s(cast_b, acc)}
 
 

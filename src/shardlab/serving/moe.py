@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import math
 
+from shardlab.comm.moe_dispatch import MAX_EXPERT_IMBALANCE   # one bound for serving and training
 from shardlab.errors import ShardlabError, field_name
 from shardlab.specs.model import ModelSpec
 
 DEFAULT_EXPERT_IMBALANCE = 59_337 / 50_302
 """Busiest EP rank over the mean (module doc: SGLang, DeepSeek-V3 on 32 H100, perfect vs default EPLB)."""
 
-MAX_EXPERT_IMBALANCE = 64.0
-"""Largest --expert-imbalance taken (one rank can carry at most every routed token: E/k × the mean)."""
 
 
 def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool,
@@ -50,11 +49,13 @@ def moe_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int, dp_attention: bool
                             "--dp-attention, or drop it")
     if expert_imbalance is not None and not (math.isfinite(expert_imbalance)
                                              and 1.0 <= expert_imbalance <= MAX_EXPERT_IMBALANCE):
-        raise ShardlabError(f"--expert-imbalance is the busiest expert-parallel rank's tokens over the mean, in "
+        raise ShardlabError(f"{field_name('moe.expert_imbalance')} is the busiest expert-parallel rank's tokens over "
+                            f"the mean, in "
                             f"[1, {MAX_EXPERT_IMBALANCE:g}]; got {expert_imbalance:g}")
     if ep == 1 and not dp_attention:
         if expert_imbalance is not None:
-            raise ShardlabError(f"--expert-imbalance applies to expert parallelism: add {ep_f} N, or drop it")
+            raise ShardlabError(f"{field_name('moe.expert_imbalance')} applies to expert parallelism: add {ep_f} N, or "
+                                "drop it")
         return 1, 1.0
     if dp_attention and ep == 1:
         raise ShardlabError(f"--dp-attention shares expert-parallel experts between attention replicas: add {ep_f} N "

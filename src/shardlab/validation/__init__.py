@@ -20,7 +20,8 @@ _RUN_KEYS = {"id", "source", "framework", "model", "gpu", "gpus", "gpus_per_node
              "precision", "recompute", "recompute_fraction", "recompute_modules", "dropout", "flash_attention", "dp_overlap", "compile",
              "schedule", "sequence_parallel", "grad_reduce_bytes", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu",
              "convention", "measured_step_time_s", "reported_mfu", "assumed", "informational", "attention_kernel",
-             "fused_loss", "fp8_all_gather", "fp8_params", "tp_comm_overlap"}
+             "fused_loss", "fp8_all_gather", "fp8_params", "tp_comm_overlap", "moe_dispatcher", "ep_comm_overlap",
+             "expert_imbalance"}
 _FILE_KEYS = {"sources", "defaults", "runs"}
 
 
@@ -158,6 +159,11 @@ def predict_inputs(run: PublishedRun, catalog):
               dp_overlap=c.get("dp_overlap"), grad_reduce_bytes=c.get("grad_reduce_bytes"), compile=c.get("compile"),
               attention_kernel=c.get("attention_kernel"), fused_loss=c.get("fused_loss"),
               tp_comm_overlap=bool(c.get("tp_comm_overlap", False)))
+    if any(k in c for k in ("moe_dispatcher", "ep_comm_overlap", "expert_imbalance")):
+        from shardlab.comm.moe_dispatch import MoeDispatch
+
+        kw["moe"] = MoeDispatch(c.get("moe_dispatcher", "alltoall"), bool(c.get("ep_comm_overlap", False)),
+                                float(c.get("expert_imbalance", 1.0)))
     if c.get("fp8_all_gather") or c.get("fp8_params"):   # torchtitan enable_fsdp_float8_all_gather; Megatron FP8 params
         from shardlab.memory.fp8 import Fp8Recipe
         from shardlab.memory.recipe import Recipe

@@ -55,6 +55,13 @@ def estimate_argv(run: PublishedRun, catalog, model_path: str | None = None) -> 
         argv.append("--fp8-all-gather")
     if kw.get("tp_comm_overlap"):
         argv.append("--tp-comm-overlap")
+    moe = kw.get("moe")
+    if moe is not None and moe.dispatcher != "alltoall":
+        argv += ["--moe-dispatcher", moe.dispatcher]
+    if moe is not None and moe.ep_comm_overlap:
+        argv.append("--ep-comm-overlap")
+    if moe is not None and moe.expert_imbalance != 1.0:
+        argv += ["--expert-imbalance", f"{moe.expert_imbalance:g}"]
     if kw["attention_kernel"]:
         argv += ["--attention-kernel", kw["attention_kernel"]]
     if kw["fused_loss"] is not None:
