@@ -348,6 +348,8 @@ def check_megatron(path: str) -> dict:
     for k, v in args.items():  # what core_transformer_config_from_args copies: flags named like the fields
         if k in names:
             kw[k] = value(k, v)
+    if "fp8-format" in fl:     # argparse's dest for --fp8-format is the config's fp8 field
+        kw["fp8"] = fl["fp8-format"]
     L, pp = int(fl["num-layers"]), int(fl["pipeline-model-parallel-size"])
     per = fl.get("num-layers-per-virtual-pipeline-stage")
     vpp = L // (pp * int(per)) if per else None

@@ -161,3 +161,32 @@ def test_comm_plan_prices_what_the_estimate_prices(model, lay, moe):
         assert g.total_s == pytest.approx(est.comm_total_s[g.component], rel=1e-9), g
     counts = [i for i in items if i.axis == "EP" and i.op == "all-gather" and "token counts" in i.note]
     assert bool(counts) == (moe.dispatcher == "alltoall")
+
+
+def test_comm_plan_reads_the_moe_settings_of_a_job_file(tmp_path, capsys):
+    rc, out, err = _run(["export", *FLAGS, "--gpus-per-node", "8", "--to", "shardlab", "--json"], capsys)
+    assert rc == 0, err
+    job = tmp_path / "job.toml"
+    job.write_text(json.loads(out)["text"])
+    rc, out, err = _run(["comm", "plan", "--from", str(job), "--json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    rc, est, _ = _run(["estimate", "--from", str(job), "--json"], capsys)
+    assert doc["step_time_s"] == pytest.approx(json.loads(est)["step_time_s"], rel=1e-9)
+    ep = [i for i in doc["items"] if i["axis"] == "EP" and i["op"] == "all-to-all"]
+    assert ep and all("DeepEP" in i["note"] and "1.1×" in i["note"] for i in ep)
+    assert not any("token counts" in i["note"] for i in doc["items"])
+    rule = next(g["rule"] for g in doc["exposure"] if g["group"] == "EP")
+    assert "all-to-all overlap" in rule
+
+
+def test_refusals_and_what_is_not_applied():
+    lay = Layout(dp=16, tp=2, pp=8, vpp=4, schedule="interleaved", ep=16, sequence_parallel=True,
+                 recompute="selective", recompute_modules=("moe",))
+    with pytest.raises(ShardlabError, match="fine-grained callables"):
+        _est(lay, ep_comm_overlap=True)
+    fp32 = estimate_training(Q235, LAY, _cluster(256), seq_len=4096, global_batch=2048, precision="fp32",
+                             framework=CAT.framework("megatron-lm"), moe=MoeDispatch(ep_comm_overlap=True))
+    plain = estimate_training(Q235, LAY, _cluster(256), seq_len=4096, global_batch=2048, precision="fp32",
+                              framework=CAT.framework("megatron-lm"))
+    assert fp32.step_time_s == plain.step_time_s and any("bf16 or fp16" in n for n in fp32.notes)

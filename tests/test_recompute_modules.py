@@ -44,12 +44,13 @@ def test_the_default_module_is_the_attention_core():
 
 def test_each_module_removes_its_own_tensors():
     """Shapes for Qwen3-30B-A3B (h 2048, 128 experts of width 768, top-8), b = 1, s = 4096, bf16, no TP:
-    layernorm drops the two norm outputs (2·s·h·2 B); moe_act the SwiGLU's silu(gate) and product for the k copies
-    (2·2 B · k·s·f); moe everything the routed layer keeps."""
-    s, h, k, f, E = 4096, 2048, 8, 768, 128
+    layernorm drops the pre-MLP norm's output (s·h·2 B; Megatron-core's TE spec fuses the attention norm into the
+    QKV GEMM); moe_act the SwiGLU's silu(gate) and product for the k copies (2·2 B · k·s·f); moe everything the
+    routed layer keeps."""
+    s, h, k, f, E, h_ds = 4096, 2048, 8, 768, 128, 7168
     ctx = ActivationContext(seq_len=s, elem_bytes=2)
     parts = recompute_parts(QWEN, 5, Layout(dp=8, ep=8), ctx)
-    assert parts["layernorm"] == 2 * 2 * s * h
+    assert parts["layernorm"] == 2 * s * h
     assert parts["moe_act"] == 2 * 2 * k * s * f
     assert parts["moe"] == 2 * 4 * s * E + 4 * k * s * h + 8 * k * s * f     # router fp32 ×2, copies in/out, 4 f-wide
     assert parts["mlp"] == parts["mla_up_proj"] == parts["shared_experts"] == 0    # none in this block
@@ -58,10 +59,15 @@ def test_each_module_removes_its_own_tensors():
     assert removed == parts["moe_act"] + parts["layernorm"] and total > removed
     # FP8 saves linear inputs in one byte: the norm outputs that feed a GEMM shrink with them
     assert recompute_parts(QWEN, 5, Layout(), ActivationContext(seq_len=s, elem_bytes=2, linear_input_bytes=1)
-                           )["layernorm"] == 2 * s * h
-    # DeepSeek-V3: a dense block has an MLP to re-run, every block MLA up-projections
+                           )["layernorm"] == s * h
+    # DeepSeek-V3: a dense block has an MLP to re-run, every block MLA up-projections and MLA's own input norm
     d = recompute_parts(DSV3, 0, Layout(), ctx)
     assert d["mlp"] > 0 and d["moe"] == 0 and d["mla_up_proj"] == 2 * s * 128 * (2 * 192 + 128)
+    assert d["layernorm"] == 2 * s * h_ds and recompute_parts(DSV3, 5, Layout(), ctx)["layernorm"] == 2 * 2 * s * h_ds
+    # inside the MoE layer's checkpoint, moe_act and shared_experts drop nothing more
+    lay = lambda mods: Layout(dp=8, ep=8, recompute="selective", recompute_modules=mods)   # noqa: E731
+    assert layer_activation_bytes(DSV3, 5, lay(("moe", "moe_act", "shared_experts")), ctx) == \
+        layer_activation_bytes(DSV3, 5, lay(("moe",)), ctx)
 
 
 def test_modules_trade_memory_for_recompute_time_in_the_estimate():
@@ -160,3 +166,39 @@ def test_megatron_export_and_job_file_read_back(tmp_path, capsys):
     bad.write_text((tmp_path / "qwen3-30b-a3b-job.toml").read_text().replace('"moe_act"', '"moe_activation"'))
     rc, _, err = _run(["estimate", "--from", str(bad)], capsys)
     assert rc == 2 and "moe_activation" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_fp8_export_with_moe_act_or_layernorm_writes_current_scaling(capsys):
+    """Megatron-core 0.16.1 refuses delayed FP8 scaling with moe_act or layernorm recomputation
+    (transformer_config.py: 'Delayed scaling does not support moe_act and layernorm recompute for fp8'), so the
+    export writes per-tensor current scaling and says so."""
+    rc, out, err = _run(["export", *FLAGS, "--gpu", "b200", "--precision", "fp8-mixed", "--to", "megatron", "--json"],
+                        capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert "--fp8-recipe tensorwise" in doc["text"]
+    assert [u["setting"] for u in doc["unsupported"]] == ["fp8_recipe"]
+    rc, out, _ = _run(["export", *FLAGS[:-2], "--recompute-modules", "core_attn", "--gpu", "b200", "--precision",
+                       "fp8-mixed", "--to", "megatron", "--json"], capsys)
+    assert rc == 0 and "--fp8-recipe" not in json.loads(out)["text"]
+
+
+def test_modules_under_inference_in_set_and_in_megatron_files(tmp_path, capsys):
+    bad = run_cli("estimate", "qwen3-30b-a3b", "--inference", "--recompute-modules", "moe_act")
+    assert bad.returncode == 2 and "--recompute-modules" in bad.stderr and "training" in bad.stderr
+    rc, out, err = _run(["export", *FLAGS, "--to", "shardlab", "--json"], capsys)
+    job = tmp_path / "job.toml"
+    job.write_text(json.loads(out)["text"])
+    rc, out, err = _run(["estimate", "--from", str(job), "--set", "layout.recompute=full", "--json"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["layout"]["recompute"] == "full" and json.loads(out)["layout"]["recompute_modules"] is None
+    # the Megatron reader: '=' form, and an empty list (selective recomputation of nothing)
+    rc, out, err = _run(["export", *FLAGS, "--to", "megatron", "--json"], capsys)
+    text = json.loads(out)["text"]
+    for new, want in (("--recompute-modules=moe_act", ("selective", ["moe_act"])), ("--recompute-modules", ("none", None))):
+        f = tmp_path / "m.sh"
+        f.write_text(text.replace("--recompute-modules moe_act layernorm", new))
+        rc, out, err = _run(["estimate", "--from", str(f), "--json"], capsys)
+        assert rc == 0, err
+        lay = json.loads(out)["layout"]
+        assert (lay["recompute"], lay["recompute_modules"]) == want

@@ -58,6 +58,14 @@ def register(sub) -> None:
     from shardlab.cli.from_file import add_from_arg, with_from
 
     add_grad_reduce_args(p.add_argument_group("gradient reduction"))
+    g = p.add_argument_group("MoE token movement")
+    g.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
+                   help="alltoall (Megatron-core's, one copy per routed expert) or deepep (one copy per remote node)")
+    g.add_argument("--ep-comm-overlap", action="store_true",
+                   help="one micro-batch's dispatch and combine under another's compute (Megatron-core "
+                        "--overlap-moe-expert-parallel-comm)")
+    g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
+                   help="the busiest expert-parallel rank's routed tokens over the mean (default 1: balanced)")
     add_from_arg(p)                      # a shardlab job file (or a framework's) as MODEL or --from FILE
     add_output_args(p)
     p.set_defaults(func=with_from(p, cmd_plan))
@@ -182,6 +190,7 @@ def cmd_plan(args):
     from shardlab.cli.common import cluster_from_args, grad_reduce_choice, layout_from_args, resolve_framework, resolve_model
     from shardlab.comm.exposure import exposure
     from shardlab.comm.inventory import layout_collectives, summarize
+    from shardlab.comm.moe_dispatch import MoeDispatch, overlap_applies
     from shardlab.comm.report import render_plan
     from shardlab.errors import ShardlabError
     from shardlab.estimate import estimate_training
@@ -196,11 +205,12 @@ def cmd_plan(args):
     # the step model on the same layout: its overlap rules say what of each group the step waits for
     est = estimate_training(spec, layout, cluster, seq_len=seq, global_batch=args.global_batch,
                             microbatches=args.microbatches, precision=args.precision, optimizer=args.optimizer,
-                            framework=resolve_framework(args, cat), grad_reduce_bytes=grad_reduce_choice(args))
+                            framework=resolve_framework(args, cat), grad_reduce_bytes=grad_reduce_choice(args),
+                            moe=MoeDispatch(args.moe_dispatcher, args.ep_comm_overlap, args.expert_imbalance or 1.0))
     wl = est.workload
     items = layout_collectives(spec, layout, cluster, seq_len=seq, microbatches=est.microbatches, precision=wl.precision,
-                               framework=wl)
-    groups = exposure(items, est.breakdown, layout.zero)
+                               framework=wl, stage=est.slowest_stage if overlap_applies(wl, layout) else None)
+    groups = exposure(items, est.breakdown, layout.zero, overlap_applies(wl, layout))
     summary = summarize(items)
     summary.update(exposed_s=sum(g.exposed_s for g in groups),
                    total_by_group_s={g.group: g.total_s for g in groups},

@@ -52,6 +52,8 @@ def apply_sets(imp, sets: list[str] | None) -> None:
             imp = imp.__class__(imp.source, imp.fields, imp.understood, imp.ignored, str(value))
         imp.fields[name] = tuple(value) if name in ("stage_layers", "recompute_modules") and isinstance(value, list) \
             else value
+        if name == "recompute" and value != "selective":   # the modules say what selective re-runs: they go with it
+            imp.fields.pop("recompute_modules", None)
     if sets:                     # the same checks a file's own values get
         from shardlab.export import check_fields, field_names
 

@@ -98,8 +98,8 @@ def _recipe(args, catalog, cluster):
     return replace(recipe_from_args(args), host_link_bytes_per_s=catalog.link(cluster.accelerator.host_link).bytes_per_s)
 
 
-TRAINING_LAYOUT_DESTS = ("cp", "zero", "micro_batch", "recompute", "recompute_fraction", "wrap", "dp_replicate",
-                         "sequence_parallel", "schedule", "vpp")
+TRAINING_LAYOUT_DESTS = ("cp", "zero", "micro_batch", "recompute", "recompute_fraction", "recompute_modules", "wrap",
+                         "dp_replicate", "sequence_parallel", "schedule", "vpp")
 """Layout flags (recorded when written, even at their default) that --inference has no use for."""
 TRAINING_WORKLOAD_FLAGS = (("--microbatches", "microbatches", None), ("--stage-layers", "stage_layers", None),
                            ("--seq-len", "seq_len", None), ("--global-batch", "global_batch", None),
@@ -182,8 +182,10 @@ def cmd_estimate(args):
                                   microbatches=est.microbatches, breakdown=est.breakdown, precision=est.workload.precision)
     doc["communication"] = estimate_comm(est)
     from shardlab.comm.exposure import exposure
+    from shardlab.comm.moe_dispatch import overlap_applies
 
-    doc["communication_exposure"] = [g.to_dict() for g in exposure(doc["communication"], est.breakdown, est.layout.zero)]
+    doc["communication_exposure"] = [g.to_dict() for g in exposure(doc["communication"], est.breakdown, est.layout.zero,
+                                                                   overlap_applies(est.workload, est.layout))]
     return with_slow_rank(getattr(args, "slow_rank", None), doc, render_estimate(est))
 
 
@@ -192,12 +194,14 @@ def estimate_comm(est) -> list[dict]:
     from dataclasses import asdict
 
     from shardlab.comm.inventory import layout_collectives
+    from shardlab.comm.moe_dispatch import overlap_applies
     from shardlab.layout import split_layers
     from shardlab.planner.risk import RiskInputs, collective_risk
 
     lay, wl, cl = est.layout, est.workload, est.cluster
     items = [asdict(c) for c in layout_collectives(est.model, lay, cl, seq_len=wl.seq_len, microbatches=est.microbatches,
-                                                   precision=wl.precision, framework=wl)]
+                                                   precision=wl.precision, framework=wl,
+                                                   stage=est.slowest_stage if overlap_applies(wl, lay) else None)]
     layers = max(lay.stage_layers or split_layers(est.model.num_layers, lay.pp * lay.vpp)) * lay.vpp
     inp = RiskInputs(layout={**lay.to_dict(), "microbatches": est.microbatches}, step_time_s=est.step_time_s,
                      breakdown=est.breakdown, comm=tuple(items), intra_link=cl.intra_link, inter_link=cl.inter_link,
@@ -266,9 +270,14 @@ def cmd_plan(args):
                       recipe=_recipe(args, cat, cluster), **_overrides(args, cat))
     fixed = layout_flags_as_fixes(args, parse_fix(args.fix))
     if args.recompute_modules:      # the search's selective option re-runs these: each must exist in the model
+        from shardlab.comm.moe_dispatch import check_overlap_modules
         from shardlab.layout import Layout, validate
 
         validate(Layout(recompute="selective", recompute_modules=args.recompute_modules), spec)
+        check_overlap_modules(wl.moe, args.recompute_modules)
+        if wl.recipe.lora is not None:
+            raise ShardlabError("--recompute-modules with LoRA is not modelled (LoRA's block times price selective "
+                                "recomputation as the attention core); drop one of them")
     if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
         fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar

@@ -71,8 +71,14 @@ def group_of(axis: str, zero: int) -> str:
     raise ValueError(f"unknown communication axis {axis!r}")
 
 
-def exposure(items, breakdown: dict, zero: int) -> list[Exposure]:
-    """The groups with any collective (``items``: CommItem or their dicts), in GROUPS order."""
+EP_OVERLAP_RULE = ("every micro-batch but the first runs its dispatch and combine under η × another's compute "
+                   "(Megatron-core's all-to-all overlap, combined 1F1B); the excess is exposed")
+"""The EP rule when the MoE all-to-all overlap applies."""
+
+
+def exposure(items, breakdown: dict, zero: int, ep_overlap: bool = False) -> list[Exposure]:
+    """The groups with any collective (``items``: CommItem or their dicts), in GROUPS order; ``ep_overlap``: the MoE
+    all-to-all overlap applies (``comm.moe_dispatch.overlap_applies``), which changes the EP rule."""
     totals: dict[str, float] = {}
     axes: dict[str, list[str]] = {}
     for it in items:
@@ -82,5 +88,6 @@ def exposure(items, breakdown: dict, zero: int) -> list[Exposure]:
         totals[g] = totals.get(g, 0.0) + secs
         if axis not in axes.setdefault(g, []):
             axes[g].append(axis)
-    return [Exposure(g, key, tuple(axes[g]), totals[g], float(breakdown[key]), RULES[g])
+    rules = {**RULES, **({"EP": EP_OVERLAP_RULE} if ep_overlap else {})}
+    return [Exposure(g, key, tuple(axes[g]), totals[g], float(breakdown[key]), rules[g])
             for g, key, _ in GROUPS if g in totals]

@@ -147,11 +147,13 @@ def grad_wire_bytes(framework, precision: str, explicit: int | None = None) -> i
 
 
 def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
-                       precision: str = "bf16-mixed", framework=None, grad_reduce_bytes: int | None = None) -> list[CommItem]:
+                       precision: str = "bf16-mixed", framework=None, grad_reduce_bytes: int | None = None,
+                       stage: int | None = None) -> list[CommItem]:
     """Every collective of one training step for ``layout`` on ``cluster`` (see the module doc for sources).
 
     Counts are per rank for the busiest pipeline stage (most layers, ties to the later stage, with its first- or
-    last-stage calls; the data-parallel terms for the stage with most parameters). Activation
+    last-stage calls; ``stage``: the step model's slowest stage instead, which the MoE all-to-all overlap can make
+    another one; the data-parallel terms for the stage with most parameters). Activation
     messages carry b·(s/cp)·h elements of the compute dtype; parameters use the precision's bytes
     (``memory.precision.state_bytes``), gradients the reduction dtype (``grad_wire_bytes``: fp32 for Megatron-LM
     under bf16, ``--grad-reduce-fp32/-bf16``). Links come from the rank grid: a group whose members span
@@ -170,8 +172,11 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     stages = stage_tensors(spec, layout)
     L = max(len(st.layers) for st in stages)       # layers on the busiest pipeline rank
     busiest = max(range(len(stages)), key=lambda i: (len(stages[i].layers), i))   # ties: the later stage (the head's)
-    first, last = busiest == 0, busiest == len(stages) - 1   # its embedding (first stage) and head (last stage) calls
     moe_L = max(sum(spec.is_moe_layer(i) for i in st.layers) for st in stages)
+    if stage is not None and 0 <= stage < len(stages):   # the step model's slowest stage (``stage``) instead
+        busiest, L = stage, len(stages[stage].layers)
+        moe_L = sum(spec.is_moe_layer(i) for i in stages[stage].layers)
+    first, last = busiest == 0, busiest == len(stages) - 1   # its embedding (first stage) and head (last stage) calls
     sp = layout.sequence_parallel and t > 1
     act = b * s * h * e                            # (b, s/cp, h) activation tensor, bytes
     recompute_fwd = layout.recompute == "full"
@@ -371,7 +376,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
         k = spec.moe.top_k
         routed = b * s * k * h * e                  # the TP group's b·s tokens, k copies each, h wide
         f = moe.expert_imbalance                   # the busiest rank receives f × the mean copies
-        deepep = moe.dispatcher == "deepep"
+        deepep = moe.dispatcher == "deepep" and layout.ep > 1    # without EP the alltoall dispatcher's TP path runs
         for phase in ("forward", "backward"):
             passes = (2 if phase == "backward" and rerun_ep else 1) * moe_L * m   # estimate: ep_per_moe_block_s
             rnote = (" (+1 per MoE layer re-run by " + ("full" if recompute_fwd else "selective") + " recomputation)"

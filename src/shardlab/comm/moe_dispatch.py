@@ -78,8 +78,10 @@ def overlapped_ep_s(ep_s, compute_s, microbatches, eta):
     return np.asarray(ep_s) / m + (m - 1.0) / m * hidden
 
 
-def overlap_refusal(layout, recompute_code=None) -> str:
+def overlap_refusal(layout, precision: str = "bf16-mixed") -> str:
     """Why Megatron-core would not run the all-to-all overlap on ``layout`` ('' when it would)."""
+    if precision == "fp32":
+        return "Megatron-core runs it only with bf16 or fp16 models"
     if layout.ep <= 1:
         return f"it needs expert parallelism ({field_name('layout.ep')} > 1)"
     if str(layout.recompute) == "full":
@@ -90,7 +92,23 @@ def overlap_refusal(layout, recompute_code=None) -> str:
     return ""
 
 
-def moe_notes(moe: MoeDispatch, layout, spec) -> list[str]:
+def overlap_applies(workload, layout) -> bool:
+    """The all-to-all overlap is asked for and Megatron-core would run it on ``layout``."""
+    moe = getattr(workload, "moe", None)
+    return bool(moe is not None and moe.ep_comm_overlap and not overlap_refusal(layout, workload.precision))
+
+
+def check_overlap_modules(moe: MoeDispatch, modules) -> None:
+    """Under the all-to-all overlap Megatron-core runs a MoE layer through its fine-grained callables (route,
+    dispatch, experts, combine), which bypass the layer's 'moe' recomputation: refuse the pair, as it would do
+    nothing there."""
+    if moe.ep_comm_overlap and "moe" in (modules or ()):
+        raise ShardlabError(f"{field_name('moe.ep_comm_overlap')} runs MoE layers through Megatron-core's fine-grained "
+                            f"callables, which do not recompute the 'moe' module: drop moe from "
+                            f"{field_name('layout.recompute_modules')} (moe_act still applies), or drop the overlap")
+
+
+def moe_notes(moe: MoeDispatch, layout, spec, precision: str = "bf16-mixed") -> list[str]:
     """What the estimate says about settings that do not apply to this model or layout."""
     if moe.is_default:
         return []
@@ -98,7 +116,7 @@ def moe_notes(moe: MoeDispatch, layout, spec) -> list[str]:
         return [f"{spec.name} is dense: {field_name('moe.dispatcher')}, {field_name('moe.ep_comm_overlap')} and "
                 f"{field_name('moe.expert_imbalance')} have no effect"]
     out = []
-    why = overlap_refusal(layout) if moe.ep_comm_overlap else ""
+    why = overlap_refusal(layout, precision) if moe.ep_comm_overlap else ""
     if why:
         out.append(f"{field_name('moe.ep_comm_overlap')} not applied: {why}")
     if layout.ep <= 1 and (moe.dispatcher != "alltoall" or moe.expert_imbalance != 1.0):

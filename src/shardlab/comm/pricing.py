@@ -156,7 +156,7 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     etp = _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link)   # 0 without TP
     group = tp * n
     # the TP × EP group: tp consecutive ranks, repeated every tp·cp ranks, so gpus_per_node / cp of it share a node
-    counts = np.where((group > 1) & (dispatcher != "deepep"),
+    counts = np.where((group > 1) & ((dispatcher != "deepep") | (n <= 1)),   # DeepEP carries the counts itself
                       _time("all-gather", group * num_experts * 8, group, group_link(cluster, group, np.asarray(cp))),
                       0.0)
     code = np.asarray(recompute_code)

@@ -179,7 +179,7 @@ def _ep_words(est, lay, wl, acc) -> str:
     if moe.expert_imbalance != 1.0 and lay.ep > 1:
         words += (f"; the busiest rank receives {moe.expert_imbalance:g}× the mean copies "
                   f"({field_name('moe.expert_imbalance')})")
-    if moe.ep_comm_overlap and not overlap_refusal(lay):
+    if moe.ep_comm_overlap and not overlap_refusal(lay, wl.precision):
         words += (f"; what {100 * overlap_efficiency(acc):.0f}% of another micro-batch's compute does not hide "
                   f"({field_name('moe.ep_comm_overlap')})")
     return words

@@ -283,7 +283,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
              "z3": part("z3") + (K[spec.is_moe_layer(layers[0])]["z3_first"] if layers else 0.0)}
         if wl.moe.ep_comm_overlap:   # one micro-batch's all-to-alls under another's compute (comm.moe_dispatch),
             # where Megatron-core runs it: EP > 1, no full recomputation, virtual stages with a pipeline
-            ok = (ep > 1) & (rc != 2) & ((pp == 1) | (vpp > 1))
+            ok = (ep > 1) & (rc != 2) & ((pp == 1) | (vpp > 1)) & (wl.precision != "fp32")
             t["ep"] = np.where(ok, overlapped_ep_s(t["ep"], part("compute") + part("rec"), m, overlap_efficiency(acc)),
                                t["ep"])
         # model states of this stage (flat ZeRO partition; the exact per-tensor check is memory.training)

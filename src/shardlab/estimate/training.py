@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from shardlab.comm.moe_dispatch import moe_notes
+from shardlab.comm.moe_dispatch import check_overlap_modules, moe_notes
 from shardlab.errors import ShardlabError, field_name
 from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import evaluate
@@ -194,7 +194,11 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         notes.append(f"{field_name('workload.tp_comm_overlap')} overlaps the sequence-parallel all-gathers and "
                      f"reduce-scatters of TP > 1 ({field_name('layout.sequence_parallel')}; Megatron-Core asserts it): "
                      "not applied to this layout")
-    notes += moe_notes(wl.moe, layout, spec)
+    check_overlap_modules(wl.moe, layout.recompute_modules)
+    if layout.recompute_modules and wl.recipe.lora is not None:
+        raise ShardlabError(f"{field_name('layout.recompute_modules')} with LoRA is not modelled (LoRA's block times "
+                            f"price selective recomputation as the attention core); drop one of them")
+    notes += moe_notes(wl.moe, layout, spec, precision)
     if wl.layer_host_s and layout.zero < wl.layer_host_min_zero:
         notes.append(f"no host stall per block: {framework.id}'s {1e3 * wl.layer_host_s:.2g} ms per block and pass is "
                      f"FSDP's per-unit work around units gathered every micro-batch (unshard, reshard, reduce-scatter "

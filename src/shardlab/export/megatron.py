@@ -142,14 +142,14 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
     if lay.ep > 1:
         out.append(("expert-model-parallel-size", lay.ep))
     if spec.moe is not None and (lay.ep > 1 or lay.tp > 1):   # the dispatcher shardlab prices (the default is allgather)
-        if job.moe_dispatcher == "deepep":      # flex dispatcher with DeepEP (transformer_config.py, core 0.16.1)
+        if job.moe_dispatcher == "deepep" and lay.ep > 1:   # flex dispatcher with DeepEP (transformer_config.py)
             out += [("moe-token-dispatcher-type", "flex"), ("moe-flex-dispatcher-backend", "deepep")]
         else:
             out.append(("moe-token-dispatcher-type", "alltoall"))
     if job.ep_comm_overlap:
         from shardlab.comm.moe_dispatch import overlap_refusal
 
-        why = "a dense model has no expert all-to-all" if spec.moe is None else overlap_refusal(lay)
+        why = "a dense model has no expert all-to-all" if spec.moe is None else overlap_refusal(lay, job.precision)
         if why:
             uns.append(Unsupported("ep_comm_overlap", True, f"not written: {why}"))
         else:
@@ -197,6 +197,12 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         uns.append(Unsupported("grad_reduce", "bf16", "fp32 training reduces fp32 gradients in Megatron-LM"))
     if job.precision == "fp8-mixed":
         out.append(("fp8-format", "hybrid"))     # Transformer Engine: E4M3 forward, E5M2 gradients (shardlab's FP8 recipe)
+        if lay.recompute == "selective" and {"moe_act", "layernorm"} & set(lay.recompute_modules or ()):
+            # Megatron-core refuses delayed scaling with these (transformer_config.py): per-tensor current scaling
+            out.append(("fp8-recipe", "tensorwise"))
+            uns.append(Unsupported("fp8_recipe", "delayed", "written as --fp8-recipe tensorwise (per-tensor current "
+                                   "scaling): Megatron-core refuses delayed scaling with moe_act or layernorm "
+                                   "recomputation; shardlab's memory still counts delayed scaling's amax history"))
         if job.fp8_params:
             out.append(("fp8-param-gather", True))   # FP8 primary weights, gathered in FP8 (memory.fp8.Fp8Recipe)
     if job.tp_comm_overlap:

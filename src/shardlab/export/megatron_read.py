@@ -65,6 +65,9 @@ def read(text: str, catalog) -> Imported:
                                 f"{', '.join(RECOMPUTE_MODULES)}; fix it")
         f["recompute_modules"] = tuple(mods)
         und.append((f"--recompute-modules {' '.join(mods)}", f"recompute_modules {','.join(mods)}"))
+    elif gran == "selective" and mods == ():   # an empty list: selective recomputation of nothing
+        f["recompute"] = "none"
+        und.append(("--recompute-modules (empty)", "recompute none: selective recomputation of no module"))
     elif mods is not None:
         ign.append("--recompute-modules without --recompute-granularity selective (Megatron-core ignores it)")
     if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1, 1, L.MAX_LAYERS) != 1):
@@ -118,6 +121,8 @@ def read(text: str, catalog) -> Imported:
     f["precision"] = ("fp8-mixed" if "fp8-format" in fl and "bf16" in fl else "bf16-mixed" if "bf16" in fl
                       else "fp16-mixed" if "fp16" in fl else "fp32")
     und.append(("precision flags", f["precision"]))
+    if fl.get("fp8-recipe") not in (None, "tensorwise", "delayed"):
+        ign.append(f"--fp8-recipe {str(fl['fp8-recipe'])[:20]} (priced as per-tensor FP8 scaling)")
     if fl.get("moe-token-dispatcher-type") == "flex" and fl.get("moe-flex-dispatcher-backend", "deepep") == "deepep":
         f["moe_dispatcher"] = "deepep"
         und.append(("--moe-token-dispatcher-type flex (DeepEP backend)", "moe_dispatcher deepep"))
@@ -167,7 +172,7 @@ def read(text: str, catalog) -> Imported:
              "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
              "recompute-num-layers", "recompute-modules", "moe-flex-dispatcher-backend",
              "overlap-moe-expert-parallel-comm", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
-             "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format",
+             "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format", "fp8-recipe",
              "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32", "tp-comm-overlap", "fp8-param-gather",
              "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",

@@ -44,8 +44,12 @@ def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, clus
         if back.layout.world_size != job.gpus:
             raise ShardlabError(f"the file's layout spans {back.layout.world_size} GPUs, not {job.gpus}")
         # the batch and sequence are the training script's where the file cannot carry them (an Accelerate config)
+        from shardlab.comm.moe_dispatch import MoeDispatch
+
         est = estimate_training(spec, back.layout, cluster, seq_len=job.seq_len, global_batch=job.global_batch,
-                                precision=back.precision, optimizer=job.optimizer, framework=catalog.framework(fw))
+                                precision=back.precision, optimizer=job.optimizer, framework=catalog.framework(fw),
+                                tp_comm_overlap=back.tp_comm_overlap,
+                                moe=MoeDispatch(back.moe_dispatcher, back.ep_comm_overlap, job.expert_imbalance))
     except ShardlabError as e:
         notes = {**job.notes, "retarget": {"framework": fw, "scored_for": scored, "error": str(e)}}
         return replace(job, notes=notes)

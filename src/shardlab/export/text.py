@@ -65,6 +65,10 @@ def flags_dict(words: list[str], lists: tuple[str, ...] = ()) -> dict[str, objec
         w = words[i]
         if w.startswith("--"):
             name, eq, val = w[2:].partition("=")
+            if name in lists and eq:                # --name=a: one value (argparse's nargs with '=')
+                out[name] = (val,) if val else ()
+                i += 1
+                continue
             if name in lists and not eq:
                 j = i + 1
                 while j < len(words) and not words[j].startswith("--"):

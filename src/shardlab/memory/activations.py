@@ -78,6 +78,8 @@ def layer_activation_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: Act
     """
     total, parts = _layer_parts(spec, layer, layout, ctx)
     mods = getattr(layout, "recompute_modules", None) or ("core_attn",)
+    if "moe" in mods:   # moe_act and shared_experts sit inside the MoE layer's checkpoint: nothing more to drop
+        mods = tuple(m for m in mods if m not in ("moe_act", "shared_experts"))
     return total, sum(parts[m] for m in mods)
 
 
@@ -87,7 +89,9 @@ def recompute_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: Activation
     (transformer_config.py, recompute_modules) discards the outputs of layernorm, moe_act and mla_up_proj and
     re-makes them from the inputs it keeps ('output-discarding checkpointing'); core_attn, mlp, moe and
     shared_experts checkpoint the whole submodule, keeping only its input, which the block keeps anyway (the
-    norm's output, the residual stream)."""
+    norm's output, the residual stream). Its Transformer Engine spec fuses the pre-attention norm into the QKV GEMM
+    and a dense block's pre-MLP norm into fc1, so 'layernorm' counts only MLA's input norm and a MoE block's pre-MLP
+    norm (gpt_layer_specs.py)."""
     return _layer_parts(spec, layer, layout, ctx)[1]
 
 
@@ -107,7 +111,10 @@ def _layer_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationCon
     parts = dict.fromkeys(("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"), 0.0)
     # --- attention ---------------------------------------------------------------------------
     total = (attn_norm_in * e + li) * sb * h / tsh  # norm input(s) + norm output (= QKV input)
-    parts["layernorm"] = li * sb * h / tsh        # the pre-attention norm's output
+    # Megatron-core's Transformer Engine spec fuses the pre-attention norm into the QKV GEMM and a dense block's pre-MLP
+    # norm into fc1 (gpt_layer_specs.py: IdentityOp), so 'layernorm' re-makes only the norms it keeps apart: MLA's
+    # input norm and a MoE block's pre-MLP norm
+    parts["layernorm"] = li * sb * h / tsh if spec.mla is not None else 0.0
     total += mask * sb * h / tsh                  # dropout mask after the output projection
     if spec.mla is None:
         total += e * sb * spec.q_size / t         # Q
@@ -131,7 +138,8 @@ def _layer_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationCon
 
     # --- feed-forward ----------------------------------------------------------------------------
     total += (ffn_norm_in * e + (li if ffn_norm_in else 0)) * sb * h / tsh  # norm input + output (= MLP input)
-    parts["layernorm"] = parts["layernorm"] + (li if ffn_norm_in else 0) * sb * h / tsh   # the pre-MLP norm's output
+    if spec.is_moe_layer(layer):   # a MoE block's pre-MLP norm output
+        parts["layernorm"] = parts["layernorm"] + (li if ffn_norm_in else 0) * sb * h / tsh
     total += mask * sb * h / tsh                  # dropout mask after the MLP
     # f-wide tensors saved per token: SwiGLU gate, up, silu(gate) and the product (= down input); GELU its input
     # and output (= down input). The down projection's input is a linear input (FP8 under fp8-mixed).

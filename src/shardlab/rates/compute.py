@@ -104,7 +104,9 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     # memory-bound kernels that re-make its outputs (a norm reads its input and writes its output; an activation
     # reads the gate and up outputs and writes its own; MoE layers also re-route, re-permute and re-weight)
     e = elem_bytes
-    norm_b = 2 * 2 * e * T * spec.hidden_size / np.where(sp, tp, 1)
+    # the norms Megatron-core keeps apart from their GEMMs (memory.activations: MLA's input norm, a MoE pre-MLP norm)
+    norms = (spec.mla is not None) + spec.is_moe_layer(layer)
+    norm_b = norms * 2 * e * T * spec.hidden_size / np.where(sp, tp, 1)
     act_w = 3 * e if spec.mlp == "swiglu" else 2 * e
     if spec.is_moe_layer(layer):
         moe = spec.moe
