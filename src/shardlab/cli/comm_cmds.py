@@ -58,14 +58,9 @@ def register(sub) -> None:
     from shardlab.cli.from_file import add_from_arg, with_from
 
     add_grad_reduce_args(p.add_argument_group("gradient reduction"))
-    g = p.add_argument_group("MoE token movement")
-    g.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
-                   help="alltoall (Megatron-core's, one copy per routed expert) or deepep (one copy per remote node)")
-    g.add_argument("--ep-comm-overlap", action="store_true",
-                   help="one micro-batch's dispatch and combine under another's compute (Megatron-core "
-                        "--overlap-moe-expert-parallel-comm)")
-    g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
-                   help="the busiest expert-parallel rank's routed tokens over the mean (default 1: balanced)")
+    from shardlab.cli.plan_args import add_moe_dispatch_args
+
+    add_moe_dispatch_args(p.add_argument_group("MoE token movement"), imbalance=True)
     add_from_arg(p)                      # a shardlab job file (or a framework's) as MODEL or --from FILE
     add_output_args(p)
     p.set_defaults(func=with_from(p, cmd_plan))

@@ -25,6 +25,20 @@ ESTIMATE_EXAMPLES = """examples:
 """
 
 
+def add_moe_dispatch_args(g, imbalance: bool = False) -> None:
+    """A MoE training job's token movement (comm/moe_dispatch.py); ``imbalance`` adds --expert-imbalance, which the
+    commands that take the serving flags already have."""
+    g.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
+                   help="MoE token dispatcher in training: alltoall (Megatron-core's, one copy per routed expert) or "
+                        "deepep (flex dispatcher with DeepEP: one copy per remote node, forwarded over NVLink)")
+    g.add_argument("--ep-comm-overlap", action="store_true",
+                   help="MoE training: one micro-batch's dispatch and combine under another's compute (Megatron-core "
+                        "--overlap-moe-expert-parallel-comm; needs --ep > 1, no full recomputation, --vpp with --pp)")
+    if imbalance:
+        g.add_argument("--expert-imbalance", type=BOUNDED["imbalance"], default=None, metavar="F",
+                       help="the busiest expert-parallel rank's routed tokens over the mean (default 1: balanced)")
+
+
 def add_assumption_args(p) -> None:
     g = p.add_argument_group("assumptions")
     g.add_argument("--no-flash-attention", action="store_true", help="attention stores and computes the full s×s scores")
@@ -33,12 +47,7 @@ def add_assumption_args(p) -> None:
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="TP/SP collectives pipelined with their GEMMs (Megatron-Core --tp-comm-overlap, Transformer "
                         "Engine userbuffers; torchtitan async TP)")
-    g.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"), default="alltoall",
-                   help="MoE token dispatcher in training: alltoall (Megatron-core's, one copy per routed expert) or "
-                        "deepep (flex dispatcher with DeepEP: one copy per remote node, forwarded over NVLink)")
-    g.add_argument("--ep-comm-overlap", action="store_true",
-                   help="MoE training: one micro-batch's dispatch and combine under another's compute (Megatron-core "
-                        "--overlap-moe-expert-parallel-comm; needs --ep > 1, no full recomputation, --vpp with --pp)")
+    add_moe_dispatch_args(g)
     from shardlab.cli.common import add_grad_reduce_args
 
     add_grad_reduce_args(g)
