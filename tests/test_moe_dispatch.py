@@ -190,3 +190,19 @@ def test_refusals_and_what_is_not_applied():
     plain = estimate_training(Q235, LAY, _cluster(256), seq_len=4096, global_batch=2048, precision="fp32",
                               framework=CAT.framework("megatron-lm"))
     assert fp32.step_time_s == plain.step_time_s and any("bf16 or fp16" in n for n in fp32.notes)
+
+
+@pytest.mark.parametrize("lay", [LAY, Layout(dp=64, tp=4, ep=16, sequence_parallel=True, zero=1)])
+def test_memory_holds_the_busiest_rank_and_the_overlaps_extra_micro_batch(lay):
+    """The search's vectorised memory and the exact report agree; the overlap keeps one more micro-batch (PP 1) or
+    virtual chunk (interleaved) in flight; the busiest rank holds F × the routed activations."""
+    from shardlab.estimate.step import evaluate
+    from shardlab.layout import layouts_to_arrays
+
+    base, over, skew = _est(lay), _est(lay, ep_comm_overlap=True), _est(lay, expert_imbalance=1.5)
+    for e in (base, over, skew):
+        r = evaluate(Q235, _cluster(256), e.workload, layouts_to_arrays([lay]), recompute_modules=lay.recompute_modules)
+        assert float(r["memory_bytes"][0]) == pytest.approx(e.memory.worst.total, rel=1e-9)
+    extra = 1.0 if lay.pp == 1 else 1.0 / lay.vpp
+    assert over.memory.worst.in_flight == pytest.approx(base.memory.worst.in_flight + extra)
+    assert skew.memory.worst.activations > base.memory.worst.activations

@@ -401,8 +401,9 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                                  + (" (the re-run forward's)" if phase == "backward" else "")))
             if t > 1:
                 out.append(_item("EP", "all-gather", phase, routed, passes, t, span["tp"], cluster, "critical",
-                                 "expert TP: gather the token copies the TP group received (Megatron-core alltoall "
-                                 "dispatcher, experts split by TP)" + rnote))
+                                 "expert TP: gather the token copies the TP group received (experts split by TP; "
+                                 + ("the flex dispatcher's TP part, priced as the alltoall dispatcher's)" if deepep
+                                    else "Megatron-core alltoall dispatcher)") + rnote))
                 out.append(_item("EP", "reduce-scatter", phase, routed, passes, t, span["tp"], cluster, "critical",
                                  "expert TP: reduce-scatter the experts' output before the combine" + rnote))
     return out

@@ -127,9 +127,13 @@ def workload_memory(layout, spec: ModelSpec, accelerator, wl: Workload, microbat
                     overheads: Overheads = Overheads()):
     """``training_memory`` of ``layout`` under the workload's settings and framework mechanisms (fused loss,
     compiled activations, module-wise ZeRO-3 buffers): the one memory report estimate, plan and memory share."""
+    from shardlab.comm.moe_dispatch import overlap_applies
     from shardlab.memory.training import training_memory
 
+    moe = spec.moe is not None
     return training_memory(layout, model=spec, accelerator=accelerator, seq_len=wl.seq_len, precision=wl.precision,
                            optimizer=wl.optimizer, microbatches=microbatches, overheads=workload_overheads(wl, overheads),
                            flash_attention=wl.flash_attention, dropout=wl.dropout, fused_loss=wl.fused_loss,
-                           recipe=wl.recipe, compiled=wl.kernels == "compiled", grad_bytes=wl.main_grad_bytes)
+                           recipe=wl.recipe, compiled=wl.kernels == "compiled", grad_bytes=wl.main_grad_bytes,
+                           expert_imbalance=wl.moe.expert_imbalance if moe else 1.0,
+                           ep_overlap=moe and overlap_applies(wl, layout))

@@ -54,6 +54,13 @@ class ActivationContext:
     recomputation (i.e. activation checkpointing) with AOTAutograd", dev-discuss.pytorch.org, 2022;
     torch/_functorch/partitioners.py (min_cut_rematerialization_partition)."""
 
+    expert_imbalance: float = 1.0
+    """The busiest expert-parallel rank's routed tokens over the mean (``comm.moe_dispatch.MoeDispatch``): with EP its
+    dispatched copies, expert outputs and expert intermediates scale with it."""
+    ep_overlap: bool = False
+    """The MoE all-to-all overlap runs (Megatron-core's combined 1F1B): one more micro-batch (PP 1) or virtual chunk
+    in flight (``overlap_extra_in_flight``)."""
+
     @property
     def lin_bytes(self) -> float:
         return self.linear_input_bytes or self.elem_bytes
@@ -153,11 +160,12 @@ def _layer_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationCon
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k, fe = moe.top_k, moe.expert_ffn_hidden_size
+        f = xp.where(layout.ep > 1, ctx.expert_imbalance, 1.0)   # the busiest EP rank's share of the copies
         routed = 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
-        routed += (li + e) * k * sb * h            # dispatched token copies (expert inputs), expert outputs
-        routed += inter * k * sb * fe / t          # expert intermediates for k·s·b tokens
+        routed += f * (li + e) * k * sb * h        # dispatched token copies (expert inputs), expert outputs
+        routed += f * inter * k * sb * fe / t      # expert intermediates for k·s·b tokens
         total += routed
-        parts["moe_act"] = act_out * k * sb * fe / t
+        parts["moe_act"] = f * act_out * k * sb * fe / t
         if moe.shared_width:
             shared = inter * sb * moe.shared_width / t
             total += shared
@@ -185,6 +193,16 @@ def op_saved_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationC
         if i % 2 == 0:
             kept = kept + e * sb * tokens_share * n_out
     return kept
+
+
+def overlap_extra_in_flight(layout, ctx: ActivationContext):
+    """Whole-stage micro-batches the MoE all-to-all overlap adds in flight: Megatron-core's combined 1F1B runs one
+    micro-batch's forward beside another's backward, one more micro-batch without a pipeline
+    (combined_1f1b_schedule_for_no_pipelining) and one more virtual chunk in the interleaved warm-up (schedules.py).
+    0 without the overlap. Array-safe."""
+    if not ctx.ep_overlap:
+        return 0.0
+    return xp.where(layout.pp > 1, 1.0 / xp.maximum(layout.vpp, 1), 1.0)
 
 
 def layer_input_bytes(spec: ModelSpec, layout: Layout, ctx: ActivationContext) -> float:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from shardlab import xp
 from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import TOKENS_PER_STEP, Layout, Recompute, default_global_batch, validate
-from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes,
+from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes, overlap_extra_in_flight,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import MEMORY_MARGIN, Overheads, margin_note
 from shardlab.memory.buffers import largest_unit_bytes, stage_overheads
@@ -177,10 +177,13 @@ def training_memory(
     recipe: Recipe = DEFAULT,
     compiled: bool = False,
     grad_bytes: int = 0,
+    expert_imbalance: float = 1.0,
+    ep_overlap: bool = False,
 ) -> MemoryReport:
     """Peak memory per GPU for training ``model`` (or a bare ``params`` count) with ``layout``; ``recipe`` adds
     offload, LoRA/QLoRA and FP8 settings (``memory/recipe.py``); ``grad_bytes`` (not 0): the framework holds gradients
-    in that many bytes each (``state_bytes``)."""
+    in that many bytes each (``state_bytes``); ``expert_imbalance`` and ``ep_overlap``: a MoE job's busiest rank and
+    all-to-all overlap (``ActivationContext``)."""
     if (model is None) == (params is None):
         raise ShardlabError("give a model or --params, not both")
     validate(layout, model, num_gpus, seq_len if model is not None else None)
@@ -204,7 +207,7 @@ def training_memory(
         notes.append(f"{field_name('workload.seq_len')} not given: assumed {s}")
     ctx = ActivationContext(seq_len=s, elem_bytes=sb.weights, flash_attention=flash_attention, dropout=dropout,
                             fused_loss=fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
-                            compiled=compiled)
+                            compiled=compiled, expert_imbalance=expert_imbalance, ep_overlap=ep_overlap)
     pc = param_counts(model)
     stages = [_stage_memory(model, layout, st, sb, ctx, m, overheads, recipe, precision) for st in stage_tensors(model, layout)]
     rep = MemoryReport(model.name, pc.total, pc.active, layout, m, precision, optimizer, s, accelerator, stages, {}, notes,
@@ -307,7 +310,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                   m: int, ov: Overheads, recipe: Recipe = DEFAULT, precision: str = "bf16-mixed") -> StageMemory:
     rs = rank_states(st.tensors, spec, layout, sb, recipe, precision)
     states = rs.gpu
-    n = in_flight(layout, st.stage, m)
+    n = in_flight(layout, st.stage, m) + overlap_extra_in_flight(layout, ctx)
     acts = stage_activation_bytes(spec, st.layers, layout, ctx, n, holds_embedding=st.holds_embedding,
                                   holds_head=st.holds_head)
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)
