@@ -17,7 +17,8 @@ import sys
 COMMAND_MODULES = (
     "shardlab.cli.plan_cmds",      # plan, estimate
     "shardlab.cli.memory_cmd",     # memory
-    "shardlab.cli.comm_cmds",      # comm, shard, pipeline
+    "shardlab.cli.comm_cmds",      # comm
+    "shardlab.cli.shard_pipeline_cmds",  # shard, pipeline
     "shardlab.cli.cost_cmds",      # cost, guard, ledger
     "shardlab.cli.runtime_cmds",   # run (train, infer)
     "shardlab.cli.bench_cmds",     # bench, calibrate
@@ -35,7 +36,8 @@ COMMAND_MODULES = (
 COMMAND_OWNERS = {
     "plan": "shardlab.cli.plan_cmds", "estimate": "shardlab.cli.plan_cmds", "validate": "shardlab.cli.plan_cmds",
     "memory": "shardlab.cli.memory_cmd",
-    "comm": "shardlab.cli.comm_cmds", "shard": "shardlab.cli.comm_cmds", "pipeline": "shardlab.cli.comm_cmds",
+    "comm": "shardlab.cli.comm_cmds", "shard": "shardlab.cli.shard_pipeline_cmds",
+    "pipeline": "shardlab.cli.shard_pipeline_cmds",
     "cost": "shardlab.cli.cost_cmds", "guard": "shardlab.cli.cost_cmds", "ledger": "shardlab.cli.cost_cmds",
     "run": "shardlab.cli.runtime_cmds",
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.shard_check_cmd",

@@ -61,12 +61,18 @@ class MoeDispatch:
         return self == MoeDispatch()
 
 
+def distinct_per_token(n, top_k: int):
+    """Expected distinct places (nodes, or GPUs) among ``n`` that a token's ``top_k`` experts fall on under uniform
+    routing: n·(1 − (1 − 1/n)^k), each place being missed by all k with probability (1 − 1/n)^k. Array-safe."""
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return n * (1.0 - (1.0 - 1.0 / n) ** top_k)
+
+
 def remote_nodes_per_token(nodes, top_k: int):
-    """Expected remote nodes a token's ``top_k`` experts fall on when the EP group spans ``nodes`` nodes and
-    routing is uniform: (nodes − 1)·(1 − (1 − 1/nodes)^k) (each other node is missed by all k with probability
-    (1 − 1/nodes)^k). Array-safe."""
+    """Expected remote nodes a token's ``top_k`` experts fall on when the EP group spans ``nodes`` nodes:
+    (nodes − 1)/nodes of the distinct ones (``distinct_per_token``) by symmetry. Array-safe."""
     nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
-    return (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    return distinct_per_token(nodes, top_k) * (nodes - 1.0) / nodes
 
 
 def overlapped_ep_s(ep_s, compute_s, microbatches, eta):
@@ -76,6 +82,13 @@ def overlapped_ep_s(ep_s, compute_s, microbatches, eta):
     m = np.maximum(np.asarray(microbatches, dtype=float), 1.0)
     hidden = np.maximum(np.asarray(ep_s) - eta * np.asarray(compute_s), 0.0)
     return np.asarray(ep_s) / m + (m - 1.0) / m * hidden
+
+
+def overlap_runs(ep, recompute_code, pp, vpp, precision: str):
+    """Where Megatron-core runs the all-to-all overlap (array-safe over candidates): EP > 1, no full recomputation
+    (code 2), virtual stages with a pipeline, a bf16/fp16 model (``overlap_refusal`` says which fails)."""
+    ep, rc, pp, vpp = (np.asarray(x) for x in (ep, recompute_code, pp, vpp))
+    return (ep > 1) & (rc != 2) & ((pp == 1) | (vpp > 1)) & (precision != "fp32")
 
 
 def overlap_refusal(layout, precision: str = "bf16-mixed") -> str:
@@ -95,7 +108,9 @@ def overlap_refusal(layout, precision: str = "bf16-mixed") -> str:
 def overlap_applies(workload, layout) -> bool:
     """The all-to-all overlap is asked for and Megatron-core would run it on ``layout``."""
     moe = getattr(workload, "moe", None)
-    return bool(moe is not None and moe.ep_comm_overlap and not overlap_refusal(layout, workload.precision))
+    return bool(moe is not None and moe.ep_comm_overlap
+                and overlap_runs(layout.ep, 2 if str(layout.recompute) == "full" else 0, layout.pp, layout.vpp,
+                                 workload.precision))
 
 
 def check_overlap_modules(moe: MoeDispatch, modules) -> None:

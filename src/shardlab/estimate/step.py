@@ -33,8 +33,8 @@ from shardlab.estimate.unit_terms import stage_compositions
 from shardlab.estimate.workload import Workload, workload_overheads
 from shardlab.estimate.recipe_terms import fp8_weight_cast_s, offload_exposed_s, recipe_factors, stage_state_bytes
 from shardlab.flops import training_flops_per_token
-from shardlab.comm.moe_dispatch import overlapped_ep_s
-from shardlab.memory.activations import ActivationContext, in_flight
+from shardlab.comm.moe_dispatch import overlap_runs, overlapped_ep_s
+from shardlab.memory.activations import ActivationContext, in_flight, overlap_extra_in_flight
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.buffers import stage_overheads
@@ -141,7 +141,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     K = g["kinds"]
     # the MoE all-to-all overlap where Megatron-core runs it (EP > 1, no full recomputation, virtual stages with a
     # pipeline, a bf16/fp16 model): its all-to-alls hide under another micro-batch, which stays in flight too
-    ep_ovl = wl.moe.ep_comm_overlap & (ep > 1) & (rc != 2) & ((pp == 1) | (vpp > 1)) & (wl.precision != "fp32")
+    ep_ovl = wl.moe.ep_comm_overlap & overlap_runs(ep, rc, pp, vpp, wl.precision)
     per_kind_act = {k: v["act"] for k, v in K.items()}
     zeros = np.zeros_like(m, dtype=float)
 
@@ -229,7 +229,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
             mem = mem + np.where((zero < 3) & fp8.weight_cache, FP8_COPIES_BYTES * part("fp8_numel"), 0.0) \
                 + scaling_state_bytes(part("fp8_gemms"), fp8)
         if memory:
-            nif = in_flight(lay, s, m) + np.where(ep_ovl, 1.0 / vpp if pp > 1 else 1.0, 0.0)  # overlap_extra_in_flight
+            nif = in_flight(lay, s, m) + np.where(ep_ovl, overlap_extra_in_flight(lay), 0.0)
             acts = stage_activation_bytes(spec, layers, lay, ctx, nif, holds_embedding=first, holds_head=last,
                                           per_kind=per_kind_act)
             if wl.recipe.lora is not None:   # adapters' r-wide intermediates; the transient bf16 copy of an NF4 weight

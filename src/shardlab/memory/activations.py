@@ -195,13 +195,11 @@ def op_saved_bytes(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationC
     return kept
 
 
-def overlap_extra_in_flight(layout, ctx: ActivationContext):
-    """Whole-stage micro-batches the MoE all-to-all overlap adds in flight: Megatron-core's combined 1F1B runs one
-    micro-batch's forward beside another's backward, one more micro-batch without a pipeline
+def overlap_extra_in_flight(layout):
+    """Whole-stage micro-batches the MoE all-to-all overlap adds in flight where it runs: Megatron-core's combined
+    1F1B runs one micro-batch's forward beside another's backward, one more micro-batch without a pipeline
     (combined_1f1b_schedule_for_no_pipelining) and one more virtual chunk in the interleaved warm-up (schedules.py).
-    0 without the overlap. Array-safe."""
-    if not ctx.ep_overlap:
-        return 0.0
+    Array-safe."""
     return xp.where(layout.pp > 1, 1.0 / xp.maximum(layout.vpp, 1), 1.0)
 
 

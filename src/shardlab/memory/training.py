@@ -310,7 +310,7 @@ def _stage_memory(spec: ModelSpec, layout: Layout, st: StageTensors, sb: StateBy
                   m: int, ov: Overheads, recipe: Recipe = DEFAULT, precision: str = "bf16-mixed") -> StageMemory:
     rs = rank_states(st.tensors, spec, layout, sb, recipe, precision)
     states = rs.gpu
-    n = in_flight(layout, st.stage, m) + overlap_extra_in_flight(layout, ctx)
+    n = in_flight(layout, st.stage, m) + (overlap_extra_in_flight(layout) if ctx.ep_overlap else 0.0)
     acts = stage_activation_bytes(spec, st.layers, layout, ctx, n, holds_embedding=st.holds_embedding,
                                   holds_head=st.holds_head)
     if recipe.lora is not None:  # adapters' r-wide intermediates (base activations as for full training)

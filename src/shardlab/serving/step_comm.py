@@ -6,6 +6,7 @@ and 4096 tokens; ``serving.step`` sums them per stage."""
 from __future__ import annotations
 
 from shardlab.comm.collectives import collective_time
+from shardlab.comm.moe_dispatch import distinct_per_token
 from shardlab.serving.precision import InferencePrecision
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
@@ -44,9 +45,9 @@ def a2a_terms(spec: ModelSpec, ep: int, tp: int, precision: InferencePrecision, 
     k, h = spec.moe.top_k, spec.hidden_size
     local = min(ep, cluster.gpus_per_node)
     nodes = -(-ep // max(cluster.gpus_per_node, 1))
-    distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)           # nodes a token's k experts fall on
+    distinct = float(distinct_per_token(nodes, k))                # nodes a token's k experts fall on
     if low_latency:                                               # remote GPUs, each reached by RDMA, not via NVLink
-        distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** k) * (ep - local) / ep * nodes / max(nodes - 1, 1)
+        distinct = float(distinct_per_token(ep, k)) * (ep - local) / ep * nodes / max(nodes - 1, 1)
     fixed = per_tok = 0.0
     for width in ((1 if precision.activations == "fp8" else 2), 2):  # dispatch, then combine
         phases = [(k * h * width / tp, local, cluster.intra_link)]              # NVLink inside the node
