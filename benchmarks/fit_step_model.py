@@ -23,11 +23,13 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from shardlab.catalog import DATA_DIR, get_catalog  # noqa: E402
 from shardlab.validation import CROSSVAL_FILE, load_runs  # noqa: E402
-from shardlab.validation.fit import cross_validate, fit  # noqa: E402
+from shardlab.validation.fit import SWITCHES, cross_validate, fit  # noqa: E402
 from shardlab.validation.report import family_table, loso_comparisons  # noqa: E402
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float, name: str = "") -> str:
+    if name.rsplit(".", 1)[-1] in SWITCHES:          # a discrete mechanism the fit chose
+        return "true" if v else "false"
     return f"{v:.4g}" if abs(v) >= 1e-9 else "0"   # a host time pushed to its bound prints as 0, not 1e-175
 
 
@@ -45,7 +47,7 @@ def write_fitted(f, path: Path, date: str, command: str) -> None:
              "shared: {" + ", ".join(f"{k}: {_fmt(v)}" for k, v in shared.items()) + "}", "generations:"]
     lines += [f"  {g}: {{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in vals.items()) + "}" for g, vals in gens.items()]
     lines.append("frameworks:")
-    lines += [f"  {fw}: {{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in vals.items()) + "}" for fw, vals in fws.items()]
+    lines += [f"  {fw}: {{" + ", ".join(f"{k}: {_fmt(v, k)}" for k, v in vals.items()) + "}" for fw, vals in fws.items()]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -57,7 +59,7 @@ def write_crossval(folds: dict, path: Path, date: str, command: str) -> None:
     for src, f in sorted(folds.items()):
         lines.append(f"  {src}:")
         lines.append(f"    runs: {f.runs}")
-        lines.append("    values: {" + ", ".join(f"{k}: {_fmt(v)}" for k, v in sorted(f.values.items())) + "}")
+        lines.append("    values: {" + ", ".join(f"{k}: {_fmt(v, k)}" for k, v in sorted(f.values.items())) + "}")
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -86,11 +86,14 @@ def test_readme_validation_summary():
     fams = family_accuracy(compare(runs, cat), loso_comparisons(runs, cat, load_folds()))
     dense = [f for f in fams if " MoE " not in f.family]
     moe = {f.family.split(" × ")[1]: f for f in fams if " MoE " in f.family}
-    big = [f.loso_mean * 100 for f in dense if f.target_applies]
+    # DeepSpeed is named apart: its 2021 ZeRO-3 rows alone decide the fit's NIC switch (docs/validation.md)
+    big = [f.loso_mean * 100 for f in dense if f.target_applies and not f.family.startswith("deepspeed")]
+    deepspeed = next(f.loso_mean * 100 for f in dense if f.family == "deepspeed × ampere")
     small = sorted(f"{f.loso_mean * 100:.1f}%" for f in dense if not f.target_applies)
     claim = (f"`shardlab validate` ({len(runs)} published runs, {len(fams)} framework × GPU families; leave-one-source-out "
-             f"mean error {min(big):.1f}-{max(big):.1f}% per dense family of 5 or more runs, {' and '.join(small)} for "
-             f"the two smaller ones; mixture-of-experts pre-training on Megatron-Core, predicted only, "
+             f"mean error {min(big):.1f}-{max(big):.1f}% per dense family of 5 or more runs except DeepSpeed "
+             f"({deepspeed:.0f}%: its 2021 ZeRO-3 rows alone decide how ZeRO-3 traffic leaves a node), "
+             f"{' and '.join(small)} for the two smaller ones; mixture-of-experts pre-training on Megatron-Core, predicted only, "
              f"{moe['blackwell'].loso_mean:.0%} on Blackwell and {moe['hopper'].loso_mean:.0%} on Hopper")
     _assert_quoted("README.md", claim)
 

@@ -556,7 +556,7 @@ def test_zb_h1_bubble_with_recomputation_matches_the_pipeline_simulation():
     code, out, err = cli_main("estimate", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "8", "--schedule",
                               "zb-h1", "--global-batch", "64", "--seq-len", "4096", "--recompute", "full", "--json")
     assert code == 0, err
-    assert json.loads(out)["breakdown"]["pp_bubble_s"] == pytest.approx(0.4143, abs=2e-4)   # W was 2/3 of a forward
+    assert json.loads(out)["breakdown"]["pp_bubble_s"] == pytest.approx(0.4149, abs=2e-4)   # W was 2/3 of a forward
 
 
 @pytest.mark.parametrize("args, words", [

@@ -195,3 +195,46 @@ def test_docs_tables_are_current():
     page = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
     text = page.read_text()
     assert render_into(text, blocks(in_sample(), out_of_sample())) == text, "run python benchmarks/validation_docs.py"
+
+
+def test_the_zero3_nic_switch_is_refitted_by_every_fold():
+    """DeepSpeed ZeRO-3's per-GPU NIC is a switch the fit chooses (validation.fit.SWITCHES), in the full fit and in
+    every fold: only the 2021 ZeRO-3 runs inform it, so the fold without them keeps the prior (the node's NICs
+    pooled) and predicts them far too fast, which the out-of-sample figures show instead of hiding."""
+    from shardlab.catalog import DATA_DIR, load_yaml
+
+    assert load_yaml(DATA_DIR / "fitted.yaml")["frameworks"]["deepspeed"]["zero3_comm_per_gpu_nic"] is True
+    assert CAT.framework("deepspeed").zero3_comm_per_gpu_nic is True
+    folds = load_folds()
+    for src, f in folds.items():
+        assert f.values["deepspeed.zero3_comm_per_gpu_nic"] == (0.0 if src == "narayanan2021-t2" else 1.0), src
+    loso = {c.run.id: c for c in out_of_sample()}
+    assert all(loso[f"zero3-175b-{n}"].error > 0.3 for n in (384, 768, 1536))
+    assert all(abs(c.error) < 0.15 for c in in_sample() if c.run.id.startswith("zero3-"))   # in sample: true fits
+
+
+def test_only_deepspeed_zero3_runs_move_with_the_nic_switch():
+    """``switch_sensitive``: the ZeRO-3 runs' predictions change with the switch, the ZeRO-1 ones (and other
+    frameworks') do not, so a fold without the ZeRO-3 runs keeps the prior without comparing objectives."""
+    from shardlab.validation.fit import _prepare, _with_switch, default_params, switch_sensitive
+
+    by_id = {r.id: r for r in RUNS}
+    runs = [by_id[i] for i in ("zero3-175b-768", "zero3-530b-2240", "mtnlg-530b-2240", "bloom-176b")]
+    runs += [r for r in RUNS if r.framework == "pytorch-fsdp"][:1]
+    prep = [[_prepare(r, _with_switch(CAT, "zero3_comm_per_gpu_nic", v)) for r in runs] for v in (False, True)]
+    assert switch_sensitive(*prep, default_params(runs, CAT)).tolist() == [True, True, False, False, False]
+
+
+def test_fit_switch_keeps_its_prior_unless_the_runs_tell_the_values_apart():
+    """The fitter's tie rule on real runs: DeepSpeed runs without ZeRO-3 (MT-NLG, BLOOM: ZeRO-1) cannot tell the
+    NIC switch's values apart, so the prior (false) stands; the ZeRO-3 runs choose true."""
+    from shardlab.validation.fit import fit
+
+    by_id = {r.id: r for r in RUNS}
+    zero1 = [by_id[i] for i in ("mtnlg-530b-2240", "mtnlg-530b-2800", "bloom-176b")]
+    assert fit(zero1, CAT, iterations=2).values["deepspeed.zero3_comm_per_gpu_nic"] == 0.0
+    zero3 = [by_id[f"zero3-175b-{n}"] for n in (384, 768, 1536)]
+    assert fit(zero3, CAT, iterations=2).values["deepspeed.zero3_comm_per_gpu_nic"] == 1.0
+    # runs of other frameworks: no switch to choose
+    other = [r for r in RUNS if r.framework == "megatron-lm" and r.source == "megatron-readme"][:1]
+    assert "deepspeed.zero3_comm_per_gpu_nic" not in fit(other, CAT, iterations=1).values

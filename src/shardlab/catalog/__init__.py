@@ -210,7 +210,12 @@ def apply_fitted(cat: Catalog, data: dict, where: str) -> None:
         fw = cat.frameworks.get(fname)
         if fw is None:
             raise ShardlabError(f"{where}: fitted values for unknown framework '{fname}'")
-        cat.frameworks[fname] = replace(fw, **{k: float(v) for k, v in vals.items()})
+        # a fitted switch (validation.fit.SWITCHES) is a true/false field; the rest are numbers
+        for k, v in vals.items():
+            if isinstance(getattr(fw, k, None), bool) and v not in (True, False):   # 0/1 compare equal; "false" not
+                raise ShardlabError(f"{where}: framework '{fname}' field '{k}' must be true or false, got {v!r}")
+        cat.frameworks[fname] = replace(fw, **{k: bool(v) if isinstance(getattr(fw, k, None), bool) else float(v)
+                                               for k, v in vals.items()})
 
 
 @lru_cache(maxsize=8)

@@ -7,7 +7,7 @@ def add_validate_args(p) -> None:
     g = p.add_argument_group("validate (training)")
     g.add_argument("--framework", default=None, metavar="NAME", help="only the runs of this framework (e.g. deepspeed)")
     g.add_argument("--refit", action="store_true",
-                   help="refit the efficiencies and every leave-one-source-out fold now (about a minute) instead of "
+                   help="refit the efficiencies and every leave-one-source-out fold now (a few minutes) instead of "
                         "using the committed fit (catalog/data/fitted.yaml) and folds (validation/crossval.yaml)")
     g.add_argument("--plot", metavar="FILE.png", default=None,
                    help="predicted vs measured, log-log, one colour per family (needs matplotlib)")
@@ -44,8 +44,9 @@ def cmd_validate_training(args, catalog):
         from shardlab.validation.fit import cross_validate
 
         n = len({r.source for r in runs if not r.informational})
-        # the full fit and the n leave-one-source-out folds are solved together: one bar over their iterations
-        with bar(40, f"refit + {n} leave-one-source-out folds", unit="iteration") as cb:
+        # the full fit and the n leave-one-source-out folds are solved together, once per value of the fit's switch
+        # and the folds twice (validation.fit._solve_switched): one bar over all their iterations
+        with bar(160, f"refit + {n} leave-one-source-out folds", unit="iteration") as cb:
             full, folds = cross_validate(runs, catalog, progress=cb)
     if args.framework:
         catalog.framework(args.framework)   # unknown names: one line with the choices

@@ -65,7 +65,8 @@ class Framework:
     releases them after each module's forward); FSDP recomputes inside the unit's backward, after its one gather."""
     zero3_comm_per_gpu_nic: bool
     """ZeRO-3 collectives move each rank's whole share through its own inter-node NIC (no aggregation of a
-    node's NICs across its GPUs' traffic), as measured for DeepSpeed ZeRO-3 of 2021 (docs/validation.md)."""
+    node's NICs across its GPUs' traffic). A switch the fit chooses (validation.fit.SWITCHES; prior false, NCCL's
+    rings over the node's NICs): true for DeepSpeed, where only the 2021 ZeRO-3 runs inform it (docs/validation.md)."""
     zero3_live_params: float
     """ZeRO-3 gathers module by module and keeps at most this many parameters gathered (at least the largest module):
     DeepSpeed stage3_max_live_parameters. 0: whole wrap units, the current and the prefetched one (FSDP)."""

@@ -49,6 +49,13 @@ pipeline_host_s (per micro-batch, pass and stage) is fitted: DeepSpeed's Pipelin
 instructions in Python (deepspeed/runtime/pipe/engine.py, _exec_schedule: LoadMicroBatch, ForwardPass,
 SendActivation, RecvActivation, BackwardPass, SendGrad, RecvGrad) with blocking point-to-point transfers
 (deepspeed/runtime/pipe/p2p.py); Megatron-Core's schedules issue the same work asynchronously (no such term)."""
+SWITCHES = {"zero3_comm_per_gpu_nic": ("deepspeed", False)}
+"""Discrete mechanisms the fit chooses, field -> (framework, prior): each fit (the full one and every
+leave-one-source-out fold) is solved once per value and keeps the value whose objective is lower; where no run the
+fit sees tells the values apart (equal objectives), the prior stands. ``zero3_comm_per_gpu_nic``: whether DeepSpeed
+ZeRO-3's gathers and reduce-scatters leave through each rank's own NIC (``rates.hardware.group_link``) instead of the
+node's NICs together, as NCCL's rings use them (one channel per NIC: NVIDIA NCCL documentation, 'NCCL_CROSS_NIC'
+and 'NCCL_MIN_NCHANNELS'), the prior. Only DeepSpeed ZeRO-3 runs across nodes inform it."""
 PRIOR_SIGMA = {"pipeline_host_s": 0.02, "max_fraction": 0.1, "half_size": 50.0, "memory": 0.1, "overlap": 0.1,
                "layer_host_s": 0.003}
 """How far each parameter plausibly sits from its prior (one standard deviation): large GEMMs reach 0.7-0.85 of
@@ -113,7 +120,7 @@ class FittedParams:
                     else:
                         g[fld] = v
             else:
-                fws[key] = replace(fws[key], **{fld: v})
+                fws[key] = replace(fws[key], **{fld: bool(v) if fld in SWITCHES else v})
         cat.generations, cat.frameworks = gens, fws
         cat.accelerators = {k: _regeneration(cat, a) for k, a in catalog.accelerators.items()}
         return cat
@@ -239,6 +246,10 @@ class _Problem:
     cost: float = np.inf
     mu: float = 1e-2
     done: bool = False
+    switches: dict = field(default_factory=dict)
+    """{'framework.field': 0.0 or 1.0}: the SWITCHES values this problem was solved with."""
+    prepared: list = field(default_factory=list, repr=False)
+    """The prepared runs (under those switch values)."""
 
 
 LINE_SEARCH_DAMPING = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
@@ -285,7 +296,8 @@ def _solve(problems: list[_Problem], prepared: list, runs: list, catalog, iterat
         return np.concatenate([r_runs, RUN_SIGMA * (T - prior) / sigma], axis=1)
 
     for pb in problems:
-        pb.u = _to_u(pb.params, [p.prior for p in pb.params])
+        if pb.u is None:                          # a start not given: the priors
+            pb.u = _to_u(pb.params, [p.prior for p in pb.params])
     first = preds_for({i: pb.u[None, :] for i, pb in enumerate(problems)})
     for i, pb in enumerate(problems):
         r = residuals(pb, first[i], pb.u[None, :])[0]
@@ -328,7 +340,8 @@ def _result(pb: _Problem, prepared: list, runs: list) -> FittedParams:
     preds = np.array([_predict_batch(prepared[int(r)], pb.params, theta[None, :])[0] for r in pb.members])
     meas = np.array([runs[int(r)].measured for r in pb.members])
     rms = float(np.sqrt(np.mean(np.log(preds / meas) ** 2)))
-    return FittedParams({p.name: float(t) for p, t in zip(pb.params, theta)}, len(pb.members), rms, pb.held_out)
+    return FittedParams({**{p.name: float(t) for p, t in zip(pb.params, theta)}, **pb.switches}, len(pb.members), rms,
+                        pb.held_out)
 
 
 def fitted_runs(runs, catalog) -> list:
@@ -345,31 +358,108 @@ def fitted_runs(runs, catalog) -> list:
             and dense(r)]
 
 
+def _with_switch(catalog, fld: str, value: bool):
+    """A copy of ``catalog`` whose framework ``SWITCHES[fld][0]`` has ``fld`` = ``value``."""
+    from copy import copy
+
+    cat = copy(catalog)
+    fw = SWITCHES[fld][0]
+    cat.frameworks = {**catalog.frameworks, fw: replace(catalog.frameworks[fw], **{fld: bool(value)})}
+    return cat
+
+
+def _staged(progress, stage: int, stages: int):
+    """``progress`` for one of ``stages`` consecutive solves: (done, total) over all of them."""
+    return None if progress is None else (lambda i, n: progress(stage * n + i, stages * n))
+
+
+def _solve_restarted(make_problems, prepared: list, runs: list, catalog, iterations: int, progress=None,
+                     stage: int = 0, stages: int = 2) -> list:
+    """Solve ``make_problems()`` from the priors; where there are folds (problems after the first), solve them again
+    from the first problem's solution and keep, per fold, the lower of its own two objectives. Each fold's estimate
+    is still the minimum of its own objective (its runs and priors only); the second start only keeps Levenberg-
+    Marquardt out of a worse local minimum, where parameters trade off once a source is gone (without MT-NLG,
+    DeepSpeed's per-block and pipeline-engine host times: a start from the priors stopped at an objective 2.4 times
+    the one from the second start)."""
+    problems = make_problems()
+    _solve(problems, prepared, runs, catalog, iterations, _staged(progress, stage, stages))
+    if len(problems) == 1:
+        return problems
+    start = dict(zip((p.name for p in problems[0].params), _to_theta(problems[0].params, problems[0].u)))
+    again = make_problems()[1:]
+    for pb in again:
+        pb.u = _to_u(pb.params, [start.get(p.name, p.prior) for p in pb.params])
+    _solve(again, prepared, runs, catalog, iterations, _staged(progress, stage + 1, stages))
+    return [problems[0]] + [b if b.cost < a.cost else a for a, b in zip(problems[1:], again)]
+
+
+def switch_sensitive(prep_a: list, prep_b: list, params: list) -> np.ndarray:
+    """Per run: whether its prediction (at the parameters' priors) differs between two prepared sets, one per value
+    of a switch. A problem none of whose runs is sensitive cannot tell the values apart."""
+    theta = np.array([[p.prior for p in params]])
+    out = []
+    for a, b in zip(prep_a, prep_b):
+        pa, pb = float(_predict_batch(a, params, theta)[0]), float(_predict_batch(b, params, theta)[0])
+        out.append(abs(pa - pb) > 1e-9 * max(abs(pa), abs(pb), 1e-30))
+    return np.array(out, dtype=bool)
+
+
+def _solve_switched(make_problems, runs, catalog, iterations: int, progress=None) -> list:
+    """Solve ``make_problems()`` once per value of the switch and keep, for each problem, the solution with the lower
+    objective; a problem none of whose runs the switch moves (``switch_sensitive``) keeps the prior's solution
+    without comparing (its two objectives are equal, up to where the solver stopped). Returns the problems, each
+    with ``switches`` = {'framework.field': 0.0 or 1.0}."""
+    assert len(SWITCHES) == 1, "one switch: several would need their combinations solved"
+    (fld, (fw, prior)), = SWITCHES.items()
+    per_value = 2 if len(make_problems()) > 1 else 1          # folds are solved twice (_solve_restarted)
+    if not any(r.framework == fw for r in runs):
+        prepared = [_prepare(r, catalog) for r in runs]
+        best = _solve_restarted(make_problems, prepared, runs, catalog, iterations, progress, 0, per_value)
+        for pb in best:
+            pb.switches, pb.prepared = {}, prepared
+        return best
+    solved = []
+    for k, value in enumerate((prior, not prior)):
+        cat = _with_switch(catalog, fld, value)
+        prepared = [_prepare(r, cat) for r in runs]
+        problems = _solve_restarted(make_problems, prepared, runs, cat, iterations, progress, k * per_value,
+                                    2 * per_value)
+        for pb in problems:
+            pb.switches = {f"{fw}.{fld}": float(value)}
+            pb.prepared = prepared
+        solved.append(problems)
+    sensitive = switch_sensitive(solved[0][0].prepared, solved[1][0].prepared,
+                                 list({p.name: p for pb in solved[0] for p in pb.params}.values()))
+    return [alt if sensitive[pb.members].any() and alt.cost < pb.cost else pb for pb, alt in zip(*solved)]
+
+
 def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, progress=None) -> FittedParams:
     """Fit ``params`` (default: every parameter the runs inform) to the in-target ``runs``, from the priors."""
     runs = fitted_runs(runs, catalog)
-    prepared = [_prepare(r, catalog) for r in runs]
-    pb = _Problem(np.arange(len(runs)), params or default_params(runs, catalog), None)
-    _solve([pb], prepared, runs, catalog, iterations, progress)
-    return _result(pb, prepared, runs)
+    every = params or default_params(runs, catalog)
+    [pb] = _solve_switched(lambda: [_Problem(np.arange(len(runs)), every, None)], runs, catalog, iterations, progress)
+    return _result(pb, pb.prepared, runs)
 
 
 def cross_validate(runs, catalog, iterations: int = 40, progress=None) -> tuple[FittedParams, dict[str, FittedParams]]:
     """The fit on every in-target run, and leave-one-source-out: {source: the fit without that source's runs}, all
     solved together. Parameters no remaining run informs take their priors, never the full fit's values."""
     runs = fitted_runs(runs, catalog)
-    prepared = [_prepare(r, catalog) for r in runs]
     every = default_params(runs, catalog)
     sources = sorted({r.source for r in runs})
-    problems = [_Problem(np.arange(len(runs)), every, None)]
-    for src in sources:
-        members = np.array([i for i, r in enumerate(runs) if r.source != src])
-        problems.append(_Problem(members, default_params([runs[i] for i in members], catalog), src))
-    _solve(problems, prepared, runs, catalog, iterations, progress)
-    full = _result(problems[0], prepared, runs)
+
+    def make_problems():
+        problems = [_Problem(np.arange(len(runs)), every, None)]
+        for src in sources:
+            members = np.array([i for i, r in enumerate(runs) if r.source != src])
+            problems.append(_Problem(members, default_params([runs[i] for i in members], catalog), src))
+        return problems
+
+    problems = _solve_switched(make_problems, runs, catalog, iterations, progress)
+    full = _result(problems[0], problems[0].prepared, runs)
     folds = {}
     for pb in problems[1:]:
-        f = _result(pb, prepared, runs)
+        f = _result(pb, pb.prepared, runs)
         f.values = {**{p.name: p.prior for p in every}, **f.values}
         folds[pb.held_out] = f
     return full, folds

@@ -120,7 +120,8 @@ def fit(prep: Prepared, idx: np.ndarray, start: Params, prior: Params | None = N
             lam *= 4
         if not improved or np.max(np.abs(step)) < 1e-5:
             break
-    rates = {g: {f: float(_v(f, x[where[("r", g, f)]])) for f in RATE_FIELDS} for g in gens}
+    rates = {g: {**{f: float(_v(f, x[where[("r", g, f)]])) for f in RATE_FIELDS}, **prep.pinned.get(g, {})}
+             for g in gens}                                       # pinned exactly, not through the logit round trip
     engines = {e: {f: float(_v(f, x[where[("e", e, f)]])) for f in FITTED} for e in engs}
     return Params({**start.rates, **rates}, {**start.engines, **engines})
 
