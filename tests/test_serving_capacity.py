@@ -211,3 +211,52 @@ def test_serving_plans_explain_and_export(tmp_path):
     assert code == 0, err
     text = script.read_text()
     assert "vllm serve" in text and "--max-num-seqs" in text
+
+
+EST = ["estimate", "llama-3.1-8b", "--inference", "--serve", "--gpu", "h100-sxm", "--prompt-len", "2000",
+       "--output-len", "256"]
+
+
+def est_json(*argv) -> dict:
+    code, out, err = cli_main(*EST, *argv, "--json")
+    assert code == 0, err
+    return strict_json(out)
+
+
+def test_estimate_prices_one_layout_at_its_capacity_under_the_slo():
+    """MLPerf Server's measure for one layout: the largest Poisson rate meeting the targets; the estimate is priced
+    there, and the rate is the plan's capacity search on the same layout."""
+    d = est_json(*SLO, "--slo-percentile", "p50")
+    cap = d["capacity_under_slo"]
+    assert cap["statistic"] == "p50" and d["load"]["arrival_rate"] == cap["max_request_rate"] > 0
+    assert cap["binds"] in ("ttft", "tpot", "saturation") and cap["settled"] and cap["simulations"] == 0
+    assert d["steady_state"]["ttft_s"] <= 0.5 * (1 + 1e-9) and d["steady_state"]["tpot_s"] <= 0.03 * (1 + 1e-9)
+    bound = 0.5 if cap["binds"] == "ttft" else 0.03
+    assert d["steady_state"][f"{cap['binds']}_s"] == pytest.approx(bound, rel=2e-3)     # the binding target, reached
+    assert cap["goodput_tokens_per_s_per_gpu"] == pytest.approx(cap["max_request_rate"] * 256 / d["gpus"])
+    assert cap["max_concurrency"] == pytest.approx(d["steady_state"]["in_flight"])
+    case = prepare(L8, node(), get_engine(None), tp=1, prompt_len=2000, output_len=256)
+    fc = fluid_capacity(arrays([case]), Slo(0.5, 0.03))
+    assert cap["max_request_rate"] == pytest.approx(float(fc.request_rate_per_replica[0]))
+    code, text, err = cli_main(*EST, *SLO, "--slo-percentile", "p50")
+    assert code == 0 and "MLPerf Inference Server" in text and "goodput" in text, err
+
+
+def test_estimate_p99_capacity_shows_the_run_it_accepted():
+    d = est_json(*SLO, "--slo-percentile", "p99")
+    cap = d["capacity_under_slo"]
+    assert cap["statistic"] == "p99" and 0 < cap["max_request_rate"] <= cap["p50_rate"] * (1 + 1e-12)
+    assert 1 <= cap["simulations"] <= 10
+    sim = d["simulation"]
+    assert sim["ttft_s"]["p99"] <= 0.5 and sim["tpot_s"]["p99"] <= 0.03                # the run the search accepted
+    assert cap["ttft_s"] == sim["ttft_s"]["p99"] and cap["tpot_s"] == sim["tpot_s"]["p99"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--slo-percentile", "p99"], "add --ttft-slo"),
+    (["--ttft-slo", "1", "--arrival-rate", "2", "--slo-percentile", "p50"], "drop --slo-percentile"),
+    (["--ttft-slo", "0.0001", "--slo-percentile", "p50"], "misses the SLO at every load"),
+])
+def test_estimate_capacity_refusals_are_one_line(argv, needle):
+    code, out, err = cli_main(*EST, *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err

@@ -31,14 +31,17 @@ def add_inference_args(p) -> None:
                    help="GEMM input type (sets the peak; default fp8 for fp8 weights on GPUs with fp8, else 16-bit)")
     g.add_argument("--serve", action="store_true",
                    help="continuous batching under load (--concurrency or --arrival-rate); plan with --ttft-slo/--tpot-slo "
-                        "and no load: each layout's capacity under the SLO (docs/capacity.md)")
+                        "and no load: each layout's capacity under the SLO; estimate does so for its layout with "
+                        "--slo-percentile (docs/capacity.md)")
     g.add_argument("--concurrency", type=BOUNDED["batch"], default=None, help="--serve: closed loop of C clients")
     g.add_argument("--arrival-rate", type=BOUNDED["rate"], default=None, metavar="R", help="--serve: Poisson arrivals, requests/s")
     g.add_argument("--ttft-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-to-first-token target, s")
     g.add_argument("--tpot-slo", type=BOUNDED["seconds"], default=None, metavar="S", help="--serve: time-per-output-token target, s")
     g.add_argument("--slo-percentile", choices=("p50", "p99"), default=None,      # serving.capacity.PERCENTILES
-                   help="plan --serve without a load: the statistic the SLO holds for; p50 (default: the steady state's "
-                        "mean stands for the median, fast) or p99 (the simulation's, a few runs per layout, slower)")
+                   help="--serve with --ttft-slo/--tpot-slo and no load: the statistic the SLO holds for; p50 (plan's "
+                        "default: the steady state's mean stands for the median, fast) or p99 (the simulation's, a few "
+                        "runs per layout, slower); estimate then prices its one layout at its capacity (MLPerf "
+                        "Inference Server's measure)")
     g.add_argument("--target-rate", type=BOUNDED["rate"], default=None, metavar="R",
                    help="plan --serve with --ttft-slo/--tpot-slo: the fewest GPUs (up to --gpus, else 1024) and the layout "
                         "that serve R requests/s within the SLO")
@@ -144,10 +147,12 @@ def check_serve_flags(args, plan: bool = False) -> None:
         return
     loads = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate)) if v is not None]
     slo = args.ttft_slo is not None or args.tpot_slo is not None
-    if not plan and (target is not None or pct):
-        raise ShardlabError(f"{'--target-rate' if target is not None else '--slo-percentile'} belongs to the capacity "
-                            f"search of `shardlab plan --inference --serve --ttft-slo S` (no load); estimate --serve "
-                            f"takes --concurrency or --arrival-rate")
+    if not plan and target is not None:
+        raise ShardlabError("--target-rate belongs to the capacity search of `shardlab plan --inference --serve "
+                            "--ttft-slo S` (no load), which tries GPU counts; estimate --serve prices one layout")
+    if not plan and pct and not slo:
+        raise ShardlabError("--slo-percentile asks for this layout's capacity under latency targets: add --ttft-slo S "
+                            "and/or --tpot-slo S (and no load)")
     if target is not None and loads:
         raise ShardlabError(f"--target-rate asks how many GPUs a rate needs; drop {' and '.join(loads)} (the rate is "
                             f"the load)")
@@ -155,8 +160,8 @@ def check_serve_flags(args, plan: bool = False) -> None:
         raise ShardlabError("--target-rate needs the latency it must be served within: add --ttft-slo S and/or "
                             "--tpot-slo S")
     if pct and loads:
-        raise ShardlabError(f"--slo-percentile applies to the capacity search (no load); under {loads[0]} the plan "
-                            f"prints the best layout's simulated p50 and p99: drop --slo-percentile")
+        raise ShardlabError(f"--slo-percentile applies to the capacity search (no load); under {loads[0]} the "
+                            f"simulated p50 and p99 are printed: drop --slo-percentile")
     if len(loads) > 1 or (plan and not loads and not slo):
         raise ShardlabError("--serve needs exactly one of --concurrency C (closed loop) or --arrival-rate R (requests/s)"
                             + ("; or, for the capacity under latency targets, --ttft-slo S and/or --tpot-slo S alone"

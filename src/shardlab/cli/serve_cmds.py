@@ -77,17 +77,30 @@ def estimate_serve(args, spec, cluster, prec, engine):
         raise ShardlabError(f"{spec.name} on {case.layout_label} {cluster.accelerator.id} leaves room for "
                             f"{case.blocks.num_blocks} KV blocks, not one {args.prompt_len + args.output_len}-token sequence: "
                             f"raise --tp/--pp, quantize (--weights), or shorten the request")
+    cap_slo = None
+    if getattr(args, "slo_percentile", None) and args.concurrency is None and args.arrival_rate is None:
+        from shardlab.cli.serve_capacity import layout_capacity     # MLPerf Server's measure: the rate at the caps
+
+        cap_slo = layout_capacity(case, args.ttft_slo, args.tpot_slo, args.slo_percentile, seed=args.seed)
+        args.arrival_rate = cap_slo["max_request_rate"]
     at_capacity = args.concurrency is None and args.arrival_rate is None
     if at_capacity:                               # no load given: as many clients as the replica runs at once
         args.concurrency = case.capacity
     mode, load, words = _load(args)
     if at_capacity:
         words += " (no load given: the replica's capacity)"
+    if cap_slo:
+        words += f" (the layout's capacity under the {cap_slo['statistic']} SLO)"
     res = {k: float(v[0]) for k, v in fluid(arrays([case]), [mode], [load]).items()}
     sim_failed = None
+    searched = cap_slo.pop("sim", None) if cap_slo else None
     try:
+        if searched is not None and args.requests is None:   # the p99 search's own run at this rate: its accepted p99
+            raise _Searched
         sim = simulate(case, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
                        seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
+    except _Searched:
+        sim = searched
     except ShardlabError as e:                    # a load far beyond the replica's slots: the cycle bound ends it first
         if "completed no measured request" not in str(e):
             raise
@@ -106,6 +119,16 @@ def estimate_serve(args, spec, cluster, prec, engine):
                                                            "blocks_per_sequence": case.blocks_per_seq},
            "steady_state": res, "simulation": sim.to_dict() if sim else None, "limits": lim.to_dict(), "slo": slo,
            "speculation": case.speculation.to_dict() if case.speculation else None}
+    cap_lines = []
+    if cap_slo:
+        from shardlab.cli.serve_capacity import capacity_lines
+
+        p99 = cap_slo["statistic"] == "p99" and sim is not None        # the latencies at capacity, in the statistic
+        doc["capacity_under_slo"] = {**cap_slo, "max_concurrency": res["in_flight"],
+                                     "goodput_tokens_per_s_per_gpu": cap_slo["max_request_rate"] * args.output_len / case.gpus,
+                                     "ttft_s": sim.ttft_s.p99 if p99 else res["ttft_s"],
+                                     "tpot_s": sim.tpot_s.p99 if p99 else res["tpot_s"]}
+        cap_lines = ["", *capacity_lines(cap_slo, res, case.gpus, args.output_len)]
     S = sim or _NO_SIM
     sm = (lambda x: _ms(x)) if sim else (lambda x: "–")  # noqa: E731
     rows = [["TTFT (ms)", _ms(res["ttft_s"]), sm(S.ttft_s.mean), sm(S.ttft_s.p50), sm(S.ttft_s.p99)],
@@ -145,7 +168,9 @@ def estimate_serve(args, spec, cluster, prec, engine):
                      f"{sim.preemptions} preemptions, seed {args.seed})" if sim else
                      "latency and throughput (steady state; the simulation finished no measured request)")),
         "", *binds,
-        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
+        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if (args.ttft_slo or args.tpot_slo) and not cap_slo
+          else []),
+        *cap_lines,
         *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]
           if res["overloaded"] else []),
         *notes,
@@ -153,6 +178,10 @@ def estimate_serve(args, spec, cluster, prec, engine):
             "deterministic simulation of the same scheduler (serving.simulate); kernel rates per GPU generation and "
             "host costs per engine version, fitted to published measurements (`shardlab validate --inference`)"])
     return finite(doc), text
+
+
+class _Searched(Exception):
+    """The capacity search already simulated the report's rate (``serve_capacity.layout_capacity``)."""
 
 
 class _Missing:
