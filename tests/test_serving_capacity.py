@@ -260,3 +260,16 @@ def test_estimate_p99_capacity_shows_the_run_it_accepted():
 def test_estimate_capacity_refusals_are_one_line(argv, needle):
     code, out, err = cli_main(*EST, *argv)
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_p99_runs_take_enough_requests_to_fill_the_layout():
+    """A run's arrivals must outlast the warm-up: 3 requests per sequence the p50 capacity keeps in flight (300 at
+    least, 5,000 at most). Llama-2-70B on TP 8 keeps 753 in flight at TPOT ≤ 200 ms: 300 requests averaged 134."""
+    from shardlab.serving.capacity import requests_per_run
+
+    assert [requests_per_run(x) for x in (50, 753, 1e6, float("nan"))] == [300, 2259, 5000, 300]
+    code, out, err = cli_main("estimate", "llama-2-70b", "--inference", "--serve", "--gpu", "h100-sxm", "--tp", "8",
+                              "--ttft-slo", "2", "--tpot-slo", "0.2", "--slo-percentile", "p99", "--json")
+    assert code == 0, err
+    d = strict_json(out)
+    assert d["capacity_under_slo"]["max_concurrency"] > 700 and d["simulation"]["mean_running"] > 400

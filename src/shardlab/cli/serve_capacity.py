@@ -17,20 +17,15 @@ import math
 
 SIM_RUNS = 10
 """Simulations one layout's p99 search may run (the plan's budget is shared by its layouts; here there is one)."""
-ARRIVALS_PER_SLOT = 3
-"""Requests per run of the p99 search: this many times the sequences the p50 capacity keeps in flight, so that a
-run's arrivals outlast the warm-up and its percentiles describe the loaded replica (300 requests, the plan's
-per-layout figure, fill 753 slots of Llama-2-70B on TP 8 to 134 on average; 2,500 fill them to 483)."""
-MAX_REQUESTS = 5000
-"""... at most (a run of 5,000 requests at ~750 in flight is under 2 s)."""
 
 
 def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percentile: str, seed: int = 0) -> dict:
     """{'statistic', 'ttft_slo_s', 'tpot_slo_s', 'max_request_rate', 'p50_rate', 'saturation_rate',
-    'bracket_upper_rate', 'settled', 'binds', 'method', 'simulations', 'sim'} for one replica (``case``); 'sim' is the p99 search's simulation at the rate it
-    returns (None for p50), which the report shows, so its p99 is the one the search accepted. A ShardlabError says
+    'bracket_upper_rate', 'settled', 'binds', 'method', 'simulations', 'sim'} for one replica (``case``); 'sim' is
+    the p99 search's simulation at the rate it returns (None for p50), which the report shows, so its p99 is the one
+    the search accepted; each run takes ``serving.capacity.requests_per_run`` requests. A ShardlabError says
     so when no rate tried meets the targets."""
-    from shardlab.serving.capacity import SIM_REQUESTS, Slo, fluid_capacity, simulated_capacity
+    from shardlab.serving.capacity import Slo, fluid_capacity, requests_per_run, simulated_capacity
     from shardlab.serving.steady import arrays
 
     slo = Slo(ttft_slo, tpot_slo, percentile)
@@ -41,10 +36,9 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
            "simulations": 0, "sim": None,
            "method": "steady-state means stand for the medians (serving.capacity.fluid_capacity, to 1e-4 of the rate)"}
     if percentile == "p99" and rate > 0:
-        life, flight = float(fc.at_capacity["e2e_s"][0]), float(fc.at_capacity["in_flight"][0])
-        most = int(min(MAX_REQUESTS, max(SIM_REQUESTS, ARRIVALS_PER_SLOT * flight)))
+        life = float(fc.at_capacity["e2e_s"][0])
         sc = simulated_capacity(case, slo, rate, lifetime_s=life if math.isfinite(life) else 0.0, max_runs=SIM_RUNS,
-                                seed=seed, requests=most)
+                                seed=seed, requests=requests_per_run(fc.at_capacity["in_flight"][0]))
         # nothing missed: the p99 met the targets at the p50 capacity, the search's upper bound (as plan's "(p50)")
         rate, binds = sc.request_rate_per_replica, (sc.binds or f"{binds} (p50)")
         out.update(bracket_upper_rate=sc.missed_rate_per_replica if math.isfinite(sc.missed_rate_per_replica) else None,

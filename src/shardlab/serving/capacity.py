@@ -50,6 +50,13 @@ SIM_REQUESTS = 300
 """Requests per simulation of the p99 search, at most (up to a third each of warm-up and drain are not measured)."""
 SIM_MIN_REQUESTS = 100
 """... at least."""
+ARRIVALS_PER_SLOT = 3
+"""A layout's runs take at least this many requests per sequence its p50 capacity keeps in flight (up to
+SIM_MAX_REQUESTS), so that a run's arrivals outlast the warm-up and its percentiles describe the loaded replica:
+SIM_REQUESTS alone filled the 753 slots of Llama-2-70B on TP 8 (1,024 + 256 tokens, TPOT ≤ 200 ms) to 134 on
+average, where 2,500 requests fill them to 483."""
+SIM_MAX_REQUESTS = 5000
+"""... at most (a run of 5,000 requests at ~750 in flight simulates in under 2 s)."""
 SIM_RUN_CYCLES = 20_000
 """Cycles one run aims at (``sim_requests`` takes fewer requests when the replica runs few sequences at once)."""
 SIM_CYCLE_BUDGET = 150_000
@@ -236,6 +243,13 @@ def _sim_ratio(sim: SimResult | None, slo: Slo) -> tuple[float, float]:
     return float(rt), float(rp)
 
 
+def requests_per_run(in_flight: float, base: int = SIM_REQUESTS) -> int:
+    """The most requests one run of a layout takes: ``base``, or ARRIVALS_PER_SLOT per sequence its p50 capacity keeps
+    in flight where that is more (at most SIM_MAX_REQUESTS)."""
+    flight = float(in_flight) if math.isfinite(float(in_flight)) else 0.0
+    return int(min(SIM_MAX_REQUESTS, max(base, ARRIVALS_PER_SLOT * flight)))
+
+
 def sim_requests(rate: float, lifetime_s: float, output_len: int, most: int = SIM_REQUESTS) -> int:
     """Requests for one run at ``rate`` per replica: ``most``, fewer when the replica runs few sequences at once (a run
     takes about requests × output tokens / sequences in flight cycles; in flight ≈ rate × lifetime, Little's law),
@@ -336,6 +350,9 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
         v = float(cap.at_capacity["e2e_s"][i])
         return v if math.isfinite(v) else 0.0
 
+    def most(i: int) -> int:                              # requests per run: enough to fill the layout's slots
+        return requests_per_run(cap.at_capacity["in_flight"][i], requests)
+
     def goodput(i: int) -> float:                          # a rate that met the targets: a lower bound
         return out[i].request_rate_per_replica * O[i] / gpus_per_replica[i]
 
@@ -347,7 +364,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
             break
         if i in out:
             continue
-        q, miss, sim, c = _run(cases[i], slo, float(upper[i]), requests, seed, life(i))
+        q, miss, sim, c = _run(cases[i], slo, float(upper[i]), most(i), seed, life(i))
         spent, cycles = spent + 1, cycles + c
         if q <= 1:
             out[i] = SimCapacity(float(upper[i]), math.inf, True, None, sim, 1, c)
@@ -361,7 +378,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
             cut = True
             break
         floor = best * gpus_per_replica[i] / O[i] * (1 + 1e-9)
-        r = simulated_capacity(cases[i], slo, float(upper[i]), lifetime_s=life(i), requests=requests, seed=seed,
+        r = simulated_capacity(cases[i], slo, float(upper[i]), lifetime_s=life(i), requests=most(i), seed=seed,
                                max_runs=min(SIM_MAX_RUNS - 1, max_runs - spent), max_cycles=max_cycles - cycles,
                                upper_missed=missed[i], floor_rate=floor)
         out[i] = r
@@ -377,7 +394,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
         if i in out and out[i].missed_rate_per_replica < top:    # dropped in (2): it missed at that rate
             top = out[i].missed_rate_per_replica
             known_miss = (known_miss[0] if known_miss else 2.0, out[i].binds or "ttft")
-        r = simulated_capacity(cases[i], slo, top, lifetime_s=life(i), requests=requests, seed=seed,
+        r = simulated_capacity(cases[i], slo, top, lifetime_s=life(i), requests=most(i), seed=seed,
                                max_runs=min(must_runs - (known_miss is not None), max_runs - spent),
                                max_cycles=max_cycles - cycles, upper_missed=known_miss)
         out[i] = r
