@@ -150,6 +150,13 @@ def check_serve_flags(args, plan: bool = False) -> None:
     if not plan and target is not None:
         raise ShardlabError("--target-rate belongs to the capacity search of `shardlab plan --inference --serve "
                             "--ttft-slo S` (no load), which tries GPU counts; estimate --serve prices one layout")
+    if not plan and pct == "p99" and args.requests:
+        raise ShardlabError("--requests sets the report's own simulation; with --slo-percentile p99 the report shows the "
+                            "run the capacity search accepted (its requests follow the load): drop --requests")
+    if not plan and pct and getattr(args, "disaggregated", None):
+        raise ShardlabError("--slo-percentile asks for one aggregated layout's capacity; for disaggregated pools use "
+                            "`shardlab plan --inference --serve --ttft-slo S` (it searches the splits) or give "
+                            "--arrival-rate R")
     if not plan and pct and not slo:
         raise ShardlabError("--slo-percentile asks for this layout's capacity under latency targets: add --ttft-slo S "
                             "and/or --tpot-slo S (and no load)")

@@ -95,7 +95,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     sim_failed = None
     searched = cap_slo.pop("sim", None) if cap_slo else None
     try:
-        if searched is not None and args.requests is None:   # the p99 search's own run at this rate: its accepted p99
+        if searched is not None:                  # the p99 search's own run at this rate: its accepted p99
             raise _Searched
         sim = simulate(case, concurrency=args.concurrency, arrival_rate=args.arrival_rate, requests=args.requests,
                        seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
@@ -123,11 +123,11 @@ def estimate_serve(args, spec, cluster, prec, engine):
     if cap_slo:
         from shardlab.cli.serve_capacity import capacity_lines
 
-        p99 = cap_slo["statistic"] == "p99" and sim is not None        # the latencies at capacity, in the statistic
+        p99 = cap_slo["statistic"] == "p99"       # the latencies at capacity, in the statistic (None: no run)
         doc["capacity_under_slo"] = {**cap_slo, "max_concurrency": res["in_flight"],
                                      "goodput_tokens_per_s_per_gpu": cap_slo["max_request_rate"] * args.output_len / case.gpus,
-                                     "ttft_s": sim.ttft_s.p99 if p99 else res["ttft_s"],
-                                     "tpot_s": sim.tpot_s.p99 if p99 else res["tpot_s"]}
+                                     "ttft_s": (sim.ttft_s.p99 if sim else None) if p99 else res["ttft_s"],
+                                     "tpot_s": (sim.tpot_s.p99 if sim else None) if p99 else res["tpot_s"]}
         cap_lines = ["", *capacity_lines(cap_slo, res, case.gpus, args.output_len)]
     S = sim or _NO_SIM
     sm = (lambda x: _ms(x)) if sim else (lambda x: "–")  # noqa: E731

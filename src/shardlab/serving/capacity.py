@@ -50,13 +50,6 @@ SIM_REQUESTS = 300
 """Requests per simulation of the p99 search, at most (up to a third each of warm-up and drain are not measured)."""
 SIM_MIN_REQUESTS = 100
 """... at least."""
-ARRIVALS_PER_SLOT = 3
-"""A layout's runs take at least this many requests per sequence its p50 capacity keeps in flight (up to
-SIM_MAX_REQUESTS), so that a run's arrivals outlast the warm-up and its percentiles describe the loaded replica:
-SIM_REQUESTS alone filled the 753 slots of Llama-2-70B on TP 8 (1,024 + 256 tokens, TPOT ≤ 200 ms) to 134 on
-average, where 2,500 requests fill them to 483."""
-SIM_MAX_REQUESTS = 5000
-"""... at most (a run of 5,000 requests at ~750 in flight simulates in under 2 s)."""
 SIM_RUN_CYCLES = 20_000
 """Cycles one run aims at (``sim_requests`` takes fewer requests when the replica runs few sequences at once)."""
 SIM_CYCLE_BUDGET = 150_000
@@ -243,13 +236,6 @@ def _sim_ratio(sim: SimResult | None, slo: Slo) -> tuple[float, float]:
     return float(rt), float(rp)
 
 
-def requests_per_run(in_flight: float, base: int = SIM_REQUESTS) -> int:
-    """The most requests one run of a layout takes: ``base``, or ARRIVALS_PER_SLOT per sequence its p50 capacity keeps
-    in flight where that is more (at most SIM_MAX_REQUESTS)."""
-    flight = float(in_flight) if math.isfinite(float(in_flight)) else 0.0
-    return int(min(SIM_MAX_REQUESTS, max(base, ARRIVALS_PER_SLOT * flight)))
-
-
 def sim_requests(rate: float, lifetime_s: float, output_len: int, most: int = SIM_REQUESTS) -> int:
     """Requests for one run at ``rate`` per replica: ``most``, fewer when the replica runs few sequences at once (a run
     takes about requests × output tokens / sequences in flight cycles; in flight ≈ rate × lifetime, Little's law),
@@ -258,11 +244,12 @@ def sim_requests(rate: float, lifetime_s: float, output_len: int, most: int = SI
     return int(min(most, max(SIM_MIN_REQUESTS, SIM_RUN_CYCLES * in_flight / max(output_len, 1))))
 
 
-def _run(case: ServeCase, slo: Slo, rate: float, requests: int, seed: int, lifetime_s: float):
+def _run(case: ServeCase, slo: Slo, rate: float, requests: int, seed: int, lifetime_s: float,
+         max_cycles: int = 60000):
     """(percentile / target, 'ttft' or 'tpot' for the worse of the two, the run or None, cycles) of one simulation."""
     n = sim_requests(rate, lifetime_s, case.output_len, requests)
     try:
-        sim = simulate(case, arrival_rate=rate, requests=n, seed=seed, lifetime_s=lifetime_s)
+        sim = simulate(case, arrival_rate=rate, requests=n, seed=seed, lifetime_s=lifetime_s, max_cycles=max_cycles)
     except ShardlabError:
         sim = None
     rt, rp = _sim_ratio(sim, slo)
@@ -272,13 +259,15 @@ def _run(case: ServeCase, slo: Slo, rate: float, requests: int, seed: int, lifet
 def simulated_capacity(case: ServeCase, slo: Slo, upper_rate: float, *, lifetime_s: float = 0.0,
                        requests: int = SIM_REQUESTS, seed: int = 0, rel_tol: float = SIM_REL_TOL,
                        max_runs: int = SIM_MAX_RUNS, max_cycles: int = SIM_CYCLE_BUDGET,
-                       upper_missed: tuple[float, str] | None = None, floor_rate: float = 0.0) -> SimCapacity:
+                       upper_missed: tuple[float, str] | None = None, floor_rate: float = 0.0,
+                       run_cycles: int = 60000, sizer=None) -> SimCapacity:
     """The largest Poisson rate per replica (at most ``upper_rate``) whose simulated ``slo.percentile`` of TTFT and
     TPOT meet the targets. Runs at ``upper_rate`` (``upper_missed`` = (ratio, target) when that run is already known
     to have missed); when it misses by a ratio q (percentile / target), tries upper / q² (within a quarter and 0.9 of
     it), halving on until a run meets the targets (down to 1/64 of ``upper_rate``: then 0), and bisects the bracket
     geometrically until it is within ``rel_tol`` or ``max_runs`` runs (or ``max_cycles`` simulated cycles) are
-    spent. ``floor_rate`` > 0: only a rate above it matters (a better layout serves that much): the first try below
+    spent; ``run_cycles`` bounds one run (``simulate``'s max_cycles); ``sizer``(rate) -> (requests, run_cycles) sizes
+    each run for its rate instead. ``floor_rate`` > 0: only a rate above it matters (a better layout serves that much): the first try below
     the upper bound is the floor, and a miss there ends the search. Every run uses the same seed, so the arrivals are one pattern scaled in time (common
     random numbers) and the result is deterministic; a percentile of a few hundred requests is noisy, so the rate
     is only as good as ``rel_tol`` and that noise."""
@@ -287,7 +276,8 @@ def simulated_capacity(case: ServeCase, slo: Slo, upper_rate: float, *, lifetime
     def run(rate: float):
         nonlocal runs, cycles
         runs += 1
-        q, why, sim, c = _run(case, slo, rate, requests, seed, lifetime_s)
+        n, mc = sizer(rate) if sizer else (requests, run_cycles)
+        q, why, sim, c = _run(case, slo, rate, n, seed, lifetime_s, mc)
         cycles += c
         return q, why, sim
 
@@ -350,9 +340,6 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
         v = float(cap.at_capacity["e2e_s"][i])
         return v if math.isfinite(v) else 0.0
 
-    def most(i: int) -> int:                              # requests per run: enough to fill the layout's slots
-        return requests_per_run(cap.at_capacity["in_flight"][i], requests)
-
     def goodput(i: int) -> float:                          # a rate that met the targets: a lower bound
         return out[i].request_rate_per_replica * O[i] / gpus_per_replica[i]
 
@@ -364,7 +351,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
             break
         if i in out:
             continue
-        q, miss, sim, c = _run(cases[i], slo, float(upper[i]), most(i), seed, life(i))
+        q, miss, sim, c = _run(cases[i], slo, float(upper[i]), requests, seed, life(i))
         spent, cycles = spent + 1, cycles + c
         if q <= 1:
             out[i] = SimCapacity(float(upper[i]), math.inf, True, None, sim, 1, c)
@@ -378,7 +365,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
             cut = True
             break
         floor = best * gpus_per_replica[i] / O[i] * (1 + 1e-9)
-        r = simulated_capacity(cases[i], slo, float(upper[i]), lifetime_s=life(i), requests=most(i), seed=seed,
+        r = simulated_capacity(cases[i], slo, float(upper[i]), lifetime_s=life(i), requests=requests, seed=seed,
                                max_runs=min(SIM_MAX_RUNS - 1, max_runs - spent), max_cycles=max_cycles - cycles,
                                upper_missed=missed[i], floor_rate=floor)
         out[i] = r
@@ -394,7 +381,7 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
         if i in out and out[i].missed_rate_per_replica < top:    # dropped in (2): it missed at that rate
             top = out[i].missed_rate_per_replica
             known_miss = (known_miss[0] if known_miss else 2.0, out[i].binds or "ttft")
-        r = simulated_capacity(cases[i], slo, top, lifetime_s=life(i), requests=most(i), seed=seed,
+        r = simulated_capacity(cases[i], slo, top, lifetime_s=life(i), requests=requests, seed=seed,
                                max_runs=min(must_runs - (known_miss is not None), max_runs - spent),
                                max_cycles=max_cycles - cycles, upper_missed=known_miss)
         out[i] = r
