@@ -273,3 +273,13 @@ def test_estimate_p99_runs_fill_the_layout():
     cap = strict_json(out)["capacity_under_slo"]
     assert cap["requests_per_run"] >= int(20 * cap["max_concurrency"]) and cap["filled"] >= 0.9, cap
     assert cap["max_request_rate"] < cap["p50_rate"] * 0.98 and cap["binds"] in ("ttft", "tpot")
+
+
+def test_estimate_capacity_page_leads_with_the_capacity(tmp_path):
+    out = tmp_path / "est.html"
+    code, _, err = cli_main(*EST, *SLO, "--slo-percentile", "p50", "--html", str(out))
+    assert code == 0, err
+    html = out.read_text()
+    assert 'id="capacity"' in html and "Capacity under the targets" in html and "MLPerf Inference Server" in html
+    assert html.index('id="answer"') < html.index("capacity under the targets") < html.index('id="capacity"') \
+        < html.index('id="steady-state"')

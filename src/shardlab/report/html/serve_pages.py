@@ -55,10 +55,36 @@ def serve_estimate_page(doc: dict) -> Page:
     page = Page(f"shardlab estimate --inference --serve: {doc['model']} on {plan_label(doc)} {doc['gpu']}",
                 f"{esc(doc['engine'])}, {doc['prompt_len']} + {doc['output_len']} tokens per request, "
                 f"{_load_text(doc.get('load') or {})}; {esc(doc.get('precision', ''))}; estimates")
-    ss = doc.get("steady_state") or {}
-    page.answer([("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
-                 ("output tokens/s", num(ss.get("output_tokens_per_s"))), ("in flight", num(ss.get("in_flight")))],
-                "the steady state (continuous batching); percentiles from the simulation below")
+    ss, cu = doc.get("steady_state") or {}, doc.get("capacity_under_slo")
+    if cu:                                   # --slo-percentile: the layout's capacity under the targets leads
+        stat = esc(cu.get("statistic", ""))
+        page.answer([("capacity under the targets", f"{num(cu.get('max_request_rate'))} requests/s"),
+                     ("goodput", f"{num(cu.get('goodput_tokens_per_s_per_gpu'))} tokens/s per GPU"),
+                     (f"{stat} TTFT there", _ms(cu.get("ttft_s"))), (f"{stat} TPOT there", _ms(cu.get("tpot_s")))],
+                    f"the largest Poisson rate whose {stat} latencies meet the targets (MLPerf Inference Server's "
+                    f"measure); the rest of the page is priced at that rate")
+    else:
+        page.answer([("time to first token", _ms(ss.get("ttft_s"))), ("time per output token", _ms(ss.get("tpot_s"))),
+                     ("output tokens/s", num(ss.get("output_tokens_per_s"))), ("in flight", num(ss.get("in_flight")))],
+                    "the steady state (continuous batching); percentiles from the simulation below")
+    if cu:
+        targets = "; ".join(f"{name} ≤ {_ms(cu[key])}" for key, name in (("ttft_slo_s", "TTFT"), ("tpot_slo_s", "TPOT"))
+                            if cu.get(key) is not None)
+        filled = cu.get("filled")
+        page.add("capacity", "Capacity under the targets", kv_table([
+            ("targets", f"{esc(targets)} ({stat})"),
+            ("most requests/s meeting them", f"{num(cu.get('max_request_rate'))}"
+                                             + ("" if cu.get("settled", True) else
+                                                f" (the search stopped at its budget: below {num(cu.get('bracket_upper_rate'))})")),
+            ("what binds just above it", esc(cu.get("binds", ""))),
+            ("in flight there (Little's law)", num(cu.get("max_concurrency"))),
+            ("goodput", f"{num(cu.get('goodput_tokens_per_s_per_gpu'))} output tokens/s per GPU"),
+            ("p50 capacity (steady-state means)", f"{num(cu.get('p50_rate'))} requests/s; saturation "
+                                                  f"{num(cu.get('saturation_rate'))}"),
+            ("how it was found", esc(cu.get("method", ""))),
+            *([("the accepted run's fill", f"{filled:.0%} of the steady state's sequences in flight"
+                + ("" if filled >= 0.9 else " <span class='bad'>(a lighter load: an upper bound)</span>"))]
+              if isinstance(filled, (int, float)) else [])]))
     over = bool(ss.get("overloaded"))
     unbounded = "<span class='bad'>unbounded</span>"
     banner = ("<p class='bad'>Overloaded: arrivals exceed what the replica completes; the queue (and the time to "
@@ -95,7 +121,8 @@ def serve_estimate_page(doc: dict) -> Page:
         ("TPOT target", _target(slo.get("tpot_s"), lim.get("tpot_slo_load"), lim.get("unit", ""))),
         ("targets met", ("yes" if slo.get("met") else "<span class='bad'>no</span>")
          if slo.get("ttft_s") is not None or slo.get("tpot_s") is not None else "no targets given (--ttft-slo, --tpot-slo)")]))
-    rest = {k: v for k, v in doc.items() if k not in {"steady_state", "simulation", "kv_blocks", "limits", "capacity", "slo"}}
+    rest = {k: v for k, v in doc.items() if k not in {"steady_state", "simulation", "kv_blocks", "limits", "capacity", "slo",
+                                                       "capacity_under_slo"}}
     page.add("more", "Everything else in the document", generic(rest))
     return page
 
