@@ -349,6 +349,10 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
                 "output_tokens_per_s": (best["max_request_rate"] or 0.0) * args.output_len,
                 "binds": best["binds"], "binds_statistic": best["binds_statistic"], "statistic": slo.percentile,
                 "ttft_s": stat_ttft, "tpot_s": stat_tpot, "saturation_rate": best["saturation_rate"]}
+    if sim is not None and best["meets_slo"] and best["in_flight_per_replica"] > 0:
+        # how full the simulated run kept the replica: it starts empty, and near the capacity a fuller batch steps
+        # slower, so a few hundred requests may describe a lighter load (docs/capacity.md, Limits)
+        capacity["simulation_filled"] = sim.mean_running / best["in_flight_per_replica"]
     if target is not None:
         rate_best = capacity["max_request_rate"]
         target.update({"layout": capacity["layout"], "replicas": best["replicas"], "capacity_request_rate": rate_best,

@@ -51,6 +51,7 @@ def _rate(v) -> str:
 
 
 def _capacity_text(doc, args, cluster, sim, slo) -> str:
+    from shardlab.cli.serve_capacity import FILLED
     from shardlab.render.table import table
 
     plans, cap, pareto = doc["plans"], doc["capacity"], doc["pareto"]
@@ -93,6 +94,12 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
         if sim is not None:
             rec.append(f"  simulated ({sim.requests} requests): TTFT p50 {_with_ms(sim.ttft_s.p50)} / p99 "
                        f"{_with_ms(sim.ttft_s.p99)}, TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}")
+            filled = cap.get("simulation_filled")
+            if slo.percentile == "p99" and filled is not None and filled < FILLED:
+                rec.append(f"  that run kept {filled:.0%} of the sequences the steady state runs per replica (runs start "
+                           f"empty; a fuller batch steps slower): its p99 describes a lighter load, so this p99 capacity "
+                           f"is an upper bound; `shardlab estimate` on the layout with --slo-percentile p99 sizes its "
+                           f"runs to fill it")
     elif best["meets_slo"] is None:
         rec = ["NO layout was shown to meet the p99 targets: the simulations run (their budget spent) found no rate "
                "meeting them; the p50 capacities (≤) bound what each layout could serve: use --slo-percentile p50, "
