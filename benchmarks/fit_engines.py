@@ -6,7 +6,9 @@ target row of src/shardlab/validation/inference_runs.yaml, as `shardlab validate
 empirical Bayes, src/shardlab/validation/inference_fit.py), repeating until the values stop moving (each pass starts
 from the last); writes src/shardlab/catalog/data/serving_rates.yaml (with each generation's count of measured
 values and a default entry, the fitted generations' mean) and the overheads into
-src/shardlab/catalog/data/engines.yaml, with the command and the date in their sources; then
+src/shardlab/catalog/data/engines.yaml, with the command and the date in their sources; refits every
+leave-one-source-out fold on those values and commits them to src/shardlab/validation/inference_crossval.json
+(`validate --inference` reuses them while the data files are unchanged); then
 rewrites docs/inference.md's generated tables from a fresh `validate --inference` (in sample and
 leave-one-source-out). tests/test_serve_cli.py fails when engines.yaml or the page lag behind a refit.
 
@@ -113,6 +115,12 @@ def main() -> int:
         print(f"  {g:13s} " + ", ".join(f"{k} {v:.3f}" for k, v in vals.items()))
     for e, vals in sorted(refit["engines"].items()):
         print(f"  {e:18s} " + ", ".join(f"{k} {_fmt(k, v)}" for k, v in vals.items()))
+    # the leave-one-source-out folds on the values just written, committed for `validate --inference` to reuse
+    from shardlab.validation.inference_folds import FOLDS_FILE, write
+
+    d = validate(get_catalog(), runs)
+    write(d["fold_values"], d["free_values"], d["refit"], date, COMMAND)
+    print(f"wrote {FOLDS_FILE.relative_to(ROOT)} ({len(d['fold_values'])} folds)")
     from shardlab.cli import main as cli
     from shardlab.validation.inference_markdown import blocks
     from shardlab.validation.markdown import render_into

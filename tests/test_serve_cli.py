@@ -225,3 +225,28 @@ def test_overloaded_latency_plan_still_serves_the_most_and_truncation_is_said():
 
     assert "60,000-cycle bound" in sim_notes(SimpleNamespace(truncated=True, steady=False, cycles=60000), 10)[0]
     assert sim_notes(SimpleNamespace(truncated=False, steady=True), 10) == []
+
+
+def test_committed_serving_folds_are_current_and_one_refits_to_them():
+    """validate --inference reuses the folds benchmarks/fit_engines.py commits: they were written from today's data
+    files, cover every source with fitted rows, and one refitted now predicts its source as the committed one does."""
+    from copy import copy
+
+    from shardlab.validation.inference import fitted, prepare_runs
+    from shardlab.validation.inference_folds import load
+
+    cat, runs = get_catalog(), load_inference_runs()
+    c = load(cat)
+    assert c is not None, "rerun python benchmarks/fit_engines.py: the data changed since the folds were written"
+    prep = prepare_runs(runs, cat)
+    assert set(c["folds"]) == {prep.runs[i].source for i in fitted(prep, np.arange(len(runs)))}
+    assert load(copy(cat)) is None                                  # a user catalog refits
+    src = "nim-1.8-concurrency"
+    fresh = {(r["run"], r["metric"]): r["loso_error"] for r in validate(cat, runs, only_source=src)["rows"]
+             if r["source"] == src}
+    reused = validate(cat, runs, committed=c)
+    assert reused["folds"] == "committed" and "fold_values" not in reused
+    got = {(r["run"], r["metric"]): r["loso_error"] for r in reused["rows"] if r["source"] == src}
+    assert fresh and set(fresh) == set(got)
+    assert all((fresh[k] is None) == (got[k] is None) and (fresh[k] is None or abs(fresh[k] - got[k]) < 1e-6)
+               for k in fresh)

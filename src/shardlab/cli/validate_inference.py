@@ -22,9 +22,13 @@ def validate_inference(args):
     runs = load_inference_runs()
     from shardlab.cli.progress import bar
 
+    from shardlab.validation.inference_folds import load
+
     n = len({r.source for r in runs}) if runs else 0
+    catalog = get_catalog(list(args.catalog))
+    committed = load(catalog)               # benchmarks/fit_engines.py's folds, where they were fitted to today's data
     with bar(n + 1, "serving fit: the refit, then each source held out", unit="fold") as cb:
-        d = validate(get_catalog(list(args.catalog)), runs, progress=cb)
+        d = validate(catalog, runs, progress=None if committed else cb, committed=committed)
     refit, v = d["refit"], d["verdict"]
     names = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
     rows = []
@@ -81,8 +85,10 @@ def validate_inference(args):
         + (f", and {unscored} predicted overloaded (no prediction to score)" if unscored else "") + " (in the --json rows)",
         f"fitted: each GPU generation's {', '.join(RATE_FIELDS)} (shared by every engine; measured values behind them: "
         f"{counts}) and each engine version's {', '.join(FITTED)} (measured values: {per_engine}); leave-one-source-out "
-        f"refits all of them without the "
-        f"source, then predicts it",
+        f"refits all of them without the source, then predicts it ("
+        + (f"the committed folds of src/shardlab/validation/inference_crossval.json, written by "
+           f"`python benchmarks/fit_engines.py` on {committed['date']} from today's data files"
+           if d["folds"] == "committed" else "refitted now") + ")",
         (f"a refit moves {', '.join(drift)} by more than 2% (python benchmarks/fit_engines.py writes them into "
          f"catalog/data/serving_rates.yaml and engines.yaml)" if drift
          else "serving_rates.yaml and engines.yaml hold the values a refit on all rows gives"),
@@ -90,12 +96,13 @@ def validate_inference(args):
     doc = {"summary": {"in_sample": d["in_sample"], "leave_one_source_out": d["loso"], "goals": GOALS, "verdict": v},
            "rates": d["values"]["rates"], "engines": d["values"]["engines"], "rows_per_generation": d["rows_per_generation"],
            "rows_per_engine": d["rows_per_engine"],
-           "refit": refit, "rows": d["rows"]}
+           "refit": refit, "folds": d["folds"], "rows": d["rows"]}
     return finite(doc), text
 
 
 _TRAINING_ONLY = (("--framework", "framework"), ("--refit", "refit"), ("--plot", "plot"), ("--model-out", "model_out"))
-"""validate flags that belong to the training validation (under --inference every run is refitted anyway)."""
+"""validate flags that belong to the training validation (under --inference the serving fit and its folds are
+benchmarks/fit_engines.py's, or refitted where the data changed)."""
 
 
 def check_inference_flags(args) -> None:
@@ -104,8 +111,9 @@ def check_inference_flags(args) -> None:
 
     bad = [flag for flag, attr in _TRAINING_ONLY if getattr(args, attr, None)]
     if bad:
-        raise ShardlabError(f"{', '.join(bad)} belong(s) to the training validation; `validate --inference` refits the "
-                            f"serving engines every time and takes --run ID for one measurement: drop {', '.join(bad)}")
+        raise ShardlabError(f"{', '.join(bad)} belong(s) to the training validation; `validate --inference` reuses the "
+                            f"serving folds benchmarks/fit_engines.py commits (refitting where the data changed) and "
+                            f"takes --run ID for one measurement: drop {', '.join(bad)}")
 
 
 def inference_estimate_argv(run, case) -> list[str]:

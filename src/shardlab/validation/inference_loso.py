@@ -63,7 +63,7 @@ def _fold(src: str) -> tuple[str, list[dict]]:
     held = np.array([i for i in everything if prep.runs[i].source == src])
     seen = fitted(prep, keep)
     vals = unseen_from_others(prep, seen, fit_two_stage(prep, seen, values))
-    return src, errors(prep, predict(prep, vals, held), held)
+    return src, errors(prep, predict(prep, vals, held), held), {"rates": vals.rates, "engines": vals.engines}
 
 
 def _folds(prep: Prepared, values: Params, sources: list[str]):
@@ -83,18 +83,22 @@ def _folds(prep: Prepared, values: Params, sources: list[str]):
 
 
 def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True, only_source: str | None = None,
-             progress=None) -> dict:
+             progress=None, committed: dict | None = None) -> dict:
     """Predict every run with the catalog's values; refit (two stages, all generations' rates and all engines'
     overheads jointly); and leave-one-source-out: for each source, the same two-stage fit on every other source,
     then the source predicted (a generation or engine only that source covers takes the others' mean). Returns rows, summaries, values and the refit. ``only_source``: hold out that
-    source alone and skip the full refit (``validate --inference --run``)."""
+    source alone and skip the full refit (``validate --inference --run``). ``committed`` (``inference_folds.load``):
+    the refit and the folds written by benchmarks/fit_engines.py, used instead of refitting; without it the result
+    carries the folds it fitted ('fold_values', 'free_values') for that script to write."""
     from shardlab.validation.inference_fit import catalog_params, fit_two_stage, unseen_from_others
 
     runs = runs or load_inference_runs()
     prep = prepare_runs(runs, catalog)
     everything = np.arange(len(runs))
     values = catalog_params(prep)
-    refit = None if only_source else fit_two_stage(prep, fitted(prep, everything), values)
+    if committed is not None and (only_source or not loso):
+        committed = None                          # one source or no folds: cheap to refit, nothing to reuse
+    refit = None if only_source else (committed["refit"] if committed else fit_two_stage(prep, fitted(prep, everything), values))
     sources = [only_source] if only_source else sorted({r.source for r in runs})
     # a source with no fitted row changes no fit: holding it out is the full refit (no fold to run)
     has_fit = {prep.runs[i].source for i in fitted(prep, everything)}
@@ -105,17 +109,32 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     by_key = {(r["run"], r["metric"]): r for r in rows}
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
+    fold_values, free_values = {}, None
+    if committed is not None and set(committed["folds"]) != set(folded):
+        committed = None                          # the file's sources are not these: refit (and say so)
+        refit = fit_two_stage(prep, fitted(prep, everything), values)
     if loso:
         free = [s for s in sources if s not in has_fit]
         if free:
-            base = refit if refit is not None else fit_two_stage(prep, fitted(prep, everything), values)
-            vals = unseen_from_others(prep, fitted(prep, everything), base)
+            if committed is not None and committed["free"] is not None:
+                vals = committed["free"]
+            else:
+                base = refit if refit is not None else fit_two_stage(prep, fitted(prep, everything), values)
+                vals = unseen_from_others(prep, fitted(prep, everything), base)
+            free_values = {"rates": vals.rates, "engines": vals.engines}
             for src in free:
                 held = np.array([i for i in everything if prep.runs[i].source == src])
                 for e in errors(prep, predict(prep, vals, held), held):
                     row = by_key[(e["run"], e["metric"])]
                     row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
-        for k, (src, found) in enumerate(_folds(prep, values, folded), 2):
+        if committed is not None:                 # each held-out source predicted with its committed fold
+            found_all = ((src, errors(prep, predict(prep, committed["folds"][src], held), held), None)
+                         for src in folded for held in [np.array([i for i in everything if prep.runs[i].source == src])])
+        else:
+            found_all = _folds(prep, values, folded)
+        for k, (src, found, fv) in enumerate(found_all, 2):
+            if fv is not None:
+                fold_values[src] = fv
             for e in found:
                 row = by_key[(e["run"], e["metric"])]
                 row["loso_predicted"], row["loso_error"] = e["predicted"], e["error"]
@@ -133,5 +152,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
             "verdict": verdict(loso_summary) if loso_summary else None,
             "values": {"rates": values.rates, "engines": values.engines},
             "refit": {"rates": refit.rates, "engines": refit.engines} if refit else None,
-            "rows_per_generation": counts, "rows_per_engine": per_engine, "goals": GOALS, "sources": sorted({r.source for r in runs})}
+            "rows_per_generation": counts, "rows_per_engine": per_engine, "goals": GOALS, "sources": sorted({r.source for r in runs}),
+            "folds": ("committed" if committed is not None else "refitted") if loso else None,
+            **({"fold_values": fold_values, "free_values": free_values} if loso and committed is None else {})}
 
