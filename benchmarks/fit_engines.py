@@ -95,6 +95,11 @@ def write_values(text: str, values: dict, date: str) -> str:
 
 
 def main() -> int:
+    import os
+
+    if os.environ.get("SHARDLAB_CATALOG"):
+        print("unset SHARDLAB_CATALOG: the fit writes the built-in catalog's values and folds", file=sys.stderr)
+        return 2
     date = datetime.date.today().isoformat()
     runs = load_inference_runs()
     for attempt in range(4):
@@ -119,7 +124,7 @@ def main() -> int:
     from shardlab.validation.inference_folds import FOLDS_FILE, write
 
     d = validate(get_catalog(), runs)
-    write(d["fold_values"], d["free_values"], d["refit"], date, COMMAND)
+    write(d["fold_values"], d["free_values"], d["refit"], runs, date, COMMAND)
     print(f"wrote {FOLDS_FILE.relative_to(ROOT)} ({len(d['fold_values'])} folds)")
     from shardlab.cli import main as cli
     from shardlab.validation.inference_markdown import blocks

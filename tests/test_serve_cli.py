@@ -241,12 +241,49 @@ def test_committed_serving_folds_are_current_and_one_refits_to_them():
     prep = prepare_runs(runs, cat)
     assert set(c["folds"]) == {prep.runs[i].source for i in fitted(prep, np.arange(len(runs)))}
     assert load(copy(cat)) is None                                  # a user catalog refits
+    rerun = "rerun python benchmarks/fit_engines.py"
+    refit = validate(cat, runs, loso=False)["refit"]            # the committed refit is what a refit gives now
+    for part in ("rates", "engines"):
+        for key, vals in refit[part].items():
+            for k, v in vals.items():
+                assert abs(v / getattr(c["refit"], part)[key][k] - 1) < 1e-6, f"{key}.{k}: {rerun}"
     src = "nim-1.8-concurrency"
     fresh = {(r["run"], r["metric"]): r["loso_error"] for r in validate(cat, runs, only_source=src)["rows"]
              if r["source"] == src}
     reused = validate(cat, runs, committed=c)
-    assert reused["folds"] == "committed" and "fold_values" not in reused
+    assert reused["folds"] == "committed" and "fold_values" not in reused, rerun
     got = {(r["run"], r["metric"]): r["loso_error"] for r in reused["rows"] if r["source"] == src}
     assert fresh and set(fresh) == set(got)
     assert all((fresh[k] is None) == (got[k] is None) and (fresh[k] is None or abs(fresh[k] - got[k]) < 1e-6)
-               for k in fresh)
+               for k in fresh), rerun
+    # a subset of the runs never takes folds fitted on all of them (validate compares this key and refits)
+    from shardlab.validation.inference_folds import runs_key
+
+    assert c["runs"] == runs_key(runs) != runs_key(runs[1:])
+
+
+def test_a_tampered_folds_file_is_refitted_not_trusted(tmp_path):
+    """Unreadable, NaN, negative or mis-shaped folds are never used (load returns None: validate refits)."""
+    import json as _json
+
+    from shardlab.validation.inference_folds import FOLDS_FILE, load
+
+    good = _json.loads(FOLDS_FILE.read_text())
+    src = next(iter(good["folds"]))
+    gen = next(iter(good["folds"][src]["rates"]))
+    bad_texts = ["[]", "null", "{", '{"folds": []}',
+                 FOLDS_FILE.read_text().replace(str(good["folds"][src]["rates"][gen]["kv_bandwidth_efficiency"]), "NaN", 1)]
+    for mutate in (lambda d: d["folds"][src]["rates"][gen].update(kv_bandwidth_efficiency=-0.5),
+                   lambda d: d["folds"][src]["rates"][gen].pop("kv_bandwidth_efficiency"),
+                   lambda d: d["refit"].update(engines=[])):
+        d = _json.loads(FOLDS_FILE.read_text())
+        mutate(d)
+        bad_texts.append(_json.dumps(d))
+    cat = get_catalog()
+    for i, text in enumerate(bad_texts):
+        p = tmp_path / f"f{i}.json"
+        p.write_text(text)
+        assert load(cat, p) is None, text[:80]
+    p = tmp_path / "ok.json"
+    p.write_text(FOLDS_FILE.read_text())
+    assert load(cat, p) is not None

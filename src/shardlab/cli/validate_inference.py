@@ -27,8 +27,11 @@ def validate_inference(args):
     n = len({r.source for r in runs}) if runs else 0
     catalog = get_catalog(list(args.catalog))
     committed = load(catalog)               # benchmarks/fit_engines.py's folds, where they were fitted to today's data
-    with bar(n + 1, "serving fit: the refit, then each source held out", unit="fold") as cb:
-        d = validate(catalog, runs, progress=None if committed else cb, committed=committed)
+    from contextlib import nullcontext
+
+    with (nullcontext(None) if committed else bar(n + 1, "serving fit: the refit, then each source held out",
+                                                   unit="fold")) as cb:
+        d = validate(catalog, runs, progress=cb, committed=committed)
     refit, v = d["refit"], d["verdict"]
     names = {"tpot": "per-token latency", "ttft": "first-token latency", "throughput": "throughput"}
     rows = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 FOLDS_FILE = Path(__file__).parent / "inference_crossval.json"
@@ -29,11 +30,43 @@ def fingerprint() -> str:
     return h.hexdigest()
 
 
-def write(folds: dict, free: dict | None, refit: dict, date: str, command: str, path: Path = FOLDS_FILE) -> None:
-    """Write the folds ({source: {'rates', 'engines'}}), the values for sources without fitted rows and the refit."""
-    doc = {"generated_by": command, "date": date, "fingerprint": fingerprint(), "refit": refit, "free": free,
-           "folds": folds}
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+def runs_key(runs) -> str:
+    """sha256 of the ids of the runs a fit saw (a caller's subset must not take folds fitted on all of them)."""
+    return hashlib.sha256("\n".join(sorted(r.id for r in runs)).encode()).hexdigest()
+
+
+def write(folds: dict, free: dict | None, refit: dict, runs, date: str, command: str, path: Path = FOLDS_FILE) -> None:
+    """Write the folds ({source: {'rates', 'engines'}}), the values for sources without fitted rows and the refit,
+    fitted on ``runs``."""
+    doc = {"generated_by": command, "date": date, "fingerprint": fingerprint(), "runs": runs_key(runs),
+           "refit": refit, "free": free, "folds": folds}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _params(d, where: str):
+    """A ``Params`` from {'rates': {generation: {field: share}}, 'engines': {engine: {field: µs}}}, every value a
+    finite number, shares in (0, 1] and overheads positive; ValueError otherwise."""
+    from shardlab.validation.inference import Params
+    from shardlab.serving.engines import FITTED
+    from shardlab.serving.rates import RATE_FIELDS
+
+    if not isinstance(d, dict) or not isinstance(d.get("rates"), dict) or not isinstance(d.get("engines"), dict):
+        raise ValueError(where)
+    for table, fields, ok in ((d["rates"], RATE_FIELDS, lambda v: 0.0 < v <= 1.0),
+                              (d["engines"], FITTED, lambda v: v > 0.0)):
+        for vals in table.values():
+            if not isinstance(vals, dict) or set(vals) != set(fields):
+                raise ValueError(where)
+            for v in vals.values():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                    raise ValueError(where)
+    return Params(d["rates"], d["engines"])
+
+
+def covers(committed: dict, values) -> bool:
+    """Every committed value set has the generations and engines ``values`` (the catalog's) has."""
+    sets = [committed["refit"], *committed["folds"].values(), *([committed["free"]] if committed["free"] else [])]
+    return all(set(values.rates) <= set(p.rates) and set(values.engines) <= set(p.engines) for p in sets)
 
 
 def load(catalog, path: Path = FOLDS_FILE) -> dict | None:
@@ -41,16 +74,19 @@ def load(catalog, path: Path = FOLDS_FILE) -> dict | None:
     'date'}) when they apply: the file exists, parses, was written from today's data files, and ``catalog`` is the
     built-in one. None otherwise (the caller refits)."""
     from shardlab.catalog import get_catalog
-    from shardlab.validation.inference import Params
 
     if catalog is not get_catalog() or not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text())
-        if doc.get("fingerprint") != fingerprint():
+        doc = json.loads(path.read_text(), parse_constant=_refuse)     # no NaN / Infinity
+        if not isinstance(doc, dict) or doc.get("fingerprint") != fingerprint() or not isinstance(doc.get("folds"), dict):
             return None
-        mk = lambda d: None if d is None else Params(d["rates"], d["engines"])  # noqa: E731
-        return {"folds": {s: mk(v) for s, v in doc["folds"].items()}, "free": mk(doc.get("free")),
-                "refit": mk(doc["refit"]), "date": doc.get("date")}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {"folds": {str(s): _params(v, s) for s, v in doc["folds"].items()},
+                "free": None if doc.get("free") is None else _params(doc["free"], "free"),
+                "refit": _params(doc.get("refit"), "refit"), "runs": doc.get("runs"), "date": str(doc.get("date"))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None                               # unreadable or tampered: refit, as without the file
+
+
+def _refuse(token: str):
+    raise ValueError(f"non-finite number {token}")

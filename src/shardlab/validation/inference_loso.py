@@ -53,8 +53,9 @@ _FOLD_STATE: dict = {}
 """The prepared runs and starting values the forked fold workers read (set before the pool forks)."""
 
 
-def _fold(src: str) -> tuple[str, list[dict]]:
-    """One leave-one-source-out fold: the two-stage fit without ``src``, then ``src``'s errors."""
+def _fold(src: str) -> tuple[str, list[dict], dict]:
+    """One leave-one-source-out fold: the two-stage fit without ``src``, then ``src``'s errors, and the fold's
+    values ({'rates', 'engines'})."""
     from shardlab.validation.inference_fit import fit_two_stage, unseen_from_others
 
     prep, values = _FOLD_STATE["prep"], _FOLD_STATE["values"]
@@ -68,7 +69,7 @@ def _fold(src: str) -> tuple[str, list[dict]]:
 
 def _folds(prep: Prepared, values: Params, sources: list[str]):
     """Each source's fold, in order, on every core (forked workers: the folds are independent fits); one at a time
-    where there is one core or one source. Yields (source, its rows' errors)."""
+    where there is one core or one source. Yields (source, its rows' errors, the fold's values)."""
     import os
 
     _FOLD_STATE.update(prep=prep, values=values)
@@ -110,7 +111,10 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
     for r in rows:
         r["loso_predicted"] = r["loso_error"] = None
     fold_values, free_values = {}, None
-    if committed is not None and set(committed["folds"]) != set(folded):
+    from shardlab.validation.inference_folds import covers, runs_key
+
+    if committed is not None and (set(committed["folds"]) != set(folded) or committed["runs"] != runs_key(runs)
+                                  or not covers(committed, values)):
         committed = None                          # the file's sources are not these: refit (and say so)
         refit = fit_two_stage(prep, fitted(prep, everything), values)
     if loso:
