@@ -36,7 +36,7 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
     the p99 search's simulation at the rate it returns (None for p50), which the report shows, so its p99 is the one
     the search accepted; each run takes REQUESTS_PER_SLOT requests per slot in flight. A ShardlabError says
     so when no rate tried meets the targets."""
-    from shardlab.serving.capacity import SIM_REQUESTS, Slo, fluid_capacity, simulated_capacity
+    from shardlab.serving.capacity import RATE_MODE, SIM_REQUESTS, Slo, fluid_capacity, simulated_capacity
     from shardlab.serving.steady import arrays, fluid
 
     slo = Slo(ttft_slo, tpot_slo, percentile)
@@ -53,7 +53,7 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
         def sizer(r: float) -> tuple[int, int]:
             """Requests for a run at rate r (per slot the steady state keeps in flight there) and cycles enough
             that it is never cut short."""
-            st = fluid(arrays([case]), [2], [r])
+            st = fluid(arrays([case]), [RATE_MODE], [r])
             flight = float(st["in_flight"][0]) if math.isfinite(float(st["in_flight"][0])) else 1.0
             n = int(min(MAX_REQUESTS, max(SIM_REQUESTS, REQUESTS_PER_SLOT * flight)))
             sizes[r] = n
@@ -66,7 +66,7 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
         rate, binds = sc.request_rate_per_replica, (sc.binds or f"{binds} (p50)")
         filled = None
         if sc.sim is not None and rate > 0:
-            steady = float(fluid(arrays([case]), [2], [rate])["in_flight"][0])
+            steady = float(fluid(arrays([case]), [RATE_MODE], [rate])["in_flight"][0])
             filled = sc.sim.mean_running / steady if steady > 0 else None
         out.update(bracket_upper_rate=sc.missed_rate_per_replica if math.isfinite(sc.missed_rate_per_replica) else None,
                    settled=bool(sc.settled), simulations=sc.runs, sim=sc.sim, requests_per_run=most, filled=filled,

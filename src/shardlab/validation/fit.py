@@ -12,7 +12,8 @@ parameters (a logistic map keeps each inside its range), with finite differences
 ``estimate.step.evaluate`` call per run (all perturbed parameter sets at once).
 
 ``cross_validate`` refits without each source in turn and predicts that source (leave-one-source-out): the
-figure the README quotes.
+figure the README quotes. The solver itself (Levenberg-Marquardt over all problems in lockstep, the folds' restart)
+is ``validation.fit_solve``; this module says what is fitted, how a run is predicted and the switches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from shardlab.validation.fit_solve import Objective, Problem, solve_restarted, to_theta
 
 GENERATION_FIELDS = {"max_fraction": (0.35, 0.95, 0.72), "memory": (0.3, 0.98, 0.85)}
 """(low, high, default prior) of each generation's fitted efficiencies. The attention-kernel shares are not fitted:
@@ -220,123 +223,8 @@ def family_weights(runs, catalog) -> np.ndarray:
     return np.array([1 / np.sqrt(counts[f]) for f in fam])
 
 
-def _to_theta(params, u):
-    lo = np.array([p.lo for p in params])
-    hi = np.array([p.hi for p in params])
-    with np.errstate(over="ignore"):            # exp(-u) = inf for u ≪ 0 is the sigmoid's limit, lo: not an error
-        return lo + (hi - lo) / (1 + np.exp(-u))
-
-
-def _to_u(params, theta):
-    lo = np.array([p.lo for p in params])
-    hi = np.array([p.hi for p in params])
-    x = np.clip((np.asarray(theta) - lo) / (hi - lo), 1e-6, 1 - 1e-6)
-    return np.log(x / (1 - x))
-
-
-@dataclass
-class _Problem:
-    """One least-squares fit: a subset of the runs and the parameters they inform."""
-
-    members: np.ndarray
-    """Indices (into the prepared runs) of the runs fitted."""
-    params: list
-    held_out: str | None
-    u: np.ndarray = None
-    cost: float = np.inf
-    mu: float = 1e-2
-    done: bool = False
-    switches: dict = field(default_factory=dict)
-    """{'framework.field': 0.0 or 1.0}: the SWITCHES values this problem was solved with."""
-    prepared: list = field(default_factory=list, repr=False)
-    """The prepared runs (under those switch values)."""
-
-
-LINE_SEARCH_DAMPING = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
-"""Levenberg-Marquardt damping factors tried at once (one vectorised evaluation) each iteration."""
-
-
-def _solve(problems: list[_Problem], prepared: list, runs: list, catalog, iterations: int, progress=None) -> None:
-    """Levenberg-Marquardt for every problem in lockstep: each iteration evaluates, for every run, all problems'
-    Jacobian probes and trial steps in one ``evaluate`` call."""
-    meas = np.array([r.measured for r in runs])
-    w_all = np.sqrt(family_weights(runs, catalog))
-    eps = 1e-3
-
-    def preds_for(rows_by_problem: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """{problem: U rows (K × P)} -> {problem: predictions (K × members)}."""
-        out = {pi: np.zeros((U.shape[0], len(problems[pi].members))) for pi, U in rows_by_problem.items()}
-        col = {pi: {int(r): j for j, r in enumerate(problems[pi].members)} for pi in rows_by_problem}
-        for ri, prep in enumerate(prepared):
-            blocks = [(pi, U) for pi, U in rows_by_problem.items() if ri in col[pi]]
-            if not blocks:
-                continue
-            names = sorted({p.name for pi, _ in blocks for p in problems[pi].params})
-            idx = {n: k for k, n in enumerate(names)}
-            T = np.full((sum(U.shape[0] for _, U in blocks), len(names)), np.nan)
-            row = 0
-            for pi, U in blocks:
-                th = np.array([_to_theta(problems[pi].params, x) for x in U])
-                for j, prm in enumerate(problems[pi].params):
-                    T[row:row + U.shape[0], idx[prm.name]] = th[:, j]
-                row += U.shape[0]
-            plist = [next(p for pi, _ in blocks for p in problems[pi].params if p.name == n) for n in names]
-            pred = _predict_batch(prep, plist, T)
-            row = 0
-            for pi, U in blocks:
-                out[pi][:, col[pi][ri]] = pred[row:row + U.shape[0]]
-                row += U.shape[0]
-        return out
-
-    def residuals(pb: _Problem, preds: np.ndarray, U: np.ndarray) -> np.ndarray:
-        T = np.array([_to_theta(pb.params, x) for x in U])
-        prior = np.array([p.prior for p in pb.params])
-        sigma = np.array([PRIOR_SIGMA[p.field] for p in pb.params])
-        r_runs = w_all[pb.members] * np.log(np.maximum(preds, 1e-30) / meas[pb.members])
-        return np.concatenate([r_runs, RUN_SIGMA * (T - prior) / sigma], axis=1)
-
-    for pb in problems:
-        if pb.u is None:                          # a start not given: the priors
-            pb.u = _to_u(pb.params, [p.prior for p in pb.params])
-    first = preds_for({i: pb.u[None, :] for i, pb in enumerate(problems)})
-    for i, pb in enumerate(problems):
-        r = residuals(pb, first[i], pb.u[None, :])[0]
-        pb.cost = float(r @ r)
-    for it in range(iterations):
-        live = [i for i, pb in enumerate(problems) if not pb.done]
-        if not live:
-            break
-        if progress:
-            progress(it, iterations)
-        probes = {i: np.vstack([problems[i].u] + [problems[i].u + eps * np.eye(len(problems[i].params))[j]
-                                                   for j in range(len(problems[i].params))]) for i in live}
-        P = preds_for(probes)
-        trials = {}
-        for i in live:
-            pb = problems[i]
-            R = residuals(pb, P[i], probes[i])
-            r0, J = R[0], ((R[1:] - R[0]) / eps).T
-            A, g = J.T @ J, J.T @ r0
-            steps = [-np.linalg.solve(A + pb.mu * d * np.diag(np.diag(A) + 1e-9), g) for d in LINE_SEARCH_DAMPING]
-            trials[i] = np.vstack([pb.u + st for st in steps])
-        T = preds_for(trials)
-        for i in live:
-            pb = problems[i]
-            R = residuals(pb, T[i], trials[i])
-            costs = np.einsum("ij,ij->i", R, R)
-            best = int(np.argmin(costs))
-            if costs[best] < pb.cost:
-                step = trials[i][best] - pb.u
-                pb.u, pb.cost = trials[i][best], float(costs[best])
-                pb.mu = max(pb.mu * LINE_SEARCH_DAMPING[best] / 3, 1e-8)
-                pb.done = bool(np.max(np.abs(step)) < 1e-4)
-            else:
-                pb.mu *= 1e3
-                pb.done = pb.mu > 1e6
-
-
-def _result(pb: _Problem, prepared: list, runs: list) -> FittedParams:
-    theta = _to_theta(pb.params, pb.u)
+def _result(pb: Problem, prepared: list, runs: list) -> FittedParams:
+    theta = to_theta(pb.params, pb.u)
     preds = np.array([_predict_batch(prepared[int(r)], pb.params, theta[None, :])[0] for r in pb.members])
     meas = np.array([runs[int(r)].measured for r in pb.members])
     rms = float(np.sqrt(np.mean(np.log(preds / meas) ** 2)))
@@ -368,31 +256,6 @@ def _with_switch(catalog, fld: str, value: bool):
     return cat
 
 
-def _staged(progress, stage: int, stages: int):
-    """``progress`` for one of ``stages`` consecutive solves: (done, total) over all of them."""
-    return None if progress is None else (lambda i, n: progress(stage * n + i, stages * n))
-
-
-def _solve_restarted(make_problems, prepared: list, runs: list, catalog, iterations: int, progress=None,
-                     stage: int = 0, stages: int = 2) -> list:
-    """Solve ``make_problems()`` from the priors; where there are folds (problems after the first), solve them again
-    from the first problem's solution and keep, per fold, the lower of its own two objectives. Each fold's estimate
-    is still the minimum of its own objective (its runs and priors only); the second start only keeps Levenberg-
-    Marquardt out of a worse local minimum, where parameters trade off once a source is gone (without MT-NLG,
-    DeepSpeed's per-block and pipeline-engine host times: a start from the priors stopped at an objective 2.4 times
-    the one from the second start)."""
-    problems = make_problems()
-    _solve(problems, prepared, runs, catalog, iterations, _staged(progress, stage, stages))
-    if len(problems) == 1:
-        return problems
-    start = dict(zip((p.name for p in problems[0].params), _to_theta(problems[0].params, problems[0].u)))
-    again = make_problems()[1:]
-    for pb in again:
-        pb.u = _to_u(pb.params, [start.get(p.name, p.prior) for p in pb.params])
-    _solve(again, prepared, runs, catalog, iterations, _staged(progress, stage + 1, stages))
-    return [problems[0]] + [b if b.cost < a.cost else a for a, b in zip(problems[1:], again)]
-
-
 def switch_sensitive(prep_a: list, prep_b: list, params: list) -> np.ndarray:
     """Per run: whether its prediction (at the parameters' priors) differs between two prepared sets, one per value
     of a switch. A problem none of whose runs is sensitive cannot tell the values apart."""
@@ -404,6 +267,11 @@ def switch_sensitive(prep_a: list, prep_b: list, params: list) -> np.ndarray:
     return np.array(out, dtype=bool)
 
 
+def _objective(runs, catalog) -> Objective:
+    return Objective(np.array([r.measured for r in runs]), np.sqrt(family_weights(runs, catalog)), _predict_batch,
+                     PRIOR_SIGMA, RUN_SIGMA)
+
+
 def _solve_switched(make_problems, runs, catalog, iterations: int, progress=None) -> list:
     """Solve ``make_problems()`` once per value of the switch and keep, for each problem, the solution with the lower
     objective; a problem none of whose runs the switch moves (``switch_sensitive``) keeps the prior's solution
@@ -411,10 +279,10 @@ def _solve_switched(make_problems, runs, catalog, iterations: int, progress=None
     with ``switches`` = {'framework.field': 0.0 or 1.0}."""
     assert len(SWITCHES) == 1, "one switch: several would need their combinations solved"
     (fld, (fw, prior)), = SWITCHES.items()
-    per_value = 2 if len(make_problems()) > 1 else 1          # folds are solved twice (_solve_restarted)
+    per_value = 2 if len(make_problems()) > 1 else 1          # folds are solved twice (fit_solve.solve_restarted)
     if not any(r.framework == fw for r in runs):
         prepared = [_prepare(r, catalog) for r in runs]
-        best = _solve_restarted(make_problems, prepared, runs, catalog, iterations, progress, 0, per_value)
+        best = solve_restarted(make_problems, prepared, _objective(runs, catalog), iterations, progress, 0, per_value)
         for pb in best:
             pb.switches, pb.prepared = {}, prepared
         return best
@@ -422,8 +290,8 @@ def _solve_switched(make_problems, runs, catalog, iterations: int, progress=None
     for k, value in enumerate((prior, not prior)):
         cat = _with_switch(catalog, fld, value)
         prepared = [_prepare(r, cat) for r in runs]
-        problems = _solve_restarted(make_problems, prepared, runs, cat, iterations, progress, k * per_value,
-                                    2 * per_value)
+        problems = solve_restarted(make_problems, prepared, _objective(runs, cat), iterations, progress, k * per_value,
+                                   2 * per_value)
         for pb in problems:
             pb.switches = {f"{fw}.{fld}": float(value)}
             pb.prepared = prepared
@@ -437,7 +305,7 @@ def fit(runs, catalog, params: list[Param] | None = None, iterations: int = 40, 
     """Fit ``params`` (default: every parameter the runs inform) to the in-target ``runs``, from the priors."""
     runs = fitted_runs(runs, catalog)
     every = params or default_params(runs, catalog)
-    [pb] = _solve_switched(lambda: [_Problem(np.arange(len(runs)), every, None)], runs, catalog, iterations, progress)
+    [pb] = _solve_switched(lambda: [Problem(np.arange(len(runs)), every, None)], runs, catalog, iterations, progress)
     return _result(pb, pb.prepared, runs)
 
 
@@ -449,10 +317,10 @@ def cross_validate(runs, catalog, iterations: int = 40, progress=None) -> tuple[
     sources = sorted({r.source for r in runs})
 
     def make_problems():
-        problems = [_Problem(np.arange(len(runs)), every, None)]
+        problems = [Problem(np.arange(len(runs)), every, None)]
         for src in sources:
             members = np.array([i for i, r in enumerate(runs) if r.source != src])
-            problems.append(_Problem(members, default_params([runs[i] for i in members], catalog), src))
+            problems.append(Problem(members, default_params([runs[i] for i in members], catalog), src))
         return problems
 
     problems = _solve_switched(make_problems, runs, catalog, iterations, progress)
