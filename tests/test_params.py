@@ -16,7 +16,8 @@ EXACT = {
     "qwen2.5-7b": 7_615_616_512, "qwen2.5-72b": 72_706_203_648, "gpt-neox-20b": 20_554_567_680,
     "bloom-176b": 176_247_271_424, "deepseek-v3": 671_026_419_200, "qwen3-30b-a3b": 30_532_122_624,
     "qwen3-235b-a22b": 235_093_634_560,       # from the config's dimensions (the model card rounds: 235B total, 22B active)
-}
+    "gpt-oss-120b": 116_829_156_672, "gpt-oss-20b": 20_914_757_184,   # model card (arXiv 2508.10925): 116.83B, 20.91B;
+}                                                                     # transformers' count: tests/test_hf_families.py
 
 
 @pytest.mark.parametrize("model_id", sorted(EXACT))
@@ -49,6 +50,13 @@ def test_moe_active(model_id, active):
     pc = param_counts(CAT.models[model_id])
     assert pc.active == active
     assert pc.active < pc.total
+
+
+@pytest.mark.parametrize("model_id, card", [("gpt-oss-120b", 5.13e9), ("gpt-oss-20b", 3.61e9)])
+def test_gpt_oss_active_matches_the_model_card(model_id, card):
+    """The model card (arXiv 2508.10925, Table 1) counts the unembedding and not the embedding table, to 0.01B."""
+    pc = param_counts(CAT.models[model_id])
+    assert round((pc.active - pc.by_component["embedding"]) / 1e7) == round(card / 1e7)
 
 
 def test_components_sum_and_layers():

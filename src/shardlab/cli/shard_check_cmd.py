@@ -81,6 +81,9 @@ def cmd_shard_check(args):
     if spec.mla is not None:
         raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
                             f"choose a GQA/MHA model")
+    if spec.attention_sinks or (spec.moe is not None and spec.moe.expert_bias):
+        raise ShardlabError(f"{spec.name} has attention sinks and expert biases (GPT-OSS), which the runtime GPT does "
+                            f"not build; `shardlab memory` shows its shards exactly")
     doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
     from shardlab.cli.progress import clear
 

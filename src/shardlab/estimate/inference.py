@@ -92,15 +92,17 @@ class InferenceEstimate:
         """Tokens one sequence holds of its own at full length: its prompt past the cached prefix and its output
         (the window caps them)."""
         own = self.case.prefill_tokens + self.case.output_len
-        return min(own, self.spec.sliding_window) if self.windowed else own
+        return cached_tokens(self.spec, own) if self.windowed else own
 
     @property
     def shared_prefix_tokens(self) -> int:
         """Cached prefix tokens the sequences still hold (once, in shared blocks): the prompt's cached part, less
         what a sliding window has dropped by the end."""
         shared = self.case.prompt_len - self.case.prefill_tokens
-        if self.windowed:
-            return max(0, min(shared, self.spec.sliding_window - (self.case.prefill_tokens + self.case.output_len)))
+        if self.windowed:     # a sliding layer keeps what is left of its window; a full-attention layer keeps all
+            share = self.spec.windowed_layer_share
+            kept = max(0, min(shared, self.spec.sliding_window - (self.case.prefill_tokens + self.case.output_len)))
+            return math.ceil(share * kept + (1.0 - share) * shared - 1e-9)
         return shared
 
     def _own_blocks(self) -> int:

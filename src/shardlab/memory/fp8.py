@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import TensorSpec
+from shardlab.specs.tensors import TensorSpec, is_matmul_weight
 
 FP8_TENSORS_PER_GEMM = 5
 """Scaled FP8 tensors per GEMM in TE: forward input, weight, output; backward output gradient, input gradient."""
@@ -56,7 +56,7 @@ class Fp8Recipe:
 
 def is_fp8_gemm(t: TensorSpec, spec: ModelSpec) -> bool:
     """True for a block's linear weight that runs as an FP8 GEMM (not routers, embedding, head, norms, biases)."""
-    return (0 <= t.layer < spec.num_layers and (t.name.endswith("weight") or t.ep_dim is not None) and len(t.shape) >= 2
+    return (0 <= t.layer < spec.num_layers and is_matmul_weight(t)
             and t.component != "router" and t.shape[-1] % ALIGN == 0 and t.shape[-2] % ALIGN == 0)
 
 

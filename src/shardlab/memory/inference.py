@@ -8,7 +8,8 @@ KV cache per token (formulas.md, "Inference memory"): 2 (K and V) × layers on t
 rank × head_dim × bytes. KV heads are split across TP ranks, one head per rank when tp > kv_heads
 (replicated; vLLM does the same). Multi-head Latent Attention caches the compressed latent c_KV and the
 shared rotary key, (kv_lora_rank + qk_rope_head_dim) × bytes per layer, replicated across TP ranks
-(DeepSeek-V2 §2.1.2). A sliding window caps the cached tokens at the window (Mistral 7B v0.1).
+(DeepSeek-V2 §2.1.2). A sliding window caps the cached tokens at the window in the layers that slide (every layer
+of Mistral 7B v0.1, every other one of GPT-OSS: ``held_tokens``).
 KV blocks (Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention", SOSP,
 arXiv 2309.06180 §4): the cache is cut into blocks of ``block_size`` tokens; vLLM takes
 gpu_memory_utilization × capacity, subtracts weights, the profiled activation peak and non-torch memory,
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from shardlab.layout import Layout
 from shardlab.memory.states import stage_tensors
@@ -61,9 +64,23 @@ def kv_cache_bytes_per_token(spec: ModelSpec, tp: int = 1, pp: int = 1, elem_byt
     return [len(st.layers) * per_layer for st in stage_tensors(spec, lay)]
 
 
+def held_tokens(spec: ModelSpec, tokens):
+    """Tokens of a ``tokens``-long sequence an average layer keeps cached (and a decode step reads): every one in a
+    full-attention layer, at most ``sliding_window`` in a sliding one; weighted by the layers' shares
+    (``ModelSpec.windowed_layer_share``: all of them for Mistral 7B v0.1, half for GPT-OSS and Gemma 2). Every layer
+    caches the same bytes per token, so this average times the whole model's bytes per token is the cache exactly
+    (a pipeline stage's mix is taken as the model's). Array-safe; floats."""
+    share = spec.windowed_layer_share
+    if not share:
+        return tokens
+    return share * np.minimum(tokens, spec.sliding_window) + (1.0 - share) * np.asarray(tokens, dtype=float)
+
+
 def cached_tokens(spec: ModelSpec, seq_len: int) -> int:
-    """Tokens a sequence keeps in its cache: all of them, or the sliding window."""
-    return min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
+    """Tokens a sequence keeps in its cache, in whole tokens (``held_tokens`` rounded up)."""
+    if not spec.sliding_window:
+        return seq_len
+    return math.ceil(float(held_tokens(spec, seq_len)) - 1e-9)
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, seq_len: int, tp: int = 1, pp: int = 1, elem_bytes: int = 2) -> int:

@@ -32,7 +32,7 @@ from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.precision import StateBytes
 from shardlab.memory.states import StateReport, expert_shard_dim, fsdp_shard_numel, state_report
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import TensorSpec
+from shardlab.specs.tensors import TensorSpec, is_matmul_weight
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 QUANTIZATIONS = ("none", "nf4")
@@ -91,7 +91,7 @@ def _target_names(spec: ModelSpec, targets: tuple[str, ...]) -> set[str] | None:
 
 def is_block_linear(t: TensorSpec, spec: ModelSpec) -> bool:
     """A linear weight inside the blocks (what bitsandbytes quantizes): routers and stacked experts included."""
-    return 0 <= t.layer < spec.num_layers and len(t.shape) >= 2 and (t.name.endswith("weight") or t.ep_dim is not None)
+    return 0 <= t.layer < spec.num_layers and is_matmul_weight(t)
 
 
 def is_target(t: TensorSpec, spec: ModelSpec, lora: LoraSpec) -> bool:

@@ -93,7 +93,13 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     heads_local = spec.num_heads / tp
     d_qk, d_v = qk / spec.num_heads, v / spec.num_heads
     if flash_attention:   # causal blocks skipped (Dao 2023, FlashAttention-2 §3.1); fused kernel's own efficiency
-        attn = attention_time_s(0.5 * heads_local * 2 * T * seq_len * (d_qk + d_v), acc, dtype, attention_kernel)
+        # a query attends to seq_len/2 keys on average; within a sliding window w, to w − w²/(2·seq_len) (the kernel
+        # skips the blocks outside it), averaged over the layers that slide (GPT-OSS: half of them)
+        keys = 0.5 * seq_len
+        if spec.sliding_window and spec.sliding_window < seq_len:
+            w, share = spec.sliding_window, spec.windowed_layer_share
+            keys = share * (w - w * w / (2.0 * seq_len)) + (1.0 - share) * keys
+        attn = attention_time_s(heads_local * 2 * T * keys * (d_qk + d_v), acc, dtype, attention_kernel)
     else:                 # two batched GEMMs per head (QK^T, PV) at the GEMM curve
         attn = heads_local * (gemm_time_s(T, seq_len, d_qk, peak, curve) + gemm_time_s(T, d_v, seq_len, peak, curve))
 

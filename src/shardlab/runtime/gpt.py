@@ -333,6 +333,9 @@ def build_model(spec: ModelSpec, device: str | torch.device = "cpu", dtype: torc
     if spec.mla is not None:
         raise ShardlabError(f"model '{spec.name}' uses Multi-head Latent Attention, which the runtime GPT does not "
                             f"implement; use a GQA/MHA model")
+    if spec.attention_sinks or (spec.moe is not None and spec.moe.expert_bias):
+        raise ShardlabError(f"model '{spec.name}' has attention sinks and expert biases (GPT-OSS), which the runtime GPT "
+                            f"does not implement; estimate, plan and memory model it, `shardlab run` does not")
     if spec.position == "alibi" and str(device) != "meta":
         raise ShardlabError(f"model '{spec.name}' uses ALiBi positions, which the runtime GPT does not implement "
                             f"(it can only be built on the meta device)")

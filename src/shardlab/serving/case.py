@@ -125,11 +125,15 @@ class ServeCase:
     def prefill_keys_per_token(self) -> float:
         """Mean keys a computed prompt token attends to: the computed suffix P of an S-token prompt sees the whole
         cached prefix, (S² − (S − P)²) / 2 causal pairs in all (S/2 per token without a hit); at most a sliding
-        window's width where the engine keeps the window (an upper bound: tokens early in the prompt see fewer)."""
+        window's width in the layers that slide where the engine keeps the window (an upper bound: tokens early in
+        the prompt see fewer), averaged over the layers."""
         S, P = self.prompt_len, self.prefill_tokens
         keys = (S * S - (S - P) ** 2) / (2 * P)
         w = self.spec.sliding_window if self.engine.sliding_window_cache else 0   # an engine keeping the window
-        return min(keys, float(w)) if w else keys          # attends to at most w keys
+        if not w:
+            return keys
+        share = self.spec.windowed_layer_share             # a sliding layer attends to at most w keys
+        return share * min(keys, float(w)) + (1.0 - share) * keys
 
     @property
     def context_tokens(self) -> float:

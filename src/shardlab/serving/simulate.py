@@ -37,6 +37,7 @@ import numpy as np
 
 from shardlab.errors import ShardlabError, field_name
 from shardlab.limits import MAX_SIM_REQUESTS
+from shardlab.memory.inference import cached_tokens, held_tokens
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
 
@@ -102,7 +103,8 @@ class _Replica:
         eng = self.eng = case.engine
         self.case, self.S, self.O = case, case.prompt_len, case.output_len
         self.hit = case.prompt_len - case.prefill_tokens     # prompt tokens found in the prefix cache (shared blocks)
-        self.window = case.spec.sliding_window if eng.sliding_window_cache and case.spec.sliding_window else None
+        # an engine that drops tokens leaving a sliding window holds held_tokens() of a sequence (the layers' mean)
+        self.window = case.spec if eng.sliding_window_cache and case.spec.sliding_window else None
         own = self.S - self.hit                              # a sequence's own blocks: its suffix and output
         self.need = self.blocks_of(own + self.O) if eng.kv_admission == "reserve" else self.blocks_of(own + 1)
         if self.need > case.blocks.num_blocks:
@@ -121,7 +123,7 @@ class _Replica:
         self.preemptions = 0
 
     def blocks_of(self, tokens: int) -> int:
-        return math.ceil((min(tokens, self.window) if self.window else tokens) / self.eng.kv_block_size)
+        return math.ceil((cached_tokens(self.window, tokens) if self.window else tokens) / self.eng.kv_block_size)
 
     @property
     def running(self) -> int:
@@ -161,10 +163,10 @@ class _Replica:
         if self.eng.kv_admission != "on-demand" or not len(decoders):
             return set()
         pos = self.S - self.hit + self.gen[decoders]
-        if self.step == 1.0:
-            grow = decoders[(pos % self.eng.kv_block_size == 0) & ((pos < self.window) if self.window else True)]
+        if self.step == 1.0 and not self.window:
+            grow = decoders[pos % self.eng.kv_block_size == 0]
         else:        # a cycle adds `step` tokens: a block when they cross into one the sequence does not hold yet
-            top = np.minimum(pos + self.step, self.window) if self.window else pos + self.step
+            top = np.ceil(held_tokens(self.window, pos + self.step) - 1e-9) if self.window else pos + self.step
             grow = decoders[np.ceil(top / self.eng.kv_block_size) > self.held[decoders]]
         victims = set()
         while len(grow) > self.free:
@@ -257,7 +259,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
                 break
             ready[v] = min(later)
             continue
-        ctx = (S + rep.gen[d]) if rep.window is None else np.minimum(S + rep.gen[d], rep.window)
+        ctx = (S + rep.gen[d]) if rep.window is None else held_tokens(rep.window, S + rep.gen[d])
         fin = [r for r, c in ch if rep.pre[r] + c >= S]
         through, _ = micro_batch_times(rep.a, len(d), float(ctx.sum()), sum(c for _, c in ch),
                                        sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + len(fin))

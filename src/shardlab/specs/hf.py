@@ -3,7 +3,7 @@
 Supported ``model_type`` values: llama, mistral, mixtral, qwen2, gpt2 (also a bare GPT-2-style file
 with n_embd/n_layer/n_head/vocab_size/n_positions, which describes any GPT-3-style model), gpt_neox,
 bloom, deepseek_v3, gemma, gemma2, gemma3 (the text decoder of the multimodal file) and gemma3_text,
-phi3, qwen2_moe, qwen3, qwen3_moe, olmo2, falcon, mpt, gptj and opt. Unknown fields are ignored; a
+phi3, qwen2_moe, qwen3, qwen3_moe, olmo2, gpt_oss, falcon, mpt, gptj and opt. Unknown fields are ignored; a
 missing required field is named in the error. Defaults are the ones the transformers library applies
 when a field is absent (its ``*Config`` classes); tests/test_hf_families.py builds every family with
 transformers on the meta device and compares the counts exactly.
@@ -15,7 +15,7 @@ from shardlab.errors import ShardlabError
 from shardlab.specs.model import MLASpec, ModelSpec, MoESpec
 
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v3", "gemma", "gemma2", "gemma3_text", "phi3",
-              "qwen2_moe", "qwen3", "qwen3_moe", "olmo2")
+              "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "gpt_oss")
 SUPPORTED = LLAMA_LIKE + ("gemma3", "gpt2", "gpt_neox", "bloom", "falcon", "mpt", "gptj", "opt")
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
                  "Qwen2ForCausalLM": "qwen2", "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
@@ -24,7 +24,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Gemma3ForConditionalGeneration": "gemma3", "Phi3ForCausalLM": "phi3",
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                  "Olmo2ForCausalLM": "olmo2", "FalconForCausalLM": "falcon", "MPTForCausalLM": "mpt",
-                 "MptForCausalLM": "mpt", "GPTJForCausalLM": "gptj", "OPTForCausalLM": "opt"}
+                 "MptForCausalLM": "mpt", "GPTJForCausalLM": "gptj", "OPTForCausalLM": "opt",
+                 "GptOssForCausalLM": "gpt_oss"}
 """transformers class names, used when a file has no model_type."""
 
 DEFAULTS = {
@@ -39,6 +40,10 @@ DEFAULTS = {
     "qwen2_moe": {"num_key_value_heads": 16, "shared_expert_intermediate_size": 5632, "max_window_layers": 28},
     "qwen3_moe": {"num_key_value_heads": 4},
     "deepseek_v3": {"n_shared_experts": 1, "first_k_dense_replace": 3},
+    "gpt_oss": {"num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
+                "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+                "sliding_window": 128, "max_position_embeddings": 131072, "num_experts_per_tok": 4,
+                "attention_bias": True},
     "gpt2": {"n_positions": 1024},
     "falcon": {"vocab_size": 65024, "max_position_embeddings": 2048},
     "mpt": {"vocab_size": 50368, "max_seq_len": 2048, "expansion_ratio": 4},
@@ -257,13 +262,31 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
         kw["sliding_window"] = c.count("sliding_window", 0)
     if mt == "phi3":
         kw.update(fused_qkv=True, fused_gate_up=True)  # Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
-    # Gemma 2/3 alternate local (sliding) and global layers: the KV cache is not capped as a whole, so no sliding_window
+    if mt in ("gemma2", "gemma3_text", "gpt_oss") and not explicit_none:
+        # local (sliding) and global layers alternate: Gemma 2 and GPT-OSS every other layer, Gemma 3 one global layer
+        # in sliding_window_pattern (6); transformers' layer_types lists them where the file has it
+        window = c.count("sliding_window", 4096)
+        types = c.d.get("layer_types")
+        L = kw["num_layers"]
+        if isinstance(types, list) and len(types) == L and all(isinstance(t, str) for t in types):
+            full = sum(t != "sliding_attention" for t in types)
+        elif mt == "gemma3_text":
+            full = L // max(1, c.count("sliding_window_pattern", 6))
+        else:
+            full = L // 2
+        if window and full < L:
+            kw.update(sliding_window=window, full_attention_layers=full)
     if mt in ("gemma2", "gemma3_text"):
         kw["block_norms"] = "sandwich"   # input, post-attention, pre- and post-feed-forward norms
     if mt in ("gemma3_text", "qwen3", "qwen3_moe"):
         kw["qk_norm"] = "head"
     if mt == "olmo2":
         kw.update(block_norms="post", qk_norm="proj")
+    if mt == "gpt_oss":   # GptOssAttention: q/k/v/o biases and per-head sinks; experts with biases, a router bias
+        kw.update(qkv_bias=c.flag("attention_bias", True), out_bias=c.flag("attention_bias", True), mlp_bias=False,
+                  attention_sinks=True)
+        kw["moe"] = MoESpec(num_experts=c.req("num_local_experts"), top_k=c.req("num_experts_per_tok"),
+                            expert_ffn_hidden_size=c.req("intermediate_size"), router_bias=True, expert_bias=True)
     if mt == "mixtral":
         kw["moe"] = MoESpec(num_experts=c.req("num_local_experts"), top_k=c.req("num_experts_per_tok"),
                             expert_ffn_hidden_size=c.req("intermediate_size"))

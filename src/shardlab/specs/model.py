@@ -47,6 +47,8 @@ class MoESpec:
     """Width of the shared expert MLP when it is not num_shared_experts × expert width (Qwen2-MoE: 5632); 0 = that product."""
     shared_expert_gate: bool = False
     """A sigmoid gate (h → 1, no bias) scales the shared expert's output (Qwen2-MoE ``shared_expert_gate``)."""
+    expert_bias: bool = False
+    """Routed experts' projections have biases (GPT-OSS ``gate_up_proj_bias`` and ``down_proj_bias``)."""
 
     @property
     def shared_width(self) -> int:
@@ -136,7 +138,15 @@ class ModelSpec:
     fused_gate_up: bool = False
     """The checkpoint stores the gate and up projections as one matrix (Phi-3 gate_up_proj)."""
     sliding_window: int = 0
-    """Sliding-window attention span (Mistral 7B v0.1: 4096); caps the KV cache; 0 = full attention."""
+    """Sliding-window attention span (Mistral 7B v0.1: 4096; GPT-OSS: 128); caps the KV cache of the layers that use
+    it; 0 = full attention."""
+    full_attention_layers: int = 0
+    """Layers that attend to every token although ``sliding_window`` is set: 0 when every layer slides (Mistral 7B
+    v0.1); GPT-OSS and Gemma 2 alternate sliding and full layers (half of them), Gemma 3 has one full layer in six.
+    The KV cache and attention cost are the layers' average (``memory.inference.held_tokens``)."""
+    attention_sinks: bool = False
+    """A learned logit per query head joins each softmax (GPT-OSS ``sinks``, Xiao et al. 2024, arXiv 2309.17453):
+    num_heads parameters per layer, split with the heads."""
     moe: MoESpec | None = None
     """Mixture-of-Experts settings, or None for a dense model."""
     mla: MLASpec | None = None
@@ -166,6 +176,13 @@ class ModelSpec:
     def kv_size(self) -> int:
         """Width of one of the K or V projection outputs (kv_heads · head_dim)."""
         return self.num_kv_heads * self.head_dim_
+
+    @property
+    def windowed_layer_share(self) -> float:
+        """Share of the layers that attend within ``sliding_window`` (0 without a window)."""
+        if not self.sliding_window:
+            return 0.0
+        return (self.num_layers - self.full_attention_layers) / self.num_layers
 
     def is_moe_layer(self, layer: int) -> bool:
         """True when block ``layer`` (0-based) has a MoE feed-forward."""
@@ -200,6 +217,12 @@ class ModelSpec:
         for f in ("position_offset", "embedding_proj_dim"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
                 raise ShardlabError(f"model '{self.name}': {f} must be a whole number >= 0, got {getattr(self, f)!r}")
+        if self.full_attention_layers and not self.sliding_window:
+            raise ShardlabError(f"model '{self.name}': full_attention_layers {self.full_attention_layers} needs a "
+                                f"sliding_window for the other layers; set sliding_window or drop full_attention_layers")
+        if self.full_attention_layers > self.num_layers:
+            raise ShardlabError(f"model '{self.name}': full_attention_layers {self.full_attention_layers} exceeds "
+                                f"num_layers {self.num_layers}")
         if self.moe is not None:
             m = self.moe
             if not (0 < m.top_k <= m.num_experts):
@@ -231,6 +254,7 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
     whole(spec, "head_dim", minimum_zero=True)
     whole(spec, "sliding_window", minimum_zero=True, top=MAX_SEQ_LEN)
     whole(spec, "params_reference", minimum_zero=True, top=MAX_PARAMS)
+    whole(spec, "full_attention_layers", minimum_zero=True, top=MAX_LAYERS)
     for f in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "embedding_norm", "parallel_residual"):
         if not isinstance(getattr(spec, f), bool):
             raise ShardlabError(f"{what}: {f} must be true or false, got {getattr(spec, f)!r}")
@@ -251,7 +275,7 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
             whole(spec.mla, f, minimum_zero=True)
     # every other field by its declared type: whole numbers >= 0 up to a model dimension, booleans, text
     done = {"hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "num_layers", "max_seq_len",
-            "head_dim", "sliding_window", "params_reference", "num_experts", "top_k", "expert_ffn_hidden_size",
+            "head_dim", "sliding_window", "full_attention_layers", "params_reference", "num_experts", "top_k", "expert_ffn_hidden_size",
             "num_shared_experts", "first_dense_layers", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "q_lora_rank",
             "qk_rope_head_dim"}
     for obj in (spec, spec.moe, spec.mla):

@@ -142,6 +142,8 @@ def _attention(out: list, spec: ModelSpec, i: int) -> None:
         _linear(out, f"{p}.wk", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
         _linear(out, f"{p}.wv", spec.kv_size, h, i, "attention", "column", spec.qkv_bias, kv=True)
         _linear(out, f"{p}.wo", h, spec.q_size, i, "attention", "row", spec.out_bias)
+        if spec.attention_sinks:    # GPT-OSS: one learned logit per query head, split with the heads
+            out.append(TensorSpec(f"{p}.sinks", (spec.num_heads,), i, "attention", tp_dim=0))
         if spec.qk_norm != "none":  # Qwen3/Gemma 3: RMSNorm per head (head_dim); OLMo 2: over the projection
             per_head = spec.qk_norm == "head"
             out.append(TensorSpec(f"{p}.q_norm.weight", (spec.head_dim_ if per_head else spec.q_size,), i, "norm"))
@@ -174,6 +176,11 @@ def _moe(out: list, spec: ModelSpec, i: int) -> None:
     if spec.mlp == "swiglu":
         out.append(TensorSpec(f"{p}.experts.w3", (E, fe, h), i, "experts", tp_dim=1, ep_dim=0))
     out.append(TensorSpec(f"{p}.experts.w2", (E, h, fe), i, "experts", tp_dim=2, ep_dim=0))
+    if m.expert_bias:        # GPT-OSS: gate and up biases split with the intermediate width, the down bias replicated
+        out.append(TensorSpec(f"{p}.experts.w1_bias", (E, fe), i, "experts", tp_dim=1, ep_dim=0))
+        if spec.mlp == "swiglu":
+            out.append(TensorSpec(f"{p}.experts.w3_bias", (E, fe), i, "experts", tp_dim=1, ep_dim=0))
+        out.append(TensorSpec(f"{p}.experts.w2_bias", (E, h), i, "experts", ep_dim=0))
     if m.shared_width:
         _dense_mlp(out, spec, f"{p}.shared", m.shared_width, i, "shared_experts")
     if m.shared_expert_gate:  # Qwen2-MoE: sigmoid(x · g) scales the shared expert, g of shape (1, h)
@@ -237,8 +244,9 @@ class ParamCounts:
 
 def is_matmul_weight(t: TensorSpec) -> bool:
     """A block's matmul weight: a 2-D linear weight, or the stacked (E, out, in) routed-expert matrices (named
-    ``...experts.w1`` without a ``.weight`` suffix). Embedding tables and the head live outside the blocks."""
-    return len(t.shape) >= 2 and (t.name.endswith("weight") or t.ep_dim is not None)
+    ``...experts.w1`` without a ``.weight`` suffix; their (E, out) biases are not). Embedding tables and the head
+    live outside the blocks."""
+    return len(t.shape) >= 2 and (t.name.endswith("weight") or (t.ep_dim is not None and len(t.shape) == 3))
 
 
 @lru_cache(maxsize=256)
