@@ -50,6 +50,9 @@ def add_inference_args(p) -> None:
     g.add_argument("--max-num-seqs", type=BOUNDED["batch"], default=None, help="most sequences per step (engine default)")
     g.add_argument("--max-num-batched-tokens", type=BOUNDED["seq_len"], default=None, help="token budget per step (engine default)")
     g.add_argument("--chunked-prefill", action="store_true", help="split prompts into chunks that fill the token budget")
+    g.add_argument("--sliding-window-cache", action="store_true",
+                   help="keep only each sliding layer's window in the KV cache and attend within it (vLLM V1 does by "
+                        "default; TensorRT-LLM with a per-layer max_attention_window)")
     g.add_argument("--cuda-graph-max-batch", type=BOUNDED["graph_batch"], default=None, metavar="N",
                    help="largest decode batch the engine replays as a CUDA graph (engine default; 0: none)")
     g.add_argument("--prefix-hit-rate", type=BOUNDED["hit_share"], default=0.0, metavar="H",
@@ -109,6 +112,7 @@ def engine_from_args(args):
     return get_engine(getattr(args, "framework", None)).with_settings(
         gpu_memory_utilization=util, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=True if args.chunked_prefill else None, scheduler_steps=getattr(args, "scheduler_steps", None),
+        sliding_window_cache=True if getattr(args, "sliding_window_cache", False) else None,
         cuda_graph_max_batch=getattr(args, "cuda_graph_max_batch", None))
 
 
@@ -215,6 +219,7 @@ def refuse_serving_flags(args) -> None:
                                      ("--tpot-slo", "tpot_slo"), ("--target-rate", "target_rate"),
                                      ("--slo-percentile", "slo_percentile"), ("--scheduler-steps", "scheduler_steps"),
                                      ("--chunked-prefill", "chunked_prefill"),
+                                     ("--sliding-window-cache", "sliding_window_cache"),
                                      ("--prefix-hit-rate", "prefix_hit_rate")) if getattr(args, attr, None)]
     if getattr(args, "cuda_graph_max_batch", None) is not None:              # 0 (no graphs) is a setting too
         given.append("--cuda-graph-max-batch")

@@ -58,10 +58,10 @@ def validate_inference(args):
             totals.append(f"{names[g]} ({ins['n']} measurements): mean |error| {_pct(ins['mean_abs_error'])} in sample, "
                           f"{_pct(lo['mean_abs_error'])} leave-one-source-out")
     for g in ("tpot", "ttft", "throughput"):
-        ins, lo = d["in_sample"]["expert_parallel"].get(g), d["loso"]["expert_parallel"].get(g)
+        ins, lo = d["in_sample"]["moe"].get(g), d["loso"]["moe"].get(g)
         if ins:
-            totals.append(f"MoE with expert parallelism, {names[g]} ({ins['n']} measurements, predicted, never fitted: "
-                          f"serving.moe): mean |error| {_pct(ins['mean_abs_error'])} in sample, "
+            totals.append(f"mixture of experts, {names[g]} ({ins['n']} measurements, predicted, never fitted: "
+                          f"their rates are the dense rows'): mean |error| {_pct(ins['mean_abs_error'])} in sample, "
                           f"{_pct(lo['mean_abs_error'])} leave-one-source-out")
     misses = ", ".join(f"{m['family']} {names[m['group']]} {_pct(m['mean_abs_error'])} (goal {_pct(m['goal'])})"
                        for m in v["family_misses"])
@@ -154,6 +154,8 @@ def inference_estimate_argv(run, case) -> list[str]:
             argv += [flag, f"{run.settings[key]:g}"]
     if run.settings.get("chunked_prefill"):
         argv.append("--chunked-prefill")
+    if run.settings.get("sliding_window_cache"):
+        argv.append("--sliding-window-cache")
     return argv
 
 

@@ -12,6 +12,7 @@ targets: engine version × GPU generation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from shardlab.serving.step import Kernels
 
 RUNS_FILE = Path(__file__).parent / "inference_runs.yaml"
 SETTINGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "scheduler_steps", "chunked_prefill",
-            "cuda_graph_max_batch")
+            "cuda_graph_max_batch", "sliding_window_cache")
 """Engine settings a source or run may state (they replace the engine's defaults)."""
 METRICS = {"output_tokens_per_s": "throughput", "requests_per_s": "throughput", "ttft_s": "ttft", "tpot_s": "tpot",
            "e2e_s": "tpot", "input_tokens_per_s": "throughput"}
@@ -192,22 +193,39 @@ _KERNEL_OF = {"weight_bandwidth_efficiency": "weight_bandwidth_efficiency", "kv_
 
 
 def expert_parallel(run: InferenceRun) -> bool:
-    """The run serves a MoE model with expert parallelism (``serving.moe``): predicted, never fitted."""
+    """The run serves a MoE model with expert parallelism (``serving.moe``)."""
     return int(run.config.get("ep", 1)) > 1
+
+
+@lru_cache(maxsize=None)
+def _moe_model(model_id: str) -> bool:
+    from shardlab.catalog import get_catalog
+
+    return get_catalog().model(model_id).moe is not None
+
+
+def moe_run(run: InferenceRun) -> bool:
+    """The run serves a mixture-of-experts model, with expert parallelism or without: predicted, never fitted, as
+    the training fit treats MoE runs (``validation.fit.fitted_runs``): small experts' grouped GEMMs, the routing and
+    the dispatch carry no fitted value, so the generation's rates come from the dense rows."""
+    return expert_parallel(run) or _moe_model(str(run.config["model"]))
 
 
 def fitted(prep: Prepared, idx: np.ndarray) -> np.ndarray:
     """Of ``idx``, the runs the fit sees: the latency and throughput target rows (informational and moderate-load
-    rows are scored, never fitted), less the expert-parallel ones, whose mechanisms (all-to-all over the links, the
-    cited imbalance) carry no fitted value, so their rows are predicted from the dense rows' rates. A generation or
+    rows are scored, never fitted), less the mixture-of-experts ones (``moe_run``), whose mechanisms (grouped GEMMs,
+    routing, all-to-all over the links, the cited imbalance) carry no fitted value, so their rows are predicted from
+    the dense rows' rates. A generation or
     engine only informational rows cover is therefore unseen in a fold (``unseen_from_others``)."""
-    return np.array([i for i in idx if not expert_parallel(prep.runs[i])
+    return np.array([i for i in idx if not moe_run(prep.runs[i])
                      and prep.runs[i].target in ("latency", "throughput")], dtype=int)
 
 
 def family_of(run: InferenceRun, generation: str) -> str:
-    """Family of a run for the targets: engine version × GPU generation; expert-parallel runs form their own."""
-    return f"{run.engine}{' MoE-EP' if expert_parallel(run) else ''} × {generation}"
+    """Family of a run for the targets: engine version × GPU generation; MoE runs form their own, with expert
+    parallelism (MoE-EP) or without (MoE)."""
+    kind = " MoE-EP" if expert_parallel(run) else " MoE" if moe_run(run) else ""
+    return f"{run.engine}{kind} × {generation}"
 
 
 def generation_of(run: InferenceRun, catalog) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.validation.inference import (InferenceRun, Params, Prepared, errors, expert_parallel, fitted,
+from shardlab.validation.inference import (InferenceRun, Params, Prepared, errors, fitted, moe_run,
                                            load_inference_runs, predict, prepare_runs)
 
 GOALS = {"tpot": 0.10, "ttft": 0.12, "throughput": 0.10}
@@ -19,15 +19,18 @@ MAX_ERROR = 0.35
 
 def _summary(errs: list[dict], key: str) -> dict:
     """mean and max |error| of ``key`` errors per family, per engine and per group, target rows only; the
-    expert-parallel rows (predicted, never fitted) count in their own families and in 'expert_parallel' per group,
-    not in by_engine or by_group (the fitted model's figures)."""
-    acc: dict = {"by_family": {}, "by_engine": {}, "by_group": {}, "expert_parallel": {}}
+    mixture-of-experts rows (predicted, never fitted: ``validation.inference.moe_run``) count in their own families
+    and in 'moe' per group (those with expert parallelism in 'expert_parallel' too), not in by_engine or by_group
+    (the fitted model's figures)."""
+    acc: dict = {"by_family": {}, "by_engine": {}, "by_group": {}, "moe": {}, "expert_parallel": {}}
     for e in errs:
         if e["target"] not in ("latency", "throughput") or e[key] is None:
             continue
         acc["by_family"].setdefault(e["family"], {}).setdefault(e["group"], []).append(abs(e[key]))
-        if "MoE-EP" in e["family"]:
-            acc["expert_parallel"].setdefault(e["group"], []).append(abs(e[key]))
+        if " MoE" in e["family"]:
+            acc["moe"].setdefault(e["group"], []).append(abs(e[key]))
+            if " MoE-EP" in e["family"]:
+                acc["expert_parallel"].setdefault(e["group"], []).append(abs(e[key]))
             continue
         acc["by_engine"].setdefault(e["engine"], {}).setdefault(e["group"], []).append(abs(e[key]))
         acc["by_group"].setdefault(e["group"], []).append(abs(e[key]))
@@ -35,6 +38,7 @@ def _summary(errs: list[dict], key: str) -> dict:
     return {"by_family": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_family"].items()},
             "by_engine": {k: {g: stat(v) for g, v in d.items()} for k, d in acc["by_engine"].items()},
             "by_group": {g: stat(v) for g, v in acc["by_group"].items()},
+            "moe": {g: stat(v) for g, v in acc["moe"].items()},
             "expert_parallel": {g: stat(v) for g, v in acc["expert_parallel"].items()}}
 
 
@@ -146,7 +150,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
                 progress(k, len(folded) + 1, f"held out {src}")
     counts: dict = {}
     per_engine: dict = {}
-    unfitted = {r.id for r in runs if expert_parallel(r)}
+    unfitted = {r.id for r in runs if moe_run(r)}
     for r in rows:                                 # the measured values behind each fitted value
         if r["target"] in ("latency", "throughput") and r["run"] not in unfitted:
             counts[r["generation"]] = counts.get(r["generation"], 0) + 1

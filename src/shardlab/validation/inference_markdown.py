@@ -70,10 +70,10 @@ def targets_md(ins: dict, loso: dict, goals: dict) -> str:
             a, b = ins["by_group"][g], loso["by_group"][g]
             lines.append(_row([name, a["n"], _pct(a["mean_abs_error"]), _pct(b["mean_abs_error"]),
                                f"{100 * goals[g]:.0f}%"]))
-    for g, name in GROUPS.items():             # expert-parallel MoE rows: predicted, never fitted (serving.moe)
-        if g in ins.get("expert_parallel", {}):
-            a, b = ins["expert_parallel"][g], loso["expert_parallel"][g]
-            lines.append(_row([f"{name}, MoE with expert parallelism (not fitted)", a["n"], _pct(a["mean_abs_error"]),
+    for g, name in GROUPS.items():             # mixture-of-experts rows: predicted, never fitted (moe_run)
+        if g in ins.get("moe", {}):
+            a, b = ins["moe"][g], loso["moe"][g]
+            lines.append(_row([f"{name}, mixture of experts (not fitted)", a["n"], _pct(a["mean_abs_error"]),
                                _pct(b["mean_abs_error"]), f"{100 * goals[g]:.0f}%"]))
     return "\n".join(lines)
 
