@@ -155,8 +155,12 @@ def test_qwen_sliding_window_applies_from_max_window_layers():
     spec = from_hf_config({**on, "max_window_layers": d["num_hidden_layers"]})      # no layer slides
     assert spec.sliding_window == 0
     assert from_hf_config({**on, "max_window_layers": 0}).sliding_window == 4096   # every layer slides
-    part = from_hf_config({**on, "max_window_layers": 20})                          # 20..35 slide: full cache, said
-    assert part.sliding_window == 0 and "counted in full" in part.source
+    part = from_hf_config({**on, "max_window_layers": 20})                          # 20..35 slide, 0..19 do not
+    assert (part.sliding_window, part.full_attention_layers) == (4096, 20)
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model("qwen3", **{k: v for k, v in on.items() if k != "model_type"},
+                                            max_window_layers=20)
+    assert sum(t == "full_attention" for t in cfg.layer_types) == 20
     assert from_hf_config({**on, "sliding_window": None, "max_window_layers": 0}).sliding_window == 0   # null: none
 
 

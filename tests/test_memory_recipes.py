@@ -127,12 +127,10 @@ def test_finetune_ladder_answers_item_21(capsys):
     assert main(["memory", "--finetune-ladder", "--gpu", "rtx-4090", "--seq-len", "2048", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     big = doc["largest_fitting"]
-    # the largest under QLoRA is a 21B mixture of experts at 4 bits; among dense models, Llama 3.1 8B
-    assert big["full"] == "gpt2-large" and big["lora"] == "gpt2-xl" and big["qlora"] == "gpt-oss-20b"
-    from shardlab.catalog import get_catalog
-
-    dense = [r for r in doc["rows"] if get_catalog().model(r["model"]).moe is None and r["qlora"] <= doc["capacity_bytes"]]
-    assert max(dense, key=lambda r: r["params"])["model"] == "llama-3.1-8b"
+    # GPT-OSS-20B does not fit under QLoRA: its experts are plain parameters in transformers, which bitsandbytes
+    # leaves 16-bit (19.1B of its 20.9B)
+    assert big["full"] == "gpt2-large" and big["lora"] == "gpt2-xl" and big["qlora"] == "llama-3.1-8b"
+    assert {r["model"]: r for r in doc["rows"]}["gpt-oss-20b"]["qlora"] > 2 * 19.1e9
     row = {r["model"]: r for r in doc["rows"]}["llama-2-13b"]
     assert row["qlora"] > doc["capacity_bytes"] > {r["model"]: r for r in doc["rows"]}["llama-2-7b"]["qlora"]
 

@@ -86,3 +86,57 @@ def test_bad_window_fields_are_named(change, words):
 def test_runtime_refuses_gpt_oss_in_one_line():
     r = run_cli("shard-check", "gpt-oss-20b", "--gpus", "4")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "attention sinks" in r.stderr, r.stderr
+
+
+def test_expert_biases_are_column_parallel_and_not_matmuls():
+    from shardlab.shard.rules import split_kind
+    from shardlab.specs.tensors import is_matmul_weight, model_tensors
+
+    spec = get_catalog().model("gpt-oss-20b")
+    t = {x.name.rsplit(".", 1)[-1] if "experts" in x.name else x.name: x for x in model_tensors(spec) if x.layer == 0}
+    assert split_kind(t["w1_bias"], spec, 2) == "column" and split_kind(t["w1"], spec, 2) == "column"
+    assert split_kind(t["w2"], spec, 2) == "row" and not is_matmul_weight(t["w2_bias"])
+    r = run_cli("models", "gpt-oss-20b")
+    line = next(x for x in r.stdout.splitlines() if "experts.w1_bias" in x)
+    assert "(column)" in line and "(row)" not in line
+
+
+@pytest.mark.parametrize("types", [{"a": 1}, ["sliding_attention"] * 3, [1] * 24, ["chunked_attention"] * 24])
+def test_malformed_layer_types_are_named(types):
+    from shardlab.specs.hf import from_hf_config
+
+    with pytest.raises(ShardlabError, match="'layer_types' must list"):
+        from_hf_config({"model_type": "gpt_oss", "num_hidden_layers": 24, "layer_types": types})
+
+
+def test_disaggregated_transfer_sends_what_the_engine_keeps():
+    from shardlab.serving.case import prepare
+    from shardlab.serving.disagg import kv_transfer
+    from shardlab.serving.engines import get_engine
+    from shardlab.specs.hardware import Cluster
+
+    cat = get_catalog()
+    acc = cat.accelerator("h200")
+    cl = Cluster(acc, 1, 8, cat.link(acc.system["intra_link"]), cat.link(acc.system["inter_link"]))
+    oss = cat.model("gpt-oss-120b")
+    per_token = 36 * 2 * 8 * 64 * 2
+    for engine, held in (("vllm", (128 + 8192) // 2), ("tensorrt-llm", 8192)):   # vLLM V1 drops what leaves a window
+        case = prepare(oss, cl, get_engine(engine), prompt_len=8192, output_len=1024)
+        assert kv_transfer(case, True)[0] == held * per_token
+
+
+def test_export_refuses_a_window_the_launch_file_cannot_set():
+    r = run_cli("export", "gpt-oss-20b", "--to", "tensorrt-llm", "--inference", "--gpus", "1", "--gpu", "h200",
+                "--sliding-window-cache")
+    assert r.returncode == 2 and "per-layer attention window" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_qlora_leaves_gpt_oss_experts_16_bit():
+    from shardlab.memory.lora import is_block_linear
+    from shardlab.specs.tensors import model_tensors
+
+    spec = get_catalog().model("gpt-oss-20b")
+    quantized = {t.component for t in model_tensors(spec) if is_block_linear(t, spec)}
+    assert quantized == {"attention"}                  # experts and router are nn.Parameter in transformers
+    mixtral = get_catalog().model("mixtral-8x7b")
+    assert {"experts", "router"} <= {t.component for t in model_tensors(mixtral) if is_block_linear(t, mixtral)}

@@ -115,6 +115,8 @@ def _split_label(t) -> str:
     vocabulary for an embedding), the input dim row-parallel (Shoeybi et al. 2019, §3)."""
     if t.tp_dim is None:
         return "replicated"
-    if len(t.shape) == 1 or t.tp_dim == len(t.shape) - 2:      # a 1-D tensor split on TP: a column-parallel bias
+    from shardlab.specs.tensors import is_matmul_weight
+
+    if not is_matmul_weight(t) or t.tp_dim == len(t.shape) - 2:   # a bias split on TP goes with the output: column
         return f"dim {t.tp_dim} ({'vocab' if 'embed' in t.name or t.name.startswith('output') else 'column'})"
     return f"dim {t.tp_dim} (row)"

@@ -60,14 +60,26 @@ def add_export_file_args(g, default_out: str = "print it") -> None:
 
 
 # ---- building the job ----------------------------------------------------------------------------
+def window_refusal(target: str):
+    """The one line for --sliding-window-cache where the launch file cannot set a per-layer window."""
+    from shardlab.errors import ShardlabError
+
+    return ShardlabError(f"--sliding-window-cache: the {target} launch file does not set a per-layer attention window "
+                         "yet, so the engine it starts would keep every token; drop the flag to export what that "
+                         "engine runs")
+
+
 def serving_engine(args):
     """(engine profile, framework id) of a serving export: the engine the file runs (sglang, tensorrt-llm) prices its
     KV blocks unless --framework names another; vllm otherwise."""
     from shardlab.cli.inference_args import engine_from_args
+    from shardlab.serving.engines import get_engine
 
     to = getattr(args, "to", None)
     if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
         args.framework = to
+    if getattr(args, "sliding_window_cache", False) and not get_engine(getattr(args, "framework", None)).sliding_window_cache:
+        raise window_refusal(to or "vllm")
     return engine_from_args(args), to if to in ("sglang", "tensorrt-llm") else "vllm"
 
 
@@ -286,6 +298,8 @@ def with_export(fn):
             from shardlab.errors import ShardlabError
 
             raise ShardlabError("--out and --launch say where and how to write an export: add --export TARGET")
+        if getattr(args, "export", None) in ("sglang", "tensorrt-llm") and getattr(args, "sliding_window_cache", False):
+            raise window_refusal(args.export)
         doc, text = fn(args)
         if not getattr(args, "export", None):
             return doc, text

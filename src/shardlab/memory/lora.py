@@ -10,7 +10,8 @@ QLoRA (Dettmers et al. 2023, arXiv 2305.14314 §3): the frozen base linear weigh
 one fp32 second-level scale per 256 blocks: 4 + 8/64 + 32/(64·256) = 4.127 bits per weight (vs 4.5 without it).
 bitsandbytes (the paper's implementation) packs two codes per byte, stores the 8-bit scales, the fp32 second-level
 scales and one fp32 offset per tensor; that is what ``nf4_bytes`` counts. Every linear weight inside the blocks is
-quantized (bitsandbytes replaces nn.Linear modules and keeps lm_head; embeddings and norms stay bf16). During
+quantized (bitsandbytes replaces nn.Linear modules and keeps lm_head; embeddings and norms stay bf16; GPT-OSS's
+experts and router are plain parameters in transformers, so they stay bf16 too). During
 forward and backward each quantized weight is dequantized to bf16 for its GEMM, one layer at a time.
 
 Adapter targets follow PEFT's names: q, k, v, o (attention projections), gate, up, down (the MLP; a GELU MLP has up
@@ -89,8 +90,16 @@ def _target_names(spec: ModelSpec, targets: tuple[str, ...]) -> set[str] | None:
     return out
 
 
+PARAMETER_EXPERT_FAMILIES = ("gpt_oss",)
+"""Families whose transformers modules hold the routed experts and the router as nn.Parameter, not nn.Linear
+(GptOssExperts, GptOssTopKRouter): bitsandbytes does not replace them, so QLoRA leaves them 16-bit."""
+
+
 def is_block_linear(t: TensorSpec, spec: ModelSpec) -> bool:
-    """A linear weight inside the blocks (what bitsandbytes quantizes): routers and stacked experts included."""
+    """A linear weight inside the blocks (what bitsandbytes quantizes): routers and stacked experts included, except
+    where the model holds them as plain parameters (``PARAMETER_EXPERT_FAMILIES``)."""
+    if spec.family in PARAMETER_EXPERT_FAMILIES and t.component in ("experts", "router"):
+        return False
     return 0 <= t.layer < spec.num_layers and is_matmul_weight(t)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError, field_name
-from shardlab.memory.inference import kv_cache_bytes_per_token
+from shardlab.memory.inference import cached_tokens, kv_cache_bytes_per_token
 from shardlab.serving.case import ServeCase
 from shardlab.serving.steady import arrays, cycle_time, micro_batch_times
 
@@ -93,11 +93,14 @@ class DisaggCase:
 def kv_transfer(pre: ServeCase, same_node: bool) -> tuple[int, float, str]:
     """(bytes per prefill rank, seconds, link) of moving one request's prompt KV from the prefill pool to the decode
     pool. Each prefill rank holds its TP slice of the cache and sends it over its own link; the decode pool
-    stores it at its own layout (a different TP re-slices it on arrival, which costs no extra link time)."""
+    stores it at its own layout (a different TP re-slices it on arrival, which costs no extra link time). A sliding
+    layer sends only its window where the engine keeps only the window (``memory.inference.cached_tokens``)."""
     cl = pre.cluster
     link = cl.intra_link if same_node else cl.inter_link
     per_tok = max(kv_cache_bytes_per_token(pre.spec, pre.tp, pre.pp, pre.precision.kv_bytes))
-    nbytes = int(pre.prompt_len * per_tok)
+    # an engine that keeps only a sliding layer's window holds (and sends) the layers' mean of the prompt
+    held = cached_tokens(pre.spec, pre.prompt_len) if pre.engine.sliding_window_cache else pre.prompt_len
+    nbytes = int(held * per_tok)
     return nbytes, float(collective_time("send-recv", max(1, nbytes), 2, link).time_s), "intra" if same_node else "inter"
 
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardlab.errors import ShardlabError
+from shardlab.memory.inference import held_tokens
 from shardlab.serving.disagg import DisaggCase
 from shardlab.serving.simulate import SimResult, _measure, arrivals
 from shardlab.serving.steady import cycle_time, micro_batch_times
@@ -52,6 +53,7 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
     cap = dec.capacity
     Bg, cg, slope = d.grid
     ctx = float(d.dec_arrays.ctx[0])
+    window = bool(dec.engine.sliding_window_cache and dec.spec.sliding_window)
     first, done_t = np.full(N, np.nan), np.full(N, np.nan)
     gen = np.zeros(N, dtype=np.int64)
     events: list = [(float(arrive[i]), 0, i, "arrive") for i in range(N) if np.isfinite(arrive[i])]
@@ -96,7 +98,8 @@ def simulate_disagg(d: DisaggCase, *, concurrency: int | None = None, arrival_ra
             return
         stepping[r] = True
         n = float(len(members))
-        kd = float(np.sum(S + gen[members]))         # the step at n sequences, linear in their cached tokens
+        held = S + gen[members]                       # the step at n sequences, linear in their cached tokens
+        kd = float(np.sum(held_tokens(dec.spec, held) if window else held))   # a sliding layer holds its window
         dt = float(np.interp(n, Bg, cg) + np.interp(n, Bg, slope) * (kd - n * ctx))
         steps += 1
         push(t + dt, "decoded", (r, members))

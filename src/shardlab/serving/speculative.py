@@ -114,15 +114,17 @@ def make_speculation(tokens: int | None, draft: str | None, *, rate: float | Non
 def draft_spec(target: ModelSpec, draft: str, catalog) -> ModelSpec:
     """The draft as a model the step model can price (module doc)."""
     if draft == "eagle":
-        return replace(target, name=f"{target.name} EAGLE head", num_layers=1, moe=None)
+        return replace(target, name=f"{target.name} EAGLE head", num_layers=1, moe=None, sliding_window=0,
+                       full_attention_layers=0)
     if draft == "eagle3":
-        return replace(target, name=f"{target.name} EAGLE-3 head", num_layers=1, moe=None, vocab_size=EAGLE3_DRAFT_VOCAB)
+        return replace(target, name=f"{target.name} EAGLE-3 head", num_layers=1, moe=None, vocab_size=EAGLE3_DRAFT_VOCAB,
+                       sliding_window=0, full_attention_layers=0)
     if draft == "mtp":
         if target.family not in MTP_FAMILIES or target.moe is None:
             raise ShardlabError(f"--draft mtp: {target.name} has no multi-token-prediction module (DeepSeek-V3 and R1 "
                                 f"ship one); use eagle, eagle3 or a draft model")
         return replace(target, name=f"{target.name} MTP module", num_layers=1,
-                       moe=replace(target.moe, first_dense_layers=0))
+                       moe=replace(target.moe, first_dense_layers=0), full_attention_layers=0)
     spec = catalog.model(draft)
     if spec.vocab_size != target.vocab_size:
         raise ShardlabError(f"--draft {draft}: its vocabulary ({spec.vocab_size:,}) differs from {target.name}'s "

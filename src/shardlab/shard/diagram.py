@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardlab.shard.rules import representative_layers, split_kind
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import TensorSpec, model_tensors
+from shardlab.specs.tensors import TensorSpec, is_matmul_weight, model_tensors
 
 
 def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 1, sequence_parallel: bool = False,
@@ -28,7 +28,7 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
         f_lbl = f"f: identity forward, all-reduce of the input gradient in backward ({act})"
         g_lbl = f"g: all-reduce forward ({act} = b·s·h·{elem_bytes} B), identity backward"
     lines = [node("x", f"x: (b, {seq}, h) = ({b}, {s // tp if sp else s}, {h}) on every rank", "stadium")]
-    tensors = [t for t in model_tensors(spec) if t.layer == layer and len(t.shape) >= 2]
+    tensors = [t for t in model_tensors(spec) if t.layer == layer and is_matmul_weight(t)]
 
     def shape_label(t: TensorSpec) -> str:
         loc = t.local_shape(spec, tp)

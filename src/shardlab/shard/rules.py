@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shardlab.errors import ShardlabError, field_name
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, TensorSpec, model_tensors
+from shardlab.specs.tensors import PRE, TensorSpec, is_matmul_weight, model_tensors
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def split_kind(t: TensorSpec, spec: ModelSpec, tp: int) -> str:
     if t.component in ("embedding", "head"):
         return "vocabulary"
     nd = len(t.shape)
-    kind = "row" if nd >= 2 and t.tp_dim == nd - 1 else "column"
+    # a matmul split on its input features is row-parallel; a bias (the experts' (E, f) ones too) goes with the output
+    kind = "row" if is_matmul_weight(t) and t.tp_dim == nd - 1 else "column"
     if t.kv and spec.mla is None and tp > spec.num_kv_heads:
         kind += ", KV heads replicated"
     return kind

@@ -248,16 +248,11 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
     explicit_none = "sliding_window" in c.d and c.d["sliding_window"] is None   # transformers: no window
     if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and c.flag("use_sliding_window", False) and not explicit_none:
         window = c.count("sliding_window", 4096)
-        # Qwen2, Qwen3 and Qwen2-MoE slide only from layer max_window_layers on (Qwen2Config.layer_types; Qwen3-MoE
-        # slides every layer);
-        # one window for the whole cache is modelled, so a window on only some layers keeps the full cache (an
-        # upper bound) and says so
+        # Qwen2, Qwen3 and Qwen2-MoE slide only from layer max_window_layers on (Qwen2Config.layer_types: the first
+        # max_window_layers attend fully); Qwen3-MoE slides every layer
         full = c.count("max_window_layers", 0) if mt != "qwen3_moe" else 0
-        if full == 0:
-            kw["sliding_window"] = window
-        elif full < kw["num_layers"]:
-            common["source"] += (f"; sliding window {window} on layers {full}-{kw['num_layers'] - 1} only: "
-                                 f"the KV cache is counted in full (an upper bound)")
+        if full < kw["num_layers"]:
+            kw.update(sliding_window=window, full_attention_layers=full)
     if mt in ("mistral", "mixtral", "phi3"):
         kw["sliding_window"] = c.count("sliding_window", 0)
     if mt == "phi3":
@@ -268,8 +263,12 @@ def _llama_like(c: _Cfg, common: dict, mt: str) -> ModelSpec:
         window = c.count("sliding_window", 4096)
         types = c.d.get("layer_types")
         L = kw["num_layers"]
-        if isinstance(types, list) and len(types) == L and all(isinstance(t, str) for t in types):
-            full = sum(t != "sliding_attention" for t in types)
+        if types is not None and not (isinstance(types, list) and len(types) == L
+                                      and all(t in ("sliding_attention", "full_attention") for t in types)):
+            raise ShardlabError(f"{c.where}: 'layer_types' must list 'sliding_attention' or 'full_attention' for each "
+                                f"of the {L} layers (num_hidden_layers); fix or drop it")
+        if types is not None:
+            full = sum(t == "full_attention" for t in types)
         elif mt == "gemma3_text":
             full = L // max(1, c.count("sliding_window_pattern", 6))
         else:

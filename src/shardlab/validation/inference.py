@@ -12,7 +12,6 @@ targets: engine version × GPU generation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +155,8 @@ class Prepared:
     """The ServeCases."""
     generations: list = field(default_factory=list)
     """GPU generation per run (whose rates it uses)."""
+    moe: list = field(default_factory=list)
+    """Per run: it serves a mixture-of-experts model (``moe_run``, from the run's catalog): predicted, never fitted."""
     pinned: dict = field(default_factory=dict)
     """generation -> {rate field: value} the fit does not move: the 16-bit GEMM share of a generation whose matmul
     curve the training fit measured (its max_fraction, catalog/data/fitted.yaml), one curve for training and serving."""
@@ -170,7 +171,9 @@ def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
     return Prepared(runs, arrays(cases), np.array([m for m, _ in modes]), np.array([n for _, n in modes], dtype=float),
                     np.array([c.scheduler_steps for c in cases], dtype=float),
                     np.array([PHASES[r.config.get("phase")] for r in runs]), cases, gens,
-                    {g: pinned_rates(c.cluster.accelerator) for g, c in zip(gens, cases) if pinned_rates(c.cluster.accelerator)})
+                    moe=[moe_run(r, catalog) for r in runs],
+                    pinned={g: pinned_rates(c.cluster.accelerator) for g, c in zip(gens, cases)
+                            if pinned_rates(c.cluster.accelerator)})
 
 
 def pinned_rates(acc) -> dict:
@@ -197,18 +200,11 @@ def expert_parallel(run: InferenceRun) -> bool:
     return int(run.config.get("ep", 1)) > 1
 
 
-@lru_cache(maxsize=None)
-def _moe_model(model_id: str) -> bool:
-    from shardlab.catalog import get_catalog
-
-    return get_catalog().model(model_id).moe is not None
-
-
-def moe_run(run: InferenceRun) -> bool:
-    """The run serves a mixture-of-experts model, with expert parallelism or without: predicted, never fitted, as
-    the training fit treats MoE runs (``validation.fit.fitted_runs``): small experts' grouped GEMMs, the routing and
-    the dispatch carry no fitted value, so the generation's rates come from the dense rows."""
-    return expert_parallel(run) or _moe_model(str(run.config["model"]))
+def moe_run(run: InferenceRun, catalog) -> bool:
+    """The run serves a mixture-of-experts model of ``catalog``, with expert parallelism or without: predicted, never
+    fitted, as the training fit treats MoE runs (``validation.fit.fitted_runs``): small experts' grouped GEMMs, the
+    routing and the dispatch carry no fitted value, so the generation's rates come from the dense rows."""
+    return expert_parallel(run) or catalog.model(str(run.config["model"])).moe is not None
 
 
 def fitted(prep: Prepared, idx: np.ndarray) -> np.ndarray:
@@ -217,14 +213,14 @@ def fitted(prep: Prepared, idx: np.ndarray) -> np.ndarray:
     routing, all-to-all over the links, the cited imbalance) carry no fitted value, so their rows are predicted from
     the dense rows' rates. A generation or
     engine only informational rows cover is therefore unseen in a fold (``unseen_from_others``)."""
-    return np.array([i for i in idx if not moe_run(prep.runs[i])
+    return np.array([i for i in idx if not prep.moe[i]
                      and prep.runs[i].target in ("latency", "throughput")], dtype=int)
 
 
-def family_of(run: InferenceRun, generation: str) -> str:
-    """Family of a run for the targets: engine version × GPU generation; MoE runs form their own, with expert
-    parallelism (MoE-EP) or without (MoE)."""
-    kind = " MoE-EP" if expert_parallel(run) else " MoE" if moe_run(run) else ""
+def family_of(run: InferenceRun, generation: str, moe: bool = False) -> str:
+    """Family of a run for the targets: engine version × GPU generation; MoE runs (``moe``: ``moe_run``) form their
+    own, with expert parallelism (MoE-EP) or without (MoE)."""
+    kind = " MoE-EP" if expert_parallel(run) else " MoE" if moe else ""
     return f"{run.engine}{kind} × {generation}"
 
 
@@ -312,7 +308,7 @@ def errors(prep: Prepared, preds: dict, idx: np.ndarray, targets=TARGETS) -> lis
     for pos, i, m in _pairs(prep, idx, targets):
         p, meas = float(preds[m][pos]), prep.runs[i].measured[m]
         out.append({"run": prep.runs[i].id, "source": prep.runs[i].source, "engine": prep.runs[i].engine,
-                    "generation": prep.generations[i], "family": family_of(prep.runs[i], prep.generations[i]),
+                    "generation": prep.generations[i], "family": family_of(prep.runs[i], prep.generations[i], prep.moe[i]),
                     "target": prep.runs[i].target, "metric": m, "group": METRICS[m], "stat": prep.runs[i].stats[m],
                     "measured": meas, "predicted": p if np.isfinite(p) else None,
                     "error": (p - meas) / meas if np.isfinite(p) else None})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.validation.inference import (InferenceRun, Params, Prepared, errors, fitted, moe_run,
+from shardlab.validation.inference import (InferenceRun, Params, Prepared, errors, fitted,
                                            load_inference_runs, predict, prepare_runs)
 
 GOALS = {"tpot": 0.10, "ttft": 0.12, "throughput": 0.10}
@@ -150,7 +150,7 @@ def validate(catalog, runs: list[InferenceRun] | None = None, loso: bool = True,
                 progress(k, len(folded) + 1, f"held out {src}")
     counts: dict = {}
     per_engine: dict = {}
-    unfitted = {r.id for r in runs if moe_run(r)}
+    unfitted = {r.id for r, moe in zip(runs, prep.moe) if moe}
     for r in rows:                                 # the measured values behind each fitted value
         if r["target"] in ("latency", "throughput") and r["run"] not in unfitted:
             counts[r["generation"]] = counts.get(r["generation"], 0) + 1
