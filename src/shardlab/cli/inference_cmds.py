@@ -79,7 +79,8 @@ def _estimate_static(args, spec, cluster, prec, engine):
                                             + (f"({est.in_flight_per_gpu} sequences × {est.own_tokens:,} own tokens + a "
                                                f"{est.shared_prefix_tokens:,}-token cached prefix, held once)"
                                                if est.case.prefix_hit_rate else f"{est.in_flight_per_gpu} sequences × {seq} tokens")
-                                            + f" × {est.kv_cache_bytes_per_token:,} B/token ({prec.kv_cache}), in blocks of {b.block_size}"),
+                                            + f" × {est.kv_cache_bytes_per_token:,} B/token ({prec.kv_cache}), in blocks of {b.block_size}"
+                                            + _window_note(spec, est)),
                        ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.step_budget_per_rank}-token step, "
                                  f"CUDA context, workspaces: estimates)"),
                        ("KV blocks", f"{b.num_blocks:,} blocks of {b.block_size} tokens ({gib(b.kv_bytes)}) in the engine's "
@@ -218,3 +219,13 @@ def validate_inference_cmd(args):
     return one_inference_run(args) if getattr(args, "run", None) else validate_inference(args)
 
 
+def _window_note(spec, est) -> str:
+    """How a sliding window shapes the tokens a sequence holds (empty when the engine keeps every token)."""
+    if not est.windowed:
+        return ""
+    n = est.case.prompt_len + est.case.output_len
+    if not spec.full_attention_layers:
+        return f" (the {spec.sliding_window}-token window of every layer)"
+    return (f" (the layers' mean: {spec.num_layers - spec.full_attention_layers} sliding layers keep "
+            f"{min(n, spec.sliding_window):,} of the {n:,} tokens, {spec.full_attention_layers} full-attention layers "
+            f"keep all)")
