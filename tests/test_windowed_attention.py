@@ -129,6 +129,10 @@ def test_export_refuses_a_window_the_launch_file_cannot_set():
     r = run_cli("export", "gpt-oss-20b", "--to", "tensorrt-llm", "--inference", "--gpus", "1", "--gpu", "h200",
                 "--sliding-window-cache")
     assert r.returncode == 2 and "per-layer attention window" in r.stderr and r.stderr.count("\n") == 1
+    # vLLM drops what leaves a window by itself: its file is written whatever engine priced the plan
+    r = run_cli("export", "gpt-oss-20b", "--to", "vllm", "--inference", "--gpus", "1", "--gpu", "h200", "--engine",
+                "sglang", "--sliding-window-cache")
+    assert r.returncode == 0 and r.stdout.count("vllm serve openai/gpt-oss-20b") == 1, r.stderr
 
 
 def test_qlora_leaves_gpt_oss_experts_16_bit():

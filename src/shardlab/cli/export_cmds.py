@@ -73,13 +73,12 @@ def serving_engine(args):
     """(engine profile, framework id) of a serving export: the engine the file runs (sglang, tensorrt-llm) prices its
     KV blocks unless --framework names another; vllm otherwise."""
     from shardlab.cli.inference_args import engine_from_args
-    from shardlab.serving.engines import get_engine
 
     to = getattr(args, "to", None)
     if to in ("sglang", "tensorrt-llm") and getattr(args, "framework", None) is None:
         args.framework = to
-    if getattr(args, "sliding_window_cache", False) and not get_engine(getattr(args, "framework", None)).sliding_window_cache:
-        raise window_refusal(to or "vllm")
+    if getattr(args, "sliding_window_cache", False) and to in ("sglang", "tensorrt-llm"):   # vLLM keeps windows itself
+        raise window_refusal(to)
     return engine_from_args(args), to if to in ("sglang", "tensorrt-llm") else "vllm"
 
 

@@ -221,9 +221,9 @@ def validate_inference_cmd(args):
 
 def _window_note(spec, est) -> str:
     """How a sliding window shapes the tokens a sequence holds (empty when the engine keeps every token)."""
-    if not est.windowed:
-        return ""
     n = est.case.prompt_len + est.case.output_len
+    if not est.windowed or not spec.windowed_layer_share or n <= spec.sliding_window:
+        return ""
     if not spec.full_attention_layers:
         return f" (the {spec.sliding_window}-token window of every layer)"
     return (f" (the layers' mean: {spec.num_layers - spec.full_attention_layers} sliding layers keep "
