@@ -78,12 +78,10 @@ def cmd_shard_check(args):
     require_torch()
     spec = resolve_spec(args.model, args.catalog)
     layout = validate(Layout(dp=dp, tp=tp, zero=zero), spec, num_gpus=world)
-    if spec.mla is not None:
-        raise ShardlabError(f"{spec.name} uses Multi-head Latent Attention, which the runtime GPT does not build; "
-                            f"choose a GQA/MHA model")
-    if spec.attention_sinks or (spec.moe is not None and spec.moe.expert_bias):
-        raise ShardlabError(f"{spec.name} has attention sinks and expert biases (GPT-OSS), which the runtime GPT does "
-                            f"not build; `shardlab memory` shows its shards exactly")
+    from shardlab.runtime.gpt import unbuilt
+
+    if unbuilt(spec):
+        raise ShardlabError(f"{spec.name} {unbuilt(spec)}")
     doc = shard_check(args.model, args.catalog, layout, args.dtype, ranks, args.timeout)
     from shardlab.cli.progress import clear
 

@@ -19,9 +19,8 @@ import math
 from dataclasses import dataclass, field
 
 from shardlab.errors import field_name
-from shardlab.memory.inference import cached_tokens
 from shardlab.memory.overheads import Overheads
-from shardlab.serving.case import ServeCase, prepare
+from shardlab.serving.case import ServeCase, engine_held_tokens, prepare
 from shardlab.serving.engines import EngineProfile, get_engine
 from shardlab.serving.explain import step_lines
 from shardlab.serving.precision import BF16, InferencePrecision
@@ -79,8 +78,7 @@ class InferenceEstimate:
     @property
     def full_length_tokens(self) -> int:
         """Tokens one sequence holds at its end (the window when the engine evicts outside it)."""
-        n = self.case.prompt_len + self.case.output_len
-        return cached_tokens(self.spec, n) if self.case.engine.sliding_window_cache else n
+        return engine_held_tokens(self.spec, self.case.engine, self.case.prompt_len + self.case.output_len)
 
     @property
     def windowed(self) -> bool:
@@ -92,7 +90,7 @@ class InferenceEstimate:
         """Tokens one sequence holds of its own at full length: its prompt past the cached prefix and its output
         (the window caps them)."""
         own = self.case.prefill_tokens + self.case.output_len
-        return cached_tokens(self.spec, own) if self.windowed else own
+        return engine_held_tokens(self.spec, self.case.engine, own)
 
     @property
     def shared_prefix_tokens(self) -> int:

@@ -325,17 +325,23 @@ def init_weights(model: nn.Module, seed: int = 0) -> None:
             p.copy_(val.to(p.dtype))
 
 
+def unbuilt(spec: ModelSpec) -> str:
+    """What of ``spec`` the runtime GPT does not implement, as the end of a sentence ('' when it builds the model)."""
+    if spec.mla is not None:
+        return "uses Multi-head Latent Attention, which the runtime GPT does not implement; use a GQA/MHA model"
+    if spec.attention_sinks or (spec.moe is not None and spec.moe.expert_bias):
+        return ("has attention sinks and expert biases (GPT-OSS), which the runtime GPT does not implement; estimate, "
+                "plan and memory model it (`shardlab memory` shows its shards exactly)")
+    return ""
+
+
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 seed: int = 0, numerics: Numerics = DEFAULT, init: bool = True) -> GPT:
     """The GPT for ``spec`` on ``device`` ('cpu', 'cuda' or 'meta'), deterministically initialised from ``seed``
     (a checkpoint then overwrites the weights: ``runtime.checkpoint.load``). ``init=False`` leaves them uninitialised
     (``torch.empty``), for a loader that fills every tensor."""
-    if spec.mla is not None:
-        raise ShardlabError(f"model '{spec.name}' uses Multi-head Latent Attention, which the runtime GPT does not "
-                            f"implement; use a GQA/MHA model")
-    if spec.attention_sinks or (spec.moe is not None and spec.moe.expert_bias):
-        raise ShardlabError(f"model '{spec.name}' has attention sinks and expert biases (GPT-OSS), which the runtime GPT "
-                            f"does not implement; estimate, plan and memory model it, `shardlab run` does not")
+    if unbuilt(spec):
+        raise ShardlabError(f"model '{spec.name}' {unbuilt(spec)}")
     if spec.position == "alibi" and str(device) != "meta":
         raise ShardlabError(f"model '{spec.name}' uses ALiBi positions, which the runtime GPT does not implement "
                             f"(it can only be built on the meta device)")

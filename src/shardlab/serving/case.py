@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from shardlab.errors import ShardlabError, field_name
 from shardlab.layout import Layout, validate
-from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, kv_blocks,
+from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, held_tokens, kv_blocks,
                                        kv_cache_bytes_per_token, weight_bytes_per_rank)
 from shardlab.memory.overheads import Overheads
 from shardlab.serving.engines import EngineProfile
@@ -129,19 +129,16 @@ class ServeCase:
         the prompt see fewer), averaged over the layers."""
         S, P = self.prompt_len, self.prefill_tokens
         keys = (S * S - (S - P) ** 2) / (2 * P)
-        w = self.spec.sliding_window if self.engine.sliding_window_cache else 0   # an engine keeping the window
-        if not w:
-            return keys
-        share = self.spec.windowed_layer_share             # a sliding layer attends to at most w keys
-        return share * min(keys, float(w)) + (1.0 - share) * keys
+        # an engine keeping the window: a sliding layer attends to at most its width (the layers' mean)
+        return float(held_tokens(self.spec, keys)) if self.engine.sliding_window_cache else keys
 
     @property
     def context_tokens(self) -> float:
         """Mean cached tokens of a decoding sequence: the prompt and half the output (or the window)."""
-        return float(_held(self.spec, self.engine, self.prompt_len + self.output_len // 2))
+        return float(engine_held_tokens(self.spec, self.engine, self.prompt_len + self.output_len // 2))
 
 
-def _held(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
+def engine_held_tokens(spec: ModelSpec, engine: EngineProfile, tokens: int) -> int:
     """Tokens a sequence keeps cached: all, or the sliding window when the engine evicts outside it."""
     return cached_tokens(spec, tokens) if engine.sliding_window_cache else tokens
 
@@ -202,7 +199,7 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
     # a cached prefix's blocks are shared by the requests that hit it: a sequence holds its own suffix and output
     own = max(1, prompt_len - round(prefix_hit_rate * prompt_len))
     held = own + (output_len if engine.kv_admission == "reserve" else math.ceil(output_len / 2))
-    per_seq = math.ceil(_held(spec, engine, held) / engine.kv_block_size)
+    per_seq = math.ceil(engine_held_tokens(spec, engine, held) / engine.kv_block_size)
     kv_seqs = blocks.num_blocks // per_seq * dp            # every attention DP rank holds its own sequences
     seq_cap = engine.max_num_seqs * pp * dp
     capacity, bound = (kv_seqs, "kv-cache") if kv_seqs < seq_cap else (seq_cap, "max-num-seqs")

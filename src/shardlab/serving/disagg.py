@@ -33,8 +33,8 @@ import numpy as np
 
 from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError, field_name
-from shardlab.memory.inference import cached_tokens, kv_cache_bytes_per_token
-from shardlab.serving.case import ServeCase
+from shardlab.memory.inference import kv_cache_bytes_per_token
+from shardlab.serving.case import ServeCase, engine_held_tokens
 from shardlab.serving.steady import arrays, cycle_time, micro_batch_times
 
 
@@ -98,9 +98,7 @@ def kv_transfer(pre: ServeCase, same_node: bool) -> tuple[int, float, str]:
     cl = pre.cluster
     link = cl.intra_link if same_node else cl.inter_link
     per_tok = max(kv_cache_bytes_per_token(pre.spec, pre.tp, pre.pp, pre.precision.kv_bytes))
-    # an engine that keeps only a sliding layer's window holds (and sends) the layers' mean of the prompt
-    held = cached_tokens(pre.spec, pre.prompt_len) if pre.engine.sliding_window_cache else pre.prompt_len
-    nbytes = int(held * per_tok)
+    nbytes = int(engine_held_tokens(pre.spec, pre.engine, pre.prompt_len) * per_tok)
     return nbytes, float(collective_time("send-recv", max(1, nbytes), 2, link).time_s), "intra" if same_node else "inter"
 
 

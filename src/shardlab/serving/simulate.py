@@ -37,8 +37,8 @@ import numpy as np
 
 from shardlab.errors import ShardlabError, field_name
 from shardlab.limits import MAX_SIM_REQUESTS
-from shardlab.memory.inference import cached_tokens, held_tokens
-from shardlab.serving.case import ServeCase
+from shardlab.memory.inference import held_tokens
+from shardlab.serving.case import ServeCase, engine_held_tokens
 from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
 
 
@@ -104,7 +104,7 @@ class _Replica:
         self.case, self.S, self.O = case, case.prompt_len, case.output_len
         self.hit = case.prompt_len - case.prefill_tokens     # prompt tokens found in the prefix cache (shared blocks)
         # an engine that drops tokens leaving a sliding window holds held_tokens() of a sequence (the layers' mean)
-        self.window = case.spec if eng.sliding_window_cache and case.spec.sliding_window else None
+        self.window_spec = case.spec if eng.sliding_window_cache and case.spec.sliding_window else None
         own = self.S - self.hit                              # a sequence's own blocks: its suffix and output
         self.need = self.blocks_of(own + self.O) if eng.kv_admission == "reserve" else self.blocks_of(own + 1)
         if self.need > case.blocks.num_blocks:
@@ -123,7 +123,7 @@ class _Replica:
         self.preemptions = 0
 
     def blocks_of(self, tokens: int) -> int:
-        return math.ceil((cached_tokens(self.window, tokens) if self.window else tokens) / self.eng.kv_block_size)
+        return math.ceil(engine_held_tokens(self.case.spec, self.eng, tokens) / self.eng.kv_block_size)
 
     @property
     def running(self) -> int:
@@ -163,10 +163,10 @@ class _Replica:
         if self.eng.kv_admission != "on-demand" or not len(decoders):
             return set()
         pos = self.S - self.hit + self.gen[decoders]
-        if self.step == 1.0 and not self.window:
+        if self.step == 1.0 and not self.window_spec:
             grow = decoders[pos % self.eng.kv_block_size == 0]
         else:        # a cycle adds `step` tokens: a block when they cross into one the sequence does not hold yet
-            top = np.ceil(held_tokens(self.window, pos + self.step) - 1e-9) if self.window else pos + self.step
+            top = np.ceil(held_tokens(self.window_spec, pos + self.step) - 1e-9) if self.window_spec else pos + self.step
             grow = decoders[np.ceil(top / self.eng.kv_block_size) > self.held[decoders]]
         victims = set()
         while len(grow) > self.free:
@@ -259,7 +259,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
                 break
             ready[v] = min(later)
             continue
-        ctx = (S + rep.gen[d]) if rep.window is None else held_tokens(rep.window, S + rep.gen[d])
+        ctx = (S + rep.gen[d]) if rep.window_spec is None else held_tokens(rep.window_spec, S + rep.gen[d])
         fin = [r for r, c in ch if rep.pre[r] + c >= S]
         through, _ = micro_batch_times(rep.a, len(d), float(ctx.sum()), sum(c for _, c in ch),
                                        sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + len(fin))
