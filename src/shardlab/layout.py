@@ -85,7 +85,7 @@ class Layout:
     cp: int = field(default=1, metadata={"array": "cp"})
     """Context-parallel degree (sequence split for attention; ring attention)."""
     ep: int = field(default=1, metadata={"array": "ep"})
-    """Expert-parallel degree (divides dp; MoE models only)."""
+    """Expert-parallel degree (MoE models only; divides dp, or with ``etp`` below tp the stage's tp·cp·dp / etp)."""
     zero: int = field(default=0, metadata={"array": "zero"})
     """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (= FSDP full shard)."""
     vpp: int = field(default=1, metadata={"array": "vpp"})
@@ -108,6 +108,10 @@ class Layout:
     dp·cp / dp_replicate ranks (typically one node) and the replicas all-reduce gradients. 1 = shard over all of dp·cp."""
     sequence_parallel: bool = field(default=False, metadata={"array": "sp"})
     """Megatron sequence parallelism: norms/dropout activations split across TP ranks (Korthikanti 2022 §4.2.2)."""
+    etp: int = field(default=0, metadata={"array": "etp"})
+    """Expert tensor-parallel degree (Megatron-core --expert-tensor-parallel-size): the routed experts' matrices split
+    over etp ranks instead of the attention's tp; 0 = tp (Megatron-core's default). Below tp, the expert group is
+    carved from the stage's tp·cp·dp ranks (``expert_grid``): EP no longer has to divide dp."""
     schedule: Schedule = field(default=Schedule.ONE_F_ONE_B, metadata={"array": "sched"})
     """Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1."""
     stage_layers: tuple[int, ...] | None = None
@@ -139,9 +143,15 @@ class Layout:
         return self.dp * self.cp // self.dp_replicate
 
     @property
+    def expert_tp(self) -> int:
+        """The degree the routed experts' matrices are split over (``etp``, or tp when 0)."""
+        return self.etp or self.tp
+
+    @property
     def expert_dp(self) -> int:
-        """The group ZeRO shards expert states over (dp·cp / ep, divided by the HSDP replicas)."""
-        return max(1, self.dp * self.cp // self.ep // self.dp_replicate)
+        """The group ZeRO shards expert states over (``expert_grid``: dp·cp / ep with the experts split like the
+        attention, tp·cp·dp / (ep·etp) with a narrower etp; divided by the HSDP replicas)."""
+        return int(expert_grid(self.tp, self.cp, self.dp, self.ep, self.etp, self.dp_replicate)["edp"])
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -155,6 +165,30 @@ class Layout:
         if kw.get("recompute", "selective") != "selective" and "recompute_modules" not in kw:
             kw["recompute_modules"] = None
         return replace(self, **kw)
+
+
+def expert_tp_of(tp, etp):
+    """The routed experts' tensor-parallel degree from a layout's tp and etp (0 or None: tp); ints or arrays."""
+    return tp if etp is None else etp + (etp == 0) * tp
+
+
+def expert_grid(tp, cp, dp, ep, etp, rep=1) -> dict:
+    """Where a pipeline stage's routed experts live (ints or numpy arrays alike): 'etp', their tensor-parallel degree;
+    'ep_stride', the rank distance between members of an expert-parallel group; 'edp', the expert data-parallel
+    group ZeRO shards expert states over and reduces their gradients across; 'edp_stride', the distance between its
+    members.
+
+    With etp = tp (``Layout.etp`` 0), EP borrows data-parallel coordinates (DeepSpeed-MoE; Megatron-core's default
+    expert-TP): ep ranks tp·cp apart, replicated over dp·cp/ep. With etp < tp, Megatron-core lays its expert grid
+    over the stage's tp·cp·dp ranks in the order etp, ep, edp (megatron/core/parallel_state.py, the expert
+    RankGenerator with order tp-ep-dp-pp and no cp): EP members etp apart, EDP = tp·cp·dp / (ep·etp) members
+    etp·ep apart (Qwen3-235B on 256 H100 with TP 2, EP 32, ETP 1: the EP group is 32 consecutive ranks, EDP 1)."""
+    etp_eff = expert_tp_of(tp, etp)
+    folded = etp_eff < tp
+    ep_stride = folded * etp_eff + (1 - folded) * tp * cp
+    edp = tp * cp * dp // (ep * etp_eff) // rep
+    edp = edp + (edp < 1) * (1 - edp)
+    return {"etp": etp_eff, "ep_stride": ep_stride, "edp": edp, "edp_stride": ep_stride * ep}
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -297,9 +331,21 @@ def validate(layout: Layout, spec=None, num_gpus: int | None = None, seq_len: in
             f"dp×tp×pp×cp = {layout.dp}×{layout.tp}×{layout.pp}×{layout.cp} = {layout.world_size} but "
             f"{field_name('cluster.gpus')} is {num_gpus}; "
             f"choose degrees whose product is {num_gpus} (leave {field_name('layout.dp')} out to derive it)")
-    if layout.dp % layout.ep:
+    if not isinstance(layout.etp, int) or layout.etp < 0 or (layout.etp and layout.tp % layout.etp):
+        raise ShardlabError(f"{field_name('layout.etp')} must divide {field_name('layout.tp')} {layout.tp} (the experts "
+                            f"split over a part of the TP group), or be 0 for the TP degree; got {layout.etp}")
+    if layout.expert_tp < layout.tp:
+        group = layout.tp * layout.cp * layout.dp
+        if group % (layout.ep * layout.expert_tp):
+            raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} × {field_name('layout.etp')} {layout.expert_tp} "
+                                f"must divide a stage's tp·cp·dp = {group} ranks (the expert grid is carved from them)")
+        if layout.dp_replicate > 1:
+            raise ShardlabError(f"{field_name('layout.dp_replicate')} (hybrid sharding) does not combine with "
+                                f"{field_name('layout.etp')} below {field_name('layout.tp')}; drop one of them")
+    elif layout.dp % layout.ep:
         raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} must divide {field_name('layout.dp')} {layout.dp} "
-                            "(expert parallelism borrows data-parallel ranks)")
+                            "(expert parallelism borrows data-parallel ranks; with experts split over fewer ranks "
+                            f"than TP, {field_name('layout.etp')}, it may span TP ranks too)")
     if layout.vpp > 1 and layout.pp == 1:
         raise ShardlabError(f"{field_name('layout.vpp')} > 1 needs {field_name('layout.pp')} > 1 (virtual stages "
                             "interleave pipeline ranks)")
@@ -351,13 +397,14 @@ def _validate_against_model(layout: Layout, spec) -> None:
                             "divide the other "
                             "(KV heads are split, or replicated when tp > KV heads); try "
                             f"{_divisors_hint(spec.num_kv_heads, t)}")
-    ffns = [("FFN width", spec.ffn_hidden_size)] if (spec.moe is None or spec.moe.first_dense_layers) else []
+    ffns = [("FFN width", spec.ffn_hidden_size, t, "tp")] if (spec.moe is None or spec.moe.first_dense_layers) else []
     if spec.moe is not None:
-        ffns.append(("expert FFN width", spec.moe.expert_ffn_hidden_size))
-    for what, f in ffns:
-        if f % t:
-            raise ShardlabError(f"{field_name('layout.tp')} {t} does not divide {spec.name}'s {what} {f}; use a "
-                                f"divisor such as {_divisors_hint(f, t)}")
+        ffns.append(("expert FFN width", spec.moe.expert_ffn_hidden_size, layout.expert_tp,
+                     "tp" if layout.expert_tp == t else "etp"))
+    for what, f, d, axis in ffns:
+        if f % d:
+            raise ShardlabError(f"{field_name('layout.' + axis)} {d} does not divide {spec.name}'s {what} {f}; use a "
+                                f"divisor such as {_divisors_hint(f, d)}")
     layers = sum(layout.stage_layers) if layout.stage_layers else None
     if layers is not None and layers != spec.num_layers:
         raise ShardlabError(f"{field_name('layout.stage_layers')} add up to {layers} but {spec.name} has "
@@ -366,6 +413,9 @@ def _validate_against_model(layout: Layout, spec) -> None:
         raise ShardlabError(f"{field_name('layout.pp')} {layout.pp} × {field_name('layout.vpp')} {layout.vpp} exceeds "
                             f"{spec.name}'s {spec.num_layers} layers; "
                             f"each pipeline chunk needs at least one layer")
+    if layout.etp and spec.moe is None:
+        raise ShardlabError(f"{field_name('layout.etp')} splits a mixture-of-experts model's experts; {spec.name} is "
+                            f"dense (leave {field_name('layout.etp')} out)")
     if layout.ep > 1:
         if spec.moe is None:
             raise ShardlabError(f"{field_name('layout.ep')} {layout.ep} needs a mixture-of-experts model; {spec.name} "

@@ -12,7 +12,10 @@ def axis_sizes(layout: Layout) -> dict[str, int]:
 
 
 def axis_stride(layout: Layout, axis: str) -> int:
-    """Rank distance between neighbours along ``axis`` (ep uses the dp stride)."""
+    """Rank distance between neighbours along ``axis`` (ep uses the dp stride; with the experts split over fewer ranks
+    than TP, ``layout.expert_grid``'s: etp)."""
+    if axis == "ep" and layout.expert_tp < layout.tp:
+        return layout.expert_tp
     sizes = axis_sizes(layout)
     axis = "dp" if axis == "ep" else axis
     stride = 1
@@ -33,6 +36,8 @@ def rank_coords(rank: int, layout: Layout) -> dict[str, int]:
         out[a] = r % n
         r //= n
     out["ep"] = out["dp"] % layout.ep
+    if layout.expert_tp < layout.tp:       # the expert grid etp, ep, edp over the stage's ranks (layout.expert_grid)
+        out["ep"] = (rank % (layout.tp * layout.cp * layout.dp)) // layout.expert_tp % layout.ep
     return out
 
 
@@ -44,6 +49,9 @@ def coords_rank(coords: dict[str, int], layout: Layout) -> int:
 def group_ranks(layout: Layout, axis: str, rank: int = 0) -> list[int]:
     """The ranks of ``rank``'s group along ``axis`` (tp, cp, dp, pp, ep, or dp_shard = dp × cp)."""
     c = rank_coords(rank, layout)
+    if axis == "ep" and layout.expert_tp < layout.tp:
+        first = rank - c["ep"] * layout.expert_tp
+        return [first + i * layout.expert_tp for i in range(layout.ep)]
     if axis == "ep":
         start = c["dp"] - c["ep"]
         return [coords_rank({**c, "dp": start + i}, layout) for i in range(layout.ep)]

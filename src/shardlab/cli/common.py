@@ -222,7 +222,10 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--tp", action=Given, type=gpus_int, default=1, help="tensor-parallel degree")
     g.add_argument("--pp", action=Given, type=gpus_int, default=1, help="pipeline-parallel degree")
     g.add_argument("--cp", action=Given, type=gpus_int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", action=Given, type=gpus_int, default=1, help="expert-parallel degree (divides dp)")
+    g.add_argument("--ep", action=Given, type=gpus_int, default=1, help="expert-parallel degree (divides dp; with --etp below tp, tp·cp·dp/etp)")
+    g.add_argument("--etp", action=Given, type=gpus_int, default=None,
+                   help="experts' tensor-parallel degree, dividing tp (Megatron-core --expert-tensor-parallel-size; "
+                        "default tp); below tp the EP group spans TP ranks too")
     g.add_argument("--zero", action=Given, type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
     g.add_argument("--micro-batch", action=Given, type=batch_int, default=1, help="sequences per micro-batch per DP rank")
     g.add_argument("--seq-len", type=seq_len_int, default=None, help="sequence length (default: min(model max, 4096))")
@@ -293,7 +296,9 @@ def layout_from_args(args, num_gpus: int | None = None):
                                 f"choose degrees whose product divides the GPU count")
         else:
             dp = gpus // mp
-    return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero=args.zero, vpp=args.vpp,
+    etp = getattr(args, "etp", None) or 0
+    return Layout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=0 if etp == args.tp else etp,
+                  zero=args.zero, vpp=args.vpp,
                   micro_batch=args.micro_batch, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                   schedule=args.schedule, stage_layers=args.stage_layers,
                   recompute_modules=getattr(args, "recompute_modules", None),

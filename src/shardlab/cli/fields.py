@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 FLAGS = {
-    "layout.dp": "--dp", "layout.tp": "--tp", "layout.pp": "--pp", "layout.cp": "--cp", "layout.ep": "--ep",
+    "layout.dp": "--dp", "layout.tp": "--tp", "layout.pp": "--pp", "layout.cp": "--cp", "layout.ep": "--ep", "layout.etp": "--etp",
     "layout.zero": "--zero", "layout.vpp": "--vpp", "layout.micro_batch": "--micro-batch",
     "layout.recompute": "--recompute", "layout.recompute_fraction": "--recompute-fraction",
     "layout.recompute_modules": "--recompute-modules", "layout.wrap": "--wrap",

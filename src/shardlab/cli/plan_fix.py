@@ -78,9 +78,10 @@ def layout_flags_as_fixes(args, fixed: dict) -> dict:
     written = given_flags(args)
     why = {"wrap": ("--wrap", "plan prices one block per FSDP unit"),
            "recompute_fraction": ("--recompute-fraction", "plan searches recompute none, selective or full"),
-           "dp_replicate": ("--dp-replicate", "plan searches hybrid sharding itself (--fix hs=1 pins it on)")}
-    defaults = {"wrap": 1, "recompute_fraction": 1.0, "dp_replicate": 1}
-    unsearched = [why[d] for d in why if (d in written if written is not None else getattr(args, d) != defaults[d])]
+           "dp_replicate": ("--dp-replicate", "plan searches hybrid sharding itself (--fix hs=1 pins it on)"),
+           "etp": ("--etp", "plan splits the experts like the attention (expert TP = tp)")}
+    defaults = {"wrap": 1, "recompute_fraction": 1.0, "dp_replicate": 1, "etp": None}
+    unsearched = [why[d] for d in why if (d in written if written is not None else getattr(args, d, defaults[d]) != defaults[d])]
     if unsearched:
         raise ShardlabError("; ".join(f"{flag}: {reason}" for flag, reason in unsearched)
                             + "; drop it, or estimate this setting with `shardlab estimate`")

@@ -129,7 +129,7 @@ def _dp_stream_s(cluster: Cluster, layout: Layout, op: str, group: str, nbytes: 
     from shardlab.comm.pricing import dp_coefficients
 
     lat, per_byte = dp_coefficients(cluster, tp=layout.tp, cp=layout.cp, dp=layout.dp, ep=layout.ep,
-                                    rep=layout.dp_replicate)[(op, group)]
+                                    rep=layout.dp_replicate, etp=layout.etp)[(op, group)]
     return float(lat + per_byte * nbytes) if nbytes else 0.0
 
 
@@ -281,7 +281,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     best = -1.0
     for i, st in enumerate(stages):
         d = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component != "experts")
-        ex = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component == "experts")
+        ex = sum(x.local_numel(spec, t, layout.ep, None, layout.etp) for x in st.tensors if x.component == "experts")
         w = dp_weight(i, d, ex)
         if w > best:
             best, dense_n, expert_n = w, d, ex
@@ -375,6 +375,7 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
     if moe_L and (layout.ep > 1 or t > 1):
         k = spec.moe.top_k
         routed = b * s * k * h * e                  # the TP group's b·s tokens, k copies each, h wide
+        et = layout.expert_tp                       # the experts' TP (layout.expert_grid): etp/t of the copies gather
         f = moe.expert_imbalance                   # the busiest rank receives f × the mean copies
         deepep = moe.dispatcher == "deepep" and layout.ep > 1    # without EP the alltoall dispatcher's TP path runs
         for phase in ("forward", "backward"):
@@ -383,7 +384,8 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
                      if phase == "backward" and rerun_ep else "")
             if layout.ep > 1:
                 one = float(ep_all_to_all_s(cluster, tp=t, cp=layout.cp, ep=layout.ep, size=routed / t * f, top_k=k,
-                                            dispatcher=moe.dispatcher)) if deepep else None
+                                            dispatcher=moe.dispatcher, stride=axis_stride(layout, "ep") if et < t
+                                            else None)) if deepep else None
                 out.append(_item("EP", "all-to-all", phase, routed / t * f, 2 * passes, layout.ep, span["ep"], cluster,
                                  "critical", ("DeepEP dispatch and combine: each token once per remote node holding "
                                               "one of its experts, forwarded over NVLink" if deepep else
@@ -395,16 +397,18 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
             counts = moe_L * m if (phase == "forward" or rerun_ep) and not deepep else 0   # forward passes
             if counts:
                 E = spec.moe.num_experts
-                out.append(_item("EP", "all-gather", phase, t * layout.ep * E * 8, counts, t * layout.ep, span["ep"],
+                out.append(_item("EP", "all-gather", phase, et * layout.ep * E * 8, counts, et * layout.ep, span["ep"],
                                  cluster, "critical", f"the dispatcher's token counts: {E} int64 per rank over the "
-                                 "TP × EP group, so each rank knows what it receives (Megatron-core's preprocess)"
+                                 f"{'TP' if et == t else 'expert-TP'} × EP group, so each rank knows what it receives "
+                                 "(Megatron-core's preprocess)"
                                  + (" (the re-run forward's)" if phase == "backward" else "")))
-            if t > 1:
-                out.append(_item("EP", "all-gather", phase, routed, passes, t, span["tp"], cluster, "critical",
+            if et > 1:
+                gathered = routed * et / t          # the copies of the etp ranks' shards
+                out.append(_item("EP", "all-gather", phase, gathered, passes, et, span["tp"], cluster, "critical",
                                  "expert TP: gather the token copies the TP group received (experts split by TP; "
                                  + ("the flex dispatcher's TP part, priced as the alltoall dispatcher's)" if deepep
                                     else "Megatron-core alltoall dispatcher)") + rnote))
-                out.append(_item("EP", "reduce-scatter", phase, routed, passes, t, span["tp"], cluster, "critical",
+                out.append(_item("EP", "reduce-scatter", phase, gathered, passes, et, span["tp"], cluster, "critical",
                                  "expert TP: reduce-scatter the experts' output before the combine" + rnote))
     return out
 

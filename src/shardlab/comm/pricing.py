@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardlab.layout import expert_grid, expert_tp_of
 from shardlab.comm.collectives import alpha_beta_time
 from shardlab.comm.moe_dispatch import remote_nodes_per_token
 from shardlab.rates.hardware import group_link, ranks_per_node
@@ -121,7 +122,7 @@ def cp_per_block_s(cluster: Cluster, *, tp, cp, tokens, kv_width, elem_bytes: in
 
 def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top_k: int, elem_bytes: int, recompute_code,
                        num_experts: int = 0, rerun_moe: bool = False, dispatcher: str = "alltoall",
-                       imbalance: float = 1.0):
+                       imbalance: float = 1.0, etp=None):
     """Dispatch and combine of one MoE block per micro-batch (critical path), as Megatron-core's alltoall token
     dispatcher runs them with the experts split by TP (megatron/core/transformer/moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher; --expert-tensor-parallel-size defaults to the TP size, the split shardlab's
@@ -146,29 +147,40 @@ def ep_per_moe_block_s(cluster: Cluster, *, tp, cp, ep, tokens, hidden: int, top
     holding one of its experts, (nodes − 1)·(1 − (1 − 1/nodes)^k) of them, and that node's GPU forwards the copies
     over NVLink (the local copies, and (g − 1)/g of those arriving); the NVLink and NIC parts run at once; no
     separate count all-gather. ``imbalance``: the busiest rank receives that many times the mean copies, and every
-    rank waits for it."""
+    rank waits for it.
+    ``etp`` (``Layout.etp``; None or 0: tp): with the experts split over etp < tp ranks, Megatron-core's expert grid
+    (``layout.expert_grid``) puts EP members etp apart, the all-gather and reduce-scatter of the copies run over the
+    etp ranks (etp/tp of R), and the counts go round the etp × ep group: a rank's tokens no longer gather over the
+    whole TP group (ETP 1: none)."""
     n = np.maximum(np.asarray(ep), 1)
     tp = np.asarray(tp)
+    e_tp = expert_tp_of(tp, None if etp is None else np.asarray(etp))
     routed = tokens * top_k * hidden * elem_bytes
+    folded = e_tp < tp
     a2a = ep_all_to_all_s(cluster, tp=tp, cp=cp, ep=n, size=routed / np.maximum(tp, 1) * imbalance, top_k=top_k,
-                          dispatcher=dispatcher)
-    link = group_link(cluster, tp, 1)
-    etp = _time("all-gather", routed, tp, link) + _time("reduce-scatter", routed, tp, link)   # 0 without TP
-    group = tp * n
+                          dispatcher=dispatcher, stride=np.where(folded, e_tp, tp * np.asarray(cp)))
+    link = group_link(cluster, e_tp, 1)
+    gathered = routed * e_tp / np.maximum(tp, 1)
+    etp_s = _time("all-gather", gathered, e_tp, link) + _time("reduce-scatter", gathered, e_tp, link)   # 0 without
+    group = e_tp * n
     # the TP × EP group: tp consecutive ranks, repeated every tp·cp ranks, so gpus_per_node / cp of it share a node
+    # (with a narrower expert TP, etp·ep consecutive ranks)
     counts = np.where((group > 1) & ((dispatcher != "deepep") | (n <= 1)),   # DeepEP carries the counts itself
-                      _time("all-gather", group * num_experts * 8, group, group_link(cluster, group, np.asarray(cp))),
+                      _time("all-gather", group * num_experts * 8, group,
+                            group_link(cluster, group, np.where(folded, 1, np.asarray(cp)))),
                       0.0)
     code = np.asarray(recompute_code)
     rerun = (code == 2) | ((code == 1) & bool(rerun_moe))
-    return (2 + rerun) * (2 * a2a + etp) + (1 + rerun) * counts
+    return (2 + rerun) * (2 * a2a + etp_s) + (1 + rerun) * counts
 
 
-def ep_all_to_all_s(cluster: Cluster, *, tp, cp, ep, size, top_k: int, dispatcher: str = "alltoall"):
+def ep_all_to_all_s(cluster: Cluster, *, tp, cp, ep, size, top_k: int, dispatcher: str = "alltoall", stride=None):
     """One dispatch (or combine) of ``size`` bytes of token copies per rank over an EP group of ``ep`` ranks ``tp·cp``
-    apart (``ep_per_moe_block_s`` says how each dispatcher moves them). Array-safe."""
+    apart (or ``stride``: ``layout.expert_grid``'s ep_stride) (``ep_per_moe_block_s`` says how each dispatcher moves
+    them). Array-safe."""
     n = np.maximum(np.asarray(ep), 1)
-    g = ranks_per_node(cluster, n, np.asarray(tp) * np.asarray(cp))   # the rank and its peers in one node
+    stride = np.asarray(tp) * np.asarray(cp) if stride is None else np.asarray(stride)
+    g = ranks_per_node(cluster, n, stride)   # the rank and its peers in one node
     intra, inter = cluster.intra_link, cluster.inter_link
     if dispatcher == "deepep":
         nodes = n / np.maximum(g, 1)
@@ -197,21 +209,23 @@ def linear_cost(op: str, n, link) -> tuple:
     return t0, _time(op, 1.0, n, link) - t0
 
 
-def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep, rep=1) -> dict:
-    """α–β coefficients of the gradient/weight collectives over the dense (dp·cp) and expert (dp·cp/ep) groups.
+def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep, rep=1, etp=None) -> dict:
+    """α–β coefficients of the gradient/weight collectives over the dense (dp·cp) and expert (dp·cp/ep; with a
+    narrower expert TP ``etp``, ``layout.expert_grid``'s edp) groups.
 
     With hybrid sharding (``rep`` replicas) ZeRO reduce-scatters and all-gathers over the shard group (dp·cp/rep,
     inside a node) and the replicas all-reduce the gradient shard ('replica-all-reduce', per parameter of the full
     model: its coefficient already divides by the shard group)."""
     rep = np.asarray(rep)
     D = np.asarray(dp) * np.asarray(cp)
-    De = D // np.asarray(ep)
-    S, Se = D // rep, np.maximum(De // rep, 1)
+    grid = expert_grid(np.asarray(tp), np.asarray(cp), np.asarray(dp), np.asarray(ep), 0 if etp is None else np.asarray(etp),
+                       rep)
+    S, Se = D // rep, grid["edp"]
     link = group_link(cluster, S, tp)
-    elink = group_link(cluster, Se, np.asarray(tp) * np.asarray(cp) * np.asarray(ep))
+    elink = group_link(cluster, Se, grid["edp_stride"])
     out = {(op, grp): linear_cost(op, n, lk) for op in ("all-reduce", "reduce-scatter", "all-gather")
            for grp, n, lk in (("dense", S, link), ("expert", Se, elink))}
-    for grp, n, stride in (("dense", S, np.asarray(tp) * S), ("expert", Se, np.asarray(tp) * np.asarray(cp) * np.asarray(ep) * Se)):
+    for grp, n, stride in (("dense", S, np.asarray(tp) * S), ("expert", Se, grid["edp_stride"] * Se)):
         lat, per_byte = linear_cost("all-reduce", rep, group_link(cluster, rep, stride))
         out[("replica-all-reduce", grp)] = (lat, per_byte / np.maximum(n, 1))
     return out
@@ -258,14 +272,15 @@ def zero3_unit_collectives_s(cluster: Cluster, *, shard, stride, rep, unit_param
 
 
 def zero3_collectives_s(cluster: Cluster, *, tp, cp, dp, ep, rep, dense_params, expert_params, grad_bytes: int,
-                        weight_bytes: int, per_gpu_nic: bool = False) -> dict:
+                        weight_bytes: int, per_gpu_nic: bool = False, etp=None) -> dict:
     """A unit's collectives: dense weights shard over dp·cp/rep ranks (stride tp), routed experts over the expert
-    data-parallel group dp·cp/ep/rep (stride tp·cp·ep: ranks holding the same experts), issued one after the other."""
+    data-parallel group dp·cp/ep/rep (stride tp·cp·ep: ranks holding the same experts; with a narrower expert TP
+    ``etp``, ``layout.expert_grid``'s edp and its stride), issued one after the other."""
     tp, cp, dp, ep, rep = (np.asarray(x) for x in (tp, cp, dp, ep, rep))
+    grid = expert_grid(tp, cp, dp, ep, 0 if etp is None else np.asarray(etp), rep)
     kw = dict(grad_bytes=grad_bytes, weight_bytes=weight_bytes, per_gpu_nic=per_gpu_nic, rep=rep)
     d = zero3_unit_collectives_s(cluster, shard=dp * cp // rep, stride=tp, unit_params=dense_params, **kw)
-    x = zero3_unit_collectives_s(cluster, shard=np.maximum(dp * cp // ep // rep, 1), stride=tp * cp * ep,
-                                 unit_params=expert_params, **kw)
+    x = zero3_unit_collectives_s(cluster, shard=grid["edp"], stride=grid["edp_stride"], unit_params=expert_params, **kw)
     has_x = np.asarray(expert_params) > 0
     return {k: d[k] + np.where(has_x, x[k], 0.0) for k in d}
 

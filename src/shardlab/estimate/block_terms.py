@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.comm import pricing as ct
-from shardlab.layout import ArrayLayout
+from shardlab.layout import ArrayLayout, expert_grid
 from shardlab.rates.compute import block_step_times, head_times, layer_times
 from shardlab.rates.hardware import matmul_curve, overlap_efficiency
 from shardlab.estimate import unit_terms as ut
@@ -37,10 +37,12 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
     e, dtype = sb.weights, sb.compute_dtype
     gbytes = wl.grad_reduce_bytes or sb.gradients
     tp, cp, ep, dp, mb, zero, rc, sp, rf = (c[k] for k in ("tp", "cp", "ep", "dp", "mb", "zero", "rc", "sp", "rf"))
+    etp = c["etp"]
+    grid = expert_grid(tp, cp, dp, ep, etp, c["rep"])      # the experts' TP, EP and expert-DP groups
     sp = sp.astype(bool)
     T = mb * wl.seq_len / cp
     h = spec.hidden_size
-    lay = ArrayLayout(dp=dp, tp=tp, cp=cp, ep=ep, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
+    lay = ArrayLayout(dp=dp, tp=tp, cp=cp, ep=ep, etp=etp, zero=zero, micro_batch=mb, recompute=rc, sequence_parallel=sp,
                       recompute_fraction=rf, recompute_modules=modules)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
@@ -48,9 +50,9 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
                             expert_imbalance=wl.moe.expert_imbalance if spec.moe is not None else 1.0)
     common = dict(seq_len=wl.seq_len, tp=tp, cp=cp, micro_batch=mb, sequence_parallel=sp, elem_bytes=e)
     recipe = recipe_factors(spec, wl.recipe, sb)
-    params = ut.unit_params(spec, tp, ep)
-    fsdp = ut.fsdp_shard_params(spec, tp, ep, dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1))
-    fp8_terms = ut.fp8_block_terms(spec, tp, ep)
+    params = ut.unit_params(spec, tp, ep, etp)
+    fsdp = ut.fsdp_shard_params(spec, tp, ep, dp * cp // c["rep"], grid["edp"], etp)
+    fp8_terms = ut.fp8_block_terms(spec, tp, ep, etp)
     lora_u = (ut.lora_units(spec, wl.recipe.lora, tp, ep, dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1))
               if wl.recipe.lora is not None else None)
     lora_of = lambda key: dict(zip(LORA_KEYS, (v + np.zeros_like(T) for v in lora_u[key]))) if lora_u else {}   # noqa: E731
@@ -59,7 +61,8 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
                          for k in {spec.is_moe_layer(i) for i in range(spec.num_layers)}}):
         kind = spec.is_moe_layer(layer)
         lt = layer_times(spec, layer, acc, curve, dtype, ep=ep, flash_attention=wl.flash_attention, dropout=wl.dropout,
-                         kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, **common)
+                         kernels=wl.kernels, attention_kernel=wl.attention_kernel, gemm_dtype=sb.gemm_dtype, etp=etp,
+                         **common)
         f = wl.moe.expert_imbalance if kind else 1.0
         if f != 1.0:     # the busiest EP rank's experts see f × the mean tokens; every all-to-all waits for it
             extra = (f - 1.0) * lt["expert_gemm_s"] * (np.asarray(ep) > 1)
@@ -72,7 +75,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
         # a unit holds at most a stage's blocks (memory.buffers.largest_unit_bytes: --wrap 1000-blocks on 32 layers is
         # one unit of 32, not of 1,000)
         nb = np.where(c["wrap"] > 0, np.minimum(c["wrap"], -(-spec.num_layers // np.asarray(c["pp"]))), 1)
-        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=nb * dense,
+        coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp, rep=c["rep"], dense_params=nb * dense,
                                       expert_params=nb * expert, grad_bytes=gbytes * recipe.trainable,
                                       weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         regathers = np.where((rc == 2) & wl.zero3_regather_for_recompute, 1, 0)
@@ -83,14 +86,15 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
         # reduction after the backward, so a block adds its bytes (the α–β time is linear in the size: twice the
         # block's time less once is its bandwidth term) and the stage pays each call's latency once (the root's edge,
         # and the expert group's, ``z3_x_lat``)
-        coll2 = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"], dense_params=2 * nb * dense,
+        coll2 = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, etp=etp, rep=c["rep"],
+                                       dense_params=2 * nb * dense,
                                        expert_params=2 * nb * expert, grad_bytes=gbytes * recipe.trainable,
                                        weight_bytes=recipe.gather_bytes, per_gpu_nic=wl.zero3_comm_per_gpu_nic)
         one_unit = sum(coll2[k] - coll[k] for k in ("ag", "rs", "ar"))
         z3 = np.where(c["wrap"] > 0, z3_unit / nb, one_unit)
         z3_total = np.where(c["wrap"] > 0, z3_unit_total / nb, one_unit)
         x_lat = np.where((c["wrap"] == 0) & (expert > 0), sum(ct.zero3_unit_collectives_s(
-            cluster, shard=np.maximum(dp * cp // ep // c["rep"], 1), stride=tp * cp * ep, rep=c["rep"], unit_params=0,
+            cluster, shard=grid["edp"], stride=grid["edp_stride"], rep=c["rep"], unit_params=0,
             grad_bytes=1, weight_bytes=1, per_gpu_nic=wl.zero3_comm_per_gpu_nic).values()), 0.0)
         d_lat = np.where(c["wrap"] == 0, sum(ct.zero3_unit_collectives_s(
             cluster, shard=dp * cp // c["rep"], stride=tp, rep=c["rep"], unit_params=0, grad_bytes=1, weight_bytes=1,
@@ -110,7 +114,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
             ep=(ct.ep_per_moe_block_s(cluster, tp=tp, cp=cp, ep=ep, tokens=T, hidden=h, top_k=spec.moe.top_k, elem_bytes=e,
                                       recompute_code=rc, num_experts=spec.moe.num_experts,
                                       rerun_moe="moe" in (modules or ()), dispatcher=wl.moe.dispatcher,
-                                      imbalance=f) if kind else np.zeros_like(T)),
+                                      imbalance=f, etp=etp) if kind else np.zeros_like(T)),
             z3=np.where(zero == 3, z3, 0.0), z3_total=np.where(zero == 3, z3_total, 0.0),
             z3_x_lat=np.where(zero == 3, x_lat, 0.0), z3_d_lat=np.where(zero == 3, d_lat, 0.0),
             fp8_numel=fp8_terms[kind][0] + np.zeros_like(T), fp8_gemms=fp8_terms[kind][1] + np.zeros_like(T),
@@ -141,4 +145,5 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
         emb_fsdp=fsdp[PRE] + np.zeros_like(T), head_fsdp=fsdp[spec.num_layers] + np.zeros_like(T),
         tied_fsdp=fsdp["tied"] + np.zeros_like(T),
         lora_roots={key: lora_of(key) for key in (PRE, spec.num_layers, "tied") if key in (lora_u or {})},
-        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"]))
+        m=wl.global_batch // (mb * dp), dp_coeffs=ct.dp_coefficients(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"],
+                                                                      etp=etp))

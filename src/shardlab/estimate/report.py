@@ -112,6 +112,7 @@ def render_estimate(est: TrainingEstimate) -> str:
         f"layout: dp {lay.dp}" + (f" ({lay.dp_replicate} replicas × {lay.dp // lay.dp_replicate} shards)"
                                   if lay.dp_replicate > 1 else "")
         + f" × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}" + (f" × ep {lay.ep}" if lay.ep > 1 else "")
+        + (f" (experts over etp {lay.expert_tp})" if lay.expert_tp != lay.tp else "")
         + f", ZeRO-{lay.zero}, micro-batch {lay.micro_batch}, {est.microbatches} micro-batches"
         + (f", {lay.schedule}" + (f" v={lay.vpp}" if lay.vpp > 1 else "") if lay.pp > 1 else "")
         + f", recompute {recompute_words(lay)}" + (", sequence parallel" if lay.sequence_parallel else ""),
@@ -174,8 +175,8 @@ def _ep_words(est, lay, wl, acc) -> str:
     if lay.ep > 1:
         words += (("DeepEP dispatch + combine over " if deepep else ", dispatch + combine all-to-alls over ")
                   + f"{lay.ep} ranks" + (" (one copy per remote node, forwarded over NVLink)" if deepep else ""))
-    if lay.tp > 1:
-        words += f", the copies gathered and scattered over the {lay.tp} expert-TP ranks"
+    if lay.expert_tp > 1:
+        words += f", the copies gathered and scattered over the {lay.expert_tp} expert-TP ranks"
     if moe.expert_imbalance != 1.0 and lay.ep > 1:
         words += (f"; the busiest rank receives {moe.expert_imbalance:g}× the mean copies "
                   f"({field_name('moe.expert_imbalance')})")

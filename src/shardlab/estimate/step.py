@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardlab.comm import pricing as ct
-from shardlab.layout import ARRAY_KEYS, ArrayLayout, Schedule
+from shardlab.layout import ARRAY_KEYS, ArrayLayout, Schedule, expert_grid
 from shardlab.rates.hardware import memory_time_s, overlap_efficiency
 from shardlab.estimate import unit_terms as ut
 from shardlab.estimate.block_terms import LORA_KEYS, global_terms
@@ -52,8 +52,9 @@ OPTIMIZER_OPS_PER_TENSOR = 10
 matters where the accelerator has a dispatch overhead (CPUs)."""
 CANDIDATE_KEYS = tuple(ARRAY_KEYS.values())
 """The array form of a Layout (``layout.ARRAY_KEYS``, generated from its fields)."""
-CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1}
-"""Keys a caller may leave out: recompute fraction (all blocks), HSDP replicas (none), FSDP wrap (one block)."""
+CANDIDATE_DEFAULTS = {"rf": 1.0, "rep": 1, "wrap": 1, "etp": 0}
+"""Keys a caller may leave out: recompute fraction (all blocks), HSDP replicas (none), FSDP wrap (one block), the
+experts' own TP degree (0: split like the attention, over tp)."""
 OUTPUT_KEYS = ("step_time_s", "compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_p2p_s",
                "pp_bubble_s", "zero3_comm_s", "dp_comm_s", "dp_comm_total_s", "cp_comm_total_s", "zero3_comm_total_s",
                "dp_window_s", "tp_comm_total_s", "ep_comm_total_s", "optimizer_s", "host_overhead_s", "offload_s", "memory_bytes", "host_bytes", "slowest_stage", "worst_memory_stage")
@@ -132,7 +133,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
     sp = c["sp"].astype(bool)
     m = g["m"]
     sched_name = {v: k for k, v in SCHEDULE_CODES.items()}[sched]
-    lay = ArrayLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
+    lay = ArrayLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=c["etp"], zero=zero, vpp=vpp, micro_batch=mb, recompute=rc,
                       sequence_parallel=sp, schedule=sched_name, recompute_fraction=c["rf"], recompute_modules=modules)
     ctx = ActivationContext(seq_len=wl.seq_len, elem_bytes=e, flash_attention=wl.flash_attention, dropout=wl.dropout,
                             fused_loss=wl.fused_loss, linear_input_bytes=1 if sb.gemm_dtype == "fp8" else 0,
@@ -178,7 +179,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
         # before the first block's forward and reduce-scattered after the last backward, with nothing to hide under
         # (FSDP keeps it gathered from forward through backward: Zhao et al. 2023, arXiv 2304.11277 §3.3)
         if first or last:
-            root_coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, rep=c["rep"],
+            root_coll = ct.zero3_collectives_s(cluster, tp=tp, cp=cp, dp=dp, ep=ep, etp=c["etp"], rep=c["rep"],
                                                dense_params=dense - part("dense"), expert_params=zeros,
                                                grad_bytes=gbytes * recipe.trainable, weight_bytes=recipe.gather_bytes,
                                                per_gpu_nic=wl.zero3_comm_per_gpu_nic)
@@ -197,7 +198,7 @@ def _evaluate_group(spec, cluster, wl, c, g, pp, vpp, sched, ov, stage_layers=No
                "z3": part("z3_total") + np.where(zero == 3, root_s, 0.0)}
         expert = part("expert")
         total_p = dense + expert
-        D, De = dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1)
+        D, De = dp * cp // c["rep"], expert_grid(tp, cp, dp, ep, c["etp"], c["rep"])["edp"]
         flat = np.ceil(dense / D) + np.ceil(expert / De)
         # ZeRO-3 stores every tensor's padded shard (the exact report's worst rank), ZeRO-1/2 a flat partition
         shards = part("fsdp") + (g["emb_fsdp"] if first else 0.0) + (g["head_fsdp"] if last else 0.0) \

@@ -26,9 +26,9 @@ def stage_compositions(spec: ModelSpec, pp: int, vpp: int, stage_layers: tuple[i
     return stages
 
 
-def unit_params(spec: ModelSpec, tp, ep) -> dict:
+def unit_params(spec: ModelSpec, tp, ep, etp=None) -> dict:
     """Parameters per rank after TP/EP of one block of each kind, the embedding (PRE) and the head
-    (key num_layers): {key: (dense, expert)} as arrays over candidates."""
+    (key num_layers): {key: (dense, expert)} as arrays over candidates (``etp``: the experts' TP degree, ``Layout.etp``)."""
     reps = {}
     for i in range(spec.num_layers):
         reps.setdefault(spec.is_moe_layer(i), i)
@@ -37,13 +37,14 @@ def unit_params(spec: ModelSpec, tp, ep) -> dict:
     for t in model_tensors(spec):
         if t.layer not in wanted:
             continue
-        n = np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)), axis=0) if (t.tp_dim is not None or t.ep_dim is not None) else t.numel
+        n = np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep, None, etp)), axis=0) \
+            if (t.tp_dim is not None or t.ep_dim is not None) else t.numel
         d, e = out[wanted[t.layer]]
         out[wanted[t.layer]] = (d + (0 if t.ep_dim is not None else n), e + (n if t.ep_dim is not None else 0))
     return out
 
 
-def fsdp_shard_params(spec: ModelSpec, tp, ep, shard, expert_shard) -> dict:
+def fsdp_shard_params(spec: ModelSpec, tp, ep, shard, expert_shard, etp=None) -> dict:
     """Parameters one rank stores under ZeRO-3/FSDP2, per block of each kind, the embedding (PRE), the head (key
     num_layers) and the tied copy of the word embedding a last pipeline stage holds ('tied'): every tensor's padded
     dim-0 shard, ceil(d/n) rows (``memory.states.fsdp_shard_numel``; stacked experts shard on dim 1 when the expert
@@ -58,7 +59,7 @@ def fsdp_shard_params(spec: ModelSpec, tp, ep, shard, expert_shard) -> dict:
     out = {key: 0 for key in list(wanted.values()) + ["tied"]}
     shard, expert_shard = np.asarray(shard), np.asarray(expert_shard)
     for t, key in [(t, wanted[t.layer]) for t in tensors] + ([(tied, "tied")] if spec.tied_embeddings else []):
-        shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep)]
+        shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep, None, etp)]
         if not shape:
             out[key] = out[key] + 1
             continue
@@ -74,7 +75,7 @@ def fsdp_shard_params(spec: ModelSpec, tp, ep, shard, expert_shard) -> dict:
     return out
 
 
-def fp8_block_terms(spec: ModelSpec, tp, ep) -> dict:
+def fp8_block_terms(spec: ModelSpec, tp, ep, etp=None) -> dict:
     """Per block kind (dense False, MoE True): the local elements of its FP8 GEMM weights and its FP8 GEMMs (E/ep per
     stacked expert tensor), arrays over candidates (``memory.fp8.is_fp8_gemm``, ``fp8_gemms``)."""
     out = {}
@@ -86,7 +87,7 @@ def fp8_block_terms(spec: ModelSpec, tp, ep) -> dict:
         for t in model_tensors(spec):
             if t.layer != i or not is_fp8_gemm(t, spec):
                 continue
-            numel = numel + np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)), axis=0)
+            numel = numel + np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep, None, etp)), axis=0)
             gemms = gemms + (-(-t.shape[0] // np.asarray(ep)) if t.ep_dim is not None else 1)
         out[kind] = (numel, gemms)
     return out

@@ -114,6 +114,7 @@ FIELD_NAMES = {
                    "schedule": "parallelism.pipeline_parallel_schedule", "model": "model.name and model.flavor"},
     "megatron": {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
                  "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+                 "etp": "--expert-tensor-parallel-size",
                  "vpp": "--num-layers-per-virtual-pipeline-stage (or --pipeline-model-parallel-layout)",
                  "stage_layers": "--decoder-first/last-pipeline-num-layers (or --pipeline-model-parallel-layout)",
                  "micro_batch": "--micro-batch-size", "global_batch": "--global-batch-size", "seq_len": "--seq-length",

@@ -128,8 +128,6 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
     if spec.moe is not None and lay.tp > 1 and not lay.sequence_parallel:
         raise Refused("Megatron-Core trains MoE layers under tensor parallelism only with sequence parallelism "
                       "(MoELayer.forward raises otherwise); add --sequence-parallel (or plan with it)")
-    if lay.tp > 1 and lay.ep > 1:
-        pass  # experts keep TP (expert-tensor-parallel-size defaults to tp), as shardlab splits them
     if lay.dp_replicate > 1:
         uns.append(Unsupported("dp_replicate", lay.dp_replicate, "written as sharding over the whole data-parallel "
                                                                  "group (no hybrid replicas)"))
@@ -141,6 +139,8 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         out.append(("context-parallel-size", lay.cp))
     if lay.ep > 1:
         out.append(("expert-model-parallel-size", lay.ep))
+    if lay.expert_tp != lay.tp:      # the experts' own TP (Megatron-core's default: the TP size, written only when not)
+        out.append(("expert-tensor-parallel-size", lay.expert_tp))
     if spec.moe is not None and (lay.ep > 1 or lay.tp > 1):   # the dispatcher shardlab prices (the default is allgather)
         if job.moe_dispatcher == "deepep" and lay.ep > 1:   # flex dispatcher with DeepEP (transformer_config.py)
             out += [("moe-token-dispatcher-type", "flex"), ("moe-flex-dispatcher-backend", "deepep")]

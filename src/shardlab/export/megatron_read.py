@@ -45,6 +45,15 @@ def read(text: str, catalog) -> Imported:
                 return whole(v, f"torchrun --{n}", 1, L.MAX_GPUS)
         return None
 
+    if "expert-tensor-parallel-size" in fl:       # the experts' own TP (Megatron-core's default: the TP size)
+        etp = g("expert-tensor-parallel-size", 1, 1, f["tp"], f"it divides --tensor-model-parallel-size {f['tp']}")
+        if f["tp"] % etp:
+            raise ShardlabError(f"--expert-tensor-parallel-size {etp} does not divide --tensor-model-parallel-size "
+                                f"{f['tp']}; give a divisor")
+        if etp != f["tp"]:
+            f["etp"] = etp
+        und.append((f"--expert-tensor-parallel-size {etp}", "etp"))
+
     nodes, nproc = digits("nnodes"), digits("nproc-per-node", "nproc_per_node")
     if nproc:
         world = (nodes or 1) * nproc
@@ -169,7 +178,7 @@ def read(text: str, catalog) -> Imported:
     else:
         ign.append(f"model shape flags match {' and '.join(hits) if hits else 'no catalog model'} (give MODEL)")
     known = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
-             "expert-model-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
+             "expert-model-parallel-size", "expert-tensor-parallel-size", "sequence-parallel", "recompute-granularity", "recompute-method",
              "recompute-num-layers", "recompute-modules", "moe-flex-dispatcher-backend",
              "overlap-moe-expert-parallel-comm", "micro-batch-size", "global-batch-size", "seq-length", "use-distributed-optimizer",
              "use-megatron-fsdp", "data-parallel-sharding-strategy", "bf16", "fp16", "num-layers", "fp8-format", "fp8-recipe",

@@ -52,7 +52,7 @@ def render(job: LaunchJob, spec=None) -> Export:
     doc: dict = {"shardlab": {"format": "job", "version": VERSION}, "model": {"name": job.model},
                  "cluster": {"gpu": job.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus_per_node},
                  "layout": {k: (list(lay[k]) if k in ("stage_layers", "recompute_modules") else lay[k]) for k in LAYOUT_KEYS
-                            if lay.get(k) is not None},
+                            if lay.get(k) is not None and not (k == "etp" and not lay[k])},   # etp 0: as tp, unwritten
                  "workload": {"seq_len": job.seq_len, "global_batch": job.global_batch, "precision": job.precision,
                               "optimizer": job.optimizer, "dropout": job.dropout}}
     if job.grad_reduce_bytes is not None:

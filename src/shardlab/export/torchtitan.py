@@ -97,8 +97,8 @@ def render(job: LaunchJob, spec) -> Export:
            "fsdp_reshard_after_forward": {3: "always", 2: "never", 1: "never"}.get(lay.zero, "default"),
            "tensor_parallel_degree": lay.tp, "context_parallel_degree": lay.cp, "expert_parallel_degree": lay.ep,
            "pipeline_parallel_degree": lay.pp}
-    if lay.ep > 1:
-        par["expert_tensor_parallel_degree"] = 1
+    if lay.ep > 1:   # the experts' TP as priced (shardlab's default: the attention's tp; --etp 1: experts whole)
+        par["expert_tensor_parallel_degree"] = lay.expert_tp
     if lay.pp > 1:
         par.update({"pipeline_parallel_schedule": SCHEDULES[lay.schedule],
                     "pipeline_parallel_microbatch_size": lay.micro_batch,

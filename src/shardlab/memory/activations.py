@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardlab import xp
-from shardlab.layout import Layout
+from shardlab.layout import Layout, expert_tp_of
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import kv_heads_local, layer_linear_shapes
 
@@ -162,7 +162,9 @@ def _layer_parts(spec: ModelSpec, layer: int, layout: Layout, ctx: ActivationCon
         k, fe = moe.top_k, moe.expert_ffn_hidden_size
         f = xp.where(layout.ep > 1, ctx.expert_imbalance, 1.0)   # the busiest EP rank's share of the copies
         routed = 2 * 4 * sb * moe.num_experts      # router logits and probabilities, fp32
-        routed += f * (li + e) * k * sb * h        # dispatched token copies (expert inputs), expert outputs
+        # with experts split over fewer ranks than TP (etp < tp), a rank keeps the copies of its etp-rank share of
+        # the TP group's tokens, not of all of them (layout.expert_grid)
+        routed += f * (li + e) * k * sb * h * expert_tp_of(t, layout.etp) / t   # dispatched copies, expert outputs
         routed += f * inter * k * sb * fe / t      # expert intermediates for k·s·b tokens
         total += routed
         parts["moe_act"] = f * act_out * k * sb * fe / t

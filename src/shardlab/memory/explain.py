@@ -13,7 +13,8 @@ def explain_states(rep, sb: StateBytes, params_local: int, expert_params: int = 
     """The model-state lines: parameters × bytes per parameter ÷ the ZeRO group, dense and expert terms apart."""
     lay = rep.layout
     w = rep.worst
-    mp = f" after TP {lay.tp} × PP {lay.pp}" + (f" × EP {lay.ep}" if lay.ep > 1 else "") if lay.tp * lay.pp * lay.ep > 1 else ""
+    mp = (f" after TP {lay.tp} × PP {lay.pp}" + (f" × EP {lay.ep}" if lay.ep > 1 else "")
+          + (f" (experts over ETP {lay.expert_tp})" if lay.expert_tp != lay.tp else "")) if lay.tp * lay.pp * lay.ep > 1 else ""
 
     def term(z: int) -> str:
         D, De = lay.dp_shard, lay.expert_dp
@@ -22,7 +23,8 @@ def explain_states(rep, sb: StateBytes, params_local: int, expert_params: int = 
         if not expert_params:
             return f"{fmt_count(params_local)} params{mp}" + (f" / {D} (ZeRO-{lay.zero} over dp·cp)" if lay.zero >= z and D > 1 else "")
         exp_s = f"{fmt_count(expert_params)} expert{f' / {De}' if lay.zero >= z and De > 1 else ''}"
-        return f"({dense_s} dense + {exp_s}) params{mp}" + (f" (ZeRO-{lay.zero} over dp·cp = {D}, experts over dp·cp/ep = {De})"
+        return f"({dense_s} dense + {exp_s}) params{mp}" + (f" (ZeRO-{lay.zero} over dp·cp = {D}, experts over "
+                                                              f"{'dp·cp/ep' if lay.expert_tp == lay.tp else 'tp·cp·dp/(ep·etp)'} = {De})"
                                                               if lay.zero >= z else "")
     return {
         "model_states": f"= {w.model_states / 1e9:,.2f} GB (1e9 bytes, the ZeRO paper's unit)",

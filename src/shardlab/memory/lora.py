@@ -179,7 +179,7 @@ def nf4_bits_per_weight(lora: LoraSpec) -> float:
 
 def _stored_numel(t: TensorSpec, spec: ModelSpec, layout) -> int:
     """Elements of ``t`` this rank stores: its TP/EP chunk, and under ZeRO-3 its FSDP2 shard."""
-    shape = t.local_shape(spec, layout.tp, layout.ep)
+    shape = t.local_shape(spec, layout.tp, layout.ep, None, layout.etp)
     if layout.zero < 3:
         return math.prod(shape)
     if t.ep_dim is not None:
@@ -234,5 +234,5 @@ def dequant_buffer_bytes(tensors, spec: ModelSpec, layout, lora: LoraSpec) -> in
     """Transient bf16 copy of the largest quantized weight while its GEMM runs (bitsandbytes dequantizes per layer)."""
     if lora.quantize_base != "nf4":
         return 0
-    one = lambda t: math.prod(t.local_shape(spec, layout.tp, layout.ep)[-2:])  # one expert's matrix of a stack
+    one = lambda t: math.prod(t.local_shape(spec, layout.tp, layout.ep, None, layout.etp)[-2:])  # one expert's matrix of a stack
     return 2 * max((one(t) for t in tensors if is_block_linear(t, spec)), default=0)

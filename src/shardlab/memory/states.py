@@ -144,7 +144,7 @@ def state_report(tensors: tuple[TensorSpec, ...], spec: ModelSpec, layout: Layou
     D, De = layout.dp_shard, layout.expert_dp
     dense = expert = dense_fsdp = expert_fsdp = dense_own = expert_own = 0
     for t in tensors:
-        shape = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
+        shape = t.local_shape(spec, layout.tp, layout.ep, tp_rank, layout.etp)
         n = math.prod(shape)
         if t.ep_dim is not None:
             dim = expert_shard_dim(shape, De)
@@ -175,6 +175,8 @@ def rank_state_report(spec: ModelSpec, layout: Layout, sb: StateBytes, rank: int
     st = stage_tensors(spec, layout)[c["pp"]]
     shard = c["dp"] * layout.cp + c["cp"]                       # position in the dp·cp group (cp varies fastest)
     expert_shard = (c["dp"] // layout.ep) * layout.cp + c["cp"]  # position among the replicas of its expert shard
+    if layout.expert_tp < layout.tp:       # the expert grid etp, ep, edp over the stage's ranks (layout.expert_grid)
+        expert_shard = (c["tp"] + layout.tp * (c["cp"] + layout.cp * c["dp"])) // (layout.expert_tp * layout.ep)
     return state_report(st.tensors, spec, layout, sb, tp_rank=c["tp"], shard_rank=shard, expert_shard_rank=expert_shard)
 
 

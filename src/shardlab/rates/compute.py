@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardlab.layout import expert_tp_of
 from shardlab.rates.hardware import attention_time_s, gemm_time_s, memory_time_s
 from shardlab.rates.kernels import OPS_PER_BLOCK, block_elementwise_bytes, head_elementwise_bytes
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
@@ -44,12 +45,14 @@ def _local_dims(spec: ModelSpec, t: TensorSpec, tp):
 def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEfficiency, dtype: str, *,
                 seq_len: int, tp, cp, ep, micro_batch, sequence_parallel, elem_bytes: int,
                 flash_attention: bool = True, dropout: bool = False, kernels: str = "fused",
-                attention_kernel: str = "flash2", gemm_dtype: str = "") -> dict:
+                attention_kernel: str = "flash2", gemm_dtype: str = "", etp=None) -> dict:
     """Forward times of block ``layer`` for one micro-batch on one rank: 'gemm_s', 'attn_s' (attention
     core), 'elem_s' (memory-bound, at the ``kernels`` level of rates/kernels.py), 'gemm_op_recompute_s'
     (the matmuls per-op checkpointing re-runs), 'module_recompute_s' (what each Megatron-core recompute module
     re-runs), 'expert_gemm_s' (the routed experts' GEMMs, part of 'gemm_s'). Arrays over candidates. ``gemm_dtype='fp8'`` runs the linear
-    layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``rates/fp8.py``)."""
+    layers' GEMMs at the FP8 peak and adds their casts, 'cast_fwd_s' and 'cast_bwd_s' (``rates/fp8.py``). ``etp``: the
+    routed experts' tensor-parallel degree (``Layout.etp``; None or 0: tp): their matrices split etp ways, run on the
+    tokens of etp ranks' sequence shards, T·etp/tp (``layout.expert_grid``)."""
     from shardlab.rates.fp8 import linear_cast_bytes
     from shardlab.memory.fp8 import is_fp8_gemm
 
@@ -57,20 +60,22 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
     fp8_peak = acc.peak_flops("fp8") if gemm_dtype == "fp8" else peak
     cast_f = cast_b = 0.0
     tp, cp, ep, mb = (np.asarray(x) for x in (tp, cp, ep, micro_batch))
+    etp = expert_tp_of(tp, None if etp is None else np.asarray(etp))
     sp = np.asarray(sequence_parallel, dtype=bool)
     T = mb * seq_len / cp
+    Te = T * etp / tp                   # the tokens a rank's expert GEMMs see (T without a narrower expert TP)
     tsh = np.where(sp, tp, 1)
     gemm = gemm_odd = expert_gemm = 0.0
     by_module = {"mla_up_proj": 0.0, "mlp": 0.0, "moe": 0.0, "shared_experts": 0.0}   # GEMMs a module re-runs
     for i, t in enumerate(layer_matmuls(spec, layer)):
-        n_out, n_in = _local_dims(spec, t, tp)
+        n_out, n_in = _local_dims(spec, t, etp if t.ep_dim is not None else tp)
         fp8 = gemm_dtype == "fp8" and is_fp8_gemm(t, spec)
         if t.ep_dim is not None:
             E, k = spec.moe.num_experts, spec.moe.top_k
-            tokens_per_expert = T * ep * k / E
+            tokens_per_expert = Te * ep * k / E
             g = (E / ep) * gemm_time_s(tokens_per_expert, n_out, n_in, fp8_peak if fp8 else peak, curve)
             expert_gemm = expert_gemm + g
-            tokens = T * k
+            tokens = Te * k
         else:
             g = gemm_time_s(T, n_out, n_in, fp8_peak if fp8 else peak, curve)
             tokens = T
@@ -104,7 +109,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
         attn = heads_local * (gemm_time_s(T, seq_len, d_qk, peak, curve) + gemm_time_s(T, d_v, seq_len, peak, curve))
 
     elem = block_elementwise_bytes(spec, layer, kernels, tokens=T, tp=tp, tsh=tsh, elem_bytes=elem_bytes,
-                                   dropout=dropout, flash_attention=flash_attention, seq_len=seq_len)
+                                   dropout=dropout, flash_attention=flash_attention, seq_len=seq_len, etp=etp)
     ops = len(layer_matmuls(spec, layer)) + OPS_PER_BLOCK[kernels]
     # what each Megatron-core recompute module re-runs in backward (layout.RECOMPUTE_MODULES): its GEMMs, and the
     # memory-bound kernels that re-make its outputs (a norm reads its input and writes its output; an activation
@@ -118,7 +123,7 @@ def layer_times(spec: ModelSpec, layer: int, acc: Accelerator, curve: MatmulEffi
         moe = spec.moe
         act_b = act_w * T * moe.top_k * moe.expert_ffn_hidden_size / tp
         shared_act_b = act_w * T * moe.shared_width / tp
-        moe_b = T * (8 * moe.num_experts + 4 * e * moe.top_k * spec.hidden_size + 2 * e * spec.hidden_size) \
+        moe_b = T * (8 * moe.num_experts + 2 * e * spec.hidden_size) + Te * 4 * e * moe.top_k * spec.hidden_size \
             + act_b + shared_act_b
         mlp_b = 0.0
     else:

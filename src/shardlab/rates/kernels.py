@@ -40,9 +40,10 @@ OPS_PER_BLOCK = {"fused": 12, "eager": 40, "compiled": 10}
 
 
 def block_elementwise_bytes(spec: ModelSpec, layer: int, kernels: str, *, tokens, tp, tsh, elem_bytes: int,
-                            dropout: bool, flash_attention: bool, seq_len: int):
+                            dropout: bool, flash_attention: bool, seq_len: int, etp=None):
     """Bytes the memory-bound kernels of block ``layer`` move in forward for ``tokens`` tokens on one rank
-    (array-safe in tokens, tp, tsh)."""
+    (array-safe in tokens, tp, tsh; ``etp``: the experts' tensor-parallel degree, whose ranks permute the copies of
+    etp/tp of the TP group's tokens, ``layout.expert_grid``)."""
     e = elem_bytes
     T = np.asarray(tokens, dtype=float)
     tp = np.asarray(tp)
@@ -84,7 +85,8 @@ def block_elementwise_bytes(spec: ModelSpec, layer: int, kernels: str, *, tokens
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k = moe.top_k
-        total = total + T * (8 * moe.num_experts + 4 * e * k * h + 2 * e * h)   # router (fp32), dispatch, combine
+        share = 1.0 if etp is None else np.asarray(etp) / tp
+        total = total + T * (8 * moe.num_experts + 2 * e * h) + share * T * 4 * e * k * h   # router (fp32), dispatch, combine
         total = total + act * e * T * k * moe.expert_ffn_hidden_size / tp
         if moe.shared_width:   # Qwen2-MoE's shared expert has its own width (shared_expert_intermediate_size)
             total = total + act * e * T * moe.shared_width / tp

@@ -53,14 +53,20 @@ class TensorSpec:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def local_shape(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None) -> tuple[int, ...]:
+    def local_shape(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None,
+                    etp=None) -> tuple[int, ...]:
         """Shape held by one rank after TP and EP splitting (before any ZeRO/FSDP sharding).
 
         Uneven splits (a vocabulary not divisible by tp) follow ``torch.chunk``, as DTensor's Shard does:
         chunks of ceil(n/tp) rows, the last ranks holding fewer (possibly none). ``tp_rank=None`` gives
         the largest chunk, i.e. the worst rank, which is what memory totals use. ``tp``/``ep`` may be
         numpy arrays (the planner evaluates many layouts at once); then the split dimensions are arrays too.
+        ``etp``: the routed experts' own tensor-parallel degree (``Layout.etp``; None or 0: tp).
         """
+        if self.ep_dim is not None and etp is not None:
+            tp = etp + (etp == 0) * tp
+            if tp_rank is not None:
+                tp_rank = tp_rank % tp
         shape = list(self.shape)
         if self.tp_dim is not None:
             if self.kv:
@@ -71,8 +77,8 @@ class TensorSpec:
             shape[self.ep_dim] = -(-shape[self.ep_dim] // ep)
         return tuple(shape)
 
-    def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None) -> int:
-        return math.prod(self.local_shape(spec, tp, ep, tp_rank))
+    def local_numel(self, spec: ModelSpec, tp: int = 1, ep: int = 1, tp_rank: int | None = None, etp=None) -> int:
+        return math.prod(self.local_shape(spec, tp, ep, tp_rank, etp))
 
 
 def chunk_size(n, parts, rank: int | None = None):

@@ -21,7 +21,7 @@ _RUN_KEYS = {"id", "source", "framework", "model", "gpu", "gpus", "gpus_per_node
              "schedule", "sequence_parallel", "grad_reduce_bytes", "measured_tflops_per_gpu", "measured_tokens_per_s_per_gpu",
              "convention", "measured_step_time_s", "reported_mfu", "assumed", "informational", "attention_kernel",
              "fused_loss", "fp8_all_gather", "fp8_params", "tp_comm_overlap", "moe_dispatcher", "ep_comm_overlap",
-             "expert_imbalance"}
+             "expert_imbalance", "etp"}
 _FILE_KEYS = {"sources", "defaults", "runs"}
 
 
@@ -149,7 +149,8 @@ def predict_inputs(run: PublishedRun, catalog):
     dp = c["gpus"] // (tp * pp * cp)
     # HSDP: shard inside a node, replicate across nodes
     rep = max(1, dp // max(1, cluster.gpus_per_node // (tp * cp))) if c.get("hsdp") else 1
-    lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=c.get("ep", 1), zero=c.get("zero", 0), dp_replicate=rep,
+    lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=c.get("ep", 1), etp=c.get("etp", 0), zero=c.get("zero", 0),
+                 dp_replicate=rep,
                  vpp=c.get("vpp", 1), micro_batch=c.get("micro_batch", 1), recompute=c.get("recompute", "none"),
                  recompute_fraction=float(c.get("recompute_fraction", 1.0)),
                  recompute_modules=tuple(c["recompute_modules"]) if c.get("recompute_modules") else None,

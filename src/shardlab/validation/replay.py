@@ -34,7 +34,7 @@ def estimate_argv(run: PublishedRun, catalog, model_path: str | None = None) -> 
     if c.get("inter_node_gbit"):
         argv += ["--inter-node-gbit", str(c["inter_node_gbit"])]
     for flag, value, default in (("--tp", lay.tp, 1), ("--pp", lay.pp, 1), ("--cp", lay.cp, 1), ("--ep", lay.ep, 1),
-                                 ("--vpp", lay.vpp, 1), ("--dp-replicate", lay.dp_replicate, 1)):
+                                 ("--vpp", lay.vpp, 1), ("--dp-replicate", lay.dp_replicate, 1), ("--etp", lay.etp, 0)):
         if value != default:
             argv += [flag, str(value)]
     if lay.pp > 1:
