@@ -24,7 +24,7 @@ PLANS = {
     "plan.json": "shardlab plan",
     "plan-3d.json": "shardlab plan llama-3.1-70b --gpus 256 --fix tp=4 --fix pp=4 --fix vpp=2 --fix zero=1",
     "plan-fsdp.json": "shardlab plan llama-3.1-8b --gpus 32 --fix tp=1 --fix pp=1 --fix cp=1 --fix zero=3",
-    "plan-moe.json": "shardlab plan deepseek-v3 --gpus 512 --fix ep=8 --tokens 1e12",
+    "plan-moe.json": "shardlab plan deepseek-v3 --gpus 512 --fix ep=8 --fix tp=1 --tokens 1e12",
     "plan-serve.json": "shardlab plan llama-3.1-70b --inference --gpus 8 --batch 32 --prompt-len 2048 --output-len 256",
 }
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)

@@ -121,9 +121,15 @@ def test_cli_flag_export_and_read_back(tmp_path):
     # without ETP 1 the layout is refused in one line, naming the fix
     code, _, err = cli_main("estimate", *args[:8], *args[10:])
     assert code == 2 and "must divide" in err and len(err.strip().splitlines()) == 1
-    # plan keeps the experts split like the attention: --etp is refused in one line
-    code, _, err = cli_main("plan", "qwen3-235b-a22b", "--gpus", "256", "--etp", "1")
-    assert code == 2 and "--etp" in err and len(err.strip().splitlines()) == 1
+    # plan searches the experts split like the attention or whole; another expert TP is refused in one line
+    code, _, err = cli_main("plan", "qwen3-235b-a22b", "--gpus", "256", "--tp", "4", "--etp", "2")
+    assert code == 2 and "--etp 2" in err and len(err.strip().splitlines()) == 1
+    # a framework without the experts' own TP: estimate prices the what-if and says so (export refuses, plan skips)
+    code, out, err = cli_main("estimate", "qwen3-235b-a22b", "--gpus", "256", "--tp", "2", "--etp", "1", "--pp", "8",
+                              "--ep", "32", "--zero", "1", "--global-batch", "2048", "--seq-len", "4096",
+                              "--sequence-parallel", "--framework", "deepspeed")
+    assert code == 0, err
+    assert "deepspeed splits the experts like the attention" in " ".join(out.split())
     # the Megatron-LM launch file writes the flag, and reads back to the same layout
     path = tmp_path / "train.sh"
     code, _, err = cli_main("export", *args, "--to", "megatron", "--out", str(path))
@@ -148,3 +154,102 @@ def test_published_rows_with_etp_are_validated():
         lay = c.estimate.layout
         assert lay.ep > lay.dp or c.run.source == "megatron-moe-modelzoo"
         assert np.isfinite(c.error)
+
+
+def test_plan_searches_whole_experts_beside_tensor_parallel_attention():
+    """Megatron-Core's MoE recipes run ETP 1 beside TP 2 (the ModelZoo's and the Bridge tables' Qwen3-235B layouts);
+    the search tries it and, for Qwen3-235B on 256 H100, ranks such a layout first."""
+    base = ["qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100-sxm", "--seq-len", "4096", "--global-batch", "2048",
+            "--json"]
+    code, out, err = cli_main("plan", *base)
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    best = plans[0]["layout"]
+    assert best["etp"] == 1 and best["tp"] > 1 and best["ep"] * best["etp"] <= best["tp"] * best["dp"]
+    # every plan the search returns is one `estimate` reproduces, expert TP included
+    lay = plans[0]["layout"]
+    code, out, err = cli_main("estimate", "qwen3-235b-a22b", "--gpus", "256", "--gpu", "h100-sxm", "--seq-len", "4096",
+                              "--global-batch", "2048", "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--cp", str(lay["cp"]), "--ep",
+                              str(lay["ep"]), "--etp", str(lay["etp"]), "--zero", str(lay["zero"]), "--vpp",
+                              str(lay["vpp"]), "--micro-batch", str(lay["micro_batch"]), "--recompute", lay["recompute"],
+                              *(["--schedule", lay["schedule"]] if lay["pp"] > 1 else []),
+                              *(["--sequence-parallel"] if lay["sequence_parallel"] else []), "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == pytest.approx(plans[0]["step_time_s"], rel=1e-9)
+    # pinned: --etp 1 keeps only whole-expert layouts; --etp equal to a pinned --tp keeps the split ones
+    code, out, err = cli_main("plan", *base, "--etp", "1", "--tp", "4")
+    assert code == 0, err
+    assert {p["layout"]["etp"] for p in json.loads(out)["plans"]} == {1}
+    code, out, err = cli_main("plan", *base, "--etp", "4", "--tp", "4")
+    assert code == 0, err
+    assert {p["layout"]["etp"] for p in json.loads(out)["plans"]} == {0}
+
+
+@pytest.mark.parametrize("zero,pp,recipe", [(0, 1, "fp8"), (1, 2, "fp8-params"), (3, 1, "bf16"), (2, 2, "bf16"),
+                                            (3, 1, "qlora"), (0, 1, "lora")])
+def test_exact_and_vectorised_memory_agree_with_whole_experts(zero, pp, recipe):
+    """The exact per-tensor report and the search's arrays price an expert-TP-1 layout alike: FP8 weight caches and
+    primary weights, ZeRO-3 gathered units and buckets, LoRA/QLoRA bases and dequantisation buffers (review)."""
+    from shardlab.estimate.workload import workload_memory
+    from shardlab.memory.fp8 import Fp8Recipe
+    from shardlab.memory.lora import LoraSpec
+    from shardlab.memory.recipe import Recipe
+
+    precision = "fp8-mixed" if recipe.startswith("fp8") else "bf16-mixed"
+    rec = Recipe(fp8=Fp8Recipe(primary_weights=recipe == "fp8-params"),
+                 lora=LoraSpec(rank=16, quantize_base="nf4" if recipe == "qlora" else "none")
+                 if recipe.endswith("lora") else None)
+    lay = Layout(tp=4, dp=16 // (4 * pp), pp=pp, ep=4, etp=1, zero=zero, sequence_parallel=True)
+    if pp == 1 and zero == 3:
+        lay = lay.with_(dp=4)
+    est = estimate_training(Q30, lay, _cluster(lay.world_size), seq_len=4096, global_batch=64, precision=precision,
+                            recipe=rec, framework=CAT.framework("torchtitan" if recipe.endswith("lora") else "megatron-lm"))
+    exact = workload_memory(lay, Q30, H100, est.workload, est.microbatches).worst.total
+    got = evaluate(Q30, est.cluster, est.workload, layouts_to_arrays([lay]))
+    assert float(got["memory_bytes"][0]) == pytest.approx(exact, rel=1e-9)
+    # and the experts' FP8 copies follow their own split: whole experts hold 4x the split ones' bytes
+    if recipe == "fp8":
+        split = workload_memory(lay.with_(etp=0), Q30, H100, est.workload, est.microbatches).worst.other
+        whole = workload_memory(lay, Q30, H100, est.workload, est.microbatches).worst.other
+        assert whole["fp8_weight_cache"] > 2 * split["fp8_weight_cache"]
+
+
+def test_files_carry_etp_and_say_what_they_cannot(tmp_path):
+    base = ["qwen3-30b-a3b", "--gpus", "16", "--tp", "4", "--ep", "4", "--etp", "1", "--zero", "3",
+            "--sequence-parallel", "--global-batch", "64", "--seq-len", "4096"]
+    code, out, err = cli_main("estimate", *base, "--json")
+    assert code == 0, err
+    want = json.loads(out)["step_time_s"]
+    # torchtitan writes expert_tensor_parallel_degree 1 and reads it back (DeepSeek-V3: a model it ships)
+    tt = ["deepseek-v3", *base[1:], "--framework", "torchtitan"]
+    code, out, err = cli_main("estimate", *tt, "--json")
+    assert code == 0, err
+    want_tt = json.loads(out)["step_time_s"]
+    path = tmp_path / "job.toml"
+    code, _, err = cli_main("export", *tt, "--to", "torchtitan", "--out", str(path))
+    assert code == 0, err
+    assert "expert_tensor_parallel_degree = 1" in path.read_text()
+    code, out, err = cli_main("estimate", "--from", str(path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["layout"]["etp"] == 1 and doc["step_time_s"] == pytest.approx(want_tt, rel=1e-9)
+    # torchtitan runs expert TP 1 or tp only
+    code, _, err = cli_main("export", *[a if i != 8 else "2" for i, a in enumerate(tt)], "--to", "torchtitan",
+                            "--out", str(tmp_path / "bad.toml"))
+    assert code == 2 and "expert_tensor_parallel_degree" in err
+    # the Megatron line keeps the step time
+    code, out, err = cli_main("export", *base, "--to", "megatron", "--out", str(tmp_path / "run.sh"))
+    assert code == 0, err
+    code, out, err = cli_main("estimate", "--from", str(tmp_path / "run.sh"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == pytest.approx(want, rel=1e-9)
+    # DeepSpeed has no expert TP of its own: it says so
+    code, out, err = cli_main("export", *base, "--to", "deepspeed", "--out", str(tmp_path / "ds.json"), "--json")
+    assert code == 0, err
+    assert "etp" in {u["setting"] for u in json.loads(out)["unsupported"]}
+    # --inference has no use for it
+    code, _, err = cli_main("plan", "qwen3-30b-a3b", "--inference", "--etp", "1")
+    assert code == 2 and "--etp" in err
+    # QLoRA on a MoE model (a traceback before)
+    code, out, err = cli_main("estimate", *base, "--lora-rank", "16", "--quantize-base", "nf4")
+    assert code == 0, err

@@ -22,7 +22,7 @@ PLANS = {
     "fsdp": ["llama-3.1-8b", "--gpus", "32", "--fix", "tp=1", "--fix", "pp=1", "--fix", "cp=1", "--fix", "zero=3"],
     "3d-interleaved": ["llama-3.1-70b", "--gpus", "256", "--fix", "tp=4", "--fix", "pp=4", "--fix", "vpp=2",
                        "--fix", "zero=1"],
-    "moe-ep": ["deepseek-v3", "--gpus", "512", "--fix", "ep=8"],
+    "moe-ep": ["deepseek-v3", "--gpus", "512", "--fix", "ep=8", "--fix", "tp=1"],
 }
 SERVE = {"main": ["llama-3.1-70b", "--gpus", "8"], "fsdp": ["llama-3.1-8b", "--gpus", "8"],
          "3d-interleaved": ["llama-3.1-70b", "--gpus", "16"], "moe-ep": ["deepseek-v3", "--gpus", "16", "--gpu", "h200"]}

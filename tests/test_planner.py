@@ -181,6 +181,7 @@ def _recipe(name):
     ("llama-3.1-8b", 16, "pytorch-fsdp", 64, 4096, "qlora"),
     ("llama-3.1-8b", 16, "deepspeed", 64, 4096, "offload"),
     ("gpt2-xl", 16, "torchtitan", 64, 1024, "full"),                   # tied embeddings over pipeline stages
+    ("qwen3-30b-a3b", 16, "torchtitan", 64, 4096, "qlora"),            # MoE under QLoRA, experts whole or split
 ])
 def test_search_memory_is_the_exact_report(model, gpus, fw, gb, seq, recipe):
     """One memory model: for candidates drawn across the whole search space (every ZeRO stage, pipeline split,

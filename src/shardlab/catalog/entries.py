@@ -133,7 +133,7 @@ def link_from_dict(name: str, d: dict, where: str) -> Link:
 
 _FW_FIELDS = {f.name for f in fields(Framework)} - {"id"}
 _FW_OPTIONAL = {"notes", "zero3_live_params", "zero3_reduce_bucket_params", "main_grad_buffer", "pipeline_host_s",
-                "moe_tp_needs_sp", "layer_host_min_zero", "ddp_one_dimensional"}
+                "moe_tp_needs_sp", "layer_host_min_zero", "ddp_one_dimensional", "expert_tp"}
 
 
 def generation_from_dict(name: str, d: dict, where: str) -> dict:
@@ -167,6 +167,8 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
         v = d.get(key, 0.0)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or v != v:
             raise ShardlabError(f"{where}: framework '{name}' field '{key}' must be a number in [{lo}, {hi}], got {v!r}")
+    if d.get("expert_tp", "tp") not in ("tp", "one", "divisor"):
+        raise ShardlabError(f"{where}: framework '{name}' expert_tp must be tp, one or divisor, got {d.get('expert_tp')!r}")
     if d.get("layer_host_min_zero", 0) not in (0, 1, 2, 3):
         raise ShardlabError(f"{where}: framework '{name}' layer_host_min_zero must be 0, 1, 2 or 3")
     if d["pipeline_max_zero"] not in (0, 1, 2, 3):
@@ -183,4 +185,5 @@ def framework_from_dict(name: str, d: dict, where: str) -> Framework:
                      notes=str(d.get("notes", "")), main_grad_buffer=d.get("main_grad_buffer", False),
                      moe_tp_needs_sp=d.get("moe_tp_needs_sp", False),
                      layer_host_min_zero=int(d.get("layer_host_min_zero", 0)),
-                     ddp_one_dimensional=d.get("ddp_one_dimensional", False))
+                     ddp_one_dimensional=d.get("ddp_one_dimensional", False),
+                     expert_tp=d.get("expert_tp", "tp"))

@@ -67,6 +67,7 @@ def _bounded():
         "factor": number_arg(integer=False, maximum=1e6, reason="a million times slower", smallest=L.MIN_SHARE),
         "node_rank": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS - 1, reason="nodes"),
         "nodes": number_arg(integer=True, maximum=L.MAX_GPUS, reason="nodes (one GPU each at the least)"),
+        "gpus0": number_arg(integer=True, allow_zero=True, maximum=L.MAX_GPUS, reason="about 5x the largest cluster built"),
         "spec_tokens": number_arg(integer=True, maximum=16, reason="draft tokens per step (engines cap it lower)"),
         "share0": number_arg(integer=False, allow_zero=True, maximum=1.0, reason="a share"),
         "experts": number_arg(integer=True, allow_zero=True, maximum=4096, reason="expert slots"),
@@ -223,9 +224,9 @@ def add_layout_args(p: argparse.ArgumentParser, gpus_default: int | None = None)
     g.add_argument("--pp", action=Given, type=gpus_int, default=1, help="pipeline-parallel degree")
     g.add_argument("--cp", action=Given, type=gpus_int, default=1, help="context-parallel degree")
     g.add_argument("--ep", action=Given, type=gpus_int, default=1, help="expert-parallel degree (divides dp; with --etp below tp, tp·cp·dp/etp)")
-    g.add_argument("--etp", action=Given, type=gpus_int, default=None,
+    g.add_argument("--etp", action=Given, type=BOUNDED["gpus0"], default=None,
                    help="experts' tensor-parallel degree, dividing tp (Megatron-core --expert-tensor-parallel-size; "
-                        "default tp); below tp the EP group spans TP ranks too")
+                        "default and 0: tp); below tp the EP group spans TP ranks too")
     g.add_argument("--zero", action=Given, type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage over dp·cp (3 = FSDP full shard)")
     g.add_argument("--micro-batch", action=Given, type=batch_int, default=1, help="sequences per micro-batch per DP rank")
     g.add_argument("--seq-len", type=seq_len_int, default=None, help="sequence length (default: min(model max, 4096))")

@@ -99,7 +99,7 @@ def _recipe(args, catalog, cluster):
 
 
 TRAINING_LAYOUT_DESTS = ("cp", "zero", "micro_batch", "recompute", "recompute_fraction", "recompute_modules", "wrap",
-                         "dp_replicate", "sequence_parallel", "schedule", "vpp")
+                         "dp_replicate", "sequence_parallel", "schedule", "vpp", "etp")
 """Layout flags (recorded when written, even at their default) that --inference has no use for."""
 TRAINING_WORKLOAD_FLAGS = (("--microbatches", "microbatches", None), ("--stage-layers", "stage_layers", None),
                            ("--seq-len", "seq_len", None), ("--global-batch", "global_batch", None),

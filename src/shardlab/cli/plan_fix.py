@@ -78,15 +78,20 @@ def layout_flags_as_fixes(args, fixed: dict) -> dict:
     written = given_flags(args)
     why = {"wrap": ("--wrap", "plan prices one block per FSDP unit"),
            "recompute_fraction": ("--recompute-fraction", "plan searches recompute none, selective or full"),
-           "dp_replicate": ("--dp-replicate", "plan searches hybrid sharding itself (--fix hs=1 pins it on)"),
-           "etp": ("--etp", "plan splits the experts like the attention (expert TP = tp)")}
-    defaults = {"wrap": 1, "recompute_fraction": 1.0, "dp_replicate": 1, "etp": None}
+           "dp_replicate": ("--dp-replicate", "plan searches hybrid sharding itself (--fix hs=1 pins it on)")}
+    defaults = {"wrap": 1, "recompute_fraction": 1.0, "dp_replicate": 1}
     unsearched = [why[d] for d in why if (d in written if written is not None else getattr(args, d, defaults[d]) != defaults[d])]
     if unsearched:
         raise ShardlabError("; ".join(f"{flag}: {reason}" for flag, reason in unsearched)
                             + "; drop it, or estimate this setting with `shardlab estimate`")
     dest = {"mb": "micro_batch", "rc": "recompute", "sp": "sequence_parallel", "sched": "schedule"}
     out = dict(fixed)
+    etp = getattr(args, "etp", None) or None      # 0: as tp, the default
+    if etp is not None:        # the search tries the experts split like the attention (et 0) or whole (et 1)
+        if etp != 1 and not ("tp" in (written or ()) and etp == args.tp):
+            raise ShardlabError(f"--etp {etp}: plan searches the experts split like the attention or whole (--etp 1); "
+                                "pin --etp 1, or estimate another expert TP with `shardlab estimate`")
+        out["et"] = 1 if etp == 1 and not ("tp" in (written or ()) and args.tp == 1) else 0
     for axis, (value, default) in given.items():
         if (dest.get(axis, axis) not in written) if written is not None else value == default:
             continue

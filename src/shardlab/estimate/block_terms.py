@@ -53,7 +53,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
     params = ut.unit_params(spec, tp, ep, etp)
     fsdp = ut.fsdp_shard_params(spec, tp, ep, dp * cp // c["rep"], grid["edp"], etp)
     fp8_terms = ut.fp8_block_terms(spec, tp, ep, etp)
-    lora_u = (ut.lora_units(spec, wl.recipe.lora, tp, ep, dp * cp // c["rep"], np.maximum(dp * cp // ep // c["rep"], 1))
+    lora_u = (ut.lora_units(spec, wl.recipe.lora, tp, ep, dp * cp // c["rep"], grid["edp"], etp)
               if wl.recipe.lora is not None else None)
     lora_of = lambda key: dict(zip(LORA_KEYS, (v + np.zeros_like(T) for v in lora_u[key]))) if lora_u else {}   # noqa: E731
     kinds = {}
@@ -69,7 +69,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
             lt = {**lt, "gemm_s": lt["gemm_s"] + extra,
                   "module_recompute_s": {**lt["module_recompute_s"], "moe": lt["module_recompute_s"]["moe"] + extra}}
         bt = block_step_times(lt, rc, c["rf"], modules) if wl.recipe.lora is None else \
-            lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype)
+            lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype, etp)
         dense, expert = params[kind]
         # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
         # a unit holds at most a stage's blocks (memory.buffers.largest_unit_bytes: --wrap 1000-blocks on 32 layers is
@@ -121,7 +121,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
             **lora_of(kind),
             lora_act=(lora_activation_bytes(spec, layer, lay, ctx, wl.recipe.lora) if wl.recipe.lora is not None and memory
                       else 0.0) + np.zeros_like(T),
-            dequant=(ut.dequant_bytes(spec, layer, tp, ep, wl.recipe.lora) if wl.recipe.lora is not None else 0.0)
+            dequant=(ut.dequant_bytes(spec, layer, tp, ep, wl.recipe.lora, etp) if wl.recipe.lora is not None else 0.0)
             + np.zeros_like(T),
             z3_first=np.where((zero == 3) & (c["wrap"] > 0), ct.zero3_edges_s(coll), 0.0),
             # forward, backward (+ re-run forward); FSDP's per-unit hooks stall only where units are gathered every

@@ -62,15 +62,15 @@ def adapter_gemm_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tokens, tp,
     return total
 
 
-def dequant_bytes_per_pass(spec: ModelSpec, layer: int, lora: LoraSpec, tp, ep=1) -> float:
+def dequant_bytes_per_pass(spec: ModelSpec, layer: int, lora: LoraSpec, tp, ep=1, etp=None) -> float:
     """Bytes one dequantization pass over block ``layer``'s NF4 weights moves on one rank: read the NF4 weight
-    (bits/8 per element) and write bf16 (2) (arrays over tp)."""
+    (bits/8 per element) and write bf16 (2) (arrays over tp; ``etp``: the experts' TP, ``Layout.etp``)."""
     if lora.quantize_base != "nf4":
         return 0.0
     n = 0.0
     for t in model_tensors(spec):
         if t.layer == layer and is_block_linear(t, spec):
-            n = n + np.prod(np.broadcast_arrays(*t.local_shape(spec, np.asarray(tp), ep)), axis=0)
+            n = n + np.prod(np.broadcast_arrays(*t.local_shape(spec, np.asarray(tp), ep, None, etp)), axis=0)
     return n * (nf4_bits_per_weight(lora) / 8 + 2)
 
 
@@ -87,15 +87,15 @@ def lora_block_step_times(lt: dict, *, adapter_fwd_s, dequant_s, recompute) -> d
     return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec}
 
 
-def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Accelerator, ep=1):
+def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Accelerator, ep=1, etp=None):
     """Seconds of one dequantization pass over a block's NF4 weights."""
-    return memory_time_s(dequant_bytes_per_pass(spec, layer, lora, tp, ep), acc)
+    return memory_time_s(dequant_bytes_per_pass(spec, layer, lora, tp, ep, etp), acc)
 
 
 def lora_block_times(spec: ModelSpec, layer: int, lora: LoraSpec, lt: dict, tokens, tp, ep, recompute,
-                     acc: Accelerator, curve: MatmulEfficiency, dtype: str) -> dict:
+                     acc: Accelerator, curve: MatmulEfficiency, dtype: str, etp=None) -> dict:
     """Forward, backward and recomputation seconds of a frozen-base (LoRA/QLoRA) block per micro-batch: the base
     block's ``lt`` (``rates.compute.layer_times``) with its adapters' GEMMs and the NF4 dequantisation added
     (``lora_block_step_times``)."""
     return lora_block_step_times(lt, adapter_fwd_s=adapter_gemm_time_s(spec, layer, lora, tokens, tp, acc, curve, dtype),
-                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep), recompute=recompute)
+                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep, etp), recompute=recompute)

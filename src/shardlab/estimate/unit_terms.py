@@ -100,7 +100,7 @@ def _padded(shape, n, dim=0):
     return np.where(n > 1, -(-d // np.maximum(n, 1)) * (numel // np.maximum(d, 1)), numel)
 
 
-def lora_units(spec: ModelSpec, lora, tp, ep, shard, expert_shard) -> dict:
+def lora_units(spec: ModelSpec, lora, tp, ep, shard, expert_shard, etp=None) -> dict:
     """``memory.lora.lora_state_report`` per block kind, the embedding (PRE), the head and the tied copy, arrays over
     candidates: {key: (frozen base bytes without ZeRO-3, with ZeRO-3, adapter elements local, adapter padded shard)}.
     The base is NF4 for the block linears under QLoRA (``nf4_bytes`` of the stored elements), bf16 otherwise."""
@@ -127,7 +127,7 @@ def lora_units(spec: ModelSpec, lora, tp, ep, shard, expert_shard) -> dict:
     for key, tensors in groups:
         b0 = b3 = a_loc = a_pad = 0
         for t in tensors:
-            shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep)]
+            shape = [np.asarray(d) for d in t.local_shape(spec, tp, ep, None, etp)]
             local = np.prod(np.broadcast_arrays(*shape), axis=0)
             if t.ep_dim is not None:
                 dim = np.where((shape[0] < expert_shard) & (len(shape) > 1), 1, 0)
@@ -137,21 +137,21 @@ def lora_units(spec: ModelSpec, lora, tp, ep, shard, expert_shard) -> dict:
                 pad = _padded(shape, shard, 0)
             b0, b3 = b0 + base(t, local), b3 + base(t, pad)
         for a in adapter_tensors(spec, lora, tuple(tensors)):
-            shape = [np.asarray(d) for d in a.local_shape(spec, tp, ep)]
+            shape = [np.asarray(d) for d in a.local_shape(spec, tp, ep, None, etp)]
             a_loc = a_loc + np.prod(np.broadcast_arrays(*shape), axis=0)
             a_pad = a_pad + _padded(shape, shard, 0)
         out[key] = (b0, b3, a_loc, a_pad)
     return out
 
 
-def dequant_bytes(spec: ModelSpec, layer: int, tp, ep, lora):
+def dequant_bytes(spec: ModelSpec, layer: int, tp, ep, lora, etp=None):
     """``memory.lora.dequant_buffer_bytes`` of one block (array-safe in tp, ep): the bf16 copy of its largest NF4
     matrix (one expert's, for a stack)."""
     if lora.quantize_base != "nf4":
         return 0.0
-    sizes = [np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep)[-2:]), axis=0)
+    sizes = [np.prod(np.broadcast_arrays(*t.local_shape(spec, tp, ep, None, etp)[-2:]), axis=0)
              for t in model_tensors(spec) if t.layer == layer and is_block_linear(t, spec)]
-    return 2 * np.maximum.reduce(sizes) if sizes else 0.0
+    return 2 * np.maximum.reduce(np.broadcast_arrays(*sizes)) if sizes else 0.0   # scalars beside arrays over tp
 
 
 @lru_cache(maxsize=256)

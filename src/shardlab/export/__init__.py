@@ -105,6 +105,7 @@ def sniff(text: str) -> str:
 FIELD_NAMES = {
     "torchtitan": {"tp": "parallelism.tensor_parallel_degree", "pp": "parallelism.pipeline_parallel_degree",
                    "cp": "parallelism.context_parallel_degree", "ep": "parallelism.expert_parallel_degree",
+                   "etp": "parallelism.expert_tensor_parallel_degree",
                    "dp": "parallelism.data_parallel_replicate_degree × data_parallel_shard_degree",
                    "dp_from_world": "parallelism.data_parallel_replicate_degree",
                    "zero": "parallelism.fsdp_reshard_after_forward", "vpp": "parallelism.module_fqns_per_model_part",
@@ -238,7 +239,7 @@ def check_fields(fields: dict, where: str | None, names: dict | None = None) -> 
               "global_batch": (1, L.MAX_BATCH), "micro_batch": (1, L.MAX_BATCH), "batch": (1, L.MAX_BATCH),
               "prompt_len": (1, L.MAX_SEQ_LEN), "output_len": (1, L.MAX_SEQ_LEN), "max_num_seqs": (1, L.MAX_BATCH),
               "max_num_batched_tokens": (1, L.MAX_SEQ_LEN), "zero": (0, 3), "pp": (1, L.MAX_LAYERS),
-              "vpp": (1, L.MAX_LAYERS), "dp_from_world": (1, L.MAX_GPUS)}
+              "vpp": (1, L.MAX_LAYERS), "dp_from_world": (1, L.MAX_GPUS), "etp": (0, L.MAX_GPUS)}   # etp 0: as tp
     for key, value in fields.items():
         if key == "stage_layers" and value is not None:
             if not isinstance(value, (list, tuple)) or len(value) > L.MAX_LAYERS or not all(

@@ -37,9 +37,12 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
                                           "SHARD_GRAD_OP (ZeRO-2, less memory); --to deepspeed keeps ZeRO-1"))
     for k, v, why in (("pp", lay.pp, "Accelerate has no pipeline parallelism: the job runs without it"),
                       ("ep", lay.ep, "Accelerate has no expert parallelism: FSDP shards the experts with the rest"),
+
                       ("vpp", lay.vpp, "no pipeline stages in Accelerate")):
         if v > 1:
             uns.append(Unsupported(k, v, why))
+    if lay.expert_tp != lay.tp:
+        uns.append(Unsupported("etp", lay.etp, "Accelerate has no expert parallelism: the experts are split like the rest"))
     if lay.pp > 1:
         uns.append(Unsupported("dp", lay.dp, f"the {lay.pp} pipeline stages become data-parallel shards: "
                                              f"dp_shard {lay.dp * lay.pp}"))

@@ -46,6 +46,9 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
                                                            "(deepspeed.checkpointing or gradient_checkpointing_enable)"))
     if lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", True, "Megatron-style sequence parallelism is not a DeepSpeed setting"))
+    if lay.expert_tp != lay.tp:
+        uns.append(Unsupported("etp", lay.etp, "DeepSpeed's AutoEP has no expert tensor-parallel size of its own: the "
+                                               "experts are split like the rest"))
     if lay.pp > 1 and (lay.vpp > 1 or lay.schedule != "1f1b"):
         uns.append(Unsupported("schedule", f"{lay.schedule} vpp {lay.vpp}", "DeepSpeed's pipeline runs 1F1B, one stage per rank"))
         if lay.vpp > 1:

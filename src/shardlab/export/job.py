@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from shardlab.errors import ShardlabError
 from shardlab.layout import Layout
 
-LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero", "vpp", "micro_batch", "recompute", "sequence_parallel",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "vpp", "micro_batch", "recompute", "sequence_parallel",
                  "schedule", "stage_layers")
 JOB_FIELDS = ("model", "gpus", "seq_len", "global_batch", "precision") + LAYOUT_FIELDS
 """What a round trip compares (``job_fields``)."""

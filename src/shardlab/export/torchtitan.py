@@ -44,6 +44,11 @@ def _chunk_fqns(spec, layout: Layout) -> list[list[str]]:
     return out
 
 
+FLEX_FLAVORS = {("deepseek_v3", "16B"), ("deepseek_v3", "236B"), ("deepseek_v3", "671B")}
+"""torchtitan 0.2.2 flavors whose attention is flex attention (attn_type='flex' in their model arguments), which its
+context parallelism refuses (DeepSeekV3ModelArgs.update_from_config: 'Context Parallel only supports SDPA')."""
+
+
 def render(job: LaunchJob, spec) -> Export:
     lay = job.layout
     flavor = torchtitan_flavor(job.model)
@@ -97,6 +102,13 @@ def render(job: LaunchJob, spec) -> Export:
            "fsdp_reshard_after_forward": {3: "always", 2: "never", 1: "never"}.get(lay.zero, "default"),
            "tensor_parallel_degree": lay.tp, "context_parallel_degree": lay.cp, "expert_parallel_degree": lay.ep,
            "pipeline_parallel_degree": lay.pp}
+    if lay.cp > 1 and tuple(flavor) in FLEX_FLAVORS:
+        raise Refused(f"torchtitan 0.2.2 runs context parallelism only with SDPA attention, and its {flavor[0]} {flavor[1]} "
+                      "flavor uses flex attention (torchtitan/models/deepseek_v3/__init__.py; model/args.py, "
+                      "update_from_config); use --cp 1, or --to megatron")
+    if lay.expert_tp not in (1, lay.tp):
+        raise Refused(f"torchtitan runs the experts split like the attention or whole (expert_tensor_parallel_degree "
+                      f"1 or {lay.tp}), not over {lay.expert_tp} ranks; use --etp 1 or --etp {lay.tp}")
     if lay.ep > 1:   # the experts' TP as priced (shardlab's default: the attention's tp; --etp 1: experts whole)
         par["expert_tensor_parallel_degree"] = lay.expert_tp
     if lay.pp > 1:
@@ -182,6 +194,13 @@ def read(text: str, catalog) -> Imported:
             f[key] = num(par, P, full, 1)
         if full in par:
             und.append((f"parallelism.{full} = {f[key]}", key))
+    if "expert_tensor_parallel_degree" in par:   # 1 or the TP degree (torchtitan's ParallelDims)
+        etp = num(par, P, "expert_tensor_parallel_degree", 1, 1, f["tp"], f"1 or tensor_parallel_degree {f['tp']}")
+        if etp not in (1, f["tp"]):
+            raise FieldError(P + "expert_tensor_parallel_degree", f"1 or tensor_parallel_degree ({f['tp']})", etp)
+        if etp != f["tp"] and f["ep"] > 1:
+            f["etp"] = etp
+        und.append((f"parallelism.expert_tensor_parallel_degree = {etp}", "etp"))
     if rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"] > L.MAX_GPUS:
         raise FieldError("the parallelism degrees", f"a product of at most {L.MAX_GPUS:,} GPUs",
                          rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"])

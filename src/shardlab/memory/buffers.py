@@ -6,7 +6,7 @@ evaluates them over many layouts at once."""
 from __future__ import annotations
 
 from shardlab import xp
-from shardlab.layout import Layout
+from shardlab.layout import Layout, expert_tp_of
 from shardlab.memory.activations import ActivationContext, _tsh
 from shardlab.memory.overheads import Overheads
 from shardlab.memory.precision import StateBytes
@@ -49,7 +49,7 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     if ov.zero3_live_params > 0 and unit_params is not None:
         # DeepSpeed gathers module by module and releases past max_live_parameters (partitioned_param_coordinator.py);
         # a module is gathered whole, so the largest one sets a floor
-        big = largest_module_params(spec, layout.tp, layout.ep)
+        big = largest_module_params(spec, layout.tp, layout.ep, getattr(layout, "etp", None))
         per_w, per_g = unit_weight_bytes / xp.maximum(unit_params, 1), unit_grad_bytes / xp.maximum(unit_params, 1)
         gathered = xp.minimum(gathered, xp.maximum(ov.zero3_live_params, big) * per_w)
         reducing = xp.minimum(reducing, xp.maximum(ov.zero3_reduce_bucket_params, big) * per_g)
@@ -59,7 +59,9 @@ def stage_overheads(spec: ModelSpec, layout, ctx: ActivationContext, ov: Overhea
     kv_w = kv_width_local(spec, t)  # K and V together
     other["cp_kv_blocks"] = xp.where(layout.cp > 1, 2 * e * s_l * layout.micro_batch * kv_w, 0)  # double-buffered
     if has_moe:
-        other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh, 0)
+        # with the experts over etp < tp ranks a rank dispatches the copies of etp/tp of the TP group's tokens
+        other["ep_all_to_all"] = xp.where(layout.ep > 1, 2 * e * spec.moe.top_k * sbh
+                                          * expert_tp_of(t, getattr(layout, "etp", None)) / t, 0)
     if not ov.working_buffers:
         for k in ("logits_and_loss", "pp_p2p", "tp_sp_gather", "cp_kv_blocks", "ep_all_to_all"):
             other.pop(k, None)
@@ -72,9 +74,9 @@ def _scalar_eq(x, v) -> bool:
     return not xp.is_array(x) and x == v
 
 
-def largest_module_params(spec: ModelSpec, tp=1, ep=1):
+def largest_module_params(spec: ModelSpec, tp=1, ep=1, etp=None):
     """Parameters per rank of the largest single weight tensor (≈ module) of the model: what a module-wise ZeRO-3
-    must gather at once. Array-safe in tp and ep."""
+    must gather at once (``etp``: the experts' TP, ``Layout.etp``). Array-safe in tp and ep."""
     kinds: dict[bool, int] = {}
     for i in range(spec.num_layers):
         kinds.setdefault(spec.is_moe_layer(i), i)
@@ -82,7 +84,7 @@ def largest_module_params(spec: ModelSpec, tp=1, ep=1):
     big = 0
     for t in model_tensors(spec):
         if t.layer in wanted:
-            big = xp.maximum(big, t.local_numel(spec, tp, ep))
+            big = xp.maximum(big, t.local_numel(spec, tp, ep, None, etp))
     return big
 
 
@@ -96,7 +98,7 @@ def largest_unit_bytes(spec: ModelSpec, layout: Layout, st: StageTensors, sb: St
     embedding and the head count separately (the largest single module: a ZeRO-1/2 gradient bucket's unit)."""
     per_layer: dict[int, int] = {}
     for t in st.tensors:
-        per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep)
+        per_layer[t.layer] = per_layer.get(t.layer, 0) + t.local_numel(spec, layout.tp, layout.ep, None, layout.etp)
     blocks = [per_layer[i] for i in sorted(per_layer) if 0 <= i < spec.num_layers]
     edges = [v for i, v in per_layer.items() if not 0 <= i < spec.num_layers]
     n = getattr(layout, "wrap", 1)

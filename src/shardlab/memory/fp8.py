@@ -88,7 +88,8 @@ def fp8_extra_bytes(tensors, spec: ModelSpec, layout, recipe: Fp8Recipe) -> dict
     The weight cache is persistent only without ZeRO-3 (with it, the copies live and die with each gathered unit)."""
     cache = 0
     if recipe.weight_cache and layout.zero < 3:
-        cache = FP8_COPIES_BYTES * sum(t.local_numel(spec, layout.tp, layout.ep) for t in tensors if is_fp8_gemm(t, spec))
+        cache = FP8_COPIES_BYTES * sum(t.local_numel(spec, layout.tp, layout.ep, None, layout.etp) for t in tensors
+                                     if is_fp8_gemm(t, spec))
     return {"fp8_weight_cache": int(cache), "fp8_scaling_state": scaling_state_bytes(fp8_gemms(tensors, spec, layout.ep), recipe)}
 
 

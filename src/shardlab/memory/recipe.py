@@ -73,7 +73,7 @@ def _primary_fp8(rep: StateReport, tensors, spec, layout, sb: StateBytes) -> Sta
     from shardlab.memory.states import fsdp_shard_numel
 
     fp8 = [t for t in tensors if is_fp8_gemm(t, spec)]
-    local = sum(t.local_numel(spec, layout.tp, layout.ep) for t in fp8)
+    local = sum(t.local_numel(spec, layout.tp, layout.ep, None, layout.etp) for t in fp8)
     shard = sum(fsdp_shard_numel(t.local_shape(spec, layout.tp, layout.ep, None, layout.etp),
                                  layout.expert_dp if t.ep_dim is not None else layout.dp_shard) for t in fp8)
     return replace(rep, weights=int(rep.weights - primary_weight_saving(local, shard, layout.zero, sb.weights)))

@@ -6,7 +6,9 @@ it breaks (the order of REJECT_REASONS), and the rest are scored. Options:
   per block per micro-batch are on the critical path, Narayanan 2021 §3.2);
 - pp: divisors of the GPU count up to the number of layers;
 - cp: powers of two dividing the GPU count, up to 32;
-- ep: divisors of the expert count (MoE models), 1 otherwise;
+- ep: divisors of the expert count (MoE models), 1 otherwise; with tp > 1, the experts split like the attention
+  (expert TP = tp, EP inside the data-parallel ranks) or whole (expert TP 1, the expert group carved from the TP and
+  data-parallel ranks: ``layout.expert_grid``), where the framework runs it (``Framework.expert_tp``);
 - pipeline schedule (pp > 1): gpipe, 1f1b, zb-h1, or interleaved with 2, 4 or 8 virtual stages;
 - zero 0-3, micro-batch 1-16 (powers of two), recompute none/selective/full, sequence parallel off/on;
 - hybrid sharding off/on (ZeRO over the data-parallel ranks of one node, replicas across nodes).
@@ -30,7 +32,7 @@ REJECT_REASONS = (
     "tp does not divide the attention heads, KV heads or FFN width",
     "pp×vpp exceeds the number of layers",
     "cp does not divide the sequence or leaves fewer than 256 tokens per rank (or tp its share, under sequence parallel)",
-    "ep does not divide the experts or the data-parallel degree",
+    "ep does not divide the experts or the data-parallel degree (tp·cp·dp with expert TP 1)",
     "global batch is not divisible by micro-batch × dp",
     "interleaved schedule needs the micro-batch count to be a multiple of pp",
     "redundant: sequence parallel without tp, or ZeRO with nothing to shard",
@@ -85,6 +87,8 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
     mbs = pick("mb", [1, 2, 4, 8, 16])
     rcs, sps = pick("rc", [0, 1, 2]), pick("sp", [0, 1] if can("tp") else [0])
     hss = pick("hs", [0, 1])
+    # expert TP 1 beside tensor-parallel attention (ets 1), where the model has experts and the framework runs it
+    ets = pick("et", [0, 1] if spec.moe and can("ep") and can("tp") and (fw is None or fw.expert_tp != "tp") else [0])
     pipes = [(pp, v, s) for pp in pps for v, s in pipeline_options(pp)
              if ("vpp" not in fixed or v == fixed["vpp"]) and ("sched" not in fixed or s == fixed["sched"])
              and (pp == 1 or fw is None or SCHED_NAMES[s] in fw.schedules)]
@@ -92,9 +96,9 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         raise ShardlabError("no pipeline option is left: the pinned pp/vpp/schedule (--fix) do not combine"
                             + (f" with what {fw.id} runs (schedules: {', '.join(fw.schedules) or 'none'})" if fw else "")
                             + "; pin fewer axes")
-    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps, hss)]
+    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps, hss, ets)]
     index = np.indices([len(a) for a in axes]).reshape(len(axes), -1)   # the Cartesian product, as index arrays
-    tp, pidx, cp, ep, zero, mb, rc, sp, hs = (a[i] for a, i in zip(axes, index))
+    tp, pidx, cp, ep, zero, mb, rc, sp, hs, et = (a[i] for a, i in zip(axes, index))
     pipes_a = np.array(pipes, dtype=np.int64).reshape(-1, 3)
     pp, vpp, sched = pipes_a[pidx].T
     mp = tp * pp * cp
@@ -111,12 +115,13 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         pp * vpp <= spec.num_layers,
         ((cp == 1) | ((seq_len % cp == 0) & (seq_len // cp >= 256)))     # a short sequence is not split, not refused
         & ((sp == 0) | ((seq_len // np.maximum(cp, 1)) % tp == 0)),       # Megatron SP splits the sequence over tp
-        (E % ep == 0) & (np.where(dp > 0, dp, 1) % ep == 0),
+        (E % ep == 0) & np.where(et == 1, (tp > 1) & ((tp * cp * np.where(dp > 0, dp, 1)) % ep == 0),
+                                 np.where(dp > 0, dp, 1) % ep == 0),
         (dp > 0) & (global_batch % np.maximum(mb * dp, 1) == 0),
         (sched != SCHEDULE_CODES["interleaved"]) | ((m % pp == 0) & (m >= pp)),
         ~((sp == 1) & (tp == 1)) & ~((zero > 0) & (dp * cp == 1)),
         (hs == 0) | ((zero > 0) & (rep > 1) & (dp % np.maximum(rep, 1) == 0) & ((dp // np.maximum(rep, 1)) % ep == 0)
-                     & (fw is None or fw.hybrid_sharding)),
+                     & (et == 0) & (fw is None or fw.hybrid_sharding)),
         (pp == 1) | (zero <= (3 if fw is None else fw.pipeline_max_zero)),
         ~((tp > 1) & (sp == 0) & bool(spec.moe is not None and fw is not None and fw.moe_tp_needs_sp)),
         ~((zero == 0) & (((dp > 1) & (mp > 1)) | (cp > 1)) & bool(fw is not None and fw.ddp_one_dimensional)),
@@ -129,5 +134,5 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
             rejected[reason] = int(bad.sum())
         alive &= ok
     cands = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "vpp": vpp, "mb": mb, "rc": rc, "sp": sp,
-             "sched": sched, "rep": rep}
+             "sched": sched, "rep": rep, "etp": et}            # etp 1 (experts whole) or 0 (as tp)
     return {k: v[alive] for k, v in cands.items()}, rejected, len(tp)

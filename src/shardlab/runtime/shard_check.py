@@ -165,7 +165,7 @@ def predicted(spec, layout, itemsize: int, tp_rank: int | None = None) -> dict[s
 
     out = {}
     for t in stage_tensors(spec, layout)[0].tensors:
-        local = t.local_shape(spec, layout.tp, layout.ep, tp_rank)
+        local = t.local_shape(spec, layout.tp, layout.ep, tp_rank, layout.etp)
         D = layout.expert_dp if t.ep_dim is not None else layout.dp_shard
         dim = expert_shard_dim(local, D) if t.ep_dim is not None else 0
         fsdp = layout.zero >= 3 and D > 1

@@ -115,6 +115,10 @@ class Framework:
     moe_tp_needs_sp: bool = False
     """It trains mixture-of-experts layers under tensor parallelism only with sequence parallelism (Megatron-Core's
     MoELayer.forward raises otherwise: its token dispatcher expects each TP rank's sequence shard)."""
+    expert_tp: str = "tp"
+    """The routed experts' tensor-parallel degrees it runs (``Layout.etp``): 'tp', only the attention's; 'one', that
+    or 1, experts whole with the expert group carved from the TP and data-parallel ranks (torchtitan's
+    expert_tensor_parallel_degree); 'divisor', any divisor of tp (Megatron-Core's --expert-tensor-parallel-size)."""
 
     def refusal(self, layout, spec=None) -> str | None:
         """Why this framework cannot run ``layout`` (of ``spec``, when given) (one line naming the fix), or None."""
@@ -143,6 +147,12 @@ class Framework:
             return (f"{self.id}'s data parallelism without sharding (ZeRO-0) is one-dimensional: with "
                     f"{field_name('layout.dp')} > 1 it does not combine with TP or PP, and CP needs sharding; use "
                     f"{field_name('layout.zero')} 2 or 3")
+        etp = getattr(layout, "etp", 0)
+        if etp and etp != layout.tp and not (self.expert_tp == "divisor" or (self.expert_tp == "one" and etp == 1)):
+            return (f"{self.id} splits the experts like the attention"
+                    + (" or runs them whole (expert TP 1)" if self.expert_tp == "one" else "")
+                    + f"; use {field_name('layout.etp')} " + ("1 or " if self.expert_tp == "one" else "")
+                    + f"{layout.tp} (the TP degree), or another {field_name('framework.name')}")
         if self.moe_tp_needs_sp and spec is not None and spec.moe is not None and layout.tp > 1 \
                 and not layout.sequence_parallel:
             return (f"{self.id} trains mixture-of-experts layers under tensor parallelism only with sequence "
