@@ -183,6 +183,18 @@ def test_plan_searches_whole_experts_beside_tensor_parallel_attention():
     code, out, err = cli_main("plan", *base, "--etp", "4", "--tp", "4")
     assert code == 0, err
     assert {p["layout"]["etp"] for p in json.loads(out)["plans"]} == {0}
+    code, out, err = cli_main("plan", *base, "--etp", "0")       # 0: split like the attention, pinned
+    assert code == 0, err
+    assert {p["layout"]["etp"] for p in json.loads(out)["plans"]} == {0}
+    # whole experts only beside TP > 1 and EP > 1, and where the framework runs them (review)
+    assert all(p["layout"]["tp"] > 1 and p["layout"]["ep"] > 1 for p in plans if p["layout"]["etp"] == 1)
+    for extra, words in ((["--framework", "deepspeed"], "deepspeed splits the experts like the attention"),
+                         (["--fix", "tp=1"], "beside tensor and expert parallelism")):
+        code, _, err = cli_main("plan", *base, "--etp", "1", *extra)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+    # the plan table names the expert TP, so the line can be typed back into estimate
+    code, out, err = cli_main("plan", *base[:-1])
+    assert code == 0 and " etp1 " in out
 
 
 @pytest.mark.parametrize("zero,pp,recipe", [(0, 1, "fp8"), (1, 2, "fp8-params"), (3, 1, "bf16"), (2, 2, "bf16"),
@@ -233,7 +245,10 @@ def test_files_carry_etp_and_say_what_they_cannot(tmp_path):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["layout"]["etp"] == 1 and doc["step_time_s"] == pytest.approx(want_tt, rel=1e-9)
-    # torchtitan runs expert TP 1 or tp only
+    # torchtitan applies expert TP only with EP, and runs 1 or tp only
+    code, _, err = cli_main("export", *[a if i != 6 else "1" for i, a in enumerate(tt)], "--to", "torchtitan",
+                            "--out", str(tmp_path / "noep.toml"))
+    assert code == 2 and "only with expert parallelism" in err
     code, _, err = cli_main("export", *[a if i != 8 else "2" for i, a in enumerate(tt)], "--to", "torchtitan",
                             "--out", str(tmp_path / "bad.toml"))
     assert code == 2 and "expert_tensor_parallel_degree" in err

@@ -86,8 +86,10 @@ def layout_flags_as_fixes(args, fixed: dict) -> dict:
                             + "; drop it, or estimate this setting with `shardlab estimate`")
     dest = {"mb": "micro_batch", "rc": "recompute", "sp": "sequence_parallel", "sched": "schedule"}
     out = dict(fixed)
-    etp = getattr(args, "etp", None) or None      # 0: as tp, the default
-    if etp is not None:        # the search tries the experts split like the attention (et 0) or whole (et 1)
+    etp = getattr(args, "etp", None)
+    if etp == 0:                                  # 0: as tp, pinned
+        out["et"] = 0
+    elif etp is not None:        # the search tries the experts split like the attention (et 0) or whole (et 1)
         if etp != 1 and not ("tp" in (written or ()) and etp == args.tp):
             raise ShardlabError(f"--etp {etp}: plan searches the experts split like the attention or whole (--etp 1); "
                                 "pin --etp 1, or estimate another expert TP with `shardlab estimate`")

@@ -58,6 +58,7 @@ def render_plan(doc: dict) -> str:
     head = [f"shardlab comm plan: {doc['model']} on {lay['dp'] * lay['tp'] * lay['pp'] * lay['cp']} × {cl['gpu']} "
             f"({cl['gpus_per_node']} per node, {cl['intra_link']} inside, {cl['inter_link']} between nodes)",
             f"layout: dp {lay['dp']} × tp {lay['tp']} × pp {lay['pp']} × cp {lay['cp']}" + (f", ep {lay['ep']}" if lay["ep"] > 1 else "")
+            + (f" (experts over etp {lay['etp']})" if lay.get("etp") and lay["etp"] != lay["tp"] else "")
             + f", ZeRO-{lay['zero']}, micro-batch {lay['micro_batch']}, seq {doc['seq_len']}, m = {doc['microbatches']}"
             + (", sequence parallel" if lay["sequence_parallel"] else "") + (f", {lay['schedule']}" if lay["pp"] > 1 else ""),
             "one training step, busiest rank; rank grid tp fastest, then cp, dp, pp (a TP group is consecutive ranks)", ""]

@@ -106,6 +106,9 @@ def render(job: LaunchJob, spec) -> Export:
         raise Refused(f"torchtitan 0.2.2 runs context parallelism only with SDPA attention, and its {flavor[0]} {flavor[1]} "
                       "flavor uses flex attention (torchtitan/models/deepseek_v3/__init__.py; model/args.py, "
                       "update_from_config); use --cp 1, or --to megatron")
+    if lay.expert_tp != lay.tp and lay.ep == 1:
+        raise Refused("torchtitan applies expert_tensor_parallel_degree only with expert parallelism: without it the "
+                      "experts are split like the attention; drop --etp or add --ep")
     if lay.expert_tp not in (1, lay.tp):
         raise Refused(f"torchtitan runs the experts split like the attention or whole (expert_tensor_parallel_degree "
                       f"1 or {lay.tp}), not over {lay.expert_tp} ranks; use --etp 1 or --etp {lay.tp}")
@@ -194,13 +197,14 @@ def read(text: str, catalog) -> Imported:
             f[key] = num(par, P, full, 1)
         if full in par:
             und.append((f"parallelism.{full} = {f[key]}", key))
-    if "expert_tensor_parallel_degree" in par:   # 1 or the TP degree (torchtitan's ParallelDims)
-        etp = num(par, P, "expert_tensor_parallel_degree", 1, 1, f["tp"], f"1 or tensor_parallel_degree {f['tp']}")
+    if f["ep"] > 1:   # 1 (torchtitan's default, config/job_config.py) or the TP degree (its ParallelDims)
+        etp = num(par, P, "expert_tensor_parallel_degree", 1, 1, max(f["tp"], 1), f"1 or tensor_parallel_degree {f['tp']}")
         if etp not in (1, f["tp"]):
             raise FieldError(P + "expert_tensor_parallel_degree", f"1 or tensor_parallel_degree ({f['tp']})", etp)
         if etp != f["tp"] and f["ep"] > 1:
             f["etp"] = etp
-        und.append((f"parallelism.expert_tensor_parallel_degree = {etp}", "etp"))
+        und.append((f"parallelism.expert_tensor_parallel_degree = {etp}"
+                    + ("" if "expert_tensor_parallel_degree" in par else " (torchtitan's default)"), "etp"))
     if rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"] > L.MAX_GPUS:
         raise FieldError("the parallelism degrees", f"a product of at most {L.MAX_GPUS:,} GPUs",
                          rep * (shard if shard > 0 else 1) * f["tp"] * f["pp"] * f["cp"])

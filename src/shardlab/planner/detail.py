@@ -76,8 +76,9 @@ def rank_map(spec: ModelSpec, layout: Layout, cluster: Cluster, *, zero_shards: 
                else "whole weight matrices (no tensor parallelism)")
     if layout.ep > 1 and spec.moe is not None:
         tp_text += f"; {spec.moe.num_experts // layout.ep} of {spec.moe.num_experts} experts per EP rank"
-        if layout.expert_tp != t:
-            tp_text += (f", each split over {layout.expert_tp} ranks" if layout.expert_tp > 1 else ", whole")
+    if spec.moe is not None and layout.expert_tp != t:
+        tp_text += (f"; the routed experts split over {layout.expert_tp} ranks, not {t}" if layout.expert_tp > 1
+                    else "; the routed experts whole on every rank (expert TP 1)")
     zero = layout.zero
     z_text = {0: "model states replicated over data parallel",
               1: f"optimizer states split 1/{zero_shards} over dp·cp",

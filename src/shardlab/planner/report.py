@@ -14,6 +14,8 @@ def _layout_str(lay: dict) -> str:
         s += f" cp{lay['cp']}"
     if lay["ep"] > 1:
         s += f" ep{lay['ep']}"
+    if lay.get("etp") and lay["etp"] != lay["tp"]:
+        s += f" etp{lay['etp']}"
     s += f" z{lay['zero']}" + (f" hsdp{lay['dp_replicate']}" if lay.get("dp_replicate", 1) > 1 else "") + f" mb{lay['micro_batch']}"
     if lay["pp"] > 1:
         s += f" {lay['schedule']}" + (f"-v{lay['vpp']}" if lay["vpp"] > 1 else "")

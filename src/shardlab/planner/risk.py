@@ -167,7 +167,8 @@ def _ep(inp: RiskInputs) -> str:
     a2as = [i for i in items if i["op"] == "all-to-all"]
     lk = _link(inp, a2as[0]["link_id"]) if a2as else inp.intra_link
     a2a = _b(inp, "ep_comm_s")
-    etp = " (with the expert-TP gathers and scatters)" if int(inp.layout["tp"]) > 1 else ""
+    e_tp = int(inp.layout.get("etp") or inp.layout["tp"])
+    etp = " (with the expert-TP gathers and scatters)" if e_tp > 1 else ""
     return (f"EP {e}: {_per_layer(a2as, inp)} all-to-alls per layer per micro-batch on {_bw(lk)}, {a2a:.2f} s on the "
             f"critical path{etp} ({_pct(a2a, inp)}); uneven routing makes the busiest expert rank slower still")
 

@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-from shardlab.errors import ShardlabError
+from shardlab.errors import ShardlabError, field_name
 from shardlab.estimate.step import SCHEDULE_CODES
 
 SCHED_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
@@ -88,7 +88,13 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
     rcs, sps = pick("rc", [0, 1, 2]), pick("sp", [0, 1] if can("tp") else [0])
     hss = pick("hs", [0, 1])
     # expert TP 1 beside tensor-parallel attention (ets 1), where the model has experts and the framework runs it
-    ets = pick("et", [0, 1] if spec.moe and can("ep") and can("tp") and (fw is None or fw.expert_tp != "tp") else [0])
+    et_ok = bool(spec.moe) and can("ep") and can("tp") and (fw is None or fw.expert_tp != "tp")
+    if fixed.get("et") == 1 and not et_ok:
+        raise ShardlabError(f"{field_name('layout.etp')} 1: " + (f"{spec.name} has no experts" if not spec.moe else
+                                                                  f"{fw.id} splits the experts like the attention")
+                            + f"; drop {field_name('layout.etp')}"
+                            + ("" if not spec.moe else f" or choose {field_name('framework.name')} megatron-lm or torchtitan"))
+    ets = pick("et", [0, 1] if et_ok else [0])
     pipes = [(pp, v, s) for pp in pps for v, s in pipeline_options(pp)
              if ("vpp" not in fixed or v == fixed["vpp"]) and ("sched" not in fixed or s == fixed["sched"])
              and (pp == 1 or fw is None or SCHED_NAMES[s] in fw.schedules)]
@@ -96,9 +102,19 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         raise ShardlabError("no pipeline option is left: the pinned pp/vpp/schedule (--fix) do not combine"
                             + (f" with what {fw.id} runs (schedules: {', '.join(fw.schedules) or 'none'})" if fw else "")
                             + "; pin fewer axes")
-    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps, hss, ets)]
+    axes = [np.asarray(v, dtype=np.int64) for v in (tps, range(len(pipes)), cps, eps, zeros, mbs, rcs, sps, hss)]
     index = np.indices([len(a) for a in axes]).reshape(len(axes), -1)   # the Cartesian product, as index arrays
-    tp, pidx, cp, ep, zero, mb, rc, sp, hs, et = (a[i] for a, i in zip(axes, index))
+    tp, pidx, cp, ep, zero, mb, rc, sp, hs = (a[i] for a, i in zip(axes, index))
+    # whole experts only where they differ from split ones and from no expert parallelism at all: tp > 1 and ep > 1
+    # (torchtitan ignores expert TP without EP), appended to the product rather than multiplying it
+    whole = (tp > 1) & (ep > 1) if 1 in ets else np.zeros(len(tp), dtype=bool)
+    keep = np.ones(len(tp), dtype=bool) if 0 in ets else np.zeros(len(tp), dtype=bool)
+    if not keep.any() and not whole.any() and len(tp):
+        raise ShardlabError(f"{field_name('layout.etp')} 1 runs whole experts beside tensor and expert parallelism "
+                            f"(tp > 1, ep > 1); the pinned axes leave neither: drop {field_name('layout.etp')} or a pin")
+    tp, pidx, cp, ep, zero, mb, rc, sp, hs = (np.concatenate([a[keep], a[whole]]) for a in (tp, pidx, cp, ep, zero, mb,
+                                                                                             rc, sp, hs))
+    et = np.concatenate([np.zeros(int(keep.sum()), dtype=np.int64), np.ones(int(whole.sum()), dtype=np.int64)])
     pipes_a = np.array(pipes, dtype=np.int64).reshape(-1, 3)
     pp, vpp, sched = pipes_a[pidx].T
     mp = tp * pp * cp
@@ -115,7 +131,7 @@ def enumerate_space(spec: ModelSpec, num_gpus: int, gpus_per_node: int, seq_len:
         pp * vpp <= spec.num_layers,
         ((cp == 1) | ((seq_len % cp == 0) & (seq_len // cp >= 256)))     # a short sequence is not split, not refused
         & ((sp == 0) | ((seq_len // np.maximum(cp, 1)) % tp == 0)),       # Megatron SP splits the sequence over tp
-        (E % ep == 0) & np.where(et == 1, (tp > 1) & ((tp * cp * np.where(dp > 0, dp, 1)) % ep == 0),
+        (E % ep == 0) & np.where(et == 1, (tp * cp * np.where(dp > 0, dp, 1)) % ep == 0,
                                  np.where(dp > 0, dp, 1) % ep == 0),
         (dp > 0) & (global_batch % np.maximum(mb * dp, 1) == 0),
         (sched != SCHEDULE_CODES["interleaved"]) | ((m % pp == 0) & (m >= pp)),

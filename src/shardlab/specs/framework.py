@@ -148,6 +148,9 @@ class Framework:
                     f"{field_name('layout.dp')} > 1 it does not combine with TP or PP, and CP needs sharding; use "
                     f"{field_name('layout.zero')} 2 or 3")
         etp = getattr(layout, "etp", 0)
+        if etp and etp != layout.tp and self.expert_tp == "one" and layout.ep == 1:
+            return (f"{self.id} splits the experts like the attention without expert parallelism (its expert TP applies "
+                    f"only with {field_name('layout.ep')} > 1); drop {field_name('layout.etp')} or add EP")
         if etp and etp != layout.tp and not (self.expert_tp == "divisor" or (self.expert_tp == "one" and etp == 1)):
             return (f"{self.id} splits the experts like the attention"
                     + (" or runs them whole (expert TP 1)" if self.expert_tp == "one" else "")
