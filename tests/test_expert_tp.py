@@ -268,3 +268,15 @@ def test_files_carry_etp_and_say_what_they_cannot(tmp_path):
     # QLoRA on a MoE model (a traceback before)
     code, out, err = cli_main("estimate", *base, "--lora-rank", "16", "--quantize-base", "nf4")
     assert code == 0, err
+
+
+def test_the_block_diagram_draws_whole_experts():
+    """The HTML page's TP diagram (shard.diagram.block_mermaid): with expert TP 1 the experts are whole on every rank
+    and the MoE block gathers no sequence (review); the default draws them split like the attention, as before."""
+    from shardlab.shard.diagram import block_mermaid
+
+    whole = block_mermaid(Q235, 2, seq_len=4096, sequence_parallel=True, ep=32, etp=1)
+    assert "whole (expert TP 1)" in whole and "4096 → 1536" in whole and "no gather of the sequence" in whole
+    split = block_mermaid(Q235, 2, seq_len=4096, sequence_parallel=True, ep=8)
+    assert "whole" not in split and "4096 → 768" in split
+    assert split == block_mermaid(Q235, 2, seq_len=4096, sequence_parallel=True, ep=8, etp=2)

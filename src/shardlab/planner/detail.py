@@ -166,5 +166,6 @@ def layout_detail(spec: ModelSpec, layout: Layout, cluster: Cluster, mem: Memory
                                     breakdown.get("pp_p2p_s", 0.0) / max(1, 2 * microbatches * layout.vpp)),
         # a TP group works on its context-parallel rank's s/cp tokens (what comm plan prices)
         "tp_diagram": block_mermaid(spec, layout.tp, seq_len=seq_len // layout.cp, micro_batch=layout.micro_batch,
-                                    sequence_parallel=layout.sequence_parallel, elem_bytes=sb.weights, ep=layout.ep),
+                                    sequence_parallel=layout.sequence_parallel, elem_bytes=sb.weights, ep=layout.ep,
+                                    etp=layout.etp),
     }

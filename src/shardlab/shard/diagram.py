@@ -8,9 +8,10 @@ from shardlab.specs.tensors import TensorSpec, is_matmul_weight, model_tensors
 
 
 def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 1, sequence_parallel: bool = False,
-                  elem_bytes: int = 2, ep: int = 1) -> str:
+                  elem_bytes: int = 2, ep: int = 1, etp: int = 0) -> str:
     """A Mermaid flowchart of one sharded block (the MoE block for MoE models): per-rank weight shapes and
-    the f/g communication operators between them; with expert parallelism ``ep`` each rank holds E/ep experts."""
+    the f/g communication operators between them; with expert parallelism ``ep`` each rank holds E/ep experts, split
+    over ``etp`` ranks (``Layout.etp``; 0: tp)."""
     from shardlab.render.mermaid import edge, flowchart, node
     from shardlab.units import fmt_bytes
 
@@ -30,15 +31,19 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
     lines = [node("x", f"x: (b, {seq}, h) = ({b}, {s // tp if sp else s}, {h}) on every rank", "stadium")]
     tensors = [t for t in model_tensors(spec) if t.layer == layer and is_matmul_weight(t)]
 
+    e_tp = etp or tp
+
     def shape_label(t: TensorSpec) -> str:
-        loc = t.local_shape(spec, tp)
+        loc = t.local_shape(spec, tp, 1, None, etp)
         kind = split_kind(t, spec, tp)
+        if t.ep_dim is not None and e_tp != tp:        # the experts' own TP (Layout.etp)
+            kind = "whole (expert TP 1)" if e_tp == 1 else f"{kind} over {e_tp} of the {tp} TP ranks"
         short = t.name.split(f"layers.{layer}.", 1)[1]
         experts = (f", {loc[0] // ep} of {loc[0]} experts (EP {ep})" if ep > 1 else f", {loc[0]} experts")
         dims = f"{loc[-1]} → {loc[-2]}" + (experts if len(loc) == 3 else "")
         return f"{short}: {kind}\n{dims} per rank"
 
-    def section(tag: str, norm: str, comps: tuple[str, ...], core: str, src: str) -> str:
+    def section(tag: str, norm: str, comps: tuple[str, ...], core: str, src: str, f_lbl=f_lbl, g_lbl=g_lbl) -> str:
         nid = f"{tag}_norm"
         lines.extend([node(nid, f"{norm} on (b, {seq}, h), replicated"), edge(src, nid),
                       node(f"{tag}_f", f_lbl, "hex"), edge(nid, f"{tag}_f")])
@@ -77,7 +82,13 @@ def block_mermaid(spec: ModelSpec, tp: int, *, seq_len: int, micro_batch: int = 
                 + (f" (all-to-all to the EP rank holding it: {m.num_experts // ep} "
                    f"expert{'s' if m.num_experts // ep != 1 else ''} on each of {ep})"
                    if ep > 1 else "") + f"; {'SiLU(gate)·up' if spec.mlp == 'swiglu' else 'GELU'}")
-        src = section("mlp", "ffn_norm", ("router", "experts", "shared_experts"), core, src)
+        labels = {}
+        if e_tp < tp and sp:     # whole or narrower experts: each rank dispatches its own sequence shard's copies
+            labels = {"f_lbl": (f"no gather of the sequence: each rank routes its own (b, s/{tp}, h)"
+                                + (f"; the copies gathered over {e_tp} expert-TP ranks" if e_tp > 1 else "")),
+                      "g_lbl": "the combine returns each rank's own tokens: no reduce-scatter"
+                               + (f" beyond the {e_tp} expert-TP ranks'" if e_tp > 1 else "")}
+        src = section("mlp", "ffn_norm", ("router", "experts", "shared_experts"), core, src, **labels)
     else:
         core = f"{'SiLU(gate) · up' if spec.mlp == 'swiglu' else 'GELU'} on (b, s, {spec.ffn_hidden_size // tp}) per rank"
         src = section("mlp", "ffn_norm", ("mlp",), core, src)
