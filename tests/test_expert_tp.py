@@ -280,3 +280,19 @@ def test_the_block_diagram_draws_whole_experts():
     split = block_mermaid(Q235, 2, seq_len=4096, sequence_parallel=True, ep=8)
     assert "whole" not in split and "4096 → 768" in split
     assert split == block_mermaid(Q235, 2, seq_len=4096, sequence_parallel=True, ep=8, etp=2)
+
+
+def test_planner_page_quotes_the_search_it_makes():
+    """docs/planner.md quotes how many DeepSeek-V3 layouts on 512 GPUs the search scores with whole experts in it and
+    without (``--etp 0``): the counts the command gives now."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text(encoding="utf-8").split())
+    counts = []
+    for pin in ([], ["--etp", "0"]):
+        code, out, err = cli_main("plan", "deepseek-v3", "--gpus", "512", *pin, "--json")
+        assert code == 0, err
+        counts.append(json.loads(out)["evaluated"])
+    assert counts[0] > 1.8 * counts[1]
+    assert re.search(rf"scores {counts[0]:,} layouts instead of {counts[1]:,}", text), counts

@@ -145,7 +145,7 @@ class Layout:
     @property
     def expert_tp(self) -> int:
         """The degree the routed experts' matrices are split over (``etp``, or tp when 0)."""
-        return self.etp or self.tp
+        return expert_tp_of(self.tp, self.etp)
 
     @property
     def expert_dp(self) -> int:

@@ -218,8 +218,7 @@ def dp_coefficients(cluster: Cluster, *, tp, cp, dp, ep, rep=1, etp=None) -> dic
     model: its coefficient already divides by the shard group)."""
     rep = np.asarray(rep)
     D = np.asarray(dp) * np.asarray(cp)
-    grid = expert_grid(np.asarray(tp), np.asarray(cp), np.asarray(dp), np.asarray(ep), 0 if etp is None else np.asarray(etp),
-                       rep)
+    grid = expert_grid(np.asarray(tp), np.asarray(cp), np.asarray(dp), np.asarray(ep), etp, rep)
     S, Se = D // rep, grid["edp"]
     link = group_link(cluster, S, tp)
     elink = group_link(cluster, Se, grid["edp_stride"])
@@ -277,7 +276,7 @@ def zero3_collectives_s(cluster: Cluster, *, tp, cp, dp, ep, rep, dense_params, 
     data-parallel group dp·cp/ep/rep (stride tp·cp·ep: ranks holding the same experts; with a narrower expert TP
     ``etp``, ``layout.expert_grid``'s edp and its stride), issued one after the other."""
     tp, cp, dp, ep, rep = (np.asarray(x) for x in (tp, cp, dp, ep, rep))
-    grid = expert_grid(tp, cp, dp, ep, 0 if etp is None else np.asarray(etp), rep)
+    grid = expert_grid(tp, cp, dp, ep, etp, rep)
     kw = dict(grad_bytes=grad_bytes, weight_bytes=weight_bytes, per_gpu_nic=per_gpu_nic, rep=rep)
     d = zero3_unit_collectives_s(cluster, shard=dp * cp // rep, stride=tp, unit_params=dense_params, **kw)
     x = zero3_unit_collectives_s(cluster, shard=grid["edp"], stride=grid["edp_stride"], unit_params=expert_params, **kw)

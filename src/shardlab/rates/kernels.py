@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardlab.layout import expert_tp_of
+
 from shardlab.specs.model import ModelSpec
 from shardlab.specs.tensors import kv_heads_local
 
@@ -85,7 +87,7 @@ def block_elementwise_bytes(spec: ModelSpec, layer: int, kernels: str, *, tokens
     if spec.is_moe_layer(layer):
         moe = spec.moe
         k = moe.top_k
-        share = 1.0 if etp is None else np.asarray(etp) / tp
+        share = expert_tp_of(tp, etp) / tp
         total = total + T * (8 * moe.num_experts + 2 * e * h) + share * T * 4 * e * k * h   # router (fp32), dispatch, combine
         total = total + act * e * T * k * moe.expert_ffn_hidden_size / tp
         if moe.shared_width:   # Qwen2-MoE's shared expert has its own width (shared_expert_intermediate_size)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardlab import xp
+from shardlab.layout import expert_tp_of
 
 from shardlab.specs.model import ModelSpec
 
@@ -64,7 +65,7 @@ class TensorSpec:
         ``etp``: the routed experts' own tensor-parallel degree (``Layout.etp``; None or 0: tp).
         """
         if self.ep_dim is not None and etp is not None:
-            tp = etp + (etp == 0) * tp
+            tp = expert_tp_of(tp, etp)
             if tp_rank is not None:
                 tp_rank = tp_rank % tp
         shape = list(self.shape)
