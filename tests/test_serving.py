@@ -326,3 +326,101 @@ def test_slo_limit_is_the_largest_load_that_meets_it():
     lim = limits(case, rate=False, ttft_slo=0.5, tpot_slo=0.05)
     for n, key, slo in ((lim.ttft_slo_load, "ttft_s", 0.5), (lim.tpot_slo_load, "tpot_s", 0.05)):
         assert fluid(arrays([case]), [1], [n])[key][0] <= slo < fluid(arrays([case]), [1], [n + 1])[key][0]
+
+
+# ---- a static batch that outgrows its KV blocks ----------------------------------------------------------------
+def _outgrown_reference(a, B: int, C: float, S: int, O: int, prefill_s: float) -> float:
+    """Makespan of B sequences of S + O tokens stepped one token at a time: every running sequence grows by one
+    token a step; when they would hold more than C tokens the newest is preempted (it keeps its generated tokens);
+    once the pool has room for a waiting one's prompt and tokens, it is readmitted and recomputes them in that
+    step. The integrals of ``steady.outgrown_batch`` approximate this loop."""
+    from shardlab.serving.steady import cycle_time
+
+    gen = {i: 1 for i in range(B)}                  # the batch prefill sampled every first token
+    running, waiting, t = list(range(B)), [], prefill_s
+    while running or waiting:
+        redo = []
+        while waiting and sum(S + gen[r] for r in running) + S + gen[waiting[0]] + 1 <= C:
+            r = waiting.pop(0)
+            running.append(r)
+            redo.append(r)
+        while sum(S + gen[r] + 1 for r in running) > C:         # this step's growth must fit
+            waiting.insert(0, running.pop())
+            redo = [r for r in redo if r in running]
+        ctx = float(sum(S + gen[r] for r in running))
+        P = float(sum(S + gen[r] for r in redo))
+        t += float(cycle_time(a, float(len(running)), ctx, P, sum((S + gen[r]) ** 2 / 2 for r in redo),
+                              float(len(running))))
+        for r in list(running):
+            gen[r] += 1
+            if gen[r] >= O:
+                running.remove(r)
+    return t
+
+
+@pytest.mark.parametrize("over", [1.25, 1.6])
+def test_outgrown_static_batch_matches_a_token_by_token_loop(over):
+    """B sequences that need `over` times the KV pool by their last token (vLLM, on-demand blocks): the phases'
+    integrals give the makespan of the explicit loop within 5%, and it is longer than the static batch that fits."""
+    from dataclasses import replace as dc_replace
+
+    from shardlab.serving.steady import outgrown, scalars
+
+    S, O, B = 64, 256, 200
+    case = prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=S, output_len=O)
+    C = B * (S + O) / over
+    a = dc_replace(scalars(case), kv_tokens=C, on_demand=1.0)
+    roomy = dc_replace(a, kv_tokens=10 * C)
+    grown = {k: float(np.asarray(v).ravel()[0]) for k, v in fluid(a, np.array([0]), np.array([B])).items()}
+    fits = {k: float(np.asarray(v).ravel()[0]) for k, v in fluid(roomy, np.array([0]), np.array([B])).items()}
+    assert bool(outgrown(a, B)) and not bool(outgrown(roomy, B)) and grown["outgrown"] == 1.0
+    span = B / grown["requests_per_s"]
+    ref = _outgrown_reference(a, B, C, S, O, grown["prefill_s"])
+    assert span == pytest.approx(ref, rel=0.05)
+    assert grown["output_tokens_per_s"] < fits["output_tokens_per_s"]
+    assert fits["prefill_s"] < grown["e2e_s"] <= span
+
+
+def test_outgrown_batch_meets_the_static_batch_at_the_pool_size():
+    """Continuity: a batch that exactly fills the pool by its last token runs as the static batch."""
+    from dataclasses import replace as dc_replace
+
+    from shardlab.serving.steady import scalars
+
+    S, O, B = 128, 512, 100
+    case = prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=S, output_len=O)
+    a = scalars(case)
+    at = [float(np.asarray(fluid(dc_replace(a, kv_tokens=B * (S + O) / f, on_demand=1.0), np.array([0]),
+                                 np.array([B]))["output_tokens_per_s"]).ravel()[0]) for f in (0.999, 1.001)]
+    assert at[1] == pytest.approx(at[0], rel=0.01)
+
+
+def test_reserving_engines_never_outgrow():
+    """TensorRT-LLM reserves every request's blocks on admission: its static batches are never preempted."""
+    from dataclasses import replace as dc_replace
+
+    from shardlab.serving.steady import outgrown, scalars
+
+    case = prepare(L8, node(), get_engine("tensorrt-llm"), tp=1, prompt_len=64, output_len=256)
+    assert not bool(outgrown(dc_replace(scalars(case), kv_tokens=200 * 320 / 1.5), 200))
+
+
+def test_preempted_sequences_keep_their_tokens_and_recompute_them():
+    """vLLM's recomputation (Kwon et al. 2023 §4.5): a preempted sequence keeps what it generated, is readmitted
+    with blocks for its prompt and those tokens, and prefills them before it decodes on."""
+    from shardlab.serving.simulate import _Replica
+
+    case = prepare(L8, node(), get_engine("vllm-0.6").with_settings(gpu_memory_utilization=0.25), tp=1,
+                   prompt_len=2048, output_len=1024)
+    rep = _Replica(case, 2)
+    rep.admit([0, 1])
+    for r in (0, 1):
+        rep.pre[r], rep.gen[r] = rep.S, 300
+    rep.free = 0
+    rep.gen[:] = 304                                   # both cross a block boundary: one must go
+    queue: list[int] = []
+    victims = rep.grow(np.array([0, 1]), queue)
+    assert victims == {1} and queue == [1] and rep.gen[1] == 304 and rep.redo[1] == 304 and rep.pre[1] == 0
+    assert rep.target(1) == 2048 + 304 and rep.need_of(1) == math.ceil((2048 + 304 + 1) / 16)
+    decoders, chunks = rep.compose([1])
+    assert not len(decoders) and chunks[0][0] == 1

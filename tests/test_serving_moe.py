@@ -257,6 +257,8 @@ def test_plan_serve_searches_wide_expert_parallelism_and_exports_it(tmp_path):
     best_of = {t: max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if (p["tp"], p["ep"]) == (t, 16))
                for t in (1, 2, 4)}
     doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
+    split = d["comparison"]["disaggregated_goodput_tokens_per_s_per_gpu"]
+    assert f"an EP 8 decode pool at {split:.0f} output tokens/s per GPU against {best_of[1]:.0f} aggregated" in doc
     assert (f"against {best_of[1]:.0f} aggregated. Attention ranks of TP 2 serve {best_of[2]:.0f} output tokens/s per "
             f"GPU there (EP 16 as 8 ranks of TP 2), TP 4 {best_of[4]:.0f}:") in doc
     assert any("predicted, never fitted" in n and "upper bounds" in n for n in d["notes"])   # the validation's caveat

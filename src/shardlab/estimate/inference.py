@@ -212,6 +212,12 @@ def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: in
     if pp > 1:
         notes.append(f"{pp} pipeline stages keep {pp} micro-batches of {batch} in flight: throughput grows with pp, "
                      f"the time per token does not fall (a token crosses every stage)")
+    if res.get("outgrown"):
+        full = batch * pp * (case.prefill_tokens + output_len)
+        notes.append(f"the {batch * pp} sequences outgrow the KV cache before they finish ({full:,} tokens at full "
+                     f"length, {case.kv_grow_tokens:,.0f} held): {case.engine.id} preempts the newest and recomputes "
+                     "them later: the request latency is the mean completion, the throughput the batch's over its makespan "
+                     "(serving.steady.outgrown_batch)")
     if case.blocks.num_blocks == 0:
         notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache "
                      "in "

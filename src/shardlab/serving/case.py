@@ -133,6 +133,14 @@ class ServeCase:
         return float(held_tokens(self.spec, keys)) if self.engine.sliding_window_cache else keys
 
     @property
+    def kv_grow_tokens(self) -> float:
+        """Own tokens (past a cached prefix) the replica's KV blocks hold as its sequences grow: blocks × block size,
+        scaled by (S + O) / held(S + O) where the engine evicts outside a sliding window (``steady.Arrays.kv_tokens``)."""
+        full = self.prefill_tokens + self.output_len
+        held = max(1, engine_held_tokens(self.spec, self.engine, full))
+        return float(self.replica_blocks * self.engine.kv_block_size * full / held)
+
+    @property
     def context_tokens(self) -> float:
         """Mean cached tokens of a decoding sequence: the prompt and half the output (or the window)."""
         return float(engine_held_tokens(self.spec, self.engine, self.prompt_len + self.output_len // 2))

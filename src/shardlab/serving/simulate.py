@@ -9,7 +9,8 @@ simulation steps the engine one scheduling cycle at a time with the same cycle t
   pool has the blocks: the whole sequence's for
   'reserve', the prompt's for 'on-demand', which then takes a block each time a sequence crosses a block
   boundary and, when none is left, preempts the newest sequence (recomputation, vLLM's default;
-  Kwon et al. 2023 §4.5);
+  Kwon et al. 2023 §4.5: the sequence keeps the tokens it generated and, readmitted, recomputes its prompt and
+  them as one prompt, whose step samples its next token);
 - each micro-batch's cycle runs its prompts (chunks up to the token budget when chunked) and, with mixed
   scheduling, its decoding sequences; prefill-first micro-batches run prompts alone while any is pending
   (Orca-style iteration scheduling, Yu et al. 2022); a micro-batch crosses the pp stages in turn, each
@@ -118,6 +119,7 @@ class _Replica:
         # tokens generated; a speculative decode cycle adds the acceptance length (a mean, fractional) to each
         self.step = float(case.speculation.acceptance_length) if case.speculation else 1.0
         self.gen = np.zeros(n, dtype=np.float64 if self.step != 1.0 else np.int64)
+        self.redo = np.zeros_like(self.gen)                  # generated tokens a preempted sequence recomputes
         self.free = case.replica_blocks
         self.engines: list[list[int]] = [[] for _ in range(case.pp)]
         self.preemptions = 0
@@ -129,29 +131,42 @@ class _Replica:
     def running(self) -> int:
         return sum(len(v) for v in self.engines)
 
+    def need_of(self, r: int) -> int:
+        """Blocks request ``r`` takes on admission: ``need``, or, preempted before, its prompt and output so far."""
+        if not self.redo[r]:
+            return self.need
+        return self.blocks_of(self.S - self.hit + math.ceil(self.redo[r]) + 1)
+
+    def target(self, r: int) -> int:
+        """Tokens request ``r``'s prefill covers: the prompt, and the generated tokens it recomputes."""
+        return self.S + math.ceil(self.redo[r])
+
     def admit(self, queue: list[int]) -> None:
-        while queue and self.free >= self.need:
+        while queue and self.free >= self.need_of(queue[0]):
             ve = min(range(len(self.engines)), key=lambda v: len(self.engines[v]))
             if len(self.engines[ve]) >= self.case.max_num_seqs:
                 return
             r = queue.pop(0)
+            need = self.need_of(r)
             self.engines[ve].append(r)
-            self.ve[r], self.held[r] = ve, self.need
+            self.ve[r], self.held[r] = ve, need
             self.pre[r] = max(self.pre[r], self.hit)          # the cached prefix needs no prefill
-            self.free -= self.need
+            self.free -= need
 
     def compose(self, members: list[int]) -> tuple[np.ndarray, list]:
         """(decoders, prompt chunks) of one virtual engine's cycle (engine scheduling rules, module doc)."""
-        S, eng = self.S, self.eng
-        prefilling = [r for r in members if self.pre[r] < S]
-        decoders = np.array([r for r in members if self.pre[r] >= S], dtype=np.int64)
+        eng = self.eng
+        prefilling = [r for r in members if self.pre[r] < self.target(r)]
+        decoders = np.array([r for r in members if self.pre[r] >= self.target(r)], dtype=np.int64)
         if eng.scheduling != "mixed" and prefilling:
             decoders = decoders[:0]
         room = self.case.budget_tokens - len(decoders)
         chunks = []
         for r in prefilling:
-            left = S - self.pre[r]
-            c = min(left, room) if eng.chunked_prefill else (left if left <= room else 0)
+            left = self.target(r) - self.pre[r]
+            # unchunked, a recomputation longer than the budget runs first and alone (it ran whole once)
+            c = min(left, room) if eng.chunked_prefill else (left if left <= room or (self.redo[r] and not chunks)
+                                                             else 0)
             if c <= 0:
                 break
             chunks.append((r, c))
@@ -173,7 +188,8 @@ class _Replica:
             ve = max(range(len(self.engines)), key=lambda v: len(self.engines[v]))
             victim = self.engines[ve].pop()              # newest first: recomputed later
             self.free += self.held[victim]
-            self.held[victim] = self.pre[victim] = self.gen[victim] = 0
+            self.held[victim] = self.pre[victim] = 0
+            self.redo[victim] = self.gen[victim]          # kept: recomputed with the prompt when readmitted
             queue.insert(0, victim)
             victims.add(victim)
             self.preemptions += 1
@@ -260,7 +276,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
             ready[v] = min(later)
             continue
         ctx = (S + rep.gen[d]) if rep.window_spec is None else held_tokens(rep.window_spec, S + rep.gen[d])
-        fin = [r for r, c in ch if rep.pre[r] + c >= S]
+        fin = [r for r, c in ch if rep.pre[r] + c >= rep.target(r)]
         through, _ = micro_batch_times(rep.a, len(d), float(ctx.sum()), sum(c for _, c in ch),
                                        sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + len(fin))
         tau, end = float(through) / pp, t            # the micro-batch crosses the stages in turn (equal shares)
@@ -272,8 +288,11 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         for r, c in ch:
             rep.pre[r] += c
         rep.gen[d] += rep.step if rep.step != 1.0 else 1
-        for r in fin:
-            first[r], rep.gen[r] = end, 1
+        for r in fin:                                # a prompt's step samples a token: the first, or the next
+            if rep.redo[r]:
+                rep.gen[r], rep.redo[r] = rep.gen[r] + 1, 0
+            else:
+                first[r], rep.gen[r] = end, 1
         for r in list(d) + fin:
             if rep.gen[r] >= O:
                 rep.release(r)

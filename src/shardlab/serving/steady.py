@@ -83,6 +83,11 @@ class Arrays:
     """Draft tokens per sequence per decode cycle, k (0: no speculation)."""
     spec_accept: np.ndarray
     """Tokens a decode cycle produces per sequence: the acceptance length (1 without speculation)."""
+    kv_tokens: np.ndarray
+    """Tokens of its own (past a cached prefix) the replica's KV blocks hold over all its sequences, counted as a
+    sequence grows (a sliding-window engine's eviction folded in: blocks × block size × (S + O) / held(S + O))."""
+    on_demand: np.ndarray
+    """1 where the engine takes KV blocks as sequences grow and preempts when they run out (``ADMISSION``)."""
 
 
 def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overhead_s=None) -> Arrays:
@@ -98,7 +103,8 @@ def arrays(cases: list[ServeCase], kernels: Kernels | None = None, request_overh
                   f(lambda c: c.p2p_fixed_s), f(lambda c: c.p2p_s_per_token),
                   stack([c.draft or c.whole for c in cases]),
                   f(lambda c: c.speculation.tokens if c.speculation else 0),
-                  f(lambda c: c.speculation.acceptance_length if c.speculation else 1.0))
+                  f(lambda c: c.speculation.acceptance_length if c.speculation else 1.0),
+                  f(lambda c: c.kv_grow_tokens), f(lambda c: c.engine.kv_admission == "on-demand"))
 
 
 def scalars(c: ServeCase) -> Arrays:
@@ -107,7 +113,8 @@ def scalars(c: ServeCase) -> Arrays:
                   float(c.engine.scheduling == "mixed"), float(c.engine.chunked_prefill), c.scheduler_steps, c.capacity,
                   c.prefill_tokens, c.prefill_keys_per_token, c.output_len, c.context_tokens, c.p2p_fixed_s, c.p2p_s_per_token,
                   c.draft or c.whole, float(c.speculation.tokens if c.speculation else 0),
-                  float(c.speculation.acceptance_length if c.speculation else 1.0))
+                  float(c.speculation.acceptance_length if c.speculation else 1.0), c.kv_grow_tokens,
+                  float(c.engine.kv_admission == "on-demand"))
 
 
 def take(a, idx):
@@ -282,6 +289,58 @@ def max_in_flight(a: Arrays) -> np.ndarray:
     return np.where(a.mixed > 0, np.minimum(a.capacity, np.floor(budget_seqs)), a.capacity)
 
 
+_GL_X, _GL_W = (np.polynomial.legendre.leggauss(4)[0] + 1) / 2, np.polynomial.legendre.leggauss(4)[1] / 2
+"""Four-point Gauss–Legendre nodes and weights on (0, 1): the outgrown batch's phases are integrals over steps."""
+
+
+def outgrown(a: Arrays, B) -> np.ndarray:
+    """Static batches whose B sequences outgrow the KV blocks before they finish (on-demand admission only):
+    1 < B·(S + O)/C ≤ e, the range ``outgrown_batch`` integrates (a batch the engine admits whole, B ≤ capacity,
+    stays below (S + O)/(S + O/2) ≤ 2)."""
+    over = np.asarray(B, dtype=float) * (a.S + a.O) / np.maximum(a.kv_tokens, 1.0)
+    return (a.on_demand > 0) & (over > 1.0) & (over <= np.e) & (a.spec_tokens == 0)
+
+
+def outgrown_batch(a: Arrays, B, batch_prefill) -> tuple[np.ndarray, np.ndarray]:
+    """(makespan, mean completion time) of a static batch of B sequences that outgrows the replica's C KV tokens
+    (``outgrown``), under on-demand blocks with recomputation: the engine preempts the newest sequence when a
+    growing one finds no free block, keeps the tokens it generated and, once blocks free up, recomputes its prompt
+    and those tokens as one prompt before it decodes on (Kwon et al. 2023, "Efficient Memory Management for Large
+    Language Model Serving with PagedAttention", SOSP, §4.5; vLLM V1 ``Scheduler._preempt_request`` sets
+    num_computed_tokens to 0 and keeps the output). With every sequence of length T = S + O growing in step
+    (fixed lengths, all queued at once), in tokens of a sequence's length L:
+    - phase 1: all B decode from S to L₁ = C/B, when the blocks are full;
+    - phase 2: from L₁ to T the running sequences hold all C tokens, C/L of them at length L (the rest preempted,
+      B − C/T in all, at density C/L² in L); C/T finish at T;
+    - phase 3: the preempted ones, C·ln(T/L₁) ≤ C tokens (hence B·T ≤ e·C), are recomputed as prompts, then decode:
+      j steps in, the C(1/L₁ − 1/(T − j)) preempted below T − j still run, holding C(ln((T − j)/L₁) + j(1/L₁ −
+      1/(T − j))) tokens.
+    Phases 2 and 3 are integrated over their T − L₁ steps by four-point Gauss–Legendre quadrature of the cycle
+    time (``cycle_time``)."""
+    S, T, C = a.S, a.S + a.O, np.maximum(a.kv_tokens, 1.0)
+    B = np.asarray(B, dtype=float)
+    L1 = np.clip(C / np.maximum(B, 1.0), S + 1.0, T)
+    span = T - L1
+    t1 = (L1 - S) * cycle_time(a, B, B * (S + L1) / 2, seqs=B)
+    t2 = t3 = 0.0
+    for x, w in zip(_GL_X, _GL_W):
+        L = L1 + span * x
+        run2 = C / L
+        t2 = t2 + w * span * cycle_time(a, run2, C, seqs=run2)
+        j = span * x
+        run3 = np.maximum(C * (1 / L1 - 1 / (T - j)), 1e-9)
+        kv3 = C * (np.log((T - j) / L1) + j * (1 / L1 - 1 / (T - j)))
+        t3 = t3 + w * span * cycle_time(a, run3, kv3, seqs=run3)
+    preempted = np.maximum(B - C / T, 0.0)
+    redo = C * np.log(T / L1)                       # prompt + generated tokens of every preempted sequence
+    t_redo = (step_time(a.whole, a.kernels, 0.0, 0.0, redo, C * span / 2, preempted) + _through(a, redo)
+              + np.maximum(np.ceil(redo / a.budget) - 1, 0) * a.kernels.step_overhead_s)
+    first = batch_prefill + t1 + t2                 # the C/T sequences never preempted finish here
+    makespan = first + t_redo + t3
+    done = np.minimum(C / T, B) / np.maximum(B, 1.0)
+    return makespan, done * first + (1 - done) * (first + t_redo + t3 / 2)
+
+
 def fluid(a: Arrays, mode, n) -> dict:
     """Steady state of every case. mode: array of MODES indices; n: batch, clients or arrival rate (req/s).
     Returns arrays: in_flight, tpot_s, ttft_s (inf when overloaded), e2e_s, requests_per_s,
@@ -316,7 +375,14 @@ def fluid(a: Arrays, mode, n) -> dict:
     ttft = np.where(mode == 0, batch_prefill, a.request_overhead_s + busy * a.steps * cycle_s / 2 + prefill + queue)
     ttft = np.where(over, np.inf, ttft)
     e2e = np.where(mode == 0, batch_prefill + (O - 1) * tpot, ttft + (O - 1) * tpot)
-    req_s = np.where(mode == 0, B / e2e, np.where(over, B / (Oc * cycle_s), req_s))
-    return {"in_flight": B, "decoding": D, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": e2e, "requests_per_s": req_s,
+    makespan = e2e
+    grown = (mode == 0) & outgrown(a, B)
+    if np.any(grown):                             # a static batch that outgrows its KV blocks (``outgrown_batch``)
+        span, mean_done = outgrown_batch(a, B, batch_prefill)
+        makespan = np.where(grown, span, e2e)
+        e2e = np.where(grown, mean_done, e2e)
+        tpot = np.where(grown, (mean_done - batch_prefill) / np.maximum(O - 1, 1), tpot)
+    req_s = np.where(mode == 0, B / makespan, np.where(over, B / (Oc * cycle_s), req_s))
+    return {"in_flight": B, "decoding": D, "tpot_s": tpot, "outgrown": grown, "ttft_s": ttft, "e2e_s": e2e, "requests_per_s": req_s,
             "output_tokens_per_s": req_s * O, "overloaded": over, "queue_s": queue, "max_in_flight": Bmax,
             "prefill_s": np.where(mode == 0, batch_prefill, prefill)}
