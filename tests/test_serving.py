@@ -424,3 +424,21 @@ def test_preempted_sequences_keep_their_tokens_and_recompute_them():
     assert rep.target(1) == 2048 + 304 and rep.need_of(1) == math.ceil((2048 + 304 + 1) / 16)
     decoders, chunks = rep.compose([1])
     assert not len(decoders) and chunks[0][0] == 1
+
+
+def test_a_warm_started_run_begins_with_the_steady_states_sequences():
+    """simulate(warm_start=True) puts the sequences the steady state keeps in flight at the rate into the replica at
+    t = 0, spread over their decode and never measured: the run measures more requests (a tenth is warm-up) and
+    keeps the replica fuller than a run that starts empty, and long runs agree."""
+    from shardlab.serving.simulate import warm_in_flight
+
+    case = prepare(L8, node(), get_engine("vllm"), tp=2, prompt_len=4000, output_len=500)
+    f = {k: float(v[0]) for k, v in fluid(arrays([case]), [2], [6.9]).items()}
+    n0 = warm_in_flight(case, 6.9)
+    assert n0 == round(f["in_flight"]) and 60 < n0 <= case.capacity
+    cold, warm = (simulate(case, arrival_rate=6.9, requests=300, lifetime_s=f["e2e_s"], warm_start=w)
+                  for w in (False, True))
+    assert warm.requests > cold.requests and warm.mean_running > cold.mean_running
+    long = [simulate(case, arrival_rate=6.9, requests=2000, lifetime_s=f["e2e_s"], warm_start=w) for w in (False, True)]
+    assert long[1].tpot_s.mean == pytest.approx(long[0].tpot_s.mean, rel=0.03)
+    assert warm_in_flight(case, 1e6) == case.capacity              # an overloading rate: the replica full

@@ -337,7 +337,7 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
             # few sequences at once (a run's cycles ≈ requests × output tokens / sequences in flight)
             n = args.requests or min(int(min(1000, max(100, lam * max(40.0, 5 * life)))),
                                      sim_requests(lam, life, args.output_len, most=1000))
-            sim = simulate(case, arrival_rate=lam, requests=n, seed=args.seed, lifetime_s=life)
+            sim = simulate(case, arrival_rate=lam, requests=n, seed=args.seed, lifetime_s=life, warm_start=True)
     stat_ttft = sim.ttft_s.p99 if (sim and slo.percentile == "p99") else best["ttft_s"]
     stat_tpot = sim.tpot_s.p99 if (sim and slo.percentile == "p99") else best["tpot_s"]
     capacity = {"layout": {k: best[k] for k in ("tp", "pp", "ep", "dp_attention", "replicas", "max_num_seqs")},
@@ -350,8 +350,8 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
                 "binds": best["binds"], "binds_statistic": best["binds_statistic"], "statistic": slo.percentile,
                 "ttft_s": stat_ttft, "tpot_s": stat_tpot, "saturation_rate": best["saturation_rate"]}
     if sim is not None and best["meets_slo"] and best["in_flight_per_replica"] > 0:
-        # how full the simulated run kept the replica: it starts empty, and near the capacity a fuller batch steps
-        # slower, so a few hundred requests may describe a lighter load (docs/capacity.md, Limits)
+        # how full the simulated run kept the replica: it starts with the steady state's sequences, but near the
+        # capacity the batch drifts below them, so a few hundred requests may describe a lighter load (docs/capacity.md)
         capacity["simulation_filled"] = sim.mean_running / best["in_flight_per_replica"]
     if target is not None:
         rate_best = capacity["max_request_rate"]

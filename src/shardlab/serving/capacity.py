@@ -249,7 +249,8 @@ def _run(case: ServeCase, slo: Slo, rate: float, requests: int, seed: int, lifet
     """(percentile / target, 'ttft' or 'tpot' for the worse of the two, the run or None, cycles) of one simulation."""
     n = sim_requests(rate, lifetime_s, case.output_len, requests)
     try:
-        sim = simulate(case, arrival_rate=rate, requests=n, seed=seed, lifetime_s=lifetime_s, max_cycles=max_cycles)
+        sim = simulate(case, arrival_rate=rate, requests=n, seed=seed, lifetime_s=lifetime_s, max_cycles=max_cycles,
+                       warm_start=True)
     except ShardlabError:
         sim = None
     rt, rp = _sim_ratio(sim, slo)

@@ -228,18 +228,57 @@ def arrivals(concurrency: int | None, arrival_rate: float | None, requests: int 
     return arrive, N, warm, drain
 
 
+def warm_in_flight(case: ServeCase, arrival_rate: float) -> int:
+    """Sequences the steady state keeps in flight at ``arrival_rate`` (``steady.fluid``; the replica's capacity when
+    that rate overloads it): what a warm-started run begins with."""
+    from shardlab.serving.steady import arrays, fluid
+
+    f = fluid(arrays([case]), [2], [arrival_rate])
+    return int(round(min(float(f["in_flight"][0]), float(case.capacity))))
+
+
+def _warm_start(rep: _Replica, first: np.ndarray, ids: range) -> int:
+    """Put sequences ``ids`` in the replica as the steady state holds them: prompts done, the k-th of n having
+    generated 1 + (k + ½)(O − 1)/n tokens (evenly spread over its decode), with their blocks (all of them for
+    'reserve', those of its tokens so far for 'on-demand'), each in the virtual engine with the fewest; as many as
+    blocks and max_num_seqs allow. Returns how many went in; they are never measured."""
+    n, O = len(ids), rep.O
+    for k, r in enumerate(ids):
+        gen = 1 + (k + 0.5) * (O - 1) / n
+        gen = gen if rep.step != 1.0 else int(gen)
+        need = rep.need if rep.eng.kv_admission == "reserve" else rep.blocks_of(rep.S - rep.hit + math.ceil(gen))
+        ve = min(range(len(rep.engines)), key=lambda v: len(rep.engines[v]))
+        if need > rep.free or len(rep.engines[ve]) >= rep.case.max_num_seqs:
+            return k
+        rep.engines[ve].append(r)
+        rep.ve[r], rep.held[r], rep.pre[r], rep.gen[r] = ve, need, rep.S, gen
+        rep.free -= need
+        first[r] = 0.0
+    return n
+
+
 def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: float | None = None,
-             requests: int | None = None, seed: int = 0, max_cycles: int = 60000, lifetime_s: float = 0.0) -> SimResult:
+             requests: int | None = None, seed: int = 0, max_cycles: int = 60000, lifetime_s: float = 0.0,
+             warm_start: bool = False) -> SimResult:
     """Simulate ``case`` under a closed loop of ``concurrency`` clients or Poisson ``arrival_rate`` req/s.
     ``lifetime_s``: the closed loop's clients start spread evenly over this time (one request's expected
-    end-to-end latency), so the run starts near steady state."""
+    end-to-end latency), so the run starts near steady state. ``warm_start`` (arrivals only): the replica starts
+    with the sequences the steady state keeps in flight at that rate, spread evenly over their decode
+    (``warm_in_flight``, ``_warm_start``; not measured), so that a run of a few hundred requests measures a full
+    replica, not one still filling up: a tenth of the requests is warm-up, not the first lifetime's."""
     if (concurrency is None) == (arrival_rate is None):
         raise ShardlabError("simulate needs either a concurrency or an arrival rate")
     S, O = case.prompt_len, case.output_len
     arrive, N, warm, drain = arrivals(concurrency, arrival_rate, requests, seed, lifetime_s)
-    rep = _Replica(case, N)
+    last_arrival = float(arrive[-1]) if concurrency is None else np.inf
+    n0 = warm_in_flight(case, arrival_rate) if warm_start and arrival_rate is not None else 0
+    rep = _Replica(case, N + n0)
     think_s = float(cycle_time(rep.a, 1.0, float(S)))      # one decode cycle: jitter that breaks lock-step
-    first, done_t = np.full(N, np.nan), np.full(N, np.nan)
+    first, done_t = np.full(N + n0, np.nan), np.full(N + n0, np.nan)
+    if n0:                                        # the steady state's sequences, after the requests (never measured)
+        n0 = _warm_start(rep, first, range(N, N + n0))
+        first, done_t = first[:N + n0], done_t[:N + n0]
+        warm = N // 10
     queue: list[int] = []
     pending = [(float(arrive[i]), i) for i in range(N) if np.isfinite(arrive[i])]   # (arrival time, request), a heap
     heapq.heapify(pending)
@@ -249,10 +288,9 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     stage_free = [0.0] * pp                      # when each stage finishes its current micro-batch
     steps = [0] * pp
     cycles, completed = 0, 0
-    trace_t, trace_run = [0.0], [0]
-    last_arrival = float(arrive[-1]) if concurrency is None else np.inf
+    trace_t, trace_run = [0.0], [n0]
     waiting_at_end = 0                           # requests arrived but not admitted when the last one arrives
-    while completed < N and cycles < max_cycles:
+    while completed < N + n0 and cycles < max_cycles:
         v = min(range(pp), key=lambda i: ready[i])
         t = ready[v]
         while pending and pending[0][0] <= t:
@@ -309,7 +347,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     # a stable replica admits what arrives at its next scheduling step; one falling behind has a backlog (here: more
     # than a twentieth of the run, at least 10 requests, still waiting for a slot when the last request arrives)
     behind = waiting_at_end > max(10, N // 20)
-    res = _measure(arrive, first + over, done_t + over, O, warm, N - drain, np.array(trace_t)[order],
+    res = _measure(arrive, first[:N] + over, done_t[:N] + over, O, warm, N - drain, np.array(trace_t)[order],
                    np.array(trace_run)[order], cycles, rep.preemptions, cycles >= max_cycles, concurrency, behind)
     return replace(res, steady=(concurrency is None or warm >= concurrency) and not res.truncated)
 
