@@ -84,7 +84,9 @@ def _estimate_static(args, spec, cluster, prec, engine):
                        ("other", f"{gib(est.workspace_bytes)} (activation peak of a {est.case.step_budget_per_rank}-token step, "
                                  f"CUDA context, workspaces: estimates)"),
                        ("KV blocks", f"{b.num_blocks:,} blocks of {b.block_size} tokens ({gib(b.kv_bytes)}) in the engine's "
-                                     f"{gib(b.reserved_bytes)} of {acc.memory_gib:g} GiB: {'fits' if est.fits else 'DOES NOT FIT'}"),
+                                     f"{gib(b.reserved_bytes)} of {acc.memory_gib:g} GiB: "
+                                     + ('fits' if est.fits else 'the prompts fit, the full lengths do not (the engine '
+                                        'preempts: note below)' if est.outgrown else 'DOES NOT FIT')),
                        ("largest batch", f"{est.max_batch} sequences of {seq} tokens per micro-batch"
                         + (" (beside their shared prefix)" if est.case.prefix_hit_rate else ""))]),
              "", f"prefill ({est.prefill['bound']}-bound): {1e3 * est.prefill_s:.2f} ms", *["  " + x for x in est.prefill["lines"]],

@@ -137,6 +137,11 @@ class InferenceEstimate:
         return self.kv_cache_bytes <= self.case.blocks.kv_bytes and self.case.blocks.num_blocks > 0
 
     @property
+    def outgrown(self) -> bool:
+        """The batch fits its prompts but not its full lengths: the engine preempts (``steady.outgrown_batch``)."""
+        return bool(self.result.get("outgrown", 0.0))
+
+    @property
     def max_batch(self) -> int:
         """Full-length sequences per micro-batch the KV blocks (and max_num_seqs) hold."""
         free = self.case.blocks.num_blocks - math.ceil(self.shared_prefix_tokens / self.case.blocks.block_size)
@@ -176,7 +181,7 @@ class InferenceEstimate:
             "kv_blocks": b.to_dict(), "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "prefill_s": self.prefill_s, "decode_s_per_token": self.decode_s_per_token,
             "request_latency_s": self.request_latency_s, "tokens_per_s": self.tokens_per_s, "max_batch": self.max_batch,
-            "fits": self.fits, "prefill": _parts(self.prefill), "decode": _parts(self.decode), "notes": self.notes,
+            "fits": self.fits, "outgrown": self.outgrown, "prefill": _parts(self.prefill), "decode": _parts(self.decode), "notes": self.notes,
         }
 
 

@@ -133,12 +133,17 @@ class ServeCase:
         return float(held_tokens(self.spec, keys)) if self.engine.sliding_window_cache else keys
 
     @property
-    def kv_grow_tokens(self) -> float:
-        """Own tokens (past a cached prefix) the replica's KV blocks hold as its sequences grow: blocks × block size,
-        scaled by (S + O) / held(S + O) where the engine evicts outside a sliding window (``steady.Arrays.kv_tokens``)."""
+    def kv_held_share(self) -> float:
+        """Share of a sequence's own tokens (past a cached prefix) its KV cache keeps at full length: held(S + O) /
+        (S + O), 1 unless the engine evicts outside a sliding window (``steady.Arrays.kv_share``)."""
         full = self.prefill_tokens + self.output_len
-        held = max(1, engine_held_tokens(self.spec, self.engine, full))
-        return float(self.replica_blocks * self.engine.kv_block_size * full / held)
+        return float(max(1, engine_held_tokens(self.spec, self.engine, full)) / full)
+
+    @property
+    def kv_grow_tokens(self) -> float:
+        """Own tokens the replica's KV blocks hold as its sequences grow: blocks × block size / ``kv_held_share``
+        (``steady.Arrays.kv_tokens``)."""
+        return float(self.replica_blocks * self.engine.kv_block_size / self.kv_held_share)
 
     @property
     def context_tokens(self) -> float:

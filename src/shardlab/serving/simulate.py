@@ -108,10 +108,11 @@ class _Replica:
         self.window_spec = case.spec if eng.sliding_window_cache and case.spec.sliding_window else None
         own = self.S - self.hit                              # a sequence's own blocks: its suffix and output
         self.need = self.blocks_of(own + self.O) if eng.kv_admission == "reserve" else self.blocks_of(own + 1)
-        if self.need > case.blocks.num_blocks:
-            raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.need} KV blocks; the replica "
-                                "has "
-                                f"{case.blocks.num_blocks}: raise "
+        # on demand, a sequence grows to its whole length: one that outgrows the pool alone would, preempted,
+        # wait at the head of the queue for blocks that never free up
+        if max(self.need, self.blocks_of(own + self.O)) > case.blocks.num_blocks:
+            raise ShardlabError(f"one request of {self.S} + {self.O} tokens needs {self.blocks_of(own + self.O)} KV "
+                                f"blocks; the replica has {case.blocks.num_blocks}: raise "
                                 f"{field_name('layout.tp')}/{field_name('layout.pp')}, quantize, or shorten the "
                                 "request")
         self.a = scalars(case)
