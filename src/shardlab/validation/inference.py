@@ -35,7 +35,8 @@ _RUN_KEYS = {"id", "source", "model", "gpu", "tp", "pp", "weights", "kv_cache", 
 PHASES = {None: 0, "prefill": 1, "decode": 2}
 """A run measured on one phase alone (disaggregated serving measured pool by pool, as DeepSeek and SGLang publish):
 'prefill' counts the input tokens/s of prefill-only steps of ``batch`` prompts, 'decode' the output tokens/s of
-decode-only steps of ``batch`` sequences at their context (the prompt)."""
+decode-only cycles of ``batch`` sequences at their mean context (the prompt and half the output), a speculative
+cycle's draft steps and verification included."""
 _SOURCE_KEYS = {"engine", "tag", "citation", "settings", "assumed"}
 TARGETS = ("latency", "throughput", "load", "info")
 
@@ -282,10 +283,14 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         from shardlab.serving.step import step_time
 
         B = prep.n[idx]
+        from shardlab.serving.steady import micro_batch_times
+
         prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * a.S, B * a.S * a.L, B)
-        decode = step_time(a.whole, a.kernels, B, B * a.ctx)
+        # a decode cycle: the verification step and the draft's k steps with speculation (``steady``), each
+        # sequence gaining the acceptance length; without, one step and one token
+        decode = micro_batch_times(a, B, B * a.ctx)[0]
         out["input_tokens_per_s"] = np.where(phase == 1, B * a.S / prefill, 0.0)
-        out["output_tokens_per_s"] = np.where(phase == 2, B / decode, out["output_tokens_per_s"])
+        out["output_tokens_per_s"] = np.where(phase == 2, B * a.spec_accept / decode, out["output_tokens_per_s"])
     return out
 
 
