@@ -333,7 +333,7 @@ def _outgrown_reference(a, B: int, C: float, S: int, O: int, prefill_s: float) -
     """Makespan of B sequences of S + O tokens stepped one token at a time: every running sequence grows by one
     token a step; when they would hold more than C tokens the newest is preempted (it keeps its generated tokens);
     once the pool has room for a waiting one's prompt and tokens, it is readmitted and recomputes them in that
-    step. The integrals of ``steady.outgrown_batch`` approximate this loop."""
+    step. The integrals of ``outgrown.outgrown_batch`` approximate this loop."""
     from shardlab.serving.steady import cycle_time
 
     gen = {i: 1 for i in range(B)}                  # the batch prefill sampled every first token
@@ -366,7 +366,8 @@ def test_outgrown_static_batch_matches_a_token_by_token_loop(over):
     static batch that fits."""
     from dataclasses import replace as dc_replace
 
-    from shardlab.serving.steady import outgrown, scalars
+    from shardlab.serving.outgrown import outgrown
+    from shardlab.serving.steady import scalars
 
     S, O, B = 64, 256, 200
     case = prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=S, output_len=O)
@@ -391,7 +392,8 @@ def test_outgrown_batch_meets_the_static_batch_at_the_pool_size(model, S, O, hit
     blocks the engine frees."""
     from dataclasses import replace as dc_replace
 
-    from shardlab.serving.steady import outgrown, scalars
+    from shardlab.serving.outgrown import outgrown
+    from shardlab.serving.steady import scalars
 
     B = 64
     case = prepare(CAT.model(model), node(), get_engine("vllm"), tp=1, prompt_len=S, output_len=O,
@@ -410,7 +412,8 @@ def test_a_batch_whose_prompts_overflow_the_pool_is_not_priced_as_outgrown():
     2.5 pools, whose resumed sequences would outgrow the pool again)."""
     from dataclasses import replace as dc_replace
 
-    from shardlab.serving.steady import outgrown, scalars
+    from shardlab.serving.outgrown import outgrown
+    from shardlab.serving.steady import scalars
 
     a = scalars(prepare(L8, node(), get_engine("vllm"), tp=1, prompt_len=2048, output_len=2048))
     assert not bool(outgrown(dc_replace(a, kv_tokens=100 * 2000), 100))          # prompts need 100 × 2049
@@ -423,7 +426,8 @@ def test_reserving_engines_never_outgrow():
     """TensorRT-LLM reserves every request's blocks on admission: its static batches are never preempted."""
     from dataclasses import replace as dc_replace
 
-    from shardlab.serving.steady import outgrown, scalars
+    from shardlab.serving.outgrown import outgrown
+    from shardlab.serving.steady import scalars
 
     case = prepare(L8, node(), get_engine("tensorrt-llm"), tp=1, prompt_len=64, output_len=256)
     assert not bool(outgrown(dc_replace(scalars(case), kv_tokens=200 * 320 / 1.5), 200))

@@ -138,7 +138,7 @@ class InferenceEstimate:
 
     @property
     def outgrown(self) -> bool:
-        """The batch fits its prompts but not its full lengths: the engine preempts (``steady.outgrown_batch``)."""
+        """The batch fits its prompts but not its full lengths: the engine preempts (``outgrown.outgrown_batch``)."""
         return bool(self.result.get("outgrown", 0.0))
 
     @property
@@ -222,7 +222,7 @@ def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: in
         notes.append(f"the {batch * pp} sequences outgrow the KV cache before they finish ({full:,} tokens at full "
                      f"length, {case.kv_grow_tokens:,.0f} held): {case.engine.id} preempts the newest and recomputes "
                      "them later: the request latency is the mean completion, the throughput the batch's over its makespan "
-                     "(serving.steady.outgrown_batch)")
+                     "(serving.outgrown.outgrown_batch)")
     if case.blocks.num_blocks == 0:
         notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache "
                      "in "
