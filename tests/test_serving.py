@@ -470,3 +470,25 @@ def test_a_warm_started_run_begins_with_the_steady_states_sequences():
     long = [simulate(case, arrival_rate=6.9, requests=2000, lifetime_s=f["e2e_s"], warm_start=w) for w in (False, True)]
     assert long[1].tpot_s.mean == pytest.approx(long[0].tpot_s.mean, rel=0.03)
     assert warm_in_flight(case, 1e6) == case.capacity              # an overloading rate: the replica full
+
+
+def test_estimate_shows_the_outgrown_batchs_phases():
+    """`estimate --inference --batch N` on a batch that outgrows the pool names the regime and its phases; they add
+    up to the makespan the throughput rests on."""
+    import json
+
+    from conftest import cli_main
+
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--batch", "400", "--prompt-len", "512",
+                              "--output-len", "2048", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    ph = d["outgrown_phases"]
+    assert d["outgrown"] and not d["fits"] and ph["preempted"] > 0 and ph["recompute_tokens"] > 0
+    total = d["prefill_s"] + ph["phase1_s"] + ph["phase2_s"] + ph["recompute_s"] + ph["phase3_s"]
+    assert ph["makespan_s"] == pytest.approx(total, rel=1e-9)
+    assert d["tokens_per_s"] == pytest.approx(400 * 2048 / ph["makespan_s"], rel=1e-6)
+    assert d["request_latency_s"] == pytest.approx(ph["mean_completion_s"], rel=1e-9)
+    code, text, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--batch", "400", "--prompt-len", "512",
+                               "--output-len", "2048")
+    assert code == 0 and "outgrow the KV cache" in text and "the full lengths do not" in text

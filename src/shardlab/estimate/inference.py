@@ -181,7 +181,9 @@ class InferenceEstimate:
             "kv_blocks": b.to_dict(), "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "prefill_s": self.prefill_s, "decode_s_per_token": self.decode_s_per_token,
             "request_latency_s": self.request_latency_s, "tokens_per_s": self.tokens_per_s, "max_batch": self.max_batch,
-            "fits": self.fits, "outgrown": self.outgrown, "prefill": _parts(self.prefill), "decode": _parts(self.decode), "notes": self.notes,
+            "fits": self.fits, "outgrown": self.outgrown, **({"outgrown_phases": self.result["outgrown_phases"]}
+                                                              if self.outgrown else {}),
+            "prefill": _parts(self.prefill), "decode": _parts(self.decode), "notes": self.notes,
         }
 
 
@@ -218,11 +220,20 @@ def estimate_inference(spec: ModelSpec, cluster: Cluster, *, tp: int = 1, pp: in
         notes.append(f"{pp} pipeline stages keep {pp} micro-batches of {batch} in flight: throughput grows with pp, "
                      f"the time per token does not fall (a token crosses every stage)")
     if res.get("outgrown"):
-        full = batch * pp * (case.prefill_tokens + output_len)
-        notes.append(f"the {batch * pp} sequences outgrow the KV cache before they finish ({full:,} tokens at full "
-                     f"length, {case.kv_grow_tokens:,.0f} held): {case.engine.id} preempts the newest and recomputes "
-                     "them later: the request latency is the mean completion, the throughput the batch's over its makespan "
-                     "(serving.outgrown.outgrown_batch)")
+        from shardlab.serving.outgrown import outgrown_phases
+        from shardlab.serving.steady import scalars
+
+        B, S = batch * pp, case.prefill_tokens
+        ph = {k: float(v) for k, v in outgrown_phases(scalars(case), float(B), res["prefill_s"]).items()}
+        res["outgrown_phases"] = ph
+        notes.append(f"the {B} sequences outgrow the KV cache before they finish ({B * (S + output_len):,} tokens at "
+                     f"full length, {case.kv_grow_tokens:,.0f} held): all decode to {ph['full_at_tokens']:,.0f} tokens "
+                     f"each ({ph['phase1_s']:,.1f} s), then the pool's sequences run while {case.engine.id} preempts the "
+                     f"newest ({ph['preempted']:,.0f} in all; {ph['phase2_s']:,.1f} s), and those recompute "
+                     f"{ph['recompute_tokens']:,.0f} tokens ({ph['recompute_s']:,.1f} s) and decode out "
+                     f"({ph['phase3_s']:,.1f} s): the request latency is the mean completion "
+                     f"({ph['mean_completion_s']:,.1f} s), the throughput the batch's over its makespan "
+                     f"({ph['makespan_s']:,.1f} s; serving.outgrown.outgrown_phases)")
     if case.blocks.num_blocks == 0:
         notes.append(f"the weights ({case.blocks.weights_bytes / 2**30:.1f} GiB per GPU) leave no room for a KV cache "
                      "in "

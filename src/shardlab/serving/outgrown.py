@@ -32,8 +32,16 @@ def outgrown(a: Arrays, B) -> np.ndarray:
 
 
 def outgrown_batch(a: Arrays, B, batch_prefill) -> tuple[np.ndarray, np.ndarray]:
-    """(makespan, mean completion time) of a static batch of B sequences that outgrows the replica's C KV tokens
-    (``outgrown``), under on-demand blocks with recomputation: the engine preempts the newest sequence when a
+    """(makespan, mean completion time) of a static batch that outgrows its KV blocks (``outgrown_phases``)."""
+    ph = outgrown_phases(a, B, batch_prefill)
+    return ph["makespan_s"], ph["mean_completion_s"]
+
+
+def outgrown_phases(a: Arrays, B, batch_prefill) -> dict:
+    """The phases of a static batch of B sequences that outgrows the replica's C KV tokens (``outgrown``), floats or
+    arrays: full_at_tokens (L₁), phase1_s, phase2_s, preempted (sequences), recompute_tokens, recompute_s, phase3_s,
+    steps_each (T − L₁, the steps of phases 2 and 3 each), makespan_s, mean_completion_s. Under on-demand blocks
+    with recomputation: the engine preempts the newest sequence when a
     growing one finds no free block, keeps the tokens it generated and, once blocks free up, recomputes its prompt
     and those tokens as one prompt before it decodes on (Kwon et al. 2023, "Efficient Memory Management for Large
     Language Model Serving with PagedAttention", SOSP, §4.5; vLLM V1 ``Scheduler._preempt_request`` sets
@@ -77,4 +85,6 @@ def outgrown_batch(a: Arrays, B, batch_prefill) -> tuple[np.ndarray, np.ndarray]
     inv = np.maximum(1 / L1 - 1 / T, 1e-300)
     late = np.where(span > 0, (T * inv - np.log(T / L1)) / np.where(span > 0, inv * span, 1.0), 0.0)
     done = np.minimum(C / T, B) / np.maximum(B, 1.0)
-    return makespan, done * first + (1 - done) * (first + t_redo + late * t3)
+    return {"full_at_tokens": L1, "phase1_s": t1, "phase2_s": t2, "preempted": preempted, "recompute_tokens": redo,
+            "recompute_s": t_redo, "phase3_s": t3, "steps_each": span, "makespan_s": makespan,
+            "mean_completion_s": done * first + (1 - done) * (first + t_redo + late * t3)}
