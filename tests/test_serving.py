@@ -190,13 +190,15 @@ def test_saturation_rate_is_where_the_steady_state_overloads():
 def test_simulated_rate_of_a_stable_replica_is_what_arrives():
     """At 91% of saturation the replica keeps up but fills for tens of seconds: the simulation measures after the
     first lifetime and reports the arrival rate it kept up with, not a completion count diluted by the filling and
-    the drain (which gave 0.88-0.90 of it)."""
+    the drain (which gave 0.88-0.90 of it). Its arrivals span N/λ exactly (conditioned on the count)."""
     case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("vllm-0.6"), tp=4, prompt_len=512, output_len=256)
     rate = 0.91 * limits(case, rate=True).saturation_rate
     f = {k: float(v[0]) for k, v in fluid(arrays([case]), [2], [rate]).items()}
     s = simulate(case, arrival_rate=rate, lifetime_s=f["e2e_s"])
     assert not f["overloaded"] and s.requests_per_s == pytest.approx(rate, rel=0.05)
-    assert s.tpot_s.mean == pytest.approx(f["tpot_s"], rel=0.05)
+    # at 91% of saturation Poisson bursts swing the batch, and a step's time is convex in it: the simulated mean
+    # TPOT runs about 11% above the steady state's (whose batch is the mean)
+    assert f["tpot_s"] < s.tpot_s.mean < 1.2 * f["tpot_s"]
 
 
 def test_serve_estimate_notes_preemption():
@@ -385,11 +387,10 @@ def test_outgrown_static_batch_matches_a_token_by_token_loop(over):
 
 
 @pytest.mark.parametrize("model,S,O,hit", [("llama-3.1-8b", 128, 512, 0.0), ("llama-3.1-8b", 128, 2, 0.0),
-                                           ("llama-3.1-8b", 4096, 1024, 0.9), ("gpt-oss-20b", 2048, 2048, 0.0)])
+                                           ("llama-3.1-8b", 4096, 1024, 0.9)])
 def test_outgrown_batch_meets_the_static_batch_at_the_pool_size(model, S, O, hit):
     """Continuity: a batch that exactly fills the pool by its last token runs as the static batch, with two output
-    tokens (one decode step), with a cached prefix every sequence reads, and with sliding-window layers whose
-    blocks the engine frees."""
+    tokens (one decode step) and with a cached prefix every sequence reads."""
     from dataclasses import replace as dc_replace
 
     from shardlab.serving.outgrown import outgrown
@@ -405,6 +406,20 @@ def test_outgrown_batch_meets_the_static_batch_at_the_pool_size(model, S, O, hit
     got = [{k: float(np.asarray(v).ravel()[0]) for k, v in fluid(x, np.array([0]), np.array([B])).items()} for x in sides]
     for key in ("output_tokens_per_s", "e2e_s", "tpot_s"):
         assert got[1][key] == pytest.approx(got[0][key], rel=0.02), key
+
+
+def test_sliding_windows_the_engine_frees_keep_the_static_price():
+    """Where the engine evicts tokens that leave a window shorter than the sequence, blocks stop growing (or grow
+    more slowly) past the window, which the phases do not follow: the batch keeps the static price."""
+    from dataclasses import replace as dc_replace
+
+    from shardlab.serving.outgrown import outgrown
+    from shardlab.serving.steady import scalars
+
+    for model in ("gpt-oss-20b", "mistral-7b"):
+        case = prepare(CAT.model(model), node(), get_engine("vllm"), tp=1, prompt_len=4000, output_len=4000)
+        a = scalars(case)
+        assert a.kv_share < 1.0 and not bool(outgrown(dc_replace(a, kv_tokens=64 * 8000 / 1.5), 64))
 
 
 def test_a_batch_whose_prompts_overflow_the_pool_is_not_priced_as_outgrown():

@@ -285,12 +285,15 @@ def test_estimate_capacity_page_leads_with_the_capacity(tmp_path):
         < html.index('id="steady-state"')
 
 
-def test_plan_p99_says_when_its_run_did_not_fill_the_replica():
-    """Plan's p99 runs take a few hundred requests from empty: for the docs example the winner's run keeps about
-    58% of the steady state's sequences, so the plan calls its p99 capacity an upper bound."""
+def test_plan_p99_runs_fill_the_replica():
+    """Plan's p99 runs start warm and their arrivals carry the rate asked (a few hundred exponential gaps of one seed
+    averaged 16% long, and runs from empty kept 58% of the sequences): the docs example's winner keeps the steady
+    state's sequences, its p99 capacity sits below its p50 one, and the plan does not call it an upper bound."""
     d = plan_json("--gpus", "8", "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025",
                   "--slo-percentile", "p99")
-    assert 0 < d["capacity"]["simulation_filled"] < 0.9
+    cap = d["capacity"]
+    assert cap["simulation_filled"] >= 0.9 and cap["binds_statistic"] == "p99"
+    assert cap["max_request_rate"] < d["plans"][0]["max_request_rate_mean"]
     code, text, err = cli_main(*BASE[:-4], "--gpus", "8", "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1",
                                "--tpot-slo", "0.025", "--slo-percentile", "p99")
-    assert code == 0 and "upper bound" in text, err
+    assert code == 0 and "upper bound" not in text, err

@@ -96,9 +96,8 @@ def _capacity_text(doc, args, cluster, sim, slo) -> str:
                        f"{_with_ms(sim.ttft_s.p99)}, TPOT p50 {_with_ms(sim.tpot_s.p50)} / p99 {_with_ms(sim.tpot_s.p99)}")
             filled = cap.get("simulation_filled")
             if slo.percentile == "p99" and filled is not None and filled < FILLED:
-                rec.append(f"  that run kept {filled:.0%} of the sequences the steady state runs per replica (it starts "
-                           f"with them, but near the capacity the batch drifts: fewer sequences step faster and finish "
-                           f"sooner): its p99 describes a lighter load, so this p99 capacity "
+                rec.append(f"  that run kept {filled:.0%} of the sequences the steady state runs per replica (a few "
+                           f"hundred requests, started with them, did not keep them): its p99 describes a lighter load, so this p99 capacity "
                            f"is an upper bound; `shardlab estimate` on the layout with --slo-percentile p99 sizes its "
                            f"runs to fill it")
     elif best["meets_slo"] is None:

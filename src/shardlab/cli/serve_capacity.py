@@ -18,11 +18,11 @@ import math
 SIM_RUNS = 8
 """Simulations one layout's p99 search may run (the plan's budget is shared by its layouts; here there is one)."""
 REQUESTS_PER_SLOT = 20
-"""Requests per run: this many per sequence the p50 capacity keeps in flight (at least 300, at most 20,000). Each
-run starts empty, and near the capacity the replica fills slowly (a fuller batch steps slower, so requests live
-longer): Llama-3.1-8B on TP 2 at 6.94 requests/s (87 sequences in flight in the steady state, 4,000 + 500 tokens)
-averages 50 in flight over 300 requests, 78 over 1,000 and 88 over 3,000, with p99 TPOT 18.7, 30.7 and 37.3 ms. A
-run that never fills reports the percentiles of a lighter load (``filled`` says how full the accepted run was)."""
+"""Requests per run: this many per sequence the p50 capacity keeps in flight (at least 300, at most 20,000). A p99
+over more requests catches rarer bursts, and a run from empty fills slowly near the capacity: Llama-3.1-8B on TP 2
+at 6.94 requests/s (87 sequences in flight in the steady state, 4,000 + 500 tokens) averages 77 in flight over 300
+requests, 85 over 1,000 and 93 over 3,000, with p99 TPOT 26.1, 34.2 and 39.1 ms. A run that never fills reports the
+percentiles of a lighter load (``filled`` says how full the accepted run was)."""
 MAX_REQUESTS = 20000
 """... at most."""
 FILLED = 0.9

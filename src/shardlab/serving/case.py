@@ -134,9 +134,10 @@ class ServeCase:
 
     @property
     def kv_held_share(self) -> float:
-        """Share of a sequence's own tokens (past a cached prefix) its KV cache keeps at full length: held(S + O) /
-        (S + O), 1 unless the engine evicts outside a sliding window (``steady.Arrays.kv_share``)."""
-        full = self.prefill_tokens + self.output_len
+        """Share of a sequence's tokens (its whole prompt and output) its KV cache keeps at full length:
+        held(prompt + O) / (prompt + O), 1 unless the engine evicts outside a sliding window
+        (``steady.Arrays.kv_share``)."""
+        full = self.prompt_len + self.output_len
         return float(max(1, engine_held_tokens(self.spec, self.engine, full)) / full)
 
     @property

@@ -24,11 +24,15 @@ below (S + O)/(S + O/2) ≤ 2."""
 def outgrown(a: Arrays, B) -> np.ndarray:
     """Static batches whose B sequences fit the KV blocks with their prompts, B·(S + 1) ≤ C, but outgrow them before
     they finish, 1 < B·(S + O)/C ≤ ``OUTGROWN_MAX`` (on-demand admission only, no speculation): what
-    ``outgrown_batch`` prices."""
+    ``outgrown_batch`` prices. Not where the engine evicts tokens that leave a sliding window shorter than the
+    sequence (``Arrays.kv_share`` < 1): a sequence's blocks then stop growing, or grow more slowly, once it passes
+    the window, which the phases (blocks in proportion to length) do not follow; such a batch keeps the static
+    price."""
     B = np.asarray(B, dtype=float)
     C = np.maximum(a.kv_tokens, 1.0)
     over = B * (a.S + a.O) / C
-    return (a.on_demand > 0) & (over > 1.0) & (over <= OUTGROWN_MAX) & (B * (a.S + 1) <= C) & (a.spec_tokens == 0)
+    return ((a.on_demand > 0) & (over > 1.0) & (over <= OUTGROWN_MAX) & (B * (a.S + 1) <= C) & (a.spec_tokens == 0)
+            & (a.kv_share >= 1.0))
 
 
 def outgrown_batch(a: Arrays, B, batch_prefill) -> tuple[np.ndarray, np.ndarray]:
@@ -59,25 +63,25 @@ def outgrown_phases(a: Arrays, B, batch_prefill) -> dict:
     Phases 2 and 3 are integrated over their T − L₁ steps by four-point Gauss–Legendre quadrature of the cycle
     time (``cycle_time``); a phase-3 step with fewer than one sequence left, and the recomputation when fewer than
     one is preempted, count as that share of a step (so the price meets the static batch's at B·(S + O) = C). Where the engine evicts outside a sliding window, C counts tokens as they grow and the
-    KV read is the held share of them (``Arrays.kv_share``)."""
+    KV read is the held share of them, cached prefix included (``Arrays.kv_share``)."""
     S, T, C, H, w = a.S, a.S + a.O, np.maximum(a.kv_tokens, 1.0), a.prefix, a.kv_share
     B = np.asarray(B, dtype=float)
     L1 = np.clip(C / np.maximum(B, 1.0), S + 1.0, T)
     span = T - L1
-    t1 = (L1 - S - 1) * cycle_time(a, B, B * (w * (S + 1 + L1) / 2 + H), seqs=B)
+    t1 = (L1 - S - 1) * cycle_time(a, B, w * B * ((S + 1 + L1) / 2 + H), seqs=B)
     t2 = t3 = 0.0
     for x, wt in zip(_GL_X, _GL_W):
         L = L1 + span * x
         run2 = C / L
-        t2 = t2 + wt * span * cycle_time(a, run2, w * C + run2 * H, seqs=run2)
+        t2 = t2 + wt * span * cycle_time(a, run2, w * (C + run2 * H), seqs=run2)
         j = span * x
         run3 = np.maximum(C * (1 / L1 - 1 / (T - j)), 1e-9)
         kv3 = C * (np.log((T - j) / L1) + j * (1 / L1 - 1 / (T - j)))
         # a step runs only while a sequence does: below one (the last preempted), its share of a step
-        t3 = t3 + wt * span * np.minimum(run3, 1.0) * cycle_time(a, run3, w * kv3 + run3 * H, seqs=run3)
+        t3 = t3 + wt * span * np.minimum(run3, 1.0) * cycle_time(a, run3, w * (kv3 + run3 * H), seqs=run3)
     preempted = np.maximum(B - C / T, 0.0)
     redo = C * np.log(T / L1)                       # own tokens (prompt suffix + generated) of the preempted
-    t_redo = (step_time(a.whole, a.kernels, 0.0, 0.0, redo, w * C * span / 2 + redo * H, preempted)
+    t_redo = (step_time(a.whole, a.kernels, 0.0, 0.0, redo, w * (C * span / 2 + redo * H), preempted)
               + _through(a, redo) + np.maximum(np.ceil(redo / a.budget) - 1, 0) * a.kernels.step_overhead_s)
     t_redo = t_redo * np.minimum(preempted, 1.0)    # as likely as one sequence is preempted at all
     first = batch_prefill + t1 + t2                 # the C/T sequences never preempted finish here

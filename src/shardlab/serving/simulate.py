@@ -16,7 +16,8 @@ simulation steps the engine one scheduling cycle at a time with the same cycle t
   (Orca-style iteration scheduling, Yu et al. 2022); a micro-batch crosses the pp stages in turn, each
   stage taking an equal share of its time through the pipeline (``steady.micro_batch_times``) and serving
   one micro-batch at a time, and its engine schedules the next cycle when it leaves the last stage;
-- requests arrive as a Poisson process (exponential gaps from numpy's PCG64 generator, fixed seed), or from
+- requests arrive as a Poisson process (exponential gaps from numpy's PCG64 generator, fixed seed, scaled so that
+  the N arrivals span N/λ: the run carries the rate asked), or from
   a closed loop of C clients each sending its next request when the previous one completes, after a think
   time drawn from an exponential of one decode cycle's mean (it stands in for the length and network jitter
   that keeps real clients out of the lock-step waves fixed lengths would fall into).
@@ -221,6 +222,9 @@ def arrivals(concurrency: int | None, arrival_rate: float | None, requests: int 
     # 40 s of arrivals, or five request lifetimes when they are longer (the replica is full after one)
     N = requests or int(min(1000, max(100, arrival_rate * max(40.0, 5 * lifetime_s))))
     arrive = np.cumsum(np.random.default_rng(seed).exponential(1.0 / arrival_rate, N))
+    # conditioned on the count: N arrivals over N/λ, so a run's realised rate is the one asked for (a few hundred
+    # exponential gaps of one seed average up to 15% off their mean, which would load every run of a search less)
+    arrive *= N / arrival_rate / arrive[-1]
     # measure neither the requests that find the replica filling up (those of the first lifetime: Little's law
     # has λ·lifetime in flight only after it) nor those that finish while it drains (the last lifetime's);
     # at least a tenth of the run is warm-up, at most a third each
@@ -292,7 +296,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     trace_t, trace_run = [0.0], [n0]
     waiting_at_end = 0                           # requests arrived but not admitted when the last one arrives
     while completed < N + n0 and cycles < max_cycles:
-        v = min(range(pp), key=lambda i: ready[i])
+        v = min(range(pp), key=lambda i: (ready[i], not rep.engines[i]))    # on a tie, an engine with work
         t = ready[v]
         while pending and pending[0][0] <= t:
             queue.append(heapq.heappop(pending)[1])

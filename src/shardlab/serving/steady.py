@@ -87,8 +87,8 @@ class Arrays:
     """Tokens of its own (past a cached prefix) the replica's KV blocks hold over all its sequences, counted as a
     sequence grows (a sliding-window engine's eviction folded in: blocks × block size / ``kv_share``)."""
     kv_share: np.ndarray
-    """Share of a sequence's own tokens its KV cache keeps: held(S + O)/(S + O) where the engine evicts outside a
-    sliding window, else 1."""
+    """Share of a sequence's tokens its KV cache keeps at full length, held(prompt + O)/(prompt + O) where the engine
+    evicts outside a sliding window, else 1 (``ServeCase.kv_held_share``)."""
     prefix: np.ndarray
     """Prompt tokens found in the prefix cache: shared blocks every sequence reads, outside ``kv_tokens``."""
     on_demand: np.ndarray

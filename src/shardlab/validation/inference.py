@@ -283,12 +283,12 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         from shardlab.serving.step import step_time
 
         B = prep.n[idx]
-        from shardlab.serving.steady import micro_batch_times
+        from shardlab.serving.steady import cycle_time
 
         prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * a.S, B * a.S * a.L, B)
-        # a decode cycle: the verification step and the draft's k steps with speculation (``steady``), each
-        # sequence gaining the acceptance length; without, one step and one token
-        decode = micro_batch_times(a, B, B * a.ctx)[0]
+        # a decode cycle (``steady.cycle_time``: pipelined over the stages' micro-batches): the verification step
+        # and the draft's k steps with speculation, each sequence gaining the acceptance length; without, one step
+        decode = cycle_time(a, B, B * a.ctx, seqs=B)
         out["input_tokens_per_s"] = np.where(phase == 1, B * a.S / prefill, 0.0)
         out["output_tokens_per_s"] = np.where(phase == 2, B * a.spec_accept / decode, out["output_tokens_per_s"])
     return out
