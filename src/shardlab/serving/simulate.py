@@ -122,6 +122,7 @@ class _Replica:
         self.step = float(case.speculation.acceptance_length) if case.speculation else 1.0
         self.gen = np.zeros(n, dtype=np.float64 if self.step != 1.0 else np.int64)
         self.redo = np.zeros_like(self.gen)                  # generated tokens a preempted sequence recomputes
+        self.tgt = np.full(n, self.S, dtype=np.int64)        # tokens its prefill covers: S + ⌈redo⌉ (``target``)
         self.free = case.replica_blocks
         self.engines: list[list[int]] = [[] for _ in range(case.pp)]
         self.preemptions = 0
@@ -141,7 +142,7 @@ class _Replica:
 
     def target(self, r: int) -> int:
         """Tokens request ``r``'s prefill covers: the prompt, and the generated tokens it recomputes."""
-        return self.S + math.ceil(self.redo[r])
+        return int(self.tgt[r])
 
     def admit(self, queue: list[int]) -> None:
         while queue and self.free >= self.need_of(queue[0]):
@@ -158,8 +159,9 @@ class _Replica:
     def compose(self, members: list[int]) -> tuple[np.ndarray, list]:
         """(decoders, prompt chunks) of one virtual engine's cycle (engine scheduling rules, module doc)."""
         eng = self.eng
-        prefilling = [r for r in members if self.pre[r] < self.target(r)]
-        decoders = np.array([r for r in members if self.pre[r] >= self.target(r)], dtype=np.int64)
+        ids = np.array(members, dtype=np.int64)
+        waiting = self.pre[ids] < self.tgt[ids]
+        prefilling, decoders = ids[waiting].tolist(), ids[~waiting]
         if eng.scheduling != "mixed" and prefilling:
             decoders = decoders[:0]
         room = self.case.budget_tokens - len(decoders)
@@ -192,6 +194,7 @@ class _Replica:
             self.free += self.held[victim]
             self.held[victim] = self.pre[victim] = 0
             self.redo[victim] = self.gen[victim]          # kept: recomputed with the prompt when readmitted
+            self.tgt[victim] = self.S + math.ceil(self.gen[victim])
             queue.insert(0, victim)
             victims.add(victim)
             self.preemptions += 1
@@ -333,7 +336,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         rep.gen[d] += rep.step if rep.step != 1.0 else 1
         for r in fin:                                # a prompt's step samples a token: the first, or the next
             if rep.redo[r]:
-                rep.gen[r], rep.redo[r] = rep.gen[r] + 1, 0
+                rep.gen[r], rep.redo[r], rep.tgt[r] = rep.gen[r] + 1, 0, S
             else:
                 first[r], rep.gen[r] = end, 1
         for r in list(d) + fin:

@@ -255,15 +255,22 @@ _ARRAY_OPS = (np.where, np.maximum, np.ceil)
 _SCALAR_OPS = (lambda c, a, b: a if c else b, max, math.ceil)
 
 
+def _has_array(x) -> bool:
+    """A StepModel or Kernels with an array field (remembered per object: they are frozen), or an array."""
+    if isinstance(x, (StepModel, Kernels)):
+        known = x.__dict__.get("_has_array")
+        if known is None:
+            known = any(isinstance(v, np.ndarray) and v.ndim for v in vars(x).values())
+            object.__setattr__(x, "_has_array", known)     # a cache beside the fields, not a field
+        return known
+    return isinstance(x, np.ndarray) and x.ndim > 0
+
+
 def _ops(*xs) -> tuple:
     """(where, maximum, ceil): numpy's when any input (or field of a StepModel or Kernels) is an array, plain
     Python's on floats, the simulation's steps: a numpy call on a scalar costs about a microsecond, and a step
     makes dozens. The formulas of ``step_parts`` are the same either way."""
-    for x in xs:
-        for v in (vars(x).values() if isinstance(x, (StepModel, Kernels)) else (x,)):
-            if isinstance(v, np.ndarray) and v.ndim:
-                return _ARRAY_OPS
-    return _SCALAR_OPS
+    return _ARRAY_OPS if any(_has_array(x) for x in xs) else _SCALAR_OPS
 
 
 def _linear_s(m: StepModel, k: Kernels, rate, tokens, group_tokens, maximum) -> tuple:
