@@ -163,6 +163,16 @@ def _through(a: Arrays, tokens):
     return (a.pp - 1) * (a.p2p_fixed_s + tokens * a.p2p_s_per_token)
 
 
+def _all_true(x) -> bool:
+    """np.all, without its cost on a plain bool (the simulation's steps call this thousands of times)."""
+    return x if isinstance(x, bool) else bool(np.all(x))
+
+
+def _any_true(x) -> bool:
+    """np.any, without its cost on a plain bool."""
+    return x if isinstance(x, bool) else bool(np.any(x))
+
+
 def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     """(through, stage) of one micro-batch: its time through every stage plus the sends between them, and its
     time on the slowest stage (``step.step_time`` on the summed and on the largest stage's terms). Every stage runs
@@ -178,9 +188,9 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     through = (step_time(a.whole, k, D, Kd, P, pairs + spec * Kd, sampled + extra, extra) + _through(a, D + P + extra)
                + (a.pp - 1) * (k.step_overhead_s + k.seq_overhead_s * (sampled + extra)))
     # one stage everywhere: the slowest stage is the whole replica (the same terms) and nothing crosses between stages
-    stage = through if np.all(a.pp == 1) else step_time(a.slowest, a.kernels, D, Kd, P, pairs + spec * Kd,
+    stage = through if _all_true(a.pp == 1) else step_time(a.slowest, a.kernels, D, Kd, P, pairs + spec * Kd,
                                                         sampled + extra, extra)
-    if not np.any(spec > 0):                                # no draft to run
+    if not _any_true(spec > 0):                             # no draft to run
         return through, stage
     drafting = np.where((spec > 0) & (np.asarray(D) > 0),
                         step_time(a.draft, k, D, Kd, P, pairs, D)

@@ -307,7 +307,7 @@ def step_parts(m: StepModel, k: Kernels, decode_seqs, decode_ctx_tokens, prefill
     # (a sequence lives on one rank, so the busiest rank decodes ceil(D/dp) of them; prompts spread by token)
     dp = m.attention_dp
     group_tokens = decode_seqs + prefill_tokens + verify_tokens
-    moe_split = np.ndim(dp) > 0 or dp != 1.0           # scalars without DP attention (the simulation's steps) skip it
+    moe_split = (isinstance(dp, np.ndarray) and dp.ndim > 0) or dp != 1.0   # the simulation's scalar steps without DP attention skip it
     if moe_split:
         busiest = where(dp > 1, ceil(decode_seqs / dp - 1e-9), decode_seqs)
         share = where(decode_seqs > 0, busiest / maximum(decode_seqs, 1e-9), 1.0 / dp)
