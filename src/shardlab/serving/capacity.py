@@ -27,7 +27,8 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.serving.case import ServeCase
-from shardlab.serving.simulate import SimResult, simulate
+from shardlab.serving.sim_measure import SimResult
+from shardlab.serving.simulate import simulate
 from shardlab.serving.steady import Arrays, fluid, take
 
 PERCENTILES = ("p50", "p99")

@@ -25,7 +25,7 @@ import numpy as np
 from shardlab.errors import ShardlabError
 from shardlab.memory.inference import held_tokens
 from shardlab.serving.disagg import DisaggCase
-from shardlab.serving.simulate import SimResult, _measure, arrivals
+from shardlab.serving.sim_measure import SimResult, _measure, arrivals
 from shardlab.serving.steady import cycle_time, micro_batch_times
 
 MAX_EVENTS = 400_000
