@@ -479,6 +479,11 @@ def test_a_warm_started_run_begins_with_the_steady_states_sequences():
     f = {k: float(v[0]) for k, v in fluid(arrays([case]), [2], [6.9]).items()}
     n0 = warm_in_flight(case, 6.9)
     assert n0 == round(f["in_flight"]) and 60 < n0 <= case.capacity
+    from shardlab.serving.steady import in_flight_at_rate
+
+    for lam in (0.5, 3.0, 6.9, 7.7):        # the warm start's own solve (it stops at a quarter of a sequence)
+        b = float(fluid(arrays([case]), [2], [lam])["in_flight"][0])
+        assert in_flight_at_rate(arrays([case]), lam) == pytest.approx(b, abs=0.5)
     cold, warm = (simulate(case, arrival_rate=6.9, requests=300, lifetime_s=f["e2e_s"], warm_start=w)
                   for w in (False, True))
     assert warm.requests > cold.requests and warm.mean_running > cold.mean_running

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import cli_main
 from shardlab.catalog import get_catalog
-from shardlab.serving.capacity import Slo, fluid_capacity, gpu_counts, pareto_front, simulated_capacity
+from shardlab.serving.capacity import Slo, fluid_capacity, gpu_counts, pareto_front
+from shardlab.serving.sim_capacity import simulated_capacity
 from shardlab.serving.case import prepare
 from shardlab.serving.engines import get_engine
 from shardlab.serving.steady import arrays, fluid
@@ -122,6 +123,83 @@ def test_simulated_capacity_brackets_the_rate():
     assert r.missed_rate_per_replica == np.inf or r.missed_rate_per_replica > r.request_rate_per_replica
     again = simulated_capacity(case, slo, upper, requests=150)
     assert again.request_rate_per_replica == r.request_rate_per_replica             # a fixed seed: deterministic
+
+
+def _stub_runs(monkeypatch, capacity: float, power: float = 6.0) -> list[float]:
+    """Replace one simulation by a tail ratio that climbs steeply with the rate, (rate / capacity)^power, as a p99
+    does near capacity; returns the list of rates run."""
+    import shardlab.serving.sim_capacity as C
+
+    rates: list[float] = []
+
+    def fake(case, slo, rate, requests, seed, lifetime_s, max_cycles=60000):
+        rates.append(rate)
+        return (rate / capacity) ** power, "tpot", None, 100
+    monkeypatch.setattr(C, "_run", fake)
+    return rates
+
+
+def test_next_rate_interpolates_the_log_ratio_and_stays_inside():
+    from shardlab.serving.sim_capacity import _next_rate
+
+    # ln q linear in ln rate: q = (rate / 6)^6 crosses 1 at exactly 6
+    q = lambda r: (r / 6.0) ** 6  # noqa: E731
+    assert _next_rate(5.0, q(5.0), 7.0, q(7.0)) == pytest.approx(6.0)
+    # a root near an end is kept within the middle 60% of the bracket (in ln rate)
+    assert _next_rate(5.0, 0.999, 7.0, 50.0) == pytest.approx(5.0 * (7 / 5) ** 0.2)
+    assert _next_rate(5.0, 1e-9, 7.0, 1.0001) == pytest.approx(5.0 * (7 / 5) ** 0.8)
+    for bad in (float("nan"), float("inf"), 0.0):   # an unknown ratio: the geometric midpoint
+        assert _next_rate(5.0, bad, 7.0, 2.0) == pytest.approx(np.sqrt(35.0))
+        assert _next_rate(5.0, 0.5, 7.0, bad) == pytest.approx(np.sqrt(35.0))
+
+
+def test_a_contender_that_misses_at_the_floor_costs_one_run(monkeypatch):
+    rates = _stub_runs(monkeypatch, capacity=5.0)
+    r = simulated_capacity(None, Slo(1.0, None, "p99"), 8.0, floor_rate=6.0)
+    assert rates == [6.0] and r.runs == 1                   # the floor first: a miss ends it, the upper bound unrun
+    assert r.request_rate_per_replica == 0 and r.missed_rate_per_replica == 6.0 and not r.settled
+
+
+def test_a_contender_that_passes_searches_between_floor_and_upper(monkeypatch):
+    rates = _stub_runs(monkeypatch, capacity=7.0)
+    r = simulated_capacity(None, Slo(1.0, None, "p99"), 8.0, floor_rate=6.0)
+    assert rates[:2] == [6.0, 8.0]
+    assert r.settled and r.request_rate_per_replica <= 7.0 < r.missed_rate_per_replica <= 1.05 * r.request_rate_per_replica
+
+
+def test_the_interpolated_search_settles_in_fewer_runs_than_bisection(monkeypatch):
+    # from a miss at the upper bound down to the capacity within 5%: 1/q² passes, then interpolated rates land near
+    # the capacity; the geometric bisection of the same bracket needs more runs
+    import shardlab.serving.sim_capacity as C
+
+    rates = _stub_runs(monkeypatch, capacity=6.7, power=6.0)
+    r = simulated_capacity(None, Slo(1.0, None, "p99"), 6.94)
+    assert r.settled and r.request_rate_per_replica <= 6.7 < r.missed_rate_per_replica
+    interpolated = list(rates)
+    rates.clear()
+    monkeypatch.setattr(C, "_next_rate", lambda lo, q_lo, hi, q_hi: float(np.sqrt(lo * hi)))
+    b = simulated_capacity(None, Slo(1.0, None, "p99"), 6.94)
+    assert b.settled and r.runs <= 5 and b.runs > r.runs, (interpolated, rates)
+    assert b.request_rate_per_replica <= r.request_rate_per_replica <= 6.7          # and it lands nearer
+
+
+def test_best_first_refine_stops_at_the_first_bound_below_the_best(monkeypatch):
+    import shardlab.serving.sim_capacity as C
+
+    _stub_runs(monkeypatch, capacity=1.0)                   # stub: every case's capacity is 1 request/s
+    caps = np.array([3.0, 2.0, 0.9])                        # p50 capacities (upper bounds), 1 GPU, 100 tokens each
+    from shardlab.serving.capacity import FluidCapacity
+
+    fc = FluidCapacity(caps, caps, np.array(["tpot"] * 3), {"e2e_s": np.ones(3)})
+
+    class Case:
+        output_len = 100
+    out, cut = C.refine([Case(), Case(), Case()], fc, np.ones(3), Slo(1.0, None, "p99"))
+    # the first case is searched in full (best = ~1 request/s); the second's bound (2) beats it: one run at the
+    # tie rate, a miss drops it; the third's bound (0.9) does not beat the best: never run
+    assert set(out) == {0, 1} and not cut
+    assert out[0].settled and 0.95 <= out[0].request_rate_per_replica <= 1.0
+    assert out[1].runs == 1 and out[1].request_rate_per_replica == 0
 
 
 def test_capacity_json_keys_and_text(eight):

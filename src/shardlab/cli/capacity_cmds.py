@@ -100,9 +100,9 @@ class _Pool:
                              np.array([r[2] for r in rows]), at)
 
     def refine(self, idx, gpus_per_replica, must=()):
-        """Simulated (p99) capacities of the cases ``idx`` that can still win (``capacity.refine``), cached;
+        """Simulated (p99) capacities of the cases ``idx`` that can still win (``sim_capacity.refine``), cached;
         returns ({position in idx: SimCapacity}, stopped at the layout limit)."""
-        from shardlab.serving.capacity import SIM_REQUESTS, refine
+        from shardlab.serving.sim_capacity import SIM_REQUESTS, refine
 
         known = {j: self.sims[i] for j, i in enumerate(idx) if i in self.sims}
         out, cut = refine([self.cases[i] for i in idx], self.capacity_arrays(idx), gpus_per_replica, self.slo,
@@ -308,7 +308,8 @@ def _target_search(pool, rate: float, bound: int) -> tuple[int, int]:
 def plan_capacity(args, spec, cluster, gpus, prec, engine):
     """`plan --inference --serve` with SLOs and no load: each layout's capacity under the SLO, ranked by goodput per
     GPU, the Pareto front, and with --target-rate the fewest GPUs for a rate."""
-    from shardlab.serving.capacity import GPU_COUNT_CAP, Slo, sim_requests
+    from shardlab.serving.capacity import GPU_COUNT_CAP, Slo
+    from shardlab.serving.sim_capacity import sim_requests
     from shardlab.serving.simulate import simulate
 
     from shardlab.cli.inference_cmds import finite

@@ -5,7 +5,7 @@ MLPerf Inference's Server scenario (MLCommons ``inference_policies``, ``inferenc
 LLM latency constraints): LoadGen sends queries as a Poisson process at a target rate; the submitter raises the rate
 until the p99 of time to first token or of time per output token would exceed the benchmark's constraint, and the
 result is the largest rate that meets both. The engine fills its running batch as the arrivals allow, so at that rate
-the batch is the largest the latency caps permit. This is ``serving.capacity`` on one layout: for p50 the steady
+the batch is the largest the latency caps permit. This is ``serving.capacity`` (and ``serving.sim_capacity``) on one layout: for p50 the steady
 state's means (``fluid_capacity``), for p99 the seed-fixed simulation bracketing the rate (``simulated_capacity``,
 upper bound the p50 capacity). The estimate is then priced at that rate, so the rest of the report (latencies,
 memory, simulation) describes the layout at its capacity.
@@ -36,7 +36,8 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
     the p99 search's simulation at the rate it returns (None for p50), which the report shows, so its p99 is the one
     the search accepted; each run takes REQUESTS_PER_SLOT requests per slot in flight. A ShardlabError says
     so when no rate tried meets the targets."""
-    from shardlab.serving.capacity import RATE_MODE, SIM_REQUESTS, Slo, fluid_capacity, simulated_capacity
+    from shardlab.serving.capacity import RATE_MODE, Slo, fluid_capacity
+    from shardlab.serving.sim_capacity import SIM_REQUESTS, simulated_capacity
     from shardlab.serving.steady import arrays, fluid
 
     slo = Slo(ttft_slo, tpot_slo, percentile)
@@ -70,7 +71,7 @@ def layout_capacity(case, ttft_slo: float | None, tpot_slo: float | None, percen
             filled = sc.sim.mean_running / steady if steady > 0 else None
         out.update(bracket_upper_rate=sc.missed_rate_per_replica if math.isfinite(sc.missed_rate_per_replica) else None,
                    settled=bool(sc.settled), simulations=sc.runs, sim=sc.sim, requests_per_run=most, filled=filled,
-                   method=(f"seed-fixed simulation (serving.capacity.simulated_capacity): {sc.runs} run(s) of {most:,} "
+                   method=(f"seed-fixed simulation (serving.sim_capacity.simulated_capacity): {sc.runs} run(s) of {most:,} "
                            f"requests (at the rate found; each run sized for its rate) from the p50 capacity down" + (", bracketed to 5% of the rate" if sc.settled else
                                                                       ", stopped at its run budget")))
     if rate <= 0 and not out["settled"]:

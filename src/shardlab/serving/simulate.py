@@ -159,10 +159,9 @@ class _Replica:
 def warm_in_flight(case: ServeCase, arrival_rate: float) -> int:
     """Sequences the steady state keeps in flight at ``arrival_rate`` (``steady.fluid``; the replica's capacity when
     that rate overloads it): what a warm-started run begins with."""
-    from shardlab.serving.steady import arrays, fluid
+    from shardlab.serving.steady import arrays, in_flight_at_rate
 
-    f = fluid(arrays([case]), [2], [arrival_rate])
-    return int(round(min(float(f["in_flight"][0]), float(case.capacity))))
+    return int(round(min(in_flight_at_rate(arrays([case]), arrival_rate), float(case.capacity))))
 
 
 def _warm_start(rep: _Replica, first: np.ndarray, ids: range) -> int:

@@ -130,9 +130,10 @@ def take(a, idx):
     return np.asarray(a)[idx]
 
 
-def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
+def _rate_in_flight(a: Arrays, lam, Bmax, tol: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(B, overloaded) of cases under Poisson arrivals λ: the root of f(B) = B − λ·O·cycle(B) on [0, Bmax],
-    by the Illinois variant of regula falsi (Dowell & Jarratt 1971, BIT 11) on the bracket."""
+    by the Illinois variant of regula falsi (Dowell & Jarratt 1971, BIT 11) on the bracket: 16 iterations, or
+    fewer once every case's bracket is ``tol`` sequences wide or less (``tol`` > 0)."""
     Oc = cycles_per_request(a)
     f = lambda B: B - lam * Oc * _cycle(a, B * (Oc - 1) / Oc, B / Oc, poisson=True)["cycle_s"]  # noqa: E731
     lo, hi = np.zeros_like(Bmax), Bmax.copy()
@@ -148,8 +149,18 @@ def _rate_in_flight(a: Arrays, lam, Bmax) -> tuple[np.ndarray, np.ndarray]:
         fhi = np.where(left & (side > 0), fhi / 2, fhi)       # Illinois: halve the stale end
         flo = np.where(~left & (side < 0), flo / 2, flo)
         side = np.where(left, 1.0, -1.0)
+        if tol > 0 and np.all(over | (hi - lo <= tol)):
+            break
     B = np.where(np.abs(flo) < np.abs(fhi), lo, hi)
     return np.where(over, Bmax, B), over
+
+
+def in_flight_at_rate(a: Arrays, lam: float, tol: float = 0.25) -> float:
+    """Sequences one case (``a`` of length 1) keeps in flight under Poisson arrivals λ (``fluid``'s B, to within
+    ``tol`` sequences; its capacity when λ overloads it), without the latencies ``fluid`` also prices."""
+    Bmax = np.maximum(max_in_flight(a), 1.0)
+    B, _ = _rate_in_flight(a, np.full(Bmax.shape, float(lam)), Bmax, tol)
+    return float(B[0])
 
 
 def cycles_per_request(a: Arrays):
