@@ -14,7 +14,8 @@ from conftest import cli_main
 from shardlab.catalog import get_catalog
 from shardlab.cli.fields import FLAGS, flag_of
 from shardlab.errors import ShardlabError, field_name
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout
+from shardlab.layout_checks import validate
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "shardlab"
 CORE = ["layout.py", "estimate", "memory", "serving", "planner", "comm", "specs", "pipeline", "shard", "cost", "rates",

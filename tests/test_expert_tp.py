@@ -13,7 +13,8 @@ from shardlab.comm.pricing import ep_per_moe_block_s
 from shardlab.errors import ShardlabError
 from shardlab.estimate import estimate_training
 from shardlab.estimate.step import evaluate
-from shardlab.layout import Layout, expert_grid, layouts_to_arrays, validate
+from shardlab.layout import Layout, expert_grid, layouts_to_arrays
+from shardlab.layout_checks import validate
 from shardlab.rank_grid import group_ranks, rank_coords
 from shardlab.specs.hardware import Cluster
 

@@ -4,7 +4,8 @@ import pytest
 
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
-from shardlab.layout import Layout, split_layers, validate
+from shardlab.layout import Layout, split_layers
+from shardlab.layout_checks import validate
 from shardlab.rank_grid import all_groups, group_nodes, group_ranks, group_span_nodes, rank_coords, coords_rank
 
 CAT = get_catalog()

@@ -11,7 +11,8 @@ from shardlab.cli import main
 from shardlab.errors import ShardlabError
 from shardlab.estimate import estimate_training
 from shardlab.flops import training_flops_per_token
-from shardlab.layout import RECOMPUTE_MODULES, Layout, validate
+from shardlab.layout import RECOMPUTE_MODULES, Layout
+from shardlab.layout_checks import validate
 from shardlab.memory.activations import ActivationContext, layer_activation_bytes, recompute_parts
 from shardlab.specs.hardware import Cluster
 from conftest import run_cli

@@ -67,7 +67,7 @@ def test_bounded_work_still_answers_where_it_can():
 
 
 def test_divisors_by_square_root():
-    from shardlab.layout import divisors
+    from shardlab.layout_checks import divisors
 
     assert divisors(1) == [1] and divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(49) == [1, 7, 49]
     assert divisors(4294967291) == [1, 4294967291]            # the largest 32-bit prime: 65,536 trial divisions

@@ -178,7 +178,7 @@ def test_a_pipeline_too_long_to_simulate_is_priced_by_its_closed_form(tmp_path):
 
 
 def test_the_cost_objective_searches_a_bounded_spread_of_world_sizes():
-    from shardlab.layout import divisors
+    from shardlab.layout_checks import divisors
     from shardlab.limits import MAX_COST_WORLDS
     from shardlab.planner.search import _spread
 

@@ -5,7 +5,8 @@ import pytest
 
 from shardlab.catalog import get_catalog
 from shardlab.errors import ShardlabError
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout
+from shardlab.layout_checks import validate
 from shardlab.shard import block_collectives, block_mermaid, shard_report, valid_tp
 
 CAT = get_catalog()

@@ -227,7 +227,8 @@ def cmd_inference(args):
     from shardlab.comm.inference import DEFAULT_MEMORY_EFFICIENCY, decode_step, prefill_step
     from shardlab.comm.report import render_inference
     from shardlab.errors import ShardlabError
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
 
     cat = get_catalog(args.catalog)
     spec, params = resolve_model(args, cat)

@@ -78,7 +78,8 @@ def export_job(args, cat, spec):
     from shardlab.errors import ShardlabError
     from shardlab.export.build import price_notes
     from shardlab.export.job import LaunchJob, Pools, Serve
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
 
     pools = parse_pools(args.disaggregated)
     if args.gpus and args.gpus != sum(pools):

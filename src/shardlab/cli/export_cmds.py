@@ -91,7 +91,8 @@ def job_from_args(args, cat):
     from shardlab.estimate.inference import estimate_inference
     from shardlab.export.build import price_notes
     from shardlab.export.job import LaunchJob, Serve
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
 
     spot = getattr(args, "spot", False)
     if args.inference:

@@ -159,7 +159,7 @@ def plan_inference_cmd(args, catalog):
         return plan_serve(args, spec, cluster, gpus, prec, engine)
     objective = args.objective
     plans, rejected, errors = [], {}, {}
-    from shardlab.layout import divisors
+    from shardlab.layout_checks import divisors
 
     for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node]:
         for pp in [d for d in divisors(gpus // tp) if d <= spec.num_layers]:

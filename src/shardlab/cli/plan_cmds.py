@@ -271,7 +271,8 @@ def cmd_plan(args):
     fixed = layout_flags_as_fixes(args, parse_fix(args.fix))
     if args.recompute_modules:      # the search's selective option re-runs these: each must exist in the model
         from shardlab.comm.moe_dispatch import check_overlap_modules
-        from shardlab.layout import Layout, validate
+        from shardlab.layout import Layout
+        from shardlab.layout_checks import validate
 
         validate(Layout(recompute="selective", recompute_modules=args.recompute_modules), spec)
         check_overlap_modules(wl.moe, args.recompute_modules)

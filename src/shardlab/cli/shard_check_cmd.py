@@ -45,7 +45,8 @@ def register(sub) -> None:
 @reports_interrupt("shard-check", note=_STOPPED)
 def cmd_shard_check(args):
     from shardlab.cli import emit
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
     from shardlab.runtime import require_torch
     from shardlab.runtime.shard_check import render, resolve_spec, shard_check
 

@@ -46,7 +46,8 @@ def cmd_shard(args):
     kw = dict(seq_len=args.seq_len or min(spec.max_seq_len, 4096), micro_batch=args.micro_batch,
               sequence_parallel=args.sequence_parallel, elem_bytes=DTYPE_BYTES[args.dtype])
     if args.sequence_parallel and args.tp > 1:      # the layout rule estimate, memory and comm plan apply
-        from shardlab.layout import Layout, validate
+        from shardlab.layout import Layout
+        from shardlab.layout_checks import validate
 
         validate(Layout(tp=args.tp, sequence_parallel=True), seq_len=kw["seq_len"])
     doc = shard_report(spec, args.tp, **kw)

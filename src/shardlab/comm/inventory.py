@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from shardlab.comm.collectives import collective_time
 from shardlab.comm.moe_dispatch import MoeDispatch
 from shardlab.comm.pricing import ep_all_to_all_s
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout
+from shardlab.layout_checks import validate
 from shardlab.rank_grid import axis_stride, group_span_nodes
 from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors

@@ -11,7 +11,8 @@ from shardlab.rates.hardware import matmul_curve
 from shardlab.estimate.step import evaluate
 from shardlab.estimate.workload import Workload, workload_for, workload_memory
 from shardlab.flops import six_psi_d
-from shardlab.layout import TOKENS_PER_STEP, Layout, default_global_batch, layouts_to_arrays, validate
+from shardlab.layout import TOKENS_PER_STEP, Layout, default_global_batch, layouts_to_arrays
+from shardlab.layout_checks import validate
 from shardlab.memory import MemoryReport, Overheads
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec

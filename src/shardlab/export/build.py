@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from shardlab.errors import ShardlabError
 from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve, recipe_notes
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout
+from shardlab.layout_checks import validate
 
 
 def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int) -> int:
@@ -68,7 +69,7 @@ def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
     a valid layout for the model, a global batch that splits into whole micro-batches, known precision and
     optimizer, a positive GPUs-per-node; serving: positive replicas and sequences."""
     from shardlab import limits as L
-    from shardlab.layout import validate
+    from shardlab.layout_checks import validate
     from shardlab.memory.precision import OPTIMIZERS, PRECISIONS
 
     try:

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 from shardlab import xp
 from shardlab.errors import ShardlabError, field_name
-from shardlab.layout import TOKENS_PER_STEP, Layout, Recompute, default_global_batch, validate
+from shardlab.layout import TOKENS_PER_STEP, Layout, Recompute, default_global_batch
+from shardlab.layout_checks import validate
 from shardlab.memory.activations import (ActivationContext, _tsh, in_flight, layer_activation_bytes, overlap_extra_in_flight,
                                          layer_input_bytes, op_saved_bytes)
 from shardlab.memory.overheads import MEMORY_MARGIN, Overheads, margin_note

@@ -113,7 +113,7 @@ def plan_training(spec: ModelSpec, cluster: Cluster, wl: Workload, *, objective:
     worlds = [cluster.num_gpus]
     if objective == "cost":  # the cheapest way to train with up to N GPUs: whole nodes, or divisors of one node
         gpn = cluster.gpus_per_node
-        from shardlab.layout import divisors
+        from shardlab.layout_checks import divisors
 
         worlds = _spread([w for w in divisors(cluster.num_gpus) if w % gpn == 0 or gpn % w == 0])
     cand_parts, score_parts, rejected, total = [], [], Counter(), 0

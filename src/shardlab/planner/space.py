@@ -44,7 +44,7 @@ REJECT_REASONS = (
 
 
 def _divisors(n: int) -> list[int]:
-    from shardlab.layout import divisors
+    from shardlab.layout_checks import divisors
 
     return divisors(n)
 

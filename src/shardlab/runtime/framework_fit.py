@@ -213,7 +213,7 @@ def _resolve_model(ref, where: str, cache: dict | None = None):
 def _run_inputs(doc: dict, where: str, specs: dict | None = None):
     """(spec, layout, workload kwargs, measured step s, device) of one `run train --json` document, every field used
     checked (type and range) with the document and field named."""
-    from shardlab.layout import validate
+    from shardlab.layout_checks import validate
     from shardlab.memory.precision import OPTIMIZERS, PRECISIONS
 
     if not isinstance(doc, dict) or any(k not in doc for k in ("model_ref", "layout", "workload", "step_time")):

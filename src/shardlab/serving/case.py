@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass, replace
 
 from shardlab.errors import ShardlabError, field_name
-from shardlab.layout import Layout, validate
+from shardlab.layout import Layout
+from shardlab.layout_checks import validate
 from shardlab.memory.inference import (KVBlocks, activation_peak_bytes, cached_tokens, held_tokens, kv_blocks,
                                        kv_cache_bytes_per_token, weight_bytes_per_rank)
 from shardlab.memory.overheads import Overheads

@@ -71,7 +71,7 @@ def split_kind(t: TensorSpec, spec: ModelSpec, tp: int) -> str:
 
 
 def constraints(spec: ModelSpec, tp: int) -> list[Constraint]:
-    """The rules T must satisfy for ``spec`` (hard ones make a layout invalid, like ``layout.validate``)."""
+    """The rules T must satisfy for ``spec`` (hard ones make a layout invalid, like ``layout_checks.validate``)."""
     out = [Constraint("attention heads", spec.num_heads, f"T divides {spec.num_heads}", spec.num_heads % tp == 0, True,
                       "each rank computes whole heads")]
     if spec.mla is None:
@@ -101,7 +101,7 @@ def constraints(spec: ModelSpec, tp: int) -> list[Constraint]:
 
 def valid_tp(spec: ModelSpec, limit: int | None = None) -> list[int]:
     """Every T from 1 to the head count (or ``limit``) that satisfies the hard constraints."""
-    from shardlab.layout import divisors
+    from shardlab.layout_checks import divisors
 
     top = limit or spec.num_heads
     return [t for t in divisors(spec.num_heads) if t <= top and all(c.ok for c in constraints(spec, t) if c.hard)]

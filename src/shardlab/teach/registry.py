@@ -76,7 +76,8 @@ def _check_model_values(vals: dict) -> None:
     if not isinstance(vals.get("model"), str):
         return
     from shardlab.catalog import get_catalog
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
 
     spec = get_catalog().model(vals["model"])
     if isinstance(vals.get("tp"), int) and vals["tp"] >= 1:

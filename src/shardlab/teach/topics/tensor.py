@@ -136,7 +136,8 @@ def sequence_parallel(v: dict) -> Explanation:
 def layout_3d(v: dict) -> Explanation:
     """A 3-D layout on a few GPUs: every rank's coordinates, layers and the groups it belongs to."""
     from shardlab.errors import ShardlabError
-    from shardlab.layout import Layout, validate
+    from shardlab.layout import Layout
+    from shardlab.layout_checks import validate
     from shardlab.rank_grid import all_groups, rank_coords
     from shardlab.memory.states import stage_tensors
 
