@@ -183,6 +183,38 @@ def test_the_interpolated_search_settles_in_fewer_runs_than_bisection(monkeypatc
     assert b.request_rate_per_replica <= r.request_rate_per_replica <= 6.7          # and it lands nearer
 
 
+def test_a_floor_at_or_above_the_upper_bound_costs_one_run_and_no_budget_costs_none(monkeypatch):
+    rates = _stub_runs(monkeypatch, capacity=7.0)
+    miss = simulated_capacity(None, Slo(1.0, None, "p99"), 10.0, floor_rate=10.0)
+    assert rates == [10.0] and miss.runs == 1 and miss.request_rate_per_replica == 0 and not miss.settled
+    assert miss.missed_rate_per_replica == 10.0 and miss.missed_ratio == pytest.approx((10 / 7) ** 6)
+    rates.clear()
+    met = simulated_capacity(None, Slo(1.0, None, "p99"), 6.0, floor_rate=12.0)
+    assert rates == [6.0] and met.settled and met.request_rate_per_replica == 6.0
+    rates.clear()
+    none = simulated_capacity(None, Slo(1.0, None, "p99"), 10.0, floor_rate=6.0, max_runs=0)
+    assert rates == [] and none.runs == 0 and none.request_rate_per_replica == 0 and not none.settled
+
+
+def test_a_dropped_contenders_front_search_starts_from_its_measured_ratio(monkeypatch):
+    import shardlab.serving.sim_capacity as C
+    from shardlab.serving.capacity import FluidCapacity
+
+    rates = _stub_runs(monkeypatch, capacity=1.0, power=4.0)
+    caps = np.array([3.0, 2.0])
+    fc = FluidCapacity(caps, caps, np.array(["tpot"] * 2), {"e2e_s": np.ones(2)})
+
+    class Case:
+        output_len = 100
+    out, _ = C.refine([Case(), Case()], fc, np.array([1.0, 1.5]), Slo(1.0, None, "p99"), must=(1,), must_runs=3)
+    # the second layout's tie rate (best x 1.5 GPUs / 1 GPU ~ 1.5) missed; its front search starts below it at
+    # 1/q² of it (q measured there), not at half of it
+    tie = [r for r in rates if 1.4 < r < 1.6]
+    assert len(tie) == 1 and out[1].runs >= 1
+    first_after = rates[rates.index(tie[0]) + 1]
+    assert first_after == pytest.approx(tie[0] * max(0.25, 1 / ((tie[0] / 1.0) ** 4) ** 2))
+
+
 def test_best_first_refine_stops_at_the_first_bound_below_the_best(monkeypatch):
     import shardlab.serving.sim_capacity as C
 

@@ -33,7 +33,7 @@ SIM_MIN_REQUESTS = 100
 SIM_RUN_CYCLES = 20_000
 """Cycles one run aims at (``sim_requests`` takes fewer requests when the replica runs few sequences at once)."""
 SIM_CYCLE_BUDGET = 150_000
-"""Simulated cycles one p99 plan may spend in all (about 15 s at 0.1 ms a cycle; the benchmark's takes 15,000)."""
+"""Simulated cycles one p99 plan may spend in all (about 15 s at 0.1 ms a cycle; the benchmark's takes about 23,000)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class SimCapacity:
     """The largest simulated rate whose percentile met the targets, requests/s per replica (0: none met them)."""
     missed_rate_per_replica: float
     """The smallest simulated rate whose percentile missed them (inf: none missed; the search's upper bound, the
-    p50 capacity, met them)."""
+    p50 capacity, met them); where the search stopped at its budget before running its upper bound, that bound
+    (not simulated: ``binds`` is then None)."""
     settled: bool
     """The bracket is within the search's tolerance (or the upper bound met the targets): the rate is the capacity.
     False: the search stopped early (its run budget, or it could not beat a better layout), so only the bracket
@@ -57,6 +58,9 @@ class SimCapacity:
     """Simulations run."""
     cycles: int = 0
     """Scheduling cycles those runs simulated (their cost: about 0.1 ms each)."""
+    missed_ratio: float = math.nan
+    """Percentile / target measured at missed_rate_per_replica (nan where no run measured it), so that a later
+    search from that rate interpolates from it."""
 
 
 def _sim_ratio(sim: SimResult | None, slo: Slo) -> tuple[float, float]:
@@ -140,10 +144,15 @@ def simulated_capacity(case: ServeCase, slo: Slo, upper_rate: float, *, lifetime
 
     if upper_rate <= 0:
         return SimCapacity(0.0, math.inf, True, None, None, 0)
-    if 0 < floor_rate < upper_rate:               # a contender: can it beat the best at all?
+    if spent():                                   # no run allowed: only the p50 bound is known
+        return SimCapacity(0.0, upper_rate, False, None, None, 0)
+    if floor_rate >= upper_rate:                  # only the upper bound can beat the floor: one run there at most
+        q_hi, miss, met = at_upper()
+        return met or SimCapacity(0.0, upper_rate, False, miss, None, runs, cycles, missed_ratio=q_hi)
+    if floor_rate > 0:                            # a contender: can it beat the best at all?
         q_lo, why, sim_lo = run(floor_rate)
         if q_lo > 1:
-            return SimCapacity(0.0, floor_rate, False, why, None, runs, cycles)
+            return SimCapacity(0.0, floor_rate, False, why, None, runs, cycles, missed_ratio=q_lo)
         lo, hi = floor_rate, upper_rate
         if upper_missed is None and spent():
             return SimCapacity(lo, upper_rate, False, None, sim_lo, runs, cycles)
@@ -158,13 +167,13 @@ def simulated_capacity(case: ServeCase, slo: Slo, upper_rate: float, *, lifetime
         lo = upper_rate * min(0.9, max(0.25, 1 / q_hi**2)) if math.isfinite(q_hi) else upper_rate / 2
         while True:
             if spent():
-                return SimCapacity(0.0, hi, False, miss, None, runs, cycles)
+                return SimCapacity(0.0, hi, False, miss, None, runs, cycles, missed_ratio=q_hi)
             q_lo, why, sim_lo = run(lo)
             if q_lo <= 1:
                 break
             hi, q_hi, miss = lo, q_lo, why
             if lo <= upper_rate / 64:
-                return SimCapacity(0.0, hi, True, miss, None, runs, cycles)
+                return SimCapacity(0.0, hi, True, miss, None, runs, cycles, missed_ratio=q_hi)
             lo /= 2
     while hi / lo - 1 > rel_tol and not spent():
         mid = _next_rate(lo, q_lo, hi, q_hi)
@@ -173,7 +182,7 @@ def simulated_capacity(case: ServeCase, slo: Slo, upper_rate: float, *, lifetime
             lo, q_lo, sim_lo = mid, q, sim
         else:
             hi, q_hi, miss = mid, q, why
-    return SimCapacity(lo, hi, hi / lo - 1 <= rel_tol, miss, sim_lo, runs, cycles)
+    return SimCapacity(lo, hi, hi / lo - 1 <= rel_tol, miss, sim_lo, runs, cycles, missed_ratio=q_hi)
 
 
 def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndarray, slo: Slo, *,
@@ -225,9 +234,9 @@ def refine(cases: list[ServeCase], cap: FluidCapacity, gpus_per_replica: np.ndar
             cut = True
             break
         top, known_miss = float(upper[i]), None
-        if i in out and out[i].missed_rate_per_replica < top:    # dropped as a contender: it missed at that rate
-            top = out[i].missed_rate_per_replica
-            known_miss = (math.nan, out[i].binds or "ttft")     # its ratio is not kept
+        if i in out and out[i].missed_rate_per_replica <= top and out[i].binds:   # it missed at that rate (dropped
+            top = out[i].missed_rate_per_replica                                   # as a contender, or earlier)
+            known_miss = (out[i].missed_ratio, out[i].binds)
         r = simulated_capacity(cases[i], slo, top, lifetime_s=life(i), requests=requests, seed=seed,
                                max_runs=min(must_runs - (known_miss is not None), max_runs - spent),
                                max_cycles=max_cycles - cycles, upper_missed=known_miss)

@@ -157,8 +157,9 @@ class _Replica:
 
 
 def warm_in_flight(case: ServeCase, arrival_rate: float) -> int:
-    """Sequences the steady state keeps in flight at ``arrival_rate`` (``steady.fluid``; the replica's capacity when
-    that rate overloads it): what a warm-started run begins with."""
+    """Sequences the steady state keeps in flight at ``arrival_rate`` (``steady.fluid``'s, solved alone to within a
+    quarter of a sequence: ``steady.in_flight_at_rate``; the replica's capacity when that rate overloads it): what
+    a warm-started run begins with."""
     from shardlab.serving.steady import arrays, in_flight_at_rate
 
     return int(round(min(in_flight_at_rate(arrays([case]), arrival_rate), float(case.capacity))))
