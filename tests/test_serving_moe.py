@@ -165,7 +165,10 @@ def test_estimate_serve_deepseek_wide_ep_json():
     assert code == 0, err
     d = json.loads(out)
     assert (d["ep"], d["dp_attention"]) == (16, 16)
-    assert d["gpus"] == 16 and d["kv_blocks"]["weights_bytes"] == weight_bytes_per_rank(DS, 1, 1, ep=16)[0]
+    # the checkpoint's FP8 block weights (the default): exact per rank, half the bf16 copy's routed experts
+    fp8 = make_precision("fp8", None, "bf16", None, CAT.accelerator("h200").peak_tflops)
+    assert d["precision"].startswith("weights fp8 (the checkpoint's)")
+    assert d["gpus"] == 16 and d["kv_blocks"]["weights_bytes"] == weight_bytes_per_rank(DS, 1, 1, ep=16, precision=fp8)[0]
     assert d["steady_state"]["output_tokens_per_s"] > 0
     code, out, err = cli_main("estimate", "deepseek-v3", "--inference", "--gpus", "16", "--gpu", "h200", "--ep", "16",
                               "--dp-attention", "--two-batch-overlap", "--batch", "64")
@@ -315,17 +318,19 @@ def test_attention_ranks_of_tp_above_one_where_the_engine_runs_them():
     assert "16 ranks of TP 1, not 8 of TP 2" in said["attention_tp"]
 
 
-def test_docs_quote_the_bf16_wide_ep_search():
-    """docs/inference.md §7's DeepSeek-V3 (bf16) figures on 16 H200, 1,000/1,000 tokens, are the search's output."""
+def test_docs_quote_the_fp8_wide_ep_search():
+    """docs/inference.md §7's DeepSeek-V3 figures on 16 H200, 1,000/1,000 tokens (its FP8 checkpoint, the default
+    weights), are the search's output."""
     code, out, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
                               "--prompt-len", "1000", "--output-len", "1000", "--ttft-slo", "2", "--tpot-slo", "0.05",
                               "--top", "60", "--json")
     assert code == 0, err
     d = json.loads(out)
+    assert d["precision"].startswith("weights fp8 (the checkpoint's)")
     cap, lay = d["capacity"], d["capacity"]["layout"]
-    tp1 = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["dp_attention"] == 16)
+    tp2 = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["dp_attention"] == 8)
     sliced = max(p["goodput_tokens_per_s_per_gpu"] for p in d["plans"] if p["dp_attention"] == 1)
     doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text().split())
     assert (f"EP {lay['ep']} over {lay['dp_attention']} attention ranks of TP {lay['tp']} serves "
             f"{cap['max_request_rate']:.1f} requests/s, {cap['goodput_tokens_per_s_per_gpu']:.0f} output tokens/s per "
-            f"GPU (16 ranks of TP 1: {tp1:.0f}), against {sliced:.0f} for the best TP-sliced layout") in doc
+            f"GPU (8 ranks of TP 2: {tp2:.0f}), against {sliced:.0f} for the best TP-sliced layout") in doc

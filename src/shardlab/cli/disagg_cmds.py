@@ -56,7 +56,7 @@ def build(args, spec, cluster, prec, engine, catalog, pools: tuple[int, int]):
 def prefill_cluster(args, catalog, cluster, prec, gpus: int):
     """(cluster, precision) of the prefill pool: --prefill-gpu's kind in its usual server (its own links and
     peaks), else the decode pool's."""
-    from shardlab.cli.inference_args import precision_from_args
+    from shardlab.serving.precision import make_precision
     from shardlab.specs.hardware import Cluster
 
     kind = getattr(args, "prefill_gpu", None)
@@ -67,7 +67,9 @@ def prefill_cluster(args, catalog, cluster, prec, gpus: int):
         return cluster, prec
     c = Cluster(accelerator=acc, num_gpus=gpus, gpus_per_node=acc.system["gpus_per_node"],
                 intra_link=catalog.link(acc.system["intra_link"]), inter_link=catalog.link(acc.system["inter_link"]))
-    return c, precision_from_args(args, acc)
+    # the decode pool's weights and KV types (the checkpoint's when --weights is not given), this GPU's GEMM peaks
+    return c, make_precision(prec.weights, prec.group_size, prec.kv_cache, args.activations, acc.peak_tflops,
+                             from_checkpoint=prec.weights_from_checkpoint)
 
 
 def export_job(args, cat, spec):
@@ -86,7 +88,7 @@ def export_job(args, cat, spec):
         raise ShardlabError(f"--gpus {args.gpus} is not the pools' {pools[0]} + {pools[1]} GPUs of --disaggregated; "
                             f"drop --gpus")
     cluster = cluster_from_args(args, cat, sum(pools))
-    prec = precision_from_args(args, cluster.accelerator)
+    prec = precision_from_args(args, cluster.accelerator, spec)
     from shardlab.cli.export_cmds import serving_engine
 
     engine, fw = serving_engine(args)

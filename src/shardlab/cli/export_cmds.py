@@ -114,9 +114,10 @@ def job_from_args(args, cat):
         cluster = cluster_from_args(args, cat, group)
         import dataclasses
 
-        prec = asked = precision_from_args(args, cluster.accelerator)
+        prec = asked = precision_from_args(args, cluster.accelerator, spec)
         if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
-            prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16")
+            prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16",
+                                       weights_from_checkpoint=False)
         engine, fw = serving_engine(args)
         moe = {k: v for k, v in case_kw(args, spec, cat).items() if k not in ("speculation", "draft_spec")}
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,

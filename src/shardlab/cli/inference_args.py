@@ -22,8 +22,9 @@ def add_inference_args(p) -> None:
                         "split over replicas); pipeline stages split them into pp micro-batches")
     g.add_argument("--prompt-len", type=BOUNDED["seq_len"], default=1024, help="prompt tokens per sequence")
     g.add_argument("--output-len", type=BOUNDED["seq_len"], default=256, help="generated tokens per sequence")
-    g.add_argument("--weights", choices=tuple(WEIGHT_BITS), default="bf16",
-                   help="block weights: 16-bit, fp8, int8, int4 (AWQ/GPTQ groups) or fp4 (NVFP4); head and embeddings stay 16-bit")
+    g.add_argument("--weights", choices=tuple(WEIGHT_BITS), default=None,
+                   help="block weights: 16-bit, fp8, int8, int4 (AWQ/GPTQ groups) or fp4 (NVFP4); head and embeddings "
+                        "stay 16-bit (default: the checkpoint's own type, fp8 for DeepSeek-V3, fp4 for GPT-OSS; else bf16)")
     g.add_argument("--group-size", type=BOUNDED["dim"], default=None, help="int4/int8 input features per scale/zero group "
                                                                         "(int4 default 128)")
     g.add_argument("--kv-cache-dtype", choices=tuple(KV_BYTES), default="bf16", help="KV-cache element type")
@@ -116,14 +117,23 @@ def engine_from_args(args):
         cuda_graph_max_batch=getattr(args, "cuda_graph_max_batch", None))
 
 
-def precision_from_args(args, accelerator):
+def weights_of(args, spec) -> str:
+    """--weights, else the model's checkpoint type (``ModelSpec.checkpoint_weights``: what the engines load as it
+    ships), else bf16."""
+    return args.weights or (spec.checkpoint_weights if spec is not None else "") or "bf16"
+
+
+def precision_from_args(args, accelerator, spec=None):
+    """The serving precision of the flags; the weights default to ``spec``'s checkpoint type (``weights_of``)."""
     from shardlab.errors import ShardlabError
     from shardlab.serving.precision import make_precision
 
     if args.precision != "bf16-mixed":
         raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
                             f"--kv-cache-dtype and --activations")
-    return make_precision(args.weights, args.group_size, args.kv_cache_dtype, args.activations, accelerator.peak_tflops)
+    own = not args.weights and spec is not None and bool(spec.checkpoint_weights)
+    return make_precision(weights_of(args, spec), args.group_size, args.kv_cache_dtype, args.activations,
+                          accelerator.peak_tflops, from_checkpoint=own)
 
 
 def spec_cluster(args, catalog, gpus: int):

@@ -36,7 +36,7 @@ def estimate_inference_cmd(args, catalog):
                             f"`shardlab plan --inference --gpus N`")
     check_serve_flags(args)
     spec, cluster = spec_cluster(args, catalog, n)
-    prec, engine = precision_from_args(args, cluster.accelerator), engine_from_args(args)
+    prec, engine = precision_from_args(args, cluster.accelerator, spec), engine_from_args(args)
     if args.serve and args.disaggregated:
         from shardlab.cli.disagg_cmds import estimate_disagg
 
@@ -152,7 +152,7 @@ def plan_inference_cmd(args, catalog):
     probe_spec, probe = spec_cluster(args, catalog, 1)
     gpus = args.gpus or (args.nodes * probe.gpus_per_node if args.nodes else args.gpus_default)
     spec, cluster = spec_cluster(args, catalog, gpus)
-    prec, engine = precision_from_args(args, cluster.accelerator), engine_from_args(args)
+    prec, engine = precision_from_args(args, cluster.accelerator, spec), engine_from_args(args)
     if args.serve:
         from shardlab.cli.serve_cmds import plan_serve
 

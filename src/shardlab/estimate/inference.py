@@ -170,7 +170,8 @@ class InferenceEstimate:
         return {
             "model": self.spec.name, "gpu": c.cluster.accelerator.id, "tp": self.tp, "pp": self.pp, "gpus": self.gpus,
             "engine": c.engine.id, "engine_version": c.engine.version, "precision": {"weights": c.precision.weights, "group_size": c.precision.group_size,
-                                                 "kv_cache": c.precision.kv_cache, "activations": c.precision.activations},
+                                                 "kv_cache": c.precision.kv_cache, "activations": c.precision.activations,
+                                                 "weights_from_checkpoint": c.precision.weights_from_checkpoint},
             "ep": c.ep, "dp_attention": c.attention_dp, "expert_imbalance": c.expert_imbalance,
             "two_batch_overlap": bool(float(c.whole.a2a_overlap)), "redundant_experts": c.redundant_experts,
             "batch": self.batch, "micro_batches": self.pp, "in_flight": self.in_flight,

@@ -55,6 +55,8 @@ class InferencePrecision:
     """KV-cache element type: bf16, fp16 or fp8."""
     activations: str = "bf16"
     """Type the GEMMs run in (sets the peak): bf16, fp16, fp8, int8 or fp4 (Blackwell NVFP4 tensor cores)."""
+    weights_from_checkpoint: bool = False
+    """The weights' type is the model's published checkpoint's (``ModelSpec.checkpoint_weights``), not a flag's."""
 
     @property
     def weight_bits(self) -> int:
@@ -74,7 +76,8 @@ class InferencePrecision:
     def label(self) -> str:
         """Short name, e.g. 'weights int4 g128, activations bf16, KV fp8'."""
         g = f" g{self.group_size}" if self.group_size else ""
-        return f"weights {self.weights}{g}, activations {self.activations}, KV {self.kv_cache}"
+        own = " (the checkpoint's)" if self.weights_from_checkpoint else ""
+        return f"weights {self.weights}{g}{own}, activations {self.activations}, KV {self.kv_cache}"
 
     def matrix_bytes(self, out_features: int, in_features: int) -> int:
         """Bytes of one quantized (out, in) weight matrix, scales and zero points included (module doc)."""
@@ -111,7 +114,8 @@ BF16 = InferencePrecision()
 
 
 def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cache: str = "bf16",
-                   activations: str | None = None, peaks: dict | None = None) -> InferencePrecision:
+                   activations: str | None = None, peaks: dict | None = None,
+                   from_checkpoint: bool = False) -> InferencePrecision:
     """Validate a precision choice; ``activations`` defaults to fp8 for fp8 weights on a GPU with an fp8 peak
     (W8A8, what TensorRT-LLM and vLLM run on Hopper), else the 16-bit type (weight-only schemes)."""
     if weights not in WEIGHT_BITS:
@@ -150,7 +154,7 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
         raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use "
                             f"{field_name('serve.activations')} "
                             f"{' or '.join(have)}")
-    return InferencePrecision(weights, group_size, kv_cache, activations)
+    return InferencePrecision(weights, group_size, kv_cache, activations, from_checkpoint)
 
 
 def _runs(weights: str, activations: str) -> bool:

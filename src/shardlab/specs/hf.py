@@ -11,6 +11,8 @@ transformers on the meta device and compares the counts exactly.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardlab.errors import ShardlabError
 from shardlab.specs.model import MLASpec, ModelSpec, MoESpec
 
@@ -119,6 +121,7 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     """Build a ModelSpec from a Hugging Face config mapping."""
     mt = model_type(d, where)
     source = f"Hugging Face config file {where}"
+    ckpt = checkpoint_weights(d.get("quantization_config"))
     if mt == "gemma3":  # multimodal file: the language model is text_config (the SigLIP vision tower is not modelled)
         text = d.get("text_config") or {}
         if not isinstance(text, dict):
@@ -133,7 +136,26 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
         raise ShardlabError(f"{where}: a {mt} config field has the wrong type or value ({type(e).__name__}: "
                             f"{str(e)[:100]}); fix the file") from None
+    if ckpt:
+        spec = replace(spec, checkpoint_weights=ckpt[0], source=f"{spec.source}; checkpoint weights {ckpt[0]} ({ckpt[1]})")
     return spec.validate()
+
+
+def checkpoint_weights(q) -> tuple[str, str] | None:
+    """(type, why) of a checkpoint's block weights from its config's ``quantization_config``, for the types shardlab
+    prices as they ship: 'fp8' (quant_method fp8: DeepSeek-V3's block FP8, vLLM/ModelOpt FP8 checkpoints), 'fp4'
+    (quant_method mxfp4: GPT-OSS's experts; ModelOpt NVFP4); None for any other or no quantization (the weights
+    are then priced 16-bit unless --weights says otherwise)."""
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo", "")).upper()
+    if method == "fp8" or (method == "modelopt" and algo == "FP8"):
+        return "fp8", f"quantization_config quant_method {method}" + (f" {algo}" if algo else "")
+    if method == "mxfp4" or (method == "modelopt" and algo == "NVFP4"):
+        return "fp4", (f"quantization_config quant_method {method}" + (f" {algo}" if algo else "")
+                       + ": priced as fp4 on every block matrix")
+    return None
 
 
 def _gpt2(c: _Cfg, common: dict) -> ModelSpec:

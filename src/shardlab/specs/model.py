@@ -25,6 +25,8 @@ QKNorm = Literal["none", "head", "proj"]
 NORMS_PER_BLOCK = {"pre": 2, "shared": 1, "sandwich": 4, "post": 2}
 """Norm modules per block: pre-norm (Llama, GPT-2), one shared by both branches (GPT-J, Falcon-7B), pre and
 post around each sublayer (Gemma 2/3), after each sublayer (OLMo 2)."""
+CHECKPOINT_WEIGHTS = ("", "fp8", "fp4")
+"""Published checkpoints' block-weight types shardlab prices as they ship ('' = 16-bit)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,10 @@ class ModelSpec:
     """Multi-head Latent Attention settings, or None for standard (GQA/MHA) attention."""
     params_reference: int = 0
     """Published exact parameter count (all tensors as the checkpoint loads), 0 if none is published."""
+    checkpoint_weights: str = ""
+    """Type of the block weights in the published checkpoint the serving engines load as they are: 'fp8'
+    (DeepSeek-V3's block-scaled FP8), 'fp4' (GPT-OSS's MXFP4 experts), '' for a 16-bit checkpoint. It is what
+    ``--inference`` prices when ``--weights`` is not given; training ignores it (bf16 master weights)."""
     source: str = ""
     """Where the dimensions come from."""
 
@@ -261,6 +267,9 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
     for f in ("name", "family", "source", "mlp", "norm", "position"):
         if not isinstance(getattr(spec, f), str):
             raise ShardlabError(f"{what}: {f} must be text, got {type(getattr(spec, f)).__name__}")
+    if spec.checkpoint_weights not in CHECKPOINT_WEIGHTS:
+        raise ShardlabError(f"{what}: checkpoint_weights must be one of {', '.join(repr(x) for x in CHECKPOINT_WEIGHTS)} "
+                            f"('' for a 16-bit checkpoint), got {spec.checkpoint_weights!r}")
     if spec.moe is not None:
         for f in ("num_experts", "top_k", "expert_ffn_hidden_size"):
             whole(spec.moe, f)

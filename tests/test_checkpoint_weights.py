@@ -1,0 +1,92 @@
+"""The weights' type a published checkpoint ships (``ModelSpec.checkpoint_weights``): what `--inference` prices when
+`--weights` is not given (DeepSeek-V3's block FP8, GPT-OSS's MXFP4 experts), read from a config.json's
+``quantization_config`` too; training ignores it."""
+
+import json
+
+import pytest
+
+from conftest import cli_main
+from shardlab.errors import ShardlabError
+from shardlab.specs.hf import checkpoint_weights, from_hf_config
+from shardlab.specs.model import model_from_dict
+
+
+def _json(*argv) -> dict:
+    code, out, err = cli_main(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _prec(d: dict) -> str:
+    """The precision of an estimate's JSON as its label ('weights fp8 (the checkpoint's), activations fp8, ...')."""
+    p = d["precision"]
+    if isinstance(p, str):
+        return p
+    own = " (the checkpoint's)" if p["weights_from_checkpoint"] else ""
+    return f"weights {p['weights']}{own}, activations {p['activations']}, KV {p['kv_cache']}"
+
+
+def test_deepseek_v3_fits_eight_h200_in_its_own_fp8_and_not_as_a_bf16_copy():
+    """The first question about DeepSeek-V3: one 8 x H200 node serves it as it ships (671B at one byte); a 16-bit
+    copy (1.34 TB) does not fit there."""
+    own = _json("estimate", "deepseek-v3", "--inference", "--tp", "8", "--gpu", "h200", "--prompt-len", "1000",
+                "--output-len", "1000")
+    assert _prec(own).startswith("weights fp8 (the checkpoint's), activations fp8")
+    assert own["fits"] and own["max_batch"] > 100
+    copy = _json("estimate", "deepseek-v3", "--inference", "--tp", "8", "--gpu", "h200", "--prompt-len", "1000",
+                 "--output-len", "1000", "--weights", "bf16")
+    assert _prec(copy).startswith("weights bf16, ") and not copy["fits"]
+    assert copy["memory"]["per_gpu"]["weights"] > 1.9 * own["memory"]["per_gpu"]["weights"]
+
+
+def test_gpt_oss_120b_fits_one_h100_in_its_mxfp4_weights():
+    d = _json("estimate", "gpt-oss-120b", "--inference", "--gpu", "h100-sxm", "--prompt-len", "1000",
+              "--output-len", "1000")
+    assert _prec(d).startswith("weights fp4 (the checkpoint's), activations bf16") and d["fits"]
+
+
+def test_a_dense_bf16_checkpoint_and_training_are_unchanged():
+    d = _json("estimate", "llama-3.1-8b", "--inference", "--prompt-len", "1000", "--output-len", "100")
+    assert _prec(d).startswith("weights bf16, activations bf16")
+    t = _json("estimate", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "16", "--ep", "16", "--zero", "1",
+              "--global-batch", "512", "--seq-len", "4096")
+    assert t["workload"]["precision"] == "bf16-mixed" and not t["workload"]["fp8_params"]   # training: as asked
+
+
+@pytest.mark.parametrize("q,want", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e4m3"}, "fp8"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}, "fp4"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "fp4"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, None),
+    ({"quant_method": "gptq", "bits": 4}, None),
+    ("fp8", None),
+    (None, None),
+])
+def test_quantization_config_names_the_checkpoint_weights(q, want):
+    got = checkpoint_weights(q)
+    assert (got[0] if got else None) == want
+
+
+def test_a_config_json_with_fp8_weights_is_priced_as_it_ships(tmp_path):
+    cfg = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    spec = from_hf_config(cfg, "l8b-fp8")
+    assert spec.checkpoint_weights == "fp8" and "checkpoint weights fp8" in spec.source
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    d = _json("estimate", str(path), "--inference", "--gpu", "h100-sxm", "--prompt-len", "500", "--output-len", "100")
+    assert _prec(d).startswith("weights fp8 (the checkpoint's), activations fp8")
+
+
+def test_a_bad_checkpoint_weights_field_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ShardlabError, match="checkpoint_weights must be one of"):
+        model_from_dict("m", {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
+                              "ffn_hidden_size": 128, "vocab_size": 100, "max_seq_len": 64,
+                              "checkpoint_weights": "int3"}, "m.yaml")
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nfamily: llama\nhidden_size: 64\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 4\n"
+                    "ffn_hidden_size: 128\nvocab_size: 100\nmax_seq_len: 64\ncheckpoint_weights: [fp8]\n")
+    code, out, err = cli_main("estimate", str(path), "--inference", "--prompt-len", "8", "--output-len", "8")
+    assert code == 2 and "checkpoint_weights" in err and err.count("\n") == 1 and "Traceback" not in err
