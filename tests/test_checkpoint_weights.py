@@ -86,7 +86,38 @@ def test_a_bad_checkpoint_weights_field_is_refused_in_one_line(tmp_path):
                               "ffn_hidden_size": 128, "vocab_size": 100, "max_seq_len": 64,
                               "checkpoint_weights": "int3"}, "m.yaml")
     path = tmp_path / "m.yaml"
-    path.write_text("name: m\nfamily: llama\nhidden_size: 64\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 4\n"
+    path.write_text("family: llama\nhidden_size: 64\nnum_layers: 2\nnum_heads: 4\nnum_kv_heads: 4\n"
                     "ffn_hidden_size: 128\nvocab_size: 100\nmax_seq_len: 64\ncheckpoint_weights: [fp8]\n")
     code, out, err = cli_main("estimate", str(path), "--inference", "--prompt-len", "8", "--output-len", "8")
-    assert code == 2 and "checkpoint_weights" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert code == 2 and "checkpoint_weights must be one of" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang", "tensorrt-llm"])
+def test_launch_files_serve_a_quantized_checkpoint_as_it_ships(tmp_path, target):
+    """No quantization flag (each engine reads the method from the checkpoint's config), no 'could not express'
+    note, and the file reads back at the checkpoint's precision; another --weights is named as not carried over."""
+    code, out, err = cli_main("export", "--to", target, "deepseek-v3", "--inference", "--gpu", "h200", "--tp", "8",
+                              "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert not [u for u in doc["unsupported"] if u["setting"] == "weights"]
+    assert "quantization" not in doc["text"]
+    path = tmp_path / ("job.yaml" if target == "tensorrt-llm" else "serve.sh")
+    path.write_text(doc["text"])
+    if target != "tensorrt-llm":
+        back = _json("estimate", "--from", str(path), "--gpu", "h200")
+        assert back["precision"]["weights"] == "fp8" and back["precision"]["weights_from_checkpoint"]
+    code, out, err = cli_main("export", "--to", target, "gpt-oss-120b", "--inference", "--gpu", "h100-sxm", "--tp", "4",
+                              "--weights", "bf16", "--json")
+    assert code == 0, err
+    notes = [u["why"] for u in json.loads(out)["unsupported"] if u["setting"] == "weights"]
+    assert notes and "as it ships (fp4" in notes[0]
+
+
+def test_explain_prices_the_checkpoint_as_estimate_does():
+    code, out, err = cli_main("explain", "kv-cache", "model=gpt-oss-120b", "gpu=h100-sxm", "tp=1", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    est = _json("estimate", "gpt-oss-120b", "--inference", "--gpu", "h100-sxm", "--batch", "1", "--prompt-len", "2048",
+                "--output-len", "2048")
+    assert d["numbers"]["fits"] and d["numbers"]["weights_bytes"] == est["memory"]["per_gpu"]["weights"]

@@ -133,8 +133,15 @@ def inference_estimate_argv(run, case) -> list[str]:
         argv += ["--ep", str(c["ep"]), *(["--dp-attention"] if c.get("dp_attention") else [])]
         argv += ["--redundant-experts", str(c["redundant_experts"])] if c.get("redundant_experts") else []
         argv += ["--two-batch-overlap"] if c.get("two_batch_overlap") else []
-    for key, flag, default in (("weights", "--weights", "bf16"), ("group_size", "--group-size", None),
-                               ("kv_cache", "--kv-cache-dtype", "bf16"), ("activations", "--activations", None)):
+    from shardlab.catalog import get_catalog
+
+    # the row's weights (bf16 when it names none, as run_case prices it) unless they are what estimate takes
+    # without --weights: the model's checkpoint type (ModelSpec.checkpoint_weights), else bf16
+    weights = c.get("weights") or "bf16"
+    if weights != (get_catalog().model(c["model"]).checkpoint_weights or "bf16"):
+        argv += ["--weights", weights]
+    for key, flag, default in (("group_size", "--group-size", None), ("kv_cache", "--kv-cache-dtype", "bf16"),
+                               ("activations", "--activations", None)):
         if c.get(key) not in (None, default):
             argv += [flag, str(c[key])]
     argv += ["--prompt-len", str(c["isl"]), "--output-len", str(c["osl"])]

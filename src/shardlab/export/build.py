@@ -11,12 +11,19 @@ from shardlab.layout import Layout
 from shardlab.layout_checks import validate
 
 
-def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int) -> int:
+def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int, sv: dict | None = None) -> int:
     """KV-cache blocks per GPU as the serving model allocates them for vLLM (shardlab.memory.inference.kv_blocks:
-    gpu_memory_utilization × capacity minus weights, the profiled activation peak and the rest, in blocks of 16)."""
+    gpu_memory_utilization × capacity minus weights, the profiled activation peak and the rest, in blocks of 16), at
+    the weights and KV types of ``sv`` (``_serving_settings``; default: the checkpoint's weights, bf16 KV)."""
     from shardlab.estimate.inference import estimate_inference
+    from shardlab.serving.precision import make_precision
 
-    est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len)
+    sv = sv or {}
+    w = sv.get("weights") or spec.checkpoint_weights or "bf16"
+    prec = make_precision(w, None, "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16", None,
+                          cluster.accelerator.peak_tflops)
+    est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len,
+                             precision=prec)
     return int(est.case.blocks.num_blocks)
 
 
@@ -43,7 +50,7 @@ def plan_model(doc: dict, catalog):
     return catalog.model(ref or doc["model"])
 
 
-def _serving_settings(sv) -> dict:
+def _serving_settings(sv, spec=None) -> dict:
     """The serving settings an inference plan was made with (``plan --inference --json``'s ``serving``): weights,
     KV-cache dtype, memory fraction and sequence cap, checked (a tampered file gets one line, not a wrong file)."""
     from shardlab.serving.precision import KV_BYTES, WEIGHT_BITS
@@ -51,7 +58,8 @@ def _serving_settings(sv) -> dict:
     sv = {} if sv is None else sv
     if not isinstance(sv, dict):
         raise ShardlabError("--plan FILE: 'serving' must be a mapping; export the plan again with `shardlab plan --json`")
-    w, kv = sv.get("weights", "bf16"), sv.get("kv_cache_dtype", "bf16")
+    # a plan file without weights (an old or hand-edited one): the model's checkpoint type, as the plan priced it
+    w, kv = sv.get("weights", (spec.checkpoint_weights if spec is not None else "") or "bf16"), sv.get("kv_cache_dtype", "bf16")
     util, cap = sv.get("gpu_memory_utilization", 0.9), sv.get("max_num_seqs")
     if w not in WEIGHT_BITS or kv not in KV_BYTES:
         raise ShardlabError(f"--plan FILE: serving weights {str(w)[:20]!r} / kv_cache_dtype {str(kv)[:20]!r} are not "
@@ -127,9 +135,9 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
         if "batch" not in doc and (not isinstance(per, int) or isinstance(per, bool) or per < 1):
             raise ShardlabError("--plan FILE: an inference plan needs 'batch' (static) or its plans' 'max_num_seqs' (--serve)")
         cluster = _cluster(catalog, acc.id, p["tp"] * p["pp"], gpn)
+        sv = _serving_settings(doc.get("serving"), spec)
         blocks = p.get("kv_blocks") or p.get("kv_blocks_per_gpu") or kv_blocks(spec, cluster, p["tp"], p["pp"], per,
-                                                                               doc["prompt_len"], doc["output_len"])
-        sv = _serving_settings(doc.get("serving"))
+                                                                               doc["prompt_len"], doc["output_len"], sv)
         ep, dpa = p.get("ep", 1), p.get("dp_attention", 1)     # a MoE layout the serving search picked
         for name, v in (("ep", ep), ("dp_attention", dpa)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -184,7 +192,7 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ShardlabError(f"--plan FILE: disaggregated {name} must be a positive whole number; export the plan "
                                 f"again with `shardlab plan --json`")
-    sv = _serving_settings(doc.get("serving"))
+    sv = _serving_settings(doc.get("serving"), spec)
     cap = min(dec["capacity_per_replica"], sv["max_num_seqs"] or dec["capacity_per_replica"])
     blocks = dec.get("kv_blocks_per_gpu")
     serve = Serve(max_num_seqs=cap, prompt_len=doc["prompt_len"], output_len=doc["output_len"], replicas=1,

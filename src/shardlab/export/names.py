@@ -24,6 +24,21 @@ def hf_id(model: str) -> str | None:
     return model_entry(model).get("hf")
 
 
+def checkpoint_weights(model: str) -> str:
+    """The catalog model's checkpoint weight type ('fp8', 'fp4'; '' for a 16-bit checkpoint or a model not in the
+    catalog): what an engine loads from its repository as it ships (``ModelSpec.checkpoint_weights``)."""
+    from shardlab.catalog import get_catalog
+
+    cat = get_catalog()
+    return cat.models[model].checkpoint_weights if model in cat.models else ""
+
+
+def as_shipped_note(engine: str, repo: str, ckpt: str, weights: str) -> str:
+    """Why a launch file cannot serve ``weights`` from a repository that ships ``ckpt`` weights."""
+    return (f"{engine} loads {repo} as it ships ({ckpt} block weights, read from its config); the predicted KV blocks "
+            f"here are for {weights} weights: drop --weights (or give {ckpt}) to price what the engine runs")
+
+
 def torchtitan_flavor(model: str) -> tuple[str, str] | None:
     tt = model_entry(model).get("torchtitan")
     return tuple(tt) if tt else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.names import hf_id, read_model
+from shardlab.export.names import as_shipped_note, checkpoint_weights, hf_id, read_model
 from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
 
 CHECKED = f"{version('sglang')} flag schema"
@@ -48,7 +48,11 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
               ("mem-fraction-static", s.gpu_memory_utilization), ("dtype", DTYPE[job.precision])]
     if s.kv_cache_dtype.startswith("fp8"):
         pairs.append(("kv-cache-dtype", "fp8_e4m3"))
-    if s.weights == "fp8":
+    ckpt = checkpoint_weights(job.model)
+    if ckpt:                        # a quantized checkpoint: SGLang reads its method from the config, no flag
+        if s.weights != ckpt:
+            uns.append(Unsupported("weights", s.weights, as_shipped_note("SGLang", repo, ckpt, s.weights)))
+    elif s.weights == "fp8":
         pairs.append(("quantization", "fp8"))
     elif s.weights in ("int4", "int8"):
         uns.append(Unsupported("weights", s.weights, f"SGLang loads {s.weights} weights from a pre-quantized checkpoint "

@@ -18,7 +18,7 @@ import yaml
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, schemas, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.names import hf_id, read_model
+from shardlab.export.names import as_shipped_note, checkpoint_weights, hf_id, read_model
 from shardlab.export.text import HEREDOC, as_int, comment_block, flags_dict, serving_fields, split_command
 from shardlab.safeio import yaml_load
 
@@ -72,7 +72,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], dict, list[
         uns.append(Unsupported("replicas", s.replicas, f"trtllm-serve runs one replica: start {s.replicas} copies of "
                                                        f"this script (one per {job.gpus // s.replicas} GPUs) behind a "
                                                        "load balancer"))
-    if s.weights != "bf16":
+    ckpt = checkpoint_weights(job.model)
+    if ckpt and s.weights != ckpt:  # the repository's own quantized weights are what the PyTorch backend loads
+        uns.append(Unsupported("weights", s.weights, as_shipped_note("TensorRT-LLM", repo, ckpt, s.weights)))
+    elif not ckpt and s.weights != "bf16":
         uns.append(Unsupported("weights", s.weights, f"TensorRT-LLM loads {s.weights} weights from a pre-quantized "
                                                      f"ModelOpt checkpoint (the nvidia/... FP8 and FP4 repositories): "
                                                      f"point the command at one; this file serves {repo}"))

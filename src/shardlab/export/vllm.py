@@ -14,7 +14,7 @@ from __future__ import annotations
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.names import hf_id, read_model
+from shardlab.export.names import as_shipped_note, checkpoint_weights, hf_id, read_model
 from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
 
 CHECKED = f"{version('vllm')} flag schema"
@@ -46,7 +46,11 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
     pairs += [("max-model-len", s.prompt_len + s.output_len), ("max-num-seqs", s.max_num_seqs),
               ("gpu-memory-utilization", s.gpu_memory_utilization), ("kv-cache-dtype", s.kv_cache_dtype),
               ("dtype", DTYPE[job.precision]), ("block-size", BLOCK_TOKENS)]
-    if s.weights == "fp8":          # vLLM quantizes the bf16 checkpoint's linear weights to FP8 at load time
+    ckpt = checkpoint_weights(job.model)
+    if ckpt:                        # a quantized checkpoint: vLLM reads its method from the config, no flag
+        if s.weights != ckpt:
+            uns.append(Unsupported("weights", s.weights, as_shipped_note("vLLM", repo, ckpt, s.weights)))
+    elif s.weights == "fp8":        # vLLM quantizes the bf16 checkpoint's linear weights to FP8 at load time
         pairs.append(("quantization", "fp8"))
     elif s.weights in ("int4", "int8"):
         uns.append(Unsupported("weights", s.weights, f"vLLM loads {s.weights} weights from a pre-quantized checkpoint "

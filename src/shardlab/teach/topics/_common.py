@@ -18,6 +18,15 @@ RUN_TRAIN_STEPS_NOTE = (
 """The note beside a suggested `run train --steps 1` (docs/runtime.md, runtime/train_worker.py)."""
 
 
+def serving_precision(spec, accelerator):
+    """What `estimate --inference` serves ``spec`` in without --weights: its checkpoint's weight type
+    (``ModelSpec.checkpoint_weights``: DeepSeek-V3's FP8, GPT-OSS's MXFP4), else bf16; KV bf16."""
+    from shardlab.serving.precision import make_precision
+
+    return make_precision(spec.checkpoint_weights or "bf16", None, "bf16", None, accelerator.peak_tflops,
+                          from_checkpoint=bool(spec.checkpoint_weights))
+
+
 def model(default: str) -> Param:
     return Param("model", "str", default, "a catalog model id (`shardlab models`)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, cluster, gib, gpu, model, pct
+from shardlab.teach.topics._common import catalog, cluster, gib, gpu, model, pct, serving_precision
 from shardlab.units import fmt_bytes, fmt_time
 
 
@@ -15,10 +15,11 @@ def kv_cache(v: dict) -> Explanation:
 
     spec = catalog().model(v["model"])
     seq = v["seq"]                                    # at most the model's positions (registry._check_model_values)
+    prec = serving_precision(spec, catalog().accelerator(v["gpu"]))
     per_tp = {}
     for t in sorted({1, v["tp"]}):
         per_tp[t] = estimate_inference(spec, cluster(v["gpu"], t), tp=t, batch=v["batch"], prompt_len=seq // 2,
-                                       output_len=seq - seq // 2)
+                                       output_len=seq - seq // 2, precision=prec)
     est = per_tp[v["tp"]]
     kb, eng, acc = est.case.blocks, est.case.engine, est.case.cluster.accelerator
     kv_tok = est.kv_cache_bytes_per_token
@@ -44,12 +45,18 @@ def kv_cache(v: dict) -> Explanation:
              f"{e.case.blocks.tokens:,}", e.max_batch, "yes" if e.fits else "no"] for t, e in per_tp.items()]
     return Explanation(
         "kv-cache", "Serving memory: weights + KV cache, in the engine's blocks",
-        f"Serving {spec.name} in bf16 on {v['tp']} × {acc.id} with {v['batch']} sequence(s) of {seq} tokens: per-GPU "
+        f"Serving {spec.name} in {prec.weights}{' (its checkpoint)' if prec.weights_from_checkpoint else ''} on "
+        f"{v['tp']} × {acc.id} with {v['batch']} sequence(s) of {seq} tokens: per-GPU "
         f"weights, KV cache, and the KV blocks the engine ({eng.id}) allocates?",
         dict(v),
-        [f"weights per GPU: this rank's TP shard at 2 B = {est.weights_bytes / 1e9:.2f} GB = {gib(est.weights_bytes)} "
-         f"({fmt_count(param_counts(spec).total)} parameters × 2 B before any split; rules of thumb "
-         f"round the count, e.g. '7B × 2 B = 14 GB'; 1 GiB = 1.074 GB) [memory/inference.py: weight_bytes_per_rank]",
+        [(f"weights per GPU: this rank's TP shard at 2 B = {est.weights_bytes / 1e9:.2f} GB = {gib(est.weights_bytes)} "
+          f"({fmt_count(param_counts(spec).total)} parameters × 2 B before any split; rules of thumb "
+          f"round the count, e.g. '7B × 2 B = 14 GB'; 1 GiB = 1.074 GB) [memory/inference.py: weight_bytes_per_rank]")
+         if prec.weight_bits == 16 else
+         (f"weights per GPU: this rank's TP shard, the blocks' matrices at {prec.weights} ({prec.weight_bits} bits, "
+          f"their scales included: the checkpoint as it ships) and embeddings, head and norms at 2 B = "
+          f"{est.weights_bytes / 1e9:.2f} GB = {gib(est.weights_bytes)} ({fmt_count(param_counts(spec).total)} "
+          f"parameters before any split; 1 GiB = 1.074 GB) [memory/inference.py: weight_bytes_per_rank]"),
          kv_line,
          f"for {v['batch']} × {seq} tokens, in whole blocks of {kb.block_size}: {gib(est.kv_cache_bytes)}",
          f"total with the activation peak and CUDA context ({gib(est.workspace_bytes)}): {gib(est.total_bytes)}: "
@@ -141,7 +148,8 @@ def tp_vs_replicas(v: dict) -> Explanation:
     spec, cl = catalog().model(v["model"]), cluster(v["gpu"], v["tp"])
     if v["tp"] < 2:
         raise ShardlabError("tp must be 2 or more to compare with replicas of a smaller TP")
-    r = tp_versus_replicas(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"])
+    r = tp_versus_replicas(spec, cl, tp=v["tp"], batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"],
+                           precision=serving_precision(spec, cl.accelerator))
     g, rep = r["group"], r["replicas"]
     held = "the whole model" if rep["tp"] == 1 else f"1/{rep['tp']} of the weights"
     return Explanation(
@@ -171,7 +179,8 @@ def _one_request(spec, cl, p: int, prompt: int, output: int) -> dict:
     it across the stage boundaries (the case's send, ``serving.case.prepare``)."""
     from shardlab.estimate.inference import static_batch
 
-    case, r = static_batch(spec, cl, tp=1, pp=p, in_flight=1, prompt_len=prompt, output_len=output)
+    case, r = static_batch(spec, cl, tp=1, pp=p, in_flight=1, prompt_len=prompt, output_len=output,
+                           precision=serving_precision(spec, cl.accelerator))
     k = case.kernels
     return {"tpot_s": float(r["tpot_s"]), "e2e_s": float(r["e2e_s"]), "output_tokens_per_s": float(r["output_tokens_per_s"]),
             "send_s": float(case.p2p_fixed_s + case.p2p_s_per_token), "stage_overhead_s": float(k.step_overhead_s + k.seq_overhead_s),
@@ -196,7 +205,8 @@ def pp_inference(v: dict) -> Explanation:
     res, alone = {}, {}
     for p in stages:
         cl = cluster(v["gpu"], p)
-        res[p] = estimate_inference(spec, cl, pp=p, batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"])
+        res[p] = estimate_inference(spec, cl, pp=p, batch=v["batch"], prompt_len=v["prompt"], output_len=v["output"],
+                                    precision=serving_precision(spec, cl.accelerator))
         alone[p] = _one_request(spec, cl, p, v["prompt"], v["output"])
     one, top = res[1], res[stages[-1]]
     rows = [[p, e.in_flight, gib(e.weights_bytes), "yes" if e.fits else "no", f"{e.decode_s_per_token * 1e3:.2f} ms",
@@ -292,14 +302,13 @@ def disaggregation(v: dict) -> Explanation:
     from shardlab.serving.case import prepare
     from shardlab.serving.disagg import search, steady_rate
     from shardlab.serving.engines import get_engine
-    from shardlab.serving.precision import make_precision
     from shardlab.serving.steady import arrays, fluid
     from shardlab.planner.space import tp_ok
     from shardlab.errors import ShardlabError
 
     spec, n = catalog().model(v["model"]), v["gpus"]
     cl = cluster(v["gpu"], n)
-    prec = make_precision("bf16", None, "bf16", None, cl.accelerator.peak_tflops)
+    prec = serving_precision(spec, cl.accelerator)
     eng = get_engine(None)
     cases = {}
     for tp in [t for t in range(1, min(n, cl.gpus_per_node) + 1) if n % t == 0 and tp_ok(spec, t)]:

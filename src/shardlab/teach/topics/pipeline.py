@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardlab.teach.explanation import Explanation
 from shardlab.teach.params import Param
 from shardlab.teach.registry import Topic
-from shardlab.teach.topics._common import catalog, gib, gpu, model, pct
+from shardlab.teach.topics._common import catalog, gib, gpu, model, pct, serving_precision
 
 
 def bubble(v: dict) -> Explanation:
@@ -141,7 +141,9 @@ def stragglers(v: dict) -> Explanation:
     est = estimate_training(spec, Layout(dp=v["gpus"]), cl, seq_len=seq, global_batch=v["gpus"])
     dp = straggler_effect(est.breakdown, est.step_time_s, SlowRank(1, x))
     tail = straggler_effect(est.breakdown, est.step_time_s, SlowRank(1, x, f))
-    tp = effect_of_estimate(estimate_inference(spec, cluster(v["gpu"], 2), tp=2).to_dict(), SlowRank(1, x))
+    tp = effect_of_estimate(estimate_inference(spec, cluster(v["gpu"], 2), tp=2,
+                                               precision=serving_precision(spec, cl.accelerator)).to_dict(),
+                            SlowRank(1, x))
     ms = lambda t: f"{t * 1e3:,.1f} ms"  # noqa: E731
     return Explanation(
         "stragglers", "Stragglers: the slowest rank sets the pace",
