@@ -59,14 +59,22 @@ def test_a_dense_bf16_checkpoint_and_training_are_unchanged():
     ({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}, "fp4"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "fp4"),
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128}, None),
-    ({"quant_method": "gptq", "bits": 4}, None),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, ("int4", 128)),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 64}, ("int4", 64)),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1}, ("int8", 0)),
+    ({"quant_method": "awq", "bits": 4}, None),                 # AWQ without groups: not a file AutoAWQ writes
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, None),
+    ({"quant_method": "gptq", "bits": True, "group_size": 128}, None),
+    ({"quant_method": "compressed-tensors", "config_groups": {}}, None),
     ("fp8", None),
     (None, None),
 ])
 def test_quantization_config_names_the_checkpoint_weights(q, want):
     got = checkpoint_weights(q)
-    assert (got[0] if got else None) == want
+    if isinstance(want, tuple):
+        assert got is not None and (got[0], got[2]) == want
+    else:
+        assert (got[0] if got else None) == want
 
 
 def test_a_config_json_with_fp8_weights_is_priced_as_it_ships(tmp_path):
@@ -78,6 +86,20 @@ def test_a_config_json_with_fp8_weights_is_priced_as_it_ships(tmp_path):
     path.write_text(json.dumps(cfg))
     d = _json("estimate", str(path), "--inference", "--gpu", "h100-sxm", "--prompt-len", "500", "--output-len", "100")
     assert _prec(d).startswith("weights fp8 (the checkpoint's), activations fp8")
+
+
+def test_an_awq_config_json_is_priced_in_its_int4_groups(tmp_path):
+    cfg = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+                                  "version": "gemm"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    own = _json("estimate", str(path), "--inference", "--gpu", "a100-80gb", "--prompt-len", "500", "--output-len", "100")
+    given = _json("estimate", "llama-3.1-8b", "--inference", "--gpu", "a100-80gb", "--prompt-len", "500",
+                  "--output-len", "100", "--weights", "int4", "--group-size", "64")
+    assert own["precision"]["weights"] == "int4" and own["precision"]["group_size"] == 64
+    assert own["precision"]["weights_from_checkpoint"] and not given["precision"]["weights_from_checkpoint"]
+    assert own["memory"]["per_gpu"]["weights"] == given["memory"]["per_gpu"]["weights"]
 
 
 def test_a_bad_checkpoint_weights_field_is_refused_in_one_line(tmp_path):

@@ -132,7 +132,10 @@ def precision_from_args(args, accelerator, spec=None):
         raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
                             f"--kv-cache-dtype and --activations")
     own = not args.weights and spec is not None and bool(spec.checkpoint_weights)
-    return make_precision(weights_of(args, spec), args.group_size, args.kv_cache_dtype, args.activations,
+    group = args.group_size
+    if own and group is None and spec.checkpoint_group_size:      # an AWQ/GPTQ checkpoint's own groups
+        group = spec.checkpoint_group_size
+    return make_precision(weights_of(args, spec), group, args.kv_cache_dtype, args.activations,
                           accelerator.peak_tflops, from_checkpoint=own)
 
 

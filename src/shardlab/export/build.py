@@ -20,7 +20,8 @@ def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, outp
 
     sv = sv or {}
     w = sv.get("weights") or spec.checkpoint_weights or "bf16"
-    prec = make_precision(w, None, "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16", None,
+    group = spec.checkpoint_group_size or None if w == spec.checkpoint_weights and w in ("int4", "int8") else None
+    prec = make_precision(w, group, "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16", None,
                           cluster.accelerator.peak_tflops)
     est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len,
                              precision=prec)

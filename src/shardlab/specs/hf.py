@@ -137,24 +137,32 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
         raise ShardlabError(f"{where}: a {mt} config field has the wrong type or value ({type(e).__name__}: "
                             f"{str(e)[:100]}); fix the file") from None
     if ckpt:
-        spec = replace(spec, checkpoint_weights=ckpt[0], source=f"{spec.source}; checkpoint weights {ckpt[0]} ({ckpt[1]})")
+        spec = replace(spec, checkpoint_weights=ckpt[0], checkpoint_group_size=ckpt[2],
+                       source=f"{spec.source}; checkpoint weights {ckpt[0]} ({ckpt[1]})")
     return spec.validate()
 
 
-def checkpoint_weights(q) -> tuple[str, str] | None:
-    """(type, why) of a checkpoint's block weights from its config's ``quantization_config``, for the types shardlab
-    prices as they ship: 'fp8' (quant_method fp8: DeepSeek-V3's block FP8, vLLM/ModelOpt FP8 checkpoints), 'fp4'
-    (quant_method mxfp4: GPT-OSS's experts; ModelOpt NVFP4); None for any other or no quantization (the weights
-    are then priced 16-bit unless --weights says otherwise)."""
+def checkpoint_weights(q) -> tuple[str, str, int] | None:
+    """(type, why, group size) of a checkpoint's block weights from its config's ``quantization_config``, for the
+    types shardlab prices as they ship: 'fp8' (quant_method fp8: DeepSeek-V3's block FP8, vLLM/ModelOpt FP8
+    checkpoints), 'fp4' (quant_method mxfp4: GPT-OSS's experts; ModelOpt NVFP4), 'int4'/'int8' with their group
+    size (quant_method awq or gptq: ``bits``, ``group_size``; GPTQ's −1 = per output channel, 0 here); None for any
+    other or no quantization (the weights are then priced 16-bit unless --weights says otherwise)."""
     if not isinstance(q, dict):
         return None
-    method = str(q.get("quant_method", "")).lower()
-    algo = str(q.get("quant_algo", "")).upper()
+    method = str(q.get("quant_method", ""))[:40].lower()
+    algo = str(q.get("quant_algo", ""))[:40].upper()
+    why = f"quantization_config quant_method {method}" + (f" {algo}" if algo else "")
     if method == "fp8" or (method == "modelopt" and algo == "FP8"):
-        return "fp8", f"quantization_config quant_method {method}" + (f" {algo}" if algo else "")
+        return "fp8", why, 0
     if method == "mxfp4" or (method == "modelopt" and algo == "NVFP4"):
-        return "fp4", (f"quantization_config quant_method {method}" + (f" {algo}" if algo else "")
-                       + ": priced as fp4 on every block matrix")
+        return "fp4", why + ": priced as fp4 on every block matrix", 0
+    bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
+    if method in ("awq", "gptq") and bits in (4, 8) and not isinstance(bits, bool):
+        g = group if isinstance(group, int) and not isinstance(group, bool) and 0 < group <= 2**20 else 0
+        if method == "awq" and not g:
+            return None                               # AWQ is grouped by definition: a file without a group is odd
+        return f"int{bits}", f"{why}, {bits} bits" + (f", groups of {g}" if g else ", per output channel"), g
     return None
 
 

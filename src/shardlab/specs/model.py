@@ -25,7 +25,7 @@ QKNorm = Literal["none", "head", "proj"]
 NORMS_PER_BLOCK = {"pre": 2, "shared": 1, "sandwich": 4, "post": 2}
 """Norm modules per block: pre-norm (Llama, GPT-2), one shared by both branches (GPT-J, Falcon-7B), pre and
 post around each sublayer (Gemma 2/3), after each sublayer (OLMo 2)."""
-CHECKPOINT_WEIGHTS = ("", "fp8", "fp4")
+CHECKPOINT_WEIGHTS = ("", "fp8", "fp4", "int4", "int8")
 """Published checkpoints' block-weight types shardlab prices as they ship ('' = 16-bit)."""
 
 
@@ -157,8 +157,12 @@ class ModelSpec:
     """Published exact parameter count (all tensors as the checkpoint loads), 0 if none is published."""
     checkpoint_weights: str = ""
     """Type of the block weights in the published checkpoint the serving engines load as they are: 'fp8'
-    (DeepSeek-V3's block-scaled FP8), 'fp4' (GPT-OSS's MXFP4 experts), '' for a 16-bit checkpoint. It is what
-    ``--inference`` prices when ``--weights`` is not given; training ignores it (bf16 master weights)."""
+    (DeepSeek-V3's block-scaled FP8), 'fp4' (GPT-OSS's MXFP4 experts), 'int4'/'int8' (AWQ or GPTQ checkpoints), ''
+    for a 16-bit checkpoint. It is what ``--inference`` prices when ``--weights`` is not given; training ignores it
+    (bf16 master weights)."""
+    checkpoint_group_size: int = 0
+    """Input features per scale group of an int4/int8 checkpoint (AWQ/GPTQ ``group_size``); 0: per output channel
+    (GPTQ's group_size −1) or not grouped."""
     source: str = ""
     """Where the dimensions come from."""
 
@@ -267,6 +271,9 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
     for f in ("name", "family", "source", "mlp", "norm", "position"):
         if not isinstance(getattr(spec, f), str):
             raise ShardlabError(f"{what}: {f} must be text, got {type(getattr(spec, f)).__name__}")
+    if spec.checkpoint_group_size and spec.checkpoint_weights not in ("int4", "int8"):
+        raise ShardlabError(f"{what}: checkpoint_group_size applies to an int4 or int8 checkpoint; drop it or set "
+                            f"checkpoint_weights")
     if spec.checkpoint_weights not in CHECKPOINT_WEIGHTS:
         raise ShardlabError(f"{what}: checkpoint_weights must be one of {', '.join(repr(x) for x in CHECKPOINT_WEIGHTS)} "
                             f"('' for a 16-bit checkpoint), got {spec.checkpoint_weights!r}")

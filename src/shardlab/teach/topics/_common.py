@@ -23,8 +23,8 @@ def serving_precision(spec, accelerator):
     (``ModelSpec.checkpoint_weights``: DeepSeek-V3's FP8, GPT-OSS's MXFP4), else bf16; KV bf16."""
     from shardlab.serving.precision import make_precision
 
-    return make_precision(spec.checkpoint_weights or "bf16", None, "bf16", None, accelerator.peak_tflops,
-                          from_checkpoint=bool(spec.checkpoint_weights))
+    return make_precision(spec.checkpoint_weights or "bf16", spec.checkpoint_group_size or None, "bf16", None,
+                          accelerator.peak_tflops, from_checkpoint=bool(spec.checkpoint_weights))
 
 
 def model(default: str) -> Param:
