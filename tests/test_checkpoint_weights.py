@@ -62,9 +62,11 @@ def test_a_dense_bf16_checkpoint_and_training_are_unchanged():
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, ("int4", 128)),
     ({"quant_method": "gptq", "bits": 4, "group_size": 64}, ("int4", 64)),
     ({"quant_method": "gptq", "bits": 8, "group_size": -1}, ("int8", 0)),
-    ({"quant_method": "awq", "bits": 4}, None),                 # AWQ without groups: not a file AutoAWQ writes
+    ({"quant_method": "gptq", "bits": 4, "group_size": -1}, None),   # per-channel 4-bit: not a layout shardlab prices
+    ({"quant_method": "awq", "bits": 4, "group_size": -1}, None),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, None),
     ({"quant_method": "gptq", "bits": True, "group_size": 128}, None),
+    ({"quant_method": "awq", "bits": 4.0, "group_size": 128}, None),
     ({"quant_method": "compressed-tensors", "config_groups": {}}, None),
     ("fp8", None),
     (None, None),
@@ -75,6 +77,46 @@ def test_quantization_config_names_the_checkpoint_weights(q, want):
         assert got is not None and (got[0], got[2]) == want
     else:
         assert (got[0] if got else None) == want
+
+
+@pytest.mark.parametrize("group", [None, 0, -5, True, "128", 128.0, [128], 2**40])
+def test_a_malformed_group_size_is_refused_in_one_line(tmp_path, group):
+    cfg = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, **({} if group is None else {"group_size": group})}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, err = cli_main("estimate", str(path), "--inference", "--prompt-len", "8", "--output-len", "8")
+    assert code == 2 and "group_size must be -1" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def _awq_config(tmp_path, group: int, **over):
+    cfg = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "llama-3.1-8b.json").read_text())
+    cfg.update(over)
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_a_checkpoints_groups_that_a_tp_degree_splits_name_the_tp_not_a_flag(tmp_path):
+    path = _awq_config(tmp_path, 128, intermediate_size=18944)          # 2,368 inputs per rank at TP 8
+    code, out, err = cli_main("estimate", path, "--inference", "--gpu", "a100-80gb", "--tp", "8", "--prompt-len", "8",
+                              "--output-len", "8")
+    assert code == 2 and "the checkpoint's group_size 128" in err and "--group-size" not in err
+    assert "use a TP degree" in err and err.count("\n") == 1
+    d = _json("plan", path, "--inference", "--gpus", "8", "--gpu", "a100-80gb", "--prompt-len", "8", "--output-len", "8")
+    assert d["plans"] and all(p["tp"] != 8 for p in d["plans"])    # plan drops TP 8 and keeps the rest
+
+
+def test_another_group_size_or_the_same_type_given_is_not_called_the_checkpoints(tmp_path):
+    path = _awq_config(tmp_path, 64)
+    base = ["estimate", path, "--inference", "--gpu", "a100-80gb", "--prompt-len", "8", "--output-len", "8"]
+    other = _json(*base, "--group-size", "32")["precision"]
+    assert (other["weights"], other["group_size"], other["weights_from_checkpoint"]) == ("int4", 32, False)
+    same = _json(*base, "--weights", "int4")["precision"]          # the type given: the checkpoint's groups, no label
+    assert (same["group_size"], same["weights_from_checkpoint"]) == (64, False)
+    own = _json(*base)["precision"]
+    assert (own["group_size"], own["weights_from_checkpoint"]) == (64, True)
 
 
 def test_a_config_json_with_fp8_weights_is_priced_as_it_ships(tmp_path):

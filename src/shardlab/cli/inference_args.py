@@ -131,12 +131,15 @@ def precision_from_args(args, accelerator, spec=None):
     if args.precision != "bf16-mixed":
         raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
                             f"--kv-cache-dtype and --activations")
-    own = not args.weights and spec is not None and bool(spec.checkpoint_weights)
+    weights, ckpt = weights_of(args, spec), (spec.checkpoint_weights if spec is not None else "")
     group = args.group_size
-    if own and group is None and spec.checkpoint_group_size:      # an AWQ/GPTQ checkpoint's own groups
+    if weights == ckpt and group is None and spec.checkpoint_group_size:   # an AWQ/GPTQ checkpoint's own groups
         group = spec.checkpoint_group_size
-    return make_precision(weights_of(args, spec), group, args.kv_cache_dtype, args.activations,
-                          accelerator.peak_tflops, from_checkpoint=own)
+    # "(the checkpoint's)" only where nothing was given that departs from it (a --group-size of its own is another file)
+    own = (not args.weights and bool(ckpt)
+           and args.group_size in (None, spec.checkpoint_group_size or None))
+    return make_precision(weights, group, args.kv_cache_dtype, args.activations, accelerator.peak_tflops,
+                          from_checkpoint=own)
 
 
 def spec_cluster(args, catalog, gpus: int):

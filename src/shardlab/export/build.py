@@ -20,7 +20,9 @@ def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, outp
 
     sv = sv or {}
     w = sv.get("weights") or spec.checkpoint_weights or "bf16"
-    group = spec.checkpoint_group_size or None if w == spec.checkpoint_weights and w in ("int4", "int8") else None
+    group = sv.get("group_size")                      # the plan's own groups, else the checkpoint's for its type
+    if group is None and w == spec.checkpoint_weights and w in ("int4", "int8"):
+        group = spec.checkpoint_group_size or None
     prec = make_precision(w, group, "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16", None,
                           cluster.accelerator.peak_tflops)
     est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len,
@@ -69,8 +71,11 @@ def _serving_settings(sv, spec=None) -> dict:
         raise ShardlabError("--plan FILE: serving gpu_memory_utilization must be in (0, 1]; export the plan again")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ShardlabError("--plan FILE: serving max_num_seqs must be a positive integer; export the plan again")
+    group = sv.get("group_size")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= 2**20):
+        raise ShardlabError("--plan FILE: serving group_size must be a positive whole number; export the plan again")
     return {"weights": w, "kv_cache_dtype": "fp8" if kv == "fp8" else "auto", "gpu_memory_utilization": float(util),
-            "max_num_seqs": cap}
+            "max_num_seqs": cap, "group_size": group}
 
 
 def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:

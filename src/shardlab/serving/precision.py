@@ -91,6 +91,11 @@ class InferencePrecision:
             return data + out_features * -(-in_features // NVFP4_BLOCK) + 8
         if self.group_size:                                    # AWQ/GPTQ groups: fp16 scale + packed zero
             if in_features % self.group_size:                  # vLLM's AWQ/GPTQ create_weights refuse partial groups
+                if self.weights_from_checkpoint:              # the checkpoint's groups are fixed: only the TP can move
+                    raise ShardlabError(f"the checkpoint's group_size {self.group_size} (its quantization_config) does "
+                                        f"not divide {in_features:,}, the input features of a quantized matrix on each "
+                                        f"rank: AWQ/GPTQ kernels need whole groups; use a TP degree that keeps whole "
+                                        f"groups")
                 fit = next((g for g in (128, 64, 32, 16) if in_features % g == 0), math.gcd(in_features, self.group_size))
                 raise ShardlabError(f"{field_name('serve.group_size')} {self.group_size} does not divide "
                                     f"{in_features:,}, the input features "

@@ -121,7 +121,7 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     """Build a ModelSpec from a Hugging Face config mapping."""
     mt = model_type(d, where)
     source = f"Hugging Face config file {where}"
-    ckpt = checkpoint_weights(d.get("quantization_config"))
+    ckpt = checkpoint_weights(d.get("quantization_config"), where)
     if mt == "gemma3":  # multimodal file: the language model is text_config (the SigLIP vision tower is not modelled)
         text = d.get("text_config") or {}
         if not isinstance(text, dict):
@@ -142,12 +142,13 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     return spec.validate()
 
 
-def checkpoint_weights(q) -> tuple[str, str, int] | None:
+def checkpoint_weights(q, where: str = "config.json") -> tuple[str, str, int] | None:
     """(type, why, group size) of a checkpoint's block weights from its config's ``quantization_config``, for the
     types shardlab prices as they ship: 'fp8' (quant_method fp8: DeepSeek-V3's block FP8, vLLM/ModelOpt FP8
     checkpoints), 'fp4' (quant_method mxfp4: GPT-OSS's experts; ModelOpt NVFP4), 'int4'/'int8' with their group
-    size (quant_method awq or gptq: ``bits``, ``group_size``; GPTQ's −1 = per output channel, 0 here); None for any
-    other or no quantization (the weights are then priced 16-bit unless --weights says otherwise)."""
+    size (quant_method awq or gptq at 4 or 8 bits: ``bits``, ``group_size``; GPTQ's −1 = per output channel, 0 here,
+    at 8 bits only); None for any other or no quantization (the weights are then priced 16-bit unless --weights says
+    otherwise); a malformed group_size is refused in one line."""
     if not isinstance(q, dict):
         return None
     method = str(q.get("quant_method", ""))[:40].lower()
@@ -158,12 +159,18 @@ def checkpoint_weights(q) -> tuple[str, str, int] | None:
     if method == "mxfp4" or (method == "modelopt" and algo == "NVFP4"):
         return "fp4", why + ": priced as fp4 on every block matrix", 0
     bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
-    if method in ("awq", "gptq") and bits in (4, 8) and not isinstance(bits, bool):
-        g = group if isinstance(group, int) and not isinstance(group, bool) and 0 < group <= 2**20 else 0
-        if method == "awq" and not g:
-            return None                               # AWQ is grouped by definition: a file without a group is odd
-        return f"int{bits}", f"{why}, {bits} bits" + (f", groups of {g}" if g else ", per output channel"), g
-    return None
+    if method not in ("awq", "gptq"):
+        return None
+    if type(bits) is not int or bits not in (4, 8):   # 2/3-bit, strings, floats: not a scheme shardlab prices
+        return None
+    whole = type(group) is int
+    if not (whole and (group == -1 or 0 < group <= 2**20)):
+        raise ShardlabError(f"{where}: quantization_config group_size must be -1 (per output channel) or a whole number "
+                            f"from 1 to 1,048,576, got {str(group)[:40]}; fix the file")
+    if group == -1 and (method == "awq" or bits == 4):
+        return None           # per-channel 4-bit (and AWQ, grouped by definition): not a layout shardlab prices
+    g = max(group, 0)
+    return f"int{bits}", f"{why}, {bits} bits" + (f", groups of {g}" if g else ", per output channel"), g
 
 
 def _gpt2(c: _Cfg, common: dict) -> ModelSpec:

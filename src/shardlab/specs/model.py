@@ -271,12 +271,12 @@ def _check_fields(spec: ModelSpec, what: str) -> None:
     for f in ("name", "family", "source", "mlp", "norm", "position"):
         if not isinstance(getattr(spec, f), str):
             raise ShardlabError(f"{what}: {f} must be text, got {type(getattr(spec, f)).__name__}")
+    if spec.checkpoint_weights not in CHECKPOINT_WEIGHTS:
+        raise ShardlabError(f"{what}: checkpoint_weights must be one of {', '.join(repr(x) for x in CHECKPOINT_WEIGHTS)} "
+                            f"('' for a 16-bit checkpoint), got {str(spec.checkpoint_weights)[:40]!r}")
     if spec.checkpoint_group_size and spec.checkpoint_weights not in ("int4", "int8"):
         raise ShardlabError(f"{what}: checkpoint_group_size applies to an int4 or int8 checkpoint; drop it or set "
                             f"checkpoint_weights")
-    if spec.checkpoint_weights not in CHECKPOINT_WEIGHTS:
-        raise ShardlabError(f"{what}: checkpoint_weights must be one of {', '.join(repr(x) for x in CHECKPOINT_WEIGHTS)} "
-                            f"('' for a 16-bit checkpoint), got {spec.checkpoint_weights!r}")
     if spec.moe is not None:
         for f in ("num_experts", "top_k", "expert_ffn_hidden_size"):
             whole(spec.moe, f)
