@@ -185,3 +185,20 @@ def test_explain_prices_the_checkpoint_as_estimate_does():
     est = _json("estimate", "gpt-oss-120b", "--inference", "--gpu", "h100-sxm", "--batch", "1", "--prompt-len", "2048",
                 "--output-len", "2048")
     assert d["numbers"]["fits"] and d["numbers"]["weights_bytes"] == est["memory"]["per_gpu"]["weights"]
+
+
+def test_an_int4_plans_launch_file_predicts_the_blocks_of_the_16_bit_checkpoint_it_serves(tmp_path):
+    """vLLM cannot name an AWQ/GPTQ copy of a 16-bit catalog model: the file serves the bf16 checkpoint, and its
+    predicted KV blocks are that checkpoint's, from a plan as from `export --inference`."""
+    base = ["llama-3.1-8b", "--inference", "--gpu", "a100-80gb", "--weights", "int4", "--prompt-len", "500",
+            "--output-len", "100"]
+    code, out, err = cli_main("plan", *base, "--gpus", "1", "--json")
+    assert code == 0, err
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    texts = []
+    for argv in (["--plan", str(plan)], base):
+        code, out, err = cli_main("export", "--to", "vllm", *argv)
+        assert code == 0, err
+        texts.append(next(line for line in out.splitlines() if "predicted KV-cache blocks per GPU" in line))
+    assert texts[0] == texts[1]

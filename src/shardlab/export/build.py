@@ -144,6 +144,11 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
         sv = _serving_settings(doc.get("serving"), spec)
         blocks = p.get("kv_blocks") or p.get("kv_blocks_per_gpu") or kv_blocks(spec, cluster, p["tp"], p["pp"], per,
                                                                                doc["prompt_len"], doc["output_len"], sv)
+        if sv["weights"] in ("int4", "int8") and spec.checkpoint_weights != sv["weights"]:
+            # the launch file serves the 16-bit checkpoint (an int4/int8 one it cannot name, export/vllm.py): predict
+            # the blocks of what it runs, as `export --inference` does
+            blocks = kv_blocks(spec, cluster, p["tp"], p["pp"], per, doc["prompt_len"], doc["output_len"],
+                               {**sv, "weights": "bf16", "group_size": None})
         ep, dpa = p.get("ep", 1), p.get("dp_attention", 1)     # a MoE layout the serving search picked
         for name, v in (("ep", ep), ("dp_attention", dpa)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
