@@ -117,29 +117,17 @@ def engine_from_args(args):
         cuda_graph_max_batch=getattr(args, "cuda_graph_max_batch", None))
 
 
-def weights_of(args, spec) -> str:
-    """--weights, else the model's checkpoint type (``ModelSpec.checkpoint_weights``: what the engines load as it
-    ships), else bf16."""
-    return args.weights or (spec.checkpoint_weights if spec is not None else "") or "bf16"
-
-
 def precision_from_args(args, accelerator, spec=None):
-    """The serving precision of the flags; the weights default to ``spec``'s checkpoint type (``weights_of``)."""
+    """The serving precision of the flags; without --weights, ``spec``'s checkpoint type
+    (``serving.precision.checkpoint_precision``)."""
     from shardlab.errors import ShardlabError
-    from shardlab.serving.precision import make_precision
+    from shardlab.serving.precision import checkpoint_precision
 
     if args.precision != "bf16-mixed":
         raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
                             f"--kv-cache-dtype and --activations")
-    weights, ckpt = weights_of(args, spec), (spec.checkpoint_weights if spec is not None else "")
-    group = args.group_size
-    if weights == ckpt and group is None and spec.checkpoint_group_size:   # an AWQ/GPTQ checkpoint's own groups
-        group = spec.checkpoint_group_size
-    # "(the checkpoint's)" only where nothing was given that departs from it (a --group-size of its own is another file)
-    own = (not args.weights and bool(ckpt)
-           and args.group_size in (None, spec.checkpoint_group_size or None))
-    return make_precision(weights, group, args.kv_cache_dtype, args.activations, accelerator.peak_tflops,
-                          from_checkpoint=own)
+    return checkpoint_precision(spec, accelerator.peak_tflops, args.weights, args.group_size, args.kv_cache_dtype,
+                                args.activations)
 
 
 def spec_cluster(args, catalog, gpus: int):

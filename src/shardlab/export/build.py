@@ -16,15 +16,11 @@ def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, outp
     gpu_memory_utilization × capacity minus weights, the profiled activation peak and the rest, in blocks of 16), at
     the weights and KV types of ``sv`` (``_serving_settings``; default: the checkpoint's weights, bf16 KV)."""
     from shardlab.estimate.inference import estimate_inference
-    from shardlab.serving.precision import make_precision
+    from shardlab.serving.precision import checkpoint_precision
 
     sv = sv or {}
-    w = sv.get("weights") or spec.checkpoint_weights or "bf16"
-    group = sv.get("group_size")                      # the plan's own groups, else the checkpoint's for its type
-    if group is None and w == spec.checkpoint_weights and w in ("int4", "int8"):
-        group = spec.checkpoint_group_size or None
-    prec = make_precision(w, group, "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16", None,
-                          cluster.accelerator.peak_tflops)
+    prec = checkpoint_precision(spec, cluster.accelerator.peak_tflops, sv.get("weights"), sv.get("group_size"),
+                                "fp8" if sv.get("kv_cache_dtype") == "fp8" else "bf16")
     est = estimate_inference(spec, cluster, tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, output_len=output_len,
                              precision=prec)
     return int(est.case.blocks.num_blocks)

@@ -162,6 +162,21 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
     return InferencePrecision(weights, group_size, kv_cache, activations, from_checkpoint)
 
 
+def checkpoint_precision(spec, peaks: dict | None, weights: str | None = None, group_size: int | None = None,
+                         kv_cache: str = "bf16", activations: str | None = None) -> InferencePrecision:
+    """What serving prices ``spec`` in: ``weights`` as given, else its published checkpoint's type
+    (``ModelSpec.checkpoint_weights``: what the engines load as it ships), else bf16. Priced at the checkpoint's
+    int4/int8 type without a group size, it keeps the checkpoint's groups; it is called "the checkpoint's" only where
+    nothing given departs from it (another group size is another file)."""
+    ckpt = spec.checkpoint_weights if spec is not None else ""
+    w = weights or ckpt or "bf16"
+    group = group_size
+    if w == ckpt and group is None and spec.checkpoint_group_size:
+        group = spec.checkpoint_group_size
+    own = not weights and bool(ckpt) and group_size in (None, spec.checkpoint_group_size or None)
+    return make_precision(w, group, kv_cache, activations, peaks, from_checkpoint=own)
+
+
 def _runs(weights: str, activations: str) -> bool:
     """True for a weight/activation pair engines run: 16-bit GEMMs under any weights, int8 GEMMs only on int8
     weights (SmoothQuant W8A8), fp8 GEMMs on fp8 weights or on int4/fp4 weights (W4A8, TensorRT-LLM/ModelOpt),

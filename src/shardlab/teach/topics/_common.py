@@ -21,10 +21,9 @@ RUN_TRAIN_STEPS_NOTE = (
 def serving_precision(spec, accelerator):
     """What `estimate --inference` serves ``spec`` in without --weights: its checkpoint's weight type
     (``ModelSpec.checkpoint_weights``: DeepSeek-V3's FP8, GPT-OSS's MXFP4), else bf16; KV bf16."""
-    from shardlab.serving.precision import make_precision
+    from shardlab.serving.precision import checkpoint_precision
 
-    return make_precision(spec.checkpoint_weights or "bf16", spec.checkpoint_group_size or None, "bf16", None,
-                          accelerator.peak_tflops, from_checkpoint=bool(spec.checkpoint_weights))
+    return checkpoint_precision(spec, accelerator.peak_tflops)
 
 
 def model(default: str) -> Param:
