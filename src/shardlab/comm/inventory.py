@@ -26,10 +26,8 @@ Sources (``formulas.md`` "Communication"):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-from shardlab.comm.collectives import collective_time
+from shardlab.comm.inventory_dp import dp_items
+from shardlab.comm.inventory_items import DDP_BUCKET_BYTES, CommItem, grad_wire_bytes, item as _item
 from shardlab.comm.moe_dispatch import MoeDispatch
 from shardlab.comm.pricing import ep_all_to_all_s
 from shardlab.layout import Layout
@@ -39,112 +37,11 @@ from shardlab.memory.precision import state_bytes
 from shardlab.memory.states import stage_tensors
 from shardlab.specs.hardware import Cluster
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import PRE, TensorSpec, kv_width_local
+from shardlab.specs.tensors import TensorSpec, kv_width_local
 
-DDP_BUCKET_BYTES = 25 * 2**20
-"""Gradient bucket size: PyTorch DDP's default ``bucket_cap_mb=25`` (MiB)."""
-
-
-@dataclass(frozen=True)
-class CommItem:
-    """One kind of collective a training step issues (as seen by the busiest rank)."""
-
-    axis: str
-    """Parallel axis: TP, SP, CP, PP, DP, ZeRO (FSDP for stage 3) or EP."""
-    op: str
-    """Collective: all-reduce, reduce-scatter, all-gather, all-to-all, send-recv."""
-    phase: str
-    """When it runs: forward, backward or step (after backward, before/with the optimizer)."""
-    bytes_per_call: int
-    """S of one call (nccl-tests convention: full buffer; all-to-all: what one rank sends)."""
-    calls_per_step: int
-    """Calls per optimizer step on one rank."""
-    group_size: int
-    """Ranks in the group."""
-    link_id: str
-    """The slowest link the group crosses (inter-node link when it spans nodes)."""
-    nodes_spanned: int
-    """Nodes the group spans (> 1: the inter-node link, ``_price``)."""
-    time_per_call_s: float
-    """α–β time of one call (``collective_time``, rings as the step model prices them); gradient buckets: the
-    stream's time ÷ its calls (``_dp_stream_s``)."""
-    time_per_step_s: float
-    """time_per_call_s × calls_per_step: per group, the step model's total for the same calls (``comm.exposure``)."""
-    overlap: str
-    """'critical' (compute waits for it) or 'overlappable' (can hide behind compute)."""
-    note: str = ""
-    """What it is and where it comes from."""
-    regime: str = ""
-    """latency or bandwidth (of one call)."""
-    risk: str = ""
-    """What could go wrong (crosses nodes on the critical path, latency-bound, ...); empty when none."""
-
-
-def _price(op: str, size: float, n: int, span: int, cluster: Cluster, per_gpu_nic: bool = False):
-    """collective_time on the link a group of ``n`` ranks spanning ``span`` nodes crosses.
-
-    Inside a node: the intra-node link. Across nodes, all-reduce / reduce-scatter / all-gather / broadcast run as
-    NCCL's rings over all n ranks (its ring algorithm has no node-level hierarchy): every hop carries (n−1)/n of
-    the buffer, and the n/span members in a node leave it through their own NICs in parallel channels, so the bus
-    bandwidth is min(intra-node, n/span × one NIC) (``rates.hardware.group_link``, the step model's pricing;
-    ``per_gpu_nic``: one NIC). All-to-all is a pairwise exchange (hierarchical phases: each peer's share on the link
-    that reaches it); send/recv crosses one link."""
-    import dataclasses
-
-    from shardlab.rates.hardware import across_nodes_bytes_per_s
-
-    link = cluster.inter_link if span > 1 else cluster.intra_link
-    if span > 1 and op in ("all-reduce", "reduce-scatter", "all-gather", "broadcast"):
-        beta = float(across_nodes_bytes_per_s(cluster, max(1, n // span), per_gpu_nic))
-        ring_link = dataclasses.replace(link, bandwidth_gbps=beta / (link.efficiency * 1e9))
-        return collective_time(op, size, n, ring_link, "ring"), link
-    hier = span > 1 and n % span == 0 and n // span > 1
-    # rings, as the step model prices every collective (comm.pricing): one pricing for comm plan and estimate
-    return collective_time(op, size, n, link, "ring", nodes=span if hier else 1,
-                           intra_link=cluster.intra_link if hier else None), link
-
-
-def _item(axis, op, phase, size, calls, n, span, cluster, overlap, note, per_gpu_nic: bool = False,
-          total_s: float | None = None) -> CommItem:
-    """One inventory row; ``total_s`` gives the calls' time per step where the step model prices them as one stream
-    (gradient buckets: ``_dp_stream_s``), else calls × the α–β time of one."""
-    cost, link = _price(op, size, n, span, cluster, per_gpu_nic)
-    risk = []
-    if overlap == "critical" and span > 1 and axis in ("TP", "SP"):
-        risk.append(f"{axis} group crosses nodes on {link.id}: keep tp ≤ GPUs per node")
-    elif overlap == "critical" and span > 1:
-        risk.append(f"on the critical path over {link.id}")
-    if cost.regime == "latency" and calls >= 100:
-        risk.append("latency-bound: many small messages")
-    per_step = cost.time_s * calls if total_s is None else float(total_s)
-    return CommItem(axis, op, phase, int(size), int(calls), n, link.id, span, per_step / max(int(calls), 1), per_step,
-                    overlap, note, cost.regime, "; ".join(risk))
-
-
-def _dp_stream_s(cluster: Cluster, layout: Layout, op: str, group: str, nbytes: float) -> float:
-    """One step's ``op`` of ``nbytes`` over the dense or expert data-parallel group, priced as the step model prices it
-    (``comm.pricing.dp_coefficients``): the buckets run back to back as one α–β stream (latency once: NCCL
-    pipelines a communicator's consecutive calls; the estimate's validation against published runs uses this
-    pricing). 'replica-all-reduce': HSDP's replicas all-reduce the gradient shard (``nbytes``: the unsharded local
-    gradient)."""
-    from shardlab.comm.pricing import dp_coefficients
-
-    lat, per_byte = dp_coefficients(cluster, tp=layout.tp, cp=layout.cp, dp=layout.dp, ep=layout.ep,
-                                    rep=layout.dp_replicate, etp=layout.etp)[(op, group)]
-    return float(lat + per_byte * nbytes) if nbytes else 0.0
-
-
-def grad_wire_bytes(framework, precision: str, explicit: int | None = None) -> int:
-    """Bytes per gradient element the reductions carry: an estimate's Workload states it; a Framework profile gives its
-    default for ``precision`` (``specs.framework.effective_grad_bytes``) unless the user chose (``explicit``: 4 or 2);
-    0: the gradient dtype."""
-    from shardlab.specs.framework import effective_grad_bytes
-
-    if framework is None:
-        return explicit or 0
-    if hasattr(framework, "main_grad_bytes"):      # a Workload: the user's flags are already applied
-        return framework.grad_reduce_bytes
-    return effective_grad_bytes(framework, precision, explicit)[0]
+__all__ = ["DDP_BUCKET_BYTES", "CommItem", "grad_wire_bytes", "layout_collectives", "summarize"]
+"""The rows' type, the DDP bucket size and the gradient wire bytes live in ``comm.inventory_items``; the data-parallel
+rows in ``comm.inventory_dp``."""
 
 
 def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_len: int, microbatches: int,
@@ -269,108 +166,8 @@ def layout_collectives(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq
             out.append(_item("PP", "all-reduce", "step", wb, 1, 2, pp_span, cluster, "critical",
                              "tied embedding: first and last stage all-reduce the shared matrix's gradient (Megatron)"))
 
-    # ---- data parallel / ZeRO / FSDP ----------------------------------------------------------------
-    # the stage whose data-parallel calls take longest (ZeRO-0/1/2, as the step model reports them; a dense first stage
-    # can outweigh MoE stages whose experts need no reduction); ZeRO-3's per-micro-batch calls: the busiest stage's
-    def dp_weight(i, d, ex):
-        if layout.zero == 3:          # per micro-batch, on the critical path of the busiest stage (the pace setter)
-            return float(i == busiest)
-        ops = ("all-reduce",) if layout.zero == 0 else ("reduce-scatter", "all-gather", "replica-all-reduce")
-        return sum(_dp_stream_s(cluster, layout, op, grp, n * (sb.weights if op == "all-gather" else gb)) for op in ops
-                   for grp, n in (("dense", d), ("expert", ex)))
-    dense_n = expert_n = root_n = 0
-    best = -1.0
-    for i, st in enumerate(stages):
-        d = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.component != "experts")
-        ex = sum(x.local_numel(spec, t, layout.ep, None, layout.etp) for x in st.tensors if x.component == "experts")
-        w = dp_weight(i, d, ex)
-        if w > best:
-            best, dense_n, expert_n = w, d, ex
-            # the root unit: what no block holds (embedding, final norm, head)
-            root_n = sum(x.local_numel(spec, t, layout.ep) for x in st.tensors if x.layer in (PRE, spec.num_layers))
-    wrap = layout.wrap                              # FSDP wraps every `wrap` blocks (0: the model is one unit)
-    units = 1 if wrap == 0 else -(-L // wrap) + 1   # plus the root unit (embedding, final norm, head)
-    for label, numel, n, grp in (("", dense_n, layout.dp_shard, "dense"), (" (experts)", expert_n, layout.expert_dp, "expert")):
-        if numel == 0 or n == 1:
-            continue
-        dspan = min(span["dp_shard"], n)
-        gbytes, wbytes = numel * gb, numel * sb.weights
-        buckets = max(1, math.ceil(gbytes / DDP_BUCKET_BYTES))
-        stream = lambda op, nbytes: _dp_stream_s(cluster, layout, op, grp, nbytes)   # noqa: E731
-        if layout.zero == 0:
-            out.append(_item("DP", "all-reduce", "backward", gbytes / buckets, buckets, n, dspan, cluster, "overlappable",
-                             f"gradients{label} in {DDP_BUCKET_BYTES // 2**20} MiB buckets during backward (DDP); the "
-                             "last bucket is exposed", total_s=stream("all-reduce", gbytes)))
-        elif layout.zero in (1, 2):
-            per_step = m if layout.zero == 2 else 1  # ZeRO-2 (DeepSpeed) reduces every micro-batch; ZeRO-1 at the end
-            out.append(_item("ZeRO", "reduce-scatter", "backward", gbytes / buckets, buckets * per_step, n, dspan, cluster,
-                             "overlappable", f"ZeRO-{layout.zero}: reduce-scatter gradients{label} in buckets during backward"
-                             + (" of every micro-batch (DeepSpeed)" if layout.zero == 2 else " of the last micro-batch"),
-                             total_s=per_step * stream("reduce-scatter", gbytes)))
-            out.append(_item("ZeRO", "all-gather", "step", wbytes / buckets, buckets, n, dspan, cluster, "critical",
-                             f"ZeRO-{layout.zero}: all-gather updated parameters{label} after the optimizer step "
-                             "(Megatron's --overlap-param-gather hides it behind the next forward)",
-                             total_s=stream("all-gather", wbytes)))
-        else:
-            # DeepSpeed ZeRO-3's traffic leaves through each rank's own NIC (Framework.zero3_comm_per_gpu_nic)
-            z3nic = bool(getattr(framework, "zero3_comm_per_gpu_nic", False))
-
-            def fsdp(*a):
-                return _item(*a, per_gpu_nic=z3nic)
-            modulewise = bool(getattr(framework, "zero3_live_params", 0))
-            regather = framework is not None and framework.zero3_regather_for_recompute and recompute_fwd
-            # the blocks are `units - 1` units of equal size; the root unit (embedding, final norm, head) has its own
-            bunits = units - 1 if units > 1 else 1
-            root = root_n if label == "" and units > 1 else 0
-            bw, bg = (numel - root) * sb.weights / bunits, (numel - root) * gb / bunits
-            ov = "overlappable" if units > 1 else "critical"
-            what = "block unit's" if units > 1 else "unit's"
-            out.append(fsdp("FSDP", "all-gather", "forward", bw, bunits * m, n, dspan, cluster, ov,
-                             f"ZeRO-3/FSDP: gather each {what} parameters{label} before its forward"
-                             + (" (prefetched)" if units > 1 else " (one unit: nothing to hide it under)")))
-            if units > 1:
-                # FSDP1 and FSDP2 (reshard_after_forward left at its default) keep the root gathered from forward
-                # through backward (torch/distributed/fsdp/_runtime_utils.py, _fully_shard/_fsdp_state.py);
-                # torchtitan and shardlab's runtime reshard the root and keep the last block instead: as many calls,
-                # one root's bytes in place of one block's. DeepSpeed's module-wise ZeRO-3 releases every module
-                out.append(fsdp("FSDP", "all-gather", "backward", bw, bunits * m, n, dspan, cluster, ov,
-                                 f"ZeRO-3/FSDP: gather each block unit's parameters{label} again for backward (resharded "
-                                 "after forward)" + ("" if modulewise or not root else "; the root unit stays gathered")))
-            if regather:   # blocks only: recomputation re-runs the blocks' forward, not the embedding or the head
-                out.append(fsdp("FSDP", "all-gather", "backward", bw, bunits * m, n, dspan, cluster, ov,
-                                 f"{getattr(framework, 'id', None) or framework.framework} ZeRO-3: gather once more for the "
-                                 f"recomputed forward (weights released after each module's forward){label}"))
-            out.append(fsdp("FSDP", "reduce-scatter", "backward", bg, bunits * m, n, dspan, cluster, ov,
-                             f"ZeRO-3/FSDP: reduce-scatter each {what} gradients{label} in every micro-batch's backward "
-                             "(FSDP2's default; set_requires_gradient_sync(False) trades it for unsharded gradients)"))
-            if root:
-                rw, rg = root * sb.weights, root * gb
-                out.append(fsdp("FSDP", "all-gather", "forward", rw, m, n, dspan, cluster, "critical",
-                                 "ZeRO-3/FSDP: gather the root unit (embedding, final norm, head) before the first block: "
-                                 "nothing runs before it"))
-                if modulewise:
-                    out.append(fsdp("FSDP", "all-gather", "backward", rw, m, n, dspan, cluster, "critical",
-                                     "DeepSpeed ZeRO-3: gather the embedding and head again for backward (module-wise release)"))
-                out.append(fsdp("FSDP", "reduce-scatter", "backward", rg, m, n, dspan, cluster, "critical",
-                                 "ZeRO-3/FSDP: reduce-scatter the root unit's gradients after the last backward: nothing "
-                                 "runs after it"))
-
-    # ---- hybrid sharding: replicas all-reduce their gradient shards ----------------------------------------
-    rep = layout.dp_replicate
-    if rep > 1 and layout.zero >= 1:
-        per_unit = layout.zero == 3
-        for label, numel, shard, grp in (("", dense_n, layout.dp_shard, "dense"),
-                                         (" (experts)", expert_n, layout.expert_dp, "expert")):
-            if not numel:
-                continue
-            shard_bytes = numel / max(shard, 1) * gb
-            calls = units * m if per_unit else max(1, math.ceil(shard_bytes / DDP_BUCKET_BYTES)) * (m if layout.zero == 2 else 1)
-            stream = None if per_unit else (m if layout.zero == 2 else 1) * _dp_stream_s(
-                cluster, layout, "replica-all-reduce", grp, numel * gb)
-            out.append(_item("HSDP", "all-reduce", "backward", shard_bytes / (units if per_unit else calls), calls, rep,
-                             min(rep, cluster.num_nodes), cluster, "overlappable",
-                             f"hybrid sharding: {rep} replicas all-reduce each gradient shard{label} after its "
-                             "reduce-scatter (FSDP HYBRID_SHARD, torchtitan data_parallel_replicate_degree)", total_s=stream))
+    out += dp_items(spec, layout, cluster, stages=stages, busiest=busiest, L=L, m=m, sb=sb, gb=gb,
+                    span_dp=span["dp_shard"], framework=framework, recompute_fwd=recompute_fwd)
 
     # ---- expert parallel -------------------------------------------------------------------------
     if moe_L and (layout.ep > 1 or t > 1):

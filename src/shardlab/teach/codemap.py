@@ -69,10 +69,10 @@ CODE = {
     # ---- data parallel, ZeRO, FSDP -------------------------------------------------------------------------
     "pt-ddp": CodeRef("DDP: replicas, gradient buckets all-reduced during backward", PT, "torch/nn/parallel/distributed.py",
                       "DistributedDataParallel (bucket_cap_mb=25, no_sync)", "runtime/parallel/build.py: setup_rank; "
-                      "comm/inventory.py: DDP_BUCKET_BYTES"),
+                      "comm/inventory_items.py: DDP_BUCKET_BYTES"),
     "pt-reducer": CodeRef("DDP's bucket reducer (autograd hooks, 1 MiB first bucket, 25 MiB after)", PT,
                           "torch/csrc/distributed/c10d/reducer.hpp", "Reducer, kDefaultFirstBucketBytes, kDefaultBucketBytesCap",
-                          "comm/inventory.py: layout_collectives (DP all-reduce in buckets)"),
+                          "comm/inventory_dp.py: dp_items (DP all-reduce in buckets)"),
     "meg-ddp": CodeRef("Megatron DDP: contiguous grad buffer split into buckets, overlap_grad_reduce", MEG,
                        "megatron/core/distributed/param_and_grad_buffer.py", "_ParamAndGradBuffer, _ParamAndGradBucketGroup",
                        "comm/pricing.py (exposed DP communication)"),
@@ -90,7 +90,7 @@ CODE = {
                         "runtime/parallel/fsdp.py: apply_fsdp"),
     "pt-fsdp2-group": CodeRef("FSDP2 unit: all-gather before forward/backward, reduce-scatter after backward", PT,
                               "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", "FSDPParamGroup (unshard, post_backward)",
-                              "comm/inventory.py: layout_collectives (FSDP rows)"),
+                              "comm/inventory_dp.py: dp_items (FSDP rows)"),
     "pt-fsdp2-coll": CodeRef("FSDP2's batched collectives", PT, "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py",
                              "foreach_all_gather, foreach_reduce", "memory/buffers.py: stage_overheads (fsdp_buffers)"),
     "pt-fsdp1-wrap": CodeRef("FSDP1 wrapping policies: which modules become units", PT, "torch/distributed/fsdp/wrap.py",
