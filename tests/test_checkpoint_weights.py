@@ -202,3 +202,23 @@ def test_an_int4_plans_launch_file_predicts_the_blocks_of_the_16_bit_checkpoint_
         assert code == 0, err
         texts.append(next(line for line in out.splitlines() if "predicted KV-cache blocks per GPU" in line))
     assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("model, gpu, flags, want", [
+    ("gpt-oss-120b", "h100-sxm", [], ("fp4", None, "bf16", True)),          # the checkpoint's, under its name
+    ("llama-3.1-8b", "a100-80gb", ["--weights", "int4", "--group-size", "32"], ("int4", 32, "bf16", False)),
+    ("llama-3.1-8b", "h100-sxm", ["--weights", "fp8", "--activations", "bf16"], ("fp8", None, "bf16", False)),
+])
+def test_a_saved_serving_plan_reads_back_at_its_precision(tmp_path, model, gpu, flags, want):
+    """A job file keeps the group size and the activations a plan chose (it dropped both: int4 g32 read back as g128,
+    fp8 weights with bf16 GEMMs as fp8 GEMMs) and leaves the weights out where they are the checkpoint's, so the
+    estimate read from it still calls them so."""
+    job = tmp_path / "job.toml"
+    d = _json("plan", model, "--inference", "--gpus", "1", "--gpu", gpu, "--prompt-len", "500", "--output-len", "100",
+              *flags, "--save", str(job))
+    text = job.read_text()
+    assert ("weights =" in text) != want[3] and ("group_size = 32" in text) == (want[1] == 32)
+    back = _json("estimate", str(job))["precision"]
+    got = (back["weights"], back["group_size"], back["activations"], back["weights_from_checkpoint"])
+    assert got == want
+    assert d["serving"]["weights_from_checkpoint"] == want[3]

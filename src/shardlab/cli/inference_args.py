@@ -98,8 +98,8 @@ def add_inference_args(p) -> None:
 def serving_settings(prec, engine, max_num_seqs) -> dict:
     """A serving plan's ``serving`` block: the precision and engine settings `export --plan` writes into the launch file."""
     return {"weights": prec.weights, "group_size": prec.group_size, "kv_cache_dtype": prec.kv_cache,
-            "activations": prec.activations, "gpu_memory_utilization": engine.gpu_memory_utilization,
-            "max_num_seqs": max_num_seqs}
+            "activations": prec.activations, "weights_from_checkpoint": prec.weights_from_checkpoint,
+            "gpu_memory_utilization": engine.gpu_memory_utilization, "max_num_seqs": max_num_seqs}
 
 
 def engine_from_args(args):

@@ -52,7 +52,7 @@ def plan_model(doc: dict, catalog):
 def _serving_settings(sv, spec=None) -> dict:
     """The serving settings an inference plan was made with (``plan --inference --json``'s ``serving``): weights,
     KV-cache dtype, memory fraction and sequence cap, checked (a tampered file gets one line, not a wrong file)."""
-    from shardlab.serving.precision import KV_BYTES, WEIGHT_BITS
+    from shardlab.serving.precision import ACTIVATION_DTYPES, KV_BYTES, WEIGHT_BITS
 
     sv = {} if sv is None else sv
     if not isinstance(sv, dict):
@@ -70,8 +70,15 @@ def _serving_settings(sv, spec=None) -> dict:
     group = sv.get("group_size")
     if group is not None and (isinstance(group, bool) or not isinstance(group, int) or not 0 < group <= 2**20):
         raise ShardlabError("--plan FILE: serving group_size must be a positive whole number; export the plan again")
+    acts, own = sv.get("activations"), sv.get("weights_from_checkpoint", "weights" not in sv)
+    if acts is not None and acts not in ACTIVATION_DTYPES:
+        raise ShardlabError(f"--plan FILE: serving activations {str(acts)[:20]!r} is not one of "
+                            f"{', '.join(ACTIVATION_DTYPES)}; export the plan again")
+    if not isinstance(own, bool):
+        raise ShardlabError("--plan FILE: serving weights_from_checkpoint must be true or false; export the plan again")
+    own = own and spec is not None and w == spec.checkpoint_weights
     return {"weights": w, "kv_cache_dtype": "fp8" if kv == "fp8" else "auto", "gpu_memory_utilization": float(util),
-            "max_num_seqs": cap, "group_size": group}
+            "max_num_seqs": cap, "group_size": group, "activations": acts, "weights_from_checkpoint": own}
 
 
 def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
@@ -153,7 +160,8 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
         serve = Serve(max_num_seqs=min(per, sv["max_num_seqs"] or per), prompt_len=doc["prompt_len"],
                       output_len=doc["output_len"], replicas=p["replicas"], kv_blocks=blocks,
                       gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
-                      weights=sv["weights"], ep=ep, dp_attention=dpa)
+                      weights=sv["weights"], group_size=sv["group_size"], activations=sv["activations"],
+                      weights_from_checkpoint=sv["weights_from_checkpoint"], ep=ep, dp_attention=dpa)
         prec = "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed"
         return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
                          gpus_per_node=gpn, framework="vllm", serve=serve,
@@ -205,7 +213,9 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
     serve = Serve(max_num_seqs=cap, prompt_len=doc["prompt_len"], output_len=doc["output_len"], replicas=1,
                   kv_blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
                   gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
-                  weights=sv["weights"], ep=dec.get("ep", 1), dp_attention=dec.get("dp_attention", 1),
+                  weights=sv["weights"], group_size=sv["group_size"], activations=sv["activations"],
+                  weights_from_checkpoint=sv["weights_from_checkpoint"], ep=dec.get("ep", 1),
+                  dp_attention=dec.get("dp_attention", 1),
                   pools=Pools(pre["gpus"], dec["gpus"], pre["tp"], prefill_pp=pre.get("pp", 1),
                               prefill_gpu=_prefill_kind(pre, acc.id, catalog)))
     return LaunchJob(spec.name, Layout(tp=dec["tp"], pp=dec.get("pp", 1)), doc["prompt_len"] + doc["output_len"], cap,

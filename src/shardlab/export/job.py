@@ -44,6 +44,13 @@ class Serve:
     weights: str = "bf16"
     """Block weights as the plan serves them (shardlab --weights): fp8 is vLLM's --quantization fp8 of the bf16
     checkpoint; int4/int8 need a pre-quantized (AWQ/GPTQ) checkpoint the exporter cannot name."""
+    group_size: int | None = None
+    """Input features per scale group of int4/int8 weights (shardlab --group-size); None: the scheme's default."""
+    activations: str | None = None
+    """Type the GEMMs run in (shardlab --activations); None: the default for the weights and GPU."""
+    weights_from_checkpoint: bool = False
+    """The weights are the published checkpoint's own type (``ModelSpec.checkpoint_weights``): a job file leaves
+    ``weights`` out, so reading it back prices the checkpoint as it ships, under that name."""
     ep: int = 1
     """Expert-parallel GPUs of a replica (``serving.moe``; 1: experts TP-sliced)."""
     dp_attention: int = 1

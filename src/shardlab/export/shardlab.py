@@ -12,7 +12,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params
               ep_comm_overlap (these three where true) moe_dispatcher expert_imbalance (where not the default)
   [framework] name (a training framework or the serving engine)
-  [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype weights (serving jobs);
+  [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype (serving jobs); weights
+              (left out where it is the checkpoint's own type) group_size activations (where the plan chose them);
               ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set
 """
 
@@ -32,10 +33,12 @@ LAYOUT_KEYS = LAYOUT_FIELDS
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
                  "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
-              "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
+              "group_size", "activations", "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
 SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
-                 "prefill_pp": None}
-"""Serving keys written only where they differ from these (expert parallelism, disaggregated pools)."""
+                 "prefill_pp": None, "group_size": None, "activations": None}
+"""Serving keys written only where they differ from these (expert parallelism, disaggregated pools, a group size or
+activations the plan chose). ``weights`` is left out where it is the checkpoint's own type (``Serve.weights_from_checkpoint``),
+and so is a group size then: read back, the job prices the checkpoint as it ships."""
 SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),
             "layout": LAYOUT_KEYS, "workload": WORKLOAD_KEYS, "framework": ("name",), "serve": SERVE_KEYS,
             "estimate": ()}
@@ -73,7 +76,9 @@ def render(job: LaunchJob, spec=None) -> Export:
                 "prefill_tp": sv.pools.prefill_tp if sv.pools else None,
                 "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None,
                 "prefill_pp": sv.pools.prefill_pp if sv.pools and sv.pools.prefill_pp > 1 else None}
-        doc["serve"] = {k: v for k, v in vals.items() if k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k]}
+        if sv.weights_from_checkpoint:
+            vals.update(weights=None, group_size=None)
+        doc["serve"] = {k: v for k, v in vals.items() if v is not None and (k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k])}
         del doc["workload"]
     est = {k: v for k, v in job.notes.items() if k in ("step_time_s", "usd_per_hour") and isinstance(v, (int, float))}
     if est:
@@ -97,7 +102,7 @@ def _check_keys(doc: dict) -> None:
 
 
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
-         "kv_cache_dtype": str, "weights": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
+         "kv_cache_dtype": str, "weights": str, "activations": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
          "expert_imbalance": float,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
