@@ -45,7 +45,7 @@ def component_rows(est: TrainingEstimate) -> list[list[str]]:
                       f"{acc.generation} efficiencies: {acc.efficiency_source or 'defaults (estimate)'}]"
                       + (f"; fp8-mixed: linear-layer GEMMs at the FP8 peak {acc.peak_flops('fp8') / 1e12:g} TFLOP/s "
                          "with "
-                         f"their casts as memory traffic (MFU stays against the bf16 peak)" if sb.gemm_dtype == "fp8" else "")
+                         f"their casts as memory traffic (MFU and HFU against that FP8 peak)" if sb.gemm_dtype == "fp8" else "")
                       + ("; LoRA: the frozen base computes no weight gradients" if wl.recipe.lora is not None else "")),
         "recompute_s": f"{lay.recompute} recomputation re-runs the forward in backward (Korthikanti 2022)",
         "tp_comm_s": (f"{4 + 2 * (lay.recompute == 'full')} all-reduces per block per micro-batch of b·s·h = "

@@ -101,7 +101,9 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         model_tok = float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora)[0])
         hw = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r)[1])
                        for r in ("none", "selective", "full")])[np.minimum(c["rc"], 2)]   # 'op' priced as full
-    peak = acc.peak_flops(sb.compute_dtype)
+    # utilization against the peak of the dtype the linear layers' GEMMs run in (FP8 under fp8-mixed): a ratio to the
+    # bf16 peak would pass 1 where the FP8 GEMMs run above it
+    peak = acc.peak_flops("fp8" if sb.gemm_dtype == "fp8" else sb.compute_dtype)
     out["tokens_per_s"] = tokens / out["step_time_s"]
     out["model_tflops_per_gpu"] = model_tok * tokens / out["step_time_s"] / world / 1e12
     out["hardware_tflops_per_gpu"] = hw * tokens / out["step_time_s"] / world / 1e12
