@@ -211,13 +211,22 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
 
 def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
     """One scheduling cycle: D decoding sequences holding Kd cached tokens, P prefill tokens with ``pairs``
-    causal attention pairs, ``sampled`` logits rows, split evenly into n = min(pp, seqs) micro-batches; the
-    cycle is max(one micro-batch through every stage, the n micro-batches on the slowest stage). Floats or arrays."""
+    causal attention pairs, ``sampled`` logits rows, in n = min(pp, seqs) micro-batches. The decodes split evenly;
+    a prompt is one sequence and rides whole in one micro-batch, so the prompt tokens of the seqs − D prompts fill
+    m = min(n, ⌈seqs − D⌉) of them (at least one): m heavy micro-batches and n − m with decodes alone. The cycle
+    is max(a heavy micro-batch through every stage, the n micro-batches on the slowest stage). Floats or arrays."""
     sampled = D if sampled is None else sampled
     seqs = sampled if seqs is None else seqs
     nmb = np.clip(np.minimum(a.pp, np.ceil(seqs)), 1, None)
-    through, stage = micro_batch_times(a, D / nmb, Kd / nmb, P / nmb, pairs / nmb, sampled / nmb)
-    return np.maximum(through, nmb * stage)
+    if _all_true(a.pp == 1):
+        through, stage = micro_batch_times(a, D, Kd, P, pairs, sampled)
+        return np.maximum(through, stage)
+    heavy = np.clip(np.minimum(nmb, np.ceil(np.asarray(seqs) - D - 1e-9)), 1, None)
+    through, stage = micro_batch_times(a, D / nmb, Kd / nmb, P / heavy, pairs / heavy, sampled / nmb)
+    if not _any_true(np.asarray(P) > 0) or _all_true(heavy >= nmb):
+        return np.maximum(through, nmb * stage)
+    _, light = micro_batch_times(a, D / nmb, Kd / nmb, 0.0, 0.0, D / nmb)
+    return np.maximum(through, heavy * stage + (nmb - heavy) * light)
 
 
 def prompt_mix(r, poisson=False) -> list[tuple[np.ndarray, np.ndarray]]:
