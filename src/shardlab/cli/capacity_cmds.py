@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from shardlab.cli.capacity_text import _capacity_text, _slo_words
-from shardlab.cli.serve_space import _candidates, moe_kw
+from shardlab.cli.serve_space import _candidates, layout_pins, moe_kw
 
 
 def _key(m) -> tuple:
@@ -49,7 +49,7 @@ class _Pool:
         idx, meta, rejected, errors = [], [], {}, {}
         no_room = "no room for one sequence's KV cache"
         for tp, pp, cap, ep, dpa in _candidates(self.spec, self.cluster, gpus, self.engine,
-                                                self.spec_kw.get("redundant_experts") or 0):
+                                                self.spec_kw.get("redundant_experts") or 0, layout_pins(self.args)):
             if default_cap and cap != self.engine.for_gpu(self.cluster.accelerator).max_num_seqs:
                 continue
             key = (tp, pp, cap, ep, dpa)

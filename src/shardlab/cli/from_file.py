@@ -131,6 +131,13 @@ def apply_import(args, imp, parser) -> None:
         f.pop("dp_attention", None)
     if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
         f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
+    if getattr(args, "serve", False) and "max_num_seqs" in f and hasattr(args, "max_num_seqs"):
+        # under load the file's sequence cap is the engine's (vLLM --max-num-seqs), not a static batch
+        cap, cur = f.pop("max_num_seqs"), getattr(args, "max_num_seqs", None)
+        if cur is not None and cur != cap:
+            raise ShardlabError(f"--max-num-seqs {cur} conflicts with {args.from_file} (max_num_seqs = {cap}); drop the "
+                                f"flag or edit the file")
+        args.max_num_seqs = cap
     for key, dest in ARG_OF.items():
         if key not in f or not hasattr(args, dest):
             continue

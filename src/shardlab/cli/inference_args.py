@@ -126,6 +126,10 @@ def precision_from_args(args, accelerator, spec=None):
     if args.precision != "bf16-mixed":
         raise ShardlabError(f"--precision {args.precision} is a training setting; under --inference give --weights, "
                             f"--kv-cache-dtype and --activations")
+    if spec is not None and spec.checkpoint_unpriced and not args.weights:
+        raise ShardlabError(f"{spec.name}'s quantization_config ({spec.checkpoint_unpriced}) is not a scheme shardlab "
+                            f"prices as it ships; give --weights (int4, int8, fp8 or fp4 as its bits say, bf16 for the "
+                            f"16-bit model)")
     return checkpoint_precision(spec, accelerator.peak_tflops, args.weights, args.group_size, args.kv_cache_dtype,
                                 args.activations)
 
@@ -153,6 +157,9 @@ def check_serve_flags(args, plan: bool = False) -> None:
         raise ShardlabError(f"{', '.join(load)} describe serving under load: add --serve")
     if not args.serve:
         return
+    if getattr(args, "batch", 1) not in (None, 1):
+        raise ShardlabError(f"--batch {args.batch} is a static batch; under --serve the load is --concurrency or "
+                            f"--arrival-rate, and --max-num-seqs caps the sequences a replica runs: use those")
     loads = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate)) if v is not None]
     slo = args.ttft_slo is not None or args.tpot_slo is not None
     if not plan and target is not None:
@@ -189,8 +196,12 @@ def check_serve_flags(args, plan: bool = False) -> None:
 def case_kw(args, spec, catalog) -> dict:
     """``prepare``'s keywords from the flags: speculation and draft_spec (--speculative-tokens ...), and the MoE
     layout (--ep with --dp-attention and --expert-imbalance under --inference)."""
-    from shardlab.serving.speculative import draft_spec, make_speculation
+    from shardlab.serving.speculative import DEFAULT_ACCEPTANCE_RATE, draft_spec, make_speculation
 
+    draft = getattr(args, "draft", None)
+    if getattr(args, "speculative_tokens", None) and draft and draft not in DEFAULT_ACCEPTANCE_RATE \
+            and draft not in ("eagle", "eagle3", "mtp"):
+        catalog.model(draft)        # an unknown draft is named first (its acceptance is asked for after)
     sp = make_speculation(getattr(args, "speculative_tokens", None), getattr(args, "draft", None),
                           rate=getattr(args, "acceptance_rate", None), length=getattr(args, "acceptance_length", None))
     kw = {} if sp is None else {"speculation": sp, "draft_spec": draft_spec(spec, sp.draft, catalog)}

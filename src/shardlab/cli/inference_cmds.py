@@ -118,6 +118,25 @@ def raise_common_error(errors: dict, rejected: dict, capacity_reason: str) -> No
         raise ShardlabError(max(errors, key=errors.get))
 
 
+def check_pins(args, spec, cluster, gpus: int) -> None:
+    """A --tp/--pp written on `plan --inference` (``serve_space.layout_pins``) that no replica of ``gpus`` GPUs can
+    take: one line naming why, not a search that finds nothing. --target-rate searches GPU counts: its own."""
+    from shardlab.cli.serve_space import layout_pins
+    from shardlab.errors import ShardlabError
+    from shardlab.planner.space import tp_ok
+
+    pins = layout_pins(args)
+    tp, pp = pins.get("tp"), pins.get("pp")
+    if tp is not None and (tp > cluster.gpus_per_node or not tp_ok(spec, tp)):
+        raise ShardlabError(f"--tp {tp}: a replica's TP group must fit one node ({cluster.gpus_per_node} GPUs) and divide "
+                            f"{spec.name}'s heads, KV heads and FFN; pick another --tp or drop it to search")
+    if pp is not None and pp > spec.num_layers:
+        raise ShardlabError(f"--pp {pp}: more pipeline stages than {spec.name}'s {spec.num_layers} layers; lower it")
+    if getattr(args, "target_rate", None) is None and gpus % ((tp or 1) * (pp or 1)):
+        raise ShardlabError(f"--tp {tp or 1} × --pp {pp or 1} does not divide {gpus} GPUs into whole replicas; change "
+                            f"--gpus or the pinned degrees")
+
+
 def plan_inference_cmd(args, catalog):
     from shardlab.errors import ShardlabError
     from shardlab.estimate.inference import serve_over_replicas
@@ -153,6 +172,7 @@ def plan_inference_cmd(args, catalog):
     gpus = args.gpus or (args.nodes * probe.gpus_per_node if args.nodes else args.gpus_default)
     spec, cluster = spec_cluster(args, catalog, gpus)
     prec, engine = precision_from_args(args, cluster.accelerator, spec), engine_from_args(args)
+    check_pins(args, spec, cluster, gpus)
     if args.serve:
         from shardlab.cli.serve_cmds import plan_serve
 
@@ -161,8 +181,11 @@ def plan_inference_cmd(args, catalog):
     plans, rejected, errors = [], {}, {}
     from shardlab.layout_checks import divisors
 
-    for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node]:
-        for pp in [d for d in divisors(gpus // tp) if d <= spec.num_layers]:
+    from shardlab.cli.serve_space import layout_pins
+
+    pins = layout_pins(args)
+    for tp in [d for d in divisors(gpus) if d <= cluster.gpus_per_node and pins.get("tp", d) == d]:
+        for pp in [d for d in divisors(gpus // tp) if d <= spec.num_layers and pins.get("pp", d) == d]:
             if not tp_ok(spec, tp):
                 rejected["tp does not divide the heads, KV heads or FFN"] = rejected.get("tp does not divide the heads, KV heads or FFN", 0) + 1
                 continue

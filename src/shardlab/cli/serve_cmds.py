@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from shardlab.cli.serve_space import _candidates, _ep_cell, moe_kw
+from shardlab.cli.serve_space import _candidates, _ep_cell, layout_pins, moe_kw
 from shardlab.serving.moe import ep_caveat, plan_label
 
 
@@ -216,7 +216,8 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
 
     spec_kw = case_kw(args, spec, get_catalog(args.catalog))
     cases, meta, rejected, errors = [], [], {}, {}
-    for tp, pp, cap, ep, dpa in _candidates(spec, cluster, gpus, engine, spec_kw.get("redundant_experts") or 0):
+    for tp, pp, cap, ep, dpa in _candidates(spec, cluster, gpus, engine, spec_kw.get("redundant_experts") or 0,
+                                            layout_pins(args)):
         try:
             c = prepare(spec, cluster, engine.with_settings(max_num_seqs=cap), tp=tp, pp=pp, precision=prec,
                         prompt_len=args.prompt_len, output_len=args.output_len, prefix_hit_rate=args.prefix_hit_rate,
@@ -257,9 +258,12 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
             unique.append(p)
     plans = unique
     latency = args.objective == "latency"
-    # meeting the SLO first; among layouts that miss it, the nearest miss (the largest measured/target ratio)
+    # meeting the SLO first; among layouts that miss it, the nearest miss (the largest measured/target ratio); equal
+    # throughputs (every layout delivers an arrival rate it keeps up with) rank by request latency, then per-token
+    # speed: rounded to 6 digits, floating-point noise does not decide
+    thr = lambda p: float(f"{p['output_tokens_per_s']:.6g}")   # noqa: E731
     key = (lambda p: (not p["meets_slo"], 0.0 if p["meets_slo"] else p["slo_ratio"],
-                      p["e2e_s"] if latency else -p["output_tokens_per_s"], -p["output_tokens_per_s"],
+                      p["e2e_s"] if latency else -thr(p), p["e2e_s"], p["tpot_s"], -thr(p),
                       p["tp"] * p["pp"] * p["dp_attention"]))
     plans.sort(key=key)
     best = plans[0]

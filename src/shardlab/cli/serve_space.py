@@ -5,24 +5,41 @@ each, and their names in tables."""
 from __future__ import annotations
 
 
-def _candidates(spec, cluster, gpus, engine, redundant: int = 0):
+def layout_pins(args) -> dict:
+    """The replica axes a user wrote on `plan --inference` (``--tp``, ``--pp``): the search keeps only layouts with
+    those values, as the training plan pins what is written."""
+    from shardlab.cli.common import given_flags
+
+    given = given_flags(args) or set()
+    return {k: getattr(args, k) for k in ("tp", "pp") if k in given and getattr(args, k, None) is not None}
+
+
+def _candidates(spec, cluster, gpus, engine, redundant: int = 0, pins: dict | None = None):
     """(tp, pp, max-num-seqs, ep, attention DP ranks) of every replica layout of ``gpus`` GPUs. A MoE model adds,
     beside its TP-sliced experts: experts whole over the TP group (ep = tp > 1), and wide expert parallelism with
     data-parallel attention, N = ep GPUs per replica (pp 1), N dividing the experts (+ ``redundant`` slots), as
     SGLang, vLLM and TensorRT-LLM run DeepSeek and Qwen3 MoE (``serving.moe``): N attention ranks of TP 1, or N/t
-    ranks of TP t for every t > 1 dividing N inside a node (SGLang's --tp N --dp N/t --enable-dp-attention)."""
+    ranks of TP t for every t > 1 dividing N inside a node (SGLang's --tp N --dp N/t --enable-dp-attention).
+    ``pins`` (``layout_pins``): only layouts with those TP and PP degrees."""
     from shardlab.planner.space import tp_ok
+
+    pins = pins or {}
+    keep = lambda tp, pp: pins.get("tp", tp) == tp and pins.get("pp", pp) == pp   # noqa: E731
 
     engine = engine.for_gpu(cluster.accelerator)                 # the cap the engine takes on this GPU, and below
     caps = sorted({engine.max_num_seqs} | {2**i for i in range(3, 12) if 2**i < engine.max_num_seqs}, reverse=True)
     experts = spec.moe.num_experts + redundant if spec.moe is not None else 0
     for tp in [d for d in range(1, gpus + 1) if gpus % d == 0 and d <= cluster.gpus_per_node and tp_ok(spec, d)]:
         for pp in [d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and d <= spec.num_layers]:
+            if not keep(tp, pp):
+                continue
             moe = [(1, 1)] + ([(tp, 1)] if experts and tp > 1 and experts % tp == 0 else [])
             for ep, dpa in moe:
                 for cap in caps:
                     yield tp, pp, cap, ep, dpa
     for n, t in wide_ep_layouts(spec, cluster, gpus, experts, attention_tp=engine.attention_dp_tp):
+        if not keep(t, 1):
+            continue
         for cap in caps:
             yield t, 1, cap, n, n // t
 

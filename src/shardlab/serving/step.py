@@ -181,7 +181,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
     kv_tok = kv_cache_bytes_per_token(spec, tp, pp, precision.kv_bytes)
     fixed, per_tok = allreduce_terms(2 * h, tp, cluster)
     curve, _ = matmul_curve(acc)
-    peak16 = acc.peak_flops("fp16" if precision.activations == "fp16" else "bf16")
+    half = "fp16" if precision.activations == "fp16" else "bf16"     # the 16-bit type the model runs in
+    peak16 = acc.peak_flops(half)
     attn_dtype = "fp8" if precision.kv_cache == "fp8" and precision.activations == "fp8" else None
     out = []
     for st in stage_tensors(spec, Layout(tp=tp, pp=pp)):
@@ -205,8 +206,8 @@ def stage_models(spec: ModelSpec, cluster: Cluster, tp: int, pp: int, precision:
             kind = spec.is_moe_layer(layer)
             if kind not in per_kind:
                 kw = dict(seq_len=1, tp=tp, cp=1, ep=1, sequence_parallel=False, elem_bytes=2)
-                one = layer_times(spec, layer, acc, curve, "bf16", micro_batch=1, **kw)["elem_s"]
-                two = layer_times(spec, layer, acc, curve, "bf16", micro_batch=2, **kw)["elem_s"]
+                one = layer_times(spec, layer, acc, curve, half, micro_batch=1, **kw)["elem_s"]
+                two = layer_times(spec, layer, acc, curve, half, micro_batch=2, **kw)["elem_s"]
                 per_kind[kind] = float(two - one)
             elem += per_kind[kind]
         nl = len(st.layers)

@@ -121,6 +121,7 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     """Build a ModelSpec from a Hugging Face config mapping."""
     mt = model_type(d, where)
     source = f"Hugging Face config file {where}"
+    d0 = d
     ckpt = checkpoint_weights(d.get("quantization_config"), where)
     if mt == "gemma3":  # multimodal file: the language model is text_config (the SigLIP vision tower is not modelled)
         text = d.get("text_config") or {}
@@ -136,6 +137,12 @@ def from_hf_config(d: dict, name: str = "config", where: str = "config.json") ->
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
         raise ShardlabError(f"{where}: a {mt} config field has the wrong type or value ({type(e).__name__}: "
                             f"{str(e)[:100]}); fix the file") from None
+    q = d0.get("quantization_config")
+    if not ckpt and q not in (None, {}, ""):
+        what = (f"{str(q.get('quant_method', '?'))[:40]}" + (f" {str(q.get('quant_algo'))[:20]}" if q.get("quant_algo") else "")
+                + (f" {str(q.get('bits'))[:10]} bits" if "bits" in q else "") if isinstance(q, dict) else
+                f"a {type(q).__name__}")
+        spec = replace(spec, checkpoint_unpriced=what)
     if ckpt:
         spec = replace(spec, checkpoint_weights=ckpt[0], checkpoint_group_size=ckpt[2],
                        source=f"{spec.source}; checkpoint weights {ckpt[0]} ({ckpt[1]})")

@@ -163,6 +163,10 @@ class ModelSpec:
     checkpoint_group_size: int = 0
     """Input features per scale group of an int4/int8 checkpoint (AWQ/GPTQ ``group_size``); 0: per output channel
     (GPTQ's group_size −1) or not grouped."""
+    checkpoint_unpriced: str = ""
+    """A config.json's ``quantization_config`` that shardlab does not price as it ships (its quant_method and
+    settings, e.g. 'compressed-tensors', 'gptq 3 bits'); '' when none or priced. ``--inference`` then needs
+    ``--weights``: pricing the file 16-bit would overstate its weights 2-4 times."""
     source: str = ""
     """Where the dimensions come from."""
 

@@ -20,10 +20,13 @@ RUN_TRAIN_STEPS_NOTE = (
 
 def serving_precision(spec, accelerator):
     """What `estimate --inference` serves ``spec`` in without --weights: its checkpoint's weight type
-    (``ModelSpec.checkpoint_weights``: DeepSeek-V3's FP8, GPT-OSS's MXFP4), else bf16; KV bf16."""
+    (``ModelSpec.checkpoint_weights``: DeepSeek-V3's FP8, GPT-OSS's MXFP4), else bf16; KV bf16. On a GPU without a
+    bf16 peak (V100, T4) the 16-bit model runs in fp16, as `--activations fp16` has it."""
     from shardlab.serving.precision import checkpoint_precision
 
-    return checkpoint_precision(spec, accelerator.peak_tflops)
+    fp16 = not accelerator.peak_tflops.get("bf16") and accelerator.peak_tflops.get("fp16")
+    return checkpoint_precision(spec, accelerator.peak_tflops, kv_cache="fp16" if fp16 else "bf16",
+                                activations="fp16" if fp16 else None)
 
 
 def model(default: str) -> Param:

@@ -82,7 +82,10 @@ def kv_cache(v: dict) -> Explanation:
                         "kv_blocks": e.case.blocks.num_blocks} for t, e in per_tp.items()}},
         table=(["TP", "weights/GPU", "KV B/token/GPU", "KV of the batch", "KV blocks", "cache tokens", "max batch", "fits"], rows),
         sources=["vllm", "eleuther-math"], code=[],
-        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --gpu {acc.id} --batch {v['batch']}",
+        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --gpu {acc.id} --batch {v['batch']} "
+                  f"--prompt-len {seq // 2} --output-len {seq - seq // 2}"
+                  + (f" --activations {prec.activations} --kv-cache-dtype {prec.kv_cache}" if prec.activations == "fp16"
+                     else ""),
                   "run infer --tp 2 --max-new-tokens 8"])
 
 
@@ -168,7 +171,8 @@ def tp_vs_replicas(v: dict) -> Explanation:
         f"fits on fewer GPUs and there are enough requests, replicas usually give more total throughput while TP gives "
         f"lower latency per token. Here: {r['verdict']}.",
         r, sources=["megatron", "databricks-inference"], code=[],
-        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}",
+        commands=[f"estimate {spec.name} --inference --tp {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id} "
+                  f"--prompt-len {v['prompt']} --output-len {v['output']}",
                   f"plan {spec.name} --inference --gpus {v['tp']} --batch {v['batch']} --gpu {cl.accelerator.id}"])
 
 
@@ -265,8 +269,10 @@ def pp_inference(v: dict) -> Explanation:
         table=(["PP", "in flight", "weights/GPU", "fits", "per token", "request", "tokens/s", "vs PP 1", "1 request tokens/s"],
                rows),
         sources=["gpipe", "narayanan", "vllm"], code=["pt-pipe", "ds-pipe"],
-        commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}",
-                  f"plan {spec.name} --inference --gpus {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id}"],
+        commands=[f"estimate {spec.name} --inference --pp {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id} "
+                  f"--prompt-len {v['prompt']} --output-len {v['output']}",
+                  f"plan {spec.name} --inference --gpus {P} --batch {v['batch'] * P} --gpu {top.case.cluster.accelerator.id} "
+                  f"--prompt-len {v['prompt']} --output-len {v['output']}"],
         notes=["static batches through the serving model (serving/steady.py: fluid); the sends between stages go over "
                "the node's link, or the network's once the stages span nodes",
                "one request: each stage's step priced with the serving model's per-stage terms (serving/step.py: "
