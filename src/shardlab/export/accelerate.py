@@ -16,6 +16,7 @@ from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
 from shardlab.layout import wrap_word
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE, gpus_per_node_read
 from shardlab.export.names import layer_class
 from shardlab.export.text import FieldError, comment_block, flag, section, whole
 
@@ -53,11 +54,15 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
     if lay.recompute == "selective":
         uns.append(Unsupported("recompute", "selective", "Accelerate checkpoints whole wrapped layers (full) or nothing; "
                                                          "left off"))
+        if lay.recompute_modules not in (None, ("core_attn",)):
+            uns.append(Unsupported("recompute_modules", ",".join(lay.recompute_modules), "no selective recomputation in "
+                                                                                        "Accelerate: left off"))
     if lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", True, "Accelerate's TP follows the model's tp_plan (transformers)"))
     uns += [Unsupported("micro_batch", lay.micro_batch, "set by the training script's DataLoader"),
             Unsupported("global_batch", job.global_batch, "set by the training script (batch × gradient_accumulation_steps)"),
             Unsupported("seq_len", job.seq_len, "set by the training script's tokenizer/collator")]
+    uns += _script_settings(job)
     if job.precision == "bf16":
         uns.append(Unsupported("precision", "bf16", "Accelerate's mixed_precision keeps fp32 parameters (bf16-mixed)"))
     if job.precision not in MIXED:
@@ -91,6 +96,20 @@ def config(job: LaunchJob, spec) -> tuple[dict, list[Unsupported]]:
                                      "parallelism_config_dp_shard_size": lay.dp * lay.pp // lay.dp_replicate if lay.zero >= 1 else 1,
                                      "parallelism_config_tp_size": lay.tp, "parallelism_config_cp_size": lay.cp}
     return cfg, uns
+
+
+def _script_settings(job: LaunchJob) -> list[Unsupported]:
+    """Settings other than the defaults that an Accelerate config has no key for (ClusterConfig,
+    accelerate/commands/config/config_args.py): the training script or the machines set them."""
+    out = []
+    if job.dropout:
+        out.append(Unsupported("dropout", True, "set in the model's config in the training script"))
+    if job.optimizer != "adamw":
+        out.append(Unsupported("optimizer", job.optimizer, "the training script builds the optimizer"))
+    if (gpus_per_node_read(job.nodes, job.procs_per_node) or DEFAULT_GPUS_PER_NODE) != job.gpus_per_node:
+        out.append(Unsupported("gpus_per_node", job.gpus_per_node, f"one machine of {job.gpus} processes reads back "
+                                                                   f"as nodes of {DEFAULT_GPUS_PER_NODE} GPUs"))
+    return out
 
 
 def render(job: LaunchJob, spec) -> Export:
@@ -154,6 +173,7 @@ def read(text: str, catalog) -> Imported:
         n = whole(cfg["num_processes"], "num_processes", 1, L.MAX_GPUS)
         f["gpus"] = n
         und.append((f"num_processes {n}", "GPUs"))
+        _read_machines(cfg, n, f, und, ign)
     key = "parallelism_config_{}_size"
     P = "parallelism_config."
     size = lambda k: whole(par[key.format(k)], P + key.format(k), 1, L.MAX_GPUS) if par.get(key.format(k)) is not None else 1
@@ -164,6 +184,9 @@ def read(text: str, catalog) -> Imported:
         und.append((f"parallelism_config dp {rep}×{shard}, tp {f['tp']}, cp {f['cp']}", "dp, tp, cp"))
     elif "gpus" in f:
         f["dp"] = f["gpus"]
+    if rep > 1 and f["zero"] >= 1:      # HSDP: rep replicas of the group FSDP shards over (ParallelismConfig)
+        f["dp_replicate"] = rep
+        und.append((f"parallelism_config_dp_replicate_size {rep} with sharding", f"dp_replicate {rep} (HSDP)"))
     f["recompute"] = "full" if flag(fsdp.get("fsdp_activation_checkpointing", False),
                                     "fsdp_config.fsdp_activation_checkpointing") else "none"
     und.append(("fsdp_activation_checkpointing", f"recompute {f['recompute']}"))
@@ -180,3 +203,23 @@ def read(text: str, catalog) -> Imported:
         und.append((f"wrap {str(fsdp['fsdp_transformer_layer_cls_to_wrap'])[:80]}", "one FSDP unit per transformer block"))
     ign.append("model: an Accelerate config names none (give MODEL)")
     return Imported("accelerate", f, tuple(und), tuple(ign), framework="pytorch-fsdp")
+
+
+def _read_machines(cfg: dict, gpus: int, f: dict, und: list, ign: list) -> None:
+    """GPUs per node from num_processes over num_machines (accelerate launch starts num_processes // num_machines
+    on each machine, accelerate/utils/launch.py prepare_multi_gpu_env), where that says it
+    (``megatron.gpus_per_node_read``)."""
+    from shardlab import limits as L
+
+    if cfg.get("num_machines") is None:
+        return
+    machines = whole(cfg["num_machines"], "num_machines", 1, L.MAX_GPUS)
+    if gpus % machines:
+        ign.append(f"num_machines {machines} does not divide num_processes {gpus} (GPUs per node not read)")
+        return
+    per = gpus_per_node_read(machines, gpus // machines)
+    if per is not None:
+        if per > L.MAX_GPUS_PER_NODE:
+            raise FieldError("num_processes / num_machines", f"at most {L.MAX_GPUS_PER_NODE:,} GPUs per node", per)
+        f["gpus_per_node"] = per
+        und.append((f"num_processes {gpus} over num_machines {machines}", f"{per} GPUs per node"))

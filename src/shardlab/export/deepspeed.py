@@ -3,7 +3,8 @@
 Mapping (shardlab → DeepSpeed): zero → zero_optimization.stage; micro_batch → train_micro_batch_size_per_gpu;
 microbatches → gradient_accumulation_steps (the pipeline's micro-batches with pp > 1); global batch →
 train_batch_size (= micro × accumulation × data-parallel size, which DeepSpeed checks); tp → tensor_parallel.autotp_size
-(AutoTP training); ep → expert_parallel.autoep_size (AutoEP); pp → pipeline.stages (the model must be a deepspeed.pipe.PipelineModule); precision → bf16/fp16.
+(AutoTP training); ep → expert_parallel.autoep_size (AutoEP); pp → pipeline.stages (the model must be a deepspeed.pipe.PipelineModule); precision → bf16/fp16;
+optimizer sgd → optimizer.type SGD (adamw: no optimizer section).
 What lives in the model code rather than the config (activation checkpointing, context parallelism) is listed as not expressed.
 """
 
@@ -15,12 +16,23 @@ from shardlab.errors import ShardlabError
 from shardlab.safeio import json_loads
 from shardlab.layout import wrap_word
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
+from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE
 from shardlab.export.text import FieldError, section, whole
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"
+DEFAULT_SEQ_LEN = 4096
+"""A file without a sequence length reads back as min(model max, this) (cli/common.py --seq-len's default)."""
+OPTIMIZER = {"adamw": "AdamW", "sgd": "SGD"}
+"""shardlab's optimizer -> the config's optimizer.type: DeepSpeed's own AdamW, or a torch.optim class by name
+(deepspeed/runtime/engine.py _configure_basic_optimizer: ``getattr(torch.optim, name)`` for a name not in
+DEEPSPEED_OPTIMIZERS). adam-8bit (bitsandbytes) is none of these. Only SGD is written: AdamW is what a config
+without an optimizer section reads back as."""
+FROM_OPTIMIZER = {"adam": "adamw", "adamw": "adamw", "sgd": "sgd"}
+"""optimizer.type (any case) -> shardlab's optimizer: DeepSpeed's Adam decouples weight decay unless adam_w_mode is
+false (deepspeed/runtime/config.py ADAM_W_MODE_DEFAULT), the same states as AdamW either way."""
 
 
-def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
+def config(job: LaunchJob, spec=None) -> tuple[dict, list[Unsupported]]:
     lay = job.layout
     if job.serve is not None:
         raise Refused("this DeepSpeed export is a training config; export an inference plan with --to vllm")
@@ -44,6 +56,10 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
     if lay.recompute != "none":
         uns.append(Unsupported("recompute", lay.recompute, "activation checkpointing is switched on in the model code "
                                                            "(deepspeed.checkpointing or gradient_checkpointing_enable)"))
+    if lay.recompute == "selective" and lay.recompute_modules not in (None, ("core_attn",)):
+        uns.append(Unsupported("recompute_modules", ",".join(lay.recompute_modules), "what is recomputed is chosen in "
+                                                                                    "the model code, not the config"))
+    uns += _script_settings(job, spec)
     if lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", True, "Megatron-style sequence parallelism is not a DeepSpeed setting"))
     if lay.expert_tp != lay.tp:
@@ -85,12 +101,38 @@ def config(job: LaunchJob) -> tuple[dict, list[Unsupported]]:
         cfg["expert_parallel"] = {"enabled": True, "autoep_size": lay.ep}
     if lay.pp > 1:
         cfg["pipeline"] = {"stages": lay.pp, "partition": "parameters"}
+    if job.optimizer == "sgd":   # AdamW (shardlab's default, what a config without an optimizer reads back as): none
+        cfg["optimizer"] = {"type": OPTIMIZER[job.optimizer], "params": {"lr": 3e-4}}
+        if lay.zero >= 1:
+            # ZeRO refuses an optimizer outside ZERO_SUPPORTED_OPTIMIZERS without this (deepspeed/runtime/engine.py
+            # _do_optimizer_sanity_check; deepspeed/runtime/zero/utils.py)
+            cfg["zero_allow_untested_optimizer"] = True
     cfg["steps_per_print"] = 10
     return cfg, uns
 
 
+def _script_settings(job: LaunchJob, spec) -> list[Unsupported]:
+    """What a DeepSpeed config has no key for, where the job's value is not what the file reads back as: the
+    training script (or the launch line) sets it."""
+    out = []
+    if spec is None or job.seq_len != min(spec.max_seq_len, DEFAULT_SEQ_LEN):
+        out.append(Unsupported("seq_len", job.seq_len, "set by the training script's tokenizer/collator (read back as "
+                                                       "shardlab's default, min(model max, 4096))"))
+    if job.dropout:
+        out.append(Unsupported("dropout", True, "set in the model's config in the training script (attention and "
+                                                "hidden dropout 0.1)"))
+    if job.optimizer not in OPTIMIZER:
+        out.append(Unsupported("optimizer", job.optimizer, "DeepSpeed names DeepSpeed or torch.optim optimizers; 8-bit "
+                                                           "Adam (bitsandbytes) is passed in by the training script "
+                                                           "(read back as AdamW)"))
+    if job.gpus_per_node != DEFAULT_GPUS_PER_NODE:
+        out.append(Unsupported("gpus_per_node", job.gpus_per_node, "the launch line's --num_gpus sets it, not the "
+                               f"config (read back as nodes of {DEFAULT_GPUS_PER_NODE})"))
+    return out
+
+
 def render(job: LaunchJob, spec) -> Export:
-    cfg, uns = config(job)
+    cfg, uns = config(job, spec)
     name = f"{job.model}-ds_config.json"
     launch = (f"deepspeed --num_nodes {job.nodes} --num_gpus {job.procs_per_node} --hostfile hostfile train.py "
               f"--deepspeed --deepspeed_config {name}")
@@ -176,10 +218,29 @@ def read(text: str, catalog) -> Imported:
             raise FieldError("communication_data_type", '"fp32", "fp16" or "bf16"', comm, wrong_type=not isinstance(comm, str))
         f["grad_reduce_bytes"] = 4 if comm == "fp32" else 2
         und.append((f"communication_data_type {comm}", f"gradients reduced in {comm}"))
+    _read_optimizer(section(cfg, "optimizer"), f, und, ign)
     if cfg.get("sequence_parallel_size", 1) not in (1, None):
         ign.append(f"sequence_parallel_size {str(cfg['sequence_parallel_size'])[:20]} (Ulysses: not modelled)")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
              "bf16", "fp16", "tensor_parallel", "pipeline", "expert_parallel", "sequence_parallel_size",
-             "communication_data_type"}
+             "communication_data_type", "optimizer", "zero_allow_untested_optimizer"}
     ign += [k[:60] for k in cfg if k not in known]
     return Imported("deepspeed", f, tuple(und), tuple(ign), framework="deepspeed")
+
+
+def _read_optimizer(opt: dict, f: dict, und: list, ign: list) -> None:
+    """optimizer.type (deepspeed/runtime/config.py get_optimizer_name; no optimizer section: the training script
+    passes its own, shardlab's default)."""
+    if not opt:
+        return
+    name = opt.get("type")
+    if name is None:                  # parameters without a type: DeepSpeed builds no optimizer either
+        return
+    if not isinstance(name, str):
+        raise FieldError("optimizer.type", "an optimizer name such as AdamW or SGD", name, wrong_type=True)
+    mine = FROM_OPTIMIZER.get(name.lower())
+    if mine is None:
+        ign.append(f"optimizer.type {name[:40]} (priced as AdamW)")
+        return
+    f["optimizer"] = mine
+    und.append((f"optimizer.type {name}", f"optimizer {mine}"))

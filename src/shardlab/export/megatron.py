@@ -96,6 +96,27 @@ def parse_layout(text: str) -> list[str]:
     return s.split("|")
 
 
+DEFAULT_GPUS_PER_NODE = 8
+"""GPUs per node a file that does not say otherwise reads back as (the catalog's H100 nodes)."""
+OPTIMIZER = {"adamw": "adam", "sgd": "sgd", "adam-8bit": "adam"}
+"""shardlab's optimizer -> Megatron-LM's --optimizer (adam or sgd, megatron/training/arguments.py
+_add_training_args; its adam decouples the weight decay: AdamW); ``megatron_read`` maps adam back to adamw."""
+
+
+def gpus_per_node_read(nodes: int | None, per_node: int) -> int | None:
+    """GPUs per node as a launch line of ``nodes`` × ``per_node`` processes (torchrun --nnodes, --nproc-per-node)
+    says it: exactly when it spans several nodes or one of more than the default; None (the default) where one node
+    of at most ``DEFAULT_GPUS_PER_NODE`` processes fits nodes of any size."""
+    return per_node if (nodes or 1) > 1 or per_node > DEFAULT_GPUS_PER_NODE else None
+
+
+def block_fraction(recompute_layers: int, layers: int, chunks: int) -> float:
+    """The share of layers --recompute-method block --recompute-num-layers N recomputes: the first N layers of each of
+    ``chunks`` (virtual) pipeline stages of ``layers`` / ``chunks`` layers (megatron/core/transformer/
+    transformer_block.py _checkpointed_forward), capped at all of them."""
+    return min(1.0, recompute_layers * chunks / layers)
+
+
 def _stage_flags(job: LaunchJob, spec, uns: list) -> list[tuple[str, object]]:
     from shardlab.memory.states import chunk_layers
 
@@ -125,6 +146,9 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         uns.append(Unsupported("precision", "bf16", "Megatron-LM keeps fp32 master weights with --bf16 (bf16-mixed)"))
     if job.optimizer == "adam-8bit":
         uns.append(Unsupported("optimizer", "adam-8bit", "Megatron-LM's optimizers are adam and sgd; adam written"))
+    if (gpus_per_node_read(job.nodes, job.procs_per_node) or DEFAULT_GPUS_PER_NODE) != job.gpus_per_node:
+        uns.append(Unsupported("gpus_per_node", job.gpus_per_node, f"one node of {job.procs_per_node} processes "
+                               f"(torchrun --nproc-per-node) reads back as nodes of {DEFAULT_GPUS_PER_NODE} GPUs"))
     if spec.moe is not None and lay.tp > 1 and not lay.sequence_parallel:
         raise Refused("Megatron-Core trains MoE layers under tensor parallelism only with sequence parallelism "
                       "(MoELayer.forward raises otherwise); add --sequence-parallel (or plan with it)")
@@ -168,7 +192,7 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         per_chunk = spec.num_layers / (lay.pp * lay.vpp)
         n = round(lay.recompute_fraction * per_chunk)
         if lay.recompute_fraction < 1 and n >= 1 and abs(n - lay.recompute_fraction * per_chunk) < 1e-9 \
-                and not lay.stage_layers:
+                and not lay.stage_layers:      # read back as block_fraction(n, layers, pp·vpp)
             out += [("recompute-granularity", "full"), ("recompute-method", "block"), ("recompute-num-layers", n)]
         else:
             if lay.recompute_fraction < 1:
@@ -213,7 +237,7 @@ def arg_list(job: LaunchJob, spec) -> tuple[list[tuple[str, object]], list[Unsup
         else:
             uns.append(Unsupported("tp_comm_overlap", True, "Megatron-LM overlaps TP communication only with tensor "
                                                             "and sequence parallelism (--sequence-parallel, TP > 1)"))
-    out.append(("optimizer", "sgd" if job.optimizer == "sgd" else "adam"))
+    out.append(("optimizer", OPTIMIZER.get(job.optimizer, "adam")))
     out += model_flags(spec)
     # Megatron-LM's dropout defaults are 0.1 for both (arguments.py, _add_regularization_args): written as the estimate
     # assumed, 0 unless --dropout (GPT-3-era training, rate 0.1), since each dropout stores a mask and adds a kernel

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shardlab.errors import ShardlabError
 from shardlab.export.job import Imported
-from shardlab.export.megatron import model_flags, parse_layout
+from shardlab.export.megatron import block_fraction, gpus_per_node_read, model_flags, parse_layout
 from shardlab.export.names import models_with_shape
 from shardlab.export.text import FieldError, Said, as_int, even_split, flags_dict, split_command, whole
 
@@ -59,6 +59,7 @@ def read(text: str, catalog) -> Imported:
         world = (nodes or 1) * nproc
         f["gpus"] = world
         und.append((f"torchrun {nodes or 1} node(s) × {nproc}", f"{world} GPUs"))
+        _read_gpus_per_node(nodes, nproc, f, und)
     f["sequence_parallel"] = "sequence-parallel" in fl
     gran = fl.get("recompute-granularity")
     f["recompute"] = {"selective": "selective", "full": "full"}.get(gran, "none")
@@ -79,8 +80,6 @@ def read(text: str, catalog) -> Imported:
         und.append(("--recompute-modules (empty)", "recompute none: selective recomputation of no module"))
     elif mods is not None:
         ign.append("--recompute-modules without --recompute-granularity selective (Megatron-core ignores it)")
-    if gran == "full" and (fl.get("recompute-method") != "uniform" or g("recompute-num-layers", 1, 1, L.MAX_LAYERS) != 1):
-        ign.append("--recompute-method/--recompute-num-layers other than uniform/1 (modelled as every layer)")
     f["micro_batch"] = g("micro-batch-size", 1, 1, L.MAX_BATCH)
     if "global-batch-size" in fl:
         f["global_batch"] = g("global-batch-size", None, 1, L.MAX_BATCH)
@@ -127,6 +126,10 @@ def read(text: str, catalog) -> Imported:
             if sizes and sizes != even_split(layers, f["pp"]):
                 f["stage_layers"] = sizes
                 und.append(("--decoder-first/last-pipeline-num-layers", f"stage layers {'/'.join(map(str, sizes))}"))
+    if gran == "full":                       # after the pipeline: a block's layers are counted per (virtual) stage
+        _read_recompute_layers(fl, g, f, layers, und, ign)
+    if "optimizer" in fl:
+        _read_optimizer(fl["optimizer"], f, und)
     f["precision"] = ("fp8-mixed" if "fp8-format" in fl and "bf16" in fl else "bf16-mixed" if "bf16" in fl
                       else "fp16-mixed" if "fp16" in fl else "fp32")
     und.append(("precision flags", f["precision"]))
@@ -187,7 +190,7 @@ def read(text: str, catalog) -> Imported:
              "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "hidden-size",
              "pipeline-model-parallel-layout",
              "num-attention-heads", "ffn-hidden-size", "num-experts", "vocab-size", "group-query-attention",
-             "num-query-groups", "attention-dropout", "hidden-dropout", "moe-token-dispatcher-type"}
+             "num-query-groups", "attention-dropout", "hidden-dropout", "moe-token-dispatcher-type", "optimizer"}
     shape_only = {k for k, _ in model_flags(catalog.model(mid))} if mid else set()
     disp = fl.get("moe-token-dispatcher-type")
     if disp is not None and disp != "alltoall" and f.get("moe_dispatcher") != "deepep":
@@ -196,6 +199,50 @@ def read(text: str, catalog) -> Imported:
                       if disp == "flex" else "") + " (shardlab prices the alltoall and DeepEP dispatchers)")
     ign += [f"--{k}" for k in fl if k not in known and k not in shape_only]
     return Imported("megatron", f, tuple(und), tuple(ign), framework="megatron-lm")
+
+
+def _read_gpus_per_node(nodes: int | None, nproc: int, f: dict, und: list) -> None:
+    """GPUs per node from torchrun's --nnodes × --nproc-per-node (torch/distributed/run.py), where the line says it
+    (``megatron.gpus_per_node_read``: several nodes, or one of more GPUs than the default)."""
+    from shardlab.limits import MAX_GPUS_PER_NODE
+
+    per = gpus_per_node_read(nodes, nproc)
+    if per is None:
+        return
+    if per > MAX_GPUS_PER_NODE:
+        raise FieldError("torchrun --nproc-per-node", f"at most {MAX_GPUS_PER_NODE:,} GPUs per node", per)
+    f["gpus_per_node"] = per
+    und.append((f"torchrun --nproc-per-node {per}", "GPUs per node"))
+
+
+def _read_recompute_layers(fl: dict, g, f: dict, layers: int | None, und: list, ign: list) -> None:
+    """--recompute-method / --recompute-num-layers under --recompute-granularity full (megatron/training/arguments.py
+    _add_training_args; megatron/core/transformer/transformer_block.py _checkpointed_forward): block N recomputes the
+    first N layers of each (virtual) pipeline stage, a fraction N / its layers; uniform N recomputes every layer."""
+    from shardlab.limits import MAX_LAYERS
+
+    method = fl.get("recompute-method")
+    n = g("recompute-num-layers", 1, 1, MAX_LAYERS)
+    if method == "block" and layers and not f.get("stage_layers"):
+        chunks = f["pp"] * f.get("vpp", 1)
+        frac = block_fraction(n, layers, chunks)
+        if frac < 1:
+            f["recompute_fraction"] = frac
+        und.append((f"--recompute-method block --recompute-num-layers {n}",
+                    f"recompute_fraction {frac:g} ({n} of {layers / chunks:g} layers per stage)"))
+    elif method != "uniform" or n != 1:
+        ign.append("--recompute-method/--recompute-num-layers other than uniform/1 or block N over even stages "
+                   "(modelled as every layer)")
+
+
+def _read_optimizer(value, f: dict, und: list) -> None:
+    """--optimizer: Megatron-LM's adam (decoupled weight decay: shardlab's adamw) or sgd (megatron/training/
+    arguments.py _add_training_args, choices adam and sgd)."""
+    opt = {"adam": "adamw", "sgd": "sgd"}.get(value) if isinstance(value, str) else None
+    if opt is None:
+        raise FieldError("--optimizer", "adam or sgd", value)
+    f["optimizer"] = opt
+    und.append((f"--optimizer {value}", f"optimizer {opt}"))
 
 
 def _read_layout(text: str, f: dict, layers: int | None, und: list, ign: list) -> None:

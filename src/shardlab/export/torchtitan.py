@@ -20,6 +20,7 @@ import tomllib
 
 from shardlab.errors import ShardlabError
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE
 from shardlab.export.names import model_from_torchtitan, torchtitan_flavor
 from shardlab.export.text import FieldError, Said, even_split, section, toml_dump, whole
 from shardlab.layout import Layout, wrap_word
@@ -90,6 +91,9 @@ def render(job: LaunchJob, spec) -> Export:
     if job.dropout:
         uns.append(Unsupported("dropout", True, "torchtitan's models have no dropout; the run holds less activation "
                                                 "memory and time than the estimate"))
+    if job.gpus_per_node != DEFAULT_GPUS_PER_NODE:
+        uns.append(Unsupported("gpus_per_node", job.gpus_per_node, "the launch line's torchrun --nproc-per-node sets it, "
+                               f"not the TOML (read back as nodes of {DEFAULT_GPUS_PER_NODE})"))
     if lay.tp > 1 and not lay.sequence_parallel:
         uns.append(Unsupported("sequence_parallel", False, "torchtitan 0.2.2 always shards norms over TP (sequence parallel)"))
     dtype, mp = PRECISION[job.precision]
@@ -126,6 +130,9 @@ def render(job: LaunchJob, spec) -> Export:
     if lay.recompute == "selective":
         uns.append(Unsupported("recompute", "selective", "torchtitan has no attention-core-only recomputation; written as "
                                                          "its per-op selective checkpointing (shardlab's --recompute op)"))
+        if lay.recompute_modules not in (None, ("core_attn",)):     # beyond Megatron-core's default
+            uns.append(Unsupported("recompute_modules", ",".join(lay.recompute_modules), "torchtitan's per-op "
+                                   "checkpointing picks the operators itself (no module list)"))
     frac = lay.recompute_fraction
     if lay.recompute == "full" and frac < 1:
         every = round(1 / frac)
@@ -222,9 +229,10 @@ def read(text: str, catalog) -> Imported:
         f["zero"] = 0
     else:
         f["zero"] = {"always": 3, "never": 2}.get(reshard, 3 if f["pp"] == 1 else 2)
-        if rep > 1 and shard != 1:
-            ign.append(f"HSDP replicate degree {rep} (shardlab shards ZeRO-3 over all of dp)")
     und.append((f"fsdp_reshard_after_forward = {reshard!r}", f"zero {f['zero']}"))
+    if rep > 1 and f["zero"] >= 1:     # HSDP: rep replicas of groups FSDP shards over (torchtitan's ParallelDims)
+        f["dp_replicate"] = rep
+        und.append((f"parallelism.data_parallel_replicate_degree = {rep} beside FSDP", f"dp_replicate {rep} (HSDP)"))
     if f["tp"] > 1:
         f["sequence_parallel"] = True
     pmb = num(par, P, "pipeline_parallel_microbatch_size", 1, 1, L.MAX_BATCH)
@@ -283,7 +291,7 @@ def read(text: str, catalog) -> Imported:
     opt = str(opt)[:20]
     f["recompute"] = {"none": "none", "full": "full"}.get(mode, "op" if opt == "op" else "full")
     if mode == "selective" and opt != "op":
-        ign.append(f"selective_ac_option {opt} (full recompute of every {opt}th block: modelled as full)")
+        _read_every_nth(opt, f, und, ign)
     und.append((f"activation_checkpoint.mode = {mode!r}", f["recompute"]))
     dtype, mp = train.get("dtype", "float32"), train.get("mixed_precision_param", "bfloat16")
     for k, v in (("dtype", dtype), ("mixed_precision_param", mp)):
@@ -297,3 +305,17 @@ def read(text: str, catalog) -> Imported:
     if model.get("converters"):
         ign.append(f"model.converters {str(model['converters'])[:80]} (float8/mx training not modelled)")
     return Imported("torchtitan", f, tuple(und), tuple(ign), framework="torchtitan")
+
+
+def _read_every_nth(opt: str, f: dict, und: list, ign: list) -> None:
+    """selective_ac_option "N": full checkpointing of every N-th block (torchtitan/distributed/activation_checkpoint.py
+    _apply_layer_sac: ``if not ac_freq or count % ac_freq == 0``), i.e. recompute full with a fraction 1/N ("0": every
+    block); what render writes for --recompute-fraction 1/N."""
+    if not (opt.isascii() and opt.isdigit()):
+        ign.append(f"selective_ac_option {opt} (neither 'op' nor a number of blocks: modelled as full)")
+        return
+    every = int(opt)
+    if every > 1:
+        f["recompute_fraction"] = 1 / every
+    und.append((f"activation_checkpoint.selective_ac_option = {opt!r}",
+                f"recompute_fraction {f.get('recompute_fraction', 1.0):g} (one block in {max(every, 1)})"))
