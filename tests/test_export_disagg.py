@@ -78,7 +78,10 @@ def test_pools_as_servers_round_trip_into_the_same_estimate(tmp_path, target):
     f = read_text(text, CAT).fields
     assert (f["disaggregated"], f["prefill_tp"], f["tp"]) == ("4:4", 2, 4)
     fw = [] if target == "vllm" else ["--framework", target]
-    direct = json.loads(cli_main("estimate", *FLAGS, "--serve", "--json", *fw)[1])
+    # the file caps each server's sequences at the decode replica's capacity (--max-num-seqs): the same estimate with
+    # that cap (the engine's activation peak, so its KV blocks, follow the cap)
+    direct = json.loads(cli_main("estimate", *FLAGS, "--serve", "--json", *fw, "--max-num-seqs",
+                                 str(f["max_num_seqs"]))[1])
     back = json.loads(cli_main("estimate", "--from", str(path), "--json")[1])
     assert back["disaggregated"] == direct["disaggregated"] and back["kv_transfer_s"] == direct["kv_transfer_s"]
 

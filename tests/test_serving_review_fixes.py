@@ -83,3 +83,46 @@ def test_pipeline_ttft_rises_with_load():
     ttft = [_json("estimate", "llama-3.1-70b", *BASE, "--serve", "--tp", "4", "--pp", "2", "--arrival-rate", str(r),
                   "--requests", "50")["steady_state"]["ttft_s"] for r in (0.05, 0.2, 1.0)]
     assert ttft == sorted(ttft)
+
+
+def test_launch_files_name_the_serving_settings_they_do_not_carry():
+    d = _json("export", "--to", "vllm", "llama-3.1-70b", *BASE, "--tp", "4", "--batch", "32", "--speculative-tokens", "3")
+    assert [u["setting"] for u in d["unsupported"]] == ["speculative_tokens"]
+    d = _json("export", "--to", "sglang", "deepseek-v3", *BASE, "--gpu", "h200", "--tp", "1", "--ep", "8",
+              "--dp-attention", "--two-batch-overlap", "--redundant-experts", "8", "--batch", "32")
+    assert {"two_batch_overlap", "redundant_experts"} <= {u["setting"] for u in d["unsupported"]}
+
+
+def test_fp4_weights_a_launch_file_cannot_name_are_served_16_bit_and_said_so():
+    base = ["llama-3.1-70b", *BASE, "--tp", "4", "--batch", "32", "--gpu", "b200"]
+    for target in ("vllm", "sglang"):
+        d = _json("export", "--to", target, *base, "--weights", "fp4")
+        assert [u["setting"] for u in d["unsupported"]] == ["weights"]
+    blocks = [next(line for line in cli_main("export", "--to", "vllm", *base, *w)[1].splitlines() if "KV-cache blocks" in line)
+              for w in (["--weights", "fp4"], [])]
+    assert blocks[0] == blocks[1]
+
+
+def test_serving_replicas_survive_a_round_trip(tmp_path):
+    job, script = tmp_path / "a.toml", tmp_path / "v.sh"
+    base = ["llama-3.1-70b", *BASE, "--tp", "4", "--gpus", "16", "--batch", "32"]
+    for target, out in (("shardlab", job), ("vllm", script)):
+        code, _, err = cli_main("export", "--to", target, *base, "--out", str(out))
+        assert code == 0, err
+    code, out, err = cli_main("export", "--to", "vllm", str(job))
+    assert code == 0 and "--data-parallel-size 4" in out, err
+    code, out, err = cli_main("export", "--to", "shardlab", "--from", str(script))
+    assert code == 0 and "replicas = 4" in out and "gpus = 16" in out, err
+
+
+def test_training_refuses_serving_flags_and_a_file_refuses_a_conflicting_framework(tmp_path):
+    for flag in (["--weights", "int4"], ["--batch", "16"], ["--kv-cache-dtype", "fp8"], ["--dp-attention"]):
+        code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "8", *flag)
+        assert code == 2 and "add --inference" in err, flag
+    job = tmp_path / "t.toml"
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", "--save", str(job))
+    assert code == 0, err
+    code, out, err = cli_main("estimate", str(job), "--framework", "deepspeed")
+    assert code == 2 and "conflicts" in err
+    code, out, err = cli_main("estimate", str(job), "--set", "workload.grad_reduce_bytes=3")
+    assert code == 2 and "must be 4 (fp32) or 2" in err

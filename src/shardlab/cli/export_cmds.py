@@ -82,6 +82,16 @@ def serving_engine(args):
     return engine_from_args(args), to if to in ("sglang", "tensorrt-llm") else "vllm"
 
 
+def serving_not_carried(args) -> dict:
+    """``{'serving_not_carried': {...}}``: the serving flags set that no launch file carries (``recipe_unsupported``
+    lists them, ``export.job.SERVING_NOT_CARRIED`` says why)."""
+    from shardlab.export.job import SERVING_NOT_CARRIED
+
+    vals = {k: getattr(args, k, None) for k in SERVING_NOT_CARRIED}
+    vals = {k: v for k, v in vals.items() if v not in (None, False, 0, 0.0)}
+    return {"serving_not_carried": vals} if vals else {}
+
+
 def job_from_args(args, cat):
     """A LaunchJob from the estimate flags (training) or the inference flags."""
     from shardlab.cli.common import cluster_from_args, resolve_gpu, resolve_model
@@ -114,11 +124,13 @@ def job_from_args(args, cat):
         cluster = cluster_from_args(args, cat, group)
         import dataclasses
 
+        engine, fw = serving_engine(args)
         prec = asked = precision_from_args(args, cluster.accelerator, spec)
-        if prec.weights in ("int4", "int8"):   # the file serves the bf16 checkpoint (vllm.py says why): predict that
+        served_16bit = ("int4", "int8") + (("fp4",) if fw in ("vllm", "sglang") else ())
+        if prec.weights in served_16bit and spec.checkpoint_weights != prec.weights:
+            # the file serves the bf16 checkpoint (vllm.py says why): predict that
             prec = dataclasses.replace(prec, weights="bf16", group_size=None, activations="bf16",
                                        weights_from_checkpoint=False)
-        engine, fw = serving_engine(args)
         moe = {k: v for k, v in case_kw(args, spec, cat).items() if k not in ("speculation", "draft_spec")}
         est = estimate_inference(spec, cluster, tp=args.tp, pp=args.pp, batch=per, prompt_len=args.prompt_len,
                                  output_len=args.output_len, precision=prec, engine=engine, **moe)
@@ -131,8 +143,10 @@ def job_from_args(args, cat):
                          serve=Serve(cap, args.prompt_len, args.output_len, replicas, kv_blocks=blocks,
                                      gpu_memory_utilization=engine.gpu_memory_utilization,
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",
-                                     weights=asked.weights, ep=est.case.ep, dp_attention=est.case.attention_dp),
-                         notes=price_notes(cat, cluster.accelerator.id, spot))
+                                     weights=asked.weights, group_size=asked.group_size, activations=asked.activations,
+                                     weights_from_checkpoint=asked.weights_from_checkpoint, ep=est.case.ep,
+                                     dp_attention=est.case.attention_dp),
+                         notes={**price_notes(cat, cluster.accelerator.id, spot), **serving_not_carried(args)})
     est = training_estimate_from_args(args, cat)
     from shardlab.export.job import recipe_notes
 

@@ -112,6 +112,10 @@ def apply_import(args, imp, parser) -> None:
             args.gpus = f["serve_gpus"]          # a saved serving plan searches the GPUs it was planned for
         if f.get("replicas", 1) > 1:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
+            if (parser.prog.split()[1:] == ["export"] and not hasattr(args, "replicas")
+                    and getattr(args, "gpus", None) in (None, parser.get_default("gpus"))):
+                # a command without --replicas (export) takes the replicas as GPUs: tp × pp × replicas
+                args.gpus = f["replicas"] * int(f.get("tp") or 1) * int(f.get("pp") or 1)
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them
@@ -160,6 +164,9 @@ def apply_import(args, imp, parser) -> None:
     for key in ("tp_comm_overlap", "fp8_params", "ep_comm_overlap"):   # switches: a file that sets one turns it on
         if f.get(key) and hasattr(args, key):
             setattr(args, key, True)
+    if f.get("grad_reduce_bytes") is not None and f["grad_reduce_bytes"] not in GRAD_REDUCE_ARG:
+        raise ShardlabError(f"{args.from_file}: grad_reduce_bytes = {str(f['grad_reduce_bytes'])[:20]} must be 4 (fp32) "
+                            f"or 2 (bf16/fp16); fix the file")
     red = GRAD_REDUCE_ARG.get(f.get("grad_reduce_bytes"))
     if red and hasattr(args, red):
         other = GRAD_REDUCE_ARG[6 - f["grad_reduce_bytes"]]
@@ -169,6 +176,9 @@ def apply_import(args, imp, parser) -> None:
         setattr(args, red, True)
     if imp.framework and hasattr(args, "framework") and getattr(args, "framework", None) is None:
         args.framework = imp.framework
+    elif imp.framework and getattr(args, "framework", None) not in (None, imp.framework):
+        raise ShardlabError(f"--framework {args.framework} conflicts with {args.from_file} (framework {imp.framework}); "
+                            f"drop the flag or edit the file")
     if "model" not in f and getattr(args, "model", None) is None and getattr(args, "params", None) is None:
         unknown = next((x for x in imp.ignored if "give MODEL" in x), None)
         if unknown:                     # never the command's default model in its place

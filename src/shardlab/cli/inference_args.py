@@ -235,7 +235,23 @@ def refuse_serving_flags(args) -> None:
                                      ("--slo-percentile", "slo_percentile"), ("--scheduler-steps", "scheduler_steps"),
                                      ("--chunked-prefill", "chunked_prefill"),
                                      ("--sliding-window-cache", "sliding_window_cache"),
-                                     ("--prefix-hit-rate", "prefix_hit_rate")) if getattr(args, attr, None)]
+                                     ("--prefix-hit-rate", "prefix_hit_rate"), ("--engine", "engine"),
+                                     ("--weights", "weights"), ("--group-size", "group_size"),
+                                     ("--activations", "activations"),
+                                     ("--gpu-memory-utilization", "gpu_memory_utilization"),
+                                     ("--max-num-seqs", "max_num_seqs"),
+                                     ("--max-num-batched-tokens", "max_num_batched_tokens"),
+                                     ("--speculative-tokens", "speculative_tokens"), ("--draft", "draft"),
+                                     ("--acceptance-rate", "acceptance_rate"),
+                                     ("--acceptance-length", "acceptance_length"),
+                                     ("--dp-attention", "dp_attention"), ("--redundant-experts", "redundant_experts"),
+                                     ("--two-batch-overlap", "two_batch_overlap"),
+                                     ("--disaggregated", "disaggregated"), ("--prefill-tp", "prefill_tp"),
+                                     ("--prefill-pp", "prefill_pp"), ("--prefill-gpu", "prefill_gpu"),
+                                     ("--requests", "requests")) if getattr(args, attr, None)]
+    given += [flag for flag, attr, default in (("--batch", "batch", 1), ("--kv-cache-dtype", "kv_cache_dtype", "bf16"),
+                                               ("--prompt-len", "prompt_len", 1024), ("--output-len", "output_len", 256))
+              if getattr(args, attr, default) not in (default, None)]
     if getattr(args, "cuda_graph_max_batch", None) is not None:              # 0 (no graphs) is a setting too
         given.append("--cuda-graph-max-batch")
     if given:

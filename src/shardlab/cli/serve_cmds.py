@@ -263,7 +263,7 @@ def plan_serve(args, spec, cluster, gpus, prec, engine):
     # speed: rounded to 6 digits, floating-point noise does not decide
     thr = lambda p: float(f"{p['output_tokens_per_s']:.6g}")   # noqa: E731
     key = (lambda p: (not p["meets_slo"], 0.0 if p["meets_slo"] else p["slo_ratio"],
-                      p["e2e_s"] if latency else -thr(p), p["e2e_s"], p["tpot_s"], -thr(p),
+                      p["e2e_s"] if latency else -thr(p), -thr(p) if latency else p["e2e_s"], p["tpot_s"],
                       p["tp"] * p["pp"] * p["dp_attention"]))
     plans.sort(key=key)
     best = plans[0]

@@ -234,10 +234,31 @@ MEGATRON_ONLY = {
 """Workload settings only the Megatron-LM export (and shardlab's own job file) carries, and what to do elsewhere."""
 
 
+SERVING_NOT_CARRIED = {
+    "speculative_tokens": "speculative decoding (--speculative-tokens, --draft, its acceptance) was priced but is not "
+                          "written: add the engine's own setting (vLLM --speculative-config, SGLang --speculative-*, "
+                          "TensorRT-LLM speculative_config) by hand",
+    "two_batch_overlap": "two-batch overlap was priced but is not written: SGLang --enable-two-batch-overlap, vLLM "
+                         "--enable-dbo",
+    "redundant_experts": "redundant expert slots were priced but are not written: SGLang --ep-num-redundant-experts, "
+                         "vLLM --enable-eplb with its num_redundant_experts",
+    "chunked_prefill": "chunked prefill was forced on in the estimate; the file leaves the engine's default",
+    "max_num_batched_tokens": "the token budget per step was set in the estimate; the file leaves the engine's default "
+                              "(vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size)",
+    "scheduler_steps": "multi-step scheduling was set in the estimate; the file leaves the engine's default",
+    "cuda_graph_max_batch": "the CUDA-graph capture size was set in the estimate; the file leaves the engine's default",
+    "prefix_hit_rate": "a prefix-cache hit rate describes the traffic, not the engine: the file cannot carry it",
+    "expert_imbalance": "the expert load imbalance describes the routing, not the engine: the file cannot carry it",
+}
+"""Serving flags the estimate prices that no launch file (nor shardlab's job file) carries: listed as not carried."""
+
+
 def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, ...]:
     """The job's recipe settings (``notes['recipe']``) as what the file could not express; for a target other than
     Megatron-LM or shardlab's job file, also the Megatron-only workload settings (``MEGATRON_ONLY``)."""
     out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
+    out += tuple(Unsupported(k, v, SERVING_NOT_CARRIED[k]) for k, v in (job.notes.get("serving_not_carried") or {}).items()
+                 if k in SERVING_NOT_CARRIED)
     if target not in ("megatron", "shardlab"):
         out += tuple(Unsupported(k, True, why) for k, why in MEGATRON_ONLY.items() if getattr(job, k))
         if job.moe_dispatcher != "alltoall":

@@ -54,9 +54,9 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
             uns.append(Unsupported("weights", s.weights, as_shipped_note("SGLang", repo, ckpt, s.weights)))
     elif s.weights == "fp8":
         pairs.append(("quantization", "fp8"))
-    elif s.weights in ("int4", "int8"):
+    elif s.weights in ("int4", "int8", "fp4"):
         uns.append(Unsupported("weights", s.weights, f"SGLang loads {s.weights} weights from a pre-quantized checkpoint "
-                                                     f"(AWQ/GPTQ) that shardlab cannot name: this file serves {repo} in "
+                                                     f"({'NVFP4 (ModelOpt)' if s.weights == 'fp4' else 'AWQ/GPTQ'}) that shardlab cannot name: this file serves {repo} in "
                                                      f"bf16"))
     if job.gpus > job.gpus_per_node:
         uns.append(Unsupported("nodes", job.nodes, "SGLang spans nodes with one launch_server per node: add --nnodes "

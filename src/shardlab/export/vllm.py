@@ -52,9 +52,9 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
             uns.append(Unsupported("weights", s.weights, as_shipped_note("vLLM", repo, ckpt, s.weights)))
     elif s.weights == "fp8":        # vLLM quantizes the bf16 checkpoint's linear weights to FP8 at load time
         pairs.append(("quantization", "fp8"))
-    elif s.weights in ("int4", "int8"):
+    elif s.weights in ("int4", "int8", "fp4"):
         uns.append(Unsupported("weights", s.weights, f"vLLM loads {s.weights} weights from a pre-quantized checkpoint "
-                                                     f"(AWQ/GPTQ, --quantization awq or gptq) that shardlab cannot name: "
+                                                     f"({'NVFP4 (ModelOpt)' if s.weights == 'fp4' else 'AWQ/GPTQ, --quantization awq or gptq'}) that shardlab cannot name: "
                                                      f"this file serves {repo} in bf16, and its predicted KV blocks are "
                                                      f"for bf16 weights"))
     if job.gpus > job.gpus_per_node:
