@@ -126,3 +126,13 @@ def test_training_refuses_serving_flags_and_a_file_refuses_a_conflicting_framewo
     assert code == 2 and "conflicts" in err
     code, out, err = cli_main("estimate", str(job), "--set", "workload.grad_reduce_bytes=3")
     assert code == 2 and "must be 4 (fp32) or 2" in err
+
+
+def test_the_linear_line_shows_the_side_that_sets_it():
+    """`linear = max(a, b) = c` with c one of a and b: the compute side carries the GEMM's M/(M + m½) rate."""
+    d = _json("estimate", "llama-3.1-8b", "--inference", "--batch", "8", "--prompt-len", "512", "--output-len", "128",
+              "--gpu", "a100-80gb", "--weights", "int4")
+    for phase in ("prefill", "decode"):
+        x = d[phase]
+        assert abs(x["linear_s"] - max(x["weights_read_s"], x["gemm_compute_s"])) <= 1e-9 * x["linear_s"]
+        assert x["bound"] == ("memory" if x["weights_read_s"] >= x["gemm_compute_s"] else "compute")

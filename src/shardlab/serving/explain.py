@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardlab.serving.case import ServeCase
-from shardlab.serving.step import step_parts
+from shardlab.serving.step import _linear_s, step_parts
 from shardlab.units import fmt_bytes, fmt_time
 
 
@@ -13,6 +15,13 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
     m, k = case.whole, case.kernels
     sampled = decode_seqs if sampled is None else sampled
     p = {key: float(v) for key, v in step_parts(m, k, decode_seqs, ctx_tokens, prefill_tokens, prefill_pairs, sampled).items()}
+    # the compute side as the roofline prices it: each GEMM class's FLOPs at M/(M + m½) of the large-shape rate
+    # (``step._linear_s`` with no weights to read; step_parts' gemm_compute_s is the FLOPs at the large-shape rate)
+    no_weights = replace(m, dense_weight_bytes=0.0, expert_weight_bytes=0.0)
+    group = decode_seqs + prefill_tokens
+    mine = group if float(m.attention_dp) <= 1 else (-(-decode_seqs // float(m.attention_dp)) + prefill_tokens
+                                                    / float(m.attention_dp))
+    p["gemm_compute_s"] = float(_linear_s(no_weights, k, m.gemm_peak_flops * p["gemm_efficiency"], mine, group, max)[0])
     p["bound"] = "memory" if p["weights_read_s"] >= p["gemm_compute_s"] else "compute"
     tokens = decode_seqs + prefill_tokens
     bw = m.bandwidth_bytes_per_s / 1e9
@@ -36,7 +45,8 @@ def step_lines(case: ServeCase, decode_seqs: float, ctx_tokens: float, prefill_t
            else f" (the TP group); the busiest × {case.expert_imbalance:.2f} the mean routed tokens")]
     lines += [
         f"linear    = max({fmt_bytes(p['weights_touched_bytes'])} weights / ({bw:g} GB/s × {k.weight_bandwidth_efficiency:.3f}), "
-        f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.3f}))"
+        f"{m.gemm_flops_per_token:.3g} FLOP × {tokens:g} tokens / ({m.gemm_peak_flops / 1e12:g} TFLOP/s × {p['gemm_efficiency']:.3f})"
+        f" × (M + {float(m.gemm_half_tokens):.0f})/M)"
         f" = max({fmt_time(p['weights_read_s'])}, {fmt_time(p['gemm_compute_s'])})"
         + (" per GEMM class (dense matrices; routed experts, each seeing tokens·k/E), summed" if moe else "")
         + f" = {fmt_time(p['linear_s'])}",
