@@ -269,7 +269,8 @@ def disagg_text(doc: dict, args) -> list[str]:
     verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
                (f"{c['note']}; " if c.get("note") else "") + f"best disaggregated: {best}: "
                + ("about the same (within 5%): splitting buys nothing here" if abs((c["ratio"] or 0) - 1) <= 0.05 else
-                  "splitting the phases pays here" if c["winner"] == "disaggregated" else
+                  "splitting the phases pays here: the plan's winner, over the best aggregated layout recommended "
+                  "above (--export and --save write this split)" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))
     sim = doc.get("best_disaggregated_simulated")
     one = ("one layout (TP × PP, or EP over attention ranks, the same in both pools)"

@@ -160,6 +160,9 @@ def check_serve_flags(args, plan: bool = False) -> None:
     if getattr(args, "batch", 1) not in (None, 1):
         raise ShardlabError(f"--batch {args.batch} is a static batch; under --serve the load is --concurrency or "
                             f"--arrival-rate, and --max-num-seqs caps the sequences a replica runs: use those")
+    if args.tpot_slo is not None and getattr(args, "output_len", 2) == 1:
+        raise ShardlabError("--tpot-slo: with --output-len 1 a request has no second token, so no time per output "
+                            "token; drop --tpot-slo (--ttft-slo bounds the whole request)")
     loads = [f for f, v in (("--concurrency", args.concurrency), ("--arrival-rate", args.arrival_rate)) if v is not None]
     slo = args.ttft_slo is not None or args.tpot_slo is not None
     if not plan and target is not None:
