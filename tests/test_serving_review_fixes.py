@@ -136,3 +136,15 @@ def test_the_linear_line_shows_the_side_that_sets_it():
         x = d[phase]
         assert abs(x["linear_s"] - max(x["weights_read_s"], x["gemm_compute_s"])) <= 1e-9 * x["linear_s"]
         assert x["bound"] == ("memory" if x["weights_read_s"] >= x["gemm_compute_s"] else "compute")
+
+
+def test_a_saved_training_plan_keeps_its_modelling_switches(tmp_path):
+    """The job file carries flash attention, compile, the reduction's overlap, the attention kernel and the fused loss
+    where a plan moved them (it dropped them and printed 'every setting carried over')."""
+    for flags in (["--no-flash-attention"], ["--compile", "--framework", "torchtitan"], ["--no-dp-overlap"],
+                  ["--attention-kernel", "flash1"], ["--fused-loss"]):
+        job = tmp_path / "f.toml"
+        d = _json("plan", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "2048", *flags,
+                  "--save", str(job), "--force")
+        back = _json("estimate", str(job))
+        assert abs(back["step_time_s"] - d["plans"][0]["step_time_s"]) <= 1e-9 * back["step_time_s"], flags

@@ -148,7 +148,7 @@ def job_from_args(args, cat):
                                      dp_attention=est.case.attention_dp),
                          notes={**price_notes(cat, cluster.accelerator.id, spot), **serving_not_carried(args)})
     est = training_estimate_from_args(args, cat)
-    from shardlab.export.job import recipe_notes
+    from shardlab.export.job import assumptions_of, recipe_notes
 
     notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework,
              **price_notes(cat, resolve_gpu(args, cat), spot),
@@ -161,6 +161,11 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes,
                      grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout),
                      tp_comm_overlap=est.workload.tp_comm_overlap,
+                     assumptions=assumptions_of(flash_attention=not getattr(args, "no_flash_attention", False),
+                                                compile=getattr(args, "compile", None),
+                                                dp_overlap=not getattr(args, "no_dp_overlap", False),
+                                                attention_kernel=getattr(args, "attention_kernel", None),
+                                                fused_loss=getattr(args, "fused_loss", None)),
                      fp8_params=est.workload.fp8_params, moe_dispatcher=est.workload.moe.dispatcher,
                      ep_comm_overlap=est.workload.moe.ep_comm_overlap,
                      expert_imbalance=est.workload.moe.expert_imbalance)

@@ -164,6 +164,18 @@ def apply_import(args, imp, parser) -> None:
     for key in ("tp_comm_overlap", "fp8_params", "ep_comm_overlap"):   # switches: a file that sets one turns it on
         if f.get(key) and hasattr(args, key):
             setattr(args, key, True)
+    # a job file's modelling switches (export.job.ASSUMPTIONS), where it moved them from their defaults
+    for key, dest, val in (("flash_attention", "no_flash_attention", f.get("flash_attention") is False),
+                           ("dp_overlap", "no_dp_overlap", f.get("dp_overlap") is False)):
+        if key in f and val and hasattr(args, dest):
+            setattr(args, dest, True)
+    for key in ("compile", "attention_kernel", "fused_loss"):
+        if key in f and hasattr(args, key):
+            cur = getattr(args, key)
+            if cur is not None and cur != f[key]:
+                raise ShardlabError(f"--{key.replace('_', '-')} conflicts with {args.from_file} ({key} = {f[key]}); "
+                                    f"drop the flag or edit the file")
+            setattr(args, key, f[key])
     if f.get("grad_reduce_bytes") is not None and f["grad_reduce_bytes"] not in GRAD_REDUCE_ARG:
         raise ShardlabError(f"{args.from_file}: grad_reduce_bytes = {str(f['grad_reduce_bytes'])[:20]} must be 4 (fp32) "
                             f"or 2 (bf16/fp16); fix the file")

@@ -355,6 +355,7 @@ def _assumptions(args) -> dict:
             else "the framework's",
             "attention_kernel": getattr(args, "attention_kernel", None) or "the framework's",
             "fused_loss": {None: "the framework's", True: "yes", False: "no"}[getattr(args, "fused_loss", None)],
+            "compile": getattr(args, "compile", None),
             "overheads": "none" if args.no_overheads else (args.overheads or "documented defaults (docs/memory.md)"),
             "profile": getattr(args, "profile", None)}
 

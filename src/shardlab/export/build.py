@@ -184,9 +184,23 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
                      grad_reduce_bytes=red if red in (2, 4) else None,
                      dropout=(doc.get("assumptions") or {}).get("dropout") is True,
                      tp_comm_overlap=isinstance(fw, dict) and fw.get("tp_comm_overlap") is True,
-                     fp8_params=wl.get("fp8_params") is True,
+                     fp8_params=wl.get("fp8_params") is True, assumptions=_plan_assumptions(doc),
                      **({k: fw[k] for k in ("moe_dispatcher", "ep_comm_overlap", "expert_imbalance") if k in fw}
                         if isinstance(fw, dict) else {}))
+
+
+def _plan_assumptions(doc: dict) -> tuple:
+    """``LaunchJob.assumptions`` from a plan's ``assumptions`` (plan --json): flash attention, compile, overlap of the
+    gradient reduction, attention kernel and fused loss, where the plan did not take the framework's own."""
+    from shardlab.export.job import assumptions_of
+
+    a = doc.get("assumptions") if isinstance(doc.get("assumptions"), dict) else {}
+    kernel = a.get("attention_kernel")
+    return assumptions_of(flash_attention=a.get("flash_attention") is not False,
+                          compile=a.get("compile") if isinstance(a.get("compile"), bool) else None,
+                          dp_overlap=a.get("dp_overlap") is not False,
+                          attention_kernel=kernel if kernel in ("flash1", "flash2", "native") else None,
+                          fused_loss={"yes": True, "no": False}.get(a.get("fused_loss")))
 
 
 def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:

@@ -119,6 +119,10 @@ class LaunchJob:
     """The MoE all-to-all overlap (Megatron-LM ``--overlap-moe-expert-parallel-comm``) as the estimate assumed."""
     expert_imbalance: float = 1.0
     """The busiest expert-parallel rank's routed tokens over the mean, as the estimate assumed (not a launch flag)."""
+    assumptions: tuple = ()
+    """(key, value) pairs of the modelling switches the estimate assumed away from their defaults (``ASSUMPTIONS``):
+    flash_attention False, compile True, dp_overlap False, attention_kernel, fused_loss. shardlab's job file carries
+    them; a framework's file does not (its own code decides)."""
     notes: dict = field(default_factory=dict, compare=False, hash=False)
     """Estimates for comments (step_time_s, usd_per_hour, train_hours, usd, price_source); not part of the layout."""
 
@@ -222,6 +226,27 @@ RECIPE_WHY = {
     "offload": "CPU/NVMe offload is not written; turn it on in the framework's own settings",
 }
 """The training recipe settings (shardlab.memory.recipe) that no exported file carries, and what to do instead."""
+
+
+ASSUMPTIONS = ("flash_attention", "compile", "dp_overlap", "attention_kernel", "fused_loss")
+"""Training workload switches a job file carries where they differ from the framework's default (``LaunchJob.assumptions``)."""
+
+
+def assumptions_of(flash_attention=True, compile=None, dp_overlap=True, attention_kernel=None,
+                   fused_loss=None) -> tuple:
+    """``LaunchJob.assumptions`` from the estimate's switches: only those away from their defaults."""
+    out = []
+    if flash_attention is False:
+        out.append(("flash_attention", False))
+    if compile is not None:
+        out.append(("compile", bool(compile)))
+    if dp_overlap is False:
+        out.append(("dp_overlap", False))
+    if attention_kernel:
+        out.append(("attention_kernel", str(attention_kernel)))
+    if fused_loss is not None:
+        out.append(("fused_loss", bool(fused_loss)))
+    return tuple(out)
 
 
 MEGATRON_ONLY = {

@@ -10,7 +10,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [layout]    dp tp pp cp ep zero vpp micro_batch recompute recompute_fraction wrap dp_replicate sequence_parallel
               schedule stage_layers recompute_modules
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params
-              ep_comm_overlap (these three where true) moe_dispatcher expert_imbalance (where not the default)
+              ep_comm_overlap (these three where true) moe_dispatcher expert_imbalance flash_attention compile
+              dp_overlap attention_kernel fused_loss (where not the default)
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype (serving jobs); weights
               (left out where it is the checkpoint's own type) group_size activations (where the plan chose them);
@@ -31,7 +32,8 @@ VERSION = 1
 LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
-                 "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance")
+                 "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance", "flash_attention", "compile",
+                 "dp_overlap", "attention_kernel", "fused_loss")
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
               "group_size", "activations", "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
 SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
@@ -67,6 +69,7 @@ def render(job: LaunchJob, spec=None) -> Export:
         doc["workload"]["moe_dispatcher"] = job.moe_dispatcher
     if job.expert_imbalance != 1.0:
         doc["workload"]["expert_imbalance"] = job.expert_imbalance
+    doc["workload"].update(dict(job.assumptions))          # the modelling switches away from their defaults
     if job.framework:
         doc["framework"] = {"name": job.framework}
     if job.serve is not None:
@@ -102,7 +105,8 @@ def _check_keys(doc: dict) -> None:
 
 
 TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute": str, "schedule": str,
-         "kv_cache_dtype": str, "weights": str, "activations": str, "disaggregated": str, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
+         "kv_cache_dtype": str, "weights": str, "activations": str, "disaggregated": str, "flash_attention": bool,
+         "compile": bool, "dp_overlap": bool, "attention_kernel": str, "fused_loss": bool, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
          "expert_imbalance": float,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
