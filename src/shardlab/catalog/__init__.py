@@ -237,17 +237,26 @@ def _builtin() -> Catalog:
     return cat
 
 
-def get_catalog(extra_files: tuple[str, ...] | list[str] = ()) -> Catalog:
-    """The built-in catalog merged with ``SHARDLAB_CATALOG`` files and ``extra_files`` (later wins)."""
+def get_catalog(extra_files: tuple[str, ...] | list[str] = (), profile: str | None = None) -> Catalog:
+    """The built-in catalog merged with ``SHARDLAB_CATALOG`` files and ``extra_files`` (later wins), then the hardware
+    profile ``profile`` (``--profile FILE``), which must hold a non-empty ``profile:`` section: a plain catalog file
+    given as a profile would change nothing the user asked for."""
     base = _builtin()
     env = [p for p in os.environ.get("SHARDLAB_CATALOG", "").split(os.pathsep) if p]
     files = env + list(extra_files or ())
-    if not files:
+    if not files and not profile:
         return base
     cat = Catalog(dict(base.models), dict(base.accelerators), dict(base.links), dict(base.frameworks), dict(base.generations),
                   list(base.prices))
     for f in files:
         cat.add_file(Path(f))
+    if profile:
+        before, cat.profile = cat.profile, None
+        cat.add_file(Path(profile))
+        if not cat.profile:         # no (or an empty) profile: section
+            raise ShardlabError(f"{profile} has no profile: section; write one with `shardlab calibrate` "
+                                f"(or pass a plain catalog file with --catalog)")
+        cat.profile = {**(before or {}), **cat.profile}
     if cat.profile:
         for key in ("gpu",):
             if key in cat.profile:

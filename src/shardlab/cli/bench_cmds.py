@@ -317,7 +317,7 @@ def _calibrate_framework(args):
     from shardlab.runtime.framework_fit import MAX_FIT_RUNS, calibrate_framework, check_run_count
     from shardlab.safeio import load_json
 
-    cat = get_catalog(list(args.catalog) + ([args.profile] if args.profile else []))
+    cat = get_catalog(list(args.catalog), profile=args.profile)
     docs = []
     for path in args.from_run:
         doc = load_json(path, "--from-run (a `shardlab run train --json` document)")

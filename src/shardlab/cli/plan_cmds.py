@@ -57,8 +57,7 @@ def register(sub) -> None:
 def _catalog(args):
     from shardlab.catalog import get_catalog
 
-    files = list(args.catalog) + ([args.profile] if getattr(args, "profile", None) else [])
-    return get_catalog(files)
+    return get_catalog(list(args.catalog), profile=getattr(args, "profile", None))
 
 
 def _seq_len(args, spec) -> int:
@@ -78,7 +77,7 @@ def training_estimate_from_args(args, catalog):
         raise ShardlabError("step time needs a model's shapes: give MODEL (a catalog id or config.json), not --params")
     layout = layout_from_args(args)
     gpus = args.gpus or layout.world_size
-    cluster = cluster_from_args(args, catalog, gpus)
+    cluster = cluster_from_args(args, catalog, gpus).require_whole_nodes()
     recipe = _recipe(args, catalog, cluster)
     return estimate_training(
         spec, layout, cluster, seq_len=_seq_len(args, spec), global_batch=args.global_batch, microbatches=args.microbatches,
@@ -254,7 +253,7 @@ def cmd_plan(args):
     gpus = args.gpus or (args.nodes * probe.gpus_per_node if args.nodes else args.gpus_default)
     if args.nodes and args.gpus and args.gpus != args.nodes * probe.gpus_per_node:
         raise ShardlabError(f"--nodes {args.nodes} × {probe.gpus_per_node} GPUs per node ≠ --gpus {args.gpus}; give one of them")
-    cluster = cluster_from_args(args, cat, gpus)
+    cluster = cluster_from_args(args, cat, gpus).require_whole_nodes()
     seq = _seq_len(args, spec)
     from shardlab.estimate.training import positions_notes
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.rates.hardware import gemm_time_s, memory_time_s
-from shardlab.flops import forward_flops_per_token
+from shardlab.flops import forward_flops_per_token, op_recomputed_linear_params
 from shardlab.memory.lora import LoraSpec, adapter_tensors, is_block_linear, nf4_bits_per_weight
 from shardlab.specs.hardware import Accelerator, MatmulEfficiency
 from shardlab.specs.model import ModelSpec
-from shardlab.specs.tensors import model_tensors
+from shardlab.specs.tensors import layer_matmuls, model_tensors
 
 
 def _layer_adapters(spec: ModelSpec, layer: int, lora: LoraSpec):
@@ -35,14 +35,18 @@ def adapter_flops_per_token(spec: ModelSpec, lora: LoraSpec) -> float:
     return 2.0 * adapter_param_count(spec, lora)
 
 
-def lora_training_flops_per_token(spec: ModelSpec, seq_len, lora: LoraSpec, recompute: str = "none") -> tuple:
+def lora_training_flops_per_token(spec: ModelSpec, seq_len, lora: LoraSpec, recompute: str = "none",
+                                  fraction: float = 1.0) -> tuple:
     """(model, hardware) FLOPs per token of a LoRA step: base linears and head forward + dgrad, attention and
-    adapters forward + full backward; hardware adds the recomputed forward as ``flops.training_flops_per_token``."""
+    adapters forward + full backward; hardware adds the recomputed forward as ``flops.training_flops_per_token``
+    ('op': the frozen base's every other matmul, as ``lora_block_step_times`` prices it; the adapters' r-wide
+    outputs are always saved, ``memory.lora.lora_activation_bytes``); ``fraction`` of the blocks are checkpointed."""
     f = forward_flops_per_token(spec, seq_len)
     a = adapter_flops_per_token(spec, lora)
     model = 2 * (f["linear"] + f["logits"]) + 3 * (f["attention"] + a)
-    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"] + a}[recompute]
-    return model, model + extra
+    extra = {"none": 0, "selective": f["attention"], "full": f["linear"] + f["attention"] + a,
+             "op": 2 * op_recomputed_linear_params(spec)}[recompute]
+    return model, model + fraction * extra
 
 
 def adapter_gemm_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tokens, tp, acc: Accelerator,
@@ -62,29 +66,39 @@ def adapter_gemm_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tokens, tp,
     return total
 
 
-def dequant_bytes_per_pass(spec: ModelSpec, layer: int, lora: LoraSpec, tp, ep=1, etp=None) -> float:
+def dequant_bytes_per_pass(spec: ModelSpec, layer: int, lora: LoraSpec, tp, ep=1, etp=None,
+                           op_only: bool = False) -> float:
     """Bytes one dequantization pass over block ``layer``'s NF4 weights moves on one rank: read the NF4 weight
-    (bits/8 per element) and write bf16 (2) (arrays over tp; ``etp``: the experts' TP, ``Layout.etp``)."""
+    (bits/8 per element) and write bf16 (2) (arrays over tp; ``etp``: the experts' TP, ``Layout.etp``).
+    ``op_only``: only the weights of the matmuls per-op checkpointing re-runs (every other one in forward order,
+    ``rates.compute.layer_times``' 'gemm_op_recompute_s')."""
     if lora.quantize_base != "nf4":
         return 0.0
+    odd = {t.name for i, t in enumerate(layer_matmuls(spec, layer)) if i % 2 == 1} if op_only else None
     n = 0.0
     for t in model_tensors(spec):
-        if t.layer == layer and is_block_linear(t, spec):
+        if t.layer == layer and is_block_linear(t, spec) and (odd is None or t.name in odd):
             n = n + np.prod(np.broadcast_arrays(*t.local_shape(spec, np.asarray(tp), ep, None, etp)), axis=0)
     return n * (nf4_bits_per_weight(lora) / 8 + 2)
 
 
-def lora_block_step_times(lt: dict, *, adapter_fwd_s, dequant_s, recompute) -> dict:
+def lora_block_step_times(lt: dict, *, adapter_fwd_s, dequant_s, recompute, fraction=1.0, dequant_op_s=0.0) -> dict:
     """Per micro-batch forward, backward and recomputation of a frozen-base block (``compute.layer_times`` parts).
 
     forward  = base GEMMs + attention + memory-bound + adapters + one dequantization pass
     backward = base GEMMs (dgrad only) + 2 × attention + 2 × memory-bound + 2 × adapters + one dequantization pass
-    recompute: full re-runs the forward, selective the attention core (as ``compute.block_step_times``)."""
+    recompute (as ``compute.block_step_times``): full re-runs the forward, selective the attention core, op the base's
+    every other matmul ('gemm_op_recompute_s') and all memory-bound kernels, with the dequantization of the re-run
+    matmuls' NF4 weights (``dequant_op_s``; the adapters' r-wide outputs stay saved); ``fraction``: share of the
+    blocks checkpointed (the average block's recomputation scales with it)."""
+    from shardlab.memory.training import recompute_code
+
     fwd = lt["gemm_s"] + lt["attn_s"] + lt["elem_s"] + adapter_fwd_s + dequant_s
     bwd = lt["gemm_s"] + 2.0 * (lt["attn_s"] + lt["elem_s"] + adapter_fwd_s) + dequant_s
-    code = {"none": 0, "selective": 1, "full": 2}[recompute] if isinstance(recompute, str) else np.asarray(recompute)
-    rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"], 0.0))
-    return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec}
+    code = np.asarray(recompute_code(recompute))
+    op = lt.get("gemm_op_recompute_s", 0.0) + lt["elem_s"] + dequant_op_s
+    rec = np.where(code == 2, fwd, np.where(code == 1, lt["attn_s"], np.where(code == 3, op, 0.0)))
+    return {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": np.asarray(fraction) * rec}
 
 
 def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Accelerator, ep=1, etp=None):
@@ -93,9 +107,12 @@ def dequant_time_s(spec: ModelSpec, layer: int, lora: LoraSpec, tp, acc: Acceler
 
 
 def lora_block_times(spec: ModelSpec, layer: int, lora: LoraSpec, lt: dict, tokens, tp, ep, recompute,
-                     acc: Accelerator, curve: MatmulEfficiency, dtype: str, etp=None) -> dict:
+                     acc: Accelerator, curve: MatmulEfficiency, dtype: str, etp=None, fraction=1.0) -> dict:
     """Forward, backward and recomputation seconds of a frozen-base (LoRA/QLoRA) block per micro-batch: the base
     block's ``lt`` (``rates.compute.layer_times``) with its adapters' GEMMs and the NF4 dequantisation added
-    (``lora_block_step_times``)."""
+    (``lora_block_step_times``; ``fraction``: share of the blocks checkpointed)."""
     return lora_block_step_times(lt, adapter_fwd_s=adapter_gemm_time_s(spec, layer, lora, tokens, tp, acc, curve, dtype),
-                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep, etp), recompute=recompute)
+                                 dequant_s=dequant_time_s(spec, layer, lora, tp, acc, ep, etp), recompute=recompute,
+                                 fraction=fraction,
+                                 dequant_op_s=memory_time_s(dequant_bytes_per_pass(spec, layer, lora, tp, ep, etp,
+                                                                                   op_only=True), acc))

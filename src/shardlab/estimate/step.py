@@ -99,8 +99,9 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         from shardlab.estimate.lora import lora_training_flops_per_token
 
         model_tok = float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora)[0])
-        hw = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r)[1])
-                       for r in ("none", "selective", "full")])[np.minimum(c["rc"], 2)]   # 'op' priced as full
+        per_mode = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r)[1])
+                             for r in ("none", "selective", "full", "op")])
+        hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)       # as the time: the mode and its fraction
     # utilization against the peak of the dtype the linear layers' GEMMs run in (FP8 under fp8-mixed): a ratio to the
     # bf16 peak would pass 1 where the FP8 GEMMs run above it
     peak = acc.peak_flops("fp8" if sb.gemm_dtype == "fp8" else sb.compute_dtype)

@@ -95,7 +95,7 @@ def predicted_estimate(spec, strategy: Strategy, shape: RunShape, accelerator: s
     try:
         from shardlab.catalog import get_catalog
 
-        cat = get_catalog([profile] if profile else [])
+        cat = get_catalog([], profile=profile)
         prof = cat.profile or {}
         acc = cat.accelerator(accelerator or prof.get("gpu") or "cpu-core")
         ln = cat.link(link or prof.get("intra_link") or "loopback")

@@ -138,7 +138,7 @@ def prepare(req: TrainRequest):
     if req.profile or req.predict_gpu:      # read now: a bad file or id is an error before the job, not after it
         from shardlab.catalog import get_catalog
 
-        cat = get_catalog([req.profile] if req.profile else [])
+        cat = get_catalog([], profile=req.profile)
         if req.predict_gpu:
             cat.accelerator(req.predict_gpu)
     return spec, st, mb

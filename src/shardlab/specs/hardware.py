@@ -174,6 +174,19 @@ class Cluster:
     def num_nodes(self) -> int:
         return -(-self.num_gpus // self.gpus_per_node)
 
+    def require_whole_nodes(self) -> Cluster:
+        """This cluster, if it is part of one node or whole nodes; else an error naming the fix (8 GPUs on nodes of
+        3 would be priced as 3 nodes, 9 GPU slots). For a training job's cluster only: serving pools of independent
+        replicas may leave a node part-used (a 12-GPU prefill pool of 6 × TP 2 on nodes of 8), so ``Cluster``
+        itself does not check."""
+        n, gpn = self.num_gpus, self.gpus_per_node
+        if n > gpn > 0 and n % gpn:
+            div = next(d for d in range(gpn - 1, 0, -1) if n % d == 0)
+            raise ShardlabError(f"{n} GPUs do not fill whole nodes of {gpn}; use a multiple of {gpn} "
+                                f"({field_name('cluster.gpus')} {n - n % gpn} or {n - n % gpn + gpn}) or "
+                                f"{field_name('cluster.gpus_per_node')} that divides {n} (e.g. {div})")
+        return self
+
     def link_for_group(self, group_span_gpus: int) -> Link:
         """The slowest link a group crosses when its members are ``group_span_gpus`` consecutive ranks apart."""
         return self.intra_link if group_span_gpus <= self.gpus_per_node else self.inter_link

@@ -46,7 +46,8 @@ def bubble(v: dict) -> Explanation:
 
 
 def one_f_one_b(v: dict) -> Explanation:
-    """GPipe holds all m micro-batches' activations, 1F1B at most p (stage i: p − i); same bubble."""
+    """GPipe holds all m micro-batches' activations, 1F1B at most min(p, m) (stage i: min(p − i, m)); same bubble."""
+    from shardlab.errors import ShardlabError
     from shardlab.layout import Layout
     from shardlab.memory.activations import ActivationContext, in_flight, layer_activation_bytes
     from shardlab.memory.states import stage_tensors
@@ -54,6 +55,10 @@ def one_f_one_b(v: dict) -> Explanation:
 
     spec = catalog().model(v["model"])
     p, m = v["p"], v["m"]
+    if p > spec.num_layers:      # as `estimate` (layout_checks): every stage needs at least one layer
+        raise ShardlabError(f"p={p} exceeds {spec.name}'s {spec.num_layers} layers; each pipeline stage needs at least "
+                            f"one layer (use p={spec.num_layers} or fewer)")
+    n0 = min(p, m)               # stage 0's micro-batches in flight under 1F1B (memory.activations.in_flight)
     g, o = simulate("gpipe", p, m), simulate("1f1b", p, m)
     lay = Layout(pp=p)
     layers0 = len(stage_tensors(spec, lay)[0].layers)
@@ -68,17 +73,19 @@ def one_f_one_b(v: dict) -> Explanation:
         f"{spec.name} at {v['seq']} tokens?",
         dict(v),
         ["GPipe runs all m forwards, then all m backwards: every stage holds m micro-batches' activations at its peak",
-         f"1F1B runs p−i−1 warm-up forwards on stage i, then alternates one forward and one backward: at most p − i in "
-         f"flight, stage 0 holds p = {p}",
+         f"1F1B runs p−i−1 warm-up forwards on stage i (no more than m), then alternates one forward and one backward: "
+         f"at most min(p − i, m) in flight, stage 0 holds min(p, m) = {n0}",
          f"bubble: GPipe {pct(g.bubble_fraction)}, 1F1B {pct(o.bubble_fraction)}: the same (p−1)/(m+p−1)",
          f"stage 0 ({layers0} layers of {spec.name}): one micro-batch's activations = {gib(per_mb)}; GPipe holds {m} → "
-         f"{gib(m * per_mb)}, 1F1B holds {p} → {gib(p * per_mb)}",
+         f"{gib(m * per_mb)}, 1F1B holds {n0} → {gib(n0 * per_mb)}",
          "the simulation's peak per stage (table) matches the formula"],
-        f"Both schedules waste the same fill-and-drain time, but GPipe keeps every micro-batch's activations until the "
-        f"backward pass starts, while 1F1B starts backward as soon as the first micro-batch reaches the last stage and then "
-        f"frees one for every one it starts. So memory no longer grows with m: stage 0 holds {p} micro-batches instead of "
-        f"{m}, {gib(p * per_mb)} instead of {gib(m * per_mb)} here. That is what lets 1F1B use many micro-batches to shrink "
-        f"the bubble.",
+        "Both schedules waste the same fill-and-drain time, but GPipe keeps every micro-batch's activations until the "
+        "backward pass starts, while 1F1B starts backward as soon as the first micro-batch reaches the last stage and then "
+        "frees one for every one it starts. So memory no longer grows with m: stage 0 holds at most p micro-batches, "
+        + (f"{n0} instead of {m}, {gib(n0 * per_mb)} instead of {gib(m * per_mb)} here. " if m > p else
+           f"and with m = {m} ≤ p = {p} both hold all {m} ({gib(m * per_mb)}) on stage 0 here; 1F1B's saving shows once "
+           f"m exceeds p. ")
+        + "That is what lets 1F1B use many micro-batches to shrink the bubble.",
         {"gpipe_peak_in_flight": g.peak_in_flight, "1f1b_peak_in_flight": o.peak_in_flight,
          "activation_bytes_per_microbatch": per_mb, "bubble": o.bubble_fraction},
         table=(["stage", "GPipe (formula)", "GPipe (sim)", "1F1B (formula)", "1F1B (sim)", "GPipe bytes", "1F1B bytes"], rows),
