@@ -170,3 +170,15 @@ def test_lora_hardware_flops_follow_the_recompute_mode_and_fraction():
     full, half, op = hfu("--recompute", "full"), hfu("--recompute", "full", "--recompute-fraction", "0.5"), \
         hfu("--recompute", "op")
     assert half != full and op < full
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--recompute-fraction", "0.5"], "no effect without recomputation"),
+    (["--wrap", "4-blocks", "--zero", "1"], "under ZeRO-1 it has no effect"),
+    (["--fp8-all-gather", "--zero", "1", "--precision", "fp8-mixed"], "FP8 all-gather applies to ZeRO-3"),
+    (["--compile", "--framework", "megatron-lm"], "compilation is not priced"),
+])
+def test_a_setting_that_changes_nothing_is_said(flags, words):
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", *flags, "--json")
+    assert code == 0, err
+    assert any(words in n for n in json.loads(out)["notes"])

@@ -148,3 +148,12 @@ def test_a_saved_training_plan_keeps_its_modelling_switches(tmp_path):
                   "--save", str(job), "--force")
         back = _json("estimate", str(job))
         assert abs(back["step_time_s"] - d["plans"][0]["step_time_s"]) <= 1e-9 * back["step_time_s"], flags
+
+
+def test_a_plan_at_a_stated_inter_node_rate_saves_and_reads_back(tmp_path):
+    """plan --inter-node-gbit N --save failed on its own link id; the job file now carries the rate."""
+    job = tmp_path / "g.toml"
+    d = _json("plan", "llama-3.1-8b", "--gpus", "16", "--global-batch", "64", "--inter-node-gbit", "100",
+              "--save", str(job))
+    assert "inter_node_gbit = 100.0" in job.read_text()
+    assert abs(_json("estimate", str(job))["step_time_s"] - d["plans"][0]["step_time_s"]) < 1e-9 * d["plans"][0]["step_time_s"]

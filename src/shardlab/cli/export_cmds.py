@@ -161,6 +161,7 @@ def job_from_args(args, cat):
                      framework=getattr(args, "framework", None), notes=notes,
                      grad_reduce_bytes=est.workload.grad_reduce_bytes or None, dropout=bool(est.workload.dropout),
                      tp_comm_overlap=est.workload.tp_comm_overlap,
+                     inter_node_gbit=getattr(args, "inter_node_gbit", None),
                      assumptions=assumptions_of(flash_attention=not getattr(args, "no_flash_attention", False),
                                                 compile=getattr(args, "compile", None),
                                                 dp_overlap=not getattr(args, "no_dp_overlap", False),
@@ -191,10 +192,21 @@ def _plan_cluster(doc: dict, cat, job):
     """The plan document's cluster (its GPUs and links) for re-estimating its winner."""
     from shardlab.specs.hardware import Cluster
 
+    from shardlab.specs.hardware import per_node_rate
+
+    def link(lid: str):          # a link at --inter-node-gbit N is named '<catalog id>@<N>gbit-per-node'
+        base, _, rate = str(lid).partition("@")
+        if rate.endswith("gbit-per-node"):
+            try:
+                return per_node_rate(cat.link(base), float(rate[:-len("gbit-per-node")]), job.gpus_per_node)
+            except ValueError:
+                pass
+        return cat.link(lid)
+
     acc = cat.accelerator(job.gpu)
     return Cluster(accelerator=acc, num_gpus=job.gpus, gpus_per_node=job.gpus_per_node,
-                   intra_link=cat.link(doc.get("intra_link") or acc.system["intra_link"]),
-                   inter_link=cat.link(doc.get("inter_link") or acc.system["inter_link"]))
+                   intra_link=link(doc.get("intra_link") or acc.system["intra_link"]),
+                   inter_link=link(doc.get("inter_link") or acc.system["inter_link"]))
 
 
 def check_export_out(out: str, force: bool) -> None:

@@ -91,7 +91,7 @@ ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", 
           "moe_dispatcher": "moe_dispatcher", "expert_imbalance": "expert_imbalance",
           "dp_replicate": "dp_replicate",
           "replicas": "replicas", "disaggregated": "disaggregated", "prefill_tp": "prefill_tp", "prefill_gpu": "prefill_gpu",
-          "prefill_pp": "prefill_pp"}
+          "prefill_pp": "prefill_pp", "inter_node_gbit": "inter_node_gbit"}
 GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 

@@ -200,6 +200,7 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         raise ShardlabError(f"{field_name('layout.recompute_modules')} with LoRA is not modelled (LoRA's block times "
                             f"price selective recomputation as the attention core); drop one of them")
     notes += moe_notes(wl.moe, layout, spec, precision)
+    notes += idle_flag_notes(framework, layout, wl, compile)
     if wl.layer_host_s and layout.zero < wl.layer_host_min_zero:
         notes.append(f"no host stall per block: {framework.id}'s {1e3 * wl.layer_host_s:.2g} ms per block and pass is "
                      f"FSDP's per-unit work around units gathered every micro-batch (unshard, reshard, reduce-scatter "
@@ -220,3 +221,21 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
         comm_total_s={"tp_comm_s": val("tp_comm_total_s"), "cp_comm_s": val("cp_comm_total_s"), "ep_comm_s": val("ep_comm_total_s"),
                       "pp_p2p_s": val("pp_p2p_s"), "zero3_comm_s": val("zero3_comm_total_s"),
                       "dp_comm_s": val("dp_comm_total_s")})
+
+
+def idle_flag_notes(framework, layout, wl, compile) -> list[str]:
+    """Settings given that change nothing for this layout and framework: said, not silently ignored."""
+    out = []
+    if layout.recompute == "none" and layout.recompute_fraction != 1.0:
+        out.append(f"{field_name('layout.recompute_fraction')} {layout.recompute_fraction:g} has no effect without "
+                   f"recomputation ({field_name('layout.recompute')} full, selective or op)")
+    if layout.zero < 3 and layout.wrap != 1:
+        out.append(f"{field_name('layout.wrap')} sets ZeRO-3/FSDP units; under ZeRO-{layout.zero} it has no effect")
+    fp8 = getattr(wl.recipe, "fp8", None)
+    if fp8 is not None and getattr(fp8, "all_gather", False) and not getattr(fp8, "primary_weights", False) \
+            and layout.zero < 3:
+        out.append(f"the FP8 all-gather applies to ZeRO-3's parameter gathers; under ZeRO-{layout.zero} it has no effect")
+    if compile and framework.kernels_for(True) != "compiled":
+        out.append(f"{framework.id} runs its own {framework.kernels} kernels: compilation is not priced "
+                   f"({'it does not compile blocks' if not framework.compiles else 'already compiled'})")
+    return out

@@ -119,6 +119,8 @@ class LaunchJob:
     """The MoE all-to-all overlap (Megatron-LM ``--overlap-moe-expert-parallel-comm``) as the estimate assumed."""
     expert_imbalance: float = 1.0
     """The busiest expert-parallel rank's routed tokens over the mean, as the estimate assumed (not a launch flag)."""
+    inter_node_gbit: float | None = None
+    """The inter-node rate per node the estimate assumed (``--inter-node-gbit``), Gb/s; None: the catalog's link."""
     assumptions: tuple = ()
     """(key, value) pairs of the modelling switches the estimate assumed away from their defaults (``ASSUMPTIONS``):
     flash_attention False, compile True, dp_overlap False, attention_kernel, fused_loss. shardlab's job file carries

@@ -6,7 +6,7 @@ Every field of the job is written, so the file reproduces what it was written fr
 back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [shardlab]  format = "job", version = 1
   [model]     name
-  [cluster]   gpu, gpus, gpus_per_node
+  [cluster]   gpu, gpus, gpus_per_node, inter_node_gbit (where --inter-node-gbit set it)
   [layout]    dp tp pp cp ep zero vpp micro_batch recompute recompute_fraction wrap dp_replicate sequence_parallel
               schedule stage_layers recompute_modules
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params
@@ -41,7 +41,7 @@ SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp"
 """Serving keys written only where they differ from these (expert parallelism, disaggregated pools, a group size or
 activations the plan chose). ``weights`` is left out where it is the checkpoint's own type (``Serve.weights_from_checkpoint``),
 and so is a group size then: read back, the job prices the checkpoint as it ships."""
-SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node"),
+SECTIONS = {"shardlab": ("format", "version"), "model": ("name",), "cluster": ("gpu", "gpus", "gpus_per_node", "inter_node_gbit"),
             "layout": LAYOUT_KEYS, "workload": WORKLOAD_KEYS, "framework": ("name",), "serve": SERVE_KEYS,
             "estimate": ()}
 """The keys each section may hold ([estimate] carries the writer's figures, for reading, not read back)."""
@@ -55,7 +55,8 @@ def is_job_text(text: str) -> bool:
 def render(job: LaunchJob, spec=None) -> Export:
     lay = job.layout.to_dict()
     doc: dict = {"shardlab": {"format": "job", "version": VERSION}, "model": {"name": job.model},
-                 "cluster": {"gpu": job.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus_per_node},
+                 "cluster": {"gpu": job.gpu, "gpus": job.gpus, "gpus_per_node": job.gpus_per_node,
+                             **({"inter_node_gbit": job.inter_node_gbit} if job.inter_node_gbit else {})},
                  "layout": {k: (list(lay[k]) if k in ("stage_layers", "recompute_modules") else lay[k]) for k in LAYOUT_KEYS
                             if lay.get(k) is not None and not (k == "etp" and not lay[k])},   # etp 0: as tp, unwritten
                  "workload": {"seq_len": job.seq_len, "global_batch": job.global_batch, "precision": job.precision,
@@ -108,7 +109,7 @@ TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute
          "kv_cache_dtype": str, "weights": str, "activations": str, "disaggregated": str, "flash_attention": bool,
          "compile": bool, "dp_overlap": bool, "attention_kernel": str, "fused_loss": bool, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
-         "expert_imbalance": float,
+         "expert_imbalance": float, "inter_node_gbit": float,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
 names)."""
@@ -144,7 +145,7 @@ def fields_of(doc: dict) -> tuple[dict, str | None]:
     if "name" in doc.get("model", {}):
         f["model"] = doc["model"]["name"]
     cl = doc.get("cluster", {})
-    for k in ("gpu", "gpus_per_node"):
+    for k in ("gpu", "gpus_per_node", "inter_node_gbit"):
         if k in cl:
             f[k] = cl[k]
     lay = doc.get("layout", {})
