@@ -182,3 +182,22 @@ def test_a_setting_that_changes_nothing_is_said(flags, words):
     code, out, err = cli_main("estimate", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", *flags, "--json")
     assert code == 0, err
     assert any(words in n for n in json.loads(out)["notes"])
+
+
+@pytest.mark.parametrize("argv", [
+    ("llama-3.1-8b", "--gpus", "8", "--zero", "3", "--framework", "pytorch-fsdp", "--global-batch", "96", "--seq-len",
+     "9216", "--fused-loss"),
+    ("qwen3-30b-a3b", "--gpus", "16", "--tp", "1", "--pp", "2", "--vpp", "2", "--schedule", "interleaved", "--ep", "8",
+     "--zero", "1", "--global-batch", "256", "--seq-len", "4096", "--ep-comm-overlap", "--tp-comm-overlap",
+     "--attention-kernel", "flash2", "--dropout"),
+])
+def test_memory_takes_estimates_flags_and_agrees_with_it(argv):
+    """`shardlab memory` with the same flags shows estimate's breakdown: it refused --fused-loss and
+    --ep-comm-overlap (and so reported 91.6 GB, does not fit, for a layout estimate fits at 81.2 GB)."""
+    code, out, err = cli_main("estimate", *argv, "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    code, out, err = cli_main("memory", *argv, "--json")
+    assert code == 0, err
+    mem = json.loads(out)
+    assert mem["per_gpu"]["total"] == est["memory"]["per_gpu"]["total"] and mem["fits"] == est["fits"]

@@ -34,8 +34,21 @@ def register(sub) -> None:
                    help="sequences per optimizer step, as estimate and plan take it (sets the micro-batches in flight; "
                         "default: about 4M tokens per step, as every command assumes)")
     g.add_argument("--no-flash-attention", action="store_true", help="store the s×s attention scores (no flash attention)")
-    g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto",
-                   help="dropout masks in activations (auto = off, as estimate and plan assume; on: GPT-3-era training)")
+    g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto", nargs="?", const="on",
+                   help="dropout masks in activations (auto = off, as estimate and plan assume; on, or the bare flag "
+                        "as estimate takes it: GPT-3-era training)")
+    loss = g.add_mutually_exclusive_group()
+    loss.add_argument("--fused-loss", dest="fused_loss", action="store_const", const=True, default=None,
+                      help="the cross-entropy works in place on the logits (default: the framework's)")
+    loss.add_argument("--no-fused-loss", dest="fused_loss", action="store_const", const=False,
+                      help="the loss keeps an fp32 copy and log-softmax of the logits")
+    g.add_argument("--tp-comm-overlap", action="store_true", help="as estimate takes it (no effect on memory)")
+    g.add_argument("--attention-kernel", choices=("flash1", "flash2", "native"), default=None,
+                   help="as estimate takes it (no effect on memory)")
+    g.add_argument("--no-dp-overlap", action="store_true", help="as estimate takes it (no effect on memory)")
+    from shardlab.cli.plan_args import add_moe_dispatch_args
+
+    add_moe_dispatch_args(g, imbalance=True)
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")
     from shardlab.cli.common import add_grad_reduce_args
@@ -83,13 +96,24 @@ def cmd_memory(args):
     fw = resolve_framework(args, cat)   # the same mechanisms `estimate` and `plan` assume for this framework
     compiled = fw.kernels_for(args.compile) == "compiled"
     grad_bytes = effective_grad_bytes(fw, args.precision, grad_reduce_choice(args))[1]   # 0: the gradient dtype
+    fused = fw.fused_loss if args.fused_loss is None else args.fused_loss
+    imbalance, ep_overlap = 1.0, False
+    if spec is not None and spec.moe is not None:     # as estimate prices a MoE job (estimate.workload_memory)
+        from shardlab.comm.moe_dispatch import MoeDispatch, overlap_applies
+        from shardlab.estimate.workload import workload_for
+
+        moe = MoeDispatch(args.moe_dispatcher, bool(args.ep_comm_overlap), args.expert_imbalance or 1.0)
+        wl = workload_for(fw, seq_len=args.seq_len or 4096, global_batch=1, precision=args.precision,
+                          optimizer=args.optimizer, moe=moe)
+        imbalance, ep_overlap = moe.expert_imbalance, overlap_applies(wl, layout)
     rep = training_memory(
         layout, model=spec, params=params, accelerator=acc, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, microbatches=_microbatches(args, layout),
         overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
         flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", num_gpus=args.gpus,
-        recipe=recipe_from_args(args), fused_loss=fw.fused_loss, compiled=compiled, grad_bytes=grad_bytes)
-    mech = [m for m, on in (("fused cross-entropy", fw.fused_loss), ("compiled blocks keep only matmul outputs", compiled),
+        recipe=recipe_from_args(args), fused_loss=fused, compiled=compiled, grad_bytes=grad_bytes,
+        expert_imbalance=imbalance, ep_overlap=ep_overlap)
+    mech = [m for m, on in (("fused cross-entropy", fused), ("compiled blocks keep only matmul outputs", compiled),
                             ("ZeRO-3 gathers module by module", fw.zero3_live_params > 0),
                             (f"gradients held in a {grad_bytes * 8}-bit main-grad buffer", fw.main_grad_buffer
                              and grad_bytes > 0)) if on]
@@ -146,8 +170,9 @@ def _hints(rep, args, spec, fw, grad_bytes: int = 0) -> list[str]:
                             precision=rep.precision, optimizer=rep.optimizer, microbatches=rep.microbatches,
                             overheads=workload_overheads(fw, load_overheads(args.overheads, args.no_overheads)),
                             flash_attention=not args.no_flash_attention, dropout=args.dropout == "on", recipe=recipe,
-                            fused_loss=fw.fused_loss, compiled=fw.kernels_for(args.compile) == "compiled",
-                            grad_bytes=grad_bytes)
+                            fused_loss=fw.fused_loss if args.fused_loss is None else args.fused_loss,
+                            compiled=fw.kernels_for(args.compile) == "compiled", grad_bytes=grad_bytes,
+                            expert_imbalance=getattr(args, "expert_imbalance", None) or 1.0)
         gib = r.worst.total / 2**30
         host = f", {r.worst.host_total / 2**30:.1f} GiB per GPU in host memory" if r.worst.host_total else ""
         out.append(f"{label}: {gib:.1f} GiB per GPU{host} ({'fits' if r.fits else 'still too large'})")
