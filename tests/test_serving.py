@@ -118,7 +118,9 @@ def test_int4_decode_is_faster_by_the_bytes_it_saves():
     kw = dict(tp=1, batch=1, prompt_len=512, output_len=128, engine=get_engine("vllm-0.6"))
     bf = estimate_inference(L8, node(), **kw)
     q4 = estimate_inference(L8, node(), precision=make_precision("int4"), **kw)
-    assert bf.decode["bound"] == q4.decode["bound"] == "memory"
+    # bf16 reads its weights; W4A16's GEMMs pay the 16-bit curve's small-M rate and come out compute-bound at batch 1
+    # (docs/inference.md, limitations): the weights' read time still falls by the bytes
+    assert bf.decode["bound"] == "memory" and q4.decode["linear_s"] >= q4.decode["weights_read_s"]
     ratio = bf.decode["weights_read_s"] / q4.decode["weights_read_s"]
     bf_blocks = 32 * (2 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096) + 2 * 2 * 4096) + 2 * 4096
     q4_blocks = 32 * (113_311_744 + 2 * 2 * 4096) + 2 * 4096

@@ -157,3 +157,28 @@ def test_a_plan_at_a_stated_inter_node_rate_saves_and_reads_back(tmp_path):
               "--save", str(job))
     assert "inter_node_gbit = 100.0" in job.read_text()
     assert abs(_json("estimate", str(job))["step_time_s"] - d["plans"][0]["step_time_s"]) < 1e-9 * d["plans"][0]["step_time_s"]
+
+
+def test_second_review_gaps(tmp_path):
+    """Pins skip the disaggregated search (its split ignored them); plan --save and disaggregated exports name the
+    serving settings they cannot carry; a job file's attention kernel is checked; a framework's file names the
+    modelling switches it leaves to the framework, and torchtitan's writes and reads back [compile]."""
+    d = _json("plan", "llama-3.1-70b", "--inference", "--serve", "--gpus", "16", "--tp", "4", "--ttft-slo", "1",
+              "--tpot-slo", "0.05")
+    assert not d.get("disaggregated") and any("pin" in n for n in d["notes"])
+    d = _json("export", "--to", "vllm", "llama-3.1-70b", "--inference", "--disaggregated", "4:4", "--tp", "4",
+              "--prefill-tp", "4", "--prefix-hit-rate", "0.5")
+    assert "prefix_hit_rate" in [u["setting"] for u in d["unsupported"]]
+    job = tmp_path / "j.toml"
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", "--save", str(job))
+    assert code == 0, err
+    code, out, err = cli_main("estimate", str(job), "--set", "workload.attention_kernel=bogus")
+    assert code == 2 and "flash1, flash2 or native" in err
+    d = _json("export", "--to", "megatron", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", "--no-flash-attention")
+    assert "flash_attention" in [u["setting"] for u in d["unsupported"]]
+    tt = tmp_path / "tt.toml"
+    code, out, err = cli_main("export", "--to", "torchtitan", "llama-3.1-8b", "--gpus", "8", "--zero", "3",
+                              "--global-batch", "64", "--compile", "--framework", "torchtitan", "--out", str(tt))
+    assert code == 0 and "enable = true" in tt.read_text().split("[compile]")[1].split("[")[0], err
+    code, out, err = cli_main("export", "--to", "shardlab", "--from", str(tt))
+    assert code == 0 and "compile = true" in out, err

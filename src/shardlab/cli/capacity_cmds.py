@@ -371,6 +371,10 @@ def plan_capacity(args, spec, cluster, gpus, prec, engine):
            "best_simulated": sim.to_dict() if sim else None, "capacity": capacity, "pareto": pareto}
     if target is not None:
         doc["target"] = target
+    elif layout_pins(args):                        # a pinned TP/PP names an aggregated replica: no split to search
+        doc.setdefault("notes", []).append("--tp/--pp pin the aggregated replicas: the disaggregated splits are not "
+                                           "searched (`shardlab estimate --inference --serve --disaggregated P:D "
+                                           "--prefill-tp T` prices one)")
     else:                                          # disaggregated prefill/decode layouts of the same GPUs, side by side
         from shardlab.cli.disagg_cmds import disagg_section
 

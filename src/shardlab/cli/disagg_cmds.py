@@ -78,6 +78,7 @@ def export_job(args, cat, spec):
     from shardlab.cli.common import cluster_from_args
     from shardlab.cli.inference_args import precision_from_args
     from shardlab.errors import ShardlabError
+    from shardlab.cli.export_cmds import serving_not_carried
     from shardlab.export.build import price_notes
     from shardlab.export.job import LaunchJob, Pools, Serve
     from shardlab.layout import Layout
@@ -105,7 +106,8 @@ def export_job(args, cat, spec):
     return LaunchJob(spec.name, validate(Layout(tp=dec.tp, pp=dec.pp), spec), args.prompt_len + args.output_len, cap,
                      "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
                      gpus_per_node=cluster.gpus_per_node, framework=fw,
-                     serve=serve, notes=price_notes(cat, cluster.accelerator.id, getattr(args, "spot", False)))
+                     serve=serve, notes={**price_notes(cat, cluster.accelerator.id, getattr(args, "spot", False)),
+                                         **serving_not_carried(args)})
 
 
 def aggregated_line(d, res: dict, rate: float) -> tuple[dict | None, str]:
@@ -268,7 +270,9 @@ def disagg_text(doc: dict, args) -> list[str]:
             f"against {c['aggregated_goodput_tokens_per_s_per_gpu']:,.0f} aggregated")
     verdict = ("no disaggregated layout meets the SLO at any load" if not found[0]["meets_slo"] else
                (f"{c['note']}; " if c.get("note") else "") + f"best disaggregated: {best}: "
-               + ("about the same (within 5%): splitting buys nothing here" if abs((c["ratio"] or 0) - 1) <= 0.05 else
+               + ("about the same (within 5%): splitting buys nothing here"
+                  + ("; the split, ahead by that little, is the plan's winner, which --export and --save write"
+                     if c["winner"] == "disaggregated" else "") if abs((c["ratio"] or 0) - 1) <= 0.05 else
                   "splitting the phases pays here: the plan's winner, over the best aggregated layout recommended "
                   "above (--export and --save write this split)" if c["winner"] == "disaggregated" else
                   "keep prefill and decode together here"))

@@ -348,6 +348,10 @@ def with_export(fn):
         spec = cat.model(args.model) if getattr(args, "model", None) else None
         # the winner: disaggregated where the comparison says so, unless a launcher (one command per node) writes it
         job = job_from_plan(plan, cat, 1 if args.export in ("slurm", "skypilot") else None, spec)
+        if job.serve is not None:          # the serving flags the plan priced that no file carries
+            from dataclasses import replace
+
+            job = replace(job, notes={**job.notes, **serving_not_carried(args)})
         job, exp = _render(job, cat, args.export, args.launch, None if job.serve else _plan_cluster(plan, cat, job), spec)
         out = args.out or exp.filename
         if not args.out and os.path.lexists(out) and not args.force:

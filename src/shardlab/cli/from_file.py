@@ -169,6 +169,9 @@ def apply_import(args, imp, parser) -> None:
                            ("dp_overlap", "no_dp_overlap", f.get("dp_overlap") is False)):
         if key in f and val and hasattr(args, dest):
             setattr(args, dest, True)
+    if "attention_kernel" in f and f["attention_kernel"] not in ("flash1", "flash2", "native"):
+        raise ShardlabError(f"{args.from_file}: attention_kernel = {str(f['attention_kernel'])[:20]!r} must be flash1, "
+                            f"flash2 or native; fix the file")
     for key in ("compile", "attention_kernel", "fused_loss"):
         if key in f and hasattr(args, key):
             cur = getattr(args, key)

@@ -280,12 +280,27 @@ SERVING_NOT_CARRIED = {
 """Serving flags the estimate prices that no launch file (nor shardlab's job file) carries: listed as not carried."""
 
 
+ASSUMPTION_WHY = {
+    "flash_attention": "the estimate priced attention without flash attention; the framework's own attention runs",
+    "compile": "the estimate priced compiled blocks (torch.compile); the framework's own setting decides",
+    "dp_overlap": "the estimate priced the gradient reduction after the backward; the framework overlaps as it does",
+    "attention_kernel": "the estimate priced this attention kernel; the framework picks its own",
+    "fused_loss": "the estimate priced this loss; the framework's own loss runs",
+}
+"""Why a framework's file does not carry a modelling switch of ``LaunchJob.assumptions`` (shardlab's job file does)."""
+WRITTEN_ASSUMPTIONS = {("torchtitan", "compile")}
+"""(target, switch) pairs a framework's file writes: torchtitan's [compile] enable."""
+
+
 def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, ...]:
     """The job's recipe settings (``notes['recipe']``) as what the file could not express; for a target other than
     Megatron-LM or shardlab's job file, also the Megatron-only workload settings (``MEGATRON_ONLY``)."""
     out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
     out += tuple(Unsupported(k, v, SERVING_NOT_CARRIED[k]) for k, v in (job.notes.get("serving_not_carried") or {}).items()
                  if k in SERVING_NOT_CARRIED)
+    if target != "shardlab":
+        out += tuple(Unsupported(k, v, ASSUMPTION_WHY[k]) for k, v in job.assumptions
+                     if k in ASSUMPTION_WHY and (target, k) not in WRITTEN_ASSUMPTIONS)
     if target not in ("megatron", "shardlab"):
         out += tuple(Unsupported(k, True, why) for k, why in MEGATRON_ONLY.items() if getattr(job, k))
         if job.moe_dispatcher != "alltoall":

@@ -150,7 +150,7 @@ def render(job: LaunchJob, spec) -> Export:
                      "dtype": dtype, "mixed_precision_param": mp},
         "parallelism": par,
         "activation_checkpoint": ac,
-        "compile": {"enable": False},
+        "compile": {"enable": dict(job.assumptions).get("compile") is True},   # torchtitan's [compile] enable
     }
     comments = header(job, "torchtitan", uns) + [f"checked against {CHECKED}",
                                                 "run: torchrun --nproc-per-node N -m torchtitan.train --job.config_file THIS_FILE"]
@@ -299,7 +299,10 @@ def read(text: str, catalog) -> Imported:
             raise FieldError(T + k, "a dtype name such as 'bfloat16' or 'float32'", v, wrong_type=True)
     f["precision"] = "bf16" if dtype == "bfloat16" else ("bf16-mixed" if mp == "bfloat16" else "fp32")
     und.append((f"training.dtype {dtype}, mixed_precision_param {mp}", f["precision"]))
-    for sec in ("compile", "float8", "quantize"):
+    if section(doc, "compile").get("enable") is True:        # per-block torch.compile (torchtitan's [compile])
+        f["compile"] = True
+        und.append(("compile.enable = true", "compile (compiled blocks)"))
+    for sec in ("float8", "quantize"):
         if section(doc, sec).get("enable"):
             ign.append(f"[{sec}] (not modelled)")
     if model.get("converters"):

@@ -158,7 +158,7 @@ def make_precision(weights: str = "bf16", group_size: int | None = None, kv_cach
         have = [k for k in ACTIVATION_DTYPES if peaks.get(k) and _runs(weights, k)]
         if not have:
             raise ShardlabError(f"this GPU has no tensor-core peak in the catalog that {weights} weights can run on; "
-                                f"serve on another --gpu, or add its peaks with --catalog FILE")
+                                f"serve on another {field_name('cluster.gpu')}, or add its peaks with --catalog FILE")
         raise ShardlabError(f"this GPU has no {activations} tensor-core peak in the catalog; use "
                             f"{field_name('serve.activations')} "
                             f"{' or '.join(have)}")

@@ -180,7 +180,9 @@ class Cluster:
         replicas may leave a node part-used (a 12-GPU prefill pool of 6 × TP 2 on nodes of 8), so ``Cluster``
         itself does not check."""
         n, gpn = self.num_gpus, self.gpus_per_node
-        if n > gpn > 0 and n % gpn:
+        # a rack-scale NVLink domain (GB200 NVL72's 72 GPUs) is often partly used: NeMo's GB200 tables run 128 and 256
+        # GPUs; servers of up to 16 GPUs are filled whole
+        if n > gpn > 0 and n % gpn and gpn <= 16:
             div = next(d for d in range(gpn - 1, 0, -1) if n % d == 0)
             raise ShardlabError(f"{n} GPUs do not fill whole nodes of {gpn}; use a multiple of {gpn} "
                                 f"({field_name('cluster.gpus')} {n - n % gpn} or {n - n % gpn + gpn}) or "
