@@ -209,12 +209,24 @@ def micro_batch_times(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None):
     return through + drafting, stage + drafting
 
 
-def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
+def light_stage(a: Arrays, D, Kd):
+    """The slowest stage's time for a micro-batch of decodes alone (D/n of them, n = min(pp, D)): ``cycle_time``'s
+    micro-batches that carry no prompt. None without pipeline stages. A cycle's callers share it across the prompt
+    mix (one step model call instead of one per mix entry)."""
+    if _all_true(a.pp == 1):
+        return None
+    nmb = np.clip(np.minimum(a.pp, np.ceil(D)), 1, None)
+    return micro_batch_times(a, D / nmb, Kd / nmb, 0.0, 0.0, D / nmb)[1]
+
+
+def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None, light=None):
     """One scheduling cycle: D decoding sequences holding Kd cached tokens, P prefill tokens with ``pairs``
     causal attention pairs, ``sampled`` logits rows, in n = min(pp, seqs) micro-batches. The decodes split evenly;
     a prompt is one sequence and rides whole in one micro-batch, so the prompt tokens of the seqs − D prompts fill
     m = min(n, ⌈seqs − D⌉) of them (at least one): m heavy micro-batches and n − m with decodes alone. The cycle
-    is max(a heavy micro-batch through every stage, the n micro-batches on the slowest stage). Floats or arrays."""
+    is max(a heavy micro-batch through every stage, the n micro-batches on the slowest stage). ``light``: the
+    decode-only micro-batch's stage time when the caller has it (``light_stage`` of the same D, Kd). Floats or
+    arrays."""
     sampled = D if sampled is None else sampled
     seqs = sampled if seqs is None else seqs
     nmb = np.clip(np.minimum(a.pp, np.ceil(seqs)), 1, None)
@@ -225,7 +237,8 @@ def cycle_time(a: Arrays, D, Kd, P=0.0, pairs=0.0, sampled=None, seqs=None):
     through, stage = micro_batch_times(a, D / nmb, Kd / nmb, P / heavy, pairs / heavy, sampled / nmb)
     if not _any_true(np.asarray(P) > 0) or _all_true(heavy >= nmb):
         return np.maximum(through, nmb * stage)
-    _, light = micro_batch_times(a, D / nmb, Kd / nmb, 0.0, 0.0, D / nmb)
+    if light is None:
+        light = micro_batch_times(a, D / nmb, Kd / nmb, 0.0, 0.0, D / nmb)[1]
     return np.maximum(through, heavy * stage + (nmb - heavy) * light)
 
 
@@ -260,10 +273,12 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     S, ctx = a.S, D * a.ctx
     extra = np.asarray(extra_prompt) > 0
     mix = prompt_mix(r, poisson)
-    mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, (n * S + extra_prompt) * a.L, D + n + extra, D + n)
-                for w, n in mix)
+    light = light_stage(a, D, ctx)
+    mixed = sum(w * cycle_time(a, D, ctx, n * S + extra_prompt, (n * S + extra_prompt) * a.L, D + n + extra, D + n,
+                               light=light) for w, n in mix)
     if np.any(a.chunked > 0):
-        mixed = np.where(a.chunked > 0, _chunked_cycle(a, D, ctx, np.asarray(r, dtype=float), extra_prompt, mix, mixed), mixed)
+        mixed = np.where(a.chunked > 0, _chunked_cycle(a, D, ctx, np.asarray(r, dtype=float), extra_prompt, mix, mixed,
+                                                       light), mixed)
     decode = cycle_time(a, D, ctx, seqs=D)
     cap = np.maximum(1, np.floor(a.budget / S))       # prompts one prefill step holds
     separate = decode
@@ -274,7 +289,7 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
 
-def _chunked_cycle(a: Arrays, D, ctx, r, extra_prompt, mix, whole):
+def _chunked_cycle(a: Arrays, D, ctx, r, extra_prompt, mix, whole, light=None):
     """The mixed cycle under chunked prefill. While whole prompts fit beside the decodes they ride whole
     (``whole``, the prompt mix); when they would overflow the token budget, the scheduler fills each step to the
     budget and carries the rest over (vLLM _schedule_chunked_prefill; SGLang chunked_prefill_size): a prompt of S
@@ -289,8 +304,9 @@ def _chunked_cycle(a: Arrays, D, ctx, r, extra_prompt, mix, whole):
     share = np.clip(r * k, 1e-12, 1.0)
     tokens = r * S / share
     extra = np.asarray(extra_prompt) > 0
-    busy = cycle_time(a, D, ctx, tokens + extra_prompt, (tokens + extra_prompt) * a.L, D + r / share + extra, D + 1)
-    idle = cycle_time(a, D, ctx, extra_prompt, extra_prompt * a.L, D + extra, D)
+    busy = cycle_time(a, D, ctx, tokens + extra_prompt, (tokens + extra_prompt) * a.L, D + r / share + extra, D + 1,
+                      light=light)
+    idle = cycle_time(a, D, ctx, extra_prompt, extra_prompt * a.L, D + extra, D, light=light)
     chunked = np.where(r > 0, share * busy + (1 - share) * idle, idle)
     return np.where(most * S + extra_prompt > room, chunked, whole)
 
