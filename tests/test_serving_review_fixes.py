@@ -182,3 +182,9 @@ def test_second_review_gaps(tmp_path):
     assert code == 0 and "enable = true" in tt.read_text().split("[compile]")[1].split("[")[0], err
     code, out, err = cli_main("export", "--to", "shardlab", "--from", str(tt))
     assert code == 0 and "compile = true" in out, err
+
+
+def test_explain_disaggregation_bounds_its_gpus():
+    """gpus=1e12 was accepted and ran without end: every split of the GPUs is priced."""
+    code, out, err = cli_main("explain", "disaggregation", "gpus=1e12")
+    assert code == 2 and "at most 1024" in err and err.count("\n") == 1

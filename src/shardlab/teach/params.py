@@ -23,6 +23,8 @@ class Param:
     """Allowed values for str parameters (empty: any)."""
     minimum: float | None = 1
     """Smallest allowed number (None: no bound)."""
+    maximum: float | None = None
+    """Largest allowed number where the topic's work grows with it (None: the parser's own bound)."""
 
 
 def _convert(p: Param, text: str):
@@ -53,6 +55,8 @@ def _convert(p: Param, text: str):
         raise ShardlabError(f"{what}: choose one of {', '.join(map(str, p.choices))}")
     if p.kind in ("int", "float", "count", "size") and p.minimum is not None and v < p.minimum:
         raise ShardlabError(f"{what}: must be at least {p.minimum:g} ({p.help})")
+    if p.maximum is not None and v > p.maximum:
+        raise ShardlabError(f"{what}: at most {p.maximum:g} here ({p.help})")
     return v
 
 

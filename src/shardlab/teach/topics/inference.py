@@ -395,7 +395,8 @@ def disaggregation(v: dict) -> Explanation:
 
 TOPICS.append(
     Topic("disaggregation", "Disaggregated prefill/decode", "split prefill and decode onto GPU pools: when it pays", (33, 34),
-          (model("llama-3.1-70b"), gpu("h100-sxm"), Param("gpus", "int", 16, "GPUs for both pools"),
+          (model("llama-3.1-70b"), gpu("h100-sxm"), Param("gpus", "int", 16, "GPUs for both pools; every split of them is priced, so at most 1,024",
+                                                     maximum=1024),
            Param("prompt", "int", 4000, "prompt tokens"), Param("output", "int", 500, "generated tokens"),
            Param("ttft", "float", 1.0, "TTFT target, s", minimum=0.001),
            Param("tpot", "float", 0.025, "TPOT target, s", minimum=0.0001)), disaggregation))
