@@ -201,3 +201,11 @@ def test_memory_takes_estimates_flags_and_agrees_with_it(argv):
     assert code == 0, err
     mem = json.loads(out)
     assert mem["per_gpu"]["total"] == est["memory"]["per_gpu"]["total"] and mem["fits"] == est["fits"]
+
+
+def test_cost_names_a_job_file_for_what_it_is(tmp_path):
+    job = tmp_path / "j.toml"
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--global-batch", "64", "--save", str(job))
+    assert code == 0, err
+    code, out, err = cli_main("cost", str(job), "--tokens", "1e9")
+    assert code == 2 and "is a shardlab job file" in err and "estimate" in err and err.count("\n") == 1

@@ -110,6 +110,25 @@ def _plan_hours(args, cat):
     return est, est.train_time_s / 3600, est.gpus, est.accelerator
 
 
+def _refuse_job_file(model) -> None:
+    """A shardlab job file given as MODEL: cost takes a model, so say where a job file goes (it read as a broken
+    model file: 'not valid YAML/JSON')."""
+    import os
+
+    if not model or not os.path.isfile(model):
+        return
+    try:
+        with open(model, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return
+    from shardlab.export.shardlab import is_job_text
+
+    if is_job_text(head):
+        raise ShardlabError(f"{model} is a shardlab job file; cost takes a model: `shardlab estimate {model}` prints "
+                            f"its time and GPU-hours, or give `shardlab cost MODEL --tokens N`")
+
+
 def cmd_cost(args):
     from shardlab.catalog import get_catalog
     from shardlab.cost.estimate import cost_estimate, sentence
@@ -117,6 +136,7 @@ def cmd_cost(args):
 
     cat = get_catalog(args.catalog)
     plan = None
+    _refuse_job_file(args.model)
     if args.model is not None or args.params is not None:
         plan, hours, gpus, acc = _plan_hours(args, cat)
     else:

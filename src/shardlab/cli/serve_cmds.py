@@ -155,7 +155,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
              f"{lim.saturation_rate:,.2f} requests/s"]
     for name, val, slo_v in (("TTFT", lim.ttft_slo_load, args.ttft_slo), ("TPOT", lim.tpot_slo_load, args.tpot_slo)):
         if slo_v is not None:
-            binds.append(f"mean {name} ≤ {1e3 * slo_v:g} ms holds up to {val:,.4g} {unit}" if val else
+            # the limit's bisection stops within 0.1%: said to three figures, as the capacity it brackets
+            binds.append(f"mean {name} ≤ {1e3 * slo_v:g} ms holds up to about {val:,.3g} {unit}" if val else
                          f"mean {name} ≤ {1e3 * slo_v:g} ms is not met even at the lightest load")
     text = "\n".join([
         f"shardlab estimate --inference --serve: {spec.name} on {case.layout_label} {cluster.accelerator.id}, "
