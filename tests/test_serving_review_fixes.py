@@ -188,3 +188,16 @@ def test_explain_disaggregation_bounds_its_gpus():
     """gpus=1e12 was accepted and ran without end: every split of the GPUs is priced."""
     code, out, err = cli_main("explain", "disaggregation", "gpus=1e12")
     assert code == 2 and "at most 1024" in err and err.count("\n") == 1
+
+
+def test_a_launch_lines_unread_flags_are_listed(tmp_path):
+    """A misspelled or unread vLLM/SGLang flag was dropped without a word (the estimate then priced TP 1)."""
+    for target, flag in (("vllm", "--tensor-parallel-size"), ("sglang", "--tp-size")):
+        script = tmp_path / f"{target}.sh"
+        code, out, err = cli_main("export", "--to", target, "llama-3.1-70b", *BASE, "--tp", "4", "--out", str(script))
+        assert code == 0, err
+        assert _json("export", "--to", "shardlab", "--from", str(script))["imported"]["ignored"] == []
+        script.write_text(script.read_text().replace(flag, flag.replace("parallel", "paralel").replace("tp-size", "tp-szie"))
+                          .replace("--max-model-len", "--enable-prefix-caching \\\n    --max-model-len"))
+        ignored = _json("export", "--to", "shardlab", "--from", str(script))["imported"]["ignored"]
+        assert any("not a" in x and "flag" in x for x in ignored), ignored

@@ -52,6 +52,17 @@ def check_flags(target: str, flags: dict) -> list[str]:
     return bad
 
 
+def unread_flags(target: str, flags: dict, read: set) -> list[str]:
+    """The ``ignored`` entries for a launch line's flags its reader does not use (``read``: the ones it reads or
+    names itself): each said, and a name the engine's flag schema does not know said to be no flag of it (a typo
+    read silently as the engine's default changed the estimate without a word)."""
+    out = []
+    for name in sorted(set(flags) - set(read)):
+        known = name in schemas()[target]["flags"]
+        out.append(f"--{name[:60]} ({'not read: the engine default is priced' if known else f'not a {version(target)} flag'})")
+    return out
+
+
 def require_valid(target: str, flags: dict) -> None:
     bad = check_flags(target, flags)
     if bad:

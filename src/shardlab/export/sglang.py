@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from shardlab.errors import ShardlabError
-from shardlab.export.flags import require_valid, version
+from shardlab.export.flags import require_valid, unread_flags, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import as_shipped_note, checkpoint_weights, hf_id, read_model
 from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
@@ -135,4 +135,14 @@ def read_one(text: str, catalog=None) -> Imported:
               "disaggregation-mode", "page-size", "nnodes"):
         if k in fl:
             ign.append(f"--{k} (read as the engine's default; give the shardlab flag)")
+    ign += unread_flags("sglang", fl, SGLANG_READ)
     return Imported("sglang", f, tuple(und), tuple(ign), framework="sglang")
+
+
+SGLANG_READ = {"model-path", "model", "tp-size", "tp", "dp-size", "dp", "enable-dp-attention", "pp-size", "ep-size",
+               "max-running-requests", "context-length", "mem-fraction-static", "dtype", "kv-cache-dtype",
+               "quantization", "enable-two-batch-overlap", "ep-num-redundant-experts", "moe-a2a-backend",
+               "chunked-prefill-size", "disaggregation-mode", "page-size", "nnodes", "port", "host", "node-rank",
+               "dist-init-addr", "disaggregation-transfer-backend", "disaggregation-ib-device", "served-model-name",
+               "trust-remote-code"}
+"""The launch_server flags ``read_one`` reads, names as read at the default, or that change no estimate."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from shardlab.errors import ShardlabError
-from shardlab.export.flags import require_valid, version
+from shardlab.export.flags import require_valid, unread_flags, version
 from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import as_shipped_note, checkpoint_weights, hf_id, read_model
 from shardlab.export.text import as_int, comment_block, flag_words, flags_dict, serving_fields, split_command
@@ -134,4 +134,13 @@ def read_one(text: str, catalog=None) -> Imported:
         und.append((f"--kv-cache-dtype {f['kv_cache_dtype']}", "FP8 KV cache (--kv-cache-dtype fp8)"))
     elif f["kv_cache_dtype"] != "auto":
         ign.append(f"--kv-cache-dtype {f['kv_cache_dtype']} (KV cache estimated in the model dtype)")
+    ign += unread_flags("vllm", fl, VLLM_READ)
     return Imported("vllm", f, tuple(und), tuple(ign), framework="vllm")
+
+
+VLLM_READ = {"model", "tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size", "enable-expert-parallel",
+             "max-num-seqs", "max-model-len", "gpu-memory-utilization", "dtype", "kv-cache-dtype", "quantization",
+             "max-num-batched-tokens", "enable-chunked-prefill", "swap-space", "block-size", "port", "host",
+             "kv-transfer-config", "served-model-name"}
+"""The vllm serve flags ``read_one`` reads, names as not modelled, or that change no estimate (port, host, the
+disaggregated connector pd_engines reads, the block size shardlab writes)."""
