@@ -37,17 +37,13 @@ def register(sub) -> None:
     g.add_argument("--dropout", choices=("auto", "on", "off"), default="auto", nargs="?", const="on",
                    help="dropout masks in activations (auto = off, as estimate and plan assume; on, or the bare flag "
                         "as estimate takes it: GPT-3-era training)")
-    loss = g.add_mutually_exclusive_group()
-    loss.add_argument("--fused-loss", dest="fused_loss", action="store_const", const=True, default=None,
-                      help="the cross-entropy works in place on the logits (default: the framework's)")
-    loss.add_argument("--no-fused-loss", dest="fused_loss", action="store_const", const=False,
-                      help="the loss keeps an fp32 copy and log-softmax of the logits")
+    from shardlab.cli.plan_args import add_fused_loss_args, add_moe_dispatch_args
+
+    add_fused_loss_args(g)
     g.add_argument("--tp-comm-overlap", action="store_true", help="as estimate takes it (no effect on memory)")
     g.add_argument("--attention-kernel", choices=("flash1", "flash2", "native"), default=None,
                    help="as estimate takes it (no effect on memory)")
     g.add_argument("--no-dp-overlap", action="store_true", help="as estimate takes it (no effect on memory)")
-    from shardlab.cli.plan_args import add_moe_dispatch_args
-
     add_moe_dispatch_args(g, imbalance=True)
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the overhead defaults (see docs/memory.md)")
     g.add_argument("--no-overheads", action="store_true", help="model states and activations only (as other estimators report)")

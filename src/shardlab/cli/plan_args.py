@@ -25,6 +25,15 @@ ESTIMATE_EXAMPLES = """examples:
 """
 
 
+def add_fused_loss_args(g) -> None:
+    """--fused-loss / --no-fused-loss (default: the framework's), which estimate, plan and memory share."""
+    loss = g.add_mutually_exclusive_group()
+    loss.add_argument("--fused-loss", dest="fused_loss", action="store_const", const=True, default=None,
+                      help="the cross-entropy works in place on the logits (flash-attn's, Megatron's fused loss)")
+    loss.add_argument("--no-fused-loss", dest="fused_loss", action="store_const", const=False,
+                      help="the loss keeps an fp32 copy and log-softmax of the logits (plain PyTorch)")
+
+
 def add_moe_dispatch_args(g, imbalance: bool = False) -> None:
     """A MoE training job's token movement (comm/moe_dispatch.py); ``imbalance`` adds --expert-imbalance, which the
     commands that take the serving flags already have."""
@@ -54,11 +63,7 @@ def add_assumption_args(p) -> None:
     g.add_argument("--attention-kernel", choices=("flash1", "flash2", "native"), default=None,
                    help="attention kernel (default: the framework's): FlashAttention v1, FlashAttention-2, or the GPU "
                         "generation's own (FlashAttention-3 / cuDNN on Hopper)")
-    loss = g.add_mutually_exclusive_group()
-    loss.add_argument("--fused-loss", dest="fused_loss", action="store_const", const=True, default=None,
-                      help="the cross-entropy works in place on the logits (flash-attn's, Megatron's fused loss)")
-    loss.add_argument("--no-fused-loss", dest="fused_loss", action="store_const", const=False,
-                      help="the loss keeps an fp32 copy and log-softmax of the logits (plain PyTorch)")
+    add_fused_loss_args(g)
     g.add_argument("--overheads", metavar="FILE", help="YAML overriding the memory-overhead defaults")
     g.add_argument("--no-overheads", action="store_true", help="memory: model states and activations only")
 

@@ -30,7 +30,7 @@ class Topic:
     """Values fixed by an alias (e.g. zero-2 sets stage=2)."""
 
 
-_TOPIC_MODULES = ("memory", "finetune", "comm", "tensor", "pipeline", "inference", "precision", "design", "budgets")
+_TOPIC_MODULES = ("memory", "finetune", "comm", "tensor", "pipeline", "inference", "disaggregation", "precision", "design", "budgets")
 
 
 def topics() -> dict[str, Topic]:
