@@ -113,18 +113,9 @@ def _plan_hours(args, cat):
 def _refuse_job_file(model) -> None:
     """A shardlab job file given as MODEL: cost takes a model, so say where a job file goes (it read as a broken
     model file: 'not valid YAML/JSON')."""
-    import os
+    from shardlab.cli.from_file import is_job_file
 
-    if not model or not os.path.isfile(model):
-        return
-    try:
-        with open(model, "rb") as fh:
-            head = fh.read(4096).decode("utf-8", "replace")
-    except OSError:
-        return
-    from shardlab.export.shardlab import is_job_text
-
-    if is_job_text(head):
+    if is_job_file(model):
         raise ShardlabError(f"{model} is a shardlab job file; cost takes a model: `shardlab estimate {model}` prints "
                             f"its time and GPU-hours, or give `shardlab cost MODEL --tokens N`")
 

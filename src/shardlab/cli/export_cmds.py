@@ -192,16 +192,11 @@ def _plan_cluster(doc: dict, cat, job):
     """The plan document's cluster (its GPUs and links) for re-estimating its winner."""
     from shardlab.specs.hardware import Cluster
 
-    from shardlab.specs.hardware import per_node_rate
+    from shardlab.specs.hardware import per_node_gbit, per_node_rate
 
-    def link(lid: str):          # a link at --inter-node-gbit N is named '<catalog id>@<N>gbit-per-node'
-        base, _, rate = str(lid).partition("@")
-        if rate.endswith("gbit-per-node"):
-            try:
-                return per_node_rate(cat.link(base), float(rate[:-len("gbit-per-node")]), job.gpus_per_node)
-            except ValueError:
-                pass
-        return cat.link(lid)
+    def link(lid: str):          # a link at --inter-node-gbit N: '<catalog id>@<N>gbit-per-node'
+        rated = per_node_gbit(lid)
+        return per_node_rate(cat.link(rated[0]), rated[1], job.gpus_per_node) if rated else cat.link(lid)
 
     acc = cat.accelerator(job.gpu)
     return Cluster(accelerator=acc, num_gpus=job.gpus, gpus_per_node=job.gpus_per_node,

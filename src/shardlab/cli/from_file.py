@@ -61,23 +61,28 @@ def apply_sets(imp, sets: list[str] | None) -> None:
     return imp
 
 
-def job_file_argument(args) -> None:
-    """A shardlab job file given as the command's first argument (MODEL) is read as --from FILE."""
+def is_job_file(path) -> bool:
+    """True for a regular file (never a FIFO or device) whose first 4 KiB read as a shardlab job file."""
     import os
 
+    try:
+        if not isinstance(path, str) or not os.path.isfile(path):
+            return False
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    from shardlab.export.shardlab import is_job_text
+
+    return is_job_text(head)
+
+
+def job_file_argument(args) -> None:
+    """A shardlab job file given as the command's first argument (MODEL) is read as --from FILE."""
     model = getattr(args, "model", None)
     if getattr(args, "from_file", None) or not isinstance(model, str) or not model.lower().endswith(".toml"):
         return
-    try:
-        if not os.path.isfile(model):
-            return
-        with open(model, encoding="utf-8", errors="replace") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return
-    from shardlab.export.shardlab import is_job_text
-
-    if is_job_text(head):
+    if is_job_file(model):
         args.from_file, args.model = model, None
 
 

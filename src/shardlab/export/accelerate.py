@@ -15,8 +15,8 @@ import yaml
 from shardlab.errors import ShardlabError
 from shardlab.safeio import yaml_load
 from shardlab.layout import wrap_word
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE, gpus_per_node_read
+from shardlab.export.job import DEFAULT_GPUS_PER_NODE, Export, Imported, LaunchJob, Refused, Unsupported, header
+from shardlab.export.megatron import gpus_per_node_read
 from shardlab.export.names import layer_class
 from shardlab.export.text import FieldError, comment_block, flag, section, whole
 

@@ -9,6 +9,7 @@ from shardlab.errors import ShardlabError
 from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve, recipe_notes
 from shardlab.layout import Layout
 from shardlab.layout_checks import validate
+from shardlab.specs.hardware import per_node_gbit
 
 
 def kv_blocks(spec, cluster, tp: int, pp: int, batch: int, prompt_len: int, output_len: int, sv: dict | None = None) -> int:
@@ -185,22 +186,9 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
                      dropout=(doc.get("assumptions") or {}).get("dropout") is True,
                      tp_comm_overlap=isinstance(fw, dict) and fw.get("tp_comm_overlap") is True,
                      fp8_params=wl.get("fp8_params") is True, assumptions=_plan_assumptions(doc),
-                     inter_node_gbit=_per_node_gbit(doc.get("inter_link")),
+                     inter_node_gbit=(per_node_gbit(doc.get("inter_link")) or (None, None))[1],
                      **({k: fw[k] for k in ("moe_dispatcher", "ep_comm_overlap", "expert_imbalance") if k in fw}
                         if isinstance(fw, dict) else {}))
-
-
-def _per_node_gbit(link_id) -> float | None:
-    """The per-node rate a plan's inter-node link carries in its id ('<catalog id>@<N>gbit-per-node', from
-    --inter-node-gbit N), else None."""
-    rate = str(link_id or "").partition("@")[2]
-    if not rate.endswith("gbit-per-node"):
-        return None
-    try:
-        v = float(rate[:-len("gbit-per-node")])
-    except ValueError:
-        return None
-    return v if 0 < v < 1e9 else None
 
 
 def _plan_assumptions(doc: dict) -> tuple:

@@ -15,8 +15,7 @@ import json
 from shardlab.errors import ShardlabError
 from shardlab.safeio import json_loads
 from shardlab.layout import wrap_word
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported
-from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE
+from shardlab.export.job import DEFAULT_GPUS_PER_NODE, Export, Imported, LaunchJob, Refused, Unsupported
 from shardlab.export.text import FieldError, section, whole
 
 CHECKED = "DeepSpeed 0.19.8 (DeepSpeedConfig)"

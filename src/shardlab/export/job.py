@@ -23,6 +23,10 @@ class Refused(ShardlabError):
     """The target framework cannot run this layout (the message says why and what to change)."""
 
 
+DEFAULT_GPUS_PER_NODE = 8
+"""GPUs per node a file that does not say otherwise reads back as (the catalog's H100 nodes)."""
+
+
 @dataclass(frozen=True)
 class Serve:
     """Inference settings of a serving job (``shardlab plan --inference`` / ``estimate --inference``)."""
@@ -99,7 +103,7 @@ class LaunchJob:
     """adamw, sgd or adam-8bit."""
     gpu: str = "h100-sxm"
     """Accelerator id (``shardlab gpus``)."""
-    gpus_per_node: int = 8
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     """GPUs per node (sets nodes = gpus / gpus_per_node)."""
     framework: str | None = None
     """Framework id (megatron-lm, deepspeed, pytorch-fsdp, torchtitan, vllm) the job runs on, if known."""

@@ -16,7 +16,7 @@ import re
 from shardlab.errors import ShardlabError
 from shardlab.export.flags import require_valid, version
 from shardlab.layout import wrap_word
-from shardlab.export.job import Export, LaunchJob, Refused, Unsupported, header
+from shardlab.export.job import DEFAULT_GPUS_PER_NODE, Export, LaunchJob, Refused, Unsupported, header
 from shardlab.export.text import comment_block, flag_words
 
 CHECKED = f"{version('megatron')} flag schema; Megatron-Core 0.16.1 TransformerConfig"
@@ -96,8 +96,6 @@ def parse_layout(text: str) -> list[str]:
     return s.split("|")
 
 
-DEFAULT_GPUS_PER_NODE = 8
-"""GPUs per node a file that does not say otherwise reads back as (the catalog's H100 nodes)."""
 OPTIMIZER = {"adamw": "adam", "sgd": "sgd", "adam-8bit": "adam"}
 """shardlab's optimizer -> Megatron-LM's --optimizer (adam or sgd, megatron/training/arguments.py
 _add_training_args; its adam decouples the weight decay: AdamW); ``megatron_read`` maps adam back to adamw."""

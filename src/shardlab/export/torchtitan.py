@@ -19,8 +19,7 @@ from __future__ import annotations
 import tomllib
 
 from shardlab.errors import ShardlabError
-from shardlab.export.job import Export, Imported, LaunchJob, Refused, Unsupported, header
-from shardlab.export.megatron import DEFAULT_GPUS_PER_NODE
+from shardlab.export.job import DEFAULT_GPUS_PER_NODE, Export, Imported, LaunchJob, Refused, Unsupported, header
 from shardlab.export.names import model_from_torchtitan, torchtitan_flavor
 from shardlab.export.text import FieldError, Said, even_split, section, toml_dump, whole
 from shardlab.layout import Layout, wrap_word

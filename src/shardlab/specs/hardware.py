@@ -194,8 +194,24 @@ class Cluster:
         return self.intra_link if group_span_gpus <= self.gpus_per_node else self.inter_link
 
 
+PER_NODE_SUFFIX = "gbit-per-node"
+"""A link at a stated per-node rate is named '<catalog id>@<N>gbit-per-node' (``per_node_rate``)."""
+
+
+def per_node_gbit(link_id) -> tuple[str, float] | None:
+    """(catalog link id, Gb/s per node) of a link id ``per_node_rate`` made, else None."""
+    base, _, rate = str(link_id or "").partition("@")
+    if not rate.endswith(PER_NODE_SUFFIX):
+        return None
+    try:
+        v = float(rate[:-len(PER_NODE_SUFFIX)])
+    except ValueError:
+        return None
+    return (base, v) if 0 < v < 1e9 else None
+
+
 def per_node_rate(link: Link, gbit_per_node: float, gpus_per_node: int) -> Link:
     """``link`` at a stated inter-node rate per node (Gb/s), spread over the node's GPUs."""
     from dataclasses import replace
 
-    return replace(link, id=f"{link.id}@{gbit_per_node:g}gbit-per-node", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)
+    return replace(link, id=f"{link.id}@{gbit_per_node:g}{PER_NODE_SUFFIX}", bandwidth_gbps=gbit_per_node / 8 / gpus_per_node)
