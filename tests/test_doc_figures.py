@@ -277,3 +277,11 @@ def test_disaggregation_figures_in_the_docs():
     _assert_quoted("docs/inference.md", f"simulates a mean TPOT of {1e3 * m['tpot_s']['mean']:.1f} ms against the steady "
                    f"state's {1e3 * s['tpot_s']:.1f} ms, and a mean TTFT of {1e3 * m['ttft_s']['mean']:.0f} ms against "
                    f"{1e3 * s['ttft_s']:.0f} ms")
+
+
+def test_inference_doc_weight_only_4_bit_limitation_figures():
+    """docs/inference.md's limitation: int4 (W4A16) against bf16 decode, Llama-3.1-8B at batch 8 on an A100."""
+    base = ("estimate", "llama-3.1-8b", "--inference", "--batch", "8", "--prompt-len", "512", "--output-len", "128",
+            "--gpu", "a100-80gb")
+    q4, bf = (_json(*base, *w)["decode_s_per_token"] for w in (("--weights", "int4"), ()))
+    _assert_quoted("docs/inference.md", f"decodes in {q4 * 1e3:.1f} ms at int4 against {bf * 1e3:.1f} ms at")
