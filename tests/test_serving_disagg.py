@@ -244,3 +244,32 @@ def test_plan_splits_over_two_gpu_kinds_per_dollar(tmp_path):
     code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--concurrency", "8",
                             "--prefill-gpu", "h100-sxm")
     assert code == 2 and "--prefill-gpu" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_split_search_runs_the_scalar_model_on_arrays():
+    """serving.disagg_split bisects every split of a pair of layouts at once: each split's rate, TTFT, TPOT and
+    prefill load are what max_rate_within and steady_rate give it alone (a part in 10⁹), over one node (NVLink,
+    every split of 8 GPUs) and four (whole nodes over the NIC), with SLOs that bind on TTFT, on TPOT, and neither."""
+    from shardlab.serving.disagg_split import pool_sizes, search_splits
+
+    cl32 = Cluster(ACC, 32, 8, CAT.link(ACC.system["intra_link"]), CAT.link(ACC.system["inter_link"]))
+    for cl, gpus in ((CL, 8), (cl32, 32)):
+        cases = {t: prepare(L8, cl, get_engine("vllm"), tp=t, precision=PREC, prompt_len=4000, output_len=500)
+                 for t in (1, 2)}
+        for ttft, tpot in ((0.3, None), (None, 0.012), (1.0, 0.025)):
+            sp = search_splits(cases, gpus, 8, ttft, tpot)
+            assert len(sp) == sum(1 for P in pool_sizes(gpus, 8) for a in cases.values() for b in cases.values()
+                                  if P % a.gpus == 0 and (gpus - P) % b.gpus == 0)
+            binding = 0
+            for i in range(len(sp)):
+                d = sp.case(i)
+                rate = max_rate_within(d, ttft, tpot)
+                assert sp.rate[i] == pytest.approx(rate, rel=1e-9, abs=1e-12)
+                at = steady_rate(d, rate if rate > 0 else 1e-6 * d.prefill_replicas)
+                assert sp.tpot_s[i] == pytest.approx(at["tpot_s"], rel=1e-9)
+                assert sp.ttft_s[i] == pytest.approx(at["ttft_s"], rel=1e-9)
+                assert sp.prefill_utilization[i] == pytest.approx(at["prefill_utilization"], rel=1e-9)
+                binding += 0 < rate < saturation_rate(d) * (1 - 1e-5)
+            assert binding > 0                             # the SLO, not the saturation, sets some rates
+            ranked = [float(sp.rate[i]) for i in sp.ranked()]
+            assert ranked == sorted(ranked, reverse=True)

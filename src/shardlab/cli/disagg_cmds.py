@@ -208,15 +208,13 @@ def disagg_section(args, spec, cluster, gpus: int, prec, engine, slo, capacity: 
     from shardlab.serving.disagg_sim import simulate_disagg
     from shardlab.serving.moe import two_kinds
 
-    found, rejected = disagg_capacity(args, spec, cluster, gpus, prec, engine, slo)
+    found, rejected, per_usd = disagg_capacity(args, spec, cluster, gpus, prec, engine, slo)
     catalog = get_catalog(args.catalog)
     agg = capacity.get("goodput_tokens_per_s_per_gpu") or 0.0
     agg_usd = usd_per_hour(catalog, [(cluster.accelerator.id, gpus)], getattr(args, "spot", False))
     agg_per_usd = agg * gpus * 3600 / agg_usd if agg_usd else None
     mixed = two_kinds(found[:1])
-    per_usd = mixed and agg_per_usd is not None and all(p["output_tokens_per_usd"] is not None for p in found)
-    if per_usd:
-        found.sort(key=lambda p: (-p["output_tokens_per_usd"], p["tpot_s"]))
+    per_usd = per_usd and agg_per_usd is not None
     sim = None
     if found and found[0]["meets_slo"] and slo.percentile == "p99":     # the means rank; p99 checks the best by simulation
         best = found[0]

@@ -1,7 +1,7 @@
 """The capacity search's prefill/decode splits (`plan --inference --serve` with SLOs): the replica layouts each
 pool may take, on one GPU kind or, with ``--prefill-gpu KIND``, a prefill pool of another kind on its own nodes
 (Splitwise, Patel et al. 2024, arXiv 2311.18677: prompt phases on one generation, token phases on another), each
-split at its highest request rate within the SLO means (``serving.disagg.search``), with its price per hour where
+split at its highest request rate within the SLO means (``serving.disagg_split.search``), with its price per hour where
 the catalog prices both kinds."""
 
 from __future__ import annotations
@@ -35,46 +35,75 @@ def pool_cases(args, spec, cluster, gpus: int, engine, kw: dict, rejected: dict,
     return cases
 
 
-def usd_per_hour(catalog, pools: list[tuple[str, int]], spot: bool = False) -> float | None:
-    """Price per hour of ``pools`` [(GPU id, GPUs)] from the price catalog, or None when a kind has no price."""
+def usd_per_hour(catalog, pools: list[tuple[str, int]], spot: bool = False, _memo: dict | None = None) -> float | None:
+    """Price per hour of ``pools`` [(GPU id, GPUs)] from the price catalog, or None when a kind has no price.
+    ``_memo`` (a dict the caller keeps): each kind's price looked up once across many calls."""
     from shardlab.export.build import price_notes
 
+    memo = {} if _memo is None else _memo
     total = 0.0
     for gpu, n in pools:
-        p = price_notes(catalog, gpu, spot).get("usd_per_gpu_hour")
+        if gpu not in memo:
+            memo[gpu] = price_notes(catalog, gpu, spot).get("usd_per_gpu_hour")
+        p = memo[gpu]
         if p is None:
             return None
         total += p * n
     return total
 
 
-def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict]:
-    """Every disaggregated layout of ``gpus`` GPUs (``serving.disagg.search``) at its highest request rate within the
-    SLO's means, best goodput per GPU first; and counts of what was rejected. With ``--prefill-gpu KIND`` the prefill
-    pool's replicas run on that kind (its server, links and peaks), the decode pool's on ``--gpu``."""
+def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict, bool]:
+    """The best disaggregated layouts of ``gpus`` GPUs (``serving.disagg_split.search_splits``: every split at its
+    highest request rate within the SLO's means), the ``args.top`` best first; counts of what was rejected; and
+    whether they rank per dollar. They rank by goodput per GPU, or, with ``--prefill-gpu KIND`` of another kind
+    (the prefill pool's replicas on that kind: its server, links and peaks; the decode pool's on ``--gpu``) and a
+    catalog price for both kinds, by output tokens per dollar: a GPU of one kind is not one of the other."""
+    import numpy as np
+
     from shardlab.catalog import get_catalog
     from shardlab.cli.disagg_cmds import prefill_cluster
     from shardlab.cli.inference_args import case_kw
-    from shardlab.serving.disagg import search, steady_rate
+    from shardlab.serving.disagg_split import search_splits
 
     catalog = get_catalog(args.catalog)
     kw = dict(precision=prec, prompt_len=args.prompt_len, output_len=args.output_len,
               prefix_hit_rate=args.prefix_hit_rate, **case_kw(args, spec, catalog))
     if kw.get("speculation"):
-        return [], {"speculative decoding with disaggregation is not modelled": 1}
+        return [], {"speculative decoding with disaggregation is not modelled": 1}, False
     rejected, errors = {}, {}
     cases = pool_cases(args, spec, cluster, gpus, engine, kw, rejected, errors)
     pre_cluster, pre_prec = prefill_cluster(args, catalog, cluster, prec, gpus)
     pre_cases = cases if pre_cluster is cluster else pool_cases(args, spec, pre_cluster, gpus, engine,
                                                                 {**kw, "precision": pre_prec}, rejected, errors)
-    out = []
+    sp = search_splits(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s, prefill_cases=pre_cases)
+    if not len(sp):
+        return [], rejected, False
     O = float(args.output_len)
     spot = getattr(args, "spot", False)
-    for d, rate in search(cases, gpus, cluster.gpus_per_node, slo.ttft_s, slo.tpot_s, prefill_cases=pre_cases):
+    prices: dict = {}
+    kinds = [(pre.cluster.accelerator.id, dec.cluster.accelerator.id) for pre, dec in sp.pairs]
+    per_gpu = {g: usd_per_hour(catalog, [(g, 1)], spot, prices) for pair in kinds for g in pair}
+    priced = all(v is not None for v in per_gpu.values())
+    usd = None
+    if priced:   # each pool's GPUs at its kind's price, summed as usd_per_hour sums them
+        size = np.array([[pre.gpus, dec.gpus] for pre, dec in sp.pairs], dtype=float)[sp.pair]
+        price = np.array([[per_gpu[a], per_gpu[b]] for a, b in kinds])[sp.pair]
+        usd = 0.0 + price[:, 0] * (sp.prefill_replicas * size[:, 0]) + price[:, 1] * (sp.decode_replicas * size[:, 1])
+    goodput = sp.rate * O / gpus
+    # best goodput first, then the lower TPOT, then as the search ranked them (highest rate, then the order tried)
+    order = np.lexsort((np.arange(len(sp)), -sp.rate, sp.tpot_s, -goodput))
+    per_usd = bool(priced and pre_cluster.accelerator.id != cluster.accelerator.id)
+    if per_usd:
+        per = sp.rate * O * 3600 / usd
+        rank = np.empty(len(sp), dtype=int)
+        rank[order] = np.arange(len(sp))
+        order = np.lexsort((rank, sp.tpot_s, -per))
+    out = []
+    for i in order[: max(1, int(args.top))]:
+        d = sp.case(i)
         pre, dec = d.prefill, d.decode
-        at = steady_rate(d, rate if rate > 0 else 1e-6 * max(d.prefill_replicas, 1))
-        usd = usd_per_hour(catalog, [(pre.cluster.accelerator.id, d.prefill_gpus),
-                                     (dec.cluster.accelerator.id, d.decode_gpus)], spot)
+        rate, tpot = float(sp.rate[i]), float(sp.tpot_s[i])
+        u = float(usd[i]) if usd is not None else None
         out.append({"prefill": {"gpus": d.prefill_gpus, "gpu": pre.cluster.accelerator.id, "replicas": d.prefill_replicas,
                                 "tp": pre.tp, "pp": pre.pp, "layout": pre.layout_label, "ep": pre.ep,
                                 "dp_attention": pre.attention_dp},
@@ -86,10 +115,9 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
                     "kv_transfer_bytes_per_rank": d.kv_transfer_bytes,
                     "max_request_rate": rate, "meets_slo": rate > 0,
                     "goodput_tokens_per_s_per_gpu": rate * O / gpus,
-                    "usd_per_hour": usd, "output_tokens_per_usd": rate * O * 3600 / usd if usd else None,
-                    "ttft_s": at["ttft_s"], "tpot_s": at["tpot_s"],
-                    "tokens_per_s_per_user": 1.0 / at["tpot_s"] if at["tpot_s"] > 0 else None,
-                    "prefill_utilization": at["prefill_utilization"], "saturation_rate": at["saturation_rate"],
-                    "_d": d})
-    out.sort(key=lambda p: (-p["goodput_tokens_per_s_per_gpu"], p["tpot_s"]))
-    return out, rejected
+                    "usd_per_hour": u, "output_tokens_per_usd": rate * O * 3600 / u if u else None,
+                    "ttft_s": float(sp.ttft_s[i]), "tpot_s": tpot,
+                    "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 else None,
+                    "prefill_utilization": float(sp.prefill_utilization[i]),
+                    "saturation_rate": float(sp.saturation_rate[i]), "_d": d})
+    return out, rejected, per_usd

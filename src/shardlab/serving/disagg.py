@@ -129,12 +129,16 @@ def make_disagg(pre: ServeCase, dec: ServeCase, prefill_gpus: int, decode_gpus: 
     # two GPU kinds never share a node (Splitwise's mixed pools): their KV crosses the NIC
     same_node = (pre.cluster.accelerator.id == dec.cluster.accelerator.id
                  and prefill_gpus + decode_gpus <= pre.cluster.gpus_per_node)
-    nbytes, secs, link = kv_transfer(pre, same_node)
     cache = {} if _cache is None else _cache
+    if ("kv", id(pre), same_node) not in cache:
+        cache[("kv", id(pre), same_node)] = kv_transfer(pre, same_node)
+    nbytes, secs, link = cache[("kv", id(pre), same_node)]
     if ("dec", id(dec)) not in cache:
         cache[("dec", id(dec))] = _decode_grid(dec)
     a, grid = cache[("dec", id(dec))]
-    pre_a = cache.setdefault(("pre", id(pre)), arrays([pre]))
+    if ("pre", id(pre)) not in cache:
+        cache[("pre", id(pre))] = arrays([pre])
+    pre_a = cache[("pre", id(pre))]
     d = DisaggCase(pre, dec, prefill_gpus // pre.gpus, decode_gpus // dec.gpus, nbytes, secs, link, pre_a, a, (), grid)
     if ("times", id(pre)) not in cache:
         cache[("times", id(pre))] = _prefill_times(d)
@@ -230,35 +234,6 @@ def steady_concurrency(d: DisaggCase, clients: int) -> dict:
         else:
             hi = mid
     return steady_rate(d, lo)
-
-
-def pool_sizes(gpus: int, per_node: int) -> list[int]:
-    """Prefill pool sizes tried: every split of up to two nodes; whole nodes beyond (pools span nodes by node)."""
-    if gpus <= 2 * per_node:
-        return list(range(1, gpus))
-    return [p for p in range(per_node, gpus, per_node)]
-
-
-def search(cases: dict, gpus: int, per_node: int, ttft_slo: float | None,
-           tpot_slo: float | None, prefill_cases: dict | None = None) -> list[tuple[DisaggCase, float]]:
-    """Every split of ``gpus`` into a prefill pool and a decode pool whose replicas are among ``cases`` (a mapping
-    to prepared ServeCases: one per TP, and a MoE model's expert-parallel layouts), with its highest rate within the
-    SLO means; most goodput first. ``prefill_cases``: the prefill pool's replicas when they differ (another GPU
-    kind), else ``cases``."""
-    out, cache = [], {}
-    for P in pool_sizes(gpus, per_node):
-        D = gpus - P
-        for pre in (cases if prefill_cases is None else prefill_cases).values():
-            for dec in cases.values():
-                wide = pre.attention_dp > 1 or dec.attention_dp > 1   # EP pools: the same layout in both, as the
-                if wide and (pre.ep, pre.attention_dp) != (dec.ep, dec.attention_dp):   # estimate's flags price them
-                    continue
-                if P % pre.gpus or D % dec.gpus or dec.capacity < 1:
-                    continue
-                d = make_disagg(pre, dec, P, D, cache)
-                out.append((d, max_rate_within(d, ttft_slo, tpot_slo)))
-    out.sort(key=lambda x: -x[1])
-    return out
 
 
 def max_rate_within(d: DisaggCase, ttft_slo: float | None, tpot_slo: float | None) -> float:

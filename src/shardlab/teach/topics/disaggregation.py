@@ -17,7 +17,8 @@ def disaggregation(v: dict) -> Explanation:
 
     from shardlab.serving.capacity import Slo, fluid_capacity
     from shardlab.serving.case import prepare
-    from shardlab.serving.disagg import search, steady_rate
+    from shardlab.serving.disagg import steady_rate
+    from shardlab.serving.disagg_split import search
     from shardlab.serving.engines import get_engine
     from shardlab.serving.steady import arrays, fluid
     from shardlab.planner.space import tp_ok
