@@ -96,3 +96,37 @@ def test_narrow_terminals_never_break_words(monkeypatch):
     code, out, _ = cli_main("plan")
     assert code == 0 and max(len(x) for x in out.splitlines()) <= 80
     assert "all-gather" in out and "all-ga\n" not in out and "critic\n" not in out
+
+
+def test_a_job_file_is_read_by_its_content_whatever_its_name(tmp_path, monkeypatch):
+    """`plan --save plan.json` writes a job file (TOML) under that name; every command reads it back as one."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "--save", "plan.json", "--json")
+    assert code == 0, err
+    code, out, err = cli_main("estimate", "plan.json", "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] > 0
+
+
+def test_estimate_of_a_file_of_several_replicas_says_it_prices_one(tmp_path, monkeypatch):
+    """A serving job file of 4 replicas: estimate prices one replica (the file's load is one replica's) and says so,
+    with the 4 replicas' totals in the text and in `replicas` of the JSON."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("export", "llama-3.1-8b", "--inference", "--tp", "2", "--prompt-len", "1000",
+                              "--output-len", "200", "--batch", "64", "--to", "shardlab", "--out", "one.toml")
+    assert code == 0, err
+    text = (tmp_path / "one.toml").read_text()
+    assert "replicas = 1" in text
+    (tmp_path / "four.toml").write_text(text.replace("replicas = 1", "replicas = 4"))
+    for serve in ([], ["--serve"]):
+        code, out, err = cli_main("estimate", "one.toml", *serve, "--json")
+        one = json.loads(out)
+        assert code == 0 and "replicas" not in one, err
+        code, out, err = cli_main("estimate", "four.toml", *serve, "--json")
+        four = json.loads(out)
+        assert code == 0, err
+        assert four["replicas"]["count"] == 4 and four["replicas"]["gpus"] == 8
+        per = four["steady_state"]["output_tokens_per_s"] if serve else four["tokens_per_s"]
+        assert four["replicas"]["output_tokens_per_s"] == pytest.approx(4 * per)
+        code, out, err = cli_main("estimate", "four.toml", *serve)
+        assert "four.toml runs 4 replicas of this layout (8 GPUs)" in " ".join(out.split())

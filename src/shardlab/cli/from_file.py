@@ -79,9 +79,11 @@ def is_job_file(path) -> bool:
 
 def job_file_argument(args) -> None:
     """A shardlab job file given as the command's first argument (MODEL) is read as --from FILE."""
+    import os
+
     model = getattr(args, "model", None)
-    if getattr(args, "from_file", None) or not isinstance(model, str) or not model.lower().endswith(".toml"):
-        return
+    if getattr(args, "from_file", None) or not isinstance(model, str) or not os.path.isfile(model):
+        return                                   # by content: `plan --save plan.json` writes one under any name
     if is_job_file(model):
         args.from_file, args.model = model, None
 
@@ -121,6 +123,8 @@ def apply_import(args, imp, parser) -> None:
                     and getattr(args, "gpus", None) in (None, parser.get_default("gpus"))):
                 # a command without --replicas (export) takes the replicas as GPUs: tp × pp × replicas
                 args.gpus = f["replicas"] * int(f.get("tp") or 1) * int(f.get("pp") or 1)
+            elif parser.prog.split()[1:] == ["estimate"]:
+                args.file_replicas = int(f["replicas"])   # estimate prices one; it says so, and the totals
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them

@@ -96,11 +96,29 @@ def _estimate_static(args, spec, cluster, prec, engine):
     if cmp:
         lines += ["", f"TP {args.tp} vs {cmp['replicas']['count']} × TP {cmp['replicas']['tp']} replicas: {cmp['verdict']}"]
     lines += [f"note: {n}" for n in est.notes]
+    rep = file_replicas(args, doc, est.case.gpus, est.tokens_per_s, None)
+    if rep:
+        lines.append(f"note: {rep}")
     gen = cluster.accelerator.generation or "default"
     lines.append(f"estimates: the serving step model with the {gen} generation's kernel rates (serving_rates.yaml, shared "
                  f"by every engine) and {engine.id}'s host costs (engines.yaml), both fitted to published measurements "
                  f"(docs/inference.md; `shardlab validate --inference` shows their errors)")
     return finite(doc), "\n".join(lines)
+
+
+def file_replicas(args, doc: dict, gpus: int, tokens_per_s: float, requests_per_s: float | None) -> str | None:
+    """A job file of N replicas read by estimate, which prices one replica: ``doc['replicas']`` gets the count, the
+    GPUs and the N replicas' totals (the file's load is one replica's, as the estimate reads it), and the line that
+    says so; None for one replica."""
+    n = int(getattr(args, "file_replicas", 1) or 1)
+    if n <= 1:
+        return None
+    doc["replicas"] = {"count": n, "gpus": n * gpus, "output_tokens_per_s": n * tokens_per_s,
+                       "requests_per_s": None if requests_per_s is None else n * requests_per_s}
+    return (f"{args.from_file} runs {n} replicas of this layout ({n * gpus} GPUs); the figures above are one "
+            f"replica's{', at one replica' + chr(39) + 's load' if requests_per_s is not None else ''}: the {n} serve "
+            f"{n * tokens_per_s:,.0f} output tokens/s"
+            + (f" and {n * requests_per_s:,.2f} requests/s" if requests_per_s is not None else "") + " in all")
 
 
 def reject(rejected: dict, errors: dict, e: Exception) -> None:

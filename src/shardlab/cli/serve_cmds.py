@@ -65,7 +65,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.serving.simulate import simulate
     from shardlab.serving.steady import arrays, fluid
 
-    from shardlab.cli.inference_cmds import finite
+    from shardlab.cli.inference_cmds import file_replicas, finite
 
     from shardlab.catalog import get_catalog
     from shardlab.cli.inference_args import case_kw
@@ -148,6 +148,9 @@ def estimate_serve(args, spec, cluster, prec, engine):
         notes.append(preempt_note)
     if case.attention_dp > 1:
         notes.append(ep_caveat())
+    rep = file_replicas(args, doc, case.gpus, res["output_tokens_per_s"], res["requests_per_s"])
+    if rep:
+        notes.append(rep)
     if notes:
         doc["notes"] = notes
     unit = lim.unit
