@@ -8,7 +8,7 @@ import pytest
 
 from conftest import cli_main
 from shardlab.catalog import get_catalog
-from shardlab.serving.capacity import Slo, fluid_capacity, gpu_counts, pareto_front
+from shardlab.serving.capacity import Slo, fewest_between, fluid_capacity, gpu_counts, pareto_front
 from shardlab.serving.sim_capacity import simulated_capacity
 from shardlab.serving.case import prepare
 from shardlab.serving.engines import get_engine
@@ -102,6 +102,21 @@ def test_target_rate_returns_the_fewest_gpus():
     smaller = plan_json(*SLO, "--gpus", str(prev))
     assert smaller["capacity"]["max_request_rate"] < rate
     assert gpu_counts(40, 8) == [1, 2, 4, 8, 16, 24, 32, 40] and gpu_counts(4096, 8)[-3:] == [1024, 2048, 4096]
+
+
+def test_target_rate_beyond_the_doubling_counts_takes_whole_nodes():
+    """Beyond 1,024 GPUs the counts tried double; the whole nodes between the last count short of the rate and the
+    first that serves it are searched too (here 1,048 GPUs, where the doubling counts give 2,048: 49% idle)."""
+    d = plan_json(*SLO, "--target-rate", "10000", "--gpus", "16384")
+    t = d["target"]
+    assert 1024 < t["gpus"] < 2048 and t["gpus"] % 8 == 0
+    assert d["capacity"]["max_request_rate"] >= 10000 and t["headroom"] < 0.01
+    assert t["next_smaller_count"] == t["gpus"] - 8
+    below = plan_json(*SLO, "--gpus", str(t["gpus"] - 8))
+    assert below["capacity"]["max_request_rate"] < 10000
+    # the function: replicas of 2 GPUs at 7 requests/s each; 24 GPUs short of 80, 64 enough: 24 GPUs (84)
+    assert fewest_between(80.0, 16, 64, 8, np.array([2.0, 8.0]), np.array([7.0, 20.0])) == (24, 16)
+    assert fewest_between(80.0, 16, 32, 8, np.array([8.0]), np.array([1.0])) == (32, 16)   # none between: serves
 
 
 def test_p99_capacity_is_simulated_and_at_most_the_mean_capacity():

@@ -255,14 +255,15 @@ def _xy(sw):
 
 def _target_search(pool, rate: float, bound: int) -> tuple[int, int]:
     """(fewest GPUs, the count tried before it or 0) whose best layout serves ``rate`` requests/s within the SLO,
-    trying ``capacity.gpu_counts(bound)`` in ascending chunks (each chunk's p50 capacities computed at once); a
-    ShardlabError naming the fix when no count can. Layouts run the engine's default max-num-seqs here: a lower cap
+    trying ``capacity.gpu_counts(bound)`` in ascending chunks (each chunk's p50 capacities computed at once), then
+    the whole nodes between the last count short of it and the first that serves it (``capacity.fewest_between``:
+    beyond ``GPU_COUNT_CAP`` the counts tried double); a ShardlabError naming the fix when no count can. Layouts run the engine's default max-num-seqs here: a lower cap
     only lowers the saturation rate under Poisson arrivals (the sequences in flight at a rate do not depend on it;
     the activation memory it frees is a few hundred MiB of KV blocks); the plan at the count found lists every cap."""
     import numpy as np
 
     from shardlab.errors import ShardlabError
-    from shardlab.serving.capacity import gpu_counts
+    from shardlab.serving.capacity import fewest_between, gpu_counts
 
     counts = gpu_counts(bound, pool.cluster.gpus_per_node)
     best, sim_layouts, prev, any_layout = (0.0, 0), 0, 0, False
@@ -289,13 +290,14 @@ def _target_search(pool, rate: float, bound: int) -> tuple[int, int]:
                 sim_layouts += len(pool.sims) - before
                 p99 = np.array([sims[k].request_rate_per_replica if k in sims else 0.0 for k in range(len(idx))]) * reps
                 if p99.max() >= rate:
-                    return g, prev
+                    return fewest_between(rate, prev, g, pool.cluster.gpus_per_node, gpr, p99 / reps)
                 if sim_layouts >= 12:
                     raise ShardlabError(f"the p99 search simulated {sim_layouts} layouts up to {g} GPUs without one "
                                         f"serving {rate:g} requests/s within the SLO; give --gpus to bound it, relax "
                                         f"the SLO, or use --slo-percentile p50")
             elif total[j] >= rate:
-                return g, prev
+                gpr = np.array([_gpr(m) for m in meta], dtype=float)
+                return fewest_between(rate, prev, g, pool.cluster.gpus_per_node, gpr, total / reps)
             prev = g
     if not any_layout:
         _capacity_at(pool, bound)                        # raises the reason no layout holds the model

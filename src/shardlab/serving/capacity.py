@@ -190,3 +190,23 @@ def gpu_counts(bound: int, gpus_per_node: int, cap: int = GPU_COUNT_CAP) -> list
     powers = {1 << k for k in range(bound.bit_length()) if 1 << k <= bound}
     nodes = set(range(gpus_per_node, min(bound, cap) + 1, gpus_per_node)) if gpus_per_node > 0 else set()
     return sorted(powers | nodes | {bound})
+
+
+def fewest_between(rate: float, short: int, serves: int, gpus_per_node: int, gpus_per_replica: np.ndarray,
+                   rate_per_replica: np.ndarray) -> tuple[int, int]:
+    """(fewest GPUs, the whole-node count before it or ``short``) between ``short`` GPUs, which serve less than
+    ``rate`` requests/s, and ``serves``, which serve it: whole nodes only, each count's layouts those of ``serves``
+    whose replica size divides it (``serve_space._candidates``), c / g replicas of g GPUs at the rate per replica
+    found at ``serves`` (a replica's capacity under the SLO does not depend on how many run beside it: Poisson
+    arrivals split evenly). ``gpu_counts`` doubles beyond ``GPU_COUNT_CAP``; this fills the gap between doublings
+    without preparing a layout per count."""
+    counts = np.arange((short // gpus_per_node + 1) * gpus_per_node, serves, gpus_per_node, dtype=np.int64)
+    if not len(counts) or not len(gpus_per_replica):
+        return serves, short
+    g = np.asarray(gpus_per_replica, dtype=np.int64)
+    fits = counts[:, None] % g[None, :] == 0
+    total = np.where(fits, (counts[:, None] // g[None, :]) * np.asarray(rate_per_replica, dtype=float)[None, :], 0.0)
+    ok = np.flatnonzero(total.max(axis=1) >= rate)
+    if not len(ok):
+        return serves, short
+    return int(counts[ok[0]]), int(counts[ok[0] - 1]) if ok[0] > 0 else short
