@@ -103,7 +103,9 @@ def _plan_hours(args, cat):
                             "give --gpus N --hours H instead") from None
     if args.hours is not None:
         raise ShardlabError("give MODEL (the plan's time to train) or --hours, not both")
-    args.gpu = args.gpu or "h100-sxm"
+    from shardlab.cli.common import resolve_gpu
+
+    args.gpu = resolve_gpu(args, cat)       # --gpu, else the --profile's, else h100-sxm (as `shardlab estimate`)
     est = training_estimate_from_args(args, cat)
     if not getattr(est, "train_time_s", None):
         raise ShardlabError("plan-based cost needs the amount of training: add --tokens D (e.g. 300e9 or 15T)")
@@ -120,15 +122,52 @@ def _refuse_job_file(model) -> None:
                             f"its time and GPU-hours, or give `shardlab cost MODEL --tokens N`")
 
 
+DIRECT_MODE_FLAGS = ("model", "params", "gpus", "gpu", "tokens")
+"""Destinations of the plan flags a direct cost uses or answers itself: MODEL and --params choose the plan, --gpus and
+--gpu (a label, or the catalog price) are the direct cost's, --tokens has its own refusal."""
+
+
+def _plan_flags_given(args) -> list[str]:
+    """The layout, cluster, workload, framework and recipe flags (`shardlab estimate`'s) given on the command line:
+    a value other than the flag's default, or a layout flag written at its default (``common.given_flags``)."""
+    from shardlab.cli.common import add_grad_reduce_args
+
+    ref = argparse.ArgumentParser(add_help=False)       # the flags as `register` adds them, with their defaults
+    add_estimate_args(ref)
+    add_grad_reduce_args(ref)
+    written = getattr(args, "given_flags", None) or set()
+    out = []
+    for a in ref._actions:
+        if not a.option_strings or a.dest in DIRECT_MODE_FLAGS or a.dest == argparse.SUPPRESS:
+            continue
+        if a.dest in written or getattr(args, a.dest, a.default) != a.default:
+            flag = max(a.option_strings, key=len)
+            out += [] if flag in out else [flag]
+    return out
+
+
+def _refuse_plan_flags(args) -> None:
+    """A direct cost (--gpus N --hours H) is GPUs × hours × price: a layout, cluster or workload flag could change
+    only hours predicted from a plan, so it is refused, naming the mode where it counts, rather than ignored."""
+    given = _plan_flags_given(args)
+    if given:
+        them = "it" if len(given) == 1 else "them"
+        raise ShardlabError(f"{', '.join(given)} cannot change a cost from --gpus N --hours H (GPUs × hours × price): "
+                            f"drop {them}, or give MODEL with --tokens D instead of --hours to price the time this "
+                            f"layout takes to train")
+
+
 def cmd_cost(args):
     from shardlab.catalog import get_catalog
     from shardlab.cost.estimate import cost_estimate, sentence
     from shardlab.cost.prices import resolve_price
 
-    cat = get_catalog(args.catalog)
+    planned = args.model is not None or args.params is not None
+    # a plan's hardware profile (--profile) is part of its catalog, as for `shardlab estimate`; a direct cost refuses it
+    cat = get_catalog(args.catalog, profile=args.profile if planned else None)
     plan = None
     _refuse_job_file(args.model)
-    if args.model is not None or args.params is not None:
+    if planned:
         plan, hours, gpus, acc = _plan_hours(args, cat)
     else:
         if args.gpus is None or args.hours is None:
@@ -136,6 +175,7 @@ def cmd_cost(args):
                                 "with --gpu GPU or --price USD")
         if args.tokens is not None:
             raise ShardlabError("--tokens needs MODEL (a plan); for a direct cost give --gpus N --hours H")
+        _refuse_plan_flags(args)
         hours, gpus, acc = args.hours, args.gpus, _lookup_gpu(cat, args.gpu, args.price)
     price = resolve_price(cat, acc.id if acc else None, provider=args.provider, spot=args.spot,
                           given_usd_per_gpu_hour=args.price)

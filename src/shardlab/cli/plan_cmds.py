@@ -275,9 +275,6 @@ def cmd_plan(args):
 
         validate(Layout(recompute="selective", recompute_modules=args.recompute_modules), spec)
         check_overlap_modules(wl.moe, args.recompute_modules)
-        if wl.recipe.lora is not None:
-            raise ShardlabError("--recompute-modules with LoRA is not modelled (LoRA's block times price selective "
-                                "recomputation as the attention core); drop one of them")
     if wl.recipe.offload.params:  # parameter offload exists only with ZeRO-3 shards
         fixed.setdefault("zero", 3)
     from shardlab.cli.progress import bar

@@ -69,7 +69,7 @@ def global_terms(spec: ModelSpec, cluster: Cluster, wl: Workload, c: dict, memor
             lt = {**lt, "gemm_s": lt["gemm_s"] + extra,
                   "module_recompute_s": {**lt["module_recompute_s"], "moe": lt["module_recompute_s"]["moe"] + extra}}
         bt = block_step_times(lt, rc, c["rf"], modules) if wl.recipe.lora is None else \
-            lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype, etp, c["rf"])
+            lora_block_times(spec, layer, wl.recipe.lora, lt, T, tp, ep, rc, acc, curve, dtype, etp, c["rf"], modules)
         dense, expert = params[kind]
         # an FSDP unit of `wrap` blocks (wrap 0: the whole model, priced per micro-batch at the stage's edges)
         # a unit holds at most a stage's blocks (memory.buffers.largest_unit_bytes: --wrap 1000-blocks on 32 layers is

@@ -99,7 +99,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, wl: Workload, cands: dict, overh
         from shardlab.estimate.lora import lora_training_flops_per_token
 
         model_tok = float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora)[0])
-        per_mode = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r)[1])
+        per_mode = np.array([float(lora_training_flops_per_token(spec, wl.seq_len, wl.recipe.lora, r,
+                                                               modules=recompute_modules)[1])
                              for r in ("none", "selective", "full", "op")])
         hw = model_tok + c["rf"] * (per_mode[c["rc"]] - model_tok)       # as the time: the mode and its fraction
     # utilization against the peak of the dtype the linear layers' GEMMs run in (FP8 under fp8-mixed): a ratio to the

@@ -196,9 +196,6 @@ def estimate_training(spec: ModelSpec, layout: Layout, cluster: Cluster, *, seq_
                      f"reduce-scatters of TP > 1 ({field_name('layout.sequence_parallel')}; Megatron-Core asserts it): "
                      "not applied to this layout")
     check_overlap_modules(wl.moe, layout.recompute_modules)
-    if layout.recompute_modules and wl.recipe.lora is not None:
-        raise ShardlabError(f"{field_name('layout.recompute_modules')} with LoRA is not modelled (LoRA's block times "
-                            f"price selective recomputation as the attention core); drop one of them")
     notes += moe_notes(wl.moe, layout, spec, precision)
     notes += idle_flag_notes(framework, layout, wl, compile)
     if wl.layer_host_s and layout.zero < wl.layer_host_min_zero:

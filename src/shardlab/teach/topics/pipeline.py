@@ -59,10 +59,12 @@ def one_f_one_b(v: dict) -> Explanation:
         raise ShardlabError(f"p={p} exceeds {spec.name}'s {spec.num_layers} layers; each pipeline stage needs at least "
                             f"one layer (use p={spec.num_layers} or fewer)")
     n0 = min(p, m)               # stage 0's micro-batches in flight under 1F1B (memory.activations.in_flight)
-    g, o = simulate("gpipe", p, m), simulate("1f1b", p, m)
     lay = Layout(pp=p)
     layers0 = len(stage_tensors(spec, lay)[0].layers)
     per_mb = layer_activation_bytes(spec, 0, lay, ActivationContext(seq_len=v["seq"], elem_bytes=2))[0] * layers0
+    if p == 1:
+        return _no_pipeline(v, spec, m, layers0, per_mb, in_flight(lay, 0, m), simulate("1f1b", 1, m))
+    g, o = simulate("gpipe", p, m), simulate("1f1b", p, m)
     rows = []
     for i in range(p):
         ng, no = in_flight(lay.with_(schedule="gpipe"), i, m), in_flight(lay, i, m)
@@ -92,6 +94,40 @@ def one_f_one_b(v: dict) -> Explanation:
         sources=["gpipe", "pipedream", "narayanan", "korthikanti"], code=["meg-1f1b", "pt-pipe"],
         commands=[f"pipeline --schedule 1f1b --stages {p} --microbatches {m}",
                   f"pipeline --schedule gpipe --stages {p} --microbatches {m}"])
+
+
+def _no_pipeline(v: dict, spec, m: int, layers: int, per_mb: float, n: float, sim) -> Explanation:
+    """`1f1b-memory` with p = 1: one stage, no pipeline. Each micro-batch's backward follows its forward (gradient
+    accumulation, Megatron-LM's forward_backward_no_pipelining), so 1 is in flight under either schedule
+    (``memory.activations.in_flight``); the simulation of the one-stage 1F1B schedule (F, B, F, B, ...) agrees."""
+    more = min(4, spec.num_layers)           # a pipeline to compare with, if the model has layers for one
+    return Explanation(
+        "1f1b-memory", "GPipe vs 1F1B at p = 1: no pipeline, one micro-batch in flight",
+        f"p = 1, m = {m}: with a single stage, how many micro-batches' activations does it hold, for {spec.name} at "
+        f"{v['seq']} tokens?",
+        dict(v),
+        [f"p = 1: one stage holds all {layers} layers of {spec.name}, so there is no pipeline: nothing to fill or drain "
+         f"(bubble {pct(sim.bubble_fraction)}), no warm-up forwards, and GPipe and 1F1B are the same schedule",
+         f"each micro-batch (m = {m} here) runs its forward, then its backward (gradient accumulation; Megatron-LM's "
+         "forward_backward_no_pipelining), which frees its activations before the next one starts: "
+         f"{n:g} in flight, whatever m is",
+         f"one micro-batch's activations ({layers} layers of {spec.name}) = {gib(per_mb)}; the stage holds {n:g} → "
+         f"{gib(n * per_mb)} under either schedule",
+         f"the simulated one-stage schedule (F, B, F, B, ...) peaks at {sim.peak_in_flight[0]} in flight, as the formula says",
+         "the schedules differ from p = 2 on: GPipe holds all m micro-batches on every stage, 1F1B at most "
+         "min(p − i, m) on stage i"],
+        f"With one stage there is no pipeline: no fill, no drain, no bubble, and GPipe and 1F1B run the same way. "
+        f"Each micro-batch's backward pass follows its forward pass, so its activations ({gib(per_mb)} here) are freed "
+        f"before the next micro-batch starts: the stage holds one micro-batch's activations at a time, whether m is "
+        f"{m} or any other number (the m micro-batches only accumulate gradients). The difference between GPipe (all m "
+        f"in flight) and 1F1B (at most p) appears once there are two stages or more.",
+        {"gpipe_peak_in_flight": [int(n)], "1f1b_peak_in_flight": list(sim.peak_in_flight),
+         "activation_bytes_per_microbatch": per_mb, "bubble": sim.bubble_fraction},
+        table=(["stage", "layers", "in flight (formula)", "in flight (sim)", "activation bytes"],
+               [[0, layers, f"{n:g}", sim.peak_in_flight[0], gib(n * per_mb)]]),
+        sources=["gpipe", "pipedream", "narayanan", "korthikanti"], code=["meg-1f1b", "pt-pipe"],
+        commands=[f"pipeline --schedule 1f1b --stages 1 --microbatches {m}"]
+        + ([f"explain 1f1b-memory p={more} m={m} model={v['model']} seq={v['seq']}"] if more > 1 else []))
 
 
 def interleaving(v: dict) -> Explanation:
