@@ -98,7 +98,7 @@ def one_f_one_b(v: dict) -> Explanation:
 
 def _no_pipeline(v: dict, spec, m: int, layers: int, per_mb: float, n: float, sim) -> Explanation:
     """`1f1b-memory` with p = 1: one stage, no pipeline. Each micro-batch's backward follows its forward (gradient
-    accumulation, Megatron-LM's forward_backward_no_pipelining), so 1 is in flight under either schedule
+    accumulation, Megatron-LM's forward_backward_no_pipelining), so 1 is in flight (a GPipe order would hold m)
     (``memory.activations.in_flight``); the simulation of the one-stage 1F1B schedule (F, B, F, B, ...) agrees."""
     more = min(4, spec.num_layers)           # a pipeline to compare with, if the model has layers for one
     return Explanation(
@@ -107,16 +107,19 @@ def _no_pipeline(v: dict, spec, m: int, layers: int, per_mb: float, n: float, si
         f"{v['seq']} tokens?",
         dict(v),
         [f"p = 1: one stage holds all {layers} layers of {spec.name}, so there is no pipeline: nothing to fill or drain "
-         f"(bubble {pct(sim.bubble_fraction)}), no warm-up forwards, and GPipe and 1F1B are the same schedule",
+         f"(bubble {pct(sim.bubble_fraction)}), no warm-up forwards: 1F1B reduces to gradient accumulation, which is what "
+         f"frameworks run on one stage",
          f"each micro-batch (m = {m} here) runs its forward, then its backward (gradient accumulation; Megatron-LM's "
          "forward_backward_no_pipelining), which frees its activations before the next one starts: "
          f"{n:g} in flight, whatever m is",
          f"one micro-batch's activations ({layers} layers of {spec.name}) = {gib(per_mb)}; the stage holds {n:g} → "
-         f"{gib(n * per_mb)} under either schedule",
+         f"{gib(n * per_mb)} (a GPipe order, every forward before any backward, would still hold all {m}: "
+         f"{gib(m * per_mb)}; no framework runs it without a pipeline, and shardlab's memory model takes 1)",
          f"the simulated one-stage schedule (F, B, F, B, ...) peaks at {sim.peak_in_flight[0]} in flight, as the formula says",
          "the schedules differ from p = 2 on: GPipe holds all m micro-batches on every stage, 1F1B at most "
          "min(p − i, m) on stage i"],
-        f"With one stage there is no pipeline: no fill, no drain, no bubble, and GPipe and 1F1B run the same way. "
+        f"With one stage there is no pipeline: no fill, no drain, no bubble; frameworks run the micro-batches as "
+        f"gradient accumulation. "
         f"Each micro-batch's backward pass follows its forward pass, so its activations ({gib(per_mb)} here) are freed "
         f"before the next micro-batch starts: the stage holds one micro-batch's activations at a time, whether m is "
         f"{m} or any other number (the m micro-batches only accumulate gradients). The difference between GPipe (all m "
