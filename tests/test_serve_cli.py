@@ -150,13 +150,14 @@ def test_every_kind_of_serving_run_replays_from_its_printed_command():
     """`validate --inference --run ID` prints an estimate command; that command's steady-state numbers are the
     validation's predictions (the same model, the same settings), for every kind of run in the set."""
     from shardlab.cli.validate_inference import inference_estimate_argv
-    from shardlab.validation.inference import predict, prepare_runs, run_case
+    from shardlab.validation.inference import offline_waves, predict, prepare_runs, run_case
 
     cat, runs = get_catalog(), _replay_ids(load_inference_runs())
     assert len(runs) >= 8 and {r.config["mode"] for r in runs} == {"batch", "rate", "concurrency", "offline"}
     assert any("scheduler_steps" in r.settings for r in runs) and any(r.config.get("weights") == "fp8" for r in runs)
     prep = prepare_runs(runs, cat)
     pred = predict(prep)
+    waves = 0
     for i, r in enumerate(runs):
         argv = inference_estimate_argv(r, run_case(r, cat))
         code, out, err = cli_main("estimate", *argv, *(["--requests", "12"] if "--serve" in argv else []), "--json")
@@ -171,8 +172,19 @@ def test_every_kind_of_serving_run_replays_from_its_printed_command():
         else:   # a static batch: one request's latency, the batch's output tokens/s
             got = {"e2e_s": d["request_latency_s"], "output_tokens_per_s": d["tokens_per_s"], "ttft_s": d["prefill_s"],
                    "tpot_s": d["decode_s_per_token"], "requests_per_s": d["tokens_per_s"] / d["output_len"]}
+        full, last = offline_waves(r, prep.cases[i])
+        if full:   # waves: the command is one full wave; the last one is the same command at its size
+            C, O = prep.cases[i].capacity, r.config["osl"]
+            t = full * C * O / d["tokens_per_s"]
+            if last:
+                tail = argv[:argv.index("--batch") + 1] + [str(last)] + argv[argv.index("--batch") + 2:]
+                code, out, err = cli_main("estimate", *tail, "--json")
+                t += last * O / strict_json(out)["tokens_per_s"]
+            got = {"output_tokens_per_s": (full * C + last) * O / t, "requests_per_s": (full * C + last) / t}
+            waves += 1
         for m in r.measured:
             assert got[m] == pytest.approx(float(pred[m][i]), rel=1e-9), (r.id, m, argv)
+    assert waves > 0                                 # an offline run in waves is among them
 
 
 def test_validate_inference_run_shows_one_measurement_and_refuses_training_flags():

@@ -350,3 +350,28 @@ def test_the_serving_fit_keeps_the_training_curve_share():
     assert rates_for("hopper").gemm16_efficiency == pytest.approx(curve, abs=1e-4)
     assert "training fit's matmul max_fraction" in rates_for("hopper").source
     assert "gemm16" not in rates_for("ada").source                      # no training curve: fitted
+
+
+def test_offline_runs_of_an_engine_that_reserves_run_in_waves():
+    """trtllm-bench offline, N requests of one length on an engine that admits a request only with its whole output's
+    blocks free: ⌊N/C⌋ full waves of C and one of N mod C, each a static batch (validation.inference.offline_waves);
+    an engine that admits on demand keeps the steady state. The last, partial wave makes it slower than the steady
+    state's full batches, and a whole number of waves costs what that many static batches cost."""
+    from dataclasses import replace
+
+    from shardlab.serving.steady import fluid, take
+    from shardlab.validation.inference import load_inference_runs, offline_waves, predict, prepare_runs
+
+    row = next(r for r in load_inference_runs() if r.id == "trtllm-0.17-offline/a100-80gb/l8b/tp1/1000-1000/offline")
+    prep0 = prepare_runs([row], CAT)
+    C = prep0.cases[0].capacity
+    assert C < row.config["requests"] and offline_waves(row, prep0.cases[0]) == divmod(row.config["requests"], C)
+    runs = [replace(row, id=f"w{n}", config={**row.config, "requests": n}) for n in (3 * C, 3 * C + C // 4)]
+    prep = prepare_runs(runs, CAT)
+    assert prep.waves.tolist() == [3, 3] and prep.tail.tolist() == [0, C // 4]
+    got = predict(prep)["output_tokens_per_s"]
+    static = fluid(take(prep.arrays, np.array([0])), np.array([0]), np.array([float(C)]))["output_tokens_per_s"][0]
+    assert got[0] == pytest.approx(static, rel=1e-12)            # three full waves: one static batch's rate
+    assert got[1] < got[0]                                       # a quarter-full last wave lowers it
+    vllm = replace(runs[1], engine="vllm", settings={})
+    assert offline_waves(vllm, prepare_runs([vllm], CAT).cases[0]) == (0, 0)

@@ -122,8 +122,9 @@ def check_inference_flags(args) -> None:
 def inference_estimate_argv(run, case) -> list[str]:
     """The `shardlab estimate` arguments that state a published serving run: its model, GPU, TP×PP, precision, lengths,
     engine and stated settings, and its load (a static batch, a closed loop of clients, or Poisson arrivals) as
-    ``validation.inference.run_mode`` prices it."""
-    from shardlab.validation.inference import run_mode
+    ``validation.inference.run_mode`` prices it; an offline run in waves (``validation.inference.offline_waves``),
+    the static batch of one full wave."""
+    from shardlab.validation.inference import offline_waves, run_mode
 
     c = run.config
     argv = [c["model"], "--inference", "--engine", run.engine, "--gpu", c["gpu"], "--tp", str(c["tp"])]
@@ -152,6 +153,8 @@ def inference_estimate_argv(run, case) -> list[str]:
         if c.get("acceptance_length") is not None:
             argv += ["--acceptance-length", f"{c['acceptance_length']:g}"]
     mode, n = run_mode(run, case.capacity)
+    if offline_waves(run, case)[0]:              # an offline run in waves: one full wave is a static batch of C
+        mode, n = 0, float(case.capacity)
     argv += (["--batch", str(int(n) * c.get("pp", 1))] if mode == 0 else ["--serve", "--concurrency", str(int(n))] if mode == 1
              else ["--serve", "--arrival-rate", f"{n:g}"])
     for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"), ("max_num_seqs", "--max-num-seqs"),
@@ -173,7 +176,7 @@ def one_inference_run(args):
 
     from shardlab.catalog import get_catalog
     from shardlab.render.table import kv_lines, table
-    from shardlab.validation.inference import load_inference_runs, run_case, run_mode
+    from shardlab.validation.inference import load_inference_runs, offline_waves, run_case, run_mode
     from shardlab.validation.inference_loso import validate
 
     from shardlab.cli.inference_cmds import finite
@@ -190,6 +193,16 @@ def one_inference_run(args):
     mode, n = run_mode(run, case.capacity)
     load = (f"a static batch of {n:g}" if mode == 0 else f"a closed loop of {n:g} clients" if mode == 1
             else f"Poisson arrivals at {n:g} requests/s")
+    full, last = offline_waves(run, case)
+    waves = None
+    if full:
+        mode, C = 0, case.capacity
+        waves = {"full": full, "size": C, "last": last}
+        load = (f"waves: {run.config['requests']:,} requests of one length on an engine that admits a request only "
+                f"with its whole output's KV blocks free run as {full} wave(s) of {C:,} and "
+                + (f"one of {last:,}" if last else "no partial one")
+                + "; each wave a static batch, throughput = requests × output / the waves' time "
+                  "(validation.inference.offline_waves; the command below prices one full wave)")
     if run.config.get("phase"):
         load = (f"its {run.config['phase']} phase alone: {'prefill' if run.config['phase'] == 'prefill' else 'decode'}-"
                 f"only steps of {n:g} {'prompts' if run.config['phase'] == 'prefill' else 'sequences'} (the estimate's "
@@ -205,15 +218,17 @@ def one_inference_run(args):
            "target": run.target, "settings": {k: v for k, v in run.config.items() if k not in ("id", "assumed")},
            "engine_settings": run.settings, "assumed": run.assumed, "load": {"mode": ("batch", "concurrency", "rate")[mode],
                                                                            "value": n},
-           "command": command, "metrics": rows}
+           "command": command, "waves": waves, "metrics": rows}
     text = "\n".join([
         f"published serving measurement {run.id} ({run.engine}; {where[run.target]})",
         kv_lines([("source", f"{run.citation} [{run.tag}]"), ("assumed", run.assumed or "nothing beyond the source"),
                   ("priced as", f"one replica of {case.layout_label} under {load}; "
                                 f"{case.blocks.num_blocks:,} KV blocks, up to {case.capacity:,} sequences")], indent="  "),
         "", ("the same estimate from the command line (its steady-state means are the predictions below):" if mode
-              else "the same estimate from the command line (its prefill, per-token and request times and tokens/s are "
-                   "the predictions below):"), f"  {command}",
+              else "the same estimate from the command line (one full wave's static batch; the waves' throughput is the "
+                   "prediction below):" if waves else
+              "the same estimate from the command line (its prefill, per-token and request times and tokens/s are "
+              "the predictions below):"), f"  {command}",
         "", table(["metric", "statistic", "measured", "predicted", "error", "out of sample", "error"], tab,
                   title=f"measured vs predicted: with the committed engine values, and refitted without source {run.source}"),
     ])

@@ -161,6 +161,30 @@ class Prepared:
     pinned: dict = field(default_factory=dict)
     """generation -> {rate field: value} the fit does not move: the 16-bit GEMM share of a generation whose matmul
     curve the training fit measured (its max_fraction, catalog/data/fitted.yaml), one curve for training and serving."""
+    waves: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per run: the full waves of an offline run that runs in waves (``offline_waves``), else 0."""
+    tail: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per run: the requests of its last, partial wave (0: none, or no waves)."""
+
+
+def offline_waves(run: InferenceRun, case) -> tuple[int, int]:
+    """(full waves, requests of the last partial wave) of an offline run that runs in waves, else (0, 0).
+
+    An engine that admits a request only when the KV blocks of its whole output are free (``kv_admission``
+    'reserve': TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler) given N requests of one length each, all
+    queued at once (trtllm-bench's offline mode with ``token-norm-dist`` at stdev 0), admits as many as its blocks
+    hold (the replica's capacity C), and admits more only as those finish: they were admitted together and have the
+    same length, so they finish together, and the next C start. The run is ⌊N/C⌋ full waves and one of N mod C
+    requests, each a batch prefilled then decoded to the end (the steady state's ``batch`` mode at that size): the
+    last wave runs its decode steps nearly as long with fewer sequences. (An engine that admits on demand, vLLM's
+    and SGLang's, lets the next requests in as blocks free during decode and does not run in waves.) The prefills
+    of a wave spread over its first steps (the token budget admits a few prompts a step), a small share of a decode
+    of hundreds of steps: taken as one batch."""
+    c = run.config
+    if (c.get("mode") != "offline" or case.engine.kv_admission != "reserve" or case.capacity < 1
+            or c["requests"] <= case.capacity):
+        return 0, 0
+    return divmod(int(c["requests"]), int(case.capacity))
 
 
 def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
@@ -169,12 +193,14 @@ def prepare_runs(runs: list[InferenceRun], catalog) -> Prepared:
     cases = [run_case(r, catalog) for r in runs]
     modes = [run_mode(r, c.capacity) for r, c in zip(runs, cases)]
     gens = [generation_of(r, catalog) for r in runs]
+    waves = np.array([offline_waves(r, c) for r, c in zip(runs, cases)], dtype=float).reshape(-1, 2)
     return Prepared(runs, arrays(cases), np.array([m for m, _ in modes]), np.array([n for _, n in modes], dtype=float),
                     np.array([c.scheduler_steps for c in cases], dtype=float),
                     np.array([PHASES[r.config.get("phase")] for r in runs]), cases, gens,
                     moe=[moe_run(r, catalog) for r in runs],
                     pinned={g: pinned_rates(c.cluster.accelerator) for g, c in zip(gens, cases)
-                            if pinned_rates(c.cluster.accelerator)})
+                            if pinned_rates(c.cluster.accelerator)},
+                    waves=waves[:, 0], tail=waves[:, 1])
 
 
 def pinned_rates(acc) -> dict:
@@ -277,6 +303,7 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         k, req = _kernels(prep, idx, values)
         a = replace(a, kernels=k, request_overhead_s=req)
     out = fluid(a, prep.mode[idx], prep.n[idx])
+    _waves(prep, idx, a, out)
     phase = prep.phase[idx]
     out["input_tokens_per_s"] = np.zeros(len(idx))
     if np.any(phase > 0):                        # one phase alone: the step of the batch (``PHASES``)
@@ -292,6 +319,29 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         out["input_tokens_per_s"] = np.where(phase == 1, B * a.S / prefill, 0.0)
         out["output_tokens_per_s"] = np.where(phase == 2, B * a.spec_accept / decode, out["output_tokens_per_s"])
     return out
+
+
+def _waves(prep: Prepared, idx: np.ndarray, a, out: dict) -> None:
+    """Replace the steady state of the offline runs that run in waves (``offline_waves``) by their waves: full ones
+    of the replica's capacity C and a last one of the rest, each a static batch; throughput = N·O / the waves' time."""
+    from shardlab.serving.steady import fluid, take
+
+    full = prep.waves[idx] if len(prep.waves) else np.zeros(len(idx))
+    pos = np.flatnonzero(full > 0)
+    if not len(pos):
+        return
+    sub = take(a, pos)
+    cap, tail, k = sub.capacity, prep.tail[idx][pos], full[pos]
+    zero = np.zeros(len(pos), dtype=int)
+    one = fluid(sub, zero, cap)
+    last = fluid(sub, zero, np.maximum(tail, 1.0))
+    t = k * cap / one["requests_per_s"] + np.where(tail > 0, tail / last["requests_per_s"], 0.0)
+    n = k * cap + tail
+    for key in out:
+        if key.endswith("_per_s"):
+            out[key] = np.array(out[key], dtype=float)
+    out["requests_per_s"][pos] = n / t
+    out["output_tokens_per_s"][pos] = n * sub.O / t
 
 
 def _pairs(prep: Prepared, idx: np.ndarray, targets=("latency", "throughput")) -> list[tuple[int, int, str]]:
