@@ -100,3 +100,19 @@ def _cache_repo(cache: Path, repo: str, config: bytes, commit: str = COMMIT) -> 
     (root / "blobs" / blob).write_bytes(config)
     (root / "refs" / "main").write_text(commit)
     os.symlink(f"../../blobs/{blob}", root / "snapshots" / commit / "config.json")
+
+
+INTERNALS = ("Traceback", "__init__", "TypeError", "OperationalError", "positional argument")
+"""What a one-line refusal never shows: Python's internals."""
+
+
+def one_line_error(args, *fragments):
+    """Run the CLI on ``args``: exit code 2 and one stderr line holding every fragment and no internals."""
+    code, out, err = cli_main(*args)
+    assert code == 2, (code, out[-500:], err)
+    assert len(err.strip().splitlines()) == 1, err
+    for bad in INTERNALS:
+        assert bad not in err, err
+    for f in fragments:
+        assert f in err, err
+    return err

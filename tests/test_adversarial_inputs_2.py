@@ -7,20 +7,8 @@ import sqlite3
 
 import pytest
 
-from conftest import cli_main
+from conftest import cli_main, one_line_error
 
-INTERNALS = ("Traceback", "__init__", "TypeError", "OperationalError", "positional argument")
-
-
-def one_line_error(args, *fragments):
-    code, out, err = cli_main(*args)
-    assert code == 2, (code, out[-500:], err)
-    assert len(err.strip().splitlines()) == 1, err
-    for bad in INTERNALS:
-        assert bad not in err, err
-    for f in fragments:
-        assert f in err, err
-    return err
 
 
 # ---- an empty value is refused, not read as 'not given' (the default was used silently) -------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shardlab import limits as L
 from shardlab.errors import ShardlabError
-from shardlab.export.job import LAYOUT_FIELDS, LaunchJob, Serve, recipe_notes
+from shardlab.export.job import LaunchJob, Serve, recipe_notes
+from shardlab.export.plan_checks import plan_framework, plan_number, plan_workload
 from shardlab.layout import Layout
 from shardlab.layout_checks import validate
 from shardlab.specs.hardware import per_node_gbit
@@ -86,7 +88,6 @@ def check_job(job: LaunchJob, spec, where: str) -> LaunchJob:
     """A job read from a plan file meets what the flags would have required (a hand-edited file is input too):
     a valid layout for the model, a global batch that splits into whole micro-batches, known precision and
     optimizer, a positive GPUs-per-node; serving: positive replicas and sequences."""
-    from shardlab import limits as L
     from shardlab.layout_checks import validate
     from shardlab.memory.precision import OPTIMIZERS, PRECISIONS
 
@@ -173,7 +174,10 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     for key in ("stage_layers", "recompute_modules"):
         if lay.get(key):
             lay[key] = tuple(lay[key])
-    wl = doc["workload"]
+    wl = plan_workload(doc.get("workload"))           # a plan file is input: checked before it reaches a job file
+    fw_id, fw_moe = plan_framework(doc.get("framework"), catalog)
+    for key in ("step_time_s", "train_days"):       # figures for the file's comments: numbers, if anything
+        plan_number(p.get(key), f"plans[{rank - 1}].{key}", L.MAX_FLOAT, allow_zero=key == "train_days")
     notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id),
              **recipe_notes(wl.get("offload"), wl.get("lora_rank"), wl.get("quantize_base"))}
     if p.get("train_days"):
@@ -181,14 +185,12 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     fw = doc.get("framework")
     red = fw.get("grad_reduce_bytes") if isinstance(fw, dict) else None
     return LaunchJob(spec.name, Layout(**lay), wl["seq_len"], wl["global_batch"], wl["precision"], wl["optimizer"],
-                     acc.id, gpn, framework=_framework_id(fw), notes=notes,
+                     acc.id, gpn, framework=fw_id, notes=notes,
                      grad_reduce_bytes=red if red in (2, 4) else None,
                      dropout=(doc.get("assumptions") or {}).get("dropout") is True,
                      tp_comm_overlap=isinstance(fw, dict) and fw.get("tp_comm_overlap") is True,
                      fp8_params=wl.get("fp8_params") is True, assumptions=_plan_assumptions(doc),
-                     inter_node_gbit=(per_node_gbit(doc.get("inter_link")) or (None, None))[1],
-                     **({k: fw[k] for k in ("moe_dispatcher", "ep_comm_overlap", "expert_imbalance") if k in fw}
-                        if isinstance(fw, dict) else {}))
+                     inter_node_gbit=(per_node_gbit(doc.get("inter_link")) or (None, None))[1], **fw_moe)
 
 
 def _plan_assumptions(doc: dict) -> tuple:
@@ -259,13 +261,19 @@ def _cluster(catalog, gpu: str, gpus: int, gpn: int):
 
 
 def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> LaunchJob:
-    """A job from importer fields (a round trip's far end), validated against the model."""
+    """A job from importer fields (a round trip's far end), validated against the model: every layout field and the
+    optimizer the file gave, as ``estimate --from FILE`` takes them (``cli.from_file.ARG_OF``)."""
+    from shardlab.layout import LAYOUT_FIELDS as ALL_LAYOUT_FIELDS
+    from shardlab.memory.precision import OPTIMIZERS
+
     f = dict(fields)
     model = f.get("model") or (base.model if base else None)
     if not model:
         raise ShardlabError("the file names no model shardlab knows: give MODEL")
     spec = catalog.model(model)
-    lay_kw = {k: f[k] for k in LAYOUT_FIELDS if k in f}
+    # every Layout field the file gave (the recompute fraction and modules, HSDP's replicas, the wrap unit too)
+    lay_kw = {k: tuple(f[k]) if k in ("stage_layers", "recompute_modules") and f[k] is not None else f[k]
+              for k in ALL_LAYOUT_FIELDS if k in f}
     serving = "max_num_seqs" in f or "prompt_len" in f
     if serving:
         lay_kw["dp"] = 1  # replicas are Serve.replicas, not data parallelism
@@ -278,8 +286,12 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
     lay = validate(Layout(**lay_kw), spec)
     gb = f.get("global_batch") or lay.micro_batch * lay.dp
     gpu = f.get("gpu") or (base.gpu if base else "h100-sxm")
+    optimizer = f.get("optimizer", "adamw")         # a file that names none: the default, as `estimate --from` reads it
+    if optimizer not in OPTIMIZERS:
+        raise ShardlabError(f"optimizer {str(optimizer)[:20]!r} is not one of {', '.join(OPTIMIZERS)}; fix the file")
     job = LaunchJob(spec.name, lay, f.get("seq_len") or min(spec.max_seq_len, 4096), gb, f.get("precision", "bf16-mixed"),
-                    gpu=gpu, gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
+                    optimizer, gpu=gpu,
+                    gpus_per_node=f.get("gpus_per_node") or catalog.accelerator(gpu).system["gpus_per_node"],
                     framework=f.get("framework"), grad_reduce_bytes=f.get("grad_reduce_bytes"),
                     dropout=bool(f.get("dropout", False)), tp_comm_overlap=bool(f.get("tp_comm_overlap", False)),
                     fp8_params=bool(f.get("fp8_params", False)), moe_dispatcher=f.get("moe_dispatcher", "alltoall"),
@@ -291,8 +303,3 @@ def job_from_fields(fields: dict, catalog, base: LaunchJob | None = None) -> Lau
                                        gpu_memory_utilization=f.get("gpu_memory_utilization", 0.9),
                                        kv_cache_dtype=f.get("kv_cache_dtype", "auto")))
     return job
-
-
-def _framework_id(fw) -> str | None:
-    """The framework of a plan document: its id (plans carry the profile's mechanisms as a mapping)."""
-    return fw.get("id") if isinstance(fw, dict) else fw

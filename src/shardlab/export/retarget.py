@@ -47,7 +47,9 @@ def retarget(job: LaunchJob, spec, target: str, inner: str | None, catalog, clus
         from shardlab.comm.moe_dispatch import MoeDispatch
 
         est = estimate_training(spec, back.layout, cluster, seq_len=job.seq_len, global_batch=job.global_batch,
-                                precision=back.precision, optimizer=job.optimizer, framework=catalog.framework(fw),
+                                precision=back.precision, framework=catalog.framework(fw),
+                                # the optimizer the file runs where it names one (DeepSpeed's "Adam" for 8-bit Adam)
+                                optimizer=back.optimizer if "optimizer" in imp.fields else job.optimizer,
                                 tp_comm_overlap=back.tp_comm_overlap,
                                 moe=MoeDispatch(back.moe_dispatcher, back.ep_comm_overlap, job.expert_imbalance))
     except ShardlabError as e:

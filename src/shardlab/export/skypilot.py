@@ -102,5 +102,25 @@ def read(text: str, catalog) -> Imported:
         und.append((f"resources.accelerators {accs[:60]} × num_nodes {nodes}", f"{gpu or name[:40]}"))
     elif accs is not None:
         raise FieldError("resources.accelerators", "an accelerator name and count (H100:8)", accs, wrong_type=True)
+    else:                   # no accelerators: the ranks the run line starts per node, else GPUs over num_nodes
+        from shardlab.export.job import DEFAULT_GPUS_PER_NODE
+        from shardlab.export.slurm import default_per_node, launch_line_per_node
+
+        launch = launch_line_per_node(doc["run"])
+        if "gpus_per_node" in f and not launch:     # the framework's own line said it (torchrun --nnodes 2, ...)
+            pass
+        elif launch:
+            per = whole(launch.group(1), "--nproc-per-node (the run command)", 1, L.MAX_GPUS_PER_NODE)
+            f["gpus_per_node"] = per
+            if inner.source != "vllm":
+                f["gpus"] = nodes * per
+            und.append((f"--nproc-per-node {per} × num_nodes {nodes}", f"{per} GPUs per node"))
+        elif inner.source == "vllm":
+            f["gpus_per_node"] = DEFAULT_GPUS_PER_NODE
+            und.append(("no resources.accelerators",
+                        f"{DEFAULT_GPUS_PER_NODE} GPUs per node (shardlab's default node)"))
+            per_node_replicas(f, und, nodes, DEFAULT_GPUS_PER_NODE)
+        else:
+            default_per_node(f, und, nodes, "num_nodes")
     f["spot"] = spot
     return Imported("skypilot", f, tuple(und), inner.ignored + tuple(ign), inner.framework)

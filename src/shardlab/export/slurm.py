@@ -9,7 +9,7 @@ import re
 
 from shardlab.limits import MAX_GPUS, MAX_GPUS_PER_NODE
 
-from shardlab.export.job import Export, Imported, LaunchJob, header
+from shardlab.export.job import DEFAULT_GPUS_PER_NODE, Export, Imported, LaunchJob, header
 from shardlab.export.launcher import default_inner, node_commands, per_node_replicas, read_embedded
 from shardlab.export.text import comment_block
 
@@ -60,19 +60,92 @@ def _bounded(m: re.Match | None, field: str, maximum: int) -> None:
         raise FieldError(field, f"a whole number from 1 to {maximum:,}", m.group(1))
 
 
+def _sbatch(text: str, option: str) -> re.Match | None:
+    """The last ``#SBATCH OPTION=N`` (or ``OPTION N``) line's count (Slurm takes the last of a repeated option);
+    ``option`` is a regular expression of the option's spellings."""
+    found = list(re.finditer(rf"^#SBATCH\s+(?:{option})(?:=|\s+)(?:[A-Za-z][\w.-]*:)?(\d+)\b", text, flags=re.M))
+    return found[-1] if found else None
+
+
+def launch_line_per_node(text: str) -> re.Match | None:
+    """``--nproc-per-node N`` of the command a launcher script runs on each node (torchrun, or ``shardlab run
+    train``), outside the heredocs that write the framework's own file: the ranks it starts on every node."""
+    from shardlab.export.launcher import EOF_MARK
+
+    body = re.sub(rf"<<'{EOF_MARK}'\n.*?\n{EOF_MARK}\n", "\n", text, flags=re.S)
+    found = list(re.finditer(r"^[^#\n]*?--nproc[-_]per[-_]node(?:=|\s+)(\d+)\b", body, flags=re.M))
+    return found[-1] if found else None
+
+
+def default_per_node(f: dict, und: list, nodes: int | None, where: str) -> None:
+    """GPUs per node where a launcher file does not say them: its GPUs over its ``nodes`` where those divide, else
+    shardlab's default node (``DEFAULT_GPUS_PER_NODE``), no larger than the job's GPUs: never the whole job's GPUs
+    as one node's when it asks for several."""
+    gpus = f.get("gpus")
+    if gpus is None and "dp" in f:              # a file that gives degrees, not GPUs (torchtitan's): their product
+        gpus = 1
+        for k in ("dp", "tp", "pp", "cp"):
+            v = f.get(k, 1)
+            gpus = gpus * v if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_GPUS else None
+            if gpus is None or gpus > MAX_GPUS:
+                gpus = None
+                break
+    known = isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1
+    if known and nodes and gpus % nodes == 0 and 1 <= gpus // nodes <= MAX_GPUS_PER_NODE:
+        f["gpus_per_node"] = gpus // nodes
+        und.append((f"{gpus} GPUs over {where} {nodes}", f"{gpus // nodes} GPUs per node"))
+        return
+    f["gpus_per_node"] = min(DEFAULT_GPUS_PER_NODE, gpus) if known else DEFAULT_GPUS_PER_NODE
+    und.append(("no GPUs per node in the file", f"{f['gpus_per_node']} GPUs per node (shardlab's default node)"))
+
+
 def read(text: str, catalog) -> Imported:
     inner = read_embedded(text, catalog)
     f = dict(inner.fields)
     und = list(inner.understood)
-    nodes = re.search(r"#SBATCH\s+(?:--nodes|-N)[= ](\d+)", text)
-    gpn = re.search(r"#SBATCH\s+--gpus-per-node[= ](?:\w+:)?(\d+)", text)
+    nodes = _sbatch(text, "--nodes|-N")
     _bounded(nodes, "#SBATCH --nodes", MAX_GPUS)
-    _bounded(gpn, "#SBATCH --gpus-per-node", MAX_GPUS_PER_NODE)
-    if nodes and gpn and inner.source != "vllm":
-        f["gpus"] = int(nodes.group(1)) * int(gpn.group(1))
-        und.append((f"#SBATCH {nodes.group(1)} nodes × {gpn.group(1)} GPUs", f"{f['gpus']} GPUs"))
-    if gpn:
-        f["gpus_per_node"] = int(gpn.group(1))
-    if nodes and inner.source == "vllm":
-        per_node_replicas(f, und, int(nodes.group(1)), f.get("gpus_per_node"))
+    n = int(nodes.group(1)) if nodes else None
+    # what the script says one node runs: Slurm's GPUs per node, its generic resources, GPUs per task × tasks per
+    # node, the ranks the launch line starts on each node, one task per GPU; or the GPUs of all the nodes
+    gpn, gres = _sbatch(text, "--gpus-per-node"), re.search(r"^#SBATCH\s+--gres(?:=|\s+)(?:\S*,)?gpu"
+                                                                r"(?::[A-Za-z][\w.-]*)?:(\d+)\b", text, flags=re.M)
+    per_task, tasks = _sbatch(text, "--gpus-per-task"), _sbatch(text, "--ntasks-per-node")
+    launch, total = launch_line_per_node(text), _sbatch(text, "--gpus|-G")
+    for m, name in ((gpn, "#SBATCH --gpus-per-node"), (gres, "#SBATCH --gres=gpu:N"),
+                    (per_task, "#SBATCH --gpus-per-task"), (tasks, "#SBATCH --ntasks-per-node"),
+                    (launch, "--nproc-per-node (the launch line)")):
+        _bounded(m, name, MAX_GPUS_PER_NODE)
+    _bounded(total, "#SBATCH --gpus", MAX_GPUS)
+    per, said = None, ""
+    if gpn or gres:
+        per, said = int((gpn or gres).group(1)), (gpn or gres).group(0).split(None, 1)[1]
+    elif per_task:
+        per = int(per_task.group(1)) * (int(tasks.group(1)) if tasks else 1)
+        said = f"--gpus-per-task {per_task.group(1)} × --ntasks-per-node {tasks.group(1) if tasks else 1}"
+    elif launch:
+        per, said = int(launch.group(1)), f"--nproc-per-node {launch.group(1)}"
+    elif tasks and int(tasks.group(1)) > 1:                   # one task (rank) per GPU
+        per, said = int(tasks.group(1)), f"--ntasks-per-node {tasks.group(1)}"
+    elif total and int(total.group(1)) % (n or 1) == 0:
+        per, said = int(total.group(1)) // (n or 1), f"--gpus {total.group(1)} over {n or 1} node(s)"
+    if per is not None and not 1 <= per <= MAX_GPUS_PER_NODE:
+        from shardlab.export.text import FieldError
+
+        raise FieldError("#SBATCH GPUs per node", f"a whole number from 1 to {MAX_GPUS_PER_NODE:,}", per)
+    if per is not None and n and inner.source != "vllm":
+        f["gpus"] = n * per
+        und.append((f"#SBATCH {n} nodes × {per} GPUs", f"{f['gpus']} GPUs"))
+    if per is not None:
+        f["gpus_per_node"] = per
+        und.append((said[:80], f"{per} GPUs per node"))
+    elif "gpus_per_node" in f:                  # the framework's own line said it (torchrun --nnodes 2, num_machines)
+        pass
+    elif inner.source == "vllm":                # the serve line's GPUs are per node or the whole job's: the default
+        f["gpus_per_node"] = DEFAULT_GPUS_PER_NODE
+        und.append(("no GPUs per node in the file", f"{DEFAULT_GPUS_PER_NODE} GPUs per node (shardlab's default node)"))
+    else:
+        default_per_node(f, und, n, "#SBATCH --nodes")
+    if n and inner.source == "vllm":
+        per_node_replicas(f, und, n, f.get("gpus_per_node"))
     return Imported("slurm", f, tuple(und), inner.ignored, inner.framework)
