@@ -307,7 +307,7 @@ def _tampered_plan(tmp_path, plan_args, field: str, value):
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    ("plans.0.replicas", 0, "ZeroDivisionError"), ("plans.0.tp", 0, "tp must be a positive whole number"),
+    ("plans.0.replicas", 0, "plans[0].replicas must be"), ("plans.0.tp", 0, "tp must be a positive whole number"),
     ("batch", -32, "batch must be a positive whole number"), ("serving.weights", "fp2", "are not shardlab settings"),
     ("serving.gpu_memory_utilization", 1.5, "must be in (0, 1]"),
 ])

@@ -142,6 +142,7 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     if "layout" not in p:  # inference plan
         lay = Layout(tp=p["tp"], pp=p["pp"])
         # a static-batch plan splits its batch over the replicas; a continuous-batching plan (--serve) names its cap
+        plan_number(p.get("replicas"), f"plans[{rank - 1}].replicas", L.MAX_GPUS, integer=True, optional=False)
         per = -(-doc["batch"] // p["replicas"]) if "batch" in doc else p.get("max_num_seqs")
         if "batch" not in doc and (not isinstance(per, int) or isinstance(per, bool) or per < 1):
             raise ShardlabError("--plan FILE: an inference plan needs 'batch' (static) or its plans' 'max_num_seqs' (--serve)")
