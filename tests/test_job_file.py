@@ -62,10 +62,34 @@ def test_a_serving_plan_saves_its_engine_settings(tmp_path, monkeypatch):
     assert code == 0, err
     text = (tmp_path / "serve.toml").read_text()
     assert "[serve]" in text and 'name = "vllm"' in text and "[workload]" not in text
+    # the plan's capacity within its targets travels with it: estimate prices the layout there, and the targets hold
+    assert "arrival_rate = " in text and "ttft_slo = 1.0" in text and "tpot_slo = 0.05" in text
     code, out, err = cli_main("estimate", "serve.toml", "--json")
     assert code == 0, err
     d = json.loads(out)
-    assert d["engine"] == "vllm" and d["batch"] == 1024 and d["tp"] == 1 and d["prompt_len"] == 1000
+    assert d["engine"] == "vllm" and d["prompt_len"] == 1000 and d["slo"]["met"]
+    code, out, err = cli_main("estimate", "serve.toml", "--concurrency", "4", "--json")   # a load given beside it wins
+    assert code == 0 and json.loads(out)["load"]["concurrency"] == 4, err
+
+
+def test_a_saved_aggregated_serving_plan_gives_back_its_capacity(tmp_path, monkeypatch):
+    """An aggregated plan at its capacity within the SLOs, saved: estimate of the file sees one replica's share of the
+    plan's request rate, and its TPOT is the plan's (the target binds there)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "4000",
+                              "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025", "--json")
+    assert code == 0, err
+    (tmp_path / "plan.json").write_text(out)
+    plan = json.loads(out)
+    best = plan["plans"][0]
+    code, _, err = cli_main("export", "--plan", "plan.json", "--rank", "1", "--to", "shardlab", "--out", "agg.toml")
+    assert code == 0, err
+    code, out, err = cli_main("estimate", "agg.toml", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["load"]["arrival_rate"] == pytest.approx(best["max_request_rate"] / best["replicas"])
+    assert d["steady_state"]["tpot_s"] == pytest.approx(best["tpot_s"], rel=1e-6) and d["slo"]["met"]
+    assert d["replicas"]["count"] == best["replicas"]
 
 
 def test_review_findings_types_sets_memory_and_serving_gpus(job, tmp_path, monkeypatch):

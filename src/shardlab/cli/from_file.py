@@ -103,6 +103,36 @@ GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
 
+def _apply_load(args, f: dict, parser) -> None:
+    """A serving file's load and targets (``export.shardlab.LOAD_KEYS``, the plan's): the targets where none is given
+    beside the file; under ``estimate``, with no load given, the file's load too, as the one replica it prices sees it
+    (the file's requests/s or clients over all replicas, split evenly; a disaggregated job's two pools take it whole),
+    and the layout is priced under load (--serve). ``plan`` searches again under the targets (its capacity search)."""
+    from shardlab.export.shardlab import LOAD_KEYS
+
+    load = {k: f.pop(k) for k in LOAD_KEYS if k in f}
+    if not load or not hasattr(args, "ttft_slo"):
+        return
+    for key in ("ttft_slo", "tpot_slo"):
+        if key in load and getattr(args, key, None) is None:
+            setattr(args, key, float(load[key]))
+    given = getattr(args, "concurrency", None) is not None or getattr(args, "arrival_rate", None) is not None
+    if parser.prog.split()[1:] != ["estimate"] or given or not ("arrival_rate" in load or "concurrency" in load):
+        if "slo_percentile" in load and getattr(args, "slo_percentile", None) is None and not given:
+            args.slo_percentile = load["slo_percentile"]
+        if hasattr(args, "serve") and (getattr(args, "ttft_slo", None) is not None
+                                       or getattr(args, "tpot_slo", None) is not None):
+            args.serve = True                      # the targets are serving's: search (or price) under load
+        return
+    split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
+    if "arrival_rate" in load:
+        args.arrival_rate = float(load["arrival_rate"]) / split
+    else:
+        args.concurrency = max(1, round(int(load["concurrency"]) / split))
+    if hasattr(args, "serve"):
+        args.serve = True
+
+
 def apply_import(args, imp, parser) -> None:
     """Set the command's flags from an import; a flag the user set to something else is a conflict (exit 2)."""
     from shardlab.errors import ShardlabError
@@ -125,6 +155,7 @@ def apply_import(args, imp, parser) -> None:
                 args.gpus = f["replicas"] * int(f.get("tp") or 1) * int(f.get("pp") or 1)
             elif parser.prog.split()[1:] == ["estimate"]:
                 args.file_replicas = int(f["replicas"])   # estimate prices one; it says so, and the totals
+    _apply_load(args, f, parser)
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them

@@ -8,7 +8,7 @@ from dataclasses import replace
 from shardlab import limits as L
 from shardlab.errors import ShardlabError
 from shardlab.export.job import LaunchJob, Serve, recipe_notes
-from shardlab.export.plan_checks import plan_framework, plan_number, plan_workload
+from shardlab.export.plan_checks import plan_framework, plan_load, plan_number, plan_workload
 from shardlab.layout import Layout
 from shardlab.layout_checks import validate
 from shardlab.specs.hardware import per_node_gbit
@@ -164,7 +164,8 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
                       output_len=doc["output_len"], replicas=p["replicas"], kv_blocks=blocks,
                       gpu_memory_utilization=sv["gpu_memory_utilization"], kv_cache_dtype=sv["kv_cache_dtype"],
                       weights=sv["weights"], group_size=sv["group_size"], activations=sv["activations"],
-                      weights_from_checkpoint=sv["weights_from_checkpoint"], ep=ep, dp_attention=dpa)
+                      weights_from_checkpoint=sv["weights_from_checkpoint"], ep=ep, dp_attention=dpa,
+                      load=plan_load(doc, p.get("max_request_rate"), f"plans[{rank - 1}]"))
         prec = "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed"
         return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
                          gpus_per_node=gpn, framework="vllm", serve=serve,
@@ -236,7 +237,8 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
                   weights_from_checkpoint=sv["weights_from_checkpoint"], ep=dec.get("ep", 1),
                   dp_attention=dec.get("dp_attention", 1),
                   pools=Pools(pre["gpus"], dec["gpus"], pre["tp"], prefill_pp=pre.get("pp", 1),
-                              prefill_gpu=_prefill_kind(pre, acc.id, catalog)))
+                              prefill_gpu=_prefill_kind(pre, acc.id, catalog)),
+                  load=plan_load(doc, p.get("max_request_rate"), "disaggregated[0]"))
     return LaunchJob(spec.name, Layout(tp=dec["tp"], pp=dec.get("pp", 1)), doc["prompt_len"] + doc["output_len"], cap,
                      "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed", gpu=acc.id, gpus_per_node=gpn,
                      framework="vllm", serve=serve, notes={"step_time_s": None, **price_notes(catalog, acc.id)})

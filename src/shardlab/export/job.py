@@ -61,6 +61,25 @@ class Serve:
     """Data-parallel attention ranks of a replica (each of TP ``layout.tp``), sharing its ep GPUs' experts."""
     pools: "Pools | None" = None
     """Disaggregated prefill/decode (``serving.disagg``): the two pools; None: every replica runs both phases."""
+    load: "ServeLoad | None" = None
+    """The traffic and targets the plan chose this layout for (None: a static-batch plan)."""
+
+
+@dataclass(frozen=True)
+class ServeLoad:
+    """The load and latency targets a serving plan was made under, so that ``estimate FILE`` prices the layout where
+    the plan put it: the capacity a plan found within its SLOs, or the load it was given."""
+
+    arrival_rate: float | None = None
+    """Poisson requests/s over all the job's replicas (or its two pools): the plan's capacity, or --arrival-rate."""
+    concurrency: int | None = None
+    """Closed-loop clients over all replicas (--concurrency), where the plan was given that load."""
+    ttft_slo_s: float | None = None
+    """The plan's TTFT target (--ttft-slo)."""
+    tpot_slo_s: float | None = None
+    """The plan's TPOT target (--tpot-slo)."""
+    slo_percentile: str | None = None
+    """The statistic the targets bind ('p50' or 'p99'; --slo-percentile)."""
 
 
 @dataclass(frozen=True)

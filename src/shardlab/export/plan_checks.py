@@ -96,3 +96,26 @@ def plan_framework(fw, catalog) -> tuple[str | None, dict]:
                                f"expert-parallel rank's tokens over the mean)", f)
         moe["expert_imbalance"] = float(f)
     return fid, moe
+
+
+def plan_load(doc: dict, capacity, where: str):
+    """The ``ServeLoad`` of a serving plan (``export.job``): the load it was given (``load``: clients or requests/s over
+    all replicas), else the capacity its search found within the SLOs (``capacity``, the plan entry's
+    ``max_request_rate``; none where it meets them at no load), and its ``slo``. None for a static-batch plan."""
+    from shardlab.export.job import ServeLoad
+
+    load, slo = doc.get("load"), doc.get("slo")
+    if not isinstance(load, dict) and not isinstance(slo, dict):
+        return None
+    load = load if isinstance(load, dict) else {}
+    slo = slo if isinstance(slo, dict) else {}
+    rate = plan_number(load.get("arrival_rate"), "load.arrival_rate", L.MAX_FLOAT)
+    clients = plan_number(load.get("concurrency"), "load.concurrency", L.MAX_BATCH, integer=True)
+    if rate is None and clients is None and capacity:
+        rate = plan_number(capacity, f"{where}.max_request_rate", L.MAX_FLOAT)
+    pct = slo.get("percentile")
+    if pct not in (None, "p50", "p99"):
+        raise plan_refuse("slo.percentile", "p50 or p99", pct)
+    return ServeLoad(arrival_rate=None if rate is None else float(rate), concurrency=clients,
+                     ttft_slo_s=plan_number(slo.get("ttft_s"), "slo.ttft_s", L.MAX_FLOAT),
+                     tpot_slo_s=plan_number(slo.get("tpot_s"), "slo.tpot_s", L.MAX_FLOAT), slo_percentile=pct)

@@ -15,7 +15,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype (serving jobs); weights
               (left out where it is the checkpoint's own type) group_size activations (where the plan chose them);
-              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set
+              ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set;
+              arrival_rate concurrency ttft_slo tpot_slo slo_percentile (the plan's load, over all replicas, and targets)
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ LAYOUT_KEYS = LAYOUT_FIELDS
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
                  "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance", "flash_attention", "compile",
                  "dp_overlap", "attention_kernel", "fused_loss")
+LOAD_KEYS = ("arrival_rate", "concurrency", "ttft_slo", "tpot_slo", "slo_percentile")
+"""[serve] keys of the plan's load and targets (``export.job.ServeLoad``): what ``estimate FILE`` prices the layout
+under where no load or target is given beside the file."""
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
-              "group_size", "activations", "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp")
+              "group_size", "activations", "ep", "dp_attention", "disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp",
+              *LOAD_KEYS)
 SERVE_DEFAULT = {"ep": 1, "dp_attention": 1, "disaggregated": None, "prefill_tp": None, "prefill_gpu": None,
-                 "prefill_pp": None, "group_size": None, "activations": None}
+                 "prefill_pp": None, "group_size": None, "activations": None, **{k: None for k in LOAD_KEYS}}
 """Serving keys written only where they differ from these (expert parallelism, disaggregated pools, a group size or
 activations the plan chose). ``weights`` is left out where it is the checkpoint's own type (``Serve.weights_from_checkpoint``),
 and so is a group size then: read back, the job prices the checkpoint as it ships."""
@@ -79,7 +84,9 @@ def render(job: LaunchJob, spec=None) -> Export:
                 "disaggregated": sv.pools.label if sv.pools else None,
                 "prefill_tp": sv.pools.prefill_tp if sv.pools else None,
                 "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None,
-                "prefill_pp": sv.pools.prefill_pp if sv.pools and sv.pools.prefill_pp > 1 else None}
+                "prefill_pp": sv.pools.prefill_pp if sv.pools and sv.pools.prefill_pp > 1 else None,
+                **dict(zip(LOAD_KEYS, (sv.load.arrival_rate, sv.load.concurrency, sv.load.ttft_slo_s, sv.load.tpot_slo_s,
+                                       sv.load.slo_percentile) if sv.load else (None,) * len(LOAD_KEYS)))}
         if sv.weights_from_checkpoint:
             vals.update(weights=None, group_size=None)
         doc["serve"] = {k: v for k, v in vals.items() if v is not None and (k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k])}
@@ -109,7 +116,8 @@ TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute
          "kv_cache_dtype": str, "weights": str, "activations": str, "disaggregated": str, "flash_attention": bool,
          "compile": bool, "dp_overlap": bool, "attention_kernel": str, "fused_loss": bool, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
-         "expert_imbalance": float, "inter_node_gbit": float,
+         "expert_imbalance": float, "inter_node_gbit": float, "arrival_rate": float, "ttft_slo": float,
+         "tpot_slo": float, "slo_percentile": str,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
 names)."""
