@@ -154,3 +154,34 @@ def test_estimate_of_a_file_of_several_replicas_says_it_prices_one(tmp_path, mon
         assert four["replicas"]["output_tokens_per_s"] == pytest.approx(4 * per)
         code, out, err = cli_main("estimate", "four.toml", *serve)
         assert "four.toml runs 4 replicas of this layout (8 GPUs)" in " ".join(out.split())
+
+
+def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_path, monkeypatch):
+    """Review findings on the saved load: export keeps the per-replica cap; bad or doubled loads and statistics are
+    one line; clients that do not split over the replicas are refused with the fix; plan FILE runs a saved closed
+    loop again; estimate FILE --slo-percentile p99 asks for the layout's capacity, not the file's load."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "1000",
+                            "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025", "--save", "a8.toml")
+    assert code == 0, err
+    text = (tmp_path / "a8.toml").read_text()
+    cap = int(text.split("max_num_seqs = ", 1)[1].split()[0])
+    code, out, err = cli_main("export", "a8.toml", "--to", "vllm")
+    assert code == 0 and f"--max-num-seqs {cap}" in out, (err, cap)
+    for s, msg in (("serve.slo_percentile='p75'", 'must be "p50" or "p99"'), ("serve.arrival_rate=nan", "arrival_rate"),
+                   ("serve.ttft_slo=-1", "ttft_slo"), ("serve.concurrency=80", "both arrival_rate and concurrency")):
+        code, _, err = cli_main("estimate", "a8.toml", "--set", s)
+        assert code == 2 and msg in err and err.count("\n") == 1, (s, err)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--tp", "1",
+                            "--concurrency", "3", "--save", "k3.toml")
+    assert code == 0, err
+    code, _, err = cli_main("estimate", "k3.toml")
+    assert code == 2 and "3 clients do not split evenly over its 8 replicas" in err and "--concurrency" in err
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--concurrency", "64",
+                            "--save", "c8.toml")
+    assert code == 0, err
+    code, out, err = cli_main("plan", "c8.toml", "--json")
+    assert code == 0 and json.loads(out)["load"]["concurrency"] == 64, err
+    code, out, err = cli_main("estimate", "a8.toml", "--slo-percentile", "p99", "--json")
+    assert code == 0, err
+    assert json.loads(out)["capacity_under_slo"]["statistic"] == "p99"

@@ -375,3 +375,8 @@ def test_offline_runs_of_an_engine_that_reserves_run_in_waves():
     assert got[1] < got[0]                                       # a quarter-full last wave lowers it
     vllm = replace(runs[1], engine="vllm", settings={})
     assert offline_waves(vllm, prepare_runs([vllm], CAT).cases[0]) == (0, 0)
+    from conftest import cli_main       # validate --run: the load it prints is the command's, one full wave
+    code, out, err = cli_main("validate", "--inference", "--run", row.id, "--json")
+    d = __import__("json").loads(out)
+    assert code == 0 and d["load"] == {"mode": "batch", "value": float(C)} and d["waves"]["size"] == C
+    assert f"--batch {C}" in d["command"]

@@ -52,6 +52,14 @@ def usd_per_hour(catalog, pools: list[tuple[str, int]], spot: bool = False, _mem
     return total
 
 
+def _level(x):
+    """``x`` rounded to a part in 10⁹ of its largest value: ties within that rank as ties."""
+    import numpy as np
+
+    top = float(np.max(x)) if len(x) else 0.0
+    return np.round(x / top * 1e9) if top > 0 else x
+
+
 def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[list[dict], dict, bool]:
     """The best disaggregated layouts of ``gpus`` GPUs (``serving.disagg_split.search_splits``: every split at its
     highest request rate within the SLO's means), the ``args.top`` best first; counts of what was rejected; and
@@ -90,14 +98,15 @@ def disagg_capacity(args, spec, cluster, gpus: int, prec, engine, slo) -> tuple[
         price = np.array([[per_gpu[a], per_gpu[b]] for a, b in kinds])[sp.pair]
         usd = 0.0 + price[:, 0] * (sp.prefill_replicas * size[:, 0]) + price[:, 1] * (sp.decode_replicas * size[:, 1])
     goodput = sp.rate * O / gpus
-    # best goodput first, then the lower TPOT, then as the search ranked them (highest rate, then the order tried)
-    order = np.lexsort((np.arange(len(sp)), -sp.rate, sp.tpot_s, -goodput))
+    # best goodput first (equal within a part in 10⁹: the bisections' last digits are noise), then the lower TPOT,
+    # the lower TTFT, then as the search ranked them (highest rate, then the order tried)
+    order = np.lexsort((np.arange(len(sp)), -sp.rate, sp.ttft_s, sp.tpot_s, -_level(goodput)))
     per_usd = bool(priced and pre_cluster.accelerator.id != cluster.accelerator.id)
     if per_usd:
         per = sp.rate * O * 3600 / usd
         rank = np.empty(len(sp), dtype=int)
         rank[order] = np.arange(len(sp))
-        order = np.lexsort((rank, sp.tpot_s, -per))
+        order = np.lexsort((rank, sp.ttft_s, sp.tpot_s, -_level(per)))
     out = []
     for i in order[: max(1, int(args.top))]:
         d = sp.case(i)

@@ -39,9 +39,10 @@ def apply_sets(imp, sets: list[str] | None) -> None:
         if section and section not in SECTIONS:
             raise ShardlabError(f"--set {key}: a job file has no section [{section}]; sections: "
                                 f"{', '.join(s for s in SECTIONS if s not in ('shardlab', 'estimate'))}")
-        from shardlab.export.shardlab import check_types, kv_field
+        from shardlab.export.shardlab import check_load, check_types, kv_field
 
         check_types({name: value}, f"--set {key}")
+        check_load({name: value})
         if name == "kv_cache_dtype":
             value, name = kv_field(value), "kv_cache"
             if value is None:
@@ -104,33 +105,52 @@ GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 
 
 def _apply_load(args, f: dict, parser) -> None:
-    """A serving file's load and targets (``export.shardlab.LOAD_KEYS``, the plan's): the targets where none is given
-    beside the file; under ``estimate``, with no load given, the file's load too, as the one replica it prices sees it
-    (the file's requests/s or clients over all replicas, split evenly; a disaggregated job's two pools take it whole),
-    and the layout is priced under load (--serve). ``plan`` searches again under the targets (its capacity search)."""
+    """A serving file's load and targets (``export.shardlab.LOAD_KEYS``, the plan's), for ``estimate`` and ``plan``
+    (other commands take neither), where nothing of the kind is given beside the file:
+
+    - the targets (--ttft-slo, --tpot-slo), and the layout is priced or searched under load (--serve);
+    - ``estimate``: the file's load as the one replica it prices sees it (requests/s over all replicas split
+      evenly; clients too where they split evenly, else refused with the fix; a disaggregated job's two pools take
+      the load whole); given --slo-percentile, the layout's capacity under the targets instead;
+    - ``plan``: a closed loop of clients again; requests/s only without targets (with them, the plan searches the
+      capacity again: the file's rate is that capacity, or a load the search then finds the room for)."""
+    from shardlab.errors import ShardlabError
     from shardlab.export.shardlab import LOAD_KEYS
 
     load = {k: f.pop(k) for k in LOAD_KEYS if k in f}
-    if not load or not hasattr(args, "ttft_slo"):
+    command = parser.prog.split()[1:]
+    if not load or command not in (["estimate"], ["plan"]):
         return
+    if "arrival_rate" in load and "concurrency" in load:
+        raise ShardlabError(f"{args.from_file}: [serve] gives both arrival_rate and concurrency; keep one (one load: "
+                            f"Poisson requests/s, or a closed loop of clients)")
+    rate, clients = load.get("arrival_rate"), load.get("concurrency")
+    given = any(getattr(args, k, None) is not None for k in ("concurrency", "arrival_rate", "slo_percentile",
+                                                                  "target_rate"))
     for key in ("ttft_slo", "tpot_slo"):
         if key in load and getattr(args, key, None) is None:
             setattr(args, key, float(load[key]))
-    given = getattr(args, "concurrency", None) is not None or getattr(args, "arrival_rate", None) is not None
-    if parser.prog.split()[1:] != ["estimate"] or given or not ("arrival_rate" in load or "concurrency" in load):
-        if "slo_percentile" in load and getattr(args, "slo_percentile", None) is None and not given:
+    targets = getattr(args, "ttft_slo", None) is not None or getattr(args, "tpot_slo", None) is not None
+    if not given and command == ["plan"]:
+        if clients is not None:
+            args.concurrency = int(clients)
+        elif rate is not None and not targets:
+            args.arrival_rate = float(rate)
+        elif "slo_percentile" in load:
             args.slo_percentile = load["slo_percentile"]
-        if hasattr(args, "serve") and (getattr(args, "ttft_slo", None) is not None
-                                       or getattr(args, "tpot_slo", None) is not None):
-            args.serve = True                      # the targets are serving's: search (or price) under load
-        return
-    split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
-    if "arrival_rate" in load:
-        args.arrival_rate = float(load["arrival_rate"]) / split
-    else:
-        args.concurrency = max(1, round(int(load["concurrency"]) / split))
-    if hasattr(args, "serve"):
-        args.serve = True
+    elif not given:
+        split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
+        if rate is not None:
+            args.arrival_rate = float(rate) / split
+        elif clients is not None:
+            if clients % split:
+                raise ShardlabError(f"{args.from_file}: its {clients} clients do not split evenly over its {split} "
+                                    f"replicas, and estimate prices one: give --concurrency C (one replica's clients)")
+            args.concurrency = clients // split
+        elif "slo_percentile" in load:
+            args.slo_percentile = load["slo_percentile"]
+    if hasattr(args, "serve") and (targets or rate is not None or clients is not None):
+        args.serve = True                          # the targets and the load are serving's: under load
 
 
 def apply_import(args, imp, parser) -> None:
@@ -151,8 +171,10 @@ def apply_import(args, imp, parser) -> None:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
             if (parser.prog.split()[1:] == ["export"] and not hasattr(args, "replicas")
                     and getattr(args, "gpus", None) in (None, parser.get_default("gpus"))):
-                # a command without --replicas (export) takes the replicas as GPUs: tp × pp × replicas
+                # a command without --replicas (export) takes the replicas as GPUs: tp × pp × replicas, and its
+                # batch over all of them (a static plan's, split over the replicas): the file's cap is per replica
                 args.gpus = f["replicas"] * int(f.get("tp") or 1) * int(f.get("pp") or 1)
+                f["max_num_seqs"] = int(f["max_num_seqs"]) * int(f["replicas"])
             elif parser.prog.split()[1:] == ["estimate"]:
                 args.file_replicas = int(f["replicas"])   # estimate prices one; it says so, and the totals
     _apply_load(args, f, parser)

@@ -197,6 +197,7 @@ def one_inference_run(args):
     waves = None
     if full:
         mode, C = 0, case.capacity
+        n = float(C)                              # the command's static batch: one full wave
         waves = {"full": full, "size": C, "last": last}
         load = (f"waves: {run.config['requests']:,} requests of one length on an engine that admits a request only "
                 f"with its whole output's KV blocks free run as {full} wave(s) of {C:,} and "

@@ -138,6 +138,22 @@ def check_types(values: dict, where: str) -> None:
             raise ShardlabError(f"{where}: {k} = {v!r} must be {kind}; fix it")
 
 
+def check_load(sv: dict) -> None:
+    """The [serve] load and targets (``LOAD_KEYS``): finite and positive, a whole number of clients, the statistic
+    p50 or p99, as the flags they stand for take them; one line naming the key otherwise."""
+    import math
+
+    from shardlab import limits as L
+
+    for key, most in (("arrival_rate", L.MAX_FLOAT), ("ttft_slo", L.MAX_FLOAT), ("tpot_slo", L.MAX_FLOAT),
+                      ("concurrency", L.MAX_BATCH)):
+        v = sv.get(key)
+        if v is not None and not (math.isfinite(v) and 0 < v <= most):
+            raise ShardlabError(f"[serve]: {key} = {v!r} must be a positive number up to {most:g}; fix it")
+    if sv.get("slo_percentile") not in (None, "p50", "p99"):
+        raise ShardlabError(f"[serve]: slo_percentile = {sv['slo_percentile']!r} must be \"p50\" or \"p99\"; fix it")
+
+
 def fields_of(doc: dict) -> tuple[dict, str | None]:
     """(importer fields, framework) of a parsed job file."""
     head = doc.get("shardlab")
@@ -166,6 +182,7 @@ def fields_of(doc: dict) -> tuple[dict, str | None]:
             f[k] = wl[k]
     if "serve" in doc:
         sv = doc["serve"]
+        check_load(sv)
         f.update({k: sv[k] for k in SERVE_KEYS if k in sv})
         if "kv_cache_dtype" in f:
             kv = kv_field(f.pop("kv_cache_dtype"))
