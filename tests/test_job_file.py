@@ -185,3 +185,11 @@ def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_
     code, out, err = cli_main("estimate", "a8.toml", "--slo-percentile", "p99", "--json")
     assert code == 0, err
     assert json.loads(out)["capacity_under_slo"]["statistic"] == "p99"
+
+
+def test_a_plan_document_given_as_the_model_names_the_export(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--json")
+    (tmp_path / "pj.json").write_text(out)
+    code, _, err = cli_main("estimate", "pj.json")
+    assert code == 2 and "export --plan pj.json --to shardlab" in err and err.count("\n") == 1, err

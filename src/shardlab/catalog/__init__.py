@@ -280,6 +280,10 @@ def load_model_file(path: Path) -> ModelSpec:
         raise ShardlabError(f"{path}: expected a JSON/YAML mapping describing a model")
     if "model_type" in data or "n_embd" in data or "hidden_size" in data and "num_hidden_layers" in data:
         return from_hf_config(data, name=path.stem if path.name != "config.json" else path.parent.name or "config", where=str(path))
+    if "plans" in data and "model" in data:          # a `shardlab plan --json` document, not a model
+        raise ShardlabError(f"{path} is a `shardlab plan --json` document, not a model: turn its winner into a job file "
+                            f"with `shardlab export --plan {path} --to shardlab --out job.toml` (or save it with "
+                            f"`shardlab plan ... --save job.toml`) and give that")
     if "models" in data and isinstance(data["models"], dict) and len(data["models"]) == 1:
         (name, d), = data["models"].items()
         return model_from_dict(str(name), d, str(path))
