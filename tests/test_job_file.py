@@ -168,6 +168,11 @@ def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_
     cap = int(text.split("max_num_seqs = ", 1)[1].split()[0])
     code, out, err = cli_main("export", "a8.toml", "--to", "vllm")
     assert code == 0 and f"--max-num-seqs {cap}" in out, (err, cap)
+    code, _, err = cli_main("export", "a8.toml", "--to", "shardlab", "--out", "again.toml")   # written again: kept
+    again = (tmp_path / "again.toml").read_text()
+    assert code == 0 and f"max_num_seqs = {cap}" in again, err
+    assert [x for x in again.splitlines() if x.split(" = ")[0] in ("arrival_rate", "ttft_slo", "tpot_slo")] == \
+        [x for x in text.splitlines() if x.split(" = ")[0] in ("arrival_rate", "ttft_slo", "tpot_slo")]
     for s, msg in (("serve.slo_percentile='p75'", 'must be "p50" or "p99"'), ("serve.arrival_rate=nan", "arrival_rate"),
                    ("serve.ttft_slo=-1", "ttft_slo"), ("serve.concurrency=80", "both arrival_rate and concurrency")):
         code, _, err = cli_main("estimate", "a8.toml", "--set", s)

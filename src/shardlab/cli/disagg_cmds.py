@@ -102,7 +102,8 @@ def export_job(args, cat, spec):
                   dp_attention=dec.attention_dp,
                   pools=Pools(pools[0], pools[1], d.prefill.tp,
                               None if d.prefill.cluster.accelerator.id == cluster.accelerator.id
-                              else d.prefill.cluster.accelerator.id, d.prefill.pp))
+                              else d.prefill.cluster.accelerator.id, d.prefill.pp),
+                  load=getattr(args, "file_load", None))
     return LaunchJob(spec.name, validate(Layout(tp=dec.tp, pp=dec.pp), spec), args.prompt_len + args.output_len, cap,
                      "fp16-mixed" if prec.weights == "fp16" else args.precision, gpu=cluster.accelerator.id,
                      gpus_per_node=cluster.gpus_per_node, framework=fw,

@@ -145,7 +145,7 @@ def job_from_args(args, cat):
                                      kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto",
                                      weights=asked.weights, group_size=asked.group_size, activations=asked.activations,
                                      weights_from_checkpoint=asked.weights_from_checkpoint, ep=est.case.ep,
-                                     dp_attention=est.case.attention_dp),
+                                     dp_attention=est.case.attention_dp, load=getattr(args, "file_load", None)),
                          notes={**price_notes(cat, cluster.accelerator.id, spot), **serving_not_carried(args)})
     est = training_estimate_from_args(args, cat)
     from shardlab.export.job import assumptions_of, recipe_notes

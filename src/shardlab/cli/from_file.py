@@ -119,6 +119,11 @@ def _apply_load(args, f: dict, parser) -> None:
 
     load = {k: f.pop(k) for k in LOAD_KEYS if k in f}
     command = parser.prog.split()[1:]
+    if load and command == ["export"]:          # a job file written again carries them on (export.job.ServeLoad)
+        from shardlab.export.job import ServeLoad
+
+        args.file_load = ServeLoad(load.get("arrival_rate"), load.get("concurrency"), load.get("ttft_slo"),
+                                   load.get("tpot_slo"), load.get("slo_percentile"))
     if not load or command not in (["estimate"], ["plan"]):
         return
     if "arrival_rate" in load and "concurrency" in load:
