@@ -277,3 +277,15 @@ def test_skypilot_round_trip_reads_gpus_per_node_from_the_task(tmp_path, gpus, p
             path.write_text(text)
             # the runtime's task names its model only in comments outside `run:`, which SkyPilot's reader skips
             _reads_back(path, gpus, per_node, *((MODEL,) if launch == "shardlab" else ()))
+
+
+def test_a_megatron_task_without_accelerators_reads_its_nodes_as_default_nodes(tmp_path):
+    """Megatron-LM's run line takes its GPUs from $SKYPILOT_NUM_GPUS_PER_NODE: without accelerators the task says
+    num_nodes and nothing per node. It reads back as that many default nodes (8 GPUs each), the data parallelism
+    from them, not as one node of TP × PP GPUs beside '8 GPUs per node'."""
+    path = _export(tmp_path, "skypilot", "megatron", 16, 8)
+    path.write_text(path.read_text().replace("  accelerators: H100:8\n", ""))
+    est = ok_json("estimate", "--from", str(path))
+    lay = est["layout"]
+    assert (est["cluster"]["gpus_per_node"], est["cluster"]["nodes"]) == (8, 2)
+    assert lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == 16

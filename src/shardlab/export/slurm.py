@@ -97,6 +97,11 @@ def default_per_node(f: dict, und: list, nodes: int | None, where: str) -> None:
         return
     f["gpus_per_node"] = min(DEFAULT_GPUS_PER_NODE, gpus) if known else DEFAULT_GPUS_PER_NODE
     und.append(("no GPUs per node in the file", f"{f['gpus_per_node']} GPUs per node (shardlab's default node)"))
+    if not known and nodes and gpus is None and "gpus" not in f:
+        # nor the job's GPUs (Megatron-LM takes its data parallelism from the world size): the nodes it asks for,
+        # each a default node, as the exporter writes them
+        f["gpus"] = nodes * DEFAULT_GPUS_PER_NODE
+        und.append((f"{where} {nodes} × {DEFAULT_GPUS_PER_NODE}", f"{f['gpus']} GPUs"))
 
 
 def read(text: str, catalog) -> Imported:
