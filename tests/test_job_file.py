@@ -198,3 +198,10 @@ def test_a_plan_document_given_as_the_model_names_the_export(tmp_path, monkeypat
     (tmp_path / "pj.json").write_text(out)
     code, _, err = cli_main("estimate", "pj.json")
     assert code == 2 and "export --plan pj.json --to shardlab" in err and err.count("\n") == 1, err
+
+
+def test_a_load_set_on_a_training_job_file_is_named_as_such(job):
+    path, _ = job
+    for cmd in ("estimate", "memory"):
+        code, _, err = cli_main(cmd, str(path), "--set", "serve.arrival_rate=5")
+        assert code == 2 and "is a training job: [serve] arrival_rate" in err and err.count("\n") == 1, err

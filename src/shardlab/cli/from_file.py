@@ -119,6 +119,9 @@ def _apply_load(args, f: dict, parser) -> None:
 
     load = {k: f.pop(k) for k in LOAD_KEYS if k in f}
     command = parser.prog.split()[1:]
+    if load and "max_num_seqs" not in f and "prompt_len" not in f:
+        raise ShardlabError(f"{args.from_file} is a training job: [serve] {', '.join(load)} describe(s) a serving "
+                            f"plan's load; drop them (a serving job file comes from `shardlab plan --inference`)")
     if load and command == ["export"]:          # a job file written again carries them on (export.job.ServeLoad)
         from shardlab.export.job import ServeLoad
 
