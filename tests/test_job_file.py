@@ -205,3 +205,19 @@ def test_a_load_set_on_a_training_job_file_is_named_as_such(job):
     for cmd in ("estimate", "memory"):
         code, _, err = cli_main(cmd, str(path), "--set", "serve.arrival_rate=5")
         assert code == 2 and "is a training job: [serve] arrival_rate" in err and err.count("\n") == 1, err
+
+
+def test_a_lora_plan_saves_its_recipe_and_gives_its_step_time_back(tmp_path, monkeypatch):
+    """QLoRA's rank and base quantization (and an offload) are written to [workload]: estimate of the file gives the
+    plan's step time back (it priced full training of the base: 44.6 s against 34.8)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--lora-rank", "16", "--quantize-base", "nf4",
+                              "--save", "lora.toml", "--json")
+    assert code == 0, err
+    text = (tmp_path / "lora.toml").read_text()
+    assert "lora_rank = 16" in text and 'quantize_base = "nf4"' in text
+    code, est, err = cli_main("estimate", "lora.toml", "--json")
+    assert code == 0, err
+    assert json.loads(est)["step_time_s"] == pytest.approx(json.loads(out)["plans"][0]["step_time_s"], rel=1e-12)
+    code, out, err = cli_main("memory", "lora.toml")
+    assert code == 0, err

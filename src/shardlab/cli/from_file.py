@@ -89,7 +89,7 @@ def job_file_argument(args) -> None:
         args.from_file, args.model = model, None
 
 
-ARG_OF = {"model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero",
+ARG_OF = {"lora_rank": "lora_rank", "quantize_base": "quantize_base", "offload": "offload", "model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero",
           "vpp": "vpp", "micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",

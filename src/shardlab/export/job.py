@@ -318,7 +318,8 @@ WRITTEN_ASSUMPTIONS = {("torchtitan", "compile")}
 def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, ...]:
     """The job's recipe settings (``notes['recipe']``) as what the file could not express; for a target other than
     Megatron-LM or shardlab's job file, also the Megatron-only workload settings (``MEGATRON_ONLY``)."""
-    out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items() if k in RECIPE_WHY)
+    out = tuple(Unsupported(k, v, RECIPE_WHY[k]) for k, v in (job.notes.get("recipe") or {}).items()
+                if k in RECIPE_WHY and target != "shardlab")           # shardlab's job file writes the recipe
     out += tuple(Unsupported(k, v, SERVING_NOT_CARRIED[k]) for k, v in (job.notes.get("serving_not_carried") or {}).items()
                  if k in SERVING_NOT_CARRIED)
     if target != "shardlab":
