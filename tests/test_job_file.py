@@ -221,3 +221,32 @@ def test_a_lora_plan_saves_its_recipe_and_gives_its_step_time_back(tmp_path, mon
     assert json.loads(est)["step_time_s"] == pytest.approx(json.loads(out)["plans"][0]["step_time_s"], rel=1e-12)
     code, out, err = cli_main("memory", "lora.toml")
     assert code == 0, err
+
+
+def test_second_review_of_saved_serving_plans(tmp_path, monkeypatch):
+    """A p99 plan's file is judged at the simulated p99, as it was planned; plan FILE of a wide-EP MoE file searches
+    again (it refused the --ep and --dp-attention the user never typed); a launch file says it cannot carry the
+    load and targets; a disaggregated file written again keeps its precision."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "1000",
+                            "--output-len", "500", "--ttft-slo", "0.2", "--tpot-slo", "0.025", "--slo-percentile", "p99",
+                            "--save", "p99.toml")
+    assert code == 0, err
+    code, out, err = cli_main("estimate", "p99.toml", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["slo"]["statistic"] == "p99", err
+    sim = d["simulation"]
+    assert d["slo"]["met"] == (sim["ttft_s"]["p99"] <= 0.2 and sim["tpot_s"]["p99"] <= 0.025)
+    code, out, err = cli_main("export", "p99.toml", "--to", "vllm")
+    assert code == 0 and "could not express ttft_slo=0.2" in out, err
+    code, _, err = cli_main("export", "p99.toml", "--to", "shardlab", "--out", "again.toml")
+    assert code == 0, err
+    keys = ("weights", "activations", "kv_cache_dtype", "max_num_seqs", "disaggregated")
+    pick = lambda t: [x for x in t.splitlines() if x.split(" = ")[0] in keys]  # noqa: E731
+    assert pick((tmp_path / "again.toml").read_text()) == pick((tmp_path / "p99.toml").read_text())
+    code, _, err = cli_main("plan", "deepseek-v3", "--inference", "--serve", "--gpus", "16", "--gpu", "h200",
+                            "--prompt-len", "1000", "--output-len", "1000", "--ttft-slo", "1", "--tpot-slo", "0.05",
+                            "--save", "moe.toml")
+    assert code == 0 and "dp_attention = 16" in (tmp_path / "moe.toml").read_text(), err
+    code, out, err = cli_main("plan", "moe.toml", "--json")
+    assert code == 0 and json.loads(out)["capacity"]["layout"]["dp_attention"] > 1, err

@@ -98,7 +98,9 @@ def export_job(args, cat, spec):
     cap = min(dec.capacity, args.max_num_seqs or dec.capacity)
     serve = Serve(cap, args.prompt_len, args.output_len, 1, kv_blocks=int(dec.blocks.num_blocks),
                   gpu_memory_utilization=engine.gpu_memory_utilization,
-                  kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto", weights=prec.weights, ep=dec.ep,
+                  kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto", weights=prec.weights,
+                  group_size=prec.group_size, activations=prec.activations,
+                  weights_from_checkpoint=prec.weights_from_checkpoint, ep=dec.ep,
                   dp_attention=dec.attention_dp,
                   pools=Pools(pools[0], pools[1], d.prefill.tp,
                               None if d.prefill.cluster.accelerator.id == cluster.accelerator.id
@@ -151,9 +153,9 @@ def estimate_disagg(args, spec, cluster, prec, engine):
                           seed=args.seed, lifetime_s=res["e2e_s"] if math.isfinite(res["e2e_s"]) else 0.0)
     agg_doc, agg_words = aggregated_line(d, res, res["requests_per_s"])
     sat = res["saturation_rate"]
-    slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
-           "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
-                       and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
+    from shardlab.cli.serve_cmds import slo_verdict, slo_words
+
+    slo = slo_verdict(args, res, sim)
     doc = {"model": spec.name, "gpu": cluster.accelerator.id, "gpus": d.gpus, "engine": engine.id,
            "engine_version": engine.version, "precision": prec.label, "prompt_len": args.prompt_len,
            "output_len": args.output_len, "load": {"concurrency": args.concurrency, "arrival_rate": args.arrival_rate},
@@ -190,7 +192,8 @@ def estimate_disagg(args, spec, cluster, prec, engine):
         f"queue {_with_ms(res['prefill_wait_s'])}, M/D/1), KV link {100 * res['kv_link_utilization']:.1f}% busy, decode "
         f"replicas at {res['decode_batch']:,.1f} sequences each; the pools saturate at {sat:,.2f} requests/s",
         *([agg_words] if agg_words else []),
-        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if args.ttft_slo or args.tpot_slo else []),
+        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load{slo_words(slo)}"] if args.ttft_slo or args.tpot_slo
+          else []),
         *sim_notes(sim, args.concurrency),
         *([ep_caveat()] if d.decode.attention_dp > 1 else []),
         "", "disaggregated prefill/decode (DistServe, Zhong et al. 2024): TTFT = queue + prefill + KV transfer + the "

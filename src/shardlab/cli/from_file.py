@@ -148,6 +148,8 @@ def _apply_load(args, f: dict, parser) -> None:
             args.slo_percentile = load["slo_percentile"]
     elif not given:
         split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
+        if rate is not None or clients is not None:   # the verdict in the file's statistic (serve_cmds.slo_verdict)
+            args.verdict_percentile = load.get("slo_percentile")
         if rate is not None:
             args.arrival_rate = float(rate) / split
         elif clients is not None:
@@ -197,6 +199,9 @@ def apply_import(args, imp, parser) -> None:
                                 f"`shardlab estimate --from`")
         else:
             args.serve = True
+    if serving and parser.prog.split()[1:] == ["plan"]:   # plan searches the MoE layouts again, as it does the pools
+        f.pop("ep", None)
+        f.pop("dp_attention", None)
     if f.get("dp_attention", 1) > 1:               # attention ranks: the flag is a switch, ep carries the GPUs
         f.pop("dp_attention")
         if hasattr(args, "dp_attention"):

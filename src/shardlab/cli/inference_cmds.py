@@ -115,10 +115,13 @@ def file_replicas(args, doc: dict, gpus: int, tokens_per_s: float, requests_per_
         return None
     doc["replicas"] = {"count": n, "gpus": n * gpus, "output_tokens_per_s": n * tokens_per_s,
                        "requests_per_s": None if requests_per_s is None else n * requests_per_s}
+    if requests_per_s is None:     # a static batch per replica: a plan's batch may leave replicas idle
+        return (f"{args.from_file} runs {n} replicas of this layout ({n * gpus} GPUs); the figures above are one "
+                f"replica's static batch: the {n} serve up to {n * tokens_per_s:,.0f} output tokens/s with every one "
+                f"holding such a batch (fewer where the plan's batch leaves replicas idle)")
     return (f"{args.from_file} runs {n} replicas of this layout ({n * gpus} GPUs); the figures above are one "
-            f"replica's{', at one replica' + chr(39) + 's load' if requests_per_s is not None else ''}: the {n} serve "
-            f"{n * tokens_per_s:,.0f} output tokens/s"
-            + (f" and {n * requests_per_s:,.2f} requests/s" if requests_per_s is not None else "") + " in all")
+            f"replica's, at one replica's load: the {n} serve {n * tokens_per_s:,.0f} output tokens/s and "
+            f"{n * requests_per_s:,.2f} requests/s in all")
 
 
 def reject(rejected: dict, errors: dict, e: Exception) -> None:

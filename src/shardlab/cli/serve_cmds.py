@@ -57,6 +57,23 @@ def speculation_line(sp) -> str:
             f"per verification step ({sp.source}); TPOT = (verification of k + 1 positions + k draft steps) / that")
 
 
+def slo_verdict(args, res: dict, sim) -> dict:
+    """{ttft_s, tpot_s, met, statistic}: the targets against the steady state's means, or, where a saved plan's targets
+    bind its p99 (``cli.from_file``: ``args.verdict_percentile``), against the simulation's p99s."""
+    p99 = getattr(args, "verdict_percentile", None) == "p99" and sim is not None
+    d = sim.to_dict() if p99 else {}
+    ttft = d["ttft_s"]["p99"] if p99 else res["ttft_s"]
+    tpot = d["tpot_s"]["p99"] if p99 else res["tpot_s"]
+    return {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo, "statistic": "p99" if p99 else "mean",
+            "met": bool((args.ttft_slo is None or (ttft is not None and ttft <= args.ttft_slo))
+                        and (args.tpot_slo is None or (tpot is not None and tpot <= args.tpot_slo)))}
+
+
+def slo_words(slo: dict) -> str:
+    """' (p99, simulated)' where the verdict is the simulation's p99s."""
+    return " (p99, simulated)" if slo.get("statistic") == "p99" else ""
+
+
 def estimate_serve(args, spec, cluster, prec, engine):
     from shardlab.errors import ShardlabError
     from shardlab.render.table import kv_lines, table
@@ -108,9 +125,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
                                  "beyond the sequences the replica runs at once): the steady-state column stands alone; "
                                  "give fewer --requests or a lighter load for percentiles")
     lim = limits(case, rate=mode == 2, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
-    slo = {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo,
-           "met": bool((args.ttft_slo is None or res["ttft_s"] <= args.ttft_slo)
-                       and (args.tpot_slo is None or res["tpot_s"] <= args.tpot_slo))}
+    slo = slo_verdict(args, res, sim)
     doc = {"model": spec.name, "gpu": cluster.accelerator.id, "tp": args.tp, "pp": args.pp, "gpus": case.gpus,
            **moe_doc(case), "engine": engine.id, "engine_version": engine.version,
            "precision": prec.label, "prompt_len": args.prompt_len, "output_len": args.output_len,
@@ -172,7 +187,8 @@ def estimate_serve(args, spec, cluster, prec, engine):
                      f"{sim.preemptions} preemptions, seed {args.seed})" if sim else
                      "latency and throughput (steady state; the simulation finished no measured request)")),
         "", *binds,
-        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load"] if (args.ttft_slo or args.tpot_slo) and not cap_slo
+        *([f"SLO {'met' if slo['met'] else 'MISSED'} at this load{slo_words(slo)}"] if (args.ttft_slo or args.tpot_slo)
+          and not cap_slo
           else []),
         *cap_lines,
         *(["overloaded: arrivals exceed what the replica completes; the queue (and TTFT) grows without bound"]

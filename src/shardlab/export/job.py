@@ -322,6 +322,13 @@ def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, .
                 if k in RECIPE_WHY and target != "shardlab")           # shardlab's job file writes the recipe
     out += tuple(Unsupported(k, v, SERVING_NOT_CARRIED[k]) for k, v in (job.notes.get("serving_not_carried") or {}).items()
                  if k in SERVING_NOT_CARRIED)
+    load = job.serve.load if job.serve is not None else None
+    if load is not None and target != "shardlab":     # shardlab's job file writes them ([serve], export.shardlab)
+        what = {"arrival_rate": load.arrival_rate, "concurrency": load.concurrency, "ttft_slo": load.ttft_slo_s,
+                "tpot_slo": load.tpot_slo_s, "slo_percentile": load.slo_percentile}
+        out += tuple(Unsupported(k, v, "the plan's load and latency targets describe the traffic, not the engine: "
+                                       "the file cannot carry them (shardlab's job file does)")
+                     for k, v in what.items() if v is not None)
     if target != "shardlab":
         out += tuple(Unsupported(k, v, ASSUMPTION_WHY[k]) for k, v in job.assumptions
                      if k in ASSUMPTION_WHY and (target, k) not in WRITTEN_ASSUMPTIONS)
