@@ -153,7 +153,8 @@ def job_from_args(args, cat):
     notes = {"step_time_s": est.step_time_s, "scored_for": est.workload.framework,
              **price_notes(cat, resolve_gpu(args, cat), spot),
              **recipe_notes(getattr(args, "offload", "none"), getattr(args, "lora_rank", None),
-                            getattr(args, "quantize_base", "none"))}
+                            getattr(args, "quantize_base", "none"), getattr(args, "offload_device", None),
+                            getattr(args, "lora_targets", None))}
     if getattr(est, "train_time_s", None):
         notes.update(train_hours=est.train_time_s / 3600, tokens=est.tokens)
     return LaunchJob(est.model.name, est.layout, est.workload.seq_len, est.workload.global_batch, est.workload.precision,

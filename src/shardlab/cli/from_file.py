@@ -51,7 +51,7 @@ def apply_sets(imp, sets: list[str] | None) -> None:
         name = {"name": "model" if section == "model" else "framework"}.get(name, name)
         if name == "framework":
             imp = imp.__class__(imp.source, imp.fields, imp.understood, imp.ignored, str(value))
-        imp.fields[name] = tuple(value) if name in ("stage_layers", "recompute_modules") and isinstance(value, list) \
+        imp.fields[name] = tuple(value) if name in ("stage_layers", "recompute_modules", "lora_targets") and isinstance(value, list) \
             else value
         if name == "recompute" and value != "selective":   # the modules say what selective re-runs: they go with it
             imp.fields.pop("recompute_modules", None)
@@ -89,7 +89,8 @@ def job_file_argument(args) -> None:
         args.from_file, args.model = model, None
 
 
-ARG_OF = {"lora_rank": "lora_rank", "quantize_base": "quantize_base", "offload": "offload", "model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero",
+ARG_OF = {"lora_rank": "lora_rank", "quantize_base": "quantize_base", "offload": "offload",
+          "offload_device": "offload_device", "lora_targets": "lora_targets", "model": "model", "gpus": "gpus", "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero",
           "vpp": "vpp", "micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
           "schedule": "schedule", "stage_layers": "stage_layers", "seq_len": "seq_len", "global_batch": "global_batch",
           "precision": "precision", "gpu": "gpu", "gpus_per_node": "gpus_per_node", "prompt_len": "prompt_len",
@@ -221,7 +222,7 @@ def apply_import(args, imp, parser) -> None:
         if key not in f or not hasattr(args, dest):
             continue
         val = f[key]
-        if dest in ("stage_layers", "recompute_modules") and val is not None:
+        if dest in ("stage_layers", "recompute_modules", "lora_targets") and val is not None:
             val = tuple(val)
         cur, default = getattr(args, dest), parser.get_default(dest)
         if dest == "model" and cur is None:

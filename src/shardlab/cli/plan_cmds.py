@@ -313,6 +313,8 @@ def cmd_plan(args):
                         "tokens_per_step": seq * gb, "offload": wl.recipe.offload.what,
                         "lora_rank": wl.recipe.lora.rank if wl.recipe.lora else None,
                         "quantize_base": wl.recipe.lora.quantize_base if wl.recipe.lora else "none",
+                        "offload_device": wl.recipe.offload.device,
+                        "lora_targets": list(wl.recipe.lora.targets) if wl.recipe.lora else None,
                         "fp8_params": wl.fp8_params},
            "notes": seq_notes + ([offload_note] if offload_note else []),
            "evaluated": res.evaluated, "combinations": res.total, "rejected": dict(res.rejected), "search_s": res.search_s,

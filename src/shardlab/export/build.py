@@ -181,7 +181,8 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
     for key in ("step_time_s", "train_days"):       # figures for the file's comments: numbers, if anything
         plan_number(p.get(key), f"plans[{rank - 1}].{key}", L.MAX_FLOAT, allow_zero=key == "train_days")
     notes = {"step_time_s": p.get("step_time_s"), **price_notes(catalog, acc.id),
-             **recipe_notes(wl.get("offload"), wl.get("lora_rank"), wl.get("quantize_base"))}
+             **recipe_notes(wl.get("offload"), wl.get("lora_rank"), wl.get("quantize_base"), wl.get("offload_device"),
+                            wl.get("lora_targets"))}
     if p.get("train_days"):
         notes["train_hours"] = p["train_days"] * 24
     fw = doc.get("framework")

@@ -249,6 +249,8 @@ RECIPE_WHY = {
     "lora_rank": "the file trains every weight; LoRA adapters (PEFT) are set up in the training script",
     "quantize_base": "the frozen NF4 base (QLoRA) is set up in the training script",
     "offload": "CPU/NVMe offload is not written; turn it on in the framework's own settings",
+    "offload_device": "the offload device is not written; set it in the framework's own offload settings",
+    "lora_targets": "the adapted layers are chosen in the training script's PEFT config (target_modules)",
 }
 """The training recipe settings (shardlab.memory.recipe) that no exported file carries, and what to do instead."""
 
@@ -340,9 +342,14 @@ def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, .
     return out
 
 
-def recipe_notes(offload, lora_rank, quantize_base) -> dict:
-    """``{'recipe': {...}}`` for the settings that differ from plain training, else {}."""
-    r = {k: v for k, v in (("lora_rank", lora_rank), ("quantize_base", quantize_base), ("offload", offload))
+def recipe_notes(offload, lora_rank, quantize_base, offload_device=None, lora_targets=None) -> dict:
+    """``{'recipe': {...}}`` for the settings that differ from plain training, else {}: the offload device where it is
+    not the default CPU and states are offloaded, the adapted layers where they are not all the linear ones."""
+    offloaded = offload not in (None, "none")
+    targets = list(lora_targets) if lora_rank and lora_targets and tuple(lora_targets) != ("all-linear",) else None
+    r = {k: v for k, v in (("lora_rank", lora_rank), ("quantize_base", quantize_base), ("offload", offload),
+                           ("offload_device", offload_device if offloaded and offload_device != "cpu" else None),
+                           ("lora_targets", targets))
          if v not in (None, "none", 0)}
     return {"recipe": r} if r else {}
 

@@ -62,6 +62,15 @@ def plan_workload(wl) -> dict:
         if wl.get(key) is not None and (not isinstance(wl[key], str) or wl[key] not in choices):
             raise plan_refuse(f"workload.{key}", f"one of {', '.join(choices)}", wl[key])
     plan_number(wl.get("lora_rank"), "workload.lora_rank", L.MAX_MODEL_DIM, integer=True)
+    from shardlab.memory.lora import TARGETS
+    from shardlab.memory.offload import DEVICES
+
+    if wl.get("offload_device") is not None and wl["offload_device"] not in DEVICES:
+        raise plan_refuse("workload.offload_device", f"one of {', '.join(DEVICES)}", wl["offload_device"])
+    tg = wl.get("lora_targets")
+    if tg is not None and not (isinstance(tg, list) and tg and all(isinstance(t, str) and t in TARGETS + ("all-linear",)
+                                                                   for t in tg)):
+        raise plan_refuse("workload.lora_targets", f"a list of {', '.join(TARGETS)} or all-linear", tg)
     if wl.get("fp8_params") not in (None, True, False):
         raise plan_refuse("workload.fp8_params", "true or false", wl["fp8_params"])
     return wl

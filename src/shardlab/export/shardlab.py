@@ -11,8 +11,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
               schedule stage_layers recompute_modules
   [workload]  seq_len global_batch precision optimizer dropout grad_reduce_bytes tp_comm_overlap fp8_params
               ep_comm_overlap (these three where true) moe_dispatcher expert_imbalance flash_attention compile
-              dp_overlap attention_kernel fused_loss (where not the default) lora_rank quantize_base offload (the
-              recipe, where the plan used one)
+              dp_overlap attention_kernel fused_loss (where not the default) lora_rank quantize_base offload
+              offload_device lora_targets (the recipe, where the plan used one)
   [framework] name (a training framework or the serving engine)
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype (serving jobs); weights
               (left out where it is the checkpoint's own type) group_size activations (where the plan chose them);
@@ -35,7 +35,8 @@ LAYOUT_KEYS = LAYOUT_FIELDS
 """[layout] holds every field of ``layout.Layout``."""
 WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout", "grad_reduce_bytes", "tp_comm_overlap",
                  "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance", "flash_attention", "compile",
-                 "dp_overlap", "attention_kernel", "fused_loss", "lora_rank", "quantize_base", "offload")
+                 "dp_overlap", "attention_kernel", "fused_loss", "lora_rank", "quantize_base", "offload", "offload_device",
+                 "lora_targets")
 LOAD_KEYS = ("arrival_rate", "concurrency", "ttft_slo", "tpot_slo", "slo_percentile")
 """[serve] keys of the plan's load and targets (``export.job.ServeLoad``): what ``estimate FILE`` prices the layout
 under where no load or target is given beside the file."""
@@ -119,7 +120,7 @@ TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute
          "compile": bool, "dp_overlap": bool, "attention_kernel": str, "fused_loss": bool, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
          "expert_imbalance": float, "inter_node_gbit": float, "arrival_rate": float, "ttft_slo": float,
-         "tpot_slo": float, "slo_percentile": str, "quantize_base": str, "offload": str,
+         "tpot_slo": float, "slo_percentile": str, "quantize_base": str, "offload": str, "offload_device": str, "lora_targets": tuple,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
 names)."""
