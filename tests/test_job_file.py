@@ -174,6 +174,7 @@ def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_
     assert [x for x in again.splitlines() if x.split(" = ")[0] in ("arrival_rate", "ttft_slo", "tpot_slo")] == \
         [x for x in text.splitlines() if x.split(" = ")[0] in ("arrival_rate", "ttft_slo", "tpot_slo")]
     for s, msg in (("serve.slo_percentile='p75'", 'must be "p50" or "p99"'), ("serve.arrival_rate=nan", "arrival_rate"),
+                   ("serve.arrival_rate=1e-300", "arrival_rate = 1e-300 must be a number from 1e-06"),
                    ("serve.ttft_slo=-1", "ttft_slo"), ("serve.concurrency=80", "both arrival_rate and concurrency")):
         code, _, err = cli_main("estimate", "a8.toml", "--set", s)
         assert code == 2 and msg in err and err.count("\n") == 1, (s, err)

@@ -46,7 +46,8 @@ def render(job: LaunchJob, spec, target: str, inner: str | None = None) -> Expor
     if target in LAUNCHERS and job.serve is not None and job.serve.pools is not None:
         raise Refused(f"{target} starts one command on every node; a disaggregated job starts different servers per "
                       f"node: export it with --to vllm, sglang or tensorrt-llm (one script that each node runs with its "
-                      f"NODE_RANK), or an aggregated plan with --rank 1")
+                      f"NODE_RANK), or an aggregated layout (a plan file's --rank 1, or a job file without its [serve] "
+                      f"disaggregated line)")
     if job.gpus > job.gpus_per_node and job.gpus % job.gpus_per_node and (job.serve is None or target in LAUNCHERS):
         # launchers start the same number of processes on every node (torchrun --nproc-per-node, deepspeed --num_gpus)
         raise Refused(f"{job.gpus} GPUs do not fill whole nodes of {job.gpus_per_node}: launchers start as many processes "

@@ -148,11 +148,11 @@ def check_load(sv: dict) -> None:
 
     from shardlab import limits as L
 
-    for key, most in (("arrival_rate", L.MAX_FLOAT), ("ttft_slo", L.MAX_FLOAT), ("tpot_slo", L.MAX_FLOAT),
-                      ("concurrency", L.MAX_BATCH)):
-        v = sv.get(key)
-        if v is not None and not (math.isfinite(v) and 0 < v <= most):
-            raise ShardlabError(f"[serve]: {key} = {v!r} must be a positive number up to {most:g}; fix it")
+    for key, least, most in (("arrival_rate", 1e-6, L.MAX_FLOAT), ("ttft_slo", 1e-6, L.MAX_FLOAT),
+                             ("tpot_slo", 1e-6, L.MAX_FLOAT), ("concurrency", 1, L.MAX_BATCH)):
+        v = sv.get(key)         # the bounds of the flags they stand for (--arrival-rate, --ttft-slo, ...)
+        if v is not None and not (math.isfinite(v) and least <= v <= most):
+            raise ShardlabError(f"[serve]: {key} = {v!r} must be a number from {least:g} to {most:g}; fix it")
     if sv.get("slo_percentile") not in (None, "p50", "p99"):
         raise ShardlabError(f"[serve]: slo_percentile = {sv['slo_percentile']!r} must be \"p50\" or \"p99\"; fix it")
 
