@@ -19,7 +19,8 @@ COMMAND_MODULES = (
     "shardlab.cli.memory_cmd",     # memory
     "shardlab.cli.comm_cmds",      # comm
     "shardlab.cli.shard_pipeline_cmds",  # shard, pipeline
-    "shardlab.cli.cost_cmds",      # cost, guard, ledger
+    "shardlab.cli.cost_cmds",      # cost
+    "shardlab.cli.ledger_cmds",    # guard, ledger
     "shardlab.cli.runtime_cmds",   # run (train, infer)
     "shardlab.cli.bench_cmds",     # bench, calibrate
     "shardlab.cli.shard_check_cmd",  # shard-check
@@ -38,7 +39,7 @@ COMMAND_OWNERS = {
     "memory": "shardlab.cli.memory_cmd",
     "comm": "shardlab.cli.comm_cmds", "shard": "shardlab.cli.shard_pipeline_cmds",
     "pipeline": "shardlab.cli.shard_pipeline_cmds",
-    "cost": "shardlab.cli.cost_cmds", "guard": "shardlab.cli.cost_cmds", "ledger": "shardlab.cli.cost_cmds",
+    "cost": "shardlab.cli.cost_cmds", "guard": "shardlab.cli.ledger_cmds", "ledger": "shardlab.cli.ledger_cmds",
     "run": "shardlab.cli.runtime_cmds",
     "bench": "shardlab.cli.bench_cmds", "calibrate": "shardlab.cli.bench_cmds", "shard-check": "shardlab.cli.shard_check_cmd",
     "models": "shardlab.cli.catalog_cmds", "gpus": "shardlab.cli.catalog_cmds", "links": "shardlab.cli.catalog_cmds",
