@@ -168,52 +168,74 @@ def _decode_cycle(d: DisaggCase, B: float) -> float:
     return float(np.interp(B, d.grid[0], d.grid[1]))
 
 
-def steady_rate(d: DisaggCase, rate: float) -> dict:
-    """Steady state of the two pools under Poisson arrivals at ``rate`` requests/s (module doc)."""
-    dec = d.decode
-    O = dec.output_len
-    t1, s = _prefill_times(d)
-    sat = saturation_rate(d)
-    # past saturation the pools complete their saturation rate: the decode pool sees that, a queue holds the rest
-    lam_p, lam_d = rate / d.prefill_replicas, min(rate, sat) / d.decode_replicas
-    rho = lam_p * s
-    link_load = lam_p * d.kv_transfer_s
-    cap = float(dec.capacity)
-    # decode replica: the root of f(B) = B − λ_d · O · cycle(B) on [0, capacity] (f < 0 until the root): on the
-    # grid, then linear between its two points around the sign change
+def _decode_batch(d: DisaggCase, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(B, full): per entry of c = λ_d·O, the decode replica's batch solving B = c·cycle(B) on [0, capacity] (module
+    doc): the first grid point where B ≥ c·cycle(B), linear between it and the point before; and whether none is
+    (the replica is full, B = capacity). That point is the first where the running maximum of B / cycle(B) reaches
+    c: a binary search per entry rather than a pass over the grid."""
     Bg, cg, _ = d.grid
-    f = Bg - lam_d * O * cg
-    over_d = bool(f[-1] < 0)
-    if over_d:
-        B = cap
-    else:
-        k = int(np.argmax(f >= 0))
-        if k == 0:
-            B = 0.0
-        else:
-            B = float(Bg[k - 1] + (Bg[k] - Bg[k - 1]) * (-f[k - 1]) / (f[k] - f[k - 1]))
-    cycle = float(_decode_cycle(d, max(B, 1e-9)))
-    overloaded = bool(over_d or rho >= 1 or link_load >= 1 or rate >= sat)
-    wait = rho * t1 / (2 * (1 - rho)) if rho < 1 else float("inf")
-    over_s = dec.engine.request_overhead_us * 1e-6
-    ttft = over_s + wait + t1 + d.kv_transfer_s + cycle if not overloaded else float("inf")
-    e2e = ttft + (O - 1) * cycle
-    served = rate if not overloaded else sat
-    return {"ttft_s": ttft, "tpot_s": cycle, "e2e_s": e2e, "requests_per_s": served, "output_tokens_per_s": served * O,
-            "overloaded": overloaded, "prefill_s": t1, "prefill_wait_s": wait, "prefill_utilization": min(rho, 1.0),
-            "kv_transfer_s": d.kv_transfer_s, "kv_link_utilization": min(link_load, 1.0),
-            "decode_batch": B, "in_flight": B * d.decode_replicas, "saturation_rate": sat}
+    ratio = np.maximum.accumulate(Bg / np.maximum(cg, 1e-300))
+    full = ratio[-1] < c
+    k = np.minimum(np.searchsorted(ratio, c, side="left"), len(Bg) - 1)
+    km = np.maximum(k - 1, 0)
+    f0, f1 = Bg[km] - c * cg[km], Bg[k] - c * cg[k]
+    between = Bg[km] + (Bg[k] - Bg[km]) * (-f0) / np.where(k > 0, f1 - f0, 1.0)
+    return np.where(full, float(d.decode.capacity), np.where(k == 0, 0.0, between)), full
 
 
-def saturation_rate(d: DisaggCase) -> float:
-    """Requests/s past which a queue grows: the smallest of the prefill pool's, the decode pool's (full replicas)
-    and the KV link's rates."""
+def saturation_many(d: DisaggCase, n_p, n_d, kv_s) -> np.ndarray:
+    """Requests/s past which a queue grows, for pools of n_p prefill and n_d decode replicas of ``d``'s two layouts
+    sending their KV in kv_s seconds (arrays: one entry per split): the smallest of the prefill pool's, the decode
+    pool's (full replicas) and the KV link's rates."""
     _, s = _prefill_times(d)
     dec = d.decode
     cap = float(dec.capacity)
-    decode_rate = d.decode_replicas * cap / (dec.output_len * float(_decode_cycle(d, cap)))
-    link_rate = d.prefill_replicas / d.kv_transfer_s if d.kv_transfer_s > 0 else float("inf")
-    return float(min(d.prefill_replicas / s, decode_rate, link_rate))
+    decode_rate = n_d * cap / (dec.output_len * float(_decode_cycle(d, cap)))
+    link_rate = np.where(kv_s > 0, n_p / np.where(kv_s > 0, kv_s, 1.0), np.inf)
+    return np.minimum(np.minimum(n_p / s, decode_rate), link_rate)
+
+
+def steady_many(d: DisaggCase, n_p, n_d, kv_s, sat, rate) -> dict:
+    """Steady state of the two pools under Poisson arrivals at ``rate`` requests/s (module doc), for splits of
+    ``d``'s two layouts (arrays as ``saturation_many``'s; ``sat`` its result): arrays of ttft_s, tpot_s, e2e_s, ...
+    (``steady_rate``'s keys). The capacity search (``serving.disagg_split``) evaluates every split at once."""
+    dec = d.decode
+    O = dec.output_len
+    t1, s = _prefill_times(d)
+    rate = np.broadcast_to(np.asarray(rate, dtype=float), np.shape(sat))
+    # past saturation the pools complete their saturation rate: the decode pool sees that, a queue holds the rest
+    lam_p, lam_d = rate / n_p, np.minimum(rate, sat) / n_d
+    rho = lam_p * s
+    link_load = lam_p * kv_s
+    B, over_d = _decode_batch(d, lam_d * O)
+    cycle = np.interp(np.maximum(B, 1e-9), d.grid[0], d.grid[1])
+    overloaded = over_d | (rho >= 1) | (link_load >= 1) | (rate >= sat)
+    wait = np.where(rho < 1, rho * t1 / (2 * np.where(rho < 1, 1 - rho, 1.0)), np.inf)
+    ttft = np.where(overloaded, np.inf, dec.engine.request_overhead_us * 1e-6 + wait + t1 + kv_s + cycle)
+    served = np.where(overloaded, sat, rate)
+    return {"ttft_s": ttft, "tpot_s": cycle, "e2e_s": ttft + (O - 1) * cycle, "requests_per_s": served,
+            "output_tokens_per_s": served * O, "overloaded": overloaded, "prefill_s": np.full(np.shape(sat), t1),
+            "prefill_wait_s": wait, "prefill_utilization": np.minimum(rho, 1.0), "kv_transfer_s": kv_s,
+            "kv_link_utilization": np.minimum(link_load, 1.0), "decode_batch": B, "in_flight": B * n_d,
+            "saturation_rate": sat}
+
+
+def _one(d: DisaggCase) -> tuple:
+    """(n_p, n_d, kv_s) of the split ``d`` itself, as one-entry arrays."""
+    return (np.array([float(d.prefill_replicas)]), np.array([float(d.decode_replicas)]),
+            np.array([float(d.kv_transfer_s)]))
+
+
+def steady_rate(d: DisaggCase, rate: float) -> dict:
+    """Steady state of the split ``d`` under Poisson arrivals at ``rate`` requests/s (``steady_many`` of one)."""
+    one = _one(d)
+    r = steady_many(d, *one, saturation_many(d, *one), rate)
+    return {k: bool(v[0]) if k == "overloaded" else float(v[0]) for k, v in r.items()}
+
+
+def saturation_rate(d: DisaggCase) -> float:
+    """Requests/s past which a queue grows (``saturation_many`` of one)."""
+    return float(saturation_many(d, *_one(d))[0])
 
 
 def steady_concurrency(d: DisaggCase, clients: int) -> dict:

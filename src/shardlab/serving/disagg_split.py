@@ -5,10 +5,9 @@ mean TTFT and TPOT meet the SLOs (``serving.disagg``'s model; DistServe, Zhong e
 ``serving.disagg.max_rate_within`` finds that rate for one split by bisection on ``steady_rate``. A search at a
 thousand GPUs and more holds tens of thousands of splits (127 pool sizes of whole nodes at 1,024 GPUs, 2,047 at
 16,384, each with every pair of layouts), so here the same bisection runs on all the splits of one pair of layouts
-at once, as arrays (``steady_many``: ``steady_rate``'s formulas on arrays of pool sizes and rates), and a split
-becomes a ``DisaggCase`` only when a caller asks for it (``Splits.case``). Two things differ from the scalar
-functions, both below a part in 10⁹ (a test holds them together): the decode batch's root is found on the grid's
-running maximum of B / cycle(B) (``_decode_batch``) rather than by testing B − λ·O·cycle(B) ≥ 0 point by point.
+at once, on ``serving.disagg.steady_many`` (the steady state's one set of formulas, on arrays of pool sizes and
+rates), and a split becomes a ``DisaggCase`` only when a caller asks for it (``Splits.case``). A test holds the two
+bisections to the same rates.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardlab.serving.disagg import DisaggCase, _prefill_times, make_disagg
+from shardlab.serving.disagg import DisaggCase, make_disagg, saturation_many, steady_many
 
 BISECTION_STEPS = 50
 """Halvings of the rate bracket (``serving.disagg.max_rate_within`` takes as many)."""
@@ -28,49 +27,6 @@ def pool_sizes(gpus: int, per_node: int) -> list[int]:
     if gpus <= 2 * per_node:
         return list(range(1, gpus))
     return [p for p in range(per_node, gpus, per_node)]
-
-
-def _decode_batch(d: DisaggCase, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(B, over): per entry of c = λ_d·O, the decode batch solving B = c·cycle(B) (``serving.disagg.steady_rate``:
-    the first grid point where B ≥ c·cycle(B), linear between it and the point before), and whether none does
-    (the replica is full). The first point where B/cycle(B) ≥ c is the first where the running maximum of
-    B/cycle(B) reaches c: a binary search per entry instead of a pass over the grid."""
-    Bg, cg, _ = d.grid
-    ratio = np.maximum.accumulate(Bg / np.maximum(cg, 1e-300))
-    over = ratio[-1] < c
-    k = np.minimum(np.searchsorted(ratio, c, side="left"), len(Bg) - 1)
-    km = np.maximum(k - 1, 0)
-    f0, f1 = Bg[km] - c * cg[km], Bg[k] - c * cg[k]
-    between = Bg[km] + (Bg[k] - Bg[km]) * (-f0) / np.where(k > 0, f1 - f0, 1.0)
-    B = np.where(over, float(d.decode.capacity), np.where(k == 0, 0.0, between))
-    return B, over
-
-
-def saturation_many(d: DisaggCase, n_p: np.ndarray, n_d: np.ndarray, kv_s: np.ndarray) -> np.ndarray:
-    """``serving.disagg.saturation_rate`` of splits of ``d``'s pair of replicas (n_p prefill and n_d decode
-    replicas, kv_s seconds of KV transfer)."""
-    _, s = _prefill_times(d)
-    dec = d.decode
-    cap = float(dec.capacity)
-    decode_rate = n_d * cap / (dec.output_len * float(np.interp(cap, d.grid[0], d.grid[1])))
-    link_rate = np.where(kv_s > 0, n_p / np.where(kv_s > 0, kv_s, 1.0), np.inf)
-    return np.minimum(np.minimum(n_p / s, decode_rate), link_rate)
-
-
-def steady_many(d: DisaggCase, n_p, n_d, kv_s, sat, rate) -> dict:
-    """``serving.disagg.steady_rate`` on arrays: the splits' steady state at ``rate`` (ttft_s, tpot_s,
-    overloaded, prefill_utilization)."""
-    dec = d.decode
-    O = dec.output_len
-    t1, s = _prefill_times(d)
-    lam_p, lam_d = rate / n_p, np.minimum(rate, sat) / n_d
-    rho = lam_p * s
-    B, over_d = _decode_batch(d, lam_d * O)
-    cycle = np.interp(np.maximum(B, 1e-9), d.grid[0], d.grid[1])
-    overloaded = over_d | (rho >= 1) | (lam_p * kv_s >= 1) | (rate >= sat)
-    wait = np.where(rho < 1, rho * t1 / (2 * np.where(rho < 1, 1 - rho, 1.0)), np.inf)
-    ttft = np.where(overloaded, np.inf, dec.engine.request_overhead_us * 1e-6 + wait + t1 + kv_s + cycle)
-    return {"ttft_s": ttft, "tpot_s": cycle, "overloaded": overloaded, "prefill_utilization": np.minimum(rho, 1.0)}
 
 
 def max_rates_within(d: DisaggCase, n_p, n_d, kv_s, ttft_slo: float | None, tpot_slo: float | None) -> np.ndarray:
