@@ -267,3 +267,28 @@ def test_the_recipes_adapted_layers_and_offload_device_travel(tmp_path, monkeypa
     code, est, err = cli_main("estimate", "r.toml", "--json")
     assert code == 0, err
     assert json.loads(est)["step_time_s"] == pytest.approx(json.loads(out)["plans"][0]["step_time_s"], rel=1e-12)
+
+
+def test_a_saved_wide_ep_disaggregated_plan_gives_its_figures_back(tmp_path, monkeypatch):
+    """The decode pool of GPT-OSS-120B's disaggregated winner runs 8 attention ranks: the file's max_num_seqs is each
+    rank's scheduler cap (vLLM's --max-num-seqs), not the replica's capacity, which read back as a per-rank cap had
+    sized the activation peak for 8× the sampled rows (52,669 KV blocks for the plan's 54,125, capacity 3,072 for
+    3,160). estimate FILE now gives the plan's capacity, TTFT and TPOT back."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "gpt-oss-120b", "--inference", "--serve", "--gpus", "16", "--gpu", "h100-sxm",
+                              "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025",
+                              "--save", "d.toml", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    text = (tmp_path / "d.toml").read_text()
+    assert "disaggregated = " in text, "the winner is disaggregated"
+    dec = doc["disaggregated"][0]["decode"]
+    assert dec["dp_attention"] > 1
+    assert f"max_num_seqs = {-(-dec['capacity_per_replica'] // dec['dp_attention'])}\n" in text
+    code, out, err = cli_main("estimate", "d.toml", "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["disaggregated"]["decode"]["capacity_per_replica"] == dec["capacity_per_replica"]
+    assert est["steady_state"]["ttft_s"] == pytest.approx(doc["disaggregated"][0]["ttft_s"], rel=1e-9)
+    assert est["steady_state"]["tpot_s"] == pytest.approx(doc["disaggregated"][0]["tpot_s"], rel=1e-9)
+    assert est["slo"]["met"] is True

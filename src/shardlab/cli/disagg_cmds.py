@@ -95,7 +95,8 @@ def export_job(args, cat, spec):
     engine, fw = serving_engine(args)
     d = build(args, spec, cluster, prec, engine, cat, pools)
     dec = d.decode
-    cap = min(dec.capacity, args.max_num_seqs or dec.capacity)
+    per = -(-dec.capacity // (dec.pp * dec.attention_dp))    # --max-num-seqs is per scheduler (serving.case)
+    cap = min(per, args.max_num_seqs or per)
     serve = Serve(cap, args.prompt_len, args.output_len, 1, kv_blocks=int(dec.blocks.num_blocks),
                   gpu_memory_utilization=engine.gpu_memory_utilization,
                   kv_cache_dtype="fp8" if prec.kv_cache == "fp8" else "auto", weights=prec.weights,

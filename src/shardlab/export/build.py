@@ -229,7 +229,10 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
             raise ShardlabError(f"--plan FILE: disaggregated {name} must be a positive whole number; export the plan "
                                 f"again with `shardlab plan --json`")
     sv = _serving_settings(doc.get("serving"), spec)
-    cap = min(dec["capacity_per_replica"], sv["max_num_seqs"] or dec["capacity_per_replica"])
+    # the engine's cap is per scheduler (each attention DP rank's, per pipeline micro-batch: serving.case), the
+    # capacity the replica's: the cap that holds the replica at its capacity, as the search priced it
+    per = -(-dec["capacity_per_replica"] // (dec.get("pp", 1) * dec.get("dp_attention", 1)))
+    cap = min(per, sv["max_num_seqs"] or per)
     blocks = dec.get("kv_blocks_per_gpu")
     serve = Serve(max_num_seqs=cap, prompt_len=doc["prompt_len"], output_len=doc["output_len"], replicas=1,
                   kv_blocks=blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else None,
