@@ -292,3 +292,22 @@ def test_a_saved_wide_ep_disaggregated_plan_gives_its_figures_back(tmp_path, mon
     assert est["steady_state"]["ttft_s"] == pytest.approx(doc["disaggregated"][0]["ttft_s"], rel=1e-9)
     assert est["steady_state"]["tpot_s"] == pytest.approx(doc["disaggregated"][0]["tpot_s"], rel=1e-9)
     assert est["slo"]["met"] is True
+
+
+def test_a_job_files_recipe_values_are_refused_by_the_files_keys(tmp_path, monkeypatch):
+    """A bad recipe value read from a job file is named by its key in the file ([workload] quantize_base in
+    l.toml), not by a flag the user never typed; the same value given as a flag still names the flag."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--lora-rank", "16", "--quantize-base", "nf4",
+                            "--save", "l.toml")
+    assert code == 0, err
+    for s, msg in (("workload.quantize_base='int3'", "[workload] quantize_base in l.toml must be nf4 or none"),
+                   ("workload.offload='gpu'", "[workload] offload in l.toml must be one of optimizer"),
+                   ("workload.lora_targets=['q','zz']", "[workload] lora_targets in l.toml: unknown zz"),
+                   ("workload.offload_device='nvme'", "[workload] offload_device in l.toml says where offloaded"),
+                   ("workload.precision='fp7'", "[workload] precision in l.toml must be one of")):
+        code, _, err = cli_main("estimate", "l.toml", "--set", s)
+        assert code == 2 and msg in err and err.count("\n") == 1, (s, err)
+        assert "--quantize-base" not in err and "--lora-targets" not in err and "--precision" not in err, (s, err)
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--offload-device", "nvme")
+    assert code == 2 and "--offload-device says where offloaded states go: add --offload" in err, err

@@ -17,7 +17,7 @@ FLAGS = {
     "serve.max_num_seqs": "--batch", "serve.prompt_len": "--prompt-len", "serve.output_len": "--output-len",
     "serve.kv_cache_dtype": "--kv-cache-dtype", "serve.weights": "--weights",
     "serve.group_size": "--group-size", "serve.activations": "--activations",
-    "recipe.offload": "--offload", "recipe.lora_rank": "--lora-rank", "recipe.quantize_base": "--quantize-base",
+    "recipe.offload": "--offload", "recipe.offload_device": "--offload-device", "recipe.lora_rank": "--lora-rank", "recipe.quantize_base": "--quantize-base",
     "recipe.lora_targets": "--lora-targets", "recipe.fp8_all_gather": "--fp8-all-gather",
     "recipe.fp8_params": "--fp8-params", "workload.tp_comm_overlap": "--tp-comm-overlap",
     "moe.dispatcher": "--moe-dispatcher", "moe.ep_comm_overlap": "--ep-comm-overlap",

@@ -4,6 +4,9 @@ model, and show what was read beside the command's own output."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 
 def add_from_arg(p) -> None:
     p.add_argument("--from", dest="from_file", metavar="FILE", default=None,
@@ -354,6 +357,34 @@ def _beside_best(args, doc: dict) -> str:
             f"({mine.step_time_s / best:.2f}× the best's time)")
 
 
+FIELD_KEYS = {"serve.kv_cache_dtype": "kv_cache", "serve.max_num_seqs": "max_num_seqs"}
+"""Core field names whose import key differs from the name's last part."""
+
+
+@contextlib.contextmanager
+def _file_names(path: str, imp):
+    """While the command runs on a file's values, the core's errors name a value the file gave by the file's own
+    field (``export.field_names``: ``[workload] quantize_base in job.toml``, ``--tensor-parallel-size in serve.sh``)
+    and the rest by their flags, as the command line does (``cli.fields``)."""
+    from shardlab.errors import FIELD_NAMES
+    from shardlab.export import field_names
+
+    names, given, outer = field_names(imp.source, imp.framework), set(imp.fields), FIELD_NAMES.get()
+    short = os.path.basename(path) or path
+
+    def namer(field: str) -> str:
+        key = FIELD_KEYS.get(field, field.rsplit(".", 1)[-1])
+        if key in given and key in names:
+            return f"{names[key]} in {short}"
+        return outer(field) if outer is not None else field
+
+    token = FIELD_NAMES.set(namer)
+    try:
+        yield
+    finally:
+        FIELD_NAMES.reset(token)
+
+
 def with_from(parser, fn):
     """Wrap a handler (estimate, memory, plan): with --from FILE, fill the flags from the file first."""
 
@@ -370,7 +401,8 @@ def with_from(parser, fn):
 
         imp = apply_sets(read_file(args.from_file, get_catalog(args.catalog)), getattr(args, "set_fields", None))
         apply_import(args, imp, parser)
-        doc, text = fn(args)
+        with _file_names(args.from_file, imp):
+            doc, text = fn(args)
         doc["imported"] = imp.to_dict()
         extra = _beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
         return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")

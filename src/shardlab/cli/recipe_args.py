@@ -41,7 +41,7 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 def recipe_from_args(args):
     """The Recipe of the flags above (defaults when a command does not have them)."""
-    from shardlab.errors import ShardlabError
+    from shardlab.errors import ShardlabError, field_name
     from shardlab.memory.fp8 import Fp8Recipe
     from shardlab.memory.lora import LoraSpec
     from shardlab.memory.offload import Offload
@@ -54,11 +54,14 @@ def recipe_from_args(args):
     history = getattr(args, "fp8_amax_history", None)
     fp8 = getattr(args, "precision", "") == "fp8-mixed"
     if quant != "none" and rank is None:
-        raise ShardlabError("--quantize-base nf4 quantizes the frozen base of a LoRA run: add --lora-rank R (e.g. 16)")
+        raise ShardlabError(f"{field_name('recipe.quantize_base')} {quant} quantizes the frozen base of a LoRA run: add "
+                            f"{field_name('recipe.lora_rank')} R (e.g. 16)")
     if targets is not None and rank is None:
-        raise ShardlabError("--lora-targets chooses the adapted layers of a LoRA run: add --lora-rank R (e.g. 16)")
+        raise ShardlabError(f"{field_name('recipe.lora_targets')} chooses the adapted layers of a LoRA run: add "
+                            f"{field_name('recipe.lora_rank')} R (e.g. 16)")
     if device is not None and getattr(args, "offload", "none") == "none":
-        raise ShardlabError("--offload-device says where offloaded states go: add --offload optimizer, params or both")
+        raise ShardlabError(f"{field_name('recipe.offload_device')} says where offloaded states go: add "
+                            f"{field_name('recipe.offload')} optimizer, params or both")
     params = getattr(args, "fp8_params", False)
     if (history is not None or getattr(args, "fp8_all_gather", False) or params) and not fp8:
         raise ShardlabError("--fp8-amax-history / --fp8-all-gather / --fp8-params describe FP8 training: add "

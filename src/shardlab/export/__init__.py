@@ -156,7 +156,14 @@ FIELD_NAMES = {
                                                                        "micro_batch", "stage_layers", "schedule")},
                  "seq_len": "[workload] seq_len", "global_batch": "[workload] global_batch",
                  "max_num_seqs": "[serve] max_num_seqs", "prompt_len": "[serve] prompt_len",
-                 "output_len": "[serve] output_len", "replicas": "[serve] replicas"},
+                 "output_len": "[serve] output_len", "replicas": "[serve] replicas",
+                 **{k: f"[workload] {k}" for k in ("precision", "optimizer", "lora_rank", "quantize_base", "offload",
+                                                   "offload_device", "lora_targets", "tp_comm_overlap",
+                                                   "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance")},
+                 **{k: f"[layout] {k}" for k in ("etp", "recompute", "recompute_fraction", "recompute_modules", "wrap",
+                                                 "dp_replicate", "sequence_parallel")},
+                 **{k: f"[serve] {k}" for k in ("weights", "group_size", "activations", "gpu_memory_utilization")},
+                 "kv_cache": "[serve] kv_cache_dtype"},
 }
 """What each target's file calls the job fields its reader fills: errors about a value read from a file name the
 file's own field, never a shardlab flag the user did not give."""

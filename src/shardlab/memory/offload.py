@@ -56,7 +56,7 @@ def check_offload(off: Offload, zero: int) -> Offload:
     if off.what not in MODES:
         raise ShardlabError(f"{field_name('recipe.offload')} must be one of {', '.join(MODES[1:])}, got '{off.what}'")
     if off.device not in DEVICES:
-        raise ShardlabError(f"--offload-device must be cpu or nvme, got '{off.device}'")
+        raise ShardlabError(f"{field_name('recipe.offload_device')} must be cpu or nvme, got '{off.device}'")
     if off.what == "optimizer" and zero < 1:
         raise ShardlabError(f"{field_name('recipe.offload')} optimizer needs a partitioned optimizer: add "
                             f"{field_name('layout.zero')} 1, 2 or 3 (DeepSpeed ZeRO-Offload)")
