@@ -158,8 +158,8 @@ def test_estimate_of_a_file_of_several_replicas_says_it_prices_one(tmp_path, mon
 
 def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_path, monkeypatch):
     """Review findings on the saved load: export keeps the per-replica cap; bad or doubled loads and statistics are
-    one line; clients that do not split over the replicas are refused with the fix; plan FILE runs a saved closed
-    loop again; estimate FILE --slo-percentile p99 asks for the layout's capacity, not the file's load."""
+    one line; clients that do not split evenly over the replicas are dealt as a balancer deals them (estimate
+    prices a busiest replica, the totals add the others); plan FILE runs a saved closed loop again; estimate FILE --slo-percentile p99 asks for the layout's capacity, not the file's load."""
     monkeypatch.chdir(tmp_path)
     code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--prompt-len", "1000",
                             "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025", "--save", "a8.toml")
@@ -181,8 +181,22 @@ def test_a_saved_serving_plans_load_reads_back_checked_and_where_it_belongs(tmp_
     code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--tp", "1",
                             "--concurrency", "3", "--save", "k3.toml")
     assert code == 0, err
-    code, _, err = cli_main("estimate", "k3.toml")
-    assert code == 2 and "3 clients do not split evenly over its 8 replicas" in err and "--concurrency" in err
+    code, out, err = cli_main("estimate", "k3.toml", "--json")    # 3 clients over 8 replicas: 3 × 1 + 5 × 0
+    rep = json.loads(out)["replicas"]
+    assert code == 0 and json.loads(out)["load"]["concurrency"] == 1, err
+    assert rep["clients"] == {"total": 3, "busiest": 1, "replicas_busiest": 3, "others": 0}
+    assert rep["requests_per_s"] == pytest.approx(3 * json.loads(out)["steady_state"]["requests_per_s"])
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--tp", "4",
+                              "--concurrency", "63", "--save", "k63.toml", "--json")
+    assert code == 0, err
+    plan = json.loads(out)["plans"][0]
+    code, out, err = cli_main("estimate", "k63.toml", "--json")   # 32 + 31 clients: the totals are the plan's
+    est = json.loads(out)
+    assert code == 0 and est["load"]["concurrency"] == 32 and est["replicas"]["clients"]["others"] == 31, err
+    assert est["replicas"]["output_tokens_per_s"] == pytest.approx(plan["output_tokens_per_s"], rel=1e-3)
+    code, out, err = cli_main("estimate", "k63.toml")
+    assert "its 63 clients split 1 × 32 + 1 × 31: the figures above are a replica of 32 (the busiest)" in \
+        " ".join(out.split()), out
     code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--concurrency", "64",
                             "--save", "c8.toml")
     assert code == 0, err

@@ -114,8 +114,8 @@ def _apply_load(args, f: dict, parser) -> None:
 
     - the targets (--ttft-slo, --tpot-slo), and the layout is priced or searched under load (--serve);
     - ``estimate``: the file's load as the one replica it prices sees it (requests/s over all replicas split
-      evenly; clients too where they split evenly, else refused with the fix; a disaggregated job's two pools take
-      the load whole); given --slo-percentile, the layout's capacity under the targets instead;
+      evenly; clients as a balancer deals them, ⌈C/n⌉ to the busiest replicas, which it prices; a disaggregated
+      job's two pools take the load whole); given --slo-percentile, the layout's capacity under the targets instead;
     - ``plan``: a closed loop of clients again; requests/s only without targets (with them, the plan searches the
       capacity again: the file's rate is that capacity, or a load the search then finds the room for)."""
     from shardlab.errors import ShardlabError
@@ -156,11 +156,10 @@ def _apply_load(args, f: dict, parser) -> None:
             args.verdict_percentile = load.get("slo_percentile")
         if rate is not None:
             args.arrival_rate = float(rate) / split
-        elif clients is not None:
+        elif clients is not None:              # a balancer gives each replica ⌊C/n⌋ or ⌈C/n⌉ clients: estimate
+            args.concurrency = -(-clients // split)   # prices a busiest one, the totals add the others
             if clients % split:
-                raise ShardlabError(f"{args.from_file}: its {clients} clients do not split evenly over its {split} "
-                                    f"replicas, and estimate prices one: give --concurrency C (one replica's clients)")
-            args.concurrency = clients // split
+                args.file_clients = (int(clients), split)
         elif "slo_percentile" in load:
             args.slo_percentile = load["slo_percentile"]
     if hasattr(args, "serve") and (targets or rate is not None or clients is not None):

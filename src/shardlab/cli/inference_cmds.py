@@ -106,13 +106,26 @@ def _estimate_static(args, spec, cluster, prec, engine):
     return finite(doc), "\n".join(lines)
 
 
-def file_replicas(args, doc: dict, gpus: int, tokens_per_s: float, requests_per_s: float | None) -> str | None:
+def file_replicas(args, doc: dict, gpus: int, tokens_per_s: float, requests_per_s: float | None,
+                  lighter: tuple[float, float] | None = None) -> str | None:
     """A job file of N replicas read by estimate, which prices one replica: ``doc['replicas']`` gets the count, the
     GPUs and the N replicas' totals (the file's load is one replica's, as the estimate reads it), and the line that
-    says so; None for one replica."""
+    says so; None for one replica. ``lighter``: (output tokens/s, requests/s) of a replica with a client fewer, when
+    the file's C clients do not split evenly (``args.file_clients``): C mod N replicas run ⌈C/N⌉ (the one priced),
+    the rest ⌊C/N⌋."""
     n = int(getattr(args, "file_replicas", 1) or 1)
     if n <= 1:
         return None
+    split = getattr(args, "file_clients", None)
+    if split and lighter is not None and requests_per_s is not None:
+        c = split[0]
+        busy, hi, lo = c % n, -(-c // n), c // n
+        tok, req = busy * tokens_per_s + (n - busy) * lighter[0], busy * requests_per_s + (n - busy) * lighter[1]
+        doc["replicas"] = {"count": n, "gpus": n * gpus, "output_tokens_per_s": tok, "requests_per_s": req,
+                           "clients": {"total": c, "busiest": hi, "replicas_busiest": busy, "others": lo}}
+        return (f"{args.from_file} runs {n} replicas of this layout ({n * gpus} GPUs), and its {c} clients split "
+                f"{busy} × {hi} + {n - busy} × {lo}: the figures above are a replica of {hi} (the busiest); the {n} "
+                f"serve {tok:,.0f} output tokens/s and {req:,.2f} requests/s in all")
     doc["replicas"] = {"count": n, "gpus": n * gpus, "output_tokens_per_s": n * tokens_per_s,
                        "requests_per_s": None if requests_per_s is None else n * requests_per_s}
     if requests_per_s is None:     # a static batch per replica: a plan's batch may leave replicas idle

@@ -163,7 +163,12 @@ def estimate_serve(args, spec, cluster, prec, engine):
         notes.append(preempt_note)
     if case.attention_dp > 1:
         notes.append(ep_caveat())
-    rep = file_replicas(args, doc, case.gpus, res["output_tokens_per_s"], res["requests_per_s"])
+    lighter = None
+    if getattr(args, "file_clients", None) and mode == 1:   # the replicas with a client fewer (from_file._apply_load)
+        lo = args.file_clients[0] // args.file_clients[1]
+        st = {k: float(v[0]) for k, v in fluid(arrays([case]), [1], [lo]).items()} if lo else None
+        lighter = (st["output_tokens_per_s"], st["requests_per_s"]) if st else (0.0, 0.0)
+    rep = file_replicas(args, doc, case.gpus, res["output_tokens_per_s"], res["requests_per_s"], lighter)
     if rep:
         notes.append(rep)
     if notes:
