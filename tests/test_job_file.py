@@ -325,3 +325,47 @@ def test_a_job_files_recipe_values_are_refused_by_the_files_keys(tmp_path, monke
         assert "--quantize-base" not in err and "--lora-targets" not in err and "--precision" not in err, (s, err)
     code, _, err = cli_main("estimate", "llama-3.1-8b", "--offload-device", "nvme")
     assert code == 2 and "--offload-device says where offloaded states go: add --offload" in err, err
+
+
+def test_plan_of_a_saved_serving_file_asks_its_question_again_and_shows_its_layout(tmp_path, monkeypatch):
+    """A --target-rate plan's file carries the rate it was asked for (as its load and as target_rate): plan FILE asks
+    for the fewest GPUs again and estimate FILE prices the rate, not the capacity found; a --prefill-gpu plan's file
+    searches its prefill pool on that kind again; plan FILE sets the file's own layout beside the best."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--ttft-slo", "1", "--tpot-slo",
+                              "0.025", "--target-rate", "100", "--prompt-len", "1000", "--output-len", "500",
+                              "--save", "t.toml", "--json")
+    assert code == 0, err
+    first = json.loads(out)["target"]
+    text = (tmp_path / "t.toml").read_text()
+    assert "target_rate = 100.0" in text and "arrival_rate = 100.0" in text
+    code, out, err = cli_main("plan", "t.toml", "--json")
+    again = json.loads(out)
+    assert code == 0 and again["target"]["rate"] == 100 and again["target"]["gpus"] == first["gpus"], err
+    code, out, err = cli_main("estimate", "t.toml", "--json")
+    est = json.loads(out)
+    assert code == 0 and est["load"]["arrival_rate"] == pytest.approx(100 / est["replicas"]["count"]), err
+    code, _, err = cli_main("estimate", "t.toml", "--set", "serve.target_rate=-1")
+    assert code == 2 and "target_rate = -1" in err and err.count("\n") == 1, err
+
+    code, out, err = cli_main("plan", "llama-3.1-70b", "--inference", "--serve", "--gpus", "16", "--gpu", "h100-sxm",
+                              "--prefill-gpu", "h200", "--prompt-len", "4000", "--output-len", "500", "--ttft-slo", "1",
+                              "--tpot-slo", "0.025", "--save", "pg.toml", "--json")
+    assert code == 0 and 'prefill_gpu = "h200"' in (tmp_path / "pg.toml").read_text(), err
+    code, out, err = cli_main("plan", "pg.toml", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["disaggregated"][0]["prefill"]["gpu"] == "h200", err
+    assert doc["imported_estimate"]["is_best"] is True
+    code, _, err = cli_main("plan", "pg.toml", "--prefill-gpu", "h100-sxm")
+    assert code == 2 and "conflicts with pg.toml (prefill_gpu = h200)" in err, err
+
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "2", "--gpu", "h100-sxm",
+                              "--prompt-len", "1000", "--output-len", "500", "--ttft-slo", "1", "--tpot-slo", "0.025",
+                              "--save", "a2.toml", "--json")
+    assert code == 0 and json.loads(out)["capacity"]["layout"]["tp"] == 1, err
+    code, out, err = cli_main("plan", "a2.toml", "--set", "layout.tp=2", "--set", "serve.replicas=1", "--json")
+    mine = json.loads(out)["imported_estimate"]
+    assert code == 0 and mine["is_best"] is False, err
+    assert 0 < mine["goodput_tokens_per_s_per_gpu"] < mine["best_goodput_tokens_per_s_per_gpu"]
+    code, out, err = cli_main("plan", "a2.toml", "--set", "layout.tp=2", "--set", "serve.replicas=1")
+    assert "your file's layout (1 × TP 2 × PP 1):" in out and "× the best's)" in " ".join(out.split()), out

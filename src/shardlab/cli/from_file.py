@@ -116,8 +116,9 @@ def _apply_load(args, f: dict, parser) -> None:
     - ``estimate``: the file's load as the one replica it prices sees it (requests/s over all replicas split
       evenly; clients as a balancer deals them, ⌈C/n⌉ to the busiest replicas, which it prices; a disaggregated
       job's two pools take the load whole); given --slo-percentile, the layout's capacity under the targets instead;
-    - ``plan``: a closed loop of clients again; requests/s only without targets (with them, the plan searches the
-      capacity again: the file's rate is that capacity, or a load the search then finds the room for)."""
+    - ``plan``: a closed loop of clients again; a --target-rate plan's rate as --target-rate again (the fewest GPUs,
+      up to the file's); requests/s only without targets (with them, the plan searches the capacity again: the
+      file's rate is that capacity, or a load the search then finds the room for)."""
     from shardlab.errors import ShardlabError
     from shardlab.export.shardlab import LOAD_KEYS
 
@@ -130,7 +131,7 @@ def _apply_load(args, f: dict, parser) -> None:
         from shardlab.export.job import ServeLoad
 
         args.file_load = ServeLoad(load.get("arrival_rate"), load.get("concurrency"), load.get("ttft_slo"),
-                                   load.get("tpot_slo"), load.get("slo_percentile"))
+                                   load.get("tpot_slo"), load.get("slo_percentile"), load.get("target_rate"))
     if not load or command not in (["estimate"], ["plan"]):
         return
     if "arrival_rate" in load and "concurrency" in load:
@@ -146,6 +147,8 @@ def _apply_load(args, f: dict, parser) -> None:
     if not given and command == ["plan"]:
         if clients is not None:
             args.concurrency = int(clients)
+        elif "target_rate" in load and targets:     # a --target-rate plan's question: the fewest GPUs again
+            args.target_rate = float(load["target_rate"])
         elif rate is not None and not targets:
             args.arrival_rate = float(rate)
         elif "slo_percentile" in load:
@@ -177,6 +180,10 @@ def apply_import(args, imp, parser) -> None:
         if not hasattr(args, "inference"):
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
         args.inference = True
+        if parser.prog.split()[1:] == ["plan"]:     # the file's layout, shown beside the search's best
+            from shardlab.cli.serve_beside import LAYOUT_KEYS
+
+            args.file_serving_layout = {k: f[k] for k in LAYOUT_KEYS if k in f}
         f.pop("gpus", None)
         if "serve_gpus" in f and parser.prog.split()[1:] == ["plan"] and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
             args.gpus = f["serve_gpus"]          # a saved serving plan searches the GPUs it was planned for
@@ -194,8 +201,14 @@ def apply_import(args, imp, parser) -> None:
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them
-        if parser.prog.split()[1:] == ["plan"]:      # plan searches the pools again (its serving search)
-            for k in ("disaggregated", "prefill_tp", "prefill_gpu", "prefill_pp"):
+        if parser.prog.split()[1:] == ["plan"]:      # plan searches the pools again (its serving search), the
+            kind = f.pop("prefill_gpu", None)         # prefill pool on the file's other kind of GPU as it was asked
+            if kind and hasattr(args, "prefill_gpu"):
+                if args.prefill_gpu not in (None, kind):
+                    raise ShardlabError(f"--prefill-gpu {args.prefill_gpu} conflicts with {args.from_file} "
+                                        f"(prefill_gpu = {kind}); drop the flag or edit the file")
+                args.prefill_gpu = kind
+            for k in ("disaggregated", "prefill_tp", "prefill_pp"):
                 f.pop(k, None)
         elif not hasattr(args, "disaggregated"):
             raise ShardlabError(f"{args.from_file} is a disaggregated prefill/decode script; read it with "
@@ -341,7 +354,11 @@ def _beside_best(args, doc: dict) -> str:
     from shardlab.cli.plan_cmds import _catalog, training_estimate_from_args
     from shardlab.errors import ShardlabError
 
-    if args.inference or not doc.get("plans"):
+    if args.inference:
+        from shardlab.cli.serve_beside import serve_beside_best
+
+        return serve_beside_best(args, doc)
+    if not doc.get("plans"):
         return ""
     args.gpus = args.gpus or doc["gpus"]
     try:

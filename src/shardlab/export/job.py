@@ -80,6 +80,9 @@ class ServeLoad:
     """The plan's TPOT target (--tpot-slo)."""
     slo_percentile: str | None = None
     """The statistic the targets bind ('p50' or 'p99'; --slo-percentile)."""
+    target_rate: float | None = None
+    """The request rate a plan was asked to serve on the fewest GPUs (--target-rate): ``plan FILE`` asks again, and
+    ``arrival_rate`` is that rate."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ def recipe_unsupported(job: LaunchJob, target: str = "") -> tuple[Unsupported, .
     load = job.serve.load if job.serve is not None else None
     if load is not None and target != "shardlab":     # shardlab's job file writes them ([serve], export.shardlab)
         what = {"arrival_rate": load.arrival_rate, "concurrency": load.concurrency, "ttft_slo": load.ttft_slo_s,
-                "tpot_slo": load.tpot_slo_s, "slo_percentile": load.slo_percentile}
+                "tpot_slo": load.tpot_slo_s, "slo_percentile": load.slo_percentile, "target_rate": load.target_rate}
         out += tuple(Unsupported(k, v, "the plan's load and latency targets describe the traffic, not the engine: "
                                        "the file cannot carry them (shardlab's job file does)")
                      for k, v in what.items() if v is not None)

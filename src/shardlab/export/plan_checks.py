@@ -109,7 +109,8 @@ def plan_framework(fw, catalog) -> tuple[str | None, dict]:
 
 def plan_load(doc: dict, capacity, where: str):
     """The ``ServeLoad`` of a serving plan (``export.job``): the load it was given (``load``: clients or requests/s over
-    all replicas), else the capacity its search found within the SLOs (``capacity``, the plan entry's
+    all replicas; ``target.rate`` of a --target-rate plan, kept as its question too), else the capacity its search
+    found within the SLOs (``capacity``, the plan entry's
     ``max_request_rate``; none where it meets them at no load), and its ``slo``. None for a static-batch plan."""
     from shardlab.export.job import ServeLoad
 
@@ -120,11 +121,15 @@ def plan_load(doc: dict, capacity, where: str):
     slo = slo if isinstance(slo, dict) else {}
     rate = plan_number(load.get("arrival_rate"), "load.arrival_rate", L.MAX_FLOAT)
     clients = plan_number(load.get("concurrency"), "load.concurrency", L.MAX_BATCH, integer=True)
-    if rate is None and clients is None and capacity:
-        rate = plan_number(capacity, f"{where}.max_request_rate", L.MAX_FLOAT)
+    target = doc.get("target")
+    asked = plan_number(target.get("rate"), "target.rate", L.MAX_FLOAT) if isinstance(target, dict) else None
+    if rate is None and clients is None:          # --target-rate: the rate asked for; else the capacity found
+        rate = asked if asked is not None else (plan_number(capacity, f"{where}.max_request_rate", L.MAX_FLOAT)
+                                                if capacity else None)
     pct = slo.get("percentile")
     if pct not in (None, "p50", "p99"):
         raise plan_refuse("slo.percentile", "p50 or p99", pct)
     return ServeLoad(arrival_rate=None if rate is None else float(rate), concurrency=clients,
                      ttft_slo_s=plan_number(slo.get("ttft_s"), "slo.ttft_s", L.MAX_FLOAT),
-                     tpot_slo_s=plan_number(slo.get("tpot_s"), "slo.tpot_s", L.MAX_FLOAT), slo_percentile=pct)
+                     tpot_slo_s=plan_number(slo.get("tpot_s"), "slo.tpot_s", L.MAX_FLOAT), slo_percentile=pct,
+                     target_rate=None if asked is None else float(asked))

@@ -17,7 +17,8 @@ back from ``shardlab estimate job.toml``. Sections and keys (docs/job-file.md):
   [serve]     max_num_seqs prompt_len output_len replicas gpu_memory_utilization kv_cache_dtype (serving jobs); weights
               (left out where it is the checkpoint's own type) group_size activations (where the plan chose them);
               ep dp_attention (MoE layouts), disaggregated = "P:D" prefill_tp prefill_pp prefill_gpu (two pools), where set;
-              arrival_rate concurrency ttft_slo tpot_slo slo_percentile (the plan's load, over all replicas, and targets)
+              arrival_rate concurrency ttft_slo tpot_slo slo_percentile (the plan's load, over all replicas, and targets);
+              target_rate (a --target-rate plan's question: plan FILE asks it again)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ WORKLOAD_KEYS = ("seq_len", "global_batch", "precision", "optimizer", "dropout",
                  "fp8_params", "moe_dispatcher", "ep_comm_overlap", "expert_imbalance", "flash_attention", "compile",
                  "dp_overlap", "attention_kernel", "fused_loss", "lora_rank", "quantize_base", "offload", "offload_device",
                  "lora_targets")
-LOAD_KEYS = ("arrival_rate", "concurrency", "ttft_slo", "tpot_slo", "slo_percentile")
+LOAD_KEYS = ("arrival_rate", "concurrency", "ttft_slo", "tpot_slo", "slo_percentile", "target_rate")
 """[serve] keys of the plan's load and targets (``export.job.ServeLoad``): what ``estimate FILE`` prices the layout
 under where no load or target is given beside the file."""
 SERVE_KEYS = ("max_num_seqs", "prompt_len", "output_len", "replicas", "gpu_memory_utilization", "kv_cache_dtype", "weights",
@@ -89,7 +90,7 @@ def render(job: LaunchJob, spec=None) -> Export:
                 "prefill_gpu": sv.pools.prefill_gpu if sv.pools else None,
                 "prefill_pp": sv.pools.prefill_pp if sv.pools and sv.pools.prefill_pp > 1 else None,
                 **dict(zip(LOAD_KEYS, (sv.load.arrival_rate, sv.load.concurrency, sv.load.ttft_slo_s, sv.load.tpot_slo_s,
-                                       sv.load.slo_percentile) if sv.load else (None,) * len(LOAD_KEYS)))}
+                                       sv.load.slo_percentile, sv.load.target_rate) if sv.load else (None,) * len(LOAD_KEYS)))}
         if sv.weights_from_checkpoint:
             vals.update(weights=None, group_size=None)
         doc["serve"] = {k: v for k, v in vals.items() if v is not None and (k not in SERVE_DEFAULT or v != SERVE_DEFAULT[k])}
@@ -120,7 +121,7 @@ TYPES = {"name": str, "gpu": str, "precision": str, "optimizer": str, "recompute
          "compile": bool, "dp_overlap": bool, "attention_kernel": str, "fused_loss": bool, "prefill_gpu": str, "sequence_parallel": bool, "dropout": bool,
          "tp_comm_overlap": bool, "fp8_params": bool, "ep_comm_overlap": bool, "moe_dispatcher": str,
          "expert_imbalance": float, "inter_node_gbit": float, "arrival_rate": float, "ttft_slo": float,
-         "tpot_slo": float, "slo_percentile": str, "quantize_base": str, "offload": str, "offload_device": str, "lora_targets": tuple,
+         "tpot_slo": float, "slo_percentile": str, "target_rate": float, "quantize_base": str, "offload": str, "offload_device": str, "lora_targets": tuple,
          "recompute_fraction": float, "gpu_memory_utilization": float, "stage_layers": list, "recompute_modules": tuple}
 """Keys whose values are not whole numbers (the rest are): checked before anything reads them (``tuple``: a list of
 names)."""
@@ -148,7 +149,7 @@ def check_load(sv: dict) -> None:
 
     from shardlab import limits as L
 
-    for key, least, most in (("arrival_rate", 1e-6, L.MAX_FLOAT), ("ttft_slo", 1e-6, L.MAX_FLOAT),
+    for key, least, most in (("arrival_rate", 1e-6, L.MAX_FLOAT), ("target_rate", 1e-6, L.MAX_FLOAT), ("ttft_slo", 1e-6, L.MAX_FLOAT),
                              ("tpot_slo", 1e-6, L.MAX_FLOAT), ("concurrency", 1, L.MAX_BATCH)):
         v = sv.get(key)         # the bounds of the flags they stand for (--arrival-rate, --ttft-slo, ...)
         if v is not None and not (math.isfinite(v) and least <= v <= most):
