@@ -298,7 +298,10 @@ def test_a_saved_wide_ep_disaggregated_plan_gives_its_figures_back(tmp_path, mon
     assert "disaggregated = " in text, "the winner is disaggregated"
     dec = doc["disaggregated"][0]["decode"]
     assert dec["dp_attention"] > 1
-    assert f"max_num_seqs = {-(-dec['capacity_per_replica'] // dec['dp_attention'])}\n" in text
+    assert dec["capacity_per_replica"] % dec["dp_attention"] == 0    # every attention rank holds its own sequences
+    assert f"max_num_seqs = {dec['capacity_per_replica'] // dec['dp_attention']}\n" in text
+    code, out, err = cli_main("export", "d.toml", "--to", "sglang")     # SGLang divides its cap over the ranks
+    assert code == 0 and f"--max-running-requests {dec['capacity_per_replica']} " in out, err
     code, out, err = cli_main("estimate", "d.toml", "--json")
     assert code == 0, err
     est = json.loads(out)
@@ -306,6 +309,17 @@ def test_a_saved_wide_ep_disaggregated_plan_gives_its_figures_back(tmp_path, mon
     assert est["steady_state"]["ttft_s"] == pytest.approx(doc["disaggregated"][0]["ttft_s"], rel=1e-9)
     assert est["steady_state"]["tpot_s"] == pytest.approx(doc["disaggregated"][0]["tpot_s"], rel=1e-9)
     assert est["slo"]["met"] is True
+    # stages: the schedulers' cap keeps the replica within the capacity priced (751 sequences: 375 per stage)
+    code, _, err = cli_main("export", "--to", "shardlab", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8",
+                            "--disaggregated", "2:6", "--tp", "1", "--pp", "2", "--prefill-tp", "1", "--prompt-len",
+                            "1100", "--output-len", "500", "--out", "pp.toml")
+    assert code == 0, err
+    code, out, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--serve", "--disaggregated", "2:6", "--tp",
+                              "1", "--pp", "2", "--prefill-tp", "1", "--prompt-len", "1100", "--output-len", "500",
+                              "--json")
+    flags = json.loads(out)["disaggregated"]["decode"]["capacity_per_replica"]
+    code, out, err = cli_main("estimate", "pp.toml", "--json")
+    assert code == 0 and flags - 2 < json.loads(out)["disaggregated"]["decode"]["capacity_per_replica"] <= flags, err
 
 
 def test_a_job_files_recipe_values_are_refused_by_the_files_keys(tmp_path, monkeypatch):
@@ -315,14 +329,18 @@ def test_a_job_files_recipe_values_are_refused_by_the_files_keys(tmp_path, monke
     code, _, err = cli_main("plan", "llama-3.1-8b", "--gpus", "8", "--lora-rank", "16", "--quantize-base", "nf4",
                             "--save", "l.toml")
     assert code == 0, err
-    for s, msg in (("workload.quantize_base='int3'", "[workload] quantize_base in l.toml must be nf4 or none"),
-                   ("workload.offload='gpu'", "[workload] offload in l.toml must be one of optimizer"),
-                   ("workload.lora_targets=['q','zz']", "[workload] lora_targets in l.toml: unknown zz"),
-                   ("workload.offload_device='nvme'", "[workload] offload_device in l.toml says where offloaded"),
-                   ("workload.precision='fp7'", "[workload] precision in l.toml must be one of")):
+    for s, msg in (("workload.quantize_base='int3'", "[workload] quantize_base (--set) must be nf4 or none"),
+                   ("workload.offload='gpu'", "[workload] offload (--set) must be one of optimizer"),
+                   ("workload.lora_targets=['q','zz']", "[workload] lora_targets (--set): unknown zz"),
+                   ("workload.offload_device='nvme'", "[workload] offload_device (--set) says where offloaded"),
+                   ("workload.precision='fp7'", "[workload] precision (--set) must be one of")):
         code, _, err = cli_main("estimate", "l.toml", "--set", s)
         assert code == 2 and msg in err and err.count("\n") == 1, (s, err)
         assert "--quantize-base" not in err and "--lora-targets" not in err and "--precision" not in err, (s, err)
+    text = (tmp_path / "l.toml").read_text()
+    (tmp_path / "bad.toml").write_text(text.replace('quantize_base = "nf4"', 'quantize_base = "int3"'))
+    code, _, err = cli_main("estimate", "bad.toml")
+    assert code == 2 and "[workload] quantize_base in bad.toml must be nf4 or none, got 'int3'" in err, err
     code, _, err = cli_main("estimate", "llama-3.1-8b", "--offload-device", "nvme")
     assert code == 2 and "--offload-device says where offloaded states go: add --offload" in err, err
 
@@ -369,3 +387,34 @@ def test_plan_of_a_saved_serving_file_asks_its_question_again_and_shows_its_layo
     assert 0 < mine["goodput_tokens_per_s_per_gpu"] < mine["best_goodput_tokens_per_s_per_gpu"]
     code, out, err = cli_main("plan", "a2.toml", "--set", "layout.tp=2", "--set", "serve.replicas=1")
     assert "your file's layout (1 × TP 2 × PP 1):" in out and "× the best's)" in " ".join(out.split()), out
+
+
+@pytest.mark.parametrize("engine", ["sglang", "tensorrt-llm-0.17"])
+def test_a_saved_serving_plan_keeps_its_engine(tmp_path, monkeypatch, engine):
+    """plan --engine E --save writes [framework] name = E (it wrote vllm whatever the engine), so estimate FILE
+    prices the plan's winner on the engine it was planned on and gives its TTFT and TPOT back."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--gpus", "8", "--gpu", "h100-sxm",
+                              "--engine", engine, "--prompt-len", "1000", "--output-len", "500", "--ttft-slo", "1",
+                              "--tpot-slo", "0.025", "--save", "e.toml", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert f'name = "{engine}"' in (tmp_path / "e.toml").read_text()
+    win = plan["disaggregated"][0] if plan["comparison"]["winner"] == "disaggregated" else plan["capacity"]
+    code, out, err = cli_main("estimate", "e.toml", "--json")
+    est = json.loads(out)
+    assert code == 0 and est["engine"] == engine, err
+    assert est["steady_state"]["ttft_s"] == pytest.approx(win["ttft_s"], rel=1e-6)
+    assert est["steady_state"]["tpot_s"] == pytest.approx(win["tpot_s"], rel=1e-6)
+
+
+def test_plan_from_an_engine_launch_line_searches_the_gpus_it_runs(tmp_path, monkeypatch):
+    """A vllm serve line of TP 1 × --data-parallel-size 8 runs 8 GPUs: plan --from it searches 8 (it searched 64)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("export", "llama-3.1-8b", "--inference", "--gpus", "8", "--tp", "1", "--prompt-len", "1000",
+                            "--output-len", "500", "--batch", "64", "--to", "vllm", "--out", "v.sh")
+    assert code == 0 and "--data-parallel-size 8" in (tmp_path / "v.sh").read_text(), err
+    code, out, err = cli_main("plan", "--from", "v.sh", "--json")
+    assert code == 0 and json.loads(out)["gpus"] == 8, err
+    code, out, err = cli_main("plan", "--from", "v.sh")
+    assert "--data-parallel-size 8" in out and "8 replicas" in out

@@ -95,7 +95,7 @@ def export_job(args, cat, spec):
     engine, fw = serving_engine(args)
     d = build(args, spec, cluster, prec, engine, cat, pools)
     dec = d.decode
-    per = -(-dec.capacity // (dec.pp * dec.attention_dp))    # --max-num-seqs is per scheduler (serving.case)
+    per = max(1, dec.capacity // (dec.pp * dec.attention_dp))   # --max-num-seqs is per scheduler (serving.case)
     cap = min(per, args.max_num_seqs or per)
     serve = Serve(cap, args.prompt_len, args.output_len, 1, kv_blocks=int(dec.blocks.num_blocks),
                   gpu_memory_utilization=engine.gpu_memory_utilization,

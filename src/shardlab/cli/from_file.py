@@ -137,21 +137,23 @@ def _apply_load(args, f: dict, parser) -> None:
     if "arrival_rate" in load and "concurrency" in load:
         raise ShardlabError(f"{args.from_file}: [serve] gives both arrival_rate and concurrency; keep one (one load: "
                             f"Poisson requests/s, or a closed loop of clients)")
-    rate, clients = load.get("arrival_rate"), load.get("concurrency")
+    rate, clients = load.get("arrival_rate", load.get("target_rate")), load.get("concurrency")
     given = any(getattr(args, k, None) is not None for k in ("concurrency", "arrival_rate", "slo_percentile",
                                                                   "target_rate"))
     for key in ("ttft_slo", "tpot_slo"):
         if key in load and getattr(args, key, None) is None:
             setattr(args, key, float(load[key]))
     targets = getattr(args, "ttft_slo", None) is not None or getattr(args, "tpot_slo", None) is not None
-    if not given and command == ["plan"]:
-        if clients is not None:
-            args.concurrency = int(clients)
-        elif "target_rate" in load and targets:     # a --target-rate plan's question: the fewest GPUs again
-            args.target_rate = float(load["target_rate"])
-        elif rate is not None and not targets:
-            args.arrival_rate = float(rate)
-        elif "slo_percentile" in load:
+    if command == ["plan"]:
+        if not any(getattr(args, k, None) is not None for k in ("concurrency", "arrival_rate", "target_rate")):
+            if clients is not None:
+                args.concurrency = int(clients)
+            elif "target_rate" in load and targets:     # a --target-rate plan's question: the fewest GPUs again
+                args.target_rate = float(load["target_rate"])
+            elif rate is not None and not targets:
+                args.arrival_rate = float(rate)
+        if targets and args.concurrency is None and getattr(args, "slo_percentile", None) is None \
+                and "slo_percentile" in load:           # searched under the file's statistic too
             args.slo_percentile = load["slo_percentile"]
     elif not given:
         split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
@@ -185,8 +187,12 @@ def apply_import(args, imp, parser) -> None:
 
             args.file_serving_layout = {k: f[k] for k in LAYOUT_KEYS if k in f}
         f.pop("gpus", None)
-        if "serve_gpus" in f and parser.prog.split()[1:] == ["plan"] and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
-            args.gpus = f["serve_gpus"]          # a saved serving plan searches the GPUs it was planned for
+        if parser.prog.split()[1:] == ["plan"] and getattr(args, "gpus", None) in (None, parser.get_default("gpus")):
+            if "serve_gpus" in f:                # a saved serving plan searches the GPUs it was planned for
+                args.gpus = f["serve_gpus"]
+            elif "tp" in f:                      # an engine's launch line: the GPUs it runs
+                args.gpus = (int(f.get("replicas") or 1) * int(f["tp"]) * int(f.get("pp") or 1)
+                             * int(f.get("dp_attention") or 1))
         if f.get("replicas", 1) > 1:
             f["max_num_seqs"] = f.get("max_num_seqs", 1)
             if (parser.prog.split()[1:] == ["export"] and not hasattr(args, "replicas")
@@ -226,6 +232,8 @@ def apply_import(args, imp, parser) -> None:
         f.pop("dp_attention", None)
     if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
         f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
+    if getattr(args, "serve", False) and "max_num_seqs" in f and parser.prog.split()[1:] == ["plan"]:
+        f.pop("max_num_seqs")   # a layout's cap, as its TP (plan searches the caps again; serve_beside shows it)
     if getattr(args, "serve", False) and "max_num_seqs" in f and hasattr(args, "max_num_seqs"):
         # under load the file's sequence cap is the engine's (vLLM --max-num-seqs), not a static batch
         cap, cur = f.pop("max_num_seqs"), getattr(args, "max_num_seqs", None)
@@ -373,25 +381,26 @@ def _beside_best(args, doc: dict) -> str:
             f"({mine.step_time_s / best:.2f}× the best's time)")
 
 
-FIELD_KEYS = {"serve.kv_cache_dtype": "kv_cache", "serve.max_num_seqs": "max_num_seqs"}
+FIELD_KEYS = {"serve.kv_cache_dtype": "kv_cache", "serve.max_num_seqs": "max_num_seqs", "moe.dispatcher": "moe_dispatcher"}
 """Core field names whose import key differs from the name's last part."""
 
 
 @contextlib.contextmanager
-def _file_names(path: str, imp):
+def _file_names(path: str, imp, sets: list[str] | None = None):
     """While the command runs on a file's values, the core's errors name a value the file gave by the file's own
-    field (``export.field_names``: ``[workload] quantize_base in job.toml``, ``--tensor-parallel-size in serve.sh``)
-    and the rest by their flags, as the command line does (``cli.fields``)."""
+    field (``export.field_names``: ``[workload] quantize_base in job.toml``, ``--tensor-parallel-size in serve.sh``;
+    ``(--set)`` for one --set gave) and the rest by their flags, as the command line does (``cli.fields``)."""
     from shardlab.errors import FIELD_NAMES
     from shardlab.export import field_names
 
     names, given, outer = field_names(imp.source, imp.framework), set(imp.fields), FIELD_NAMES.get()
     short = os.path.basename(path) or path
+    setk = {FIELD_KEYS.get(x, x.rsplit(".", 1)[-1]) for x in (s.split("=", 1)[0].strip() for s in sets or ())}
 
     def namer(field: str) -> str:
         key = FIELD_KEYS.get(field, field.rsplit(".", 1)[-1])
         if key in given and key in names:
-            return f"{names[key]} in {short}"
+            return f"{names[key]} (--set)" if key in setk else f"{names[key]} in {short}"
         return outer(field) if outer is not None else field
 
     token = FIELD_NAMES.set(namer)
@@ -417,10 +426,10 @@ def with_from(parser, fn):
 
         imp = apply_sets(read_file(args.from_file, get_catalog(args.catalog)), getattr(args, "set_fields", None))
         apply_import(args, imp, parser)
-        with _file_names(args.from_file, imp):
+        with _file_names(args.from_file, imp, getattr(args, "set_fields", None)):
             doc, text = fn(args)
+            extra = _beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
         doc["imported"] = imp.to_dict()
-        extra = _beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
         return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")
 
     return handler

@@ -16,21 +16,26 @@ LAYOUT_KEYS = ("tp", "pp", "ep", "dp_attention", "replicas", "max_num_seqs", "di
 """The job file's fields that name a serving layout (kept by ``from_file.apply_import`` before plan drops them)."""
 
 
-def _same(fl: dict, doc: dict) -> bool:
-    """Whether the file's layout is the one the plan recommends."""
+def _find(fl: dict, doc: dict) -> tuple[dict | None, bool]:
+    """(the plan's own entry for the file's layout, or None where its table does not list it; whether that entry is
+    the layout the plan recommends)."""
     comp = doc.get("comparison") or {}
     dis = doc.get("disaggregated") or []
-    if comp.get("winner") == "disaggregated" and dis:
-        w = dis[0]
-        pre, dec = w["prefill"], w["decode"]
-        return (fl.get("disaggregated") == f"{pre['gpus']}:{dec['gpus']}" and fl.get("prefill_tp") == pre["tp"]
-                and (fl.get("prefill_pp") or 1) == pre.get("pp", 1) and fl.get("tp") == dec["tp"]
-                and (fl.get("pp") or 1) == dec.get("pp", 1) and (fl.get("ep") or 1) == dec.get("ep", 1)
-                and (fl.get("dp_attention") or 1) == dec.get("dp_attention", 1))
+    split_wins = comp.get("winner") == "disaggregated" and bool(dis)
     if fl.get("disaggregated"):
-        return False
-    lay = (doc.get("capacity") or {}).get("layout") or {}
-    return all((fl.get(k) or 1) == (lay.get(k) or 1) for k in ("tp", "pp", "ep", "dp_attention", "replicas"))
+        for i, w in enumerate(dis):
+            pre, dec = w["prefill"], w["decode"]
+            if (fl["disaggregated"] == f"{pre['gpus']}:{dec['gpus']}" and fl.get("prefill_tp") == pre["tp"]
+                    and (fl.get("prefill_pp") or 1) == pre.get("pp", 1) and (fl.get("tp") or 1) == dec["tp"]
+                    and (fl.get("pp") or 1) == dec.get("pp", 1) and (fl.get("ep") or 1) == dec.get("ep", 1)
+                    and (fl.get("dp_attention") or 1) == dec.get("dp_attention", 1)):
+                return w, split_wins and i == 0
+        return None, False
+    for i, p in enumerate(doc.get("plans") or []):
+        if all((fl.get(k) or 1) == (p.get(k) or 1) for k in ("tp", "pp", "ep", "dp_attention", "replicas")) \
+                and fl.get("max_num_seqs") in (None, p.get("max_num_seqs")):
+            return p, not split_wins and i == 0
+    return None, False
 
 
 def _file_goodput(args, fl: dict, doc: dict) -> tuple[float, str]:
@@ -73,7 +78,8 @@ def _file_goodput(args, fl: dict, doc: dict) -> tuple[float, str]:
 
 def serve_beside_best(args, doc: dict) -> str:
     """The line `plan FILE` adds for a serving file searched again under its targets (and ``doc['imported_estimate']``),
-    or '' where the plan answered another question (a load, a --target-rate)."""
+    or '' where the plan answered another question (a load, a --target-rate). The file's layout takes the plan's own
+    figure where the plan's table lists it, else it is priced here."""
     from shardlab.errors import ShardlabError
 
     fl = getattr(args, "file_serving_layout", None)
@@ -84,16 +90,26 @@ def serve_beside_best(args, doc: dict) -> str:
         best = float(comp["disaggregated_goodput_tokens_per_s_per_gpu"])
     else:
         best = float(doc["capacity"]["goodput_tokens_per_s_per_gpu"] or 0.0)
-    if _same(fl, doc):
-        doc["imported_estimate"] = {"layout": fl, "is_best": True, "best_goodput_tokens_per_s_per_gpu": best}
+    entry, is_best = _find(fl, doc)
+    out = {"layout": fl, "is_best": is_best, "best_goodput_tokens_per_s_per_gpu": best}
+    if is_best:
+        doc["imported_estimate"] = out
         return "your file's layout: the plan's best again"
-    try:
-        mine, label = _file_goodput(args, fl, doc)
-    except ShardlabError as e:
-        doc["imported_estimate"] = {"layout": fl, "is_best": False, "error": str(e)}
-        return f"your file's layout: cannot be priced under these targets ({e})"
-    doc["imported_estimate"] = {"layout": fl, "is_best": False, "goodput_tokens_per_s_per_gpu": mine,
-                                "best_goodput_tokens_per_s_per_gpu": best}
+    how = "the plan's table"
+    if entry is not None:
+        mine = float(entry["goodput_tokens_per_s_per_gpu"] or 0.0)
+        label = (f"{entry['replicas']} × {entry['replica_layout']}" if "replica_layout" in entry else
+                 f"{fl['disaggregated']} prefill:decode GPUs, decode {entry['decode']['layout']}")
+    else:
+        try:
+            mine, label = _file_goodput(args, fl, doc)
+        except ShardlabError as e:
+            doc["imported_estimate"] = {**out, "error": str(e)}
+            return f"your file's layout: cannot be priced under these targets ({e})"
+        p99 = (doc.get("slo") or {}).get("percentile") == "p99" and not fl.get("disaggregated")
+        how = ("priced here: its own p99 search, whose longer runs find a little less than the plan's "
+               "(docs/capacity.md)" if p99 else "priced here")
+    doc["imported_estimate"] = {**out, "goodput_tokens_per_s_per_gpu": mine, "figure": how}
     share = f"{mine / best:.2f}× the best's" if best > 0 else "the best meets nothing"
-    return (f"your file's layout ({label}): {mine:,.0f} output tokens/s per GPU within the targets; the best plan: "
-            f"{best:,.0f} ({share})")
+    return (f"your file's layout ({label}): {mine:,.0f} output tokens/s per GPU within the targets ({how}); the best "
+            f"plan: {best:,.0f} ({share})")

@@ -168,7 +168,7 @@ def job_from_plan(doc: dict, catalog, rank: int | None = None, spec=None) -> Lau
                       load=plan_load(doc, p.get("max_request_rate"), f"plans[{rank - 1}]"))
         prec = "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed"
         return LaunchJob(spec.name, lay, doc["prompt_len"] + doc["output_len"], per, prec, gpu=acc.id,
-                         gpus_per_node=gpn, framework="vllm", serve=serve,
+                         gpus_per_node=gpn, framework=_engine(doc), serve=serve,
                          notes={"step_time_s": None, **price_notes(catalog, acc.id)})
     from dataclasses import fields as dc_fields
 
@@ -230,8 +230,9 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
                                 f"again with `shardlab plan --json`")
     sv = _serving_settings(doc.get("serving"), spec)
     # the engine's cap is per scheduler (each attention DP rank's, per pipeline micro-batch: serving.case), the
-    # capacity the replica's: the cap that holds the replica at its capacity, as the search priced it
-    per = -(-dec["capacity_per_replica"] // (dec.get("pp", 1) * dec.get("dp_attention", 1)))
+    # capacity the replica's: the largest cap that keeps the replica within the capacity the search priced (exact
+    # where the schedulers divide it, as the attention ranks always do; a sequence or so under it with stages)
+    per = max(1, dec["capacity_per_replica"] // (dec.get("pp", 1) * dec.get("dp_attention", 1)))
     cap = min(per, sv["max_num_seqs"] or per)
     blocks = dec.get("kv_blocks_per_gpu")
     serve = Serve(max_num_seqs=cap, prompt_len=doc["prompt_len"], output_len=doc["output_len"], replicas=1,
@@ -245,7 +246,18 @@ def _disagg_job(doc: dict, p: dict, spec, catalog) -> LaunchJob:
                   load=plan_load(doc, p.get("max_request_rate"), "disaggregated[0]"))
     return LaunchJob(spec.name, Layout(tp=dec["tp"], pp=dec.get("pp", 1)), doc["prompt_len"] + doc["output_len"], cap,
                      "fp16-mixed" if sv["weights"] == "fp16" else "bf16-mixed", gpu=acc.id, gpus_per_node=gpn,
-                     framework="vllm", serve=serve, notes={"step_time_s": None, **price_notes(catalog, acc.id)})
+                     framework=_engine(doc), serve=serve, notes={"step_time_s": None, **price_notes(catalog, acc.id)})
+
+
+def _engine(doc: dict) -> str:
+    """The serving engine (and version) a plan priced (``engine`` of its JSON; vllm where an older plan has none)."""
+    from shardlab.serving.engines import builtin_engines
+
+    eng, known = doc.get("engine", "vllm"), builtin_engines()
+    if not isinstance(eng, str) or eng not in known:
+        raise ShardlabError(f"--plan FILE: engine {str(eng)[:40]!r} is not a serving engine shardlab knows "
+                            f"({', '.join(known)}); export the plan again with `shardlab plan --json`")
+    return eng
 
 
 def _prefill_kind(pre: dict, decode_gpu: str, catalog) -> str | None:

@@ -4,7 +4,8 @@ Mapping (SGLang's ServerArgs): the replica's GPUs → --tp-size (with data-paral
 of the instance in --tp-size and splits it into --dp-size attention groups of tp/dp GPUs); independent replicas →
 --dp-size (SGLang's data-parallel controller) without DP attention; expert parallelism → --ep-size (the experts over
 the instance's GPUs), --ep-num-redundant-experts; two-batch overlap → --enable-two-batch-overlap; prompt + output →
---context-length; sequences per replica → --max-running-requests; memory share → --mem-fraction-static; KV dtype →
+--context-length; sequences per replica → --max-running-requests (with data-parallel attention the instance's
+total: SGLang gives each attention rank 1/dp of it); memory share → --mem-fraction-static; KV dtype →
 --kv-cache-dtype fp8_e4m3; FP8 weights → --quantization fp8.
 """
 
@@ -44,7 +45,10 @@ def arg_list(job: LaunchJob) -> tuple[str, list[tuple[str, object]], list[Unsupp
         pairs.append(("dp-size", s.replicas))
     if s.ep > 1:
         pairs.append(("ep-size", s.ep))
-    pairs += [("context-length", s.prompt_len + s.output_len), ("max-running-requests", s.max_num_seqs),
+    # under --enable-dp-attention SGLang divides --max-running-requests by --dp-size (sglang/srt/managers/
+    # tp_worker.py, 0.5.2): the instance's total is each attention rank's cap × the ranks
+    pairs += [("context-length", s.prompt_len + s.output_len),
+              ("max-running-requests", s.max_num_seqs * max(1, s.dp_attention)),
               ("mem-fraction-static", s.gpu_memory_utilization), ("dtype", DTYPE[job.precision])]
     if s.kv_cache_dtype.startswith("fp8"):
         pairs.append(("kv-cache-dtype", "fp8_e4m3"))
@@ -122,6 +126,9 @@ def read_one(text: str, catalog=None) -> Imported:
         f["ep"] = g("ep-size", 1)
         und.append((f"--ep-size {f['ep']}", "expert-parallel GPUs (--ep)"))
     serving_fields(fl, text, where, "max-running-requests", "context-length", "mem-fraction-static", f, und, ign)
+    if dpa and "max_num_seqs" in f:                 # the instance's total, each attention rank takes its share
+        f["max_num_seqs"] = max(1, f["max_num_seqs"] // dp)
+        und.append((f"--max-running-requests over --dp-size {dp}", f"{f['max_num_seqs']} sequences per attention rank"))
     dt = str(fl.get("dtype", "auto"))
     f["precision"] = {"float16": "fp16-mixed", "half": "fp16-mixed", "float32": "fp32", "float": "fp32"}.get(dt, "bf16-mixed")
     und.append((f"--dtype {dt}", f"{f['precision']} weights"))

@@ -156,6 +156,11 @@ def check_load(sv: dict) -> None:
             raise ShardlabError(f"[serve]: {key} = {v!r} must be a number from {least:g} to {most:g}; fix it")
     if sv.get("slo_percentile") not in (None, "p50", "p99"):
         raise ShardlabError(f"[serve]: slo_percentile = {sv['slo_percentile']!r} must be \"p50\" or \"p99\"; fix it")
+    if sv.get("target_rate") is not None and sv.get("concurrency") is not None:
+        raise ShardlabError("[serve]: target_rate (requests/s to serve on the fewest GPUs) is a Poisson rate; it does "
+                            "not go with concurrency (clients): keep one")
+    if sv.get("target_rate") is not None and sv.get("ttft_slo") is None and sv.get("tpot_slo") is None:
+        raise ShardlabError("[serve]: target_rate is served within targets: add ttft_slo or tpot_slo (or drop it)")
 
 
 def fields_of(doc: dict) -> tuple[dict, str | None]:

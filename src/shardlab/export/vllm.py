@@ -117,6 +117,8 @@ def read_one(text: str, catalog=None) -> Imported:
                     f"EP {f['ep']}" + (f", {dp} data-parallel attention ranks (--dp-attention)" if dp > 1 else "")))
     else:
         f["replicas"] = dp
+        if dp > 1:
+            und.append((f"--data-parallel-size {dp}", f"{dp} replicas"))
     und.append((f"--tensor-parallel-size {f['tp']} --pipeline-parallel-size {f['pp']}", "tp, pp"))
     serving_fields(fl, text, where, "max-num-seqs", "max-model-len", "gpu-memory-utilization", f, und, ign)
     dt = str(fl.get("dtype", "auto"))

@@ -180,7 +180,8 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
                             "or "
                             f"use an engine that does (vllm, sglang, tensorrt-llm)")
     if prompt_len + output_len > spec.max_seq_len:
-        raise ShardlabError(f"{field_name('serve.prompt_len')} + {field_name('serve.output_len')} = "
+        names = (field_name('serve.prompt_len'), field_name('serve.output_len'))   # a file may name both as one
+        raise ShardlabError(f"{names[0] if names[0] == names[1] else ' + '.join(names)} = "
                             f"{prompt_len + output_len} exceeds {spec.name}'s "
                             f"{spec.max_seq_len} positions; shorten them")
     budget = engine.max_num_batched_tokens if engine.chunked_prefill else max(engine.max_num_batched_tokens, prompt_len)
