@@ -4,8 +4,9 @@ model, and show what was read beside the command's own output."""
 
 from __future__ import annotations
 
-import contextlib
-import os
+from shardlab.cli.file_beside import beside_best
+from shardlab.cli.file_load import apply_load
+from shardlab.cli.file_names import file_names
 
 
 def add_from_arg(p) -> None:
@@ -108,69 +109,6 @@ GRAD_REDUCE_ARG = {4: "grad_reduce_fp32", 2: "grad_reduce_bf16"}
 """A file's gradient-reduction dtype (bytes) -> the switch of estimate/plan that says the same."""
 
 
-def _apply_load(args, f: dict, parser) -> None:
-    """A serving file's load and targets (``export.shardlab.LOAD_KEYS``, the plan's), for ``estimate`` and ``plan``
-    (other commands take neither), where nothing of the kind is given beside the file:
-
-    - the targets (--ttft-slo, --tpot-slo), and the layout is priced or searched under load (--serve);
-    - ``estimate``: the file's load as the one replica it prices sees it (requests/s over all replicas split
-      evenly; clients as a balancer deals them, ⌈C/n⌉ to the busiest replicas, which it prices; a disaggregated
-      job's two pools take the load whole); given --slo-percentile, the layout's capacity under the targets instead;
-    - ``plan``: a closed loop of clients again; a --target-rate plan's rate as --target-rate again (the fewest GPUs,
-      up to the file's); requests/s only without targets (with them, the plan searches the capacity again: the
-      file's rate is that capacity, or a load the search then finds the room for)."""
-    from shardlab.errors import ShardlabError
-    from shardlab.export.shardlab import LOAD_KEYS
-
-    load = {k: f.pop(k) for k in LOAD_KEYS if k in f}
-    command = parser.prog.split()[1:]
-    if load and "max_num_seqs" not in f and "prompt_len" not in f:
-        raise ShardlabError(f"{args.from_file} is a training job: [serve] {', '.join(load)} describe(s) a serving "
-                            f"plan's load; drop them (a serving job file comes from `shardlab plan --inference`)")
-    if load and command == ["export"]:          # a job file written again carries them on (export.job.ServeLoad)
-        from shardlab.export.job import ServeLoad
-
-        args.file_load = ServeLoad(load.get("arrival_rate"), load.get("concurrency"), load.get("ttft_slo"),
-                                   load.get("tpot_slo"), load.get("slo_percentile"), load.get("target_rate"))
-    if not load or command not in (["estimate"], ["plan"]):
-        return
-    if "arrival_rate" in load and "concurrency" in load:
-        raise ShardlabError(f"{args.from_file}: [serve] gives both arrival_rate and concurrency; keep one (one load: "
-                            f"Poisson requests/s, or a closed loop of clients)")
-    rate, clients = load.get("arrival_rate", load.get("target_rate")), load.get("concurrency")
-    given = any(getattr(args, k, None) is not None for k in ("concurrency", "arrival_rate", "slo_percentile",
-                                                                  "target_rate"))
-    for key in ("ttft_slo", "tpot_slo"):
-        if key in load and getattr(args, key, None) is None:
-            setattr(args, key, float(load[key]))
-    targets = getattr(args, "ttft_slo", None) is not None or getattr(args, "tpot_slo", None) is not None
-    if command == ["plan"]:
-        if not any(getattr(args, k, None) is not None for k in ("concurrency", "arrival_rate", "target_rate")):
-            if clients is not None:
-                args.concurrency = int(clients)
-            elif "target_rate" in load and targets:     # a --target-rate plan's question: the fewest GPUs again
-                args.target_rate = float(load["target_rate"])
-            elif rate is not None and not targets:
-                args.arrival_rate = float(rate)
-        if targets and args.concurrency is None and getattr(args, "slo_percentile", None) is None \
-                and "slo_percentile" in load:           # searched under the file's statistic too
-            args.slo_percentile = load["slo_percentile"]
-    elif not given:
-        split = 1 if "disaggregated" in f else max(1, int(f.get("replicas", 1) or 1))
-        if rate is not None or clients is not None:   # the verdict in the file's statistic (serve_cmds.slo_verdict)
-            args.verdict_percentile = load.get("slo_percentile")
-        if rate is not None:
-            args.arrival_rate = float(rate) / split
-        elif clients is not None:              # a balancer gives each replica ⌊C/n⌋ or ⌈C/n⌉ clients: estimate
-            args.concurrency = -(-clients // split)   # prices a busiest one, the totals add the others
-            if clients % split:
-                args.file_clients = (int(clients), split)
-        elif "slo_percentile" in load:
-            args.slo_percentile = load["slo_percentile"]
-    if hasattr(args, "serve") and (targets or rate is not None or clients is not None):
-        args.serve = True                          # the targets and the load are serving's: under load
-
-
 def apply_import(args, imp, parser) -> None:
     """Set the command's flags from an import; a flag the user set to something else is a conflict (exit 2)."""
     from shardlab.errors import ShardlabError
@@ -183,7 +121,7 @@ def apply_import(args, imp, parser) -> None:
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
         args.inference = True
         if parser.prog.split()[1:] == ["plan"]:     # the file's layout, shown beside the search's best
-            from shardlab.cli.serve_beside import LAYOUT_KEYS
+            from shardlab.cli.file_beside import LAYOUT_KEYS
 
             args.file_serving_layout = {k: f[k] for k in LAYOUT_KEYS if k in f}
         f.pop("gpus", None)
@@ -203,7 +141,7 @@ def apply_import(args, imp, parser) -> None:
                 f["max_num_seqs"] = int(f["max_num_seqs"]) * int(f["replicas"])
             elif parser.prog.split()[1:] == ["estimate"]:
                 args.file_replicas = int(f["replicas"])   # estimate prices one; it says so, and the totals
-    _apply_load(args, f, parser)
+    apply_load(args, f, parser)
     if "dp_from_world" in f and "dp" not in f:
         f.pop("dp_from_world")
     if "disaggregated" in f:                         # two pools serve under load: the estimate that prices them
@@ -233,7 +171,7 @@ def apply_import(args, imp, parser) -> None:
     if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):
         f["kv_cache"] = "fp8"                          # vLLM's fp8 / fp8_e4m3 / fp8_e5m2: one byte per element
     if getattr(args, "serve", False) and "max_num_seqs" in f and parser.prog.split()[1:] == ["plan"]:
-        f.pop("max_num_seqs")   # a layout's cap, as its TP (plan searches the caps again; serve_beside shows it)
+        f.pop("max_num_seqs")   # a layout's cap, as its TP (plan searches the caps again; file_beside shows it)
     if getattr(args, "serve", False) and "max_num_seqs" in f and hasattr(args, "max_num_seqs"):
         # under load the file's sequence cap is the engine's (vLLM --max-num-seqs), not a static batch
         cap, cur = f.pop("max_num_seqs"), getattr(args, "max_num_seqs", None)
@@ -357,59 +295,6 @@ def import_text(imp) -> str:
     return "\n".join(lines)
 
 
-def _beside_best(args, doc: dict) -> str:
-    """plan --from: the imported layout's own estimate beside the search's winner."""
-    from shardlab.cli.plan_cmds import _catalog, training_estimate_from_args
-    from shardlab.errors import ShardlabError
-
-    if args.inference:
-        from shardlab.cli.serve_beside import serve_beside_best
-
-        return serve_beside_best(args, doc)
-    if not doc.get("plans"):
-        return ""
-    args.gpus = args.gpus or doc["gpus"]
-    try:
-        mine = training_estimate_from_args(args, _catalog(args))
-    except ShardlabError as e:
-        return f"your file's layout: cannot be estimated on {doc['gpus']} GPUs ({e})"
-    best = doc["plans"][0]["step_time_s"]
-    doc["imported_estimate"] = {"layout": mine.layout.to_dict(), "step_time_s": mine.step_time_s,
-                                "fits": mine.memory.fits if hasattr(mine, "memory") else None,
-                                "best_step_time_s": best}
-    return (f"your file's layout: {mine.step_time_s:.2f} s/step; the best plan: {best:.2f} s/step "
-            f"({mine.step_time_s / best:.2f}× the best's time)")
-
-
-FIELD_KEYS = {"serve.kv_cache_dtype": "kv_cache", "serve.max_num_seqs": "max_num_seqs", "moe.dispatcher": "moe_dispatcher"}
-"""Core field names whose import key differs from the name's last part."""
-
-
-@contextlib.contextmanager
-def _file_names(path: str, imp, sets: list[str] | None = None):
-    """While the command runs on a file's values, the core's errors name a value the file gave by the file's own
-    field (``export.field_names``: ``[workload] quantize_base in job.toml``, ``--tensor-parallel-size in serve.sh``;
-    ``(--set)`` for one --set gave) and the rest by their flags, as the command line does (``cli.fields``)."""
-    from shardlab.errors import FIELD_NAMES
-    from shardlab.export import field_names
-
-    names, given, outer = field_names(imp.source, imp.framework), set(imp.fields), FIELD_NAMES.get()
-    short = os.path.basename(path) or path
-    setk = {FIELD_KEYS.get(x, x.rsplit(".", 1)[-1]) for x in (s.split("=", 1)[0].strip() for s in sets or ())}
-
-    def namer(field: str) -> str:
-        key = FIELD_KEYS.get(field, field.rsplit(".", 1)[-1])
-        if key in given and key in names:
-            return f"{names[key]} (--set)" if key in setk else f"{names[key]} in {short}"
-        return outer(field) if outer is not None else field
-
-    token = FIELD_NAMES.set(namer)
-    try:
-        yield
-    finally:
-        FIELD_NAMES.reset(token)
-
-
 def with_from(parser, fn):
     """Wrap a handler (estimate, memory, plan): with --from FILE, fill the flags from the file first."""
 
@@ -426,9 +311,9 @@ def with_from(parser, fn):
 
         imp = apply_sets(read_file(args.from_file, get_catalog(args.catalog)), getattr(args, "set_fields", None))
         apply_import(args, imp, parser)
-        with _file_names(args.from_file, imp, getattr(args, "set_fields", None)):
+        with file_names(args.from_file, imp, getattr(args, "set_fields", None)):
             doc, text = fn(args)
-            extra = _beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
+            extra = beside_best(args, doc) if parser.prog.split()[1:] == ["plan"] else ""
         doc["imported"] = imp.to_dict()
         return doc, import_text(imp) + "\n\n" + text + (f"\n\n{extra}" if extra else "")
 

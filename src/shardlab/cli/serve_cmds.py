@@ -164,7 +164,7 @@ def estimate_serve(args, spec, cluster, prec, engine):
     if case.attention_dp > 1:
         notes.append(ep_caveat())
     lighter = None
-    if getattr(args, "file_clients", None) and mode == 1:   # the replicas with a client fewer (from_file._apply_load)
+    if getattr(args, "file_clients", None) and mode == 1:   # the replicas with a client fewer (file_load.apply_load)
         lo = args.file_clients[0] // args.file_clients[1]
         st = {k: float(v[0]) for k, v in fluid(arrays([case]), [1], [lo]).items()} if lo else None
         lighter = (st["output_tokens_per_s"], st["requests_per_s"]) if st else (0.0, 0.0)

@@ -1,5 +1,5 @@
-"""`plan FILE` of a saved serving plan: the file's own layout beside the search's best, as `plan FILE` shows a
-training file's step time beside the best plan's (``from_file._beside_best``).
+"""`plan FILE`: the file's own layout beside the search's best: a training file's step time beside the best plan's,
+and a saved serving plan's layout at its capacity beside the best's.
 
 The capacity search ranks layouts by goodput per GPU at the most requests/s their SLO allows. The file's layout (an
 aggregated replica set, or two pools) gets the same figure here: its capacity under the plan's targets in the plan's
@@ -113,3 +113,25 @@ def serve_beside_best(args, doc: dict) -> str:
     share = f"{mine / best:.2f}× the best's" if best > 0 else "the best meets nothing"
     return (f"your file's layout ({label}): {mine:,.0f} output tokens/s per GPU within the targets ({how}); the best "
             f"plan: {best:,.0f} ({share})")
+
+
+def beside_best(args, doc: dict) -> str:
+    """plan --from: the imported layout's own estimate beside the search's winner."""
+    from shardlab.cli.plan_cmds import _catalog, training_estimate_from_args
+    from shardlab.errors import ShardlabError
+
+    if args.inference:
+        return serve_beside_best(args, doc)
+    if not doc.get("plans"):
+        return ""
+    args.gpus = args.gpus or doc["gpus"]
+    try:
+        mine = training_estimate_from_args(args, _catalog(args))
+    except ShardlabError as e:
+        return f"your file's layout: cannot be estimated on {doc['gpus']} GPUs ({e})"
+    best = doc["plans"][0]["step_time_s"]
+    doc["imported_estimate"] = {"layout": mine.layout.to_dict(), "step_time_s": mine.step_time_s,
+                                "fits": mine.memory.fits if hasattr(mine, "memory") else None,
+                                "best_step_time_s": best}
+    return (f"your file's layout: {mine.step_time_s:.2f} s/step; the best plan: {best:.2f} s/step "
+            f"({mine.step_time_s / best:.2f}× the best's time)")
