@@ -110,7 +110,9 @@ def test_every_published_run_fits_in_memory():
     loss, compiled activations, DeepSpeed's module-wise gathers, Megatron's FP8 primary weights) must fit the GPU.
     The exceptions are informational runs whose recomputation is not published and which do not fit without some:
     NeMo's two GB200 Llama 3.1 405B rows (interleaved PP 16 × VP 4) and the final row of Megatron-LM's DeepSeek-V3
-    write-up (2% over with its stated recomputation), as their ``assumed`` says."""
+    write-up (2% over with its stated recomputation), as their ``assumed`` says; and Llama 3's two 8K rows, which
+    the paper ran without recomputation on a schedule of its own that holds fewer micro-batches in flight than
+    Megatron's interleaved warm-up, which shardlab counts."""
     unfit = set()
     for c in in_sample():
         mem = c.estimate.memory
@@ -118,7 +120,8 @@ def test_every_published_run_fits_in_memory():
             unfit.add(c.run.id)
             assert c.run.informational and "recomput" in c.run.config.get("assumed", ""), \
                 f"{c.run.id}: {mem.worst.total / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.1f}"
-    assert unfit == {"mcore-405b-gb200-25.11", "mcore-405b-gb200-26.04", "mlm-dsv3-gb200-final"}
+    assert unfit == {"mcore-405b-gb200-25.11", "mcore-405b-gb200-26.04", "mlm-dsv3-gb200-final", "llama3-405b-8192",
+                     "llama3-405b-16384"}
 
 
 def test_gpt3_175b_megatron_readme():
