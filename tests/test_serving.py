@@ -514,25 +514,3 @@ def test_estimate_shows_the_outgrown_batchs_phases():
     code, text, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--batch", "400", "--prompt-len", "512",
                                "--output-len", "2048")
     assert code == 0 and "outgrow the KV cache" in text and "the full lengths do not" in text
-
-
-def test_multi_step_scheduling_holds_a_finished_sequence_to_its_window_end():
-    """vLLM 0.6's --num-scheduler-steps k freezes the decode batch for k steps: a 16-token request holds its slot for
-    1 + 10·⌈15/10⌉ = 21 cycles at k = 10 (16 at k = 1), so the replica completes B / (21 cycles); the simulation holds
-    such sequences to the window's end too and lands within a few percent of the steady state."""
-    def case(k):
-        return prepare(L8, node(), get_engine("vllm-0.6"), tp=1, prompt_len=462, output_len=16, scheduler_steps=k)
-
-    one, ten = case(1), case(10)
-    a1, a10 = arrays([one]), arrays([ten])
-    s1 = {k: float(v[0]) for k, v in fluid(a1, [1], [500]).items()}
-    s10 = {k: float(v[0]) for k, v in fluid(a10, [1], [500]).items()}
-    from shardlab.serving.steady import cycles_per_request
-    assert float(cycles_per_request(a1)[0]) == 16 and float(cycles_per_request(a10)[0]) == 21
-    cycle10 = s10["tpot_s"]                        # tokens still stream a cycle apart
-    assert s10["requests_per_s"] == pytest.approx(s10["in_flight"] / (21 * cycle10), rel=1e-9)
-    assert s10["requests_per_s"] < s1["requests_per_s"]
-    sim1 = simulate(one, concurrency=500, requests=2000, seed=0)
-    sim10 = simulate(ten, concurrency=500, requests=2000, seed=0)
-    assert sim10.requests_per_s < sim1.requests_per_s
-    assert sim10.requests_per_s == pytest.approx(s10["requests_per_s"], rel=0.05)

@@ -4,8 +4,7 @@ The steady-state model (``serving.steady``) gives means; percentiles need the or
 simulation steps the engine one scheduling cycle at a time with the same cycle time
 (``steady.cycle_time``) and the engine's rules (``serving.engines``):
 - admission at every k-th cycle (k = scheduler steps; at once when the micro-batch is idle), first come first
-  served (a sequence that stops inside the k steps is computed to their end and freed then, as vLLM 0.6's multi-step
-  runner keeps its batch: ``steady.cycles_per_request``), into the pipeline
+  served, into the pipeline
   micro-batch (virtual engine) with the fewest sequences, while it holds fewer than max_num_seqs and the KV
   pool has the blocks: the whole sequence's for
   'reserve', the prompt's for 'on-demand', which then takes a block each time a sequence crosses a block
@@ -216,8 +215,6 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
     ready = [0.0] * pp                           # when each virtual engine's last micro-batch left the last stage
     stage_free = [0.0] * pp                      # when each stage finishes its current micro-batch
     steps = [0] * pp
-    done_in: list[list[int]] = [[] for _ in range(pp)]   # finished inside a k-step window: computed to its end
-    k_steps = case.scheduler_steps
     cycles, completed = 0, 0
     trace_t, trace_run = [0.0], [n0]
     waiting_at_end = 0                           # requests arrived but not admitted when the last one arrives
@@ -226,19 +223,15 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
         t = ready[v]
         while pending and pending[0][0] <= t:
             queue.append(heapq.heappop(pending)[1])
-        if steps[v] % k_steps == 0 or not rep.engines[v]:   # an idle engine admits at once
-            for r in done_in[v]:                 # the window's finished sequences leave at its end
-                rep.release(r)
-            done_in[v] = []
+        if steps[v] % case.scheduler_steps == 0 or not rep.engines[v]:   # an idle engine admits at once
             rep.admit(queue)
         if t >= last_arrival:
             waiting_at_end, last_arrival = len(queue), np.inf
-        d, ch = rep.compose([r for r in rep.engines[v] if r not in done_in[v]] if done_in[v] else rep.engines[v])
+        d, ch = rep.compose(rep.engines[v])
         victims = rep.grow(d, queue)
         if victims:
             d, ch = d[~np.isin(d, list(victims))], [(r, c) for r, c in ch if r not in victims]
-        zd = len(done_in[v])                         # finished in this window, still computed (steady.cycles_per_request)
-        if not len(d) and not ch and not zd:         # this micro-batch is idle until something arrives or finishes
+        if not len(d) and not ch:                    # this micro-batch is idle until something arrives or finishes
             if rep.engines[v] and not any(rep.engines[i] for i in range(pp) if i != v) and not pending:
                 raise ShardlabError(f"a {S}-token prompt does not fit the {case.budget_tokens}-token step budget "
                                     "without "
@@ -250,9 +243,8 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
             continue
         ctx = (S + rep.gen[d]) if rep.window_spec is None else held_tokens(rep.window_spec, S + rep.gen[d])
         fin = [r for r, c in ch if rep.pre[r] + c >= rep.target(r)]
-        zk = float((S + O) * zd)
-        through, _ = micro_batch_times(rep.a, len(d) + zd, float(ctx.sum()) + zk, sum(c for _, c in ch),
-                                       sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + zd + len(fin))
+        through, _ = micro_batch_times(rep.a, len(d), float(ctx.sum()), sum(c for _, c in ch),
+                                       sum(c * (rep.pre[r] + c / 2) for r, c in ch), len(d) + len(fin))
         tau, end = float(through) / pp, t            # the micro-batch crosses the stages in turn (equal shares)
         for st in range(pp):
             end = max(end, stage_free[st]) + tau
@@ -269,10 +261,7 @@ def simulate(case: ServeCase, *, concurrency: int | None = None, arrival_rate: f
                 first[r], rep.gen[r] = end, 1
         for r in list(d) + fin:
             if rep.gen[r] >= O:
-                if k_steps > 1 and steps[v] % k_steps:   # inside a k-step window: freed at its end
-                    done_in[v].append(r)
-                else:
-                    rep.release(r)
+                rep.release(r)
                 done_t[r] = end
                 completed += 1
                 if concurrency is not None and issued < N:     # the client's next request, after a think time

@@ -164,16 +164,9 @@ def in_flight_at_rate(a: Arrays, lam: float, tol: float = 0.25) -> float:
 
 
 def cycles_per_request(a: Arrays):
-    """Cycles a request holds its slot: its first token comes from the prefill, the other O − 1 at the tokens a
-    decode cycle yields (1, or the speculative acceptance length): 1 + (O − 1) / L, which is O without speculation.
-    With k-step scheduling (vLLM 0.6's --num-scheduler-steps k) the decode batch is frozen for k steps: a sequence
-    that stops inside a window is computed to its end and freed at the next scheduling point (vllm/worker/
-    multi_step_model_runner.py runs the k forward passes on one batch; vllm/engine/output_processor/multi_step.py
-    drops the tokens past a stop; vllm/core/scheduler.py frees finished sequences when it next runs), so its decode
-    cycles round up to whole windows: 1 + k·⌈(O − 1) / (k·L)⌉. Its tokens still stream a cycle apart (TPOT)."""
-    dec = (a.O - 1.0) / a.spec_accept
-    k = np.maximum(a.steps, 1.0)
-    return 1.0 + np.where(k > 1, k * np.ceil(dec / k - 1e-9), dec)
+    """Cycles a request is in flight: its first token comes from the prefill, the other O − 1 at the tokens a decode
+    cycle yields (1, or the speculative acceptance length): 1 + (O − 1) / L, which is O without speculation."""
+    return 1.0 + (a.O - 1.0) / a.spec_accept
 
 
 def _through(a: Arrays, tokens):
