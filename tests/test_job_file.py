@@ -418,3 +418,32 @@ def test_plan_from_an_engine_launch_line_searches_the_gpus_it_runs(tmp_path, mon
     assert code == 0 and json.loads(out)["gpus"] == 8, err
     code, out, err = cli_main("plan", "--from", "v.sh")
     assert "--data-parallel-size 8" in out and "8 replicas" in out
+
+
+def test_second_review_of_engines_in_files(tmp_path, monkeypatch):
+    """A job file written again (export FILE --to shardlab) keeps its engine; a static batch read from an SGLang line
+    with data-parallel attention is the instance's total; a total SGLang cannot share over its ranks is refused; an
+    unknown [framework] name in a serving file is named as such; speculation with multi-step scheduling is refused."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_main("plan", "llama-3.1-8b", "--inference", "--serve", "--engine", "tensorrt-llm", "--gpus", "8",
+                            "--gpu", "h100-sxm", "--prompt-len", "1000", "--output-len", "500", "--ttft-slo", "1",
+                            "--tpot-slo", "0.05", "--save", "f.toml")
+    assert code == 0, err
+    code, _, err = cli_main("export", "f.toml", "--to", "shardlab", "--out", "g.toml")
+    assert code == 0 and 'name = "tensorrt-llm"' in (tmp_path / "g.toml").read_text(), err
+    tpot = [json.loads(cli_main("estimate", f, "--json")[1])["steady_state"]["tpot_s"] for f in ("f.toml", "g.toml")]
+    assert tpot[0] == pytest.approx(tpot[1], rel=1e-12)
+    (tmp_path / "fb.toml").write_text((tmp_path / "f.toml").read_text().replace('name = "tensorrt-llm"', 'name = "bogus"'))
+    code, _, err = cli_main("estimate", "fb.toml")
+    assert code == 2 and "fb.toml: [framework] name = 'bogus' is not a serving engine" in err, err
+    line = ("python -m sglang.launch_server --model-path openai/gpt-oss-120b --tp-size 8 --dp-size 8 "
+            "--enable-dp-attention --ep-size 8 --context-length 8500 --max-running-requests {}\n")
+    (tmp_path / "s.sh").write_text(line.format(1000))
+    code, out, err = cli_main("estimate", "--from", "s.sh", "--json")
+    assert code == 0 and json.loads(out)["batch"] == 1000, err
+    (tmp_path / "s7.sh").write_text(line.format(7))
+    code, _, err = cli_main("estimate", "--from", "s7.sh")
+    assert code == 2 and "--max-running-requests 7 over --dp-size 8 leaves each attention rank none" in err, err
+    code, _, err = cli_main("estimate", "llama-3.1-8b", "--inference", "--engine", "vllm-0.6", "--serve",
+                            "--concurrency", "8", "--speculative-tokens", "4", "--draft", "eagle", "--scheduler-steps", "10")
+    assert code == 2 and "--speculative-tokens with --scheduler-steps above 1 is not modelled" in err, err

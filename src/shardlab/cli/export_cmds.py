@@ -71,7 +71,8 @@ def window_refusal(target: str):
 
 def serving_engine(args):
     """(engine profile, framework id) of a serving export: the engine the file runs (sglang, tensorrt-llm) prices its
-    KV blocks unless --framework names another; vllm otherwise."""
+    KV blocks unless --framework names another; vllm otherwise. shardlab's job file carries the engine (and version)
+    the job was priced with (--engine, or the file's [framework] name)."""
     from shardlab.cli.inference_args import engine_from_args
 
     to = getattr(args, "to", None)
@@ -79,7 +80,8 @@ def serving_engine(args):
         args.framework = to
     if getattr(args, "sliding_window_cache", False) and to in ("sglang", "tensorrt-llm"):   # vLLM keeps windows itself
         raise window_refusal(to)
-    return engine_from_args(args), to if to in ("sglang", "tensorrt-llm") else "vllm"
+    engine = engine_from_args(args)
+    return engine, to if to in ("sglang", "tensorrt-llm") else engine.id if to == "shardlab" else "vllm"
 
 
 def serving_not_carried(args) -> dict:

@@ -120,6 +120,11 @@ def apply_import(args, imp, parser) -> None:
         if not hasattr(args, "inference"):
             raise ShardlabError(f"{args.from_file} is a serving config; read it with `shardlab estimate --from`")
         args.inference = True
+        from shardlab.serving.engines import builtin_engines
+
+        if imp.source == "shardlab" and imp.framework and imp.framework.lower() not in builtin_engines():
+            raise ShardlabError(f"{args.from_file}: [framework] name = {imp.framework[:40]!r} is not a serving engine "
+                                f"(a serving job runs one of {', '.join(builtin_engines())}); fix the file")
         if parser.prog.split()[1:] == ["plan"]:     # the file's layout, shown beside the search's best
             from shardlab.cli.file_beside import LAYOUT_KEYS
 
@@ -163,9 +168,11 @@ def apply_import(args, imp, parser) -> None:
         f.pop("ep", None)
         f.pop("dp_attention", None)
     if f.get("dp_attention", 1) > 1:               # attention ranks: the flag is a switch, ep carries the GPUs
-        f.pop("dp_attention")
+        ranks = f.pop("dp_attention")
         if hasattr(args, "dp_attention"):
             args.dp_attention = True
+        if not getattr(args, "serve", False) and "max_num_seqs" in f:   # a static batch is the replica's: every
+            f["max_num_seqs"] = int(f["max_num_seqs"]) * int(ranks)     # attention rank's cap (the file's) × ranks
     else:
         f.pop("dp_attention", None)
     if str(f.get("kv_cache_dtype", "auto")).startswith("fp8"):

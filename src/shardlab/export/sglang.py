@@ -127,8 +127,14 @@ def read_one(text: str, catalog=None) -> Imported:
         und.append((f"--ep-size {f['ep']}", "expert-parallel GPUs (--ep)"))
     serving_fields(fl, text, where, "max-running-requests", "context-length", "mem-fraction-static", f, und, ign)
     if dpa and "max_num_seqs" in f:                 # the instance's total, each attention rank takes its share
-        f["max_num_seqs"] = max(1, f["max_num_seqs"] // dp)
-        und.append((f"--max-running-requests over --dp-size {dp}", f"{f['max_num_seqs']} sequences per attention rank"))
+        total = f["max_num_seqs"]
+        if total < dp:
+            raise ShardlabError(f"{where}: --max-running-requests {total} over --dp-size {dp} leaves each attention rank "
+                                f"none (SGLang gives each total // dp); raise it to a multiple of {dp}")
+        f["max_num_seqs"] = total // dp
+        und.append((f"--max-running-requests {total} over --dp-size {dp}",
+                    f"{f['max_num_seqs']} sequences per attention rank"
+                    + (f" (SGLang rounds down: {total % dp} unused)" if total % dp else "")))
     dt = str(fl.get("dtype", "auto"))
     f["precision"] = {"float16": "fp16-mixed", "half": "fp16-mixed", "float32": "fp32", "float": "fp32"}.get(dt, "bf16-mixed")
     und.append((f"--dtype {dt}", f"{f['precision']} weights"))

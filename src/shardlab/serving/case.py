@@ -227,6 +227,10 @@ def prepare(spec: ModelSpec, cluster: Cluster, engine: EngineProfile, *, tp: int
         link = cluster.inter_link if tp * pp > cluster.gpus_per_node else cluster.intra_link
         p2p_fixed, p2p_tok = per_token_line("send-recv", 2 * spec.hidden_size, 2, link)
     steps = scheduler_steps or engine.scheduler_steps
+    if speculation is not None and steps > 1:
+        raise ShardlabError("--speculative-tokens with --scheduler-steps above 1 is not modelled (vLLM 0.6, whose "
+                            "multi-step scheduling this is, refuses speculative decoding with it: "
+                            "vllm/engine/arg_utils.py); drop one of them")
     acc = cluster.accelerator
     kernels = engine.kernels(rates_for(acc.generation), precision.kv_cache, steps)
     return ServeCase(spec, cluster, tp, pp, precision, engine, prompt_len, output_len, blocks, per_seq, capacity, bound,
