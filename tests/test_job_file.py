@@ -341,6 +341,8 @@ def test_a_job_files_recipe_values_are_refused_by_the_files_keys(tmp_path, monke
     (tmp_path / "bad.toml").write_text(text.replace('quantize_base = "nf4"', 'quantize_base = "int3"'))
     code, _, err = cli_main("estimate", "bad.toml")
     assert code == 2 and "[workload] quantize_base in bad.toml must be nf4 or none, got 'int3'" in err, err
+    code, _, err = cli_main("estimate", "l.toml", "--set", "layout.tp=3", "--set", "cluster.gpus=24")   # (--set) too
+    assert code == 2 and "[layout] tp (--set) 3 and llama-3.1-8b's 8 KV heads" in err, err
     code, _, err = cli_main("estimate", "llama-3.1-8b", "--offload-device", "nvme")
     assert code == 2 and "--offload-device says where offloaded states go: add --offload" in err, err
 

@@ -285,6 +285,8 @@ def _check_against_model(args, fields: dict, imp) -> None:
     if "pp" in mine or "vpp" in mine:          # the other factor of pp × vpp may be a flag
         mine.update(pp=getattr(args, "pp", None) or 1, vpp=getattr(args, "vpp", None) or 1)
     names = field_names(imp.source, imp.framework)
+    sets = {s.split("=", 1)[0].strip().rsplit(".", 1)[-1] for s in getattr(args, "set_fields", None) or ()}
+    names = {k: f"{v} (--set)" if k in sets else v for k, v in names.items()}     # a --set value is not the file's
     check_against_model(mine, spec, args.from_file, names)
     if isinstance(fields.get("prefill_tp"), int):     # a disaggregated script's prefill servers: their own TP
         check_against_model({"tp": fields["prefill_tp"]}, spec, args.from_file,
