@@ -10,8 +10,10 @@ emits B/cycle output tokens/s. The cycle is the time per output token (TPOT) a r
   Poisson(r) of them (``prompt_mix``); averaging r·S tokens into every cycle would hide the compute-bound
   cycles: the step time is convex in its tokens;
 - prefill-first (vLLM v0, SGLang): a decode step of D sequences, plus, for the n prompts waiting (spread as
-  above), ⌈n/cap⌉ prefill steps of up to cap prompts (what the budget holds); with pipeline stages a prefill
-  holds every stage in turn, so the decodes wait for its time through the whole pipeline.
+  above), ⌈n/cap⌉ prefill steps of up to cap prompts (what the budget holds); with pipeline stages each virtual
+  engine schedules its own, so a prefill crosses the stages in turn while the other engines' micro-batches use
+  the rest: the cycle is max(a decode micro-batch and a prefill step through every stage, everything on the
+  slowest stage).
 Pipeline parallelism keeps n = min(pp, B) micro-batches in flight: cycle = max(time through all stages +
 sends, n × the slowest stage's time) — more stages add sequences and throughput, not per-token speed.
 
@@ -281,10 +283,22 @@ def _cycle(a: Arrays, D, r, extra_prompt=0.0, poisson=False) -> dict:
                                                        light), mixed)
     decode = cycle_time(a, D, ctx, seqs=D)
     cap = np.maximum(1, np.floor(a.budget / S))       # prompts one prefill step holds
-    separate = decode
-    for w, n in mix:                                  # the n waiting prompts, in ⌈n/cap⌉ steps every decode waits out
+    # the n waiting prompts, in ⌈n/cap⌉ steps every decode waits out; with pipeline stages each virtual engine
+    # schedules its own (vLLM V0's virtual engines): a prefill crosses the stages in turn while the other engines'
+    # micro-batches use the rest, so the cycle is max(a decode micro-batch and one prefill step through every stage,
+    # all the cycle's micro-batches and prefill steps on the slowest stage), as ``cycle_time`` pipelines decodes
+    pre_through = pre_stage = 0.0
+    for w, n in mix:
         nb = np.clip(n, 1, cap)
-        separate = separate + w * (n / nb) * micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * a.L, nb)[0]
+        through, stage = micro_batch_times(a, 0.0, 0.0, nb * S, nb * S * a.L, nb)
+        pre_through, pre_stage = pre_through + w * (n / nb) * through, pre_stage + w * (n / nb) * stage
+    separate = decode + pre_through
+    if not _all_true(a.pp == 1):
+        nmb = np.clip(np.minimum(a.pp, np.ceil(D)), 1, None)
+        d_through, d_stage = micro_batch_times(a, D / nmb, ctx / nmb, 0.0, 0.0, D / nmb)
+        steps = np.maximum(sum(w * np.ceil(n / np.clip(n, 1, cap)) for w, n in mix), 1.0)   # prefill steps a cycle
+        piped = np.maximum(d_through + pre_through / steps, nmb * d_stage + pre_stage)
+        separate = np.where(a.pp > 1, piped, separate)
     nb = np.clip(r, 1, cap)
     return {"cycle_s": np.where(a.mixed > 0, mixed, separate), "prefill_batch": nb, "decode_step_s": decode}
 
