@@ -149,7 +149,7 @@ def test_poisson_prompt_spread_example():
     import numpy as np
 
     from shardlab.catalog import get_catalog
-    from shardlab.serving import steady
+    from shardlab.serving import cycle, steady
     from shardlab.serving.case import prepare
     from shardlab.serving.engines import get_engine
     from shardlab.serving.simulate import simulate
@@ -162,8 +162,8 @@ def test_poisson_prompt_spread_example():
     a = steady.arrays([case])
     B = float(steady.fluid(a, [2], [16.0])["in_flight"][0])
     D, r = np.array([B * 15 / 16]), np.array([B / 16])
-    even = float(steady._cycle(a, D, r)["cycle_s"][0])
-    spread = float(steady._cycle(a, D, r, poisson=np.array([True]))["cycle_s"][0])
+    even = float(cycle.step_cycle(a, D, r)["cycle_s"][0])
+    spread = float(cycle.step_cycle(a, D, r, poisson=np.array([True]))["cycle_s"][0])
     life = float(steady.fluid(a, [2], [16.0])["e2e_s"][0])      # as `estimate --serve --requests 2000 --seed 0/1/2`
     sim = float(np.mean([simulate(case, arrival_rate=16.0, requests=2000, seed=s, lifetime_s=life).tpot_s.mean
                          for s in range(3)]))

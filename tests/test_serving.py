@@ -226,7 +226,7 @@ def test_one_request_larger_than_the_pool_is_refused():
 def test_prompt_mix_keeps_the_mean_and_the_poisson_probabilities():
     """Closed loop: r = 2.3 prompts per cycle is 70% of cycles with 2 and 30% with 3. Poisson(r): none with
     probability e^−r, one with r·e^−r, the rest at their conditional mean; shares sum to 1 and the mean stays r."""
-    from shardlab.serving.steady import prompt_mix
+    from shardlab.serving.cycle import prompt_mix
     (w0, n0), (w1, n1) = prompt_mix(2.3)
     assert (float(w0), float(n0), float(w1), float(n1)) == pytest.approx((0.7, 2.0, 0.3, 3.0))
     for r in (1e-7, 0.05, 0.6, 2.5, 40.0):
@@ -243,13 +243,13 @@ def test_poisson_arrivals_lengthen_short_output_cycles_toward_the_simulation():
     compute-bound, so cycles are convex in prompts and Poisson-spread arrivals cost more than evenly spaced ones.
     The steady state moves toward the event simulation of the same arrivals (which has the spread built in) and
     stays at or below it (it still leaves out that crowded cycles also hold more decoding sequences)."""
-    from shardlab.serving import steady
+    from shardlab.serving import cycle
     case = prepare(CAT.model("llama-3.1-70b"), node(), get_engine("tensorrt-llm"), tp=4, prompt_len=467, output_len=16)
     a = arrays([case])
     B = float(fluid(a, [2], [16.0])["in_flight"][0])
     D, r = B * 15 / 16, B / 16
-    even = float(steady._cycle(a, np.array([D]), np.array([r]))["cycle_s"][0])
-    spread = float(steady._cycle(a, np.array([D]), np.array([r]), poisson=np.array([True]))["cycle_s"][0])
+    even = float(cycle.step_cycle(a, np.array([D]), np.array([r]))["cycle_s"][0])
+    spread = float(cycle.step_cycle(a, np.array([D]), np.array([r]), poisson=np.array([True]))["cycle_s"][0])
     assert spread > 1.01 * even
     sim = np.mean([simulate(case, arrival_rate=16.0, requests=1500, seed=s).tpot_s.mean for s in range(3)])
     assert even < spread <= sim * 1.02
@@ -338,7 +338,7 @@ def _outgrown_reference(a, B: int, C: float, S: int, O: int, prefill_s: float) -
     token a step; when they would hold more than C tokens the newest is preempted (it keeps its generated tokens);
     once the pool has room for a waiting one's prompt and tokens, it is readmitted and recomputes them in that
     step. The integrals of ``outgrown.outgrown_batch`` approximate this loop."""
-    from shardlab.serving.steady import cycle_time
+    from shardlab.serving.cycle import cycle_time
 
     gen = {i: 1 for i in range(B)}                  # the batch prefill sampled every first token
     running, waiting, t, done = list(range(B)), [], prefill_s, []

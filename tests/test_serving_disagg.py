@@ -15,7 +15,8 @@ from shardlab.serving.disagg import make_disagg, max_rate_within, saturation_rat
 from shardlab.serving.disagg_sim import simulate_disagg
 from shardlab.serving.engines import get_engine
 from shardlab.serving.precision import make_precision
-from shardlab.serving.steady import arrays, cycle_time, fluid
+from shardlab.serving.steady import arrays, fluid
+from shardlab.serving.cycle import cycle_time
 from shardlab.specs.hardware import Cluster
 
 CAT = get_catalog()

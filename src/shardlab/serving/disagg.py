@@ -16,7 +16,7 @@ prepared ``ServeCase``: its TP, MoE layout, KV blocks); every request
    the RDMA NIC otherwise, α–β (``comm.collectives``, send-recv), after the prefill ends (no layer-wise
    overlap); the link's load λ_p × transfer time must stay below 1;
 3. decodes on a decode replica whose steps hold only decodes: B_d sequences per replica, each step
-   ``steady.cycle_time`` of B_d decodes at the mean context (prompt + half the output); B_d solves
+   ``cycle.cycle_time`` of B_d decodes at the mean context (prompt + half the output); B_d solves
    B_d = λ_d · O · cycle(B_d) (Little's law) up to the replica's capacity (its KV blocks hold the whole
    prompt and the output it grows into).
 
@@ -35,7 +35,8 @@ from shardlab.comm.collectives import collective_time
 from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.inference import kv_cache_bytes_per_token
 from shardlab.serving.case import ServeCase, engine_held_tokens
-from shardlab.serving.steady import arrays, cycle_time, micro_batch_times
+from shardlab.serving.steady import arrays
+from shardlab.serving.cycle import cycle_time, micro_batch_times
 
 
 @dataclass(frozen=True)

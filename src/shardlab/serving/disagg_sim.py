@@ -3,13 +3,13 @@
 The same two pools as ``serving.disagg`` (its module doc), as discrete events:
 - prefill: a free prefill replica takes the oldest waiting prompts, as many as its token budget holds (at least
   one; a prompt longer than the budget takes ceil(S / budget) steps alone), and runs one prefill step
-  (``steady.micro_batch_times``);
+  (``cycle.micro_batch_times``);
 - transfer: each prefill replica sends its finished prompts' KV over its own link, one after the other
   (``DisaggCase.kv_transfer_s`` each);
 - decode: a request whose KV has arrived joins the decode replica with the fewest sequences that has room
   (``ServeCase.capacity`` sequences per replica: its KV blocks at prompt + the output it grows into; no
   preemption), and each decode replica runs steps of the sequences it holds when the step starts
-  (``steady.cycle_time`` at their summed context). A request's first token ends its first decode step.
+  (``cycle.cycle_time`` at their summed context). A request's first token ends its first decode step.
 Arrivals, warm-up, drain and the measured figures are those of ``serving.simulate`` (Poisson arrivals or a closed
 loop of clients).
 """
@@ -26,7 +26,7 @@ from shardlab.errors import ShardlabError
 from shardlab.memory.inference import held_tokens
 from shardlab.serving.disagg import DisaggCase
 from shardlab.serving.sim_measure import SimResult, _measure, arrivals
-from shardlab.serving.steady import cycle_time, micro_batch_times
+from shardlab.serving.cycle import cycle_time, micro_batch_times
 
 MAX_EVENTS = 400_000
 """Events simulated at most (the run is marked truncated beyond)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.serving.steady import Arrays, _through, cycle_time
+from shardlab.serving.steady import Arrays
+from shardlab.serving.cycle import _through, cycle_time
 from shardlab.serving.step import step_time
 
 _GL_X, _GL_W = (np.polynomial.legendre.leggauss(4)[0] + 1) / 2, np.polynomial.legendre.leggauss(4)[1] / 2

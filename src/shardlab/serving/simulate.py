@@ -2,7 +2,7 @@
 
 The steady-state model (``serving.steady``) gives means; percentiles need the order of events. This
 simulation steps the engine one scheduling cycle at a time with the same cycle time
-(``steady.cycle_time``) and the engine's rules (``serving.engines``):
+(``cycle.cycle_time``) and the engine's rules (``serving.engines``):
 - admission at every k-th cycle (k = scheduler steps; at once when the micro-batch is idle), first come first
   served, into the pipeline
   micro-batch (virtual engine) with the fewest sequences, while it holds fewer than max_num_seqs and the KV
@@ -14,7 +14,7 @@ simulation steps the engine one scheduling cycle at a time with the same cycle t
 - each micro-batch's cycle runs its prompts (chunks up to the token budget when chunked) and, with mixed
   scheduling, its decoding sequences; prefill-first micro-batches run prompts alone while any is pending
   (Orca-style iteration scheduling, Yu et al. 2022); a micro-batch crosses the pp stages in turn, each
-  stage taking an equal share of its time through the pipeline (``steady.micro_batch_times``) and serving
+  stage taking an equal share of its time through the pipeline (``cycle.micro_batch_times``) and serving
   one micro-batch at a time, and its engine schedules the next cycle when it leaves the last stage;
 - requests arrive as a Poisson process (exponential gaps from numpy's PCG64 generator, fixed seed, scaled so that
   the N arrivals span N/λ: the run carries the rate asked), or from
@@ -41,7 +41,8 @@ from shardlab.errors import ShardlabError, field_name
 from shardlab.memory.inference import held_tokens
 from shardlab.serving.case import ServeCase, engine_held_tokens
 from shardlab.serving.sim_measure import SimResult, _measure, arrivals
-from shardlab.serving.steady import cycle_time, micro_batch_times, scalars
+from shardlab.serving.steady import scalars
+from shardlab.serving.cycle import cycle_time, micro_batch_times
 
 
 class _Replica:

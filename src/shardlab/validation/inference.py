@@ -310,10 +310,10 @@ def predict(prep: Prepared, values: dict | Params | None = None, index: np.ndarr
         from shardlab.serving.step import step_time
 
         B = prep.n[idx]
-        from shardlab.serving.steady import cycle_time
+        from shardlab.serving.cycle import cycle_time
 
         prefill = step_time(a.whole, a.kernels, 0.0, 0.0, B * a.S, B * a.S * a.L, B)
-        # a decode cycle (``steady.cycle_time``: pipelined over the stages' micro-batches): the verification step
+        # a decode cycle (``cycle.cycle_time``: pipelined over the stages' micro-batches): the verification step
         # and the draft's k steps with speculation, each sequence gaining the acceptance length; without, one step
         decode = cycle_time(a, B, B * a.ctx, seqs=B)
         out["input_tokens_per_s"] = np.where(phase == 1, B * a.S / prefill, 0.0)

@@ -49,7 +49,7 @@ def disaggregation(v: dict) -> Explanation:
     rate_each = max(r_agg / (n // t_agg), 1e-9)
     a = arrays([cases[t_agg]])
     st = {k: float(np.ravel(x)[0]) for k, x in fluid(a, [2], [rate_each]).items()}
-    from shardlab.serving.steady import cycle_time
+    from shardlab.serving.cycle import cycle_time
     D = st["decoding"]
     pure = float(np.ravel(cycle_time(a, D, D * float(a.ctx[0]), seqs=max(D, 1e-9)))[0])
     rows = [["aggregated", f"{n // t_agg} × TP {t_agg}", f"{r_agg:,.2f}", f"{good_agg:,.0f}",

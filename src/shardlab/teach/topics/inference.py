@@ -180,7 +180,7 @@ def tp_vs_replicas(v: dict) -> Explanation:
 def _one_request(spec, cl, p: int, prompt: int, output: int) -> dict:
     """One request alone on p stages, as the serving model prices it (``estimate.inference.static_batch`` with one
     sequence in flight): the token crosses the stages in turn, every stage runs an engine step of its own for it
-    (the engine's per-step and per-sequence overheads, ``serving.steady.micro_batch_times``) and p − 1 sends carry
+    (the engine's per-step and per-sequence overheads, ``serving.cycle.micro_batch_times``) and p − 1 sends carry
     it across the stage boundaries (the case's send, ``serving.case.prepare``)."""
     from shardlab.estimate.inference import static_batch
 
@@ -197,7 +197,8 @@ def pp_inference(v: dict) -> Explanation:
     starves them and pays every stage's step and send."""
     from shardlab.estimate.inference import estimate_inference
     from shardlab.serving.step import step_parts
-    from shardlab.serving.steady import micro_batch_times, scalars
+    from shardlab.serving.steady import scalars
+    from shardlab.serving.cycle import micro_batch_times
 
     from shardlab.errors import ShardlabError
 
