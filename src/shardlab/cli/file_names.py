@@ -10,6 +10,11 @@ FIELD_KEYS = {"serve.kv_cache_dtype": "kv_cache", "serve.max_num_seqs": "max_num
 """Core field names whose import key differs from the name's last part."""
 
 
+def set_keys(sets: list[str] | None) -> set[str]:
+    """The import keys that --set SECTION.KEY=VALUE arguments gave."""
+    return {FIELD_KEYS.get(x, x.rsplit(".", 1)[-1]) for x in (s.split("=", 1)[0].strip() for s in sets or ())}
+
+
 @contextlib.contextmanager
 def file_names(path: str, imp, sets: list[str] | None = None):
     """While the command runs on a file's values, the core's errors name a value the file gave by the file's own
@@ -20,7 +25,7 @@ def file_names(path: str, imp, sets: list[str] | None = None):
 
     names, given, outer = field_names(imp.source, imp.framework), set(imp.fields), FIELD_NAMES.get()
     short = os.path.basename(path) or path
-    setk = {FIELD_KEYS.get(x, x.rsplit(".", 1)[-1]) for x in (s.split("=", 1)[0].strip() for s in sets or ())}
+    setk = set_keys(sets)
 
     def namer(field: str) -> str:
         key = FIELD_KEYS.get(field, field.rsplit(".", 1)[-1])

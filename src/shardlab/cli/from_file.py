@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shardlab.cli.file_beside import beside_best
 from shardlab.cli.file_load import apply_load
-from shardlab.cli.file_names import file_names
+from shardlab.cli.file_names import file_names, set_keys
 
 
 def add_from_arg(p) -> None:
@@ -285,7 +285,7 @@ def _check_against_model(args, fields: dict, imp) -> None:
     if "pp" in mine or "vpp" in mine:          # the other factor of pp × vpp may be a flag
         mine.update(pp=getattr(args, "pp", None) or 1, vpp=getattr(args, "vpp", None) or 1)
     names = field_names(imp.source, imp.framework)
-    sets = {s.split("=", 1)[0].strip().rsplit(".", 1)[-1] for s in getattr(args, "set_fields", None) or ()}
+    sets = set_keys(getattr(args, "set_fields", None))
     names = {k: f"{v} (--set)" if k in sets else v for k, v in names.items()}     # a --set value is not the file's
     check_against_model(mine, spec, args.from_file, names)
     if isinstance(fields.get("prefill_tp"), int):     # a disaggregated script's prefill servers: their own TP
