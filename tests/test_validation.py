@@ -124,6 +124,25 @@ def test_every_published_run_fits_in_memory():
                      "llama3-405b-16384"}
 
 
+def test_llama3_8k_rows_quote_shardlabs_own_figures():
+    """The Llama 3 8K rows' ``assumed`` and docs/validation.md quote the memory estimate (121 GiB on the worst rank,
+    no recomputation) and the errors the rows now show; a change to either must be carried into the text."""
+    from pathlib import Path
+
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text().split())
+    rows = {c.run.id: c for c in in_sample() if c.run.id in ("llama3-405b-8192", "llama3-405b-16384")}
+    quoted = {"llama3-405b-8192": "{n} micro-batches in flight on stage 1 at 8,192 GPUs ({g} GiB)",
+              "llama3-405b-16384": "and {n} at 16,384 ({g} GiB)"}
+    for rid, text in quoted.items():
+        c, w = rows[rid], rows[rid].estimate.memory.worst
+        n, g = f"{w.in_flight:.0f}", f"{w.total / 2**30:.0f}"
+        assert not c.estimate.memory.fits and text.format(n=n, g=g) in c.run.config["assumed"], (rid, n, g)
+        assert f"{n} micro-batches in flight and {g} GiB at 8,192" in doc if rid.endswith("8192") else \
+            f"{n} and {g} GiB at 16,384" in doc, (rid, n, g)
+    errors = [f"{100 * rows[i].error:+.1f}%" for i in ("llama3-405b-8192", "llama3-405b-16384")]
+    assert f"the two 8K rows are {errors[0]} and {errors[1]} where full recomputation" in doc, errors
+
+
 def test_gpt3_175b_megatron_readme():
     """GPT-3 175B, TP 8, PP 16, 1024 A100-80GB, batch 1536, seq 2048: 138 TFLOP/s per GPU, ~32 s per iteration."""
     c = next(c for c in in_sample() if c.run.id == "gpt3-175b-1024")
